@@ -1,0 +1,56 @@
+"""Alembic, driven from Python: upgrade, downgrade, and whether a database is at head."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine, pool
+
+import migrations
+
+MIGRATIONS_DIR = Path(migrations.__file__).parent
+
+
+def sqlalchemy_url(database_url: str) -> str:
+    """`postgresql://...` as SQLAlchemy's psycopg 3 dialect wants it."""
+    for prefix in ("postgresql+psycopg://", "postgresql://", "postgres://"):
+        if database_url.startswith(prefix):
+            return "postgresql+psycopg://" + database_url[len(prefix) :]
+    return database_url
+
+
+def alembic_config(database_url: str) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    # ConfigParser interpolation would read % escapes in the URL.
+    config.set_main_option("sqlalchemy.url", sqlalchemy_url(database_url).replace("%", "%%"))
+    return config
+
+
+def upgrade(database_url: str, revision: str = "head") -> None:
+    command.upgrade(alembic_config(database_url), revision)
+
+
+def downgrade(database_url: str, revision: str = "base") -> None:
+    command.downgrade(alembic_config(database_url), revision)
+
+
+def head_revision() -> str | None:
+    return ScriptDirectory.from_config(alembic_config("")).get_current_head()
+
+
+def current_revision(database_url: str) -> str | None:
+    engine = create_engine(sqlalchemy_url(database_url), poolclass=pool.NullPool)
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    finally:
+        engine.dispose()
+
+
+def is_at_head(database_url: str) -> bool:
+    return current_revision(database_url) == head_revision()

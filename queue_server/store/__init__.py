@@ -1,0 +1,1 @@
+"""PostgreSQL: the tables and every statement the server runs against them."""

@@ -1,0 +1,213 @@
+"""The schema as SQLAlchemy Core tables: Alembic's target metadata. Tenant first in every key."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Enum,
+    ForeignKeyConstraint,
+    Index,
+    Integer,
+    Interval,
+    MetaData,
+    Table,
+    Text,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+item_state = Enum(
+    "ready", "leased", "completed", "quarantined", "cancelled", name="item_state", metadata=metadata
+)
+
+
+def _ts(name: str, **kw: object) -> Column[object]:
+    return Column(name, DateTime(timezone=True), **kw)  # type: ignore[arg-type]
+
+
+tenants = Table(
+    "tenants",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("backlog_cap", Integer, nullable=False),
+    Column("default_max_acquisitions", Integer, nullable=False),
+    Column("default_lease_ttl", Interval, nullable=False),
+    _ts("created_at", nullable=False, server_default=func.now()),
+    _ts("updated_at", nullable=False, server_default=func.now()),
+    CheckConstraint("backlog_cap >= 1", name="backlog_cap_positive"),
+    CheckConstraint(
+        "default_max_acquisitions BETWEEN 1 AND 100", name="default_max_acquisitions_range"
+    ),
+)
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("key_id", Text, primary_key=True),
+    Column("tenant_id", Text, nullable=True),
+    Column("role", Text, nullable=False),
+    # sha256 of the secret; the secret itself is shown once and never stored.
+    Column("secret_hash", Text, nullable=False),
+    _ts("created_at", nullable=False, server_default=func.now()),
+    _ts("revoked_at", nullable=True),
+    ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
+    CheckConstraint("role IN ('worker', 'operator', 'admin')", name="role_known"),
+    CheckConstraint("(role = 'admin') = (tenant_id IS NULL)", name="admin_has_no_tenant"),
+)
+
+work_items = Table(
+    "work_items",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("item_id", UUID(as_uuid=False), primary_key=True, server_default=func.gen_random_uuid()),
+    Column("queue", Text, nullable=False),
+    Column("payload", JSONB, nullable=False),
+    Column("priority", Integer, nullable=False, server_default=text("0")),
+    Column("state", item_state, nullable=False, server_default=text("'ready'")),
+    _ts("available_at", nullable=False, server_default=func.now()),
+    Column("fence", BigInteger, nullable=False, server_default=text("0")),
+    Column("acquisition_count", Integer, nullable=False, server_default=text("0")),
+    Column("max_acquisitions", Integer, nullable=False),
+    Column("lease_holder", Text, nullable=True),
+    _ts("lease_expires_at", nullable=True),
+    Column("result", JSONB, nullable=True),
+    Column("last_failure", JSONB, nullable=True),
+    # Number of ledger events written for this item: the next event's seq.
+    Column("event_seq", Integer, nullable=False, server_default=text("0")),
+    _ts("created_at", nullable=False, server_default=func.now()),
+    _ts("updated_at", nullable=False, server_default=func.now()),
+    ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
+    CheckConstraint("fence >= 0", name="fence_not_negative"),
+    CheckConstraint(
+        "acquisition_count >= 0 AND acquisition_count <= max_acquisitions",
+        name="acquisitions_within_budget",
+    ),
+    CheckConstraint("max_acquisitions BETWEEN 1 AND 100", name="max_acquisitions_range"),
+    CheckConstraint(
+        "(state = 'leased') = (lease_holder IS NOT NULL) "
+        "AND (state = 'leased') = (lease_expires_at IS NOT NULL)",
+        name="lease_iff_leased",
+    ),
+    CheckConstraint("state <> 'completed' OR fence > 0", name="completed_was_leased"),
+    # Acquire reads this index in acquire order; finished rows are not in it,
+    # so its cost does not grow with completed history.
+    Index(
+        "ix_work_items_ready",
+        "tenant_id",
+        "queue",
+        text("priority DESC"),
+        "available_at",
+        "item_id",
+        postgresql_where=text("state = 'ready'"),
+    ),
+    # Expired-lease takeover and the concurrency count read this one.
+    Index(
+        "ix_work_items_leased",
+        "tenant_id",
+        "queue",
+        "lease_expires_at",
+        postgresql_where=text("state = 'leased'"),
+    ),
+    Index(
+        "ix_work_items_quarantined",
+        "tenant_id",
+        "queue",
+        postgresql_where=text("state = 'quarantined'"),
+    ),
+)
+
+item_events = Table(
+    "item_events",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("item_id", UUID(as_uuid=False), primary_key=True),
+    Column("seq", Integer, primary_key=True),
+    _ts("at", nullable=False, server_default=func.now()),
+    Column("kind", Text, nullable=False),
+    Column("fence", BigInteger, nullable=False),
+    Column("actor", Text, nullable=False),
+    Column("data", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+)
+
+idempotency_receipts = Table(
+    "idempotency_receipts",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("idempotency_key", Text, primary_key=True),
+    Column("fingerprint", Text, nullable=False),
+    Column("response_status", Integer, nullable=False),
+    # The exact bytes of the original answer, so a replay is identical.
+    Column("response_body", Text, nullable=False),
+    _ts("created_at", nullable=False, server_default=func.now()),
+    _ts("expires_at", nullable=False),
+    Index("ix_idempotency_receipts_expires_at", "expires_at"),
+)
+
+dead_letters = Table(
+    "dead_letters",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column(
+        "dead_letter_id",
+        UUID(as_uuid=False),
+        primary_key=True,
+        server_default=func.gen_random_uuid(),
+    ),
+    Column("kind", Text, nullable=False),
+    Column("item_id", UUID(as_uuid=False), nullable=True),
+    Column("delivery_id", UUID(as_uuid=False), nullable=True),
+    Column("queue", Text, nullable=True),
+    Column("reason", Text, nullable=False),
+    Column("last_failure", JSONB, nullable=True),
+    _ts("created_at", nullable=False, server_default=func.now()),
+    _ts("closed_at", nullable=True),
+    Column("resolution", Text, nullable=True),
+    CheckConstraint("kind IN ('item', 'delivery')", name="kind_known"),
+    CheckConstraint("(closed_at IS NULL) = (resolution IS NULL)", name="closed_has_resolution"),
+    Index(
+        "ix_dead_letters_open",
+        "tenant_id",
+        "created_at",
+        "dead_letter_id",
+        postgresql_where=text("closed_at IS NULL"),
+    ),
+    Index(
+        "uq_dead_letters_open_item",
+        "tenant_id",
+        "item_id",
+        unique=True,
+        postgresql_where=text("closed_at IS NULL AND kind = 'item'"),
+    ),
+)
+
+spend_approvals = Table(
+    "spend_approvals",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column(
+        "approval_id", UUID(as_uuid=False), primary_key=True, server_default=func.gen_random_uuid()
+    ),
+    Column("queue", Text, nullable=False),
+    Column("approved_by", Text, nullable=False),
+    Column("max_concurrency", Integer, nullable=False),
+    _ts("expires_at", nullable=False),
+    Column("reason", Text, nullable=False),
+    _ts("created_at", nullable=False, server_default=func.now()),
+    ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
+    CheckConstraint("max_concurrency >= 2", name="max_concurrency_above_one"),
+    Index("ix_spend_approvals_queue", "tenant_id", "queue", "expires_at"),
+)
