@@ -1,0 +1,1 @@
+"""Tests of the transport broker against real local sockets."""
