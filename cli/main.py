@@ -1,2 +1,143 @@
+"""The `queue-server` command."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated
+
 import typer
-app = typer.Typer()
+import uvicorn
+
+from queue_server import __version__, migrate
+from queue_server.settings import Settings
+
+app = typer.Typer(
+    name="queue-server",
+    help="A durable work-queue and lease server on PostgreSQL.",
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+)
+db_app = typer.Typer(help="Database schema: migrate and inspect.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+DataDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--data-dir",
+        envvar="QUEUE_SERVER_DATA_DIR",
+        help="Where the embedded PostgreSQL and the admin key live.",
+    ),
+]
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    return typer.Exit(code=1)
+
+
+@app.command()
+def version() -> None:
+    """Print the version."""
+    typer.echo(__version__)
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
+    workers: Annotated[int, typer.Option(min=1, help="uvicorn worker processes.")] = 1,
+    data_dir: DataDir = None,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+) -> None:
+    """Serve the REST API.
+
+    With no QUEUE_SERVER_DATABASE_URL, starts an embedded PostgreSQL in the data
+    directory, migrates it, and creates an admin key on first start. Ctrl-C stops
+    both. With a URL, the schema must already be at head (`queue-server db upgrade`).
+
+    Example: [bold]queue-server serve --port 9000[/bold]
+    """
+    from queue_server.server import SchemaNotAtHeadError, admin_key_path, database, ensure_admin_key
+
+    settings = Settings()
+    if data_dir is not None:
+        settings = settings.model_copy(update={"data_dir": data_dir})
+    try:
+        with database(settings) as db:
+            secret = ensure_admin_key(settings, db.url)
+            if secret is not None:
+                typer.secho("Created the admin key (shown once):", fg=typer.colors.YELLOW)
+                typer.echo(f"  {secret}")
+                typer.echo(
+                    f"It is saved, readable only by you, in {admin_key_path(settings.data_dir)}"
+                )
+            where = (
+                "embedded PostgreSQL in " + str(db.embedded.pgdata) if db.embedded else "external"
+            )
+            typer.echo(f"queue-server {__version__} on http://{host}:{port} ({where} database)")
+            os.environ["QUEUE_SERVER_DATABASE_URL"] = db.url
+            os.environ["QUEUE_SERVER_DATA_DIR"] = str(settings.data_dir)
+            _run_uvicorn(host=host, port=port, workers=workers, log_level=log_level)
+    except SchemaNotAtHeadError as exc:
+        raise _fail(str(exc)) from None
+
+
+def _run_uvicorn(*, host: str, port: int, workers: int, log_level: str) -> None:
+    config = uvicorn.Config(
+        "queue_server.app:app_from_env",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        log_level=log_level,
+        access_log=False,
+    )
+    if workers > 1:
+        uvicorn.run(
+            "queue_server.app:app_from_env",
+            factory=True,
+            host=host,
+            port=port,
+            workers=workers,
+            log_level=log_level,
+            access_log=False,
+        )
+        return
+    # uvicorn re-raises the signal that stopped it once it has shut down; by then
+    # there is nothing left to interrupt, and the embedded database still has to stop.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: None)
+    uvicorn.Server(config).run()
+
+
+def _database_url() -> str:
+    url = Settings().database_url
+    if not url:
+        raise _fail("set QUEUE_SERVER_DATABASE_URL to the database to migrate")
+    return url
+
+
+@db_app.command("upgrade")
+def db_upgrade(
+    revision: Annotated[str, typer.Argument(help="Target revision.")] = "head",
+) -> None:
+    """Migrate the database at QUEUE_SERVER_DATABASE_URL to REVISION (default: head).
+
+    Example: [bold]QUEUE_SERVER_DATABASE_URL=postgresql://... queue-server db upgrade[/bold]
+    """
+    url = _database_url()
+    migrate.upgrade(url, revision)
+    typer.echo(f"database at {migrate.current_revision(url)}")
+
+
+@db_app.command("current")
+def db_current() -> None:
+    """Show the database's revision and the head revision; exit 1 if they differ."""
+    url = _database_url()
+    current = migrate.current_revision(url)
+    typer.echo(f"current: {current or 'none'}  head: {migrate.head_revision()}")
+    if current != migrate.head_revision():
+        sys.exit(1)

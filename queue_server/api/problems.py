@@ -1,0 +1,75 @@
+"""Every error answer is an RFC 9457 problem (`application/problem+json`) with a stable `code`."""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+from queue_server import errors, views
+
+log = logging.getLogger(__name__)
+
+PROBLEM_JSON = "application/problem+json"
+
+
+def problem_response(body: dict[str, Any], headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        views.dumps(body), status_code=body["status"], media_type=PROBLEM_JSON, headers=headers
+    )
+
+
+def _base(request: Request) -> str:
+    base: str = request.app.state.settings.problem_base_uri
+    return base
+
+
+def install(app: FastAPI) -> None:
+    """One handler per family; Starlette finds handlers along the exception's MRO."""
+
+    @app.exception_handler(errors.QueueServerError)
+    async def domain_error(request: Request, exc: errors.QueueServerError) -> Response:
+        body = errors.problem(exc, base_uri=_base(request), instance=request.url.path)
+        headers = {"Retry-After": "1"} if exc.status in (429, 503) else None
+        return problem_response(body, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        fields = [
+            {
+                "loc": list(err.get("loc", ())),
+                "msg": str(err.get("msg", "")),
+                "type": err.get("type"),
+            }
+            for err in exc.errors()
+        ]
+        names = ", ".join(".".join(str(p) for p in f["loc"]) for f in fields)
+        exc_ = errors.InvalidRequestError(f"Invalid fields: {names}.", errors=fields)
+        body = errors.problem(exc_, base_uri=_base(request), instance=request.url.path)
+        return problem_response(body)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        phrase = HTTPStatus(exc.status_code).phrase
+        body = {
+            "type": "about:blank",
+            "title": phrase,
+            "status": exc.status_code,
+            "detail": str(exc.detail),
+            "code": phrase.lower().replace(" ", "-"),
+            "instance": request.url.path,
+        }
+        return problem_response(body, dict(exc.headers or {}))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        body = errors.problem(
+            errors.QueueServerError(), base_uri=_base(request), instance=request.url.path
+        )
+        return problem_response(body)

@@ -1,0 +1,230 @@
+"""The wire format: pydantic models of request and response bodies (API.md)."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
+
+from queue_server.models import NAME_PATTERN
+
+MAX_JSON_DEPTH = 64
+MAX_FENCE = 2**63 - 1
+
+
+def _check_text(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode (no lone surrogates)") from None
+    return value
+
+
+def check_json(value: Any) -> Any:
+    """Payloads and results: bounded depth, storable strings, finite numbers."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise ValueError(f"is nested deeper than {MAX_JSON_DEPTH} levels")
+        if isinstance(node, str):
+            _check_text(node)
+        elif isinstance(node, float) and not math.isfinite(node):
+            raise ValueError("must not contain NaN or infinite numbers")
+        elif isinstance(node, dict):
+            for key, child in node.items():
+                _check_text(key)
+                stack.append((child, depth + 1))
+        elif isinstance(node, list):
+            stack.extend((child, depth + 1) for child in node)
+    return value
+
+
+Text = Annotated[str, Field(max_length=4096), AfterValidator(_check_text)]
+Name = Annotated[str, Field(pattern=NAME_PATTERN)]
+Json = Annotated[Any, AfterValidator(check_json)]
+Fence = Annotated[int, Field(ge=0, le=MAX_FENCE)]
+LeaseTtl = Annotated[float, Field(ge=1, le=3600)]
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TenantIn(Body):
+    backlog_cap: int = Field(ge=1, le=1_000_000_000)
+    default_max_acquisitions: int = Field(default=5, ge=1, le=100)
+    default_lease_ttl: LeaseTtl = 30.0
+
+
+class TenantOut(BaseModel):
+    tenant: str
+    backlog_cap: int
+    default_max_acquisitions: int
+    default_lease_ttl: float
+    backlog: int | None = None
+    ready: int | None = None
+    leased: int | None = None
+    completed: int | None = None
+    quarantined: int | None = None
+    cancelled: int | None = None
+    created_at: datetime
+    updated_at: datetime
+
+
+class KeyIn(Body):
+    role: Literal["worker", "operator"]
+
+
+class KeyOut(BaseModel):
+    key_id: str
+    tenant: str
+    role: str
+    secret: str
+
+
+class ItemIn(Body):
+    payload: Json = None
+    priority: int = Field(default=0, ge=-1_000_000, le=1_000_000)
+    delay: float = Field(default=0, ge=0, le=365 * 24 * 3600)
+    max_acquisitions: int | None = Field(default=None, ge=1, le=100)
+
+
+class BatchIn(Body):
+    items: list[ItemIn] = Field(min_length=1, max_length=500)
+
+
+class ItemOut(BaseModel):
+    item_id: str
+    tenant: str
+    queue: str
+    state: str
+    payload: Any
+    priority: int
+    available_at: datetime
+    fence: int
+    acquisition_count: int
+    max_acquisitions: int
+    lease_holder: str | None
+    lease_expires_at: datetime | None
+    result: Any
+    last_failure: Any
+    created_at: datetime
+    updated_at: datetime
+
+
+class BatchOut(BaseModel):
+    items: list[ItemOut]
+
+
+class EventOut(BaseModel):
+    seq: int
+    at: datetime
+    kind: str
+    fence: int
+    actor: str
+    data: Any
+
+
+class LedgerOut(BaseModel):
+    item_id: str
+    events: list[EventOut]
+
+
+class AcquireIn(Body):
+    worker: Name
+    lease_ttl: LeaseTtl | None = None
+    max_items: int = Field(default=1, ge=1, le=100)
+    wait: float = Field(default=0, ge=0, le=30)
+
+
+class LeaseOut(BaseModel):
+    item_id: str
+    fence: int
+    acquisition_count: int
+    lease_expires_at: datetime
+    payload: Any
+    priority: int
+    queue: str
+
+
+class LeasesOut(BaseModel):
+    leases: list[LeaseOut]
+
+
+class HeartbeatIn(Body):
+    worker: Name
+    fence: Fence
+    lease_ttl: LeaseTtl | None = None
+
+
+class HeartbeatOut(BaseModel):
+    item_id: str
+    fence: int
+    lease_expires_at: datetime
+
+
+class CompleteIn(Body):
+    worker: Name
+    fence: Fence
+    result: Json = None
+
+
+class RequeueIn(Body):
+    worker: Name
+    fence: Fence
+    reason: Text = ""
+
+
+class Failure(Body):
+    class_: Text = Field(alias="class")
+    message: Text = ""
+    transient: bool = False
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class TriageIn(Body):
+    worker: Name
+    fence: Fence
+    failure: Failure
+    decision: Literal["requeue", "quarantine"]
+
+
+class SpendApprovalIn(Body):
+    approved_by: Annotated[Text, Field(min_length=1, max_length=200)]
+    max_concurrency: int = Field(ge=2, le=100_000)
+    expires_at: AwareDatetime
+    reason: Annotated[Text, Field(min_length=1)]
+
+
+class SpendApprovalOut(BaseModel):
+    approval_id: str
+    tenant: str
+    queue: str
+    approved_by: str
+    max_concurrency: int
+    expires_at: datetime
+    reason: str
+    created_at: datetime
+
+
+class ConcurrencyOut(BaseModel):
+    tenant: str
+    queue: str
+    limit: int
+    active_leases: int
+    approval: dict[str, Any] | None
+
+
+class Problem(BaseModel):
+    type: str
+    title: str
+    status: int
+    detail: str
+    code: str
+    instance: str | None = None

@@ -1,0 +1,55 @@
+"""Prometheus metrics of one API process (a registry per app, so tests can build many apps)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "queue_server_requests",
+            "HTTP requests by route template, method and status",
+            ["route", "method", "status"],
+            registry=self.registry,
+        )
+        self.request_seconds = Histogram(
+            "queue_server_request_seconds",
+            "HTTP request latency by route template",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.acquire_seconds = Histogram(
+            "queue_server_acquire_seconds",
+            "Latency of one acquire transaction (without long-poll waiting)",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.items = Gauge(
+            "queue_server_items",
+            "Work items by tenant and state, read at scrape time",
+            ["tenant", "state"],
+            registry=self.registry,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

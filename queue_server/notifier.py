@@ -1,0 +1,72 @@
+"""Wakes long-polling acquires: one LISTEN connection per process, fanned out to waiters."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+
+import psycopg
+
+from queue_server.store.transitions import NOTIFY_CHANNEL
+
+log = logging.getLogger(__name__)
+
+
+class Notifier:
+    """Maps `tenant/queue` notifications from PostgreSQL to asyncio events."""
+
+    def __init__(self, conninfo: str, *, retry_delay: float = 1.0) -> None:
+        self._conninfo = conninfo
+        self._retry_delay = retry_delay
+        self._waiters: defaultdict[str, set[asyncio.Event]] = defaultdict(set)
+        self._task: asyncio.Task[None] | None = None
+        self.connected = asyncio.Event()
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="queue-server-notifier")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def subscribe(self, tenant: str, queue: str) -> asyncio.Event:
+        event = asyncio.Event()
+        self._waiters[f"{tenant}/{queue}"].add(event)
+        return event
+
+    def unsubscribe(self, tenant: str, queue: str, event: asyncio.Event) -> None:
+        key = f"{tenant}/{queue}"
+        waiters = self._waiters.get(key)
+        if waiters is not None:
+            waiters.discard(event)
+            if not waiters:
+                del self._waiters[key]
+
+    def _wake(self, key: str) -> None:
+        for event in self._waiters.get(key, ()):
+            event.set()
+
+    def _wake_all(self) -> None:
+        for waiters in self._waiters.values():
+            for event in waiters:
+                event.set()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
+                async with conn:
+                    await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    self.connected.set()
+                    # Anything notified while we were not listening: let every waiter re-check.
+                    self._wake_all()
+                    async for notification in conn.notifies():
+                        self._wake(notification.payload)
+            except psycopg.Error as exc:
+                log.warning("notification listener lost its connection: %s", exc)
+            self.connected.clear()
+            await asyncio.sleep(self._retry_delay)

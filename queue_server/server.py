@@ -1,0 +1,84 @@
+"""Running the server: the embedded database, migrations, the first admin key, uvicorn."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+from queue_server import migrate
+from queue_server.embedded import EmbeddedPostgres
+from queue_server.service import QueueService
+from queue_server.settings import Settings
+
+DATABASE_NAME = "queue_server"
+ADMIN_KEY_FILE = "admin.key"
+
+
+class SchemaNotAtHeadError(RuntimeError):
+    """The database's schema is not at the head revision."""
+
+
+@dataclass
+class Database:
+    url: str
+    embedded: EmbeddedPostgres | None
+
+
+def admin_key_path(data_dir: Path) -> Path:
+    return data_dir / ADMIN_KEY_FILE
+
+
+@contextlib.contextmanager
+def database(settings: Settings) -> Iterator[Database]:
+    """The configured database; with no URL, an embedded one in the data directory, migrated."""
+    if settings.database_url:
+        current = migrate.current_revision(settings.database_url)
+        if current != migrate.head_revision():
+            raise SchemaNotAtHeadError(
+                f"The database schema is at {current or 'no revision'}, not at"
+                f" {migrate.head_revision()}: run `queue-server db upgrade` first."
+            )
+        yield Database(url=settings.database_url, embedded=None)
+        return
+    pg = EmbeddedPostgres(settings.data_dir / "pgdata")
+    pg.start()
+    try:
+        with psycopg.connect(pg.url(), autocommit=True) as conn:
+            exists = conn.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE_NAME,)
+            ).fetchone()
+            if exists is None:
+                conn.execute(f"CREATE DATABASE {DATABASE_NAME}")
+        url = pg.url(DATABASE_NAME)
+        migrate.upgrade(url)
+        yield Database(url=url, embedded=pg)
+    finally:
+        pg.stop()
+
+
+def ensure_admin_key(settings: Settings, url: str) -> str | None:
+    """Create the first admin key; write it 0600 into the data directory. None if one exists."""
+
+    async def create() -> str | None:
+        service = QueueService(settings, url)
+        await service.pool.open(wait=True)
+        try:
+            return await service.ensure_admin_key()
+        finally:
+            await service.pool.close()
+
+    secret = asyncio.run(create())
+    if secret is not None:
+        path = admin_key_path(settings.data_dir)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secret + "\n")
+        path.chmod(0o600)
+    return secret

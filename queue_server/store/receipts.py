@@ -1,0 +1,50 @@
+"""Idempotency receipts: one per (tenant, key), claimed before the effect, filled with its answer."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from queue_server.store.transitions import Conn, Row
+
+# ON CONFLICT waits while another transaction holds an uncommitted receipt with
+# this key, then sees its outcome: concurrent same-key requests make one effect.
+_CLAIM = """
+INSERT INTO idempotency_receipts
+    (tenant_id, idempotency_key, fingerprint, response_status, response_body, expires_at)
+VALUES (%(tenant)s, %(key)s, %(fingerprint)s, 0, '', statement_timestamp() + %(retention)s)
+ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+RETURNING 1 AS claimed
+"""
+
+
+async def claim(
+    conn: Conn, *, tenant: str, key: str, fingerprint: str, retention: timedelta
+) -> bool:
+    """True when this transaction now owns the key; False when a finished receipt exists."""
+    cur = await conn.execute(
+        _CLAIM, {"tenant": tenant, "key": key, "fingerprint": fingerprint, "retention": retention}
+    )
+    return await cur.fetchone() is not None
+
+
+async def get(conn: Conn, *, tenant: str, key: str) -> Row | None:
+    cur = await conn.execute(
+        "SELECT * FROM idempotency_receipts WHERE tenant_id = %s AND idempotency_key = %s",
+        (tenant, key),
+    )
+    return await cur.fetchone()
+
+
+async def fill(conn: Conn, *, tenant: str, key: str, status: int, body: str) -> None:
+    await conn.execute(
+        "UPDATE idempotency_receipts SET response_status = %s, response_body = %s"
+        " WHERE tenant_id = %s AND idempotency_key = %s",
+        (status, body, tenant, key),
+    )
+
+
+async def purge_expired(conn: Conn) -> int:
+    cur = await conn.execute(
+        "DELETE FROM idempotency_receipts WHERE expires_at < statement_timestamp()"
+    )
+    return cur.rowcount

@@ -1,0 +1,150 @@
+"""Tenants, API keys and spend approvals: rows that are not work items."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from queue_server.store.transitions import Conn, Row
+
+_PUT_TENANT = """
+INSERT INTO tenants (tenant_id, backlog_cap, default_max_acquisitions, default_lease_ttl)
+VALUES (%(tenant)s, %(backlog_cap)s, %(default_max_acquisitions)s, %(default_lease_ttl)s)
+ON CONFLICT (tenant_id) DO UPDATE
+SET backlog_cap = excluded.backlog_cap,
+    default_max_acquisitions = excluded.default_max_acquisitions,
+    default_lease_ttl = excluded.default_lease_ttl,
+    updated_at = statement_timestamp()
+RETURNING *
+"""
+
+
+async def put_tenant(
+    conn: Conn,
+    *,
+    tenant: str,
+    backlog_cap: int,
+    default_max_acquisitions: int,
+    default_lease_ttl: timedelta,
+) -> Row:
+    """Create the tenant or replace its settings."""
+    cur = await conn.execute(
+        _PUT_TENANT,
+        {
+            "tenant": tenant,
+            "backlog_cap": backlog_cap,
+            "default_max_acquisitions": default_max_acquisitions,
+            "default_lease_ttl": default_lease_ttl,
+        },
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return row
+
+
+async def get_tenant(conn: Conn, tenant: str) -> Row | None:
+    cur = await conn.execute("SELECT * FROM tenants WHERE tenant_id = %s", (tenant,))
+    return await cur.fetchone()
+
+
+async def lock_tenant(conn: Conn, tenant: str) -> Row | None:
+    """The tenant's admission lock: held until the transaction ends."""
+    cur = await conn.execute("SELECT * FROM tenants WHERE tenant_id = %s FOR UPDATE", (tenant,))
+    return await cur.fetchone()
+
+
+_BACKLOG = """
+SELECT (SELECT count(*) FROM work_items WHERE tenant_id = %(tenant)s AND state = 'ready')
+     + (SELECT count(*) FROM work_items WHERE tenant_id = %(tenant)s AND state = 'leased')
+     AS backlog
+"""
+
+
+async def backlog(conn: Conn, tenant: str) -> int:
+    """Ready + leased items of the tenant (each count reads its own partial index)."""
+    cur = await conn.execute(_BACKLOG, {"tenant": tenant})
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row["backlog"])
+
+
+async def create_key(
+    conn: Conn, *, key_id: str, tenant: str | None, role: str, secret_hash: str
+) -> Row:
+    cur = await conn.execute(
+        "INSERT INTO api_keys (key_id, tenant_id, role, secret_hash)"
+        " VALUES (%s, %s, %s, %s) RETURNING *",
+        (key_id, tenant, role, secret_hash),
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return row
+
+
+async def get_key(conn: Conn, key_id: str) -> Row | None:
+    cur = await conn.execute("SELECT * FROM api_keys WHERE key_id = %s", (key_id,))
+    return await cur.fetchone()
+
+
+async def revoke_key(conn: Conn, *, tenant: str, key_id: str) -> bool:
+    """Revoked at once: every request checks `revoked_at`."""
+    cur = await conn.execute(
+        "UPDATE api_keys SET revoked_at = coalesce(revoked_at, statement_timestamp())"
+        " WHERE tenant_id = %s AND key_id = %s RETURNING key_id",
+        (tenant, key_id),
+    )
+    return await cur.fetchone() is not None
+
+
+async def count_admin_keys(conn: Conn) -> int:
+    cur = await conn.execute(
+        "SELECT count(*) AS n FROM api_keys WHERE role = 'admin' AND revoked_at IS NULL"
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row["n"])
+
+
+async def add_spend_approval(
+    conn: Conn,
+    *,
+    tenant: str,
+    queue: str,
+    approved_by: str,
+    max_concurrency: int,
+    expires_at: datetime,
+    reason: str,
+) -> Row:
+    cur = await conn.execute(
+        "INSERT INTO spend_approvals"
+        " (tenant_id, queue, approved_by, max_concurrency, expires_at, reason)"
+        " VALUES (%s, %s, %s, %s, %s, %s) RETURNING *, expires_at > statement_timestamp() AS live",
+        (tenant, queue, approved_by, max_concurrency, expires_at, reason),
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    return row
+
+
+_CONCURRENCY = """
+SELECT (SELECT count(*) FROM work_items
+        WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
+          AND lease_expires_at > statement_timestamp()) AS active_leases,
+       (SELECT to_jsonb(a) FROM spend_approvals a
+        WHERE tenant_id = %(tenant)s AND queue = %(queue)s
+          AND expires_at > statement_timestamp()
+        ORDER BY max_concurrency DESC, created_at DESC LIMIT 1) AS approval
+"""
+
+
+async def concurrency(conn: Conn, *, tenant: str, queue: str) -> dict[str, Any]:
+    """The queue's limit (1 without a live spend approval) and its active leases."""
+    cur = await conn.execute(_CONCURRENCY, {"tenant": tenant, "queue": queue})
+    row = await cur.fetchone()
+    assert row is not None
+    approval = row["approval"]
+    return {
+        "limit": approval["max_concurrency"] if approval else 1,
+        "active_leases": row["active_leases"],
+        "approval": approval,
+    }

@@ -1,0 +1,430 @@
+"""Every statement that changes a work item's state, lease or fence.
+
+    ready --acquire--> leased --complete--> completed
+      ^                  |--requeue / triage(requeue)--> ready
+      |                  '--triage(quarantine)--> quarantined
+      '--(expired lease: the next acquire takes it over, fence + 1)
+    acquire past the budget -> quarantined (+ dead letter)
+    operator replay: quarantined -> ready;  discard: any but completed -> cancelled
+
+Each acquire increments `fence`. A holder presents the fence it was given, and
+every holder operation checks state, holder, fence and expiry in the same
+statement that changes the row. Each function takes the caller's connection,
+never commits, and appends its ledger event in the same statement. Time is
+`statement_timestamp()`: the database clock, fixed for one statement.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.types.json import Jsonb
+
+from queue_server import errors
+from queue_server.models import ItemState
+
+Row = dict[str, Any]
+Conn = AsyncConnection[Row]
+
+NOTIFY_CHANNEL = "queue_server_ready"
+
+# Ledger rows are written by the same statement as the change they record.
+_EVENT_COLUMNS = "tenant_id, item_id, seq, at, kind, fence, actor, data"
+
+_ENQUEUE = f"""
+WITH input AS (
+    SELECT * FROM jsonb_to_recordset(%(items)s::jsonb)
+        AS x(item_id uuid, payload jsonb, priority int, delay double precision,
+             max_acquisitions int)
+), ins AS (
+    INSERT INTO work_items (tenant_id, item_id, queue, payload, priority, state,
+                            available_at, max_acquisitions, event_seq,
+                            created_at, updated_at)
+    SELECT %(tenant)s, item_id, %(queue)s, payload, priority, 'ready',
+           statement_timestamp() + make_interval(secs => delay), max_acquisitions, 1,
+           statement_timestamp(), statement_timestamp()
+    FROM input
+    RETURNING *
+), ev AS (
+    INSERT INTO item_events ({_EVENT_COLUMNS})
+    SELECT tenant_id, item_id, 0, created_at, 'enqueued', 0, %(actor)s,
+           jsonb_build_object('queue', queue, 'payload', payload, 'priority', priority,
+                              'available_at', available_at,
+                              'max_acquisitions', max_acquisitions)
+    FROM ins
+)
+SELECT ins.* FROM ins, (SELECT pg_notify('{NOTIFY_CHANNEL}', %(tenant)s || '/' || %(queue)s)) AS n
+"""
+
+
+async def enqueue(
+    conn: Conn, *, tenant: str, queue: str, items: list[dict[str, Any]], actor: str
+) -> list[Row]:
+    """(nothing) -> ready, one row per item; the caller holds the tenant's admission lock."""
+    cur = await conn.execute(
+        _ENQUEUE, {"items": Jsonb(items), "tenant": tenant, "queue": queue, "actor": actor}
+    )
+    rows = await cur.fetchall()
+    order = {item["item_id"]: i for i, item in enumerate(items)}
+    rows.sort(key=lambda row: order[str(row["item_id"])])
+    return rows
+
+
+_LOCK_QUEUE = "SELECT pg_advisory_xact_lock(hashtextextended(%(tenant)s || '/' || %(queue)s, 7))"
+
+# Runs after _LOCK_QUEUE in its own statement, so its snapshot sees every lease
+# committed by the acquire that held the lock before us.
+_ACQUIRE = f"""
+WITH room AS (
+    SELECT greatest(0, least(%(max_items)s,
+        coalesce((SELECT max(max_concurrency) FROM spend_approvals
+                  WHERE tenant_id = %(tenant)s AND queue = %(queue)s
+                    AND expires_at > statement_timestamp()), 1)
+        - (SELECT count(*) FROM work_items
+           WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
+             AND lease_expires_at > statement_timestamp()))) AS n
+), expired AS (
+    -- SKIP LOCKED: a row locked by a holder operation in flight is not ours to take.
+    SELECT item_id, 0 AS src, 0 AS priority, lease_expires_at AS since
+    FROM work_items
+    WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
+      AND lease_expires_at <= statement_timestamp()
+    ORDER BY lease_expires_at
+    LIMIT (SELECT n FROM room)
+    FOR UPDATE SKIP LOCKED
+), due AS (
+    SELECT item_id, 1 AS src, priority, available_at AS since
+    FROM work_items
+    WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'ready'
+      AND available_at <= statement_timestamp()
+    ORDER BY priority DESC, available_at, item_id
+    LIMIT (SELECT n FROM room)
+    FOR UPDATE SKIP LOCKED
+), picked AS (
+    SELECT item_id FROM (SELECT * FROM expired UNION ALL SELECT * FROM due) AS c
+    ORDER BY src, priority DESC, since, item_id
+    LIMIT (SELECT n FROM room)
+), leased AS (
+    UPDATE work_items w
+    SET state = 'leased', fence = w.fence + 1, acquisition_count = w.acquisition_count + 1,
+        lease_holder = %(worker)s, lease_expires_at = statement_timestamp() + %(ttl)s,
+        updated_at = statement_timestamp(), event_seq = w.event_seq + 1
+    FROM picked p
+    WHERE w.tenant_id = %(tenant)s AND w.item_id = p.item_id
+      AND w.acquisition_count < w.max_acquisitions
+    RETURNING w.*
+), quarantined AS (
+    UPDATE work_items w
+    SET state = 'quarantined', lease_holder = NULL, lease_expires_at = NULL,
+        updated_at = statement_timestamp(), event_seq = w.event_seq + 1
+    FROM picked p
+    WHERE w.tenant_id = %(tenant)s AND w.item_id = p.item_id
+      AND w.acquisition_count >= w.max_acquisitions
+    RETURNING w.*
+), dead AS (
+    INSERT INTO dead_letters (tenant_id, kind, item_id, queue, reason, last_failure, created_at)
+    SELECT tenant_id, 'item', item_id, queue, 'acquisition budget exhausted', last_failure,
+           statement_timestamp()
+    FROM quarantined
+), ev AS (
+    INSERT INTO item_events ({_EVENT_COLUMNS})
+    SELECT tenant_id, item_id, event_seq - 1, updated_at, 'acquired', fence, %(worker)s,
+           jsonb_build_object('lease_holder', lease_holder,
+                              'lease_expires_at', lease_expires_at,
+                              'acquisition_count', acquisition_count)
+    FROM leased
+    UNION ALL
+    SELECT tenant_id, item_id, event_seq - 1, updated_at, 'quarantined', fence, 'server',
+           jsonb_build_object('reason', 'acquisition budget exhausted')
+    FROM quarantined
+)
+SELECT true AS leased, * FROM leased
+UNION ALL
+SELECT false AS leased, * FROM quarantined
+"""
+
+
+async def acquire(
+    conn: Conn, *, tenant: str, queue: str, worker: str, ttl: timedelta, max_items: int
+) -> tuple[list[Row], list[Row]]:
+    """ready (due) or leased (expired) -> leased, fence + 1; past the budget -> quarantined.
+
+    Acquires of one queue are serialised by a transaction-scoped advisory lock,
+    so the spend-gated concurrency limit holds when many acquires race.
+    Returns (leased rows in acquire order, quarantined rows).
+    """
+    params = {
+        "tenant": tenant,
+        "queue": queue,
+        "worker": worker,
+        "ttl": ttl,
+        "max_items": max_items,
+    }
+    await conn.execute(_LOCK_QUEUE, params)
+    cur = await conn.execute(_ACQUIRE, params)
+    leased: list[Row] = []
+    quarantined: list[Row] = []
+    for row in await cur.fetchall():
+        (leased if row.pop("leased") else quarantined).append(row)
+    leased.sort(key=lambda row: (-row["priority"], row["available_at"], str(row["item_id"])))
+    return leased, quarantined
+
+
+def _holder_update(assignments: str, kind: str, data_sql: str, *, notify: bool = False) -> str:
+    """A holder operation: one guarded UPDATE plus its ledger row, in one statement."""
+    tail = (
+        f", (SELECT pg_notify('{NOTIFY_CHANNEL}', %(tenant)s || '/' || queue) FROM upd) AS n"
+        if notify
+        else ""
+    )
+    return f"""
+WITH upd AS (
+    UPDATE work_items
+    SET {assignments}, updated_at = statement_timestamp(), event_seq = event_seq + 1
+    WHERE tenant_id = %(tenant)s AND item_id = %(item_id)s
+      AND state = 'leased' AND fence = %(fence)s AND lease_holder = %(worker)s
+      AND lease_expires_at > statement_timestamp()
+    RETURNING *
+), ev AS (
+    INSERT INTO item_events ({_EVENT_COLUMNS})
+    SELECT tenant_id, item_id, event_seq - 1, updated_at, '{kind}', fence, %(worker)s, {data_sql}
+    FROM upd
+)
+SELECT upd.* FROM upd{tail}
+"""
+
+
+_HEARTBEAT = _holder_update(
+    "lease_expires_at = statement_timestamp() + %(ttl)s",
+    "heartbeat",
+    "jsonb_build_object('lease_expires_at', lease_expires_at)",
+)
+_COMPLETE = _holder_update(
+    "state = 'completed', result = %(result)s, lease_holder = NULL, lease_expires_at = NULL",
+    "completed",
+    "jsonb_build_object('result', result)",
+)
+_REQUEUE = _holder_update(
+    "state = 'ready', available_at = statement_timestamp(), lease_holder = NULL,"
+    " lease_expires_at = NULL",
+    "requeued",
+    "jsonb_build_object('reason', %(reason)s::text, 'available_at', available_at)",
+    notify=True,
+)
+_TRIAGE_REQUEUE = _holder_update(
+    "state = 'ready', available_at = statement_timestamp(), last_failure = %(failure)s,"
+    " lease_holder = NULL, lease_expires_at = NULL",
+    "triaged",
+    "jsonb_build_object('decision', 'requeue', 'failure', last_failure,"
+    " 'available_at', available_at)",
+    notify=True,
+)
+_TRIAGE_QUARANTINE = f"""
+WITH upd AS (
+    UPDATE work_items
+    SET state = 'quarantined', last_failure = %(failure)s, lease_holder = NULL,
+        lease_expires_at = NULL, updated_at = statement_timestamp(), event_seq = event_seq + 1
+    WHERE tenant_id = %(tenant)s AND item_id = %(item_id)s
+      AND state = 'leased' AND fence = %(fence)s AND lease_holder = %(worker)s
+      AND lease_expires_at > statement_timestamp()
+    RETURNING *
+), dead AS (
+    INSERT INTO dead_letters (tenant_id, kind, item_id, queue, reason, last_failure, created_at)
+    SELECT tenant_id, 'item', item_id, queue, 'quarantined by triage', last_failure,
+           statement_timestamp()
+    FROM upd
+), ev AS (
+    INSERT INTO item_events ({_EVENT_COLUMNS})
+    SELECT tenant_id, item_id, event_seq - 1, updated_at, 'triaged', fence, %(worker)s,
+           jsonb_build_object('decision', 'quarantine', 'failure', last_failure)
+    FROM upd
+)
+SELECT upd.* FROM upd
+"""
+
+
+def _holder_params(tenant: str, item_id: str, worker: str, fence: int) -> dict[str, Any]:
+    return {"tenant": tenant, "item_id": item_id, "worker": worker, "fence": fence}
+
+
+async def _one(conn: Conn, sql: str, params: dict[str, Any]) -> Row | None:
+    cur = await conn.execute(sql, params)
+    return await cur.fetchone()
+
+
+async def heartbeat(
+    conn: Conn, *, tenant: str, item_id: str, worker: str, fence: int, ttl: timedelta
+) -> Row | None:
+    """leased -> leased: the holder, with its fence, extends a lease that has not expired."""
+    return await _one(
+        conn, _HEARTBEAT, {**_holder_params(tenant, item_id, worker, fence), "ttl": ttl}
+    )
+
+
+async def complete(
+    conn: Conn, *, tenant: str, item_id: str, worker: str, fence: int, result: Any
+) -> Row | None:
+    """leased -> completed: the holder, with its fence, on an unexpired lease."""
+    params = {**_holder_params(tenant, item_id, worker, fence), "result": Jsonb(result)}
+    return await _one(conn, _COMPLETE, params)
+
+
+async def requeue(
+    conn: Conn, *, tenant: str, item_id: str, worker: str, fence: int, reason: str
+) -> Row | None:
+    """leased -> ready now: the holder gives the item back; the next acquire raises the fence."""
+    params = {**_holder_params(tenant, item_id, worker, fence), "reason": reason}
+    return await _one(conn, _REQUEUE, params)
+
+
+async def triage(
+    conn: Conn,
+    *,
+    tenant: str,
+    item_id: str,
+    worker: str,
+    fence: int,
+    failure: dict[str, Any],
+    quarantine: bool,
+) -> Row | None:
+    """leased -> ready (decision requeue) or quarantined (+ dead letter), failure recorded."""
+    params = {**_holder_params(tenant, item_id, worker, fence), "failure": Jsonb(failure)}
+    return await _one(conn, _TRIAGE_QUARANTINE if quarantine else _TRIAGE_REQUEUE, params)
+
+
+_TRIAGE_REJECTED = f"""
+WITH upd AS (
+    UPDATE work_items SET event_seq = event_seq + 1
+    WHERE tenant_id = %(tenant)s AND item_id = %(item_id)s
+    RETURNING tenant_id, item_id, event_seq, fence
+)
+INSERT INTO item_events ({_EVENT_COLUMNS})
+SELECT tenant_id, item_id, event_seq - 1, statement_timestamp(), 'triage_rejected', fence,
+       %(worker)s,
+       jsonb_build_object('failure', %(failure)s::jsonb, 'presented_fence', %(fence)s::bigint,
+                          'reason', %(reason)s::text)
+FROM upd
+"""
+
+
+async def record_triage_rejected(
+    conn: Conn,
+    *,
+    tenant: str,
+    item_id: str,
+    worker: str,
+    fence: int,
+    failure: dict[str, Any],
+    reason: str,
+) -> None:
+    """No state change: a refused triage still leaves the reported failure in the ledger."""
+    params = {
+        **_holder_params(tenant, item_id, worker, fence),
+        "failure": Jsonb(failure),
+        "reason": reason,
+    }
+    await conn.execute(_TRIAGE_REJECTED, params)
+
+
+_EXPLAIN = """
+SELECT state, fence, lease_holder, lease_expires_at,
+       lease_expires_at <= statement_timestamp() AS expired
+FROM work_items WHERE tenant_id = %(tenant)s AND item_id = %(item_id)s
+"""
+
+
+async def explain_rejection(
+    conn: Conn, *, tenant: str, item_id: str, worker: str, fence: int
+) -> errors.QueueServerError:
+    """Why a guarded holder operation changed nothing: the precise refusal."""
+    row = await _one(conn, _EXPLAIN, {"tenant": tenant, "item_id": item_id})
+    if row is None:
+        return errors.ItemNotFoundError(item_id=item_id)
+    if row["state"] != ItemState.LEASED:
+        return errors.ItemNotLeasedError(
+            f"The item is {row['state']}, not leased.", item_id=item_id, state=row["state"]
+        )
+    if fence != row["fence"]:
+        return errors.StaleFenceError(item_id=item_id, current_fence=row["fence"])
+    if row["lease_holder"] != worker:
+        return errors.NotLeaseHolderError(item_id=item_id)
+    if row["expired"]:
+        return errors.LeaseExpiredError(
+            item_id=item_id, expired_at=row["lease_expires_at"].isoformat()
+        )
+    # The row changed between the guarded update and this read.
+    return errors.StaleFenceError(item_id=item_id, current_fence=row["fence"])
+
+
+_REPLAY = f"""
+WITH dl AS (
+    UPDATE dead_letters SET closed_at = statement_timestamp(), resolution = 'replayed'
+    WHERE tenant_id = %(tenant)s AND dead_letter_id = %(dead_letter_id)s
+      AND kind = 'item' AND closed_at IS NULL
+    RETURNING item_id
+), upd AS (
+    UPDATE work_items w
+    SET state = 'ready', available_at = statement_timestamp(), acquisition_count = 0,
+        max_acquisitions = coalesce(%(max_acquisitions)s, w.max_acquisitions),
+        updated_at = statement_timestamp(), event_seq = w.event_seq + 1
+    FROM dl
+    WHERE w.tenant_id = %(tenant)s AND w.item_id = dl.item_id AND w.state = 'quarantined'
+    RETURNING w.*
+), ev AS (
+    INSERT INTO item_events ({_EVENT_COLUMNS})
+    SELECT tenant_id, item_id, event_seq - 1, updated_at, 'replayed', fence, %(actor)s,
+           jsonb_build_object('dead_letter_id', %(dead_letter_id)s::text,
+                              'max_acquisitions', max_acquisitions,
+                              'available_at', available_at)
+    FROM upd
+)
+SELECT upd.* FROM upd, (SELECT pg_notify('{NOTIFY_CHANNEL}', %(tenant)s || '/' || queue)
+                        FROM upd) AS n
+"""
+
+
+async def replay(
+    conn: Conn, *, tenant: str, dead_letter_id: str, max_acquisitions: int | None, actor: str
+) -> Row | None:
+    """quarantined -> ready with a renewed budget; the dead letter is closed. Fence unchanged."""
+    params = {
+        "tenant": tenant,
+        "dead_letter_id": dead_letter_id,
+        "max_acquisitions": max_acquisitions,
+        "actor": actor,
+    }
+    return await _one(conn, _REPLAY, params)
+
+
+_DISCARD = f"""
+WITH dl AS (
+    UPDATE dead_letters SET closed_at = statement_timestamp(), resolution = 'discarded'
+    WHERE tenant_id = %(tenant)s AND dead_letter_id = %(dead_letter_id)s
+      AND kind = 'item' AND closed_at IS NULL
+    RETURNING item_id
+), upd AS (
+    UPDATE work_items w
+    SET state = 'cancelled', lease_holder = NULL, lease_expires_at = NULL,
+        updated_at = statement_timestamp(), event_seq = w.event_seq + 1
+    FROM dl
+    WHERE w.tenant_id = %(tenant)s AND w.item_id = dl.item_id AND w.state <> 'completed'
+    RETURNING w.*
+), ev AS (
+    INSERT INTO item_events ({_EVENT_COLUMNS})
+    SELECT tenant_id, item_id, event_seq - 1, updated_at, 'cancelled', fence, %(actor)s,
+           jsonb_build_object('dead_letter_id', %(dead_letter_id)s::text,
+                              'reason', %(reason)s::text)
+    FROM upd
+)
+SELECT upd.* FROM upd
+"""
+
+
+async def discard(
+    conn: Conn, *, tenant: str, dead_letter_id: str, reason: str, actor: str
+) -> Row | None:
+    """quarantined (any state but completed) -> cancelled; the dead letter is closed."""
+    params = {"tenant": tenant, "dead_letter_id": dead_letter_id, "reason": reason, "actor": actor}
+    return await _one(conn, _DISCARD, params)

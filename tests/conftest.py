@@ -1,0 +1,233 @@
+"""Fixtures: one embedded PostgreSQL per session, a migrated template, a fresh database per test,
+and the real API served by uvicorn on a loopback port."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+import uvicorn
+from psycopg.rows import dict_row
+from pytest_postgresql.janitor import DatabaseJanitor
+
+from queue_server import migrate
+from queue_server.app import create_app
+from queue_server.embedded import EmbeddedPostgres
+from queue_server.service import QueueService
+from queue_server.settings import Settings
+
+TEMPLATE_DB = "qs_template"
+
+
+@pytest.fixture(scope="session")
+def pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgres]:
+    server = EmbeddedPostgres(
+        tmp_path_factory.mktemp("pg") / "data",
+        server_settings={"max_connections": "300", "fsync": "off"},
+    )
+    server.start()
+    yield server
+    server.stop("immediate")
+
+
+@pytest.fixture(scope="session")
+def template_db(pg: EmbeddedPostgres) -> str:
+    """A database migrated to head once; each test clones it."""
+    janitor = DatabaseJanitor(
+        user="postgres",
+        host=str(pg.socket_dir),
+        port=pg.port,
+        dbname=TEMPLATE_DB,
+        version=18,
+        as_template=True,
+    )
+    janitor.init()
+    migrate.upgrade(pg.url(TEMPLATE_DB))
+    return TEMPLATE_DB
+
+
+@pytest.fixture
+def database_url(pg: EmbeddedPostgres, template_db: str) -> Iterator[str]:
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    with DatabaseJanitor(
+        user="postgres",
+        host=str(pg.socket_dir),
+        port=pg.port,
+        dbname=name,
+        template_dbname=template_db,
+        version=18,
+    ):
+        yield pg.url(name)
+
+
+@pytest.fixture
+def db(database_url: str) -> Iterator[psycopg.Connection[dict[str, object]]]:
+    """A direct connection for assertions on what the server stored."""
+    with psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as conn:
+        yield conn
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(data_dir=tmp_path, poll_interval=0.2, lock_timeout_ms=2000)
+
+
+class LiveServer:
+    """The app under uvicorn in a thread, on a real loopback socket."""
+
+    def __init__(self, settings: Settings, database_url: str) -> None:
+        self.settings = settings
+        self.database_url = database_url
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(
+            create_app(settings, database_url), log_level="warning", lifespan="on"
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
+
+    def start(self) -> None:
+        self.thread.start()
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            threading.Event().wait(0.01)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.sock.close()
+
+
+@pytest.fixture
+def live(settings: Settings, database_url: str) -> Iterator[LiveServer]:
+    server = LiveServer(settings, database_url)
+    server.start()
+    yield server
+    server.stop()
+
+
+def make_admin_key(settings: Settings, database_url: str) -> str:
+    async def create() -> str:
+        service = QueueService(settings, database_url)
+        await service.pool.open(wait=True)
+        try:
+            secret = await service.ensure_admin_key()
+        finally:
+            await service.pool.close()
+        assert secret is not None
+        return secret
+
+    return asyncio.run(create())
+
+
+@dataclass
+class Api:
+    """HTTP clients of one tenant: admin, operator and worker keys."""
+
+    url: str
+    tenant: str
+    admin: httpx.Client
+    operator: httpx.Client
+    worker: httpx.Client
+    keys: dict[str, str] = field(default_factory=dict)
+
+    def client(self, key: str) -> httpx.Client:
+        return client_for(self.url, key)
+
+    def enqueue(
+        self, queue: str = "q", payload: object = None, **fields: object
+    ) -> dict[str, object]:
+        response = self.worker.post(
+            f"/v1/tenants/{self.tenant}/queues/{queue}/items",
+            json={"payload": payload, **fields},
+            headers={"Idempotency-Key": uuid.uuid4().hex},
+        )
+        assert response.status_code == 201, response.text
+        body: dict[str, object] = response.json()
+        return body
+
+    def acquire(
+        self, queue: str = "q", worker: str = "w1", ttl: float = 30, **fields: object
+    ) -> list[dict[str, object]]:
+        response = self.worker.post(
+            f"/v1/tenants/{self.tenant}/queues/{queue}/leases",
+            json={"worker": worker, "lease_ttl": ttl, **fields},
+        )
+        assert response.status_code == 200, response.text
+        leases: list[dict[str, object]] = response.json()["leases"]
+        return leases
+
+    def holder(
+        self, action: str, item_id: object, key: str | None = None, **body: object
+    ) -> httpx.Response:
+        return self.worker.post(
+            f"/v1/tenants/{self.tenant}/items/{item_id}/{action}",
+            json=body,
+            headers={"Idempotency-Key": key or uuid.uuid4().hex},
+        )
+
+    def approve(self, queue: str, max_concurrency: int) -> None:
+        response = self.operator.post(
+            f"/v1/tenants/{self.tenant}/queues/{queue}/spend-approvals",
+            json={
+                "approved_by": "ops@example.com",
+                "max_concurrency": max_concurrency,
+                "expires_at": "2999-01-01T00:00:00Z",
+                "reason": "load test",
+            },
+            headers={"Idempotency-Key": uuid.uuid4().hex},
+        )
+        assert response.status_code == 201, response.text
+
+
+def client_for(url: str, key: str | None) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.Client(base_url=url, headers=headers, timeout=30)
+
+
+def setup_tenant(url: str, admin: httpx.Client, tenant: str, backlog_cap: int = 1000) -> Api:
+    response = admin.put(
+        f"/v1/tenants/{tenant}",
+        json={"backlog_cap": backlog_cap, "default_max_acquisitions": 3, "default_lease_ttl": 30},
+    )
+    assert response.status_code == 200, response.text
+    keys = {}
+    for role in ("worker", "operator"):
+        created = admin.post(f"/v1/tenants/{tenant}/keys", json={"role": role})
+        assert created.status_code == 201, created.text
+        keys[role] = created.json()["secret"]
+    return Api(
+        url=url,
+        tenant=tenant,
+        admin=admin,
+        operator=client_for(url, keys["operator"]),
+        worker=client_for(url, keys["worker"]),
+        keys=keys,
+    )
+
+
+@pytest.fixture
+def admin_key(settings: Settings, database_url: str) -> str:
+    return make_admin_key(settings, database_url)
+
+
+@pytest.fixture
+def admin(live: LiveServer, admin_key: str) -> Iterator[httpx.Client]:
+    with client_for(live.url, admin_key) as client:
+        yield client
+
+
+@pytest.fixture
+def api(live: LiveServer, admin: httpx.Client) -> Api:
+    return setup_tenant(live.url, admin, "acme")
