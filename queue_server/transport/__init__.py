@@ -19,6 +19,7 @@ from queue_server.transport.policy import (
     refusal_reason,
 )
 from queue_server.transport.receipts import BrokerSnapshot, DispatchReceipt, Outcome, Usage
+from queue_server.transport.webhooks import webhook_request
 
 __all__ = [
     "Accountant",
@@ -42,4 +43,5 @@ __all__ = [
     "check_target",
     "check_target_async",
     "refusal_reason",
+    "webhook_request",
 ]

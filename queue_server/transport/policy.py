@@ -227,7 +227,7 @@ def _decide(
             reason = refusal_reason(addr)
             # One forbidden answer refuses the whole name, so mixed answers cannot slip through.
             if reason is not None and not allow.allows_address(addr):
-                raise PolicyRefusedError(f"host {host!r} resolves to a {reason} address")
+                raise PolicyRefusedError(f"host {host!r} resolves to {addr}, which is {reason}")
     first = parsed[0]
     # Connect to a mapped address over IPv4: it is the same host, and v4-only hosts exist.
     pinned = first.ipv4_mapped if isinstance(first, ipaddress.IPv6Address) else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 import threading
 from dataclasses import dataclass
@@ -28,8 +29,9 @@ class Receiver:
     /reset (RST), /huge?n= (chunked body), /drip?n= (n bytes of a longer body, then stall).
     """
 
-    def __init__(self) -> None:
-        """Bind to a random port and start accepting."""
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        """Bind to a random port and start accepting (over TLS when given a context)."""
+        self._tls = tls
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.bind(("127.0.0.1", 0))
         self._sock.listen(64)
@@ -73,8 +75,14 @@ class Receiver:
 
     def _serve(self, conn: socket.socket) -> None:
         """Read one request and answer it."""
+        conn.settimeout(5)
+        if self._tls is not None:
+            try:
+                conn = self._tls.wrap_socket(conn, server_side=True)
+            except OSError:
+                conn.close()
+                return
         with conn:
-            conn.settimeout(5)
             try:
                 seen = _read_request(conn)
             except (OSError, ValueError):
