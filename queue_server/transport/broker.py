@@ -46,6 +46,7 @@ from queue_server.transport.receipts import (
 )
 
 _METHOD = re.compile(r"^[A-Z]{1,16}$")
+_UNSAFE = re.compile(r"[\r\n\x00]")
 # The broker owns framing and the target: a caller may not steer them through headers.
 _RESERVED_HEADERS = frozenset(
     {
@@ -191,7 +192,7 @@ class TransportBroker:
     async def dispatch(self, request: DispatchRequest) -> DispatchResult:
         """Check, lease, send once (no redirects, no retries), charge and record the dispatch."""
         self._check_wall()
-        target = await self.check(request.url)
+        target = await self._resolve(request)
         built = self._build(request, target)
         # DNS may have taken a while; a run already past its deadline must not lease.
         self._check_wall()
@@ -214,6 +215,19 @@ class TransportBroker:
                 attempt.outcome = Outcome.CANCELLED
             self._close(attempt)
 
+    async def _resolve(self, request: DispatchRequest) -> CheckedTarget:
+        """Run the policy check under the dispatch's time limit; a timeout here is free."""
+        limit, wall_bound = self._limit(request)
+        try:
+            async with asyncio.timeout(limit):
+                return await self.check(request.url)
+        except TimeoutError:
+            # No lease was taken, so the refusal carries no receipt and costs nothing.
+            error: TransportError = (
+                WallDeadlineExceededError() if wall_bound else RequestTimeoutError()
+            )
+            raise self._attach(error) from None
+
     def _check_wall(self) -> None:
         """Refuse before the lease when the run's wall deadline has passed."""
         left = self.remaining()
@@ -227,6 +241,9 @@ class TransportBroker:
         bad = sorted(k for k in request.headers if k.lower() in _RESERVED_HEADERS)
         if bad:
             raise self._attach(PolicyRefusedError(f"headers {bad} are set by the broker"))
+        if any(_UNSAFE.search(k + v) for k, v in request.headers.items()):
+            # Caught here, a header injection is a free refusal instead of a charged failure.
+            raise self._attach(PolicyRefusedError("header names and values must be one line"))
         headers = {"Accept-Encoding": "identity", "User-Agent": "queue-server-transport"}
         headers.update(request.headers)
         # Connect to the checked address while the receiver still sees the original name.

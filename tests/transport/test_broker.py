@@ -198,6 +198,7 @@ def test_active_budget_is_separate_and_also_consumes_the_total(receiver: Receive
         DispatchRequest("GET", "http://user:pw@127.0.0.1/x"),
         DispatchRequest("GET", "http://127.0.0.1/x", headers={"Host": "evil.example"}),
         DispatchRequest("GET", "http://127.0.0.1/x", headers={"Transfer-Encoding": "chunked"}),
+        DispatchRequest("GET", "http://127.0.0.1/x", headers={"X-A": "1\r\nX-B: 2"}),
         DispatchRequest("get me", "http://127.0.0.1/x"),
         DispatchRequest("GET", "not a url"),
     ],
@@ -302,10 +303,13 @@ def test_receipts_past_the_bound_are_dropped_and_counted(receiver: Receiver) -> 
 
 def test_a_later_failure_carries_the_receipts_committed_before_it(receiver: Receiver) -> None:
     b = broker()
-    run(b.dispatch(get(receiver.url("/ok"))))
-    run(b.dispatch(get(receiver.url("/fail"))))
+    run(b.dispatch(get(receiver.url("/ok?sig=abc123"))))
+    run(b.dispatch(get(receiver.url("/fail?sig=abc123"))))
     with pytest.raises(RequestTimeoutError) as info:
-        run(b.dispatch(get(receiver.url("/slow"), timeout=0.2)))
+        run(b.dispatch(get(receiver.url("/slow?sig=abc123"), timeout=0.2)))
+    text = json.dumps([r.to_dict() for r in info.value.receipts])
+    assert "abc123" not in text
+    assert "/slow" not in text
     assert [(r.seq, r.outcome) for r in info.value.receipts] == [
         (1, Outcome.SUCCEEDED),
         (2, Outcome.HTTP_ERROR),
@@ -404,3 +408,27 @@ def test_connection_goes_to_the_checked_address_with_the_original_host(
     assert receiver.requests[0].headers["host"] == f"hooks.example.test:{receiver.port}"
     assert result.receipt.host == "hooks.example.test"
     assert result.receipt.address == "127.0.0.1"
+
+
+def test_slow_resolution_past_the_wall_deadline_is_refused_before_the_lease() -> None:
+    async def stuck(host: str, port: int) -> Sequence[str]:
+        await asyncio.sleep(5)
+        return ["127.0.0.1"]
+
+    b = broker(resolver=stuck, wall_deadline=0.2)
+    with pytest.raises(WallDeadlineExceededError) as info:
+        run(b.dispatch(get("http://slow-dns.example.test/ok")))
+    assert info.value.receipt is None
+    assert b.usage().requests == 0
+
+
+def test_slow_resolution_past_the_request_timeout_costs_nothing() -> None:
+    async def stuck(host: str, port: int) -> Sequence[str]:
+        await asyncio.sleep(5)
+        return ["127.0.0.1"]
+
+    b = broker(resolver=stuck)
+    with pytest.raises(RequestTimeoutError) as info:
+        run(b.dispatch(get("http://slow-dns.example.test/ok", timeout=0.2)))
+    assert info.value.receipt is None
+    assert b.snapshot().receipts == ()
