@@ -1,0 +1,124 @@
+"""`operation-reliability.v2`: the reliability policy as data, its enforcement, and its verifier.
+
+Pure Python: no database and no HTTP. The server serves `policy_document()` at
+GET /v1/policy and calls `admit_operation` before dispatch; the clients build
+their retries, circuits and gates from the cells through this package.
+"""
+
+from queue_server.policy.admission import Admission, admit_backlog, admit_operation
+from queue_server.policy.bindings import BINDINGS, Binding
+from queue_server.policy.breaker import CallTicket, CircuitBreaker, CircuitState
+from queue_server.policy.cancellation import DisconnectAuthority, DisconnectOutcome
+from queue_server.policy.errors import (
+    AdmissionRefused,
+    CircuitOpenError,
+    OperationStoppedError,
+    PermitUnavailableError,
+    PolicyError,
+    ReceiptConflictError,
+)
+from queue_server.policy.loader import default_policy, load_policy, policy_document
+from queue_server.policy.model import (
+    MAX_ATTEMPTS,
+    POLICY_NAME,
+    ClassPolicy,
+    Dimension,
+    FailureClass,
+    NotApplicable,
+    OperationClass,
+    RefusalReason,
+    ReliabilityPolicy,
+    cell_name,
+)
+from queue_server.policy.mutation import (
+    CancelAfterDispatchMutationPath,
+    ConfirmedMutationPath,
+    InMemoryReceiptStore,
+    MutationReport,
+    MutationStatus,
+    Receipt,
+    ReceiptStatus,
+    ReceiptStore,
+)
+from queue_server.policy.permits import PermitGate
+from queue_server.policy.queue_decisions import (
+    Quarantine,
+    Reacquire,
+    RunCheckpoints,
+    decide_reacquisition,
+    run_key,
+)
+from queue_server.policy.retry import (
+    ClassifiedError,
+    async_retrying_for,
+    backoff_schedule,
+    classify_failure,
+    next_delivery_at,
+    retrying_for,
+    wait_for,
+)
+from queue_server.policy.verifier import (
+    CancellationVerdict,
+    ContractFailure,
+    ContractReport,
+    verify_cancellation_rule,
+    verify_contract,
+)
+
+__all__ = [
+    "BINDINGS",
+    "MAX_ATTEMPTS",
+    "POLICY_NAME",
+    "Admission",
+    "AdmissionRefused",
+    "Binding",
+    "CallTicket",
+    "CancelAfterDispatchMutationPath",
+    "CancellationVerdict",
+    "CircuitBreaker",
+    "CircuitOpenError",
+    "CircuitState",
+    "ClassPolicy",
+    "ClassifiedError",
+    "ConfirmedMutationPath",
+    "ContractFailure",
+    "ContractReport",
+    "Dimension",
+    "DisconnectAuthority",
+    "DisconnectOutcome",
+    "FailureClass",
+    "InMemoryReceiptStore",
+    "MutationReport",
+    "MutationStatus",
+    "NotApplicable",
+    "OperationClass",
+    "OperationStoppedError",
+    "PermitGate",
+    "PermitUnavailableError",
+    "PolicyError",
+    "Quarantine",
+    "Reacquire",
+    "Receipt",
+    "ReceiptConflictError",
+    "ReceiptStatus",
+    "ReceiptStore",
+    "RefusalReason",
+    "ReliabilityPolicy",
+    "RunCheckpoints",
+    "admit_backlog",
+    "admit_operation",
+    "async_retrying_for",
+    "backoff_schedule",
+    "cell_name",
+    "classify_failure",
+    "decide_reacquisition",
+    "default_policy",
+    "load_policy",
+    "next_delivery_at",
+    "policy_document",
+    "retrying_for",
+    "run_key",
+    "verify_cancellation_rule",
+    "verify_contract",
+    "wait_for",
+]

@@ -1,0 +1,319 @@
+"""Load `operation-reliability.v2` and validate totality and the ADR's invariants.
+
+Every problem is reported with the cell it concerns (`class/dimension`), and
+all problems are collected before `PolicyError` is raised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import cache
+from typing import Any
+
+from pydantic import ValidationError
+
+from queue_server.policy.errors import PolicyError
+from queue_server.policy.model import (
+    MAX_ATTEMPTS,
+    POLICY_NAME,
+    AttemptTimeout,
+    Backoff,
+    Backpressure,
+    Cancellation,
+    Cell,
+    CircuitBreakerPolicy,
+    ClassPolicy,
+    Concurrency,
+    Deadline,
+    Dimension,
+    IdempotencyAndFencing,
+    IsolationBoundary,
+    NotApplicable,
+    OperationClass,
+    QueueReacquisition,
+    ReliabilityPolicy,
+    Resumability,
+    RetryAttempts,
+    cell_name,
+)
+from queue_server.policy.v2 import OPERATION_RELIABILITY_V2
+
+OC = OperationClass
+D = Dimension
+
+# The cell models each dimension accepts, by `kind` (None: the only kind, `kind` may be omitted).
+_KINDS: dict[Dimension, dict[str | None, type[Cell]]] = {
+    D.DEADLINE: {None: Deadline},
+    D.ATTEMPT_TIMEOUT: {None: AttemptTimeout},
+    D.RETRY: {"attempts": RetryAttempts, "queue-reacquisition": QueueReacquisition},
+    D.BACKOFF_AND_JITTER: {None: Backoff},
+    D.CIRCUIT_BREAKING: {
+        "circuit-breaker": CircuitBreakerPolicy,
+        "isolation-boundary": IsolationBoundary,
+    },
+    D.BACKPRESSURE: {None: Backpressure},
+    D.CONCURRENCY: {None: Concurrency},
+    D.IDEMPOTENCY_AND_FENCING: {None: IdempotencyAndFencing},
+    D.CANCELLATION: {None: Cancellation},
+    D.RESUMABILITY: {None: Resumability},
+}
+
+# Dimensions that may never be not-applicable, and why (ADR Decisions 3-6).
+_REQUIRED: dict[Dimension, str] = {
+    D.DEADLINE: "deadlines bound every operation",
+    D.ATTEMPT_TIMEOUT: "every attempt is bounded inside the deadline",
+    D.RETRY: "retry is explicit: max-attempts 1 for a single attempt, or queue-reacquisition",
+    D.BACKPRESSURE: "every class has finite backpressure",
+    D.CONCURRENCY: "every class has finite concurrency",
+    D.IDEMPOTENCY_AND_FENCING: "every class states its effects and the identity they need",
+    D.CANCELLATION: "every class states what a disconnect does before and after dispatch",
+}
+
+# ADR Decision 4: these classes use the canonical circuit breaker.
+_CIRCUIT_CLASSES = frozenset({OC.INTERACTIVE_TURN, OC.READ_ONLY_DEPENDENCY, OC.CONFIRMED_MUTATION})
+# ADR Decision 4: local leased work and verification remain concurrency one.
+_CONCURRENCY_ONE = frozenset({OC.DURABLE_LEASED_WORK, OC.ARTIFACT_VERIFICATION})
+# ADR Decision 5: the exclusive grants that replace a separate fence.
+_EXCLUSIVE_GRANT = frozenset({OC.CONFIRMED_MUTATION, OC.ARTIFACT_VERIFICATION})
+
+Problems = list[tuple[str, str]]
+
+
+def _describe(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors():
+        loc = ".".join(str(p) for p in item["loc"])
+        parts.append(f"{loc}: {item['msg']}" if loc else str(item["msg"]))
+    return "; ".join(parts)
+
+
+def _parse_cell(cls: str, dim: Dimension, raw: Any, problems: Problems) -> Cell | None:
+    name = cell_name(cls, dim)
+    if not isinstance(raw, Mapping):
+        problems.append((name, f"a cell is a mapping, got {type(raw).__name__}"))
+        return None
+    if "not-applicable" in raw:
+        if dim in _REQUIRED:
+            problems.append((name, f"may not be not-applicable: {_REQUIRED[dim]}"))
+            return None
+        model: type[Cell] = NotApplicable
+    else:
+        kinds = _KINDS[dim]
+        kind = raw.get("kind")
+        if kind is None and None in kinds:
+            model = kinds[None]
+        elif kind in kinds and kind is not None:
+            model = kinds[kind]
+        else:
+            known = ", ".join(k for k in kinds if k is not None) or "(none)"
+            problems.append((name, f"unknown kind {kind!r}; expected one of: {known}"))
+            return None
+    try:
+        return model.model_validate(raw)
+    except ValidationError as error:
+        problems.append((name, _describe(error)))
+        return None
+
+
+def _check_retry(cls: OC, cp: ClassPolicy, problems: Problems) -> None:
+    retry, backoff = cp.retry, cp.backoff_and_jitter
+    identity = cp.idempotency_and_fencing
+    r_cell, b_cell = cell_name(cls, D.RETRY), cell_name(cls, D.BACKOFF_AND_JITTER)
+    if cls is OC.DURABLE_LEASED_WORK and not isinstance(retry, QueueReacquisition):
+        problems.append(
+            (r_cell, "leased work has no automatic retry loop: use queue-reacquisition")
+        )
+    if isinstance(retry, QueueReacquisition):
+        if cls is not OC.DURABLE_LEASED_WORK:
+            problems.append((r_cell, "queue-reacquisition applies to durable-leased-work only"))
+        if retry.delay_seconds != 0:
+            problems.append((r_cell, "re-acquisition is zero-delay"))
+        if not (retry.advances_fence and retry.advances_acquisition_count):
+            problems.append(
+                (r_cell, "each re-acquisition advances the fence and acquisition count")
+            )
+        if not isinstance(backoff, NotApplicable):
+            problems.append((b_cell, "queue re-acquisition has no client backoff"))
+        return
+    n = retry.max_attempts
+    if not 1 <= n <= MAX_ATTEMPTS:
+        problems.append(
+            (r_cell, f"1 to {MAX_ATTEMPTS} attempts, the first attempt included; got {n}")
+        )
+    if n > 1 and not retry.retryable:
+        problems.append((r_cell, "retries must name their retryable failure classes"))
+    if n == 1 and retry.retryable:
+        problems.append((r_cell, "a single attempt has no retryable failure classes"))
+    if n > 1 and identity.effects != "never" and not identity.durable_receipt:
+        problems.append(
+            (
+                r_cell,
+                "effecting work is single-attempt unless it owns a durable idempotency receipt",
+            )
+        )
+    if n > 1 and isinstance(backoff, NotApplicable):
+        problems.append((b_cell, "retries need capped exponential backoff"))
+    if n == 1 and isinstance(backoff, Backoff):
+        problems.append((b_cell, "a single attempt has no backoff: mark it not-applicable"))
+    if isinstance(backoff, Backoff) and 1 <= n <= MAX_ATTEMPTS:
+        delays = sum(
+            min(backoff.initial_seconds * backoff.multiplier ** (k - 1), backoff.max_seconds)
+            for k in range(1, n)
+        )
+        worst = n * cp.attempt_timeout.seconds + delays
+        if worst > cp.deadline.seconds:
+            problems.append(
+                (
+                    r_cell,
+                    f"{n} attempts of {cp.attempt_timeout.seconds:g}s plus {delays:g}s of backoff "
+                    f"({worst:g}s) do not fit the deadline of {cp.deadline.seconds:g}s",
+                )
+            )
+
+
+def _check_backoff(cls: OC, cp: ClassPolicy, problems: Problems) -> None:
+    backoff = cp.backoff_and_jitter
+    name = cell_name(cls, D.BACKOFF_AND_JITTER)
+    if not isinstance(backoff, Backoff):
+        return
+    if backoff.initial_seconds > backoff.max_seconds:
+        problems.append((name, "initial-seconds exceeds the cap max-seconds"))
+    if backoff.persisted_schedule and backoff.jitter != "none":
+        problems.append((name, "a persisted schedule must be replay-stable: jitter none"))
+    if cls is OC.WATCHER_DELIVERY and (backoff.jitter != "none" or not backoff.persisted_schedule):
+        problems.append(
+            (name, "the watcher outbox persists a replay-stable schedule: jitter none, persisted")
+        )
+    if cls is OC.READ_ONLY_DEPENDENCY and backoff.jitter != "full":
+        problems.append((name, "read dependencies use full jitter"))
+
+
+def _check_isolation(cls: OC, cp: ClassPolicy, problems: Problems) -> None:
+    circuit = cp.circuit_breaking
+    name = cell_name(cls, D.CIRCUIT_BREAKING)
+    if cls in _CIRCUIT_CLASSES and not isinstance(circuit, CircuitBreakerPolicy):
+        problems.append((name, "this class uses the canonical circuit breaker"))
+    bp = cp.backpressure
+    bp_name = cell_name(cls, D.BACKPRESSURE)
+    if bp.mechanism == "reject-at-capacity" and bp.max_queued != 0:
+        problems.append((bp_name, "reject-at-capacity never queues: max-queued is 0"))
+    if bp.mechanism != "reject-at-capacity" and bp.max_queued < 1:
+        problems.append((bp_name, f"{bp.mechanism} needs a positive cap"))
+    conc = cp.concurrency
+    c_name = cell_name(cls, D.CONCURRENCY)
+    if conc.scope == "cloud" and not conc.spend_approval:
+        problems.append((c_name, "cloud concurrency requires a human spend approval"))
+    if cls in _CONCURRENCY_ONE and conc.scope == "local" and conc.limit != 1:
+        problems.append((c_name, f"local {cls.value} remains concurrency one, got {conc.limit}"))
+
+
+def _check_identity(cls: OC, cp: ClassPolicy, problems: Problems) -> None:
+    ident = cp.idempotency_and_fencing
+    name = cell_name(cls, D.IDEMPOTENCY_AND_FENCING)
+    if ident.effects != "never" and not (
+        ident.requires_idempotency_key and ident.requires_outcome_reference
+    ):
+        problems.append(
+            (name, "effecting work needs an idempotency key and outcome reference before dispatch")
+        )
+    if cls is OC.READ_ONLY_DEPENDENCY and ident.effects != "never":
+        problems.append((name, "a read-only dependency has no effects"))
+    if cls is OC.DURABLE_LEASED_WORK and ident.fencing != "monotonic-fence":
+        problems.append((name, "leased work presents its current monotonic fence"))
+    if cls in _EXCLUSIVE_GRANT and ident.fencing != "exclusive-grant":
+        problems.append((name, "this class's exclusive grant replaces a separate fence"))
+    if ident.fencing == "exclusive-grant" and not (ident.exclusive_grant or "").strip():
+        problems.append((name, "name the exclusive grant"))
+    cancel = cp.cancellation
+    k_name = cell_name(cls, D.CANCELLATION)
+    if ident.effects != "never" and cancel.after_dispatch == "discard-read":
+        problems.append(
+            (k_name, "a dispatched effect is not discarded: it continues to an outcome receipt")
+        )
+    if cls is OC.INTERACTIVE_TURN and not cancel.disconnect_authority:
+        problems.append((k_name, "the interactive turn's disconnect authority is required"))
+    if cls is OC.CONFIRMED_MUTATION and cp.attempt_timeout.on_timeout != "return-pending-receipt":
+        problems.append(
+            (cell_name(cls, D.ATTEMPT_TIMEOUT), "a mutation's timeout returns its pending receipt")
+        )
+
+
+def _check_class(cls: OC, cp: ClassPolicy, problems: Problems) -> None:
+    if cp.attempt_timeout.seconds > cp.deadline.seconds:
+        problems.append(
+            (
+                cell_name(cls, D.ATTEMPT_TIMEOUT),
+                f"attempt timeout {cp.attempt_timeout.seconds:g}s does not fit the deadline "
+                f"{cp.deadline.seconds:g}s",
+            )
+        )
+    _check_retry(cls, cp, problems)
+    _check_backoff(cls, cp, problems)
+    _check_isolation(cls, cp, problems)
+    _check_identity(cls, cp, problems)
+
+
+def load_policy(raw: Mapping[str, Any] | None = None) -> ReliabilityPolicy:
+    """Validate a policy document (the canonical v2 literal by default) and return it typed."""
+    source: Mapping[str, Any] = OPERATION_RELIABILITY_V2 if raw is None else raw
+    problems: Problems = []
+    if source.get("policy") != POLICY_NAME:
+        problems.append(("policy", f"expected {POLICY_NAME!r}, got {source.get('policy')!r}"))
+    for key in source:
+        if key not in {"policy", "classes", "dimensions"}:
+            problems.append((str(key), "unknown top-level key"))
+    if "dimensions" in source and list(source["dimensions"]) != [d.value for d in D]:
+        problems.append(("dimensions", "the dimensions are exactly the ten of the policy"))
+    classes = source.get("classes")
+    if not isinstance(classes, Mapping):
+        raise PolicyError([*problems, ("classes", "missing: a mapping of operation classes")])
+    for cls_name in classes:
+        if cls_name not in {c.value for c in OC}:
+            problems.append(
+                (
+                    cell_name(cls_name, "*"),
+                    "unknown operation class: a new class requires a versioned policy edit",
+                )
+            )
+    parsed: dict[OperationClass, ClassPolicy] = {}
+    for cls in OC:
+        raw_class = classes.get(cls.value)
+        if not isinstance(raw_class, Mapping):
+            problems.append((cell_name(cls, "*"), "class omitted: every class has all ten cells"))
+            continue
+        for key in raw_class:
+            if key not in {d.value for d in D}:
+                problems.append((cell_name(cls, key), "unknown dimension"))
+        cells: dict[str, Cell] = {}
+        for dim in D:
+            if dim.value not in raw_class:
+                problems.append(
+                    (
+                        cell_name(cls, dim),
+                        "cell omitted: give a value or not-applicable with a reason; "
+                        "transport defaults are not inherited",
+                    )
+                )
+                continue
+            cell = _parse_cell(cls, dim, raw_class[dim.value], problems)
+            if cell is not None:
+                cells[dim.value] = cell
+        if len(cells) != len(D):
+            continue
+        class_policy = ClassPolicy.model_validate(cells)
+        _check_class(cls, class_policy, problems)
+        parsed[cls] = class_policy
+    if problems:
+        raise PolicyError(problems)
+    return ReliabilityPolicy(name=POLICY_NAME, classes=parsed)
+
+
+@cache
+def default_policy() -> ReliabilityPolicy:
+    """The canonical policy, validated once per process."""
+    return load_policy()
+
+
+def policy_document() -> dict[str, Any]:
+    """The canonical policy as a JSON-ready dict, as GET /v1/policy serves it."""
+    return default_policy().as_document()

@@ -1,0 +1,293 @@
+"""The confirmed-mutation path: admit -> permit -> circuit -> claim -> dispatch -> settle.
+
+ADR Decisions 6 and 7: an effecting call is admitted only with an idempotency
+key and outcome reference; the one-shot receipt claim is its exclusive grant;
+the permit gate rejects the ninth concurrent local mutation; the circuit
+isolates repeated adapter failure. Once dispatched, the effect runs in its own
+task: an attempt timeout or a disconnect returns the `pending` receipt while
+the effect runs on and settles that same receipt. A dispatched effect is never
+reported cancelled. `CancelAfterDispatchMutationPath` breaks that rule on
+purpose; it is the contract verifier's negative control.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol
+
+from queue_server.policy.admission import admit_operation
+from queue_server.policy.breaker import CallTicket, CircuitBreaker
+from queue_server.policy.errors import ReceiptConflictError
+from queue_server.policy.model import OperationClass, ReliabilityPolicy
+from queue_server.policy.permits import PermitGate
+
+Outcome = dict[str, Any]
+Effect = Callable[[], Awaitable[Outcome]]
+
+
+class ReceiptStatus(StrEnum):
+    PENDING = "pending"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Receipt:
+    """The durable record of one confirmed mutation, found by its outcome reference."""
+
+    idempotency_key: str
+    outcome_ref: str
+    status: ReceiptStatus
+    outcome: Outcome | None = None
+
+
+class ReceiptStore(Protocol):
+    """Where receipts live: in memory here, in PostgreSQL behind the server's receipts API."""
+
+    async def claim(self, *, idempotency_key: str, outcome_ref: str) -> tuple[Receipt, bool]:
+        """One-shot claim -> pending; the same identity again returns the existing receipt, False."""
+        ...
+
+    async def settle(self, outcome_ref: str, status: ReceiptStatus, outcome: Outcome) -> Receipt:
+        """Settle a pending receipt once; the same settlement again is a no-op."""
+        ...
+
+    async def get(self, outcome_ref: str) -> Receipt | None: ...
+
+
+class InMemoryReceiptStore:
+    """A process-local `ReceiptStore` for tests and the contract verifier."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._receipts: dict[str, Receipt] = {}
+        self.history: list[Receipt] = []
+
+    async def claim(self, *, idempotency_key: str, outcome_ref: str) -> tuple[Receipt, bool]:
+        with self._lock:
+            existing = self._receipts.get(outcome_ref)
+            if existing is not None:
+                if existing.idempotency_key != idempotency_key:
+                    raise ReceiptConflictError(
+                        f"outcome reference {outcome_ref!r} belongs to another idempotency key"
+                    )
+                return existing, False
+            receipt = Receipt(idempotency_key, outcome_ref, ReceiptStatus.PENDING)
+            self._receipts[outcome_ref] = receipt
+            self.history.append(receipt)
+            return receipt, True
+
+    async def settle(self, outcome_ref: str, status: ReceiptStatus, outcome: Outcome) -> Receipt:
+        if status is ReceiptStatus.PENDING:
+            raise ValueError("a settlement is succeeded or failed")
+        with self._lock:
+            current = self._receipts[outcome_ref]
+            if current.status is not ReceiptStatus.PENDING:
+                if (current.status, current.outcome) == (status, outcome):
+                    return current
+                raise ReceiptConflictError(f"receipt {outcome_ref!r} is already {current.status}")
+            receipt = Receipt(current.idempotency_key, outcome_ref, status, outcome)
+            self._receipts[outcome_ref] = receipt
+            self.history.append(receipt)
+            return receipt
+
+    async def get(self, outcome_ref: str) -> Receipt | None:
+        with self._lock:
+            return self._receipts.get(outcome_ref)
+
+
+class MutationStatus(StrEnum):
+    """What the path reports to its caller. `cancelled` is reserved for the negative control."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    PENDING = "pending"
+    NOT_DISPATCHED = "not-dispatched"
+    CANCELLED = "cancelled"
+
+
+@dataclass
+class MutationReport:
+    status: MutationStatus
+    receipt: Receipt | None
+    dispatched: bool
+    replayed: bool = False
+    # Completes with the settled receipt when the effect finishes after the report was returned.
+    settlement: asyncio.Task[Receipt] | None = field(default=None, repr=False)
+
+
+# Effects that outlive their caller are kept referenced until they settle.
+_RUNNING: set[asyncio.Task[Receipt]] = set()
+
+_STATUS_OF = {
+    ReceiptStatus.PENDING: MutationStatus.PENDING,
+    ReceiptStatus.SUCCEEDED: MutationStatus.SUCCEEDED,
+    ReceiptStatus.FAILED: MutationStatus.FAILED,
+}
+
+
+class ConfirmedMutationPath:
+    """Runs confirmed mutations under one permit gate and one circuit breaker."""
+
+    def __init__(
+        self,
+        *,
+        gate: PermitGate | None = None,
+        breaker: CircuitBreaker | None = None,
+        policy: ReliabilityPolicy | None = None,
+    ) -> None:
+        cls = OperationClass.CONFIRMED_MUTATION
+        self.policy = policy
+        self.gate = gate or PermitGate.for_class(cls, policy=policy)
+        self.breaker = breaker or CircuitBreaker.for_class(cls, policy=policy)
+
+    async def __call__(
+        self,
+        store: ReceiptStore,
+        *,
+        idempotency_key: str | None,
+        outcome_ref: str | None,
+        effect: Effect,
+        disconnect: asyncio.Event | None = None,
+        attempt_timeout: float | None = None,
+    ) -> MutationReport:
+        admission = admit_operation(
+            OperationClass.CONFIRMED_MUTATION,
+            idempotency_key=idempotency_key,
+            outcome_ref=outcome_ref,
+            attempt_timeout=attempt_timeout,
+            policy=self.policy,
+        )
+        key, ref = admission.idempotency_key or "", admission.outcome_ref or ""
+        if disconnect is not None and disconnect.is_set():
+            return MutationReport(MutationStatus.NOT_DISPATCHED, None, dispatched=False)
+        self.gate.acquire()
+        try:
+            ticket = self.breaker.before_call()
+        except BaseException:
+            self.gate.release()
+            raise
+        handed_off = False
+        try:
+            receipt, created = await store.claim(idempotency_key=key, outcome_ref=ref)
+            if not created:
+                return MutationReport(
+                    _STATUS_OF[receipt.status], receipt, dispatched=False, replayed=True
+                )
+            if disconnect is not None and disconnect.is_set():
+                settled = await store.settle(
+                    ref, ReceiptStatus.FAILED, {"error": "not-dispatched", "dispatched": False}
+                )
+                return MutationReport(MutationStatus.NOT_DISPATCHED, settled, dispatched=False)
+            task = asyncio.create_task(self._run_effect(store, ref, effect, ticket))
+            handed_off = True
+        finally:
+            if not handed_off:
+                self.breaker.release(ticket)
+                self.gate.release()
+        _RUNNING.add(task)
+        task.add_done_callback(_RUNNING.discard)
+        return await self._await_outcome(
+            store, receipt, task, disconnect, admission.attempt_timeout_seconds
+        )
+
+    async def _run_effect(
+        self, store: ReceiptStore, ref: str, effect: Effect, ticket: CallTicket
+    ) -> Receipt:
+        try:
+            try:
+                outcome = await effect()
+            except asyncio.CancelledError:
+                self.breaker.release(ticket)
+                raise
+            except Exception as exc:
+                self.breaker.record_failure(ticket)
+                detail = {"error": type(exc).__name__, "detail": str(exc)}
+                return await store.settle(ref, ReceiptStatus.FAILED, detail)
+            self.breaker.record_success(ticket)
+            return await store.settle(ref, ReceiptStatus.SUCCEEDED, outcome)
+        finally:
+            self.gate.release()
+
+    async def _await_outcome(
+        self,
+        store: ReceiptStore,
+        receipt: Receipt,
+        task: asyncio.Task[Receipt],
+        disconnect: asyncio.Event | None,
+        timeout: float,
+    ) -> MutationReport:
+        waiters: set[asyncio.Future[Any]] = {task}
+        gone = asyncio.ensure_future(disconnect.wait()) if disconnect is not None else None
+        if gone is not None:
+            waiters.add(gone)
+        try:
+            # asyncio.wait never cancels what it waits for: if our caller is cancelled,
+            # the dispatched effect keeps running and settles its receipt.
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            await self._caller_cancelled(store, receipt, task)
+            raise
+        finally:
+            if gone is not None:
+                gone.cancel()
+        if task.done() and not task.cancelled():
+            settled = task.result()
+            return MutationReport(_STATUS_OF[settled.status], settled, dispatched=True)
+        return await self._leave_running(
+            store, receipt, task, disconnected=gone is not None and gone.done()
+        )
+
+    async def _leave_running(
+        self,
+        store: ReceiptStore,
+        receipt: Receipt,
+        task: asyncio.Task[Receipt],
+        *,
+        disconnected: bool,
+    ) -> MutationReport:
+        """Timeout or disconnect after dispatch: report the pending receipt; the effect runs on."""
+        return MutationReport(MutationStatus.PENDING, receipt, dispatched=True, settlement=task)
+
+    async def _caller_cancelled(
+        self, store: ReceiptStore, receipt: Receipt, task: asyncio.Task[Receipt]
+    ) -> None:
+        """The caller's task was cancelled after dispatch: the effect is left to settle its receipt."""
+
+
+class CancelAfterDispatchMutationPath(ConfirmedMutationPath):
+    """NEGATIVE CONTROL ONLY: a mutation weakened to cancel after dispatch. Never use it to mutate.
+
+    It cancels the dispatched effect on disconnect or caller cancellation and
+    reports `cancelled`, so an effect the dependency may already have applied
+    becomes unobservable. The contract verifier must fail on it.
+    """
+
+    async def _leave_running(
+        self,
+        store: ReceiptStore,
+        receipt: Receipt,
+        task: asyncio.Task[Receipt],
+        *,
+        disconnected: bool,
+    ) -> MutationReport:
+        if not disconnected:
+            return await super()._leave_running(store, receipt, task, disconnected=False)
+        settled = await self._abandon(store, receipt, task)
+        return MutationReport(MutationStatus.CANCELLED, settled, dispatched=True)
+
+    async def _caller_cancelled(
+        self, store: ReceiptStore, receipt: Receipt, task: asyncio.Task[Receipt]
+    ) -> None:
+        await self._abandon(store, receipt, task)
+
+    async def _abandon(
+        self, store: ReceiptStore, receipt: Receipt, task: asyncio.Task[Receipt]
+    ) -> Receipt:
+        task.cancel()
+        await asyncio.wait({task})
+        return await store.settle(receipt.outcome_ref, ReceiptStatus.FAILED, {"cancelled": True})
