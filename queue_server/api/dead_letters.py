@@ -1,0 +1,283 @@
+"""Operator routes: dead letters (list, show, replay, discard, bulk replay), queue status,
+ledger verification, and `whoami`. Thin handlers over `queue_server.operators`."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Path, Query, Request
+from pydantic import BaseModel, Field
+from starlette.responses import Response
+
+from queue_server.api import schemas
+from queue_server.api.routes import (
+    PROBLEMS,
+    Caller,
+    IdempotencyKey,
+    QueueName,
+    Service,
+    TenantName,
+    idempotency,
+    respond,
+)
+from queue_server.models import NAME_PATTERN
+from queue_server.operators import MAX_BULK_REPLAY, MAX_VERIFY_PAGE, Operators
+
+router = APIRouter(prefix="/v1", responses=PROBLEMS)
+
+DeadLetterId = Annotated[str, Path(max_length=64, description="Dead letter id (a UUID)")]
+Cursor = Annotated[
+    str | None, Query(max_length=512, description="`next_cursor` of the previous page")
+]
+Budget = Annotated[int | None, Field(default=None, ge=1, le=100)]
+
+
+# -- wire format -----------------------------------------------------------------
+
+
+class DeadLetterOut(BaseModel):
+    dead_letter_id: str
+    kind: str
+    item_id: str | None
+    delivery_id: str | None
+    queue: str | None
+    reason: str
+    last_failure: Any
+    created_at: datetime
+    closed_at: datetime | None
+    resolution: str | None
+
+
+class DeadLetterPage(BaseModel):
+    dead_letters: list[DeadLetterOut]
+    next_cursor: str | None
+
+
+class DeadLetterDetail(BaseModel):
+    dead_letter: DeadLetterOut
+    item: schemas.ItemOut | None
+    events: list[schemas.EventOut]
+
+
+class ReplayIn(schemas.Body):
+    max_acquisitions: Budget = Field(
+        default=None, description="The renewed acquisition budget; default: the item's own"
+    )
+
+
+class DiscardIn(schemas.Body):
+    reason: schemas.Text = ""
+
+
+class BulkReplayIn(schemas.Body):
+    limit: int = Field(default=MAX_BULK_REPLAY, ge=1, le=MAX_BULK_REPLAY)
+    max_acquisitions: Budget = None
+
+
+class BulkReplayOut(BaseModel):
+    queue: str
+    replayed: int
+    skipped: int
+    remaining: int
+    item_ids: list[str]
+    skipped_dead_letter_ids: list[str]
+
+
+class QueueStatusOut(BaseModel):
+    queue: str
+    ready: int
+    due: int
+    leased: int
+    quarantined: int
+    oldest_ready_age: float | None
+    concurrency_limit: int
+    active_leases: int
+
+
+class StatusOut(BaseModel):
+    tenant: str
+    backlog: int
+    backlog_cap: int
+    open_dead_letters: int
+    queues: list[QueueStatusOut]
+
+
+class MismatchOut(BaseModel):
+    tenant: str
+    item_id: str
+    problems: list[str]
+
+
+class VerificationOut(BaseModel):
+    checked: int
+    mismatches: list[MismatchOut]
+    next_cursor: str | None
+
+
+class WhoAmIOut(BaseModel):
+    key_id: str
+    tenant: str | None
+    role: str
+
+
+# -- dead letters ----------------------------------------------------------------
+
+
+@router.get("/tenants/{tenant}/dead-letters", response_model=DeadLetterPage, tags=["dead letters"])
+async def list_dead_letters(
+    tenant: TenantName,
+    svc: Service,
+    caller: Caller,
+    queue: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
+    kind: Literal["item", "delivery"] | None = None,
+    status: Annotated[
+        Literal["open", "closed", "all"], Query(description="Default: open only")
+    ] = "open",
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Cursor = None,
+) -> Response:
+    """Dead letters, oldest first (created_at, dead_letter_id); pass `next_cursor` for more."""
+    answer = await Operators(svc).list_dead_letters(
+        caller, tenant, queue=queue, kind=kind, status=status, limit=limit, cursor=cursor
+    )
+    return respond(answer)
+
+
+@router.get(
+    "/tenants/{tenant}/dead-letters/{dead_letter_id}",
+    response_model=DeadLetterDetail,
+    tags=["dead letters"],
+)
+async def show_dead_letter(
+    tenant: TenantName, dead_letter_id: DeadLetterId, svc: Service, caller: Caller
+) -> Response:
+    """The dead letter with its item as it is now and the item's whole ledger."""
+    return respond(await Operators(svc).show_dead_letter(caller, tenant, dead_letter_id))
+
+
+@router.post(
+    "/tenants/{tenant}/dead-letters/{dead_letter_id}/replay",
+    response_model=schemas.ItemOut,
+    tags=["dead letters"],
+)
+async def replay(
+    request: Request,
+    tenant: TenantName,
+    dead_letter_id: DeadLetterId,
+    svc: Service,
+    caller: Caller,
+    body: ReplayIn | None = None,
+    idempotency_key: IdempotencyKey = None,
+) -> Response:
+    """Put the quarantined item back in `ready` with a renewed budget; the next acquire
+    raises its fence. The dead letter is closed."""
+    body = body or ReplayIn()
+    idem = idempotency(request, idempotency_key, body)
+    answer = await Operators(svc).replay(
+        caller,
+        tenant,
+        dead_letter_id,
+        idem,
+        instance=request.url.path,
+        max_acquisitions=body.max_acquisitions,
+    )
+    return respond(answer)
+
+
+@router.post(
+    "/tenants/{tenant}/dead-letters/{dead_letter_id}/discard",
+    response_model=schemas.ItemOut,
+    tags=["dead letters"],
+)
+async def discard(
+    request: Request,
+    tenant: TenantName,
+    dead_letter_id: DeadLetterId,
+    svc: Service,
+    caller: Caller,
+    body: DiscardIn | None = None,
+    idempotency_key: IdempotencyKey = None,
+) -> Response:
+    """Cancel the item for good; the dead letter is closed."""
+    body = body or DiscardIn()
+    idem = idempotency(request, idempotency_key, body)
+    answer = await Operators(svc).discard(
+        caller, tenant, dead_letter_id, idem, instance=request.url.path, reason=body.reason
+    )
+    return respond(answer)
+
+
+@router.post(
+    "/tenants/{tenant}/queues/{queue}/dead-letters:replay",
+    response_model=BulkReplayOut,
+    tags=["dead letters"],
+)
+async def replay_queue(
+    request: Request,
+    tenant: TenantName,
+    queue: QueueName,
+    svc: Service,
+    caller: Caller,
+    body: BulkReplayIn | None = None,
+    idempotency_key: IdempotencyKey = None,
+) -> Response:
+    """Replay up to `limit` (at most 100) of the queue's oldest open item dead letters.
+
+    Each item is replayed atomically on its own; one that is no longer quarantined is
+    skipped. Call again while `remaining` is above zero and the last call replayed any.
+    """
+    body = body or BulkReplayIn()
+    idem = idempotency(request, idempotency_key, body)
+    answer = await Operators(svc).replay_queue(
+        caller,
+        tenant,
+        queue,
+        idem,
+        instance=request.url.path,
+        limit=body.limit,
+        max_acquisitions=body.max_acquisitions,
+    )
+    return respond(answer)
+
+
+# -- status, verification, identity ----------------------------------------------
+
+
+@router.get("/tenants/{tenant}/queues", response_model=StatusOut, tags=["operators"])
+async def queue_status(tenant: TenantName, svc: Service, caller: Caller) -> Response:
+    """Per queue: ready, due, leased, quarantined, oldest due age; the backlog against its cap."""
+    return respond(await Operators(svc).queue_status(caller, tenant))
+
+
+VerifyLimit = Annotated[int, Query(ge=1, le=MAX_VERIFY_PAGE)]
+
+
+@router.get(
+    "/tenants/{tenant}/ledger-verification", response_model=VerificationOut, tags=["operators"]
+)
+async def verify_tenant_ledgers(
+    tenant: TenantName,
+    svc: Service,
+    caller: Caller,
+    limit: VerifyLimit = 500,
+    cursor: Cursor = None,
+) -> Response:
+    """Fold one page of the tenant's item ledgers and compare each with its item row."""
+    answer = await Operators(svc).verify_ledgers(caller, tenant, limit=limit, cursor=cursor)
+    return respond(answer)
+
+
+@router.get("/ledger-verification", response_model=VerificationOut, tags=["operators"])
+async def verify_all_ledgers(
+    svc: Service, caller: Caller, limit: VerifyLimit = 500, cursor: Cursor = None
+) -> Response:
+    """Fold one page of every tenant's item ledgers (admin)."""
+    answer = await Operators(svc).verify_ledgers(caller, None, limit=limit, cursor=cursor)
+    return respond(answer)
+
+
+@router.get("/whoami", response_model=WhoAmIOut, tags=["operators"])
+async def whoami(svc: Service, caller: Caller) -> Response:
+    """The calling key: its id, tenant (null for admin) and role."""
+    return respond(await Operators(svc).whoami(caller))

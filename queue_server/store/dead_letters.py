@@ -1,0 +1,189 @@
+"""Read SQL for operators: dead letters, per-queue status, and the ledger-verification scan.
+
+The statements that change a dead letter (replay, discard) live in
+`store/transitions.py` beside every other change to a work item. The reads here
+that lock (`lock_for_resolution`, `open_for_queue`) only pin rows so that the
+transition that follows sees exactly what was checked.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from queue_server.store.transitions import Conn, Row
+
+_COLUMNS = (
+    "dead_letter_id, kind, item_id, delivery_id, queue, reason, last_failure,"
+    " created_at, closed_at, resolution"
+)
+
+_STATUS_FILTER = {
+    "open": "closed_at IS NULL",
+    "closed": "closed_at IS NOT NULL",
+    "all": "true",
+}
+
+
+async def list_page(
+    conn: Conn,
+    *,
+    tenant: str,
+    queue: str | None,
+    kind: str | None,
+    status: str,
+    after: tuple[datetime, str] | None,
+    limit: int,
+) -> list[Row]:
+    """One page in (created_at, dead_letter_id) order, starting after the cursor's position."""
+    # Open dead letters read the partial index ix_dead_letters_open in this order.
+    sql = f"""
+SELECT {_COLUMNS} FROM dead_letters
+WHERE tenant_id = %(tenant)s AND {_STATUS_FILTER[status]}
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(kind)s::text IS NULL OR kind = %(kind)s)
+  AND (%(after_at)s::timestamptz IS NULL
+       OR (created_at, dead_letter_id) > (%(after_at)s, %(after_id)s::uuid))
+ORDER BY created_at, dead_letter_id
+LIMIT %(limit)s
+"""
+    params: dict[str, Any] = {
+        "tenant": tenant,
+        "queue": queue,
+        "kind": kind,
+        "after_at": after[0] if after else None,
+        "after_id": after[1] if after else None,
+        "limit": limit,
+    }
+    cur = await conn.execute(sql, params)
+    return await cur.fetchall()
+
+
+async def get(conn: Conn, *, tenant: str, dead_letter_id: str) -> Row | None:
+    cur = await conn.execute(
+        f"SELECT {_COLUMNS} FROM dead_letters WHERE tenant_id = %s AND dead_letter_id = %s",
+        (tenant, dead_letter_id),
+    )
+    return await cur.fetchone()
+
+
+_LOCK_FOR_RESOLUTION = f"""
+SELECT {", ".join("d." + c.strip() for c in _COLUMNS.split(","))},
+       w.state::text AS item_state
+FROM dead_letters d
+LEFT JOIN work_items w ON w.tenant_id = d.tenant_id AND w.item_id = d.item_id
+WHERE d.tenant_id = %(tenant)s AND d.dead_letter_id = %(dead_letter_id)s
+FOR UPDATE OF d
+"""
+
+_LOCK_ITEM = """
+SELECT state::text AS state FROM work_items
+WHERE tenant_id = %(tenant)s AND item_id = %(item_id)s
+FOR UPDATE
+"""
+
+
+async def lock_for_resolution(conn: Conn, *, tenant: str, dead_letter_id: str) -> Row | None:
+    """The dead letter and its item's state, both row-locked until the transaction ends.
+
+    Replay and discard check these facts first, so a refusal changes nothing:
+    their statements close the dead letter and change the item together.
+    """
+    params = {"tenant": tenant, "dead_letter_id": dead_letter_id}
+    cur = await conn.execute(_LOCK_FOR_RESOLUTION, params)
+    row = await cur.fetchone()
+    if row is None or row["item_id"] is None:
+        return row
+    cur = await conn.execute(_LOCK_ITEM, {"tenant": tenant, "item_id": row["item_id"]})
+    item = await cur.fetchone()
+    row["item_state"] = item["state"] if item else None
+    return row
+
+
+_OPEN_FOR_QUEUE = f"""
+SELECT {_COLUMNS} FROM dead_letters
+WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND kind = 'item' AND closed_at IS NULL
+ORDER BY created_at, dead_letter_id
+LIMIT %(limit)s
+-- SKIP LOCKED: a dead letter another operator is resolving right now is theirs.
+FOR UPDATE SKIP LOCKED
+"""
+
+
+async def open_for_queue(conn: Conn, *, tenant: str, queue: str, limit: int) -> list[Row]:
+    """The queue's oldest open item dead letters, locked, at most `limit`."""
+    cur = await conn.execute(_OPEN_FOR_QUEUE, {"tenant": tenant, "queue": queue, "limit": limit})
+    return await cur.fetchall()
+
+
+async def count_open(conn: Conn, *, tenant: str, queue: str | None = None) -> int:
+    cur = await conn.execute(
+        "SELECT count(*) AS n FROM dead_letters WHERE tenant_id = %s AND closed_at IS NULL"
+        " AND (%s::text IS NULL OR queue = %s)",
+        (tenant, queue, queue),
+    )
+    row = await cur.fetchone()
+    return int(row["n"]) if row else 0
+
+
+# Only unfinished states: each reads its partial index, and finished history
+# (completed, cancelled) never slows the status page down.
+_QUEUE_STATUS = """
+SELECT queue,
+       count(*) FILTER (WHERE state = 'ready') AS ready,
+       count(*) FILTER (WHERE state = 'ready' AND available_at <= statement_timestamp()) AS due,
+       count(*) FILTER (WHERE state = 'leased') AS leased,
+       count(*) FILTER (WHERE state = 'quarantined') AS quarantined,
+       extract(epoch FROM statement_timestamp()
+               - min(available_at) FILTER (WHERE state = 'ready'
+                                           AND available_at <= statement_timestamp()))
+           AS oldest_ready_age
+FROM work_items
+WHERE tenant_id = %(tenant)s AND state IN ('ready', 'leased', 'quarantined')
+GROUP BY queue
+ORDER BY queue
+"""
+
+
+async def queue_status(conn: Conn, *, tenant: str) -> list[Row]:
+    """Per queue: ready (and due), leased, quarantined, and the age of the oldest due item."""
+    cur = await conn.execute(_QUEUE_STATUS, {"tenant": tenant})
+    return await cur.fetchall()
+
+
+# One statement, so each item and its events are read from the same snapshot:
+# a transition committing in between cannot make a consistent item look wrong.
+_VERIFY_PAGE = """
+WITH page AS (
+    SELECT * FROM work_items
+    WHERE (%(tenant)s::text IS NULL OR tenant_id = %(tenant)s)
+      AND (tenant_id, item_id) > (%(after_tenant)s, %(after_item)s::uuid)
+    ORDER BY tenant_id, item_id
+    LIMIT %(limit)s
+)
+SELECT p.*,
+       (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'seq', e.seq, 'kind', e.kind, 'fence', e.fence, 'data', e.data)
+                   ORDER BY e.seq), '[]'::jsonb)
+        FROM item_events e
+        WHERE e.tenant_id = p.tenant_id AND e.item_id = p.item_id) AS events
+FROM page p
+ORDER BY tenant_id, item_id
+"""
+
+FIRST_ITEM = "00000000-0000-0000-0000-000000000000"
+
+
+async def verification_page(
+    conn: Conn, *, tenant: str | None, after: tuple[str, str] | None, limit: int
+) -> list[Row]:
+    """Items in (tenant, item_id) order after `after`, each with its whole ledger as `events`."""
+    after_tenant, after_item = after or ("", FIRST_ITEM)
+    params = {
+        "tenant": tenant,
+        "after_tenant": after_tenant,
+        "after_item": after_item,
+        "limit": limit,
+    }
+    cur = await conn.execute(_VERIFY_PAGE, params)
+    return await cur.fetchall()
