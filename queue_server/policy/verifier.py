@@ -111,7 +111,9 @@ def _names_in(node: ast.AST) -> set[str]:
     return names
 
 
-def _find_test(root: Path, spec: str, cache: dict[Path, ast.Module | None]) -> ast.AST | None:
+def _find_test(
+    root: Path, spec: str, cache: dict[Path, ast.Module | None]
+) -> tuple[ast.AST, ast.Module] | None:
     rel, _, name = spec.partition("::")
     path = root / rel
     if path not in cache:
@@ -121,8 +123,28 @@ def _find_test(root: Path, spec: str, cache: dict[Path, ast.Module | None]) -> a
         return None
     for node in ast.walk(module):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
-            return node
+            return node, module
     return None
+
+
+def _exercised_names(test: ast.AST, module: ast.Module) -> set[str]:
+    """Names a test uses, following calls into helper functions of its own module."""
+    helpers = {
+        node.name: node
+        for node in module.body
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+    }
+    names: set[str] = set()
+    pending: list[ast.AST] = [test]
+    seen: set[str] = set()
+    while pending:
+        node = pending.pop()
+        found = _names_in(node)
+        names |= found
+        for helper in found & helpers.keys() - seen:
+            seen.add(helper)
+            pending.append(helpers[helper])
+    return names
 
 
 def _check_binding(
@@ -143,14 +165,14 @@ def _check_binding(
             ContractFailure(binding.cell, f"test {binding.test!r} is not path::test_name")
         )
         return failures
-    node = _find_test(root, binding.test, cache)
-    if node is None:
+    found = _find_test(root, binding.test, cache)
+    if found is None:
         failures.append(
             ContractFailure(binding.cell, f"test {binding.test!r} not found under {root}")
         )
         return failures
     wanted = set(binding.enforced_by.split(".")[-2:])
-    if not wanted & _names_in(node):
+    if not failures and not wanted & _exercised_names(*found):
         failures.append(
             ContractFailure(
                 binding.cell,
