@@ -61,7 +61,7 @@ HOLDER_WRITES = frozenset({OpKind.HEARTBEAT, OpKind.COMPLETE, OpKind.REQUEUE, Op
 ENQUEUES = frozenset({OpKind.ENQUEUE, OpKind.ENQUEUE_BATCH})
 
 
-def hash_json(value: JSONValue) -> str:
+def hash_json(value: object) -> str:
     """SHA-256 of the canonical JSON form (sorted keys, no spaces)."""
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
@@ -418,7 +418,7 @@ class HistoryRecorder:
         fence: int | None = None,
         worker: str | None = None,
         idempotency_key: str | None = None,
-        request_body: JSONValue = None,
+        request_body: object = None,
         batch_size: int | None = None,
     ) -> PendingOperation:
         """Note the start of an operation, just before its request is sent."""

@@ -107,6 +107,16 @@ class QueueModel:
         self._order: list[tuple[str, str]] = []
         self._receipts: dict[tuple[str, str], tuple[str, _Answer]] = {}
 
+    @property
+    def weakened(self) -> bool:
+        """Whether any guard is weakened (a planted bug)."""
+        return (
+            self.accept_stale_fence
+            or self.ignore_idempotency
+            or self.ignore_cap
+            or self.forget_completions
+        )
+
     # ------------------------------------------------------------- plumbing
 
     def _finish(
