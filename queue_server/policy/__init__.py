@@ -6,7 +6,7 @@ their retries, circuits and gates from the cells through this package.
 """
 
 from queue_server.policy.admission import Admission, admit_backlog, admit_operation
-from queue_server.policy.bindings import BINDINGS, Binding
+from queue_server.policy.bindings import BINDINGS, DECISIONS, Binding, DecisionBinding
 from queue_server.policy.breaker import CallTicket, CircuitBreaker, CircuitState
 from queue_server.policy.cancellation import DisconnectAuthority, DisconnectOutcome
 from queue_server.policy.errors import (
@@ -29,6 +29,7 @@ from queue_server.policy.model import (
     RefusalReason,
     ReliabilityPolicy,
     cell_name,
+    describe_cell,
 )
 from queue_server.policy.mutation import (
     CancelAfterDispatchMutationPath,
@@ -67,6 +68,7 @@ from queue_server.policy.verifier import (
 
 __all__ = [
     "BINDINGS",
+    "DECISIONS",
     "MAX_ATTEMPTS",
     "POLICY_NAME",
     "Admission",
@@ -83,6 +85,7 @@ __all__ = [
     "ConfirmedMutationPath",
     "ContractFailure",
     "ContractReport",
+    "DecisionBinding",
     "Dimension",
     "DisconnectAuthority",
     "DisconnectOutcome",
@@ -113,6 +116,7 @@ __all__ = [
     "classify_failure",
     "decide_reacquisition",
     "default_policy",
+    "describe_cell",
     "load_policy",
     "next_delivery_at",
     "policy_document",

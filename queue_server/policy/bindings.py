@@ -248,3 +248,116 @@ BINDINGS: tuple[Binding, ...] = (
     ),
     *_each((IT, RO), D.RESUMABILITY, LOADER, _MATRIX + "test_not_applicable_cells_carry_a_reason"),
 )
+
+
+@dataclass(frozen=True)
+class DecisionBinding:
+    """An ADR Decision point, the code that implements it, and the tests that exercise that code."""
+
+    point: int
+    summary: str
+    enforced_by: tuple[str, ...]
+    tests: tuple[str, ...]
+
+
+DECISIONS: tuple[DecisionBinding, ...] = (
+    DecisionBinding(
+        1,
+        "one canonical policy; every operation classified before dispatch; a new class needs a policy edit",
+        (LOADER, ADMIT),
+        (
+            _MATRIX + "test_load_rejects_unknown_class_naming_it",
+            _ADMISSION + "test_admission_refuses_unknown_class",
+        ),
+    ),
+    DecisionBinding(
+        2,
+        "all ten dimensions explicit per class; not-applicable carries a reason; no omission",
+        (LOADER,),
+        (
+            _MATRIX + "test_load_rejects_omitted_cell_naming_it",
+            _MATRIX + "test_load_rejects_not_applicable_for_required_dimension",
+            _MATRIX + "test_not_applicable_cells_carry_a_reason",
+        ),
+    ),
+    DecisionBinding(
+        3,
+        "deadline bounds attempts; <=5 attempts naming failure classes; capped exponential backoff, "
+        "full jitter for reads, none for the watcher outbox; single-attempt mutation; no leased retry loop",
+        (LOADER, RETRYING, WAIT, SCHEDULE, REACQUIRE),
+        (
+            _MATRIX + "test_load_rejects_more_than_five_attempts",
+            _MATRIX + "test_load_rejects_jittered_watcher_schedule",
+            _RETRY + "test_retrying_read_only_dependency_stops_after_three_attempts",
+            _RETRY + "test_read_only_dependency_wait_uses_full_jitter",
+            _RETRY + "test_watcher_schedule_is_identical_across_calls",
+            _RETRY + "test_retrying_single_attempt_classes_call_once",
+            _GATES + "test_reacquisition_advances_fence_and_acquisition_count",
+        ),
+    ),
+    DecisionBinding(
+        4,
+        "canonical circuit breaker for turn/read/mutation; leased and watcher isolation boundaries; "
+        "finite concurrency and backpressure; spend approval for cloud concurrency; local leased "
+        "work and verification at one",
+        (BREAKER, GATE, BACKLOG, LOADER),
+        (
+            _BREAKER + "test_circuit_breaker_from_cell_opens_after_threshold",
+            _GATES + "test_permit_gate_for_class_matches_concurrency_cell",
+            _ADMISSION + "test_backlog_cap_refuses_new_work_but_admits_requeue",
+            _MATRIX + "test_load_rejects_cloud_concurrency_without_spend_approval",
+            _MATRIX + "test_load_rejects_local_leased_work_above_concurrency_one",
+        ),
+    ),
+    DecisionBinding(
+        5,
+        "effecting work needs an idempotency key and outcome reference before dispatch; leased work "
+        "its current fence; one-shot claim and run key are exclusive grants",
+        (ADMIT, _P + "queue_decisions.run_key"),
+        (
+            _ADMISSION + "test_admission_refuses_effecting_work_without_idempotency_key",
+            _ADMISSION + "test_admission_refuses_effecting_work_without_outcome_reference",
+            _ADMISSION + "test_admission_refuses_leased_work_without_fence",
+            _GATES + "test_run_key_is_artifact_version_plus_verifier_version",
+        ),
+    ),
+    DecisionBinding(
+        6,
+        "disconnect before dispatch stops; a dispatched effect is never represented as cancelled",
+        (AUTHORITY, MUTATION),
+        (
+            _GATES + "test_disconnect_before_dispatch_stops_work",
+            _GATES + "test_disconnect_after_dispatch_is_never_reported_cancelled",
+            _MUTATION + "test_mutation_caller_cancelled_after_dispatch_still_settles_receipt",
+        ),
+    ),
+    DecisionBinding(
+        7,
+        "mutation path: permit gate of 8, circuit, pending receipt on timeout, same-identity replay; "
+        "turn disconnect authority; stale fence refused; backlog cap with requeue reserve; "
+        "verification checkpoints before the terminal marker",
+        (MUTATION, GATE, AUTHORITY, ADMIT, BACKLOG, CHECKPOINTS),
+        (
+            _MUTATION + "test_mutation_ninth_concurrent_mutation_is_rejected_without_claim",
+            _MUTATION + "test_mutation_attempt_timeout_returns_pending_receipt_that_settles_later",
+            _MUTATION + "test_mutation_same_identity_replay_returns_retained_outcome",
+            _GATES + "test_disconnect_authority_refuses_later_turn_writes",
+            _ADMISSION + "test_admission_refuses_stale_fence",
+            _GATES + "test_run_complete_marker_refused_until_every_item_checkpointed",
+        ),
+    ),
+    DecisionBinding(
+        8,
+        "the contract verifier owns totality and bindings; the cancel-after-dispatch negative "
+        "control must fail",
+        (
+            _P + "verifier.verify_contract",
+            _P + "verifier.verify_cancellation_rule",
+            _P + "mutation.CancelAfterDispatchMutationPath",
+        ),
+        (
+            _VERIFIER + "test_verify_contract_passes_on_the_real_policy",
+            _VERIFIER + "test_cancellation_rule_fails_on_cancel_after_dispatch_negative_control",
+        ),
+    ),
+)

@@ -22,6 +22,7 @@ from queue_server.policy.model import (
     Dimension,
     OperationClass,
     ReliabilityPolicy,
+    as_operation_class,
     cell_name,
 )
 
@@ -85,7 +86,7 @@ class CircuitBreaker:
         is_failure: Callable[[BaseException], bool] = _counts_every_exception,
     ) -> CircuitBreaker:
         """A breaker configured from the class's `circuit-breaking` cell."""
-        oc = OperationClass(operation_class)
+        oc = as_operation_class(operation_class)
         cell = (policy or default_policy()).for_class(oc).circuit_breaking
         if not isinstance(cell, CircuitBreakerPolicy):
             raise PolicyError.single(

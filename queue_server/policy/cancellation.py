@@ -14,7 +14,7 @@ from typing import Literal
 
 from queue_server.policy.errors import OperationStoppedError
 from queue_server.policy.loader import default_policy
-from queue_server.policy.model import OperationClass, ReliabilityPolicy
+from queue_server.policy.model import OperationClass, ReliabilityPolicy, as_operation_class
 
 DisconnectOutcome = Literal[
     "stopped",
@@ -31,7 +31,7 @@ class DisconnectAuthority:
     def __init__(
         self, operation_class: OperationClass | str, *, policy: ReliabilityPolicy | None = None
     ) -> None:
-        self.operation_class = OperationClass(operation_class)
+        self.operation_class = as_operation_class(operation_class)
         self._cell = (policy or default_policy()).for_class(self.operation_class).cancellation
         self._lock = threading.Lock()
         self._dispatched = False

@@ -193,6 +193,19 @@ def _check_isolation(cls: OC, cp: ClassPolicy, problems: Problems) -> None:
     name = cell_name(cls, D.CIRCUIT_BREAKING)
     if cls in _CIRCUIT_CLASSES and not isinstance(circuit, CircuitBreakerPolicy):
         problems.append((name, "this class uses the canonical circuit breaker"))
+    if isinstance(circuit, IsolationBoundary):
+        retry = cp.retry
+        budget = (
+            retry.max_acquisitions if isinstance(retry, QueueReacquisition) else retry.max_attempts
+        )
+        valid = isinstance(retry, QueueReacquisition) or 1 <= budget <= MAX_ATTEMPTS
+        if valid and circuit.budget != budget:
+            problems.append(
+                (
+                    name,
+                    f"the isolation budget {circuit.budget} differs from the retry cell's {budget}",
+                )
+            )
     bp = cp.backpressure
     bp_name = cell_name(cls, D.BACKPRESSURE)
     if bp.mechanism == "reject-at-capacity" and bp.max_queued != 0:

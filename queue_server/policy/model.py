@@ -73,6 +73,16 @@ class RefusalReason(StrEnum):
     BACKLOG_FULL = "backlog-full"
 
 
+def as_operation_class(value: OperationClass | str) -> OperationClass:
+    """The operation class named by `value`; an unknown name is a `PolicyError`."""
+    from queue_server.policy.errors import PolicyError
+
+    try:
+        return OperationClass(value)
+    except ValueError:
+        raise PolicyError.single(str(value), "unknown operation class") from None
+
+
 def cell_name(operation_class: str, dimension: str) -> str:
     """The name of a cell in messages and reports: `class/dimension`."""
     return f"{operation_class}/{dimension}"
@@ -92,6 +102,19 @@ class Cell(BaseModel):
     model_config = ConfigDict(
         frozen=True, extra="forbid", alias_generator=_kebab, populate_by_name=True
     )
+
+
+def describe_cell(cell: Cell) -> str:
+    """A one-line rendering of a cell for tables (`queue-server policy show`)."""
+    if isinstance(cell, NotApplicable):
+        return f"not-applicable: {cell.not_applicable}"
+    values = cell.model_dump(mode="json", by_alias=True, exclude={"note"})
+    parts = []
+    for key, value in values.items():
+        if isinstance(value, list):
+            value = ",".join(str(v) for v in value) or "-"
+        parts.append(f"{key}={value}")
+    return " ".join(parts)
 
 
 class NotApplicable(Cell):
@@ -279,15 +302,18 @@ class ReliabilityPolicy:
     classes: Mapping[OperationClass, ClassPolicy]
 
     def for_class(self, operation_class: OperationClass | str) -> ClassPolicy:
-        from queue_server.policy.errors import PolicyError
-
-        try:
-            return self.classes[OperationClass(operation_class)]
-        except ValueError:
-            raise PolicyError.single(str(operation_class), "unknown operation class") from None
+        return self.classes[as_operation_class(operation_class)]
 
     def cell(self, operation_class: OperationClass | str, dimension: Dimension | str) -> Cell:
         return self.for_class(operation_class).cell(Dimension(dimension))
+
+    def rows(self) -> list[tuple[str, str, str]]:
+        """(class, dimension, one-line value) for every cell, in matrix order."""
+        return [
+            (c.value, d.value, describe_cell(self.classes[c].cell(d)))
+            for c in OperationClass
+            for d in Dimension
+        ]
 
     def as_document(self) -> dict[str, Any]:
         """The policy as a JSON-ready dict (served at GET /v1/policy); `load_policy` accepts it back."""

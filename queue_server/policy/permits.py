@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 from queue_server.policy.errors import PermitUnavailableError
 from queue_server.policy.loader import default_policy
-from queue_server.policy.model import OperationClass, ReliabilityPolicy
+from queue_server.policy.model import OperationClass, ReliabilityPolicy, as_operation_class
 
 
 class PermitGate:
@@ -32,7 +32,7 @@ class PermitGate:
         cls, operation_class: OperationClass | str, *, policy: ReliabilityPolicy | None = None
     ) -> PermitGate:
         """A gate sized by the class's `concurrency` cell (8 for confirmed mutations)."""
-        oc = OperationClass(operation_class)
+        oc = as_operation_class(operation_class)
         limit = (policy or default_policy()).for_class(oc).concurrency.limit
         return cls(limit, name=oc.value)
 

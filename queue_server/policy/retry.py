@@ -37,6 +37,7 @@ from queue_server.policy.model import (
     QueueReacquisition,
     ReliabilityPolicy,
     RetryAttempts,
+    as_operation_class,
     cell_name,
 )
 
@@ -75,7 +76,7 @@ def classify_failure(exc: BaseException) -> FailureClass | None:
 def _attempts_cell(
     operation_class: OperationClass | str, policy: ReliabilityPolicy | None
 ) -> tuple[RetryAttempts, Backoff | None, float]:
-    cls = OperationClass(operation_class)
+    cls = as_operation_class(operation_class)
     cp = (policy or default_policy()).for_class(cls)
     if isinstance(cp.retry, QueueReacquisition):
         raise PolicyError.single(
@@ -152,7 +153,7 @@ def backoff_schedule(
 ) -> list[float]:
     """The deterministic delays (seconds) after attempts 1..n-1; only an unjittered class has one."""
     retry, backoff, _ = _attempts_cell(operation_class, policy)
-    cls = OperationClass(operation_class)
+    cls = as_operation_class(operation_class)
     if backoff is None or backoff.jitter != "none":
         raise PolicyError.single(
             cell_name(cls, Dimension.BACKOFF_AND_JITTER),

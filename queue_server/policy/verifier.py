@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from queue_server.policy.bindings import BINDINGS, Binding
+from queue_server.policy.bindings import BINDINGS, DECISIONS, Binding, DecisionBinding
 from queue_server.policy.errors import PolicyError
 from queue_server.policy.loader import load_policy
 from queue_server.policy.model import Dimension, OperationClass, ReliabilityPolicy, cell_name
@@ -59,6 +59,7 @@ class ContractReport:
     failures: list[ContractFailure] = field(default_factory=list)
     cells_checked: int = 0
     bindings_checked: int = 0
+    decisions_checked: int = 0
     real_path: CancellationVerdict | None = None
     negative_control: CancellationVerdict | None = None
 
@@ -76,6 +77,7 @@ class ContractReport:
             "passed": self.passed,
             "cells_checked": self.cells_checked,
             "bindings_checked": self.bindings_checked,
+            "decisions_checked": self.decisions_checked,
             "failures": [{"cell": f.cell, "message": f.message} for f in self.failures],
             "real_path": verdict(self.real_path),
             "negative_control": verdict(self.negative_control),
@@ -179,6 +181,34 @@ def _check_binding(
                 f"test {name} does not exercise {binding.enforced_by} (names none of {sorted(wanted)})",
             )
         )
+    return failures
+
+
+def _check_decisions(
+    decisions: Sequence[DecisionBinding], root: Path, cache: dict[Path, ast.Module | None]
+) -> list[ContractFailure]:
+    """Each ADR Decision point 1-8 maps to code that resolves and to tests that exercise it."""
+    failures = []
+    points = sorted(d.point for d in decisions)
+    if points != list(range(1, 9)):
+        failures.append(
+            ContractFailure("decisions", f"expected points 1-8 once each, got {points}")
+        )
+    for decision in decisions:
+        where = f"decision-{decision.point}"
+        wanted: set[str] = set()
+        for dotted in decision.enforced_by:
+            try:
+                resolve(dotted)
+            except (ImportError, AttributeError) as exc:
+                failures.append(ContractFailure(where, f"{dotted!r} does not resolve: {exc}"))
+            wanted |= set(dotted.split(".")[-2:])
+        for test in decision.tests:
+            found = _find_test(root, test, cache)
+            if found is None:
+                failures.append(ContractFailure(where, f"test {test!r} not found under {root}"))
+            elif not wanted & _exercised_names(*found):
+                failures.append(ContractFailure(where, f"test {test!r} exercises none of its code"))
     return failures
 
 
@@ -302,6 +332,7 @@ def verify_contract(
     tests_root: Path | None = None,
     mutation_path: ConfirmedMutationPath | None = None,
     negative_control: ConfirmedMutationPath | None = None,
+    decisions: Sequence[DecisionBinding] = DECISIONS,
 ) -> ContractReport:
     """Check totality, bindings and named tests, then the cancellation rule and its negative control."""
     report = ContractReport()
@@ -333,6 +364,9 @@ def verify_contract(
     for binding in bindings:
         report.failures.extend(_check_binding(binding, root, cache))
         report.bindings_checked += 1
+
+    report.failures.extend(_check_decisions(decisions, root, cache))
+    report.decisions_checked = len(decisions)
 
     report.real_path = verify_cancellation_rule(mutation_path or ConfirmedMutationPath())
     for failure in report.real_path.failures:

@@ -362,3 +362,25 @@ def test_load_reports_every_problem_at_once() -> None:
         "watcher-delivery/retry",
         "artifact-verification/concurrency",
     }
+
+
+def test_policy_rows_render_every_cell_on_one_line() -> None:
+    rows = load_policy().rows()
+    assert len(rows) == 60
+    assert all("\n" not in text and text for _, _, text in rows)
+    by_cell = {(cls, dim): text for cls, dim, text in rows}
+    assert by_cell[("confirmed-mutation", "concurrency")].startswith("limit=8")
+    assert by_cell[("artifact-verification", "circuit-breaking")].startswith("not-applicable: ")
+    assert "jitter=none" in by_cell[("watcher-delivery", "backoff-and-jitter")]
+
+
+def test_load_rejects_isolation_budget_that_differs_from_retry_budget() -> None:
+    doc = raw()
+    cells(doc, "watcher-delivery")["circuit-breaking"]["budget"] = 7
+    assert load_error(doc).cells == ("watcher-delivery/circuit-breaking",)
+
+
+def test_unknown_class_lookup_is_a_policy_error() -> None:
+    with pytest.raises(PolicyError) as info:
+        load_policy().for_class("batch-export")
+    assert info.value.cells == ("batch-export",)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from queue_server.policy import (
     BINDINGS,
+    DECISIONS,
     CancelAfterDispatchMutationPath,
     ConfirmedMutationPath,
     Dimension,
@@ -94,4 +95,22 @@ def test_verify_contract_reports_test_that_does_not_exercise_binding() -> None:
 
 def test_verify_contract_reports_missing_tests_tree(tmp_path: Path) -> None:
     report = verify_contract(tests_root=tmp_path)
-    assert len(report.failures) == len(BINDINGS)
+    tests_named = sum(len(d.tests) for d in DECISIONS)
+    assert len(report.failures) == len(BINDINGS) + tests_named
+    assert all("not found" in f.message for f in report.failures)
+
+
+def test_every_adr_decision_point_is_bound_to_code_and_tests() -> None:
+    assert [d.point for d in DECISIONS] == list(range(1, 9))
+    assert all(d.enforced_by and d.tests for d in DECISIONS)
+
+
+def test_verify_contract_reports_decision_point_without_its_test() -> None:
+    broken = replace(DECISIONS[5], tests=("tests/policy/test_policy_gates.py::test_gone",))
+    report = verify_contract(decisions=(*DECISIONS[:5], broken, *DECISIONS[6:]))
+    assert [f.cell for f in report.failures] == ["decision-6"]
+
+
+def test_verify_contract_reports_missing_decision_point() -> None:
+    report = verify_contract(decisions=DECISIONS[:-1])
+    assert [f.cell for f in report.failures] == ["decisions"]
