@@ -1,0 +1,481 @@
+"""The httpx SDK: one typed method per route of the queue server's API.
+
+Every effecting call carries an Idempotency-Key: generated once per logical
+operation (or passed in) and reused on each retry of that same operation, so a
+retry never makes a second effect. Only transient failures are retried:
+connection errors, 429 with Retry-After, 503 and a key still in flight.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from typing import Any, Literal, TypeVar
+
+import httpx
+from pydantic import BaseModel
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
+from tenacity.wait import wait_exponential_jitter
+
+from queue_server import __version__
+from queue_server.client import errors
+from queue_server.client.models import (
+    ApiKey,
+    BulkReplay,
+    Concurrency,
+    DeadLetter,
+    DeadLetterDetail,
+    DeadLetterPage,
+    Heartbeat,
+    Item,
+    Lease,
+    LedgerEvent,
+    NewItem,
+    SpendApproval,
+    Status,
+    Tenant,
+    Verification,
+    WhoAmI,
+)
+
+M = TypeVar("M", bound=BaseModel)
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+def new_idempotency_key() -> str:
+    return f"qs-{uuid.uuid4().hex}"
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Failures worth retrying with the same request and key."""
+    if isinstance(exc, httpx.TransportError):
+        return True
+    if isinstance(exc, errors.ProblemError):
+        if exc.status == 503 or isinstance(exc, errors.IdempotencyKeyInFlightError):
+            return True
+        return exc.status == 429 and exc.retry_after is not None
+    return False
+
+
+class QueueClient:
+    """A client of one queue server, optionally bound to one tenant.
+
+    Example::
+
+        with QueueClient("http://127.0.0.1:8080", key, tenant="acme") as qs:
+            item = qs.enqueue("emails", {"to": "a@example.com"})
+    """
+
+    def __init__(
+        self,
+        url: str = DEFAULT_URL,
+        key: str | None = None,
+        *,
+        tenant: str | None = None,
+        timeout: float = 30.0,
+        attempts: int = 5,
+        max_wait: float = 10.0,
+        http: httpx.Client | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.tenant = tenant
+        self.timeout = timeout
+        self.attempts = attempts
+        self.max_wait = max_wait
+        headers = {"User-Agent": f"queue-server-client/{__version__}"}
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        self._owns_http = http is None
+        self._http = http or httpx.Client(base_url=self.url, timeout=timeout)
+        self._http.headers.update(headers)
+        self._backoff = wait_exponential_jitter(initial=0.2, max=max_wait)
+
+    def __enter__(self) -> QueueClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._owns_http:
+            self._http.close()
+
+    # -- plumbing ------------------------------------------------------------
+
+    def _tenant(self, tenant: str | None) -> str:
+        chosen = tenant or self.tenant
+        if not chosen:
+            raise ValueError("no tenant: pass tenant= or bind the client to one")
+        return chosen
+
+    def _wait(self, state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        if isinstance(exc, errors.ProblemError) and exc.retry_after is not None:
+            return min(exc.retry_after, self.max_wait)
+        return float(self._backoff(state))
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        timeout: float | None = None,
+    ) -> httpx.Response:
+        """One logical request: retried on transient failures with the same key; errors raised."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        query = {k: v for k, v in (params or {}).items() if v is not None}
+        retrying = Retrying(
+            retry=retry_if_exception(is_transient),
+            stop=stop_after_attempt(self.attempts),
+            wait=self._wait,
+            reraise=True,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    response = self._http.request(
+                        method,
+                        path,
+                        json=json,
+                        params=query or None,
+                        headers=headers,
+                        timeout=timeout if timeout is not None else self.timeout,
+                    )
+                    if response.status_code >= 400:
+                        raise errors.from_response(response)
+        except httpx.TransportError as exc:
+            raise errors.ConnectionFailedError(self.url, exc) from exc
+        return response
+
+    def _get(self, model: type[M], path: str, **params: Any) -> M:
+        return model.model_validate_json(self.request("GET", path, params=params).content)
+
+    def _effect(self, model: type[M], method: str, path: str, body: Any, key: str | None) -> M:
+        response = self.request(
+            method, path, json=body, idempotency_key=key or new_idempotency_key()
+        )
+        return model.model_validate_json(response.content)
+
+    # -- service -------------------------------------------------------------
+
+    def healthy(self) -> bool:
+        try:
+            return self._http.get("/healthz").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def whoami(self) -> WhoAmI:
+        return self._get(WhoAmI, "/v1/whoami")
+
+    # -- tenants and keys ----------------------------------------------------
+
+    def put_tenant(
+        self,
+        tenant: str,
+        *,
+        backlog_cap: int,
+        default_max_acquisitions: int = 5,
+        default_lease_ttl: float = 30.0,
+    ) -> Tenant:
+        body = {
+            "backlog_cap": backlog_cap,
+            "default_max_acquisitions": default_max_acquisitions,
+            "default_lease_ttl": default_lease_ttl,
+        }
+        response = self.request("PUT", f"/v1/tenants/{tenant}", json=body)
+        return Tenant.model_validate_json(response.content)
+
+    def get_tenant(self, tenant: str | None = None) -> Tenant:
+        return self._get(Tenant, f"/v1/tenants/{self._tenant(tenant)}")
+
+    def create_key(self, role: Literal["worker", "operator"], tenant: str | None = None) -> ApiKey:
+        response = self.request(
+            "POST", f"/v1/tenants/{self._tenant(tenant)}/keys", json={"role": role}
+        )
+        return ApiKey.model_validate_json(response.content)
+
+    def revoke_key(self, key_id: str, tenant: str | None = None) -> None:
+        self.request("DELETE", f"/v1/tenants/{self._tenant(tenant)}/keys/{key_id}")
+
+    # -- work items ----------------------------------------------------------
+
+    def enqueue(
+        self,
+        queue: str,
+        payload: Any,
+        *,
+        priority: int = 0,
+        delay: float = 0,
+        max_acquisitions: int | None = None,
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> Item:
+        body = NewItem(
+            payload=payload, priority=priority, delay=delay, max_acquisitions=max_acquisitions
+        ).model_dump(exclude_none=True)
+        body.setdefault("payload", None)
+        path = f"/v1/tenants/{self._tenant(tenant)}/queues/{queue}/items"
+        return self._effect(Item, "POST", path, body, idempotency_key)
+
+    def enqueue_batch(
+        self,
+        queue: str,
+        items: Sequence[NewItem],
+        *,
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> list[Item]:
+        """Enqueue 1 to 500 items at once, all or nothing against the backlog cap."""
+        body = {"items": [_item_body(item) for item in items]}
+        path = f"/v1/tenants/{self._tenant(tenant)}/queues/{queue}/items:batch"
+        return self._effect(_Batch, "POST", path, body, idempotency_key).items
+
+    def get_item(self, item_id: str, tenant: str | None = None) -> Item:
+        return self._get(Item, f"/v1/tenants/{self._tenant(tenant)}/items/{item_id}")
+
+    def ledger(self, item_id: str, tenant: str | None = None) -> list[LedgerEvent]:
+        path = f"/v1/tenants/{self._tenant(tenant)}/items/{item_id}/ledger"
+        return self._get(_Ledger, path).events
+
+    # -- leases --------------------------------------------------------------
+
+    def acquire(
+        self,
+        queue: str,
+        *,
+        worker: str,
+        lease_ttl: float | None = None,
+        max_items: int = 1,
+        wait: float = 0,
+        tenant: str | None = None,
+    ) -> list[Lease]:
+        """Lease up to `max_items` due items, long-polling up to `wait` seconds."""
+        body: dict[str, Any] = {"worker": worker, "max_items": max_items, "wait": wait}
+        if lease_ttl is not None:
+            body["lease_ttl"] = lease_ttl
+        response = self.request(
+            "POST",
+            f"/v1/tenants/{self._tenant(tenant)}/queues/{queue}/leases",
+            json=body,
+            timeout=self.timeout + wait,
+        )
+        return _Leases.model_validate_json(response.content).leases
+
+    def heartbeat(
+        self,
+        item_id: str,
+        *,
+        worker: str,
+        fence: int,
+        lease_ttl: float | None = None,
+        tenant: str | None = None,
+    ) -> Heartbeat:
+        body: dict[str, Any] = {"worker": worker, "fence": fence}
+        if lease_ttl is not None:
+            body["lease_ttl"] = lease_ttl
+        path = f"/v1/tenants/{self._tenant(tenant)}/items/{item_id}/heartbeat"
+        return Heartbeat.model_validate_json(self.request("POST", path, json=body).content)
+
+    def complete(
+        self,
+        item_id: str,
+        *,
+        worker: str,
+        fence: int,
+        result: Any = None,
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> Item:
+        body = {"worker": worker, "fence": fence, "result": result}
+        path = f"/v1/tenants/{self._tenant(tenant)}/items/{item_id}/complete"
+        return self._effect(Item, "POST", path, body, idempotency_key)
+
+    def requeue(
+        self,
+        item_id: str,
+        *,
+        worker: str,
+        fence: int,
+        reason: str = "",
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> Item:
+        body = {"worker": worker, "fence": fence, "reason": reason}
+        path = f"/v1/tenants/{self._tenant(tenant)}/items/{item_id}/requeue"
+        return self._effect(Item, "POST", path, body, idempotency_key)
+
+    def triage(
+        self,
+        item_id: str,
+        *,
+        worker: str,
+        fence: int,
+        failure_class: str,
+        message: str = "",
+        transient: bool = False,
+        decision: Literal["requeue", "quarantine"] = "requeue",
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> Item:
+        body = {
+            "worker": worker,
+            "fence": fence,
+            "failure": {"class": failure_class, "message": message, "transient": transient},
+            "decision": decision,
+        }
+        path = f"/v1/tenants/{self._tenant(tenant)}/items/{item_id}/triage"
+        return self._effect(Item, "POST", path, body, idempotency_key)
+
+    # -- spend approvals -----------------------------------------------------
+
+    def approve_spend(
+        self,
+        queue: str,
+        *,
+        approved_by: str,
+        max_concurrency: int,
+        expires_at: datetime,
+        reason: str,
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> SpendApproval:
+        body = {
+            "approved_by": approved_by,
+            "max_concurrency": max_concurrency,
+            "expires_at": expires_at.isoformat(),
+            "reason": reason,
+        }
+        path = f"/v1/tenants/{self._tenant(tenant)}/queues/{queue}/spend-approvals"
+        return self._effect(SpendApproval, "POST", path, body, idempotency_key)
+
+    def concurrency(self, queue: str, tenant: str | None = None) -> Concurrency:
+        return self._get(
+            Concurrency, f"/v1/tenants/{self._tenant(tenant)}/queues/{queue}/concurrency"
+        )
+
+    # -- operators -----------------------------------------------------------
+
+    def status(self, tenant: str | None = None) -> Status:
+        return self._get(Status, f"/v1/tenants/{self._tenant(tenant)}/queues")
+
+    def list_dead_letters(
+        self,
+        *,
+        queue: str | None = None,
+        kind: Literal["item", "delivery"] | None = None,
+        status: Literal["open", "closed", "all"] = "open",
+        limit: int = 50,
+        cursor: str | None = None,
+        tenant: str | None = None,
+    ) -> DeadLetterPage:
+        return self._get(
+            DeadLetterPage,
+            f"/v1/tenants/{self._tenant(tenant)}/dead-letters",
+            queue=queue,
+            kind=kind,
+            status=status,
+            limit=limit,
+            cursor=cursor,
+        )
+
+    def iter_dead_letters(
+        self,
+        *,
+        queue: str | None = None,
+        kind: Literal["item", "delivery"] | None = None,
+        status: Literal["open", "closed", "all"] = "open",
+        page_size: int = 200,
+        tenant: str | None = None,
+    ) -> Iterator[DeadLetter]:
+        """Every matching dead letter, oldest first, page by page."""
+        cursor: str | None = None
+        while True:
+            page = self.list_dead_letters(
+                queue=queue, kind=kind, status=status, limit=page_size, cursor=cursor, tenant=tenant
+            )
+            yield from page.dead_letters
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    def show_dead_letter(self, dead_letter_id: str, tenant: str | None = None) -> DeadLetterDetail:
+        path = f"/v1/tenants/{self._tenant(tenant)}/dead-letters/{dead_letter_id}"
+        return self._get(DeadLetterDetail, path)
+
+    def replay(
+        self,
+        dead_letter_id: str,
+        *,
+        max_acquisitions: int | None = None,
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> Item:
+        body = {"max_acquisitions": max_acquisitions} if max_acquisitions is not None else {}
+        path = f"/v1/tenants/{self._tenant(tenant)}/dead-letters/{dead_letter_id}/replay"
+        return self._effect(Item, "POST", path, body, idempotency_key)
+
+    def discard(
+        self,
+        dead_letter_id: str,
+        *,
+        reason: str = "",
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> Item:
+        path = f"/v1/tenants/{self._tenant(tenant)}/dead-letters/{dead_letter_id}/discard"
+        return self._effect(Item, "POST", path, {"reason": reason}, idempotency_key)
+
+    def replay_queue(
+        self,
+        queue: str,
+        *,
+        limit: int = 100,
+        max_acquisitions: int | None = None,
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> BulkReplay:
+        """Replay up to `limit` (at most 100) of the queue's oldest open item dead letters."""
+        body: dict[str, Any] = {"limit": limit}
+        if max_acquisitions is not None:
+            body["max_acquisitions"] = max_acquisitions
+        path = f"/v1/tenants/{self._tenant(tenant)}/queues/{queue}/dead-letters:replay"
+        return self._effect(BulkReplay, "POST", path, body, idempotency_key)
+
+    def verify_ledgers(
+        self,
+        *,
+        tenant: str | None = None,
+        all_tenants: bool = False,
+        limit: int = 500,
+        cursor: str | None = None,
+    ) -> Verification:
+        """One page of ledger verification: of a tenant, or of every tenant (admin)."""
+        path = (
+            "/v1/ledger-verification"
+            if all_tenants
+            else f"/v1/tenants/{self._tenant(tenant)}/ledger-verification"
+        )
+        return self._get(Verification, path, limit=limit, cursor=cursor)
+
+
+def _item_body(item: NewItem) -> dict[str, Any]:
+    body = item.model_dump(exclude_none=True)
+    body.setdefault("payload", None)
+    return body
+
+
+class _Batch(BaseModel):
+    items: list[Item]
+
+
+class _Ledger(BaseModel):
+    events: list[LedgerEvent]
+
+
+class _Leases(BaseModel):
+    leases: list[Lease]

@@ -1,0 +1,189 @@
+"""Problem responses as typed exceptions. Each carries the problem's `code`, `title` and `detail`."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import httpx
+
+
+class QueueClientError(Exception):
+    """The queue server could not be asked, or said no."""
+
+    code: str = "client-error"
+    title: str = "Request failed"
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.title}: {self.detail}" if self.detail else self.title
+
+
+class ConnectionFailedError(QueueClientError):
+    """The server could not be reached (after retrying)."""
+
+    code = "connection-failed"
+    title = "Cannot reach the queue server"
+
+    def __init__(self, url: str, cause: BaseException) -> None:
+        self.url = url
+        self.detail = f"{url}: {cause or type(cause).__name__}"
+        super().__init__(self.detail)
+
+
+class ProblemError(QueueClientError):
+    """An RFC 9457 problem answer from the server."""
+
+    status_default: ClassVar[int] = 0
+
+    def __init__(self, status: int, body: dict[str, Any], *, retry_after: float | None = None):
+        self.status = status
+        self.body = body
+        self.code = str(body.get("code") or f"http-{status}")
+        self.title = str(body.get("title") or f"HTTP {status}")
+        self.detail = str(body.get("detail") or "")
+        self.retry_after = retry_after
+        super().__init__(str(self))
+
+
+class BadRequestError(ProblemError):
+    pass
+
+
+class UnauthorizedError(ProblemError):
+    pass
+
+
+class ForbiddenError(ProblemError):
+    pass
+
+
+class NotFoundError(ProblemError):
+    pass
+
+
+class ConflictError(ProblemError):
+    pass
+
+
+class PayloadTooLargeError(ProblemError):
+    pass
+
+
+class InvalidRequestError(ProblemError):
+    pass
+
+
+class TooManyRequestsError(ProblemError):
+    pass
+
+
+class ServiceUnavailableError(ProblemError):
+    pass
+
+
+class TenantNotFoundError(NotFoundError):
+    pass
+
+
+class ItemNotFoundError(NotFoundError):
+    pass
+
+
+class DeadLetterNotFoundError(NotFoundError):
+    pass
+
+
+class LeaseLostError(ConflictError):
+    """The lease no longer grants authority: whatever the holder did must not be submitted."""
+
+
+class StaleFenceError(LeaseLostError):
+    pass
+
+
+class NotLeaseHolderError(LeaseLostError):
+    pass
+
+
+class LeaseExpiredError(LeaseLostError):
+    pass
+
+
+class ItemNotLeasedError(LeaseLostError):
+    pass
+
+
+class IdempotencyKeyInFlightError(ConflictError):
+    pass
+
+
+class DeadLetterClosedError(ConflictError):
+    pass
+
+
+class InvalidStateError(ConflictError):
+    pass
+
+
+class IdempotencyKeyReuseError(InvalidRequestError):
+    pass
+
+
+class BacklogCapReachedError(TooManyRequestsError):
+    pass
+
+
+BY_CODE: dict[str, type[ProblemError]] = {
+    "tenant-not-found": TenantNotFoundError,
+    "item-not-found": ItemNotFoundError,
+    "dead-letter-not-found": DeadLetterNotFoundError,
+    "stale-fence": StaleFenceError,
+    "not-lease-holder": NotLeaseHolderError,
+    "lease-expired": LeaseExpiredError,
+    "item-not-leased": ItemNotLeasedError,
+    "idempotency-key-in-flight": IdempotencyKeyInFlightError,
+    "idempotency-key-reuse": IdempotencyKeyReuseError,
+    "dead-letter-closed": DeadLetterClosedError,
+    "invalid-state": InvalidStateError,
+    "backlog-cap-reached": BacklogCapReachedError,
+}
+
+BY_STATUS: dict[int, type[ProblemError]] = {
+    400: BadRequestError,
+    401: UnauthorizedError,
+    403: ForbiddenError,
+    404: NotFoundError,
+    409: ConflictError,
+    413: PayloadTooLargeError,
+    422: InvalidRequestError,
+    429: TooManyRequestsError,
+    503: ServiceUnavailableError,
+}
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("Retry-After")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
+
+
+def from_response(response: httpx.Response) -> ProblemError:
+    """The typed exception for an error answer (problem+json or not)."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        body = {
+            "title": response.reason_phrase or f"HTTP {response.status_code}",
+            "detail": response.text[:500],
+        }
+    code = body.get("code")
+    cls = BY_CODE.get(code) if isinstance(code, str) else None
+    if cls is None:
+        cls = BY_STATUS.get(response.status_code, ProblemError)
+    return cls(response.status_code, body, retry_after=_retry_after(response))

@@ -1,0 +1,177 @@
+"""What the API answers, as typed values (API.md). Unknown fields are ignored, so a newer
+server does not break an older client."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class WhoAmI(Model):
+    key_id: str
+    tenant: str | None
+    role: str
+
+
+class Tenant(Model):
+    tenant: str
+    backlog_cap: int
+    default_max_acquisitions: int
+    default_lease_ttl: float
+    backlog: int | None = None
+    ready: int | None = None
+    leased: int | None = None
+    completed: int | None = None
+    quarantined: int | None = None
+    cancelled: int | None = None
+    created_at: datetime
+    updated_at: datetime
+
+
+class ApiKey(Model):
+    key_id: str
+    tenant: str
+    role: str
+    secret: str
+
+
+class Item(Model):
+    item_id: str
+    tenant: str
+    queue: str
+    state: str
+    payload: Any = None
+    priority: int
+    available_at: datetime
+    fence: int
+    acquisition_count: int
+    max_acquisitions: int
+    lease_holder: str | None = None
+    lease_expires_at: datetime | None = None
+    result: Any = None
+    last_failure: Any = None
+    created_at: datetime
+    updated_at: datetime
+
+
+class NewItem(Model):
+    """One item to enqueue."""
+
+    payload: Any = None
+    priority: int = 0
+    delay: float = 0
+    max_acquisitions: int | None = None
+
+
+class LedgerEvent(Model):
+    seq: int
+    at: datetime
+    kind: str
+    fence: int
+    actor: str
+    data: Any = None
+
+
+class Lease(Model):
+    item_id: str
+    fence: int
+    acquisition_count: int
+    lease_expires_at: datetime
+    payload: Any = None
+    priority: int
+    queue: str
+
+
+class Heartbeat(Model):
+    item_id: str
+    fence: int
+    lease_expires_at: datetime
+
+
+class SpendApproval(Model):
+    approval_id: str
+    tenant: str
+    queue: str
+    approved_by: str
+    max_concurrency: int
+    expires_at: datetime
+    reason: str
+    created_at: datetime
+
+
+class Concurrency(Model):
+    tenant: str
+    queue: str
+    limit: int
+    active_leases: int
+    approval: dict[str, Any] | None = None
+
+
+class DeadLetter(Model):
+    dead_letter_id: str
+    kind: str
+    item_id: str | None = None
+    delivery_id: str | None = None
+    queue: str | None = None
+    reason: str
+    last_failure: Any = None
+    created_at: datetime
+    closed_at: datetime | None = None
+    resolution: str | None = None
+
+
+class DeadLetterPage(Model):
+    dead_letters: list[DeadLetter]
+    next_cursor: str | None = None
+
+
+class DeadLetterDetail(Model):
+    dead_letter: DeadLetter
+    item: Item | None = None
+    events: list[LedgerEvent] = Field(default_factory=list)
+
+
+class BulkReplay(Model):
+    queue: str
+    replayed: int
+    skipped: int
+    remaining: int
+    item_ids: list[str] = Field(default_factory=list)
+    skipped_dead_letter_ids: list[str] = Field(default_factory=list)
+
+
+class QueueStatus(Model):
+    queue: str
+    ready: int
+    due: int
+    leased: int
+    quarantined: int
+    oldest_ready_age: float | None = None
+    concurrency_limit: int
+    active_leases: int
+
+
+class Status(Model):
+    tenant: str
+    backlog: int
+    backlog_cap: int
+    open_dead_letters: int
+    queues: list[QueueStatus]
+
+
+class Mismatch(Model):
+    tenant: str
+    item_id: str
+    problems: list[str]
+
+
+class Verification(Model):
+    checked: int
+    mismatches: list[Mismatch]
+    next_cursor: str | None = None

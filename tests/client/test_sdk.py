@@ -1,0 +1,144 @@
+"""The SDK against the real server: typed answers, typed problems, retries that keep their key."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import psycopg
+import pytest
+
+from queue_server.client import NewItem, QueueClient, errors
+from tests.conftest import Api, LiveServer
+
+DB = psycopg.Connection[dict[str, object]]
+
+
+def client(api: Api, role: str, **options: object) -> QueueClient:
+    return QueueClient(api.url, api.keys[role], tenant=api.tenant, **options)  # type: ignore[arg-type]
+
+
+def test_typed_methods_cover_a_whole_item_life(api: Api, live: LiveServer) -> None:
+    admin_key = api.admin.headers["Authorization"].removeprefix("Bearer ")
+    with QueueClient(live.url, admin_key) as admin:
+        tenant = admin.put_tenant("initech", backlog_cap=10, default_lease_ttl=5)
+        assert (tenant.tenant, tenant.backlog_cap) == ("initech", 10)
+        key = admin.create_key("worker", tenant="initech")
+        assert key.role == "worker"
+        assert admin.whoami().role == "admin"
+    with QueueClient(live.url, key.secret, tenant="initech") as worker:
+        assert worker.whoami().tenant == "initech"
+        item = worker.enqueue("q", {"n": 1}, priority=5)
+        batch = worker.enqueue_batch("q", [NewItem(payload=i) for i in range(3)])
+        assert [i.payload for i in batch] == [0, 1, 2]
+        (lease,) = worker.acquire("q", worker="w1", lease_ttl=5)
+        assert lease.item_id == item.item_id
+        beat = worker.heartbeat(lease.item_id, worker="w1", fence=lease.fence, lease_ttl=5)
+        assert beat.lease_expires_at > datetime.now(UTC)
+        done = worker.complete(lease.item_id, worker="w1", fence=lease.fence, result={"ok": 1})
+        assert (done.state, done.result) == ("completed", {"ok": 1})
+        assert [e.kind for e in worker.ledger(item.item_id)] == [
+            "enqueued",
+            "acquired",
+            "heartbeat",
+            "completed",
+        ]
+        status = worker.status()
+        assert status.queues[0].ready == 3
+        assert worker.concurrency("q").limit == 1
+    with QueueClient(live.url, admin_key) as admin:
+        admin.revoke_key(key.key_id, tenant="initech")
+    with (
+        QueueClient(live.url, key.secret, tenant="initech") as revoked,
+        pytest.raises(errors.UnauthorizedError) as refused,
+    ):
+        revoked.get_item(item.item_id)
+    assert refused.value.code == "unauthorized"
+
+
+def test_problems_are_raised_as_typed_exceptions_with_their_code(api: Api) -> None:
+    with client(api, "worker") as worker, client(api, "operator") as operator:
+        worker.enqueue("q", 1)
+        (lease,) = worker.acquire("q", worker="w1", lease_ttl=30)
+        with pytest.raises(errors.StaleFenceError) as stale:
+            worker.complete(lease.item_id, worker="w1", fence=lease.fence - 1)
+        assert stale.value.code == "stale-fence"
+        assert stale.value.status == 409
+        assert isinstance(stale.value, errors.LeaseLostError)
+        with pytest.raises(errors.NotLeaseHolderError):
+            worker.complete(lease.item_id, worker="w2", fence=lease.fence)
+        with pytest.raises(errors.ForbiddenError) as forbidden:
+            worker.list_dead_letters()
+        assert forbidden.value.code == "forbidden-role"
+        with pytest.raises(errors.TenantNotFoundError):
+            operator.get_tenant("globex")
+        with pytest.raises(errors.ItemNotFoundError) as missing:
+            operator.get_item("00000000-0000-0000-0000-000000000000")
+        assert "item" in missing.value.title.lower()
+        with pytest.raises(errors.InvalidRequestError) as invalid:
+            worker.acquire("q", worker="not a name!")
+        assert invalid.value.code == "invalid-request"
+        expires = datetime.now(UTC) + timedelta(hours=1)
+        approval = operator.approve_spend(
+            "q", approved_by="ops", max_concurrency=4, expires_at=expires, reason="launch"
+        )
+        assert approval.max_concurrency == 4
+        assert operator.concurrency("q").limit == 4
+
+
+class DropFirstResponse(httpx.HTTPTransport):
+    """The request reaches the real server, but the first answer is lost on the way back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[httpx.Request] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.calls.append(request)
+        response = super().handle_request(request)
+        if len(self.calls) == 1:
+            response.read()
+            raise httpx.ReadError("connection reset", request=request)
+        return response
+
+
+def test_a_retry_after_a_lost_answer_reuses_the_key_and_makes_one_effect(api: Api, db: DB) -> None:
+    transport = DropFirstResponse()
+    http = httpx.Client(base_url=api.url, transport=transport)
+    with QueueClient(api.url, api.keys["worker"], tenant="acme", http=http) as worker:
+        item = worker.enqueue("q", {"once": True})
+    keys = [r.headers["Idempotency-Key"] for r in transport.calls]
+    assert len(keys) == 2
+    assert keys[0] == keys[1]
+    rows = db.execute("SELECT item_id FROM work_items").fetchall()
+    assert [str(r["item_id"]) for r in rows] == [item.item_id]
+    http.close()
+
+
+def test_separate_operations_get_separate_keys(api: Api, db: DB) -> None:
+    with client(api, "worker") as worker:
+        worker.enqueue("q", 1)
+        worker.enqueue("q", 1)
+    row = db.execute("SELECT count(*) AS n FROM work_items").fetchone()
+    assert row is not None
+    assert row["n"] == 2
+
+
+def test_backlog_cap_429_is_retried_after_retry_after_then_raised(api: Api) -> None:
+    api.admin.put("/v1/tenants/acme", json={"backlog_cap": 1})
+    with client(api, "worker", attempts=2, max_wait=0.05) as worker:
+        worker.enqueue("q", 1)
+        with pytest.raises(errors.BacklogCapReachedError) as capped:
+            worker.enqueue("q", 2)
+    assert capped.value.retry_after is not None
+    assert capped.value.code == "backlog-cap-reached"
+
+
+def test_an_unreachable_server_is_a_connection_error_not_a_traceback() -> None:
+    with (
+        QueueClient("http://127.0.0.1:9", "qsk_x", tenant="t", attempts=2, max_wait=0.01) as qs,
+        pytest.raises(errors.ConnectionFailedError) as failed,
+    ):
+        qs.get_item("x")
+    assert failed.value.code == "connection-failed"
+    assert "127.0.0.1:9" in str(failed.value)

@@ -1,0 +1,138 @@
+"""The worker helper: heartbeats, complete, triage, and a lost lease that stops the handler."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import psycopg
+
+from queue_server.client import (
+    Job,
+    Outcome,
+    Quarantine,
+    QueueClient,
+    Result,
+    TransientError,
+    Worker,
+)
+from tests.conftest import Api
+
+DB = psycopg.Connection[dict[str, object]]
+
+
+def client(api: Api) -> QueueClient:
+    return QueueClient(api.url, api.keys["worker"], tenant=api.tenant)
+
+
+def kinds(qs: QueueClient, item_id: str) -> list[str]:
+    return [e.kind for e in qs.ledger(item_id)]
+
+
+def test_success_completes_with_the_handler_result_after_heartbeats(api: Api) -> None:
+    with client(api) as qs:
+        item = qs.enqueue("q", {"n": 2})
+
+        def handler(job: Job) -> Any:
+            time.sleep(1.2)  # several heartbeat intervals of a 1 s lease
+            return {"double": job.payload["n"] * 2}
+
+        worker = Worker(qs, "q", handler, name="w1", lease_ttl=1, heartbeat_fraction=0.3)
+        (lease,) = qs.acquire("q", worker="w1", lease_ttl=1)
+        result = worker.process(lease)
+        assert result.outcome is Outcome.COMPLETED
+        done = qs.get_item(item.item_id)
+        assert (done.state, done.result) == ("completed", {"double": 4})
+        assert kinds(qs, item.item_id).count("heartbeat") >= 2
+
+
+def test_failures_are_triaged_back_to_the_queue_or_into_quarantine(api: Api) -> None:
+    with client(api) as qs:
+        transient = qs.enqueue("t", "t")
+        broken = qs.enqueue("b", "b")
+        poisoned = qs.enqueue("p", "p")
+
+        def handler(job: Job) -> Any:
+            if job.payload == "t":
+                raise TransientError("try later")
+            if job.payload == "b":
+                raise ValueError("bad input")
+            raise Quarantine("never works")
+
+        results: list[Result] = []
+        for queue in ("t", "b", "p"):
+            worker = Worker(qs, queue, handler, name="w1", lease_ttl=5, on_result=results.append)
+            assert worker.run(max_items=1) == 1
+        assert [r.outcome for r in results] == [
+            Outcome.TRIAGED,
+            Outcome.TRIAGED,
+            Outcome.QUARANTINED,
+        ]
+        first = qs.get_item(transient.item_id)
+        assert first.state == "ready"
+        assert first.last_failure == {
+            "class": "TransientError",
+            "message": "try later",
+            "transient": True,
+        }
+        assert qs.get_item(broken.item_id).last_failure["class"] == "ValueError"
+        assert qs.get_item(poisoned.item_id).state == "quarantined"
+
+
+def test_a_lost_lease_stops_the_handler_and_its_result_is_not_submitted(api: Api, db: DB) -> None:
+    with client(api) as qs:
+        item = qs.enqueue("q", "slow")
+        started = threading.Event()
+        told_to_stop = threading.Event()
+
+        def handler(job: Job) -> Any:
+            started.set()
+            if job.stop.wait(10):
+                told_to_stop.set()
+            return "late result"
+
+        worker = Worker(qs, "q", handler, name="w1", lease_ttl=2, heartbeat_fraction=0.25)
+        (lease,) = qs.acquire("q", worker="w1", lease_ttl=2)
+        outcome: list[Any] = []
+        runner = threading.Thread(target=lambda: outcome.append(worker.process(lease)))
+        runner.start()
+        assert started.wait(5)
+        # The lease runs out (as if the worker had stalled) and another worker takes over.
+        db.execute(
+            "UPDATE work_items SET lease_expires_at = now() - interval '1 second'"
+            " WHERE item_id = %s",
+            (item.item_id,),
+        )
+        (taken,) = qs.acquire("q", worker="w2", lease_ttl=30)
+        assert taken.fence == lease.fence + 1
+        runner.join(10)
+        assert told_to_stop.is_set()
+        assert outcome[0].outcome is Outcome.LOST
+        now = qs.get_item(item.item_id)
+        assert (now.state, now.lease_holder, now.result) == ("leased", "w2", None)
+        assert "completed" not in kinds(qs, item.item_id)
+
+
+def test_concurrency_never_exceeds_the_queue_limit(api: Api) -> None:
+    api.approve("wide", 2)
+    with client(api) as qs:
+        for n in range(6):
+            qs.enqueue("wide", n)
+        lock = threading.Lock()
+        running = [0]
+        peak = [0]
+
+        def handler(job: Job) -> Any:
+            with lock:
+                running[0] += 1
+                peak[0] = max(peak[0], running[0])
+            time.sleep(0.3)
+            with lock:
+                running[0] -= 1
+            return job.payload
+
+        worker = Worker(qs, "wide", handler, name="w1", lease_ttl=5, concurrency=5, wait=0)
+        assert worker.run(drain=True) == 6
+        assert peak[0] == 2
+        assert qs.status().backlog == 0
