@@ -9,19 +9,27 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-import uvicorn
 
-from queue_server import __version__, migrate
-from queue_server.settings import Settings
+from cli import enqueue, operate, work
+from cli.common import CLI
+from queue_server import __version__
 
-app = typer.Typer(
+app = CLI(
     name="queue-server",
-    help="A durable work-queue and lease server on PostgreSQL.",
+    help="""A durable work-queue and lease server on PostgreSQL.
+
+    Client commands connect with --url/--key, or QUEUE_SERVER_URL/QUEUE_SERVER_KEY,
+    or (on the server's machine) the embedded server's <data-dir>/admin.key.
+    """,
     no_args_is_help=True,
     rich_markup_mode="rich",
+    pretty_exceptions_enable=False,
 )
 db_app = typer.Typer(help="Database schema: migrate and inspect.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+operate.register(app)
+enqueue.register(app)
+work.register(app)
 
 DataDir = Annotated[
     Path | None,
@@ -61,6 +69,7 @@ def serve(
     Example: [bold]queue-server serve --port 9000[/bold]
     """
     from queue_server.server import SchemaNotAtHeadError, admin_key_path, database, ensure_admin_key
+    from queue_server.settings import Settings
 
     settings = Settings()
     if data_dir is not None:
@@ -86,6 +95,8 @@ def serve(
 
 
 def _run_uvicorn(*, host: str, port: int, workers: int, log_level: str) -> None:
+    import uvicorn
+
     config = uvicorn.Config(
         "queue_server.app:app_from_env",
         factory=True,
@@ -114,6 +125,8 @@ def _run_uvicorn(*, host: str, port: int, workers: int, log_level: str) -> None:
 
 
 def _database_url() -> str:
+    from queue_server.settings import Settings
+
     url = Settings().database_url
     if not url:
         raise _fail("set QUEUE_SERVER_DATABASE_URL to the database to migrate")
@@ -128,6 +141,8 @@ def db_upgrade(
 
     Example: [bold]QUEUE_SERVER_DATABASE_URL=postgresql://... queue-server db upgrade[/bold]
     """
+    from queue_server import migrate
+
     url = _database_url()
     migrate.upgrade(url, revision)
     typer.echo(f"database at {migrate.current_revision(url)}")
@@ -136,6 +151,8 @@ def db_upgrade(
 @db_app.command("current")
 def db_current() -> None:
     """Show the database's revision and the head revision; exit 1 if they differ."""
+    from queue_server import migrate
+
     url = _database_url()
     current = migrate.current_revision(url)
     typer.echo(f"current: {current or 'none'}  head: {migrate.head_revision()}")

@@ -266,13 +266,19 @@ class Worker:
                 if free <= 0:
                     time.sleep(0.05)
                     continue
-                leases = self.client.acquire(
-                    self.queue,
-                    worker=self.name,
-                    lease_ttl=self.lease_ttl,
-                    max_items=free,
-                    wait=0 if drain and futures else self.wait,
-                )
+                try:
+                    leases = self.client.acquire(
+                        self.queue,
+                        worker=self.name,
+                        lease_ttl=self.lease_ttl,
+                        max_items=free,
+                        wait=0 if drain else self.wait,
+                    )
+                except (errors.ConnectionFailedError, errors.ServiceUnavailableError) as exc:
+                    # The client already retried; a long-running worker keeps waiting.
+                    log.warning("acquire failed, retrying: %s", exc)
+                    self.stopping.wait(1.0)
+                    continue
                 if self.stopping.is_set():
                     for lease in leases:
                         self._give_back(lease)

@@ -1,0 +1,232 @@
+"""`queue-server work QUEUE -- COMMAND [ARGS...]`: a real worker around any command."""
+
+from __future__ import annotations
+
+import json as jsonlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from types import FrameType
+from typing import Annotated, Any
+
+import typer
+
+from cli.common import DataDir, Key, Tenant, Url, err_console, fail, tenant_session
+from queue_server.client import DEFAULT_URL, Job, Outcome, Requeue, Result, TransientError, Worker
+from queue_server.client.worker import default_worker_name
+
+EXIT_TEMPFAIL = 75  # sysexits.h EX_TEMPFAIL: the failure is transient
+KILL_AFTER = 3.0  # seconds between SIGTERM and SIGKILL when a command must stop
+STDERR_TAIL = 2000
+
+
+class CommandFailedError(Exception):
+    """The command exited non-zero (other than 75)."""
+
+
+class CommandTransientError(TransientError):
+    """The command exited 75 (EX_TEMPFAIL)."""
+
+
+def register(app: typer.Typer) -> None:
+    app.command(no_args_is_help=True)(work)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the command's process group, SIGKILL if it is still there shortly after."""
+    for signum, patience in ((signal.SIGTERM, KILL_AFTER), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, signum)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(patience)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+class CommandHandler:
+    """Runs the command once per item: payload on stdin, lease facts in the environment."""
+
+    def __init__(self, command: list[str], *, tenant: str, queue: str) -> None:
+        self.command = command
+        self.tenant = tenant
+        self.queue = queue
+
+    def __call__(self, job: Job) -> Any:
+        env = {
+            **os.environ,
+            "QS_ITEM_ID": job.item_id,
+            "QS_FENCE": str(job.fence),
+            "QS_ACQUISITION_COUNT": str(job.acquisition_count),
+            "QS_QUEUE": self.queue,
+            "QS_TENANT": self.tenant,
+            "QS_WORKER": job.worker,
+        }
+        stdin = jsonlib.dumps(job.payload).encode()
+        # Its own session: a Ctrl-C at the terminal reaches the worker, which decides
+        # when the command stops (after the grace period), not the command directly.
+        proc = subprocess.Popen(
+            self.command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
+        data: bytes | None = stdin
+        while True:
+            try:
+                stdout, stderr = proc.communicate(data, timeout=0.1)
+                break
+            except subprocess.TimeoutExpired:
+                data = None  # already handed over; communicate() keeps feeding it
+                if job.should_stop():
+                    _stop(proc)
+                    proc.communicate()
+                    raise Requeue("the worker stopped the command") from None
+        if stderr:
+            sys.stderr.write(stderr.decode("utf-8", errors="replace"))
+            sys.stderr.flush()
+        code = proc.returncode
+        if code == 0:
+            return parse_output(stdout)
+        tail = stderr.decode("utf-8", errors="replace")[-STDERR_TAIL:].strip()
+        message = f"exit {code}" + (f": {tail}" if tail else "")
+        if code == EXIT_TEMPFAIL:
+            raise CommandTransientError(message)
+        raise CommandFailedError(message)
+
+
+def parse_output(stdout: bytes) -> Any:
+    """The command's result: its stdout as JSON when it parses, else as text."""
+    text = stdout.decode("utf-8", errors="replace")
+    if not text.strip():
+        return None
+    try:
+        return jsonlib.loads(text)
+    except ValueError:
+        return text[:-1] if text.endswith("\n") else text
+
+
+def work(
+    queue: Annotated[str, typer.Argument(help="Queue to work on.")],
+    command: Annotated[list[str], typer.Argument(help="The command to run per item, after --.")],
+    concurrency: Annotated[
+        int, typer.Option(min=1, help="Items at once; never above the queue's limit.")
+    ] = 1,
+    lease_ttl: Annotated[
+        float, typer.Option(min=1, max=3600, help="Lease TTL (s); heartbeats every third.")
+    ] = 30.0,
+    grace: Annotated[
+        float, typer.Option(min=0, help="On SIGTERM/Ctrl-C: seconds a running command gets.")
+    ] = 30.0,
+    name: Annotated[str | None, typer.Option(help="Worker name (default: hostname-pid).")] = None,
+    wait: Annotated[float, typer.Option(min=0, max=30, help="Long-poll seconds.")] = 5.0,
+    drain: Annotated[bool, typer.Option(help="Exit once nothing is due.")] = False,
+    max_items: Annotated[
+        int | None, typer.Option(min=1, help="Exit after handling this many items.")
+    ] = None,
+    url: Url = DEFAULT_URL,
+    key: Key = None,
+    tenant: Tenant = None,
+    data_dir: DataDir = None,
+    json: Annotated[bool, typer.Option("--json", help="One JSON line per item.")] = False,
+) -> None:
+    """Run COMMAND for every item of QUEUE, with leases, heartbeats and fences.
+
+    The payload is the command's stdin (JSON); QS_ITEM_ID, QS_FENCE and
+    QS_ACQUISITION_COUNT (also QS_QUEUE, QS_TENANT, QS_WORKER) are in its
+    environment. Exit 0 completes the item with stdout (JSON if it parses, else
+    text). Exit 75 is a transient failure; any other exit is a failure: both
+    requeue the item while its acquisition budget lasts, and the server
+    quarantines it after that. If the lease is lost the command is stopped and
+    nothing is submitted. SIGTERM or Ctrl-C: take no more work, give running
+    commands --grace seconds, then stop them and requeue their items; a second
+    signal stops them at once.
+
+    Example: [bold]queue-server work emails --concurrency 4 -- ./send-email.sh[/bold]
+    """
+    program = command[0]
+    if shutil.which(program) is None:
+        fail("Command not found", f"{program!r} is not an executable file or on PATH")
+    with tenant_session(url, key, data_dir, tenant) as qs:
+        counts: Counter[str] = Counter()
+        lock = threading.Lock()
+
+        def report(result: Result) -> None:
+            with lock:
+                counts[result.outcome] += 1
+                if json:
+                    line = {
+                        "item_id": result.item_id,
+                        "fence": result.fence,
+                        "outcome": result.outcome.value,
+                        "detail": result.detail,
+                    }
+                    sys.stdout.write(jsonlib.dumps(line) + "\n")
+                    sys.stdout.flush()
+                else:
+                    style = {
+                        Outcome.COMPLETED: "green",
+                        Outcome.LOST: "red",
+                        Outcome.QUARANTINED: "red",
+                        Outcome.UNSUBMITTED: "red",
+                    }.get(result.outcome, "yellow")
+                    detail = f"  {result.detail}" if result.detail else ""
+                    err_console.print(
+                        f"[{style}]{result.outcome.value:<11}[/] {result.item_id}"
+                        f" fence {result.fence}{detail}",
+                        markup=True,
+                        highlight=False,
+                    )
+
+        worker = Worker(
+            qs,
+            queue,
+            CommandHandler(command, tenant=qs.tenant or "", queue=queue),
+            name=name or default_worker_name(),
+            lease_ttl=lease_ttl,
+            wait=wait,
+            concurrency=concurrency,
+            on_result=report,
+        )
+        limit = worker.limit()
+        if concurrency > limit:
+            err_console.print(
+                f"queue {queue} allows {limit} lease(s) at once: running {limit}"
+                " (`queue-server spend approve` raises the limit)"
+            )
+        signals = [0]
+
+        def on_signal(signum: int, _frame: FrameType | None) -> None:
+            signals[0] += 1
+            if signals[0] == 1:
+                running = len(worker.running())
+                err_console.print(
+                    f"stopping: no new work; {running} running item(s) get up to {grace:g}s"
+                )
+                worker.stop()
+            else:
+                err_console.print("stopping now: running commands are stopped and requeued")
+                worker.abort()
+
+        previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        started = time.monotonic()
+        try:
+            worker.run(max_items=max_items, drain=drain, grace=grace)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        if not json:
+            summary = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
+            err_console.print(
+                f"worker {worker.name}: {summary or 'nothing handled'}"
+                f" in {time.monotonic() - started:.1f}s"
+            )

@@ -1,0 +1,176 @@
+"""Operator commands of the real CLI against the real server."""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+
+from tests.cli.conftest import Cli
+from tests.conftest import Api
+
+DB = psycopg.Connection[dict[str, object]]
+
+
+def quarantine(api: Api, queue: str, n: int) -> list[str]:
+    ids = []
+    for i in range(n):
+        item = api.enqueue(queue, {"i": i})
+        (lease,) = api.acquire(queue)
+        response = api.holder(
+            "triage",
+            item["item_id"],
+            worker="w1",
+            fence=lease["fence"],
+            failure={"class": "Boom", "message": f"poison {i}", "transient": False},
+            decision="quarantine",
+        )
+        assert response.status_code == 200, response.text
+        ids.append(str(item["item_id"]))
+    return ids
+
+
+def test_admin_manages_tenants_and_keys(cli: Cli) -> None:
+    saved = cli.json("tenants", "put", "globex", "--backlog-cap", "50", role="admin")
+    assert (saved["tenant"], saved["backlog_cap"]) == ("globex", 50)
+    shown = cli.json("tenants", "show", "globex", role="admin")
+    assert shown["backlog"] == 0
+    table = cli.run("tenants", "show", "globex", role="admin").stdout
+    assert "backlog" in table
+    assert "0 of 50" in table
+
+    created = cli.json("keys", "create", "globex", "--role", "operator", role="admin")
+    assert created["secret"].startswith("qsk_")
+    # A tenant key needs no --tenant: the CLI asks the server whose key it is.
+    own = cli.run("status", "--json", "--key", created["secret"])
+    assert '"tenant": "globex"' in own.stdout
+
+    cli.run("keys", "revoke", "globex", created["key_id"], role="admin")
+    refused = cli.run("status", "--key", created["secret"], ok=False)
+    assert refused.returncode == 1
+    assert "Unauthorized" in refused.stderr
+
+
+def test_errors_print_the_problem_and_exit_non_zero(cli: Cli) -> None:
+    forbidden = cli.run("dead-letters", "list", role="worker", ok=False)
+    assert forbidden.returncode == 1
+    assert "Forbidden for this role" in forbidden.stderr
+    assert "forbidden-role" in forbidden.stderr
+
+    missing = cli.run("items", "show", str(uuid.uuid4()), ok=False)
+    assert missing.returncode == 1
+    assert "Item not found" in missing.stderr
+
+    admin_without_tenant = cli.run("status", role="admin", ok=False)
+    assert admin_without_tenant.returncode == 1
+    assert "pass --tenant" in admin_without_tenant.stderr
+
+    unreachable = cli.run("status", "--url", "http://127.0.0.1:9", ok=False)
+    assert unreachable.returncode == 1
+    assert "Cannot reach the queue server" in unreachable.stderr
+
+
+def test_enqueue_a_file_in_batches_and_a_rerun_adds_nothing(cli: Cli, db: DB) -> None:
+    path = cli.cwd / "items.jsonl"
+    rows = [f'{{"n": {n}}}' for n in range(230)]
+    rows.insert(5, "")  # blank lines are skipped
+    rows.append('{"payload": "with options", "priority": 7}')
+    path.write_text("\n".join(rows) + "\n")
+
+    first = cli.json("enqueue", "jobs", "--file", str(path), "--batch-size", "100")
+    assert first["count"] == 231
+    again = cli.json("enqueue", "jobs", "--file", str(path), "--batch-size", "100")
+    assert again["item_ids"] == first["item_ids"]
+    count = db.execute("SELECT count(*) AS n FROM work_items").fetchone()
+    assert count is not None
+    assert count["n"] == 231
+    top = db.execute("SELECT payload FROM work_items ORDER BY priority DESC LIMIT 1").fetchone()
+    assert top is not None
+    assert top["payload"] == "with options"
+
+    one = cli.json("enqueue", "jobs", "--payload", '{"to": "a@example.com"}', "--priority", "2")
+    assert one["payload"] == {"to": "a@example.com"}
+    shown = cli.json("items", "show", one["item_id"])
+    assert shown["state"] == "ready"
+    ledger = cli.json("items", "ledger", one["item_id"])
+    assert [e["kind"] for e in ledger] == ["enqueued"]
+    assert "enqueued" in cli.run("items", "ledger", one["item_id"]).stdout
+
+    status = cli.json("status")
+    assert status["backlog"] == 232
+    assert status["queues"][0]["ready"] == 232
+    assert "jobs" in cli.run("status").stdout
+
+    bad = cli.cwd / "bad.jsonl"
+    bad.write_text('{"ok": 1}\n{not json\n')
+    refused = cli.run("enqueue", "jobs", "--file", str(bad), ok=False)
+    assert refused.returncode == 1
+    assert "bad.jsonl:2" in refused.stderr
+
+
+def test_dead_letters_list_show_replay_and_discard(cli: Cli, api: Api) -> None:
+    ids = quarantine(api, "mail", 4)
+    listed = cli.json("dead-letters", "list", "--queue", "mail")
+    assert [d["item_id"] for d in listed] == ids
+    assert "poison 0" in cli.run("dead-letters", "list").stdout
+
+    first = listed[0]["dead_letter_id"]
+    detail = cli.json("dead-letters", "show", first)
+    assert detail["item"]["state"] == "quarantined"
+    assert [e["kind"] for e in detail["events"]] == ["enqueued", "acquired", "triaged"]
+    assert "triaged" in cli.run("dead-letters", "show", first).stdout
+
+    replayed = cli.json("dead-letters", "replay", first, "--max-acquisitions", "4")
+    assert [(i["state"], i["max_acquisitions"]) for i in replayed] == [("ready", 4)]
+
+    # Many at once needs a yes: without a terminal to ask on, it refuses.
+    unconfirmed = cli.run("dead-letters", "discard", "--queue", "mail", ok=False)
+    assert unconfirmed.returncode == 1
+    assert "--yes" in unconfirmed.stderr
+    discarded = cli.json(
+        "dead-letters", "discard", listed[1]["dead_letter_id"], "--reason", "bad data"
+    )
+    assert discarded[0]["state"] == "cancelled"
+
+    unconfirmed = cli.run("dead-letters", "replay", "--queue", "mail", ok=False)
+    assert "Confirmation needed" in unconfirmed.stderr
+    bulk = cli.json("dead-letters", "replay", "--queue", "mail", "--yes")
+    assert bulk == {"replayed": 2, "skipped": 0}
+    assert cli.json("dead-letters", "list") == []
+    closed = cli.json("dead-letters", "list", "--status", "all")
+    assert sorted(d["resolution"] for d in closed) == [
+        "discarded",
+        "replayed",
+        "replayed",
+        "replayed",
+    ]
+    verified = cli.json("ledger", "verify")
+    assert (verified["checked"], verified["mismatches"]) == (4, [])
+
+
+def test_spend_approval_and_ledger_verification(cli: Cli, api: Api, db: DB) -> None:
+    approved = cli.json(
+        "spend",
+        "approve",
+        "mail",
+        "--max-concurrency",
+        "3",
+        "--expires",
+        "2h",
+        "--approved-by",
+        "ana@example.com",
+        "--reason",
+        "launch",
+    )
+    assert approved["max_concurrency"] == 3
+    shown = cli.json("spend", "show", "mail")
+    assert (shown["limit"], shown["approval"]["approved_by"]) == (3, "ana@example.com")
+    assert "ana@example.com" in cli.run("spend", "show", "mail").stdout
+
+    item = api.enqueue("mail", "x")
+    assert "1 items verified" in cli.run("ledger", "verify").stdout
+    db.execute("UPDATE work_items SET priority = 99 WHERE item_id = %s", (item["item_id"],))
+    broken = cli.run("ledger", "verify", role="admin", ok=False)
+    assert broken.returncode == 1
+    assert "priority" in broken.stdout
+    assert str(item["item_id"]) in broken.stdout

@@ -1,0 +1,110 @@
+"""`queue-server serve` on the embedded database, and refusing an external one not at head."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+
+from queue_server.embedded import EmbeddedPostgres
+
+BIN = Path(sys.executable).parent / "queue-server"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _serve(data_dir: Path, port: int) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if k != "QUEUE_SERVER_DATABASE_URL"}
+    return subprocess.Popen(
+        [str(BIN), "serve", "--port", str(port), "--data-dir", str(data_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+
+
+def _wait_ready(port: int, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("server did not become ready")
+
+
+def _stop(proc: subprocess.Popen[str]) -> str:
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    return out
+
+
+@pytest.mark.slow
+def test_serve_starts_embedded_database_creates_admin_key_and_reuses_data(tmp_path: Path) -> None:
+    data_dir = tmp_path / "data"
+    port = _free_port()
+    proc = _serve(data_dir, port)
+    _wait_ready(port, proc)
+    key_file = data_dir / "admin.key"
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    key = key_file.read_text().strip()
+    headers = {"Authorization": f"Bearer {key}"}
+    put = httpx.put(
+        f"http://127.0.0.1:{port}/v1/tenants/acme", json={"backlog_cap": 10}, headers=headers
+    )
+    assert put.status_code == 200
+    out = _stop(proc)
+    assert proc.returncode == 0
+    assert key in out  # printed once, on first start
+    assert "Traceback" not in out
+    assert not EmbeddedPostgres(data_dir / "pgdata").is_running()
+
+    proc = _serve(data_dir, port)
+    _wait_ready(port, proc)
+    again = httpx.get(f"http://127.0.0.1:{port}/v1/tenants/acme", headers=headers)
+    assert again.status_code == 200  # same data, same key
+    out = _stop(proc)
+    assert "Created the admin key" not in out
+
+
+def test_serve_refuses_an_external_database_not_at_head(
+    pg: EmbeddedPostgres, tmp_path: Path
+) -> None:
+    with psycopg.connect(pg.url(), autocommit=True) as conn:
+        conn.execute("DROP DATABASE IF EXISTS unmigrated")
+        conn.execute("CREATE DATABASE unmigrated")
+    env = {**os.environ, "QUEUE_SERVER_DATABASE_URL": pg.url("unmigrated")}
+    result = subprocess.run(
+        [str(BIN), "serve", "--port", str(_free_port()), "--data-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "queue-server db upgrade" in result.stderr
+    upgraded = subprocess.run(
+        [str(BIN), "db", "upgrade"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert upgraded.returncode == 0, upgraded.stderr
+    current = subprocess.run(
+        [str(BIN), "db", "current"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert current.returncode == 0

@@ -1,0 +1,199 @@
+"""`queue-server work` end to end: real commands, real leases, real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from queue_server.client import QueueClient, errors
+from tests.cli.conftest import Cli, lines
+from tests.conftest import Api
+
+DB = psycopg.Connection[dict[str, object]]
+
+# Dispatches on the payload: "ok" succeeds with JSON, "flaky" fails transiently on its
+# first acquisition then prints text, "broken" fails until the file $FIXED exists.
+JOB = """
+payload=$(cat)
+case "$payload" in
+  *flaky*) [ "$QS_ACQUISITION_COUNT" = 1 ] && { echo "not yet" >&2; exit 75; }
+           echo "ok after $QS_ACQUISITION_COUNT"; exit 0 ;;
+  *broken*) [ -e "$FIXED" ] || { echo "boom" >&2; exit 3; } ;;
+esac
+printf '{"payload": %s, "item": "%s", "fence": %s}\\n' "$payload" "$QS_ITEM_ID" "$QS_FENCE"
+"""
+
+
+def wait_for(path: Path, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists() or not path.read_text().strip():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def test_work_completes_retries_and_quarantines_then_a_replay_completes(cli: Cli, api: Api) -> None:
+    script = cli.script("job.sh", JOB)
+    fixed = cli.cwd / "fixed"
+    cli.env["FIXED"] = str(fixed)
+    ok = api.enqueue("jobs", "ok", priority=3)
+    flaky = api.enqueue("jobs", "flaky", priority=2)
+    broken = api.enqueue("jobs", "broken", priority=1, max_acquisitions=2)
+
+    done = cli.run(
+        "work", "jobs", "--drain", "--json", "--lease-ttl", "5", "--", script, role="worker"
+    )
+    outcomes = [(r["item_id"], r["outcome"]) for r in lines(done.stdout)]
+    assert outcomes.count((ok["item_id"], "completed")) == 1
+    assert outcomes.count((flaky["item_id"], "triaged")) == 1
+    assert outcomes.count((flaky["item_id"], "completed")) == 1
+    assert outcomes.count((broken["item_id"], "triaged")) == 2
+    assert "boom" in done.stderr
+
+    first = cli.json("items", "show", str(ok["item_id"]))
+    assert first["state"] == "completed"
+    assert first["result"] == {"payload": "ok", "item": ok["item_id"], "fence": 1}
+    second = cli.json("items", "show", str(flaky["item_id"]))
+    assert (second["state"], second["result"]) == ("completed", "ok after 2")
+    assert second["last_failure"]["transient"] is True
+    third = cli.json("items", "show", str(broken["item_id"]))
+    assert third["state"] == "quarantined"
+    assert third["last_failure"]["message"] == "exit 3: boom"
+    assert third["last_failure"]["transient"] is False
+
+    (dead,) = cli.json("dead-letters", "list", "--queue", "jobs")
+    assert dead["item_id"] == broken["item_id"]
+    assert dead["reason"] == "acquisition budget exhausted"
+    fixed.touch()
+    cli.run("dead-letters", "replay", dead["dead_letter_id"])
+    again = cli.run(
+        "work", "jobs", "--drain", "--json", "--lease-ttl", "5", "--", script, role="worker"
+    )
+    assert [r["outcome"] for r in lines(again.stdout)] == ["completed"]
+    final = cli.json("items", "show", str(broken["item_id"]))
+    assert final["state"] == "completed"
+    assert final["fence"] == 3  # two failed acquisitions, then the one after the replay
+    kinds = [e["kind"] for e in cli.json("items", "ledger", str(broken["item_id"]))]
+    assert kinds == [
+        "enqueued",
+        "acquired",
+        "triaged",
+        "acquired",
+        "triaged",
+        "quarantined",
+        "replayed",
+        "acquired",
+        "completed",
+    ]
+    assert cli.json("ledger", "verify")["mismatches"] == []
+
+
+def test_a_killed_worker_is_taken_over_and_the_item_completes_once(
+    cli: Cli, api: Api, db: DB
+) -> None:
+    block = cli.cwd / "block"
+    block.touch()
+    pid_file = cli.cwd / "child.pid"
+    script = cli.script(
+        "slow.sh",
+        f"""
+cat >/dev/null
+if [ -e {block} ]; then echo $$ > {pid_file}; exec sleep 30; fi
+echo '"done by '"$QS_WORKER"' at fence '"$QS_FENCE"'"'
+""",
+    )
+    item = api.enqueue("jobs", "slow")
+    first = cli.popen("work", "jobs", "--name", "doomed", "--lease-ttl", "2", "--", script)
+    try:
+        wait_for(pid_file)
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+    finally:
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)  # the orphaned command
+    block.unlink()
+    held = cli.json("items", "show", str(item["item_id"]))
+    assert (held["state"], held["lease_holder"], held["fence"]) == ("leased", "doomed", 1)
+    # Nobody heartbeats any more; let the lease run out now instead of waiting for it.
+    db.execute(
+        "UPDATE work_items SET lease_expires_at = now() - interval '1 second' WHERE item_id = %s",
+        (item["item_id"],),
+    )
+    done = cli.run(
+        "work", "jobs", "--name", "heir", "--drain", "--json", "--", script, role="worker"
+    )
+    assert [(r["outcome"], r["fence"]) for r in lines(done.stdout)] == [("completed", 2)]
+    final = cli.json("items", "show", str(item["item_id"]))
+    assert final["result"] == "done by heir at fence 2"
+    kinds = [e["kind"] for e in cli.json("items", "ledger", str(item["item_id"]))]
+    assert kinds.count("completed") == 1
+    # The killed worker's late complete would be refused.
+    with (
+        QueueClient(api.url, api.keys["worker"], tenant="acme") as qs,
+        pytest.raises(errors.LeaseLostError),
+    ):
+        qs.complete(str(item["item_id"]), worker="doomed", fence=1, result="late")
+
+
+def test_sigterm_lets_the_command_finish_within_the_grace_period(cli: Cli, api: Api) -> None:
+    started = cli.cwd / "started"
+    script = cli.script("steady.sh", f"cat >/dev/null; echo go > {started}; sleep 1; echo fine\n")
+    item = api.enqueue("jobs", 1)
+    worker = cli.popen("work", "jobs", "--grace", "20", "--json", "--", script)
+    wait_for(started)
+    worker.send_signal(signal.SIGTERM)
+    stdout, stderr = worker.communicate(timeout=30)
+    assert worker.returncode == 0, stderr
+    assert [r["outcome"] for r in lines(stdout)] == ["completed"], (stdout, stderr)
+    assert cli.json("items", "show", str(item["item_id"]))["result"] == "fine"
+
+
+def test_past_the_grace_period_the_command_is_killed_and_the_item_requeued(
+    cli: Cli, api: Api
+) -> None:
+    started = cli.cwd / "started"
+    script = cli.script("stuck.sh", f"cat >/dev/null; echo go > {started}; exec sleep 60\n")
+    item = api.enqueue("jobs", 1)
+    worker = cli.popen("work", "jobs", "--grace", "0.5", "--json", "--", script)
+    wait_for(started)
+    worker.send_signal(signal.SIGINT)
+    stdout, stderr = worker.communicate(timeout=30)
+    assert worker.returncode == 0, stderr
+    assert [r["outcome"] for r in lines(stdout)] == ["requeued"]
+    now = cli.json("items", "show", str(item["item_id"]))
+    assert (now["state"], now["lease_holder"]) == ("ready", None)
+    kinds = [e["kind"] for e in cli.json("items", "ledger", str(item["item_id"]))]
+    assert kinds[-1] == "requeued"
+
+
+def test_concurrency_is_capped_by_the_queue_limit(cli: Cli, api: Api) -> None:
+    api.approve("wide", 2)
+    log = cli.cwd / "log"
+    script = cli.script(
+        "par.sh", f"cat >/dev/null; echo start >> {log}; sleep 0.5; echo end >> {log}\n"
+    )
+    for n in range(4):
+        api.enqueue("wide", n)
+    done = cli.run(
+        "work",
+        "wide",
+        "--concurrency",
+        "8",
+        "--drain",
+        "--json",
+        "--wait",
+        "0",
+        "--",
+        script,
+        role="worker",
+    )
+    assert [r["outcome"] for r in lines(done.stdout)] == ["completed"] * 4
+    assert "allows 2 lease(s) at once" in done.stderr
+    running = peak = 0
+    for event in log.read_text().split():
+        running += 1 if event == "start" else -1
+        peak = max(peak, running)
+    assert peak == 2
