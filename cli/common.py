@@ -182,10 +182,17 @@ def cell(value: Any) -> str:
     return str(value)
 
 
+ID_COLUMNS = frozenset({"dead letter", "item"})
+
+
 def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     grid = Table(title=title, title_justify="left", header_style="bold")
     for column in columns:
-        grid.add_column(column)
+        if column in ID_COLUMNS:
+            # Ids are copied into the next command: never cut or wrapped.
+            grid.add_column(column, no_wrap=True, min_width=36)
+        else:
+            grid.add_column(column)
     for row in rows:
         grid.add_row(*(_escape(cell(v)) for v in row))
     console.print(grid)

@@ -290,7 +290,6 @@ def _dead_letter_rows(rows: list[DeadLetter]) -> list[tuple[object, ...]]:
         (
             d.dead_letter_id,
             d.queue,
-            d.item_id,
             d.reason,
             (d.last_failure or {}).get("message") if isinstance(d.last_failure, dict) else None,
             d.created_at,
@@ -334,7 +333,7 @@ def dead_list(
         return
     table(
         f"{len(rows)} dead letters",
-        ["dead letter", "queue", "item", "reason", "last failure", "created", "status"],
+        ["dead letter", "queue", "reason", "last failure", "created", "status"],
         _dead_letter_rows(rows),
     )
 
