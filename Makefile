@@ -2,6 +2,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+SOURCES := queue_server cli tests migrations reliability
+TYPED := queue_server cli tests reliability
 
 .PHONY: help install serve test lint unit fmt clean
 
@@ -20,9 +22,9 @@ serve: $(STAMP) ## Serve on 127.0.0.1:8080 (embedded PostgreSQL unless QUEUE_SER
 	$(BIN)/queue-server serve
 
 lint: $(STAMP) ## ruff and mypy
-	$(BIN)/ruff check queue_server cli tests migrations
-	$(BIN)/ruff format --check queue_server cli tests migrations
-	$(BIN)/mypy queue_server cli tests
+	$(BIN)/ruff check $(SOURCES)
+	$(BIN)/ruff format --check $(SOURCES)
+	$(BIN)/mypy $(TYPED)
 
 unit: $(STAMP) ## The test suite only
 	$(BIN)/pytest -q
@@ -30,8 +32,8 @@ unit: $(STAMP) ## The test suite only
 test: lint unit ## Lint, then the whole test suite
 
 fmt: $(STAMP) ## Format and fix what ruff can
-	$(BIN)/ruff format queue_server cli tests migrations
-	$(BIN)/ruff check --fix queue_server cli tests migrations
+	$(BIN)/ruff format $(SOURCES)
+	$(BIN)/ruff check --fix $(SOURCES)
 
 clean: ## Remove the virtual environment
 	rm -rf $(VENV)

@@ -4,7 +4,9 @@ and the real API served by uvicorn on a loopback port."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import socket
+import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
@@ -28,14 +30,16 @@ TEMPLATE_DB = "qs_template"
 
 
 @pytest.fixture(scope="session")
-def pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPostgres]:
+def pg() -> Iterator[EmbeddedPostgres]:
+    # Not under pytest's basetemp: another pytest run on the machine may prune that.
+    root = Path(tempfile.mkdtemp(prefix="qs-test-pg-"))
     server = EmbeddedPostgres(
-        tmp_path_factory.mktemp("pg") / "data",
-        server_settings={"max_connections": "300", "fsync": "off"},
+        root / "data", server_settings={"max_connections": "300", "fsync": "off"}
     )
     server.start()
     yield server
     server.stop("immediate")
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,6 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-import httpx
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -40,6 +39,7 @@ from queue_server.policy.model import (
     as_operation_class,
     cell_name,
 )
+from queue_server.transport.classify import transport_failure_kind
 
 _TRANSIENT_ERRNOS = frozenset({errno.EAGAIN, errno.EINTR, errno.EBUSY, errno.ETIMEDOUT})
 
@@ -57,16 +57,19 @@ def classify_failure(exc: BaseException) -> FailureClass | None:
     declared = getattr(exc, "failure_class", None)
     if isinstance(declared, FailureClass):
         return declared
-    if isinstance(exc, httpx.TimeoutException | TimeoutError):
+    kind = transport_failure_kind(exc)
+    if kind == "timeout":
         return FailureClass.ATTEMPT_TIMEOUT
-    if isinstance(exc, httpx.HTTPStatusError):
-        code = exc.response.status_code
+    # An HTTP answer, from the broker's result or any client's status error.
+    code = getattr(getattr(exc, "response", None), "status_code", None)
+    code = code if isinstance(code, int) else getattr(exc, "status", None)
+    if isinstance(code, int):
         if code == 429:
             return FailureClass.RATE_LIMITED
         if code in (502, 503, 504):
             return FailureClass.DEPENDENCY_UNAVAILABLE
         return None
-    if isinstance(exc, httpx.TransportError | ConnectionError):
+    if kind == "transport":
         return FailureClass.TRANSPORT_ERROR
     if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
         return FailureClass.TRANSIENT_IO

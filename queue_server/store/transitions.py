@@ -42,7 +42,7 @@ WITH input AS (
     INSERT INTO work_items (tenant_id, item_id, queue, payload, priority, state,
                             available_at, max_acquisitions, event_seq,
                             created_at, updated_at)
-    SELECT %(tenant)s, item_id, %(queue)s, payload, priority, 'ready',
+    SELECT %(tenant)s, item_id, %(queue)s, coalesce(payload, 'null'::jsonb), priority, 'ready',
            statement_timestamp() + make_interval(secs => delay), max_acquisitions, 1,
            statement_timestamp(), statement_timestamp()
     FROM input
@@ -360,10 +360,13 @@ async def explain_rejection(
 
 _REPLAY = f"""
 WITH dl AS (
-    UPDATE dead_letters SET closed_at = statement_timestamp(), resolution = 'replayed'
-    WHERE tenant_id = %(tenant)s AND dead_letter_id = %(dead_letter_id)s
-      AND kind = 'item' AND closed_at IS NULL
-    RETURNING item_id
+    -- The item's state is part of the guard: a refused replay must not close the letter.
+    UPDATE dead_letters d SET closed_at = statement_timestamp(), resolution = 'replayed'
+    FROM work_items i
+    WHERE d.tenant_id = %(tenant)s AND d.dead_letter_id = %(dead_letter_id)s
+      AND d.kind = 'item' AND d.closed_at IS NULL
+      AND i.tenant_id = d.tenant_id AND i.item_id = d.item_id AND i.state = 'quarantined'
+    RETURNING d.item_id
 ), upd AS (
     UPDATE work_items w
     SET state = 'ready', available_at = statement_timestamp(), acquisition_count = 0,
@@ -400,10 +403,12 @@ async def replay(
 
 _DISCARD = f"""
 WITH dl AS (
-    UPDATE dead_letters SET closed_at = statement_timestamp(), resolution = 'discarded'
-    WHERE tenant_id = %(tenant)s AND dead_letter_id = %(dead_letter_id)s
-      AND kind = 'item' AND closed_at IS NULL
-    RETURNING item_id
+    UPDATE dead_letters d SET closed_at = statement_timestamp(), resolution = 'discarded'
+    FROM work_items i
+    WHERE d.tenant_id = %(tenant)s AND d.dead_letter_id = %(dead_letter_id)s
+      AND d.kind = 'item' AND d.closed_at IS NULL
+      AND i.tenant_id = d.tenant_id AND i.item_id = d.item_id AND i.state <> 'completed'
+    RETURNING d.item_id
 ), upd AS (
     UPDATE work_items w
     SET state = 'cancelled', lease_holder = NULL, lease_expires_at = NULL,

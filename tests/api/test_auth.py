@@ -1,0 +1,89 @@
+"""API keys, roles and tenant isolation."""
+
+from __future__ import annotations
+
+import hashlib
+
+import httpx
+import psycopg
+import pytest
+
+from tests.conftest import Api, client_for, setup_tenant
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [None, "Basic abc", "Bearer", "Bearer nonsense", "Bearer qsk_0123456789abcdef_wrong"],
+)
+def test_missing_malformed_or_unknown_key_gets_401(api: Api, authorization: str | None) -> None:
+    headers = {"Authorization": authorization} if authorization else {}
+    response = httpx.get(f"{api.url}/v1/tenants/acme/items/x", headers=headers)
+    assert response.status_code == 401
+    assert response.headers["content-type"] == "application/problem+json"
+    assert response.json()["code"] == "unauthorized"
+
+
+def test_revoked_key_is_refused_from_the_next_request(api: Api) -> None:
+    created = api.admin.post("/v1/tenants/acme/keys", json={"role": "worker"}).json()
+    worker = api.client(created["secret"])
+    assert worker.get("/v1/tenants/acme/queues/q/concurrency").status_code == 200
+    revoked = api.admin.delete(f"/v1/tenants/acme/keys/{created['key_id']}")
+    assert revoked.status_code == 204
+    assert worker.get("/v1/tenants/acme/queues/q/concurrency").status_code == 401
+
+
+def test_keys_are_stored_only_as_hashes(
+    api: Api, db: psycopg.Connection[dict[str, object]]
+) -> None:
+    secret = api.keys["worker"]
+    rows = db.execute("SELECT secret_hash FROM api_keys").fetchall()
+    stored = {row["secret_hash"] for row in rows}
+    assert hashlib.sha256(secret.encode()).hexdigest() in stored
+    assert all(secret not in str(value) for value in stored)
+
+
+def test_worker_key_may_not_manage_tenants(api: Api) -> None:
+    response = api.worker.put("/v1/tenants/acme", json={"backlog_cap": 5})
+    assert response.status_code == 403
+    assert response.json()["code"] == "forbidden-role"
+    assert api.worker.get("/v1/tenants/acme").status_code == 403
+
+
+def test_operator_reads_its_tenant_with_counts(api: Api) -> None:
+    api.enqueue()
+    body = api.operator.get("/v1/tenants/acme").json()
+    assert body["backlog_cap"] == 1000
+    assert body["ready"] == 1
+    assert body["backlog"] == 1
+
+
+def test_another_tenants_item_is_404_never_403_or_data(api: Api) -> None:
+    other = setup_tenant(api.url, api.admin, "globex")
+    item = api.enqueue()
+    for response in (
+        other.worker.get(f"/v1/tenants/acme/items/{item['item_id']}"),
+        other.worker.get(f"/v1/tenants/acme/items/{item['item_id']}/ledger"),
+        other.operator.get("/v1/tenants/acme"),
+        other.worker.post("/v1/tenants/acme/queues/q/leases", json={"worker": "w"}),
+        other.worker.post(
+            f"/v1/tenants/acme/items/{item['item_id']}/complete",
+            json={"worker": "w", "fence": 1},
+            headers={"Idempotency-Key": "k"},
+        ),
+    ):
+        assert response.status_code == 404, response.text
+        assert "payload" not in response.text
+    # Its own view of the same id: not found either.
+    assert other.worker.get(f"/v1/tenants/globex/items/{item['item_id']}").status_code == 404
+
+
+def test_admin_key_creation_requires_an_existing_tenant(api: Api) -> None:
+    response = api.admin.post("/v1/tenants/nobody/keys", json={"role": "worker"})
+    assert response.status_code == 404
+    assert response.json()["code"] == "tenant-not-found"
+
+
+def test_key_of_a_tenant_works_only_with_its_role(api: Api) -> None:
+    operator = client_for(api.url, api.keys["operator"])
+    response = operator.post("/v1/tenants/acme/queues/q/leases", json={"worker": "w"})
+    assert response.status_code == 403

@@ -1,0 +1,143 @@
+"""Idempotency-Key: receipts survive the lease, keys are per tenant, one effect per key."""
+
+from __future__ import annotations
+
+import threading
+
+import httpx
+import psycopg
+
+from tests.api.test_leases import expire
+from tests.conftest import Api, setup_tenant
+
+Db = psycopg.Connection[dict[str, object]]
+
+
+def test_effecting_request_without_a_key_is_400(api: Api) -> None:
+    for headers in ({}, {"Idempotency-Key": ""}, {"Idempotency-Key": "has space"}):
+        response = api.worker.post(
+            "/v1/tenants/acme/queues/q/items", json={"payload": 1}, headers=headers
+        )
+        assert response.status_code == 400
+        assert response.json()["code"] == "idempotency-key-required"
+
+
+def test_same_key_same_request_replays_the_original_answer(api: Api, db: Db) -> None:
+    first = api.worker.post(
+        "/v1/tenants/acme/queues/q/items", json={"payload": 1}, headers={"Idempotency-Key": "k1"}
+    )
+    again = api.worker.post(
+        "/v1/tenants/acme/queues/q/items", json={"payload": 1}, headers={"Idempotency-Key": "k1"}
+    )
+    assert again.status_code == first.status_code == 201
+    assert again.content == first.content
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert "Idempotent-Replayed" not in first.headers
+    row = db.execute("SELECT count(*) AS n FROM work_items").fetchone()
+    assert row == {"n": 1}
+
+
+def test_same_key_different_request_is_422(api: Api) -> None:
+    api.worker.post(
+        "/v1/tenants/acme/queues/q/items", json={"payload": 1}, headers={"Idempotency-Key": "k"}
+    )
+    reused = api.worker.post(
+        "/v1/tenants/acme/queues/q/items", json={"payload": 2}, headers={"Idempotency-Key": "k"}
+    )
+    assert reused.status_code == 422
+    assert reused.json()["code"] == "idempotency-key-reuse"
+
+
+def test_refusal_is_kept_and_replayed(api: Api) -> None:
+    item = api.enqueue()
+    first = api.holder("complete", item["item_id"], key="c", worker="w1", fence=0)
+    assert first.status_code == 409
+    again = api.holder("complete", item["item_id"], key="c", worker="w1", fence=0)
+    assert again.status_code == 409
+    assert again.content == first.content
+    assert again.headers["content-type"] == "application/problem+json"
+    assert again.headers["Idempotent-Replayed"] == "true"
+
+
+def test_accepted_requeue_replays_after_a_successor_took_the_item(api: Api, db: Db) -> None:
+    """The receipt is read before any authority check."""
+    api.approve("q", 5)
+    api.enqueue()
+    (lease,) = api.acquire(worker="w1")
+    body = {"worker": "w1", "fence": lease["fence"], "reason": "r"}
+    first = api.holder("requeue", lease["item_id"], key="rq", **body)
+    assert first.status_code == 200
+    (successor,) = api.acquire(worker="w2")
+    expire(db, successor["item_id"])
+    (third,) = api.acquire(worker="w3")
+    assert third["fence"] == 3
+    replay = api.holder("requeue", lease["item_id"], key="rq", **body)
+    assert replay.status_code == 200
+    assert replay.content == first.content
+    assert replay.headers["Idempotent-Replayed"] == "true"
+
+
+def test_keys_are_scoped_to_the_tenant(api: Api) -> None:
+    other = setup_tenant(api.url, api.admin, "globex")
+    mine = api.worker.post(
+        "/v1/tenants/acme/queues/q/items", json={"payload": 1}, headers={"Idempotency-Key": "same"}
+    )
+    theirs = other.worker.post(
+        "/v1/tenants/globex/queues/q/items",
+        json={"payload": 1},
+        headers={"Idempotency-Key": "same"},
+    )
+    assert theirs.status_code == 201
+    assert "Idempotent-Replayed" not in theirs.headers
+    assert theirs.json()["item_id"] != mine.json()["item_id"]
+    assert theirs.json()["tenant"] == "globex"
+
+
+def test_concurrent_same_key_completes_make_one_effect(api: Api, db: Db) -> None:
+    api.enqueue()
+    (lease,) = api.acquire()
+    barrier = threading.Barrier(8)
+    answers: list[httpx.Response] = []
+
+    def complete() -> None:
+        with httpx.Client(base_url=api.url, headers=api.worker.headers, timeout=30) as client:
+            barrier.wait()
+            answers.append(
+                client.post(
+                    f"/v1/tenants/acme/items/{lease['item_id']}/complete",
+                    json={"worker": "w1", "fence": lease["fence"], "result": "done"},
+                    headers={"Idempotency-Key": "once"},
+                )
+            )
+
+    threads = [threading.Thread(target=complete) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert {answer.status_code for answer in answers} == {200}
+    assert len({answer.content for answer in answers}) == 1
+    assert sum(answer.headers.get("Idempotent-Replayed") == "true" for answer in answers) == 7
+    events = db.execute("SELECT count(*) AS n FROM item_events WHERE kind = 'completed'").fetchone()
+    assert events == {"n": 1}
+
+
+def test_concurrent_same_key_enqueues_store_one_item(api: Api, db: Db) -> None:
+    barrier = threading.Barrier(6)
+
+    def enqueue() -> None:
+        with httpx.Client(base_url=api.url, headers=api.worker.headers, timeout=30) as client:
+            barrier.wait()
+            response = client.post(
+                "/v1/tenants/acme/queues/q/items",
+                json={"payload": "x"},
+                headers={"Idempotency-Key": "race"},
+            )
+            assert response.status_code == 201
+
+    threads = [threading.Thread(target=enqueue) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert db.execute("SELECT count(*) AS n FROM work_items").fetchone() == {"n": 1}

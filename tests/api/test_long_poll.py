@@ -1,0 +1,64 @@
+"""Long-poll acquire: woken by a new item, and no lease for a client that left."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import httpx
+import psycopg
+
+from tests.conftest import Api
+
+Db = psycopg.Connection[dict[str, object]]
+
+
+def test_a_new_item_wakes_a_waiting_acquire_within_100_ms(api: Api) -> None:
+    result: dict[str, float] = {}
+
+    def wait_for_work() -> None:
+        with httpx.Client(base_url=api.url, headers=api.worker.headers, timeout=30) as client:
+            response = client.post(
+                "/v1/tenants/acme/queues/q/leases",
+                json={"worker": "w1", "lease_ttl": 30, "wait": 10},
+            )
+            result["leased_at"] = time.monotonic()
+            result["count"] = len(response.json()["leases"])
+
+    thread = threading.Thread(target=wait_for_work)
+    thread.start()
+    time.sleep(0.5)  # the acquire is now parked on its notification
+    enqueued_at = time.monotonic()
+    api.enqueue()
+    thread.join(timeout=15)
+    assert result["count"] == 1
+    assert result["leased_at"] - enqueued_at < 0.1
+
+
+def test_wait_returns_empty_after_the_wait_with_nothing_due(api: Api) -> None:
+    started = time.monotonic()
+    assert api.acquire(wait=1) == []
+    assert 0.9 < time.monotonic() - started < 3
+
+
+def test_a_long_poll_whose_client_disconnected_hands_out_no_lease(api: Api, db: Db) -> None:
+    host, port = api.url.removeprefix("http://").split(":")
+    body = b'{"worker": "gone", "lease_ttl": 30, "wait": 5}'
+    request = (
+        f"POST /v1/tenants/acme/queues/q/leases HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: {api.worker.headers['Authorization']}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(request)
+        time.sleep(0.5)
+    # The client is gone; an item arrives while the server still waits for it.
+    api.enqueue()
+    time.sleep(1.0)
+    leased = db.execute("SELECT count(*) AS n FROM work_items WHERE state = 'leased'").fetchone()
+    assert leased == {"n": 0}
+    events = db.execute("SELECT count(*) AS n FROM item_events WHERE kind = 'acquired'").fetchone()
+    assert events == {"n": 0}
+    (lease,) = api.acquire(worker="present")
+    assert lease["fence"] == 1

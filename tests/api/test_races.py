@@ -1,0 +1,170 @@
+"""Races with real concurrent connections, checked by invariants at the end."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import defaultdict
+
+import httpx
+import psycopg
+
+from queue_server.ledger import mismatches
+from tests.conftest import Api
+
+Db = psycopg.Connection[dict[str, object]]
+
+
+def _run_threads(count: int, target: object) -> None:
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(count)]  # type: ignore[arg-type]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+
+
+def test_many_acquirers_lease_each_item_to_one_holder_with_rising_fences(api: Api, db: Db) -> None:
+    api.approve("q", 1000)
+    total = 150
+    api.worker.post(
+        "/v1/tenants/acme/queues/q/items:batch",
+        json={"items": [{"payload": i} for i in range(total)]},
+        headers={"Idempotency-Key": "load"},
+    )
+    leases: list[tuple[str, int, str, int]] = []  # item, fence, worker, when
+    lock = threading.Lock()
+
+    def work(n: int) -> None:
+        worker = f"w{n}"
+        with httpx.Client(base_url=api.url, headers=api.worker.headers, timeout=30) as client:
+            while True:
+                got = client.post(
+                    "/v1/tenants/acme/queues/q/leases",
+                    json={"worker": worker, "lease_ttl": 30, "max_items": 3},
+                ).json()["leases"]
+                if not got:
+                    return
+                for lease in got:
+                    with lock:
+                        leases.append(
+                            (lease["item_id"], lease["fence"], worker, time.monotonic_ns())
+                        )
+                    # Every third item is requeued once, so items are leased more than once.
+                    if lease["fence"] == 1 and lease["payload"] % 3 == 0:
+                        action, body = "requeue", {"reason": "again"}
+                    else:
+                        action, body = "complete", {"result": worker}
+                    response = client.post(
+                        f"/v1/tenants/acme/items/{lease['item_id']}/{action}",
+                        json={"worker": worker, "fence": lease["fence"], **body},
+                        headers={"Idempotency-Key": uuid.uuid4().hex},
+                    )
+                    assert response.status_code == 200, response.text
+
+    _run_threads(12, work)
+
+    by_item: defaultdict[str, list[tuple[int, int]]] = defaultdict(list)
+    for item_id, fence, _worker, when in leases:
+        by_item[item_id].append((when, fence))
+    assert len(by_item) == total  # nothing lost
+    for item_id, seen in by_item.items():
+        fences = [fence for _, fence in sorted(seen)]
+        assert fences == sorted(set(fences)), f"fences of {item_id} did not strictly rise: {fences}"
+    states = db.execute(
+        "SELECT state::text AS s, count(*) AS n FROM work_items GROUP BY 1"
+    ).fetchall()
+    assert states == [{"s": "completed", "n": total}]
+    # Exactly one accepted completion per item.
+    completed = db.execute(
+        "SELECT count(*) AS n FROM item_events WHERE kind = 'completed'"
+    ).fetchone()
+    assert completed == {"n": total}
+    assert_ledgers_fold_to_rows(db)
+
+
+def assert_ledgers_fold_to_rows(db: Db) -> None:
+    rows = db.execute("SELECT * FROM work_items").fetchall()
+    for row in rows:
+        events = db.execute(
+            "SELECT seq, kind, fence, actor, data FROM item_events"
+            " WHERE tenant_id = %s AND item_id = %s ORDER BY seq",
+            (row["tenant_id"], row["item_id"]),
+        ).fetchall()
+        for event in events:
+            event["data"] = event["data"]
+        assert mismatches(dict(row), [dict(e) for e in events]) == [], row["item_id"]
+
+
+def test_enqueues_racing_at_the_cap_admit_exactly_the_free_room(api: Api, db: Db) -> None:
+    cap = 25
+    api.admin.put("/v1/tenants/acme", json={"backlog_cap": cap})
+    for _ in range(5):
+        api.enqueue()
+    admitted: list[int] = []
+    refused: list[int] = []
+    barrier = threading.Barrier(16)
+
+    def enqueue(n: int) -> None:
+        with httpx.Client(base_url=api.url, headers=api.worker.headers, timeout=30) as client:
+            barrier.wait()
+            for i in range(4):
+                response = client.post(
+                    "/v1/tenants/acme/queues/q/items:batch",
+                    json={"items": [{"payload": [n, i]}] * 2},
+                    headers={"Idempotency-Key": f"{n}-{i}"},
+                )
+                assert response.status_code in (201, 429), response.text
+                (admitted if response.status_code == 201 else refused).append(n)
+
+    _run_threads(16, enqueue)
+    count = db.execute("SELECT count(*) AS n FROM work_items").fetchone()
+    assert count == {"n": cap}
+    assert 5 + 2 * len(admitted) == cap
+    assert len(refused) == 64 - len(admitted)
+
+
+def test_concurrency_limit_holds_when_many_acquires_race(api: Api, db: Db) -> None:
+    api.approve("q", 3)
+    api.worker.post(
+        "/v1/tenants/acme/queues/q/items:batch",
+        json={"items": [{"payload": i} for i in range(40)]},
+        headers={"Idempotency-Key": "many"},
+    )
+    barrier = threading.Barrier(20)
+    handed: list[str] = []
+
+    def acquire(n: int) -> None:
+        with httpx.Client(base_url=api.url, headers=api.worker.headers, timeout=30) as client:
+            barrier.wait()
+            got = client.post(
+                "/v1/tenants/acme/queues/q/leases",
+                json={"worker": f"w{n}", "lease_ttl": 60, "max_items": 2},
+            ).json()["leases"]
+            handed.extend(lease["item_id"] for lease in got)
+
+    _run_threads(20, acquire)
+    assert len(handed) == 3
+    assert len(set(handed)) == 3
+    leased = db.execute("SELECT count(*) AS n FROM work_items WHERE state = 'leased'").fetchone()
+    assert leased == {"n": 3}
+
+
+def test_an_expired_holder_loses_to_its_successor(api: Api, db: Db) -> None:
+    api.approve("q", 5)
+    api.enqueue()
+    (old,) = api.acquire(worker="old", ttl=1)
+    time.sleep(1.1)  # the lease runs out on the database clock
+    (new,) = api.acquire(worker="new", ttl=30)
+    assert int(str(new["fence"])) > int(str(old["fence"]))
+    late = api.holder("complete", old["item_id"], worker="old", fence=old["fence"], result="late")
+    assert late.status_code == 409
+    assert late.json()["code"] == "stale-fence"
+    beat = api.worker.post(
+        f"/v1/tenants/acme/items/{old['item_id']}/heartbeat",
+        json={"worker": "old", "fence": old["fence"]},
+    )
+    assert beat.status_code == 409
+    ok = api.holder("complete", new["item_id"], worker="new", fence=new["fence"], result="ok")
+    assert ok.status_code == 200
+    assert ok.json()["result"] == "ok"

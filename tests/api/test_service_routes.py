@@ -1,0 +1,53 @@
+"""Health, readiness, metrics and the OpenAPI document."""
+
+from __future__ import annotations
+
+import httpx
+
+from queue_server.app import create_app
+from queue_server.settings import Settings
+from tests.conftest import Api, LiveServer
+
+
+def test_healthz_and_readyz_answer_when_the_database_is_at_head(api: Api) -> None:
+    assert httpx.get(f"{api.url}/healthz").json() == {"status": "ok"}
+    assert httpx.get(f"{api.url}/readyz").status_code == 200
+
+
+def test_readyz_is_503_problem_when_the_database_is_unreachable(settings: Settings) -> None:
+    server = LiveServer(settings, "postgresql://postgres@/nope?host=/nonexistent&connect_timeout=1")
+    server.start()
+    try:
+        response = httpx.get(f"{server.url}/readyz", timeout=30)
+        assert response.status_code == 503
+        assert response.headers["content-type"] == "application/problem+json"
+        assert httpx.get(f"{server.url}/healthz").status_code == 200
+    finally:
+        server.stop()
+
+
+def test_metrics_count_requests_by_route_and_items_by_state(api: Api) -> None:
+    api.enqueue()
+    api.acquire()
+    text = httpx.get(f"{api.url}/metrics").text
+    assert (
+        'queue_server_requests_total{method="POST",route="/v1/tenants/{tenant}/queues/{queue}/items",status="201"} 1.0'
+        in text
+    )
+    assert 'queue_server_items{state="leased",tenant="acme"} 1.0' in text
+    assert "queue_server_acquire_seconds_count 1.0" in text
+
+
+def test_openapi_describes_every_route(api: Api) -> None:
+    document = httpx.get(f"{api.url}/openapi.json").json()
+    app = create_app(Settings(), "postgresql://unused")
+    described = {
+        (path, method.upper()) for path, ops in document["paths"].items() for method in ops
+    }
+    for route in app.routes:
+        methods = getattr(route, "methods", None)
+        path = getattr(route, "path", "")
+        if not methods or path.startswith(("/docs", "/redoc", "/openapi")):
+            continue
+        for method in methods - {"HEAD"}:
+            assert (path, method) in described, f"{method} {path} missing from /openapi.json"
