@@ -135,9 +135,9 @@ def _database_url() -> str:
 
 @db_app.command("upgrade")
 def db_upgrade(
-    revision: Annotated[str, typer.Argument(help="Target revision.")] = "head",
+    revision: Annotated[str, typer.Argument(help="Target revision.")] = "heads",
 ) -> None:
-    """Migrate the database at QUEUE_SERVER_DATABASE_URL to REVISION (default: head).
+    """Migrate the database at QUEUE_SERVER_DATABASE_URL to REVISION (default: every head).
 
     Example: [bold]QUEUE_SERVER_DATABASE_URL=postgresql://... queue-server db upgrade[/bold]
     """
@@ -145,7 +145,7 @@ def db_upgrade(
 
     url = _database_url()
     migrate.upgrade(url, revision)
-    typer.echo(f"database at {migrate.current_revision(url)}")
+    typer.echo(f"database at {migrate.describe(migrate.current_revisions(url))}")
 
 
 @db_app.command("current")
@@ -154,7 +154,7 @@ def db_current() -> None:
     from queue_server import migrate
 
     url = _database_url()
-    current = migrate.current_revision(url)
-    typer.echo(f"current: {current or 'none'}  head: {migrate.head_revision()}")
-    if current != migrate.head_revision():
+    current, heads = migrate.current_revisions(url), migrate.head_revisions()
+    typer.echo(f"current: {migrate.describe(current)}  head: {migrate.describe(heads)}")
+    if current != heads:
         sys.exit(1)

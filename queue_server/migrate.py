@@ -31,7 +31,7 @@ def alembic_config(database_url: str) -> Config:
     return config
 
 
-def upgrade(database_url: str, revision: str = "head") -> None:
+def upgrade(database_url: str, revision: str = "heads") -> None:
     command.upgrade(alembic_config(database_url), revision)
 
 
@@ -39,18 +39,23 @@ def downgrade(database_url: str, revision: str = "base") -> None:
     command.downgrade(alembic_config(database_url), revision)
 
 
-def head_revision() -> str | None:
-    return ScriptDirectory.from_config(alembic_config("")).get_current_head()
+def head_revisions() -> set[str]:
+    """Every head of the migration graph (independent features may each add one)."""
+    return set(ScriptDirectory.from_config(alembic_config("")).get_heads())
 
 
-def current_revision(database_url: str) -> str | None:
+def current_revisions(database_url: str) -> set[str]:
     engine = create_engine(sqlalchemy_url(database_url), poolclass=pool.NullPool)
     try:
         with engine.connect() as conn:
-            return MigrationContext.configure(conn).get_current_revision()
+            return set(MigrationContext.configure(conn).get_current_heads())
     finally:
         engine.dispose()
 
 
+def describe(revisions: set[str]) -> str:
+    return ", ".join(sorted(revisions)) or "no revision"
+
+
 def is_at_head(database_url: str) -> bool:
-    return current_revision(database_url) == head_revision()
+    return current_revisions(database_url) == head_revisions()

@@ -38,11 +38,11 @@ def admin_key_path(data_dir: Path) -> Path:
 def database(settings: Settings) -> Iterator[Database]:
     """The configured database; with no URL, an embedded one in the data directory, migrated."""
     if settings.database_url:
-        current = migrate.current_revision(settings.database_url)
-        if current != migrate.head_revision():
+        current = migrate.current_revisions(settings.database_url)
+        if current != migrate.head_revisions():
             raise SchemaNotAtHeadError(
-                f"The database schema is at {current or 'no revision'}, not at"
-                f" {migrate.head_revision()}: run `queue-server db upgrade` first."
+                f"The database schema is at {migrate.describe(current)}, not at"
+                f" {migrate.describe(migrate.head_revisions())}: run `queue-server db upgrade` first."
             )
         yield Database(url=settings.database_url, embedded=None)
         return

@@ -127,10 +127,10 @@ class QueueService:
         try:
             async with self._conn() as conn:
                 cur = await conn.execute("SELECT version_num FROM alembic_version")
-                row = await cur.fetchone()
+                rows = await cur.fetchall()
         except (errors.QueueServerError, psycopg.Error):
             return False
-        return row is not None and row["version_num"] == migrate.head_revision()
+        return {row["version_num"] for row in rows} == migrate.head_revisions()
 
     # -- idempotent effects ------------------------------------------------
 
