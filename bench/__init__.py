@@ -1,0 +1,1 @@
+"""queue-server benchmark: REST lease cycles against pgbench and pgqueuer, in one run."""

@@ -1,0 +1,663 @@
+"""`python -m bench`: one run of every scenario, then bench/results/latest.{json,md}."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import time
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psycopg
+
+from bench import loadgen, peer, profile, reference, report
+from bench.env import HOST, Environment, environment
+from bench.progress import say
+from bench.stats import CpuSplit, Figure, percentile
+
+RESULTS = Path(__file__).parent / "results"
+CONCURRENCY = (1, 4, 16)
+BATCH = 50
+ENQUEUE_BATCH = 500
+HOUR_EQUIVALENT_ITEMS = 100 * 3600  # an hour of the wake-up scenario's steady 100 items/s
+START_MARGIN = 0.4
+
+T = TypeVar("T")
+
+
+@dataclass
+class Plan:
+    """Durations and sizes of one run; `--quick` shrinks them."""
+
+    reps: int
+    pgbench_s: int
+    cycle_s: float
+    enqueue_s: float
+    wake_s: float
+    peer_s: float
+    profile_s: int
+    history: tuple[int, ...]
+    cost_s: float
+    churn_s: float
+    churn_window: float
+    churn_items: int
+
+
+def make_plan(args: argparse.Namespace) -> Plan:
+    big = os.environ.get("BENCH_SCALE", "") == "big"
+    if args.quick:
+        plan = Plan(
+            reps=1, pgbench_s=1, cycle_s=1.5, enqueue_s=1.5, wake_s=3.0, peer_s=1.5,
+            profile_s=0, history=(10_000, 100_000), cost_s=1.0,
+            churn_s=4.0, churn_window=1.0, churn_items=HOUR_EQUIVALENT_ITEMS // 10,
+        )  # fmt: skip
+    else:
+        plan = Plan(
+            reps=3, pgbench_s=3, cycle_s=3.0, enqueue_s=3.0, wake_s=4.0, peer_s=3.0,
+            profile_s=8, history=(10_000, 1_000_000), cost_s=2.5,
+            churn_s=35.0, churn_window=5.0, churn_items=HOUR_EQUIVALENT_ITEMS,
+        )  # fmt: skip
+    if big:
+        plan.history = (*plan.history, 10_000_000)
+        plan.churn_s = max(plan.churn_s, 240.0)
+    if args.reps is not None:
+        plan.reps = args.reps
+    if args.no_profile:
+        plan.profile_s = 0
+    return plan
+
+
+@dataclass
+class Run:
+    """Everything a run measures, filled in phase by phase."""
+
+    env: Environment
+    plan: Plan
+    pool: ProcessPoolExecutor
+    client_procs: int
+    figures: dict[str, Figure] = field(default_factory=dict)
+    cpu: dict[str, CpuSplit] = field(default_factory=dict)
+    errors: dict[str, list[str]] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    tenants: int = 0
+    rates: dict[str, float] = field(default_factory=dict)
+
+    def figure(self, key: str, label: str, unit: str, value: float, note: str = "") -> None:
+        fig = self.figures.setdefault(key, Figure(key, label, unit, note=note))
+        fig.runs.append(value)
+
+    def error(self, phase: str, samples: list[str], count: int) -> None:
+        if count:
+            self.errors.setdefault(phase, []).append(f"{count} errors: {samples[:3]}")
+            say(f"  !! {phase}: {count} errors, e.g. {samples[:1]}")
+
+    def new_tenant(self, prefix: str) -> Any:
+        self.tenants += 1
+        return self.env.tenant(f"{prefix}-{self.tenants}")
+
+    def measure(self, family: str, submit: list[Future[T]], wall_from: float) -> list[T]:
+        """Wait for load-generator futures, charging CPU of every party to `family`."""
+        cpu0 = self.env.cpu()
+        # The phase starts at wall_from; CPU before it (spawn, connect) is not the phase's.
+        results = [f.result() for f in submit]
+        cpu1 = self.env.cpu()
+        wall = time.time() - wall_from
+        loadgen_cpu = sum(float(getattr(r, "cpu", 0.0)) for r in results)
+        delta = cpu1.minus(cpu0)
+        self.cpu.setdefault(family, CpuSplit()).add(wall, delta.server, delta.postgres, loadgen_cpu)
+        return results
+
+
+def _split(total: int, parts: int) -> list[int]:
+    parts = max(1, min(parts, total))
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+# -- prefill -------------------------------------------------------------------
+
+_PREFILL = """
+WITH ins AS (
+    INSERT INTO work_items (tenant_id, item_id, queue, payload, priority, state, available_at,
+                            max_acquisitions, event_seq, created_at, updated_at)
+    SELECT %(tenant)s, gen_random_uuid(), %(queue)s, jsonb_build_object('n', g), 0, 'ready',
+           statement_timestamp(), 5, 1, statement_timestamp(), statement_timestamp()
+    FROM generate_series(1, %(n)s) AS g
+    RETURNING tenant_id, item_id, queue, payload, priority, available_at, max_acquisitions,
+              created_at
+)
+INSERT INTO item_events (tenant_id, item_id, seq, at, kind, fence, actor, data)
+SELECT tenant_id, item_id, 0, created_at, 'enqueued', 0, 'bench-prefill',
+       jsonb_build_object('queue', queue, 'payload', payload, 'priority', priority,
+                          'available_at', available_at, 'max_acquisitions', max_acquisitions)
+FROM ins
+"""
+
+_HISTORY = """
+INSERT INTO work_items (tenant_id, item_id, queue, payload, priority, state, available_at, fence,
+                        acquisition_count, max_acquisitions, result, event_seq,
+                        created_at, updated_at)
+SELECT %(tenant)s, gen_random_uuid(), %(queue)s, '{}'::jsonb, 0, 'completed',
+       statement_timestamp(), 1, 1, 5, '{"ok": true}'::jsonb, 3,
+       statement_timestamp(), statement_timestamp()
+FROM generate_series(1, %(n)s)
+"""
+
+
+def prefill(run: Run, tenant: Any, queue: str, n: int) -> None:
+    """`n` ready items, exactly as an enqueue makes them (row + `enqueued` ledger event).
+
+    SQL, because enqueueing them over REST would take longer than the phase
+    that consumes them; falls back to REST batches if the schema moved on.
+    """
+    try:
+        with psycopg.connect(run.env.url, autocommit=True) as conn:
+            for start in range(0, n, 200_000):
+                conn.execute(
+                    _PREFILL, {"tenant": tenant.name, "queue": queue, "n": min(200_000, n - start)}
+                )
+            conn.execute("ANALYZE work_items")
+        return
+    except psycopg.Error as exc:
+        say(f"  SQL prefill failed ({exc.__class__.__name__}); enqueueing over REST instead")
+    now = time.time()
+    spec = loadgen.EnqueueSpec(
+        HOST, run.env.port, tenant.worker_key, tenant.name, queue, producers=2,
+        batch=ENQUEUE_BATCH, start_at=now, end_at=now + 600, limit_items=n,
+    )  # fmt: skip
+    loadgen.run_enqueue(spec)
+
+
+# -- phases --------------------------------------------------------------------
+
+
+def phase_pgbench(run: Run) -> None:
+    reference.prepare(run.env.pg)
+    for rep in range(run.plan.reps):
+        for clients in CONCURRENCY:
+            rate = run.rates.get(f"pgbench{clients}", 8000.0)
+            reference.refill(run.env.pg, int(max(50_000, rate * run.plan.pgbench_s * 1.6)))
+            say(f"pgbench lease cycle, {clients} clients, rep {rep + 1}/{run.plan.reps}")
+            started = time.time()
+            cpu0 = run.env.cpu()
+            result = reference.run(
+                run.env.pg, clients=clients, seconds=run.plan.pgbench_s, workdir=run.env.root
+            )
+            delta = run.env.cpu().minus(cpu0)
+            run.cpu.setdefault(f"pgbench c{clients}", CpuSplit()).add(
+                time.time() - started, delta.server, delta.postgres, result.cpu
+            )
+            run.rates[f"pgbench{clients}"] = result.cycles_per_s
+            run.figure(
+                f"pgbench_c{clients}",
+                f"pgbench lease cycle, {clients} clients",
+                "cycles/s",
+                result.cycles_per_s,
+            )
+            say(f"  {result.cycles_per_s:,.0f} cycles/s")
+
+
+def prefill_size(run: Run, family: str, batch: int, seconds: float) -> int:
+    """Enough items for `seconds` at the best rate seen so far in this mode, with a margin."""
+    mode = "unbatched" if batch == 1 else "batched"
+    seen = [v for k, v in run.rates.items() if k == family or k.startswith(f"rest {mode}")]
+    rate = max(seen) * 1.5 if seen else (2000.0 if batch == 1 else 5000.0)
+    return int(max(2000, rate * seconds * 1.5))
+
+
+def cycles_once(
+    run: Run,
+    *,
+    workers: int,
+    batch: int,
+    seconds: float,
+    family: str,
+    record_latency: bool = False,
+    window: float = 0.0,
+    tenant: Any = None,
+    items: int | None = None,
+    prefilled: bool = False,
+) -> tuple[float, list[loadgen.CycleResult], float]:
+    """One timed lease-cycle phase on a fresh, prefilled queue. Returns (items/s, results, elapsed)."""
+    if tenant is None:
+        tenant = run.new_tenant("cyc")
+    if not prefilled:
+        prefill(run, tenant, "q", items or prefill_size(run, family, batch, seconds))
+    procs = 1 if workers < 4 else run.client_procs
+    start_at = time.time() + START_MARGIN
+    end_at = start_at + seconds
+    futures = []
+    offset = 0
+    for n in _split(workers, procs):
+        spec = loadgen.CycleSpec(
+            HOST, run.env.port, tenant.worker_key, tenant.name, "q", workers=n,
+            worker_offset=offset, batch=batch, batch_route=run.env.batch_completion_route,
+            start_at=start_at, end_at=end_at, record_latency=record_latency, window=window,
+        )  # fmt: skip
+        offset += n
+        futures.append(run.pool.submit(loadgen.run_cycles, spec))
+    time.sleep(max(0.0, start_at - time.time()))
+    results = run.measure(family, futures, start_at)
+    total = sum(r.items for r in results)
+    dry = max((r.ran_dry_at for r in results), default=0.0)
+    elapsed = (min(dry, end_at) if dry else end_at) - start_at
+    for r in results:
+        run.error(family, r.error_samples, r.errors)
+    rate_now = total / elapsed if elapsed > 0 else 0.0
+    run.rates[family] = max(rate_now, run.rates.get(family, 0.0))
+    return rate_now, results, elapsed
+
+
+def phase_rest_cycles(run: Run) -> None:
+    route = (
+        "batch completion route"
+        if run.env.batch_completion_route
+        else "one complete call per item, concurrently"
+    )
+    run.extra["batched_completion"] = route
+    for rep in range(run.plan.reps):
+        for batch, mode in ((1, "unbatched"), (BATCH, "batched")):
+            for workers in CONCURRENCY:
+                family = f"rest {mode} c{workers}"
+                say(f"REST lease cycles, {mode}, {workers} workers, rep {rep + 1}/{run.plan.reps}")
+                rate, _, elapsed = cycles_once(
+                    run, workers=workers, batch=batch, seconds=run.plan.cycle_s, family=family
+                )
+                short = " (queue ran dry early)" if elapsed < run.plan.cycle_s - 0.05 else ""
+                run.figure(
+                    f"rest_{mode}_c{workers}",
+                    f"REST lease cycles, {mode}"
+                    + (f" ({BATCH}/call)" if batch > 1 else "")
+                    + f", {workers} workers",
+                    "items/s",
+                    rate,
+                )
+                say(f"  {rate:,.0f} items/s over {elapsed:.1f}s{short}")
+
+
+def phase_enqueue(run: Run) -> None:
+    for rep in range(run.plan.reps):
+        for batch, producers, name in ((1, 16, "single"), (ENQUEUE_BATCH, 4, "batch")):
+            tenant = run.new_tenant("enq")
+            say(
+                f"REST enqueue, {name} ({batch}/call, {producers} producers), rep {rep + 1}/{run.plan.reps}"
+            )
+            start_at = time.time() + START_MARGIN
+            end_at = start_at + run.plan.enqueue_s
+            futures = []
+            for n in _split(producers, run.client_procs if producers > 4 else 1):
+                spec = loadgen.EnqueueSpec(
+                    HOST, run.env.port, tenant.worker_key, tenant.name, "q", producers=n,
+                    batch=batch, start_at=start_at, end_at=end_at,
+                )  # fmt: skip
+                futures.append(run.pool.submit(loadgen.run_enqueue, spec))
+            time.sleep(max(0.0, start_at - time.time()))
+            results = run.measure(f"rest enqueue {name}", futures, start_at)
+            items = sum(r.items for r in results)
+            elapsed = max(r.finished_at for r in results) - start_at
+            for r in results:
+                run.error(f"enqueue {name}", r.error_samples, r.errors)
+            rate = items / elapsed
+            run.figure(
+                f"rest_enqueue_{name}",
+                f"REST enqueue, {name} ({batch}/call, {producers} producers)",
+                "items/s",
+                rate,
+            )
+            say(f"  {rate:,.0f} items/s")
+
+
+def phase_wake(run: Run) -> None:
+    for rep in range(run.plan.reps):
+        tenant = run.new_tenant("wake")
+        say(f"wake-up latency at 100 items/s, long poll wait=30, rep {rep + 1}/{run.plan.reps}")
+        start_at = time.time() + 1.0
+        spec = loadgen.WakeSpec(
+            HOST, run.env.port, tenant.worker_key, tenant.name, "q", rate=100.0,
+            start_at=start_at, end_at=start_at + run.plan.wake_s,
+        )  # fmt: skip
+        future = run.pool.submit(loadgen.run_wake, spec)
+        time.sleep(max(0.0, start_at - time.time()))
+        (result,) = run.measure("wake-up (100 items/s)", [future], start_at)
+        run.error("wake-up", result.error_samples, result.errors)
+        ms = [v * 1000 for v in result.latencies]
+        run.figure("wake_p50_ms", "wake-up enqueue-to-lease p50", "ms", percentile(ms, 50))
+        run.figure("wake_p99_ms", "wake-up enqueue-to-lease p99", "ms", percentile(ms, 99))
+        say(
+            f"  {len(ms)} items: p50 {percentile(ms, 50):.1f} ms, p99 {percentile(ms, 99):.1f} ms,"
+            f" max {max(ms, default=0):.1f} ms"
+        )
+
+
+def phase_peer(run: Run) -> None:
+    with psycopg.connect(run.env.pg.url(), autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {peer.DATABASE}")
+    url = run.env.pg.url(peer.DATABASE)
+    peer.install(url)
+    for rep in range(run.plan.reps):
+        rate = run.rates.get("peer", 6000.0)
+        peer.reset(url, int(max(10_000, rate * run.plan.peer_s * 1.6)))
+        say(f"pgqueuer dequeue+ack, 1 consumer, rep {rep + 1}/{run.plan.reps}")
+        start_at = time.time() + START_MARGIN
+        spec = peer.PeerSpec(url=url, start_at=start_at, end_at=start_at + run.plan.peer_s)
+        (result,) = run.measure(
+            "pgqueuer dequeue+ack", [run.pool.submit(peer.run_dequeue, spec)], start_at
+        )
+        jobs_s = result.jobs / result.elapsed if result.elapsed > 0 else 0.0
+        run.rates["peer"] = jobs_s
+        run.figure(
+            "peer_dequeue_ack", "pgqueuer dequeue+ack, 1 consumer (batch 10)", "jobs/s", jobs_s
+        )
+        say(f"  {jobs_s:,.0f} jobs/s")
+        say(
+            f"pgqueuer batch enqueue ({ENQUEUE_BATCH}/call, 4 producers), rep {rep + 1}/{run.plan.reps}"
+        )
+        peer.reset(url, 0)
+        start_at = time.time() + START_MARGIN
+        spec = peer.PeerSpec(url=url, start_at=start_at, end_at=start_at + run.plan.enqueue_s)
+        (result,) = run.measure(
+            "pgqueuer batch enqueue", [run.pool.submit(peer.run_enqueue, spec)], start_at
+        )
+        jobs_s = result.jobs / result.elapsed
+        run.figure(
+            "peer_enqueue_batch",
+            f"pgqueuer batch enqueue ({ENQUEUE_BATCH}/call, 4 producers)",
+            "jobs/s",
+            jobs_s,
+        )
+        say(f"  {jobs_s:,.0f} jobs/s")
+    peer.reset(url, 0)
+
+
+def phase_profile(run: Run) -> None:
+    if run.plan.profile_s <= 0:
+        return
+    summaries: dict[str, Any] = {}
+    for stale in RESULTS.glob("profile-*.collapsed"):
+        stale.unlink()
+    for batch, mode in ((1, "unbatched"), (BATCH, "batched")):
+        say(
+            f"profiling the server (py-spy, {run.plan.profile_s}s) during {mode} cycles, 16 workers"
+        )
+        family = f"profiled {mode} c16"
+        tenant = run.new_tenant("prof")
+        prefill(run, tenant, "q", prefill_size(run, family, batch, run.plan.profile_s))
+        pids = run.env.server_pids()
+        spies = profile.start(pids, RESULTS, mode, run.plan.profile_s)
+        time.sleep(0.3)
+        cycles_once(
+            run, workers=16, batch=batch, seconds=run.plan.profile_s - 0.5, family=family,
+            tenant=tenant, prefilled=True,
+        )  # fmt: skip
+        files = profile.finish(spies)
+        summary = profile.summarise(files)
+        summaries[mode] = summary.as_json()
+        top = ", ".join(f"{n.split(' (')[0]} {p:.0f}%" for n, p in summary.by_area_self[:5])
+        say(f"  {summary.samples} samples; self time by package: {top}")
+    run.extra["profile"] = summaries
+
+
+def phase_cost_growth(run: Run) -> None:
+    tenant = run.new_tenant("hist")
+    have = 0
+    results: list[dict[str, Any]] = []
+    for target in run.plan.history:
+        say(f"cost growth: inserting history up to {target:,} completed rows")
+        with psycopg.connect(run.env.url, autocommit=True) as conn:
+            while have < target:
+                n = min(1_000_000, target - have)
+                conn.execute(_HISTORY, {"tenant": tenant.name, "queue": "q", "n": n})
+                have += n
+                if target >= 1_000_000:
+                    say(f"  {have:,} rows")
+            conn.execute("VACUUM ANALYZE work_items")
+        acq: list[float] = []
+        comp: list[float] = []
+        for rep in range(run.plan.reps):
+            say(
+                f"cost growth: {target:,} history rows, 1 worker unbatched, rep {rep + 1}/{run.plan.reps}"
+            )
+            _, res, _ = cycles_once(
+                run, workers=1, batch=1, seconds=run.plan.cost_s, family=f"cost growth {target:,}",
+                record_latency=True, tenant=tenant,
+            )  # fmt: skip
+            a = [v * 1000 for r in res for v in r.acquire_latency]
+            c = [v * 1000 for r in res for v in r.complete_latency]
+            acq += a
+            comp += c
+            run.figure(
+                f"acquire_p50_ms_h{target}",
+                f"acquire p50, {target:,} history rows",
+                "ms",
+                percentile(a, 50),
+            )
+            run.figure(
+                f"complete_p50_ms_h{target}",
+                f"complete p50, {target:,} history rows",
+                "ms",
+                percentile(c, 50),
+            )
+            say(
+                f"  acquire p50 {percentile(a, 50):.2f} ms, complete p50 {percentile(c, 50):.2f} ms"
+            )
+        size = run.env.sql("SELECT pg_total_relation_size('work_items')")[0][0]
+        results.append(
+            {
+                "history_rows": target,
+                "acquire_p99_ms": round(percentile(acq, 99), 2),
+                "complete_p99_ms": round(percentile(comp, 99), 2),
+                "work_items_total_mb": round(size / 2**20, 1),
+            }
+        )
+    run.extra["cost_growth"] = results
+
+
+_DEAD = """
+SELECT relname, n_live_tup, n_dead_tup, autovacuum_count, autoanalyze_count,
+       extract(epoch FROM now() - last_autovacuum) AS since_autovacuum_s
+FROM pg_stat_user_tables
+WHERE relname IN ('work_items', 'item_events', 'idempotency_receipts')
+ORDER BY relname
+"""
+
+
+def phase_churn(run: Run) -> None:
+    """Batched cycles (16 workers) over an hour-equivalent of items, in windows."""
+    plan = run.plan
+    tenant = run.new_tenant("churn")
+    say(f"churn: prefilling {plan.churn_items:,} items (an hour at 100 items/s)")
+    prefill(run, tenant, "q", plan.churn_items)
+    say(
+        f"churn: batched cycles, 16 workers, up to {plan.churn_s:.0f}s, windows of {plan.churn_window:.0f}s"
+    )
+    samples: list[dict[str, Any]] = []
+    start_at = time.time() + START_MARGIN
+    end_at = start_at + plan.churn_s
+    futures = []
+    offset = 0
+    for n in _split(16, run.client_procs):
+        spec = loadgen.CycleSpec(
+            HOST, run.env.port, tenant.worker_key, tenant.name, "q", workers=n,
+            worker_offset=offset, batch=BATCH, batch_route=run.env.batch_completion_route,
+            start_at=start_at, end_at=end_at, window=plan.churn_window,
+        )  # fmt: skip
+        offset += n
+        futures.append(run.pool.submit(loadgen.run_cycles, spec))
+    time.sleep(max(0.0, start_at - time.time()))
+    cpu0 = run.env.cpu()
+    while not all(f.done() for f in futures):
+        rows = run.env.sql(_DEAD)
+        samples.append(
+            {
+                "t": round(time.time() - start_at, 1),
+                "tables": {
+                    r[0]: {"live": r[1], "dead": r[2], "autovacuums": r[3], "autoanalyzes": r[4]}
+                    for r in rows
+                },
+            }
+        )
+        wo = samples[-1]["tables"].get("work_items", {})
+        say(
+            f"  t={samples[-1]['t']:5.1f}s work_items live {wo.get('live', 0):,} dead {wo.get('dead', 0):,} autovacuums {wo.get('autovacuums', 0)}"
+        )
+        time.sleep(min(plan.churn_window, 5.0))
+    results = [f.result() for f in futures]
+    delta = run.env.cpu().minus(cpu0)
+    run.cpu.setdefault("churn (batched c16)", CpuSplit()).add(
+        time.time() - start_at, delta.server, delta.postgres, sum(r.cpu for r in results)
+    )
+    for r in results:
+        run.error("churn", r.error_samples, r.errors)
+    windows = [0] * max((len(r.windows) for r in results), default=0)
+    for r in results:
+        for i, v in enumerate(r.windows):
+            windows[i] += v
+    total = sum(r.items for r in results)
+    full = [w for w in windows[: int(plan.churn_s / plan.churn_window)]]
+    rates = [w / plan.churn_window for w in full if w > 0]
+    final = run.env.sql(_DEAD)
+    work = next((r for r in final if r[0] == "work_items"), None)
+    first = rates[0] if rates else 0.0
+    last = rates[-1] if rates else 0.0
+    peak_dead = max((s["tables"].get("work_items", {}).get("dead", 0) for s in samples), default=0)
+    run.extra["churn"] = {
+        "items": total,
+        "hour_equivalent_items": HOUR_EQUIVALENT_ITEMS,
+        "fraction_of_hour_equivalent": round(total / HOUR_EQUIVALENT_ITEMS, 2),
+        "window_s": plan.churn_window,
+        "window_rates_items_s": [round(r) for r in rates],
+        "first_window_items_s": round(first),
+        "last_window_items_s": round(last),
+        "last_over_first": round(last / first, 2) if first else 0.0,
+        "peak_dead_tuples_work_items": peak_dead,
+        "final": [
+            {
+                "table": r[0],
+                "live": r[1],
+                "dead": r[2],
+                "autovacuums": r[3],
+                "autoanalyzes": r[4],
+                "since_last_autovacuum_s": None if r[5] is None else round(float(r[5]), 1),
+            }
+            for r in final
+        ],
+        "samples": samples,
+        "autovacuum_kept_up": bool(
+            work is not None
+            and (last >= 0.8 * first if first else False)
+            and work[2] <= max(0.2 * max(work[1], 1), 50_000)
+        ),
+        "autovacuum_kept_up_rule": (
+            "last window >= 0.8x first window and final dead tuples of work_items"
+            " <= max(20% of live, 50,000)"
+        ),
+    }
+    run.figure("churn_first_window", "churn: batched c16, first window", "items/s", first)
+    run.figure("churn_last_window", "churn: batched c16, last window", "items/s", last)
+    say(
+        f"  {total:,} items; first window {first:,.0f}/s, last {last:,.0f}/s; peak dead tuples {peak_dead:,}"
+    )
+
+
+def _machine() -> dict[str, Any]:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "memory_gb": round(mem / 2**30, 1),
+        "python": platform.python_version(),
+        "kernel": platform.release(),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def _warm(seconds: float) -> float:
+    time.sleep(seconds)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="a smoke run, under a minute")
+    parser.add_argument("--reps", type=int, default=None, help="repetitions (default 3, quick 1)")
+    parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    parser.add_argument(
+        "--client-procs", type=int, default=2, help="load-generator processes for 4+ workers"
+    )
+    parser.add_argument("--no-profile", action="store_true", help="skip the py-spy phases")
+    parser.add_argument(
+        "--only",
+        default="pgbench,cycles,enqueue,wake,peer,profile,cost,churn",
+        help="comma-separated phases to run",
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS / "latest", help="results path stem")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary data directory")
+    args = parser.parse_args(argv)
+    plan = make_plan(args)
+    phases = set(args.only.split(","))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    machine = _machine()
+    say(f"plan: {plan}")
+    ctx = get_context("spawn")
+    with (
+        ProcessPoolExecutor(max_workers=max(2, args.client_procs), mp_context=ctx) as pool,
+        environment(server_workers=args.workers, keep=args.keep) as env,
+    ):
+        for f in [pool.submit(_warm, 1.0) for _ in range(max(2, args.client_procs))]:
+            f.result()
+        run = Run(env=env, plan=plan, pool=pool, client_procs=args.client_procs)
+        say(f"batch completion route: {'present' if env.batch_completion_route else 'absent'}")
+        steps = (
+            ("pgbench", phase_pgbench),
+            ("cycles", phase_rest_cycles),
+            ("peer", phase_peer),
+            ("enqueue", phase_enqueue),
+            ("wake", phase_wake),
+            ("profile", phase_profile),
+            ("cost", phase_cost_growth),
+            ("churn", phase_churn),
+        )
+        for name, step in steps:
+            if name in phases:
+                step(run)
+        peak = env.peak_rss()
+        doc = report.build(
+            run_figures=run.figures,
+            cpu=run.cpu,
+            extra=run.extra,
+            errors=run.errors,
+            machine=machine,
+            config={
+                "quick": args.quick,
+                "reps": plan.reps,
+                "server_workers": args.workers,
+                "client_procs": args.client_procs,
+                "scale": os.environ.get("BENCH_SCALE", "default"),
+                "plan": plan.__dict__,
+                "batch_completion_route": env.batch_completion_route,
+                "postgres": env.sql("SHOW server_version")[0][0],
+            },
+            peak_rss=peak,
+            wall=time.time() - t0,
+        )
+    json_path = args.out.with_suffix(".json")
+    md_path = args.out.with_suffix(".md")
+    json_path.write_text(json.dumps(doc, indent=2) + "\n")
+    md_path.write_text(report.markdown(doc))
+    say(f"done in {time.time() - t0:.0f}s: {json_path} and {md_path}")
+    print(report.markdown(doc))
+    return 0 if not run.errors else 1

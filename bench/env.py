@@ -1,0 +1,285 @@
+"""The system under test: a fresh embedded PostgreSQL, the server as a subprocess, and probes.
+
+Everything listens on loopback (PostgreSQL on a Unix socket) and lives in a
+temporary directory that is removed afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import psycopg
+
+from bench.progress import say
+from queue_server.embedded import EmbeddedPostgres
+from queue_server.server import DATABASE_NAME, ensure_admin_key
+from queue_server.settings import Settings
+
+HOST = "127.0.0.1"
+SERVER_START_TIMEOUT = 60.0
+FAR_FUTURE = "2999-01-01T00:00:00Z"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def venv_bin(name: str) -> str:
+    """A console script next to the running interpreter (the project's .venv)."""
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else name
+
+
+@dataclass
+class CpuTotals:
+    """Cumulative CPU seconds (user + system) of each party."""
+
+    server: float
+    postgres: float
+
+    def minus(self, other: CpuTotals) -> CpuTotals:
+        return CpuTotals(self.server - other.server, self.postgres - other.postgres)
+
+
+def _tree_cpu(root: psutil.Process) -> float:
+    """CPU of a process, its live descendants and the descendants it has already reaped."""
+    total = 0.0
+    with contextlib.suppress(psutil.Error):
+        t = root.cpu_times()
+        total += t.user + t.system + t.children_user + t.children_system
+        for child in root.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                c = child.cpu_times()
+                total += c.user + c.system
+    return total
+
+
+def _tree_rss(root: psutil.Process) -> int:
+    total = 0
+    with contextlib.suppress(psutil.Error):
+        total += root.memory_info().rss
+        for child in root.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                total += child.memory_info().rss
+    return total
+
+
+@dataclass
+class Monitor:
+    """Samples the server's process-tree RSS in a thread; keeps the peak."""
+
+    server: psutil.Process
+    interval: float = 0.2
+    peak_rss: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="rss-monitor", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.peak_rss = max(self.peak_rss, _tree_rss(self.server))
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
+@dataclass
+class Tenant:
+    name: str
+    worker_key: str
+    operator_key: str
+
+
+class Environment:
+    """PostgreSQL + migrated database + queue-server, all started fresh."""
+
+    def __init__(self, *, server_workers: int, keep: bool = False) -> None:
+        self.server_workers = server_workers
+        self.keep = keep
+        self.root = Path(tempfile.mkdtemp(prefix="qs-bench-"))
+        self.pg = EmbeddedPostgres(self.root / "pgdata")
+        self.port = free_port()
+        self.base_url = f"http://{HOST}:{self.port}"
+        self.server_proc: subprocess.Popen[bytes] | None = None
+        self.server_ps: psutil.Process | None = None
+        self.monitor: Monitor | None = None
+        self.admin: httpx.Client | None = None
+        self.url = ""
+        self.server_log = self.root / "server.log"
+        self.batch_completion_route = False
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def start(self) -> None:
+        say(f"starting embedded PostgreSQL in {self.root}")
+        self.pg.start()
+        with psycopg.connect(self.pg.url(), autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {DATABASE_NAME}")
+        self.url = self.pg.url(DATABASE_NAME)
+        env = {**os.environ, "QUEUE_SERVER_DATABASE_URL": self.url}
+        say("migrating (queue-server db upgrade)")
+        subprocess.run(
+            [venv_bin("queue-server"), "db", "upgrade"],
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        data_dir = self.root / "data"
+        settings = Settings(database_url=self.url, data_dir=data_dir)
+        admin_key = ensure_admin_key(settings, self.url)
+        if admin_key is None:
+            raise RuntimeError("a fresh database already had an admin key")
+        say(f"starting queue-server serve --workers {self.server_workers} on port {self.port}")
+        env["QUEUE_SERVER_DATA_DIR"] = str(data_dir)
+        with self.server_log.open("wb") as log:
+            self.server_proc = subprocess.Popen(
+                [
+                    venv_bin("queue-server"),
+                    "serve",
+                    "--host",
+                    HOST,
+                    "--port",
+                    str(self.port),
+                    "--workers",
+                    str(self.server_workers),
+                    "--log-level",
+                    "warning",
+                ],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        self.server_ps = psutil.Process(self.server_proc.pid)
+        self.admin = httpx.Client(
+            base_url=self.base_url, headers={"Authorization": f"Bearer {admin_key}"}, timeout=60
+        )
+        deadline = time.monotonic() + SERVER_START_TIMEOUT
+        while True:
+            if self.server_proc.poll() is not None:
+                raise RuntimeError(f"the server exited:\n{self.server_log.read_text()[-3000:]}")
+            with contextlib.suppress(httpx.HTTPError):
+                if self.admin.get("/readyz").status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError("the server did not become ready")
+            time.sleep(0.1)
+        paths = self.admin.get("/openapi.json").json().get("paths", {})
+        self.batch_completion_route = "/v1/tenants/{tenant}/completions" in paths
+        self.monitor = Monitor(self.server_ps)
+        self.monitor.start()
+
+    def stop(self) -> None:
+        if self.monitor is not None:
+            self.monitor.stop()
+        if self.admin is not None:
+            self.admin.close()
+        if self.server_proc is not None and self.server_proc.poll() is None:
+            self.server_proc.send_signal(signal.SIGTERM)
+            try:
+                self.server_proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.server_proc.kill()
+                self.server_proc.wait()
+        self.pg.stop("fast")
+        if not self.keep:
+            shutil.rmtree(self.root, ignore_errors=True)
+            shutil.rmtree(self.pg.socket_dir, ignore_errors=True)
+
+    # -- probes ------------------------------------------------------------
+
+    def postmaster(self) -> psutil.Process:
+        pid = int((self.pg.pgdata / "postmaster.pid").read_text().splitlines()[0])
+        return psutil.Process(pid)
+
+    def server_pids(self) -> list[int]:
+        """The pids that serve requests (the uvicorn workers, or the one process)."""
+        assert self.server_ps is not None
+        children = [p.pid for p in self.server_ps.children(recursive=True)]
+        return [*children] if children else [self.server_ps.pid]
+
+    def cpu(self) -> CpuTotals:
+        assert self.server_ps is not None
+        return CpuTotals(server=_tree_cpu(self.server_ps), postgres=_tree_cpu(self.postmaster()))
+
+    def peak_rss(self) -> int:
+        return self.monitor.peak_rss if self.monitor else 0
+
+    def sql(self, statement: str, params: Any = None, *, dbname: str = DATABASE_NAME) -> list[Any]:
+        with psycopg.connect(self.pg.url(dbname), autocommit=True) as conn:
+            cur = conn.execute(statement, params)
+            return cur.fetchall() if cur.description else []
+
+    # -- tenants -----------------------------------------------------------
+
+    def tenant(
+        self, name: str, *, backlog_cap: int = 100_000_000, queues: tuple[str, ...] = ("q",)
+    ) -> Tenant:
+        """A tenant with worker and operator keys and a spend approval on each queue."""
+        assert self.admin is not None
+        response = self.admin.put(
+            f"/v1/tenants/{name}",
+            json={
+                "backlog_cap": backlog_cap,
+                "default_max_acquisitions": 5,
+                "default_lease_ttl": 60,
+            },
+        )
+        response.raise_for_status()
+        keys = {}
+        for role in ("worker", "operator"):
+            created = self.admin.post(f"/v1/tenants/{name}/keys", json={"role": role})
+            created.raise_for_status()
+            keys[role] = created.json()["secret"]
+        with httpx.Client(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {keys['operator']}"},
+            timeout=60,
+        ) as operator:
+            for queue in queues:
+                approved = operator.post(
+                    f"/v1/tenants/{name}/queues/{queue}/spend-approvals",
+                    json={
+                        "approved_by": "bench@localhost",
+                        "max_concurrency": 100_000,
+                        "expires_at": FAR_FUTURE,
+                        "reason": "benchmark",
+                    },
+                    headers={"Idempotency-Key": uuid.uuid4().hex},
+                )
+                approved.raise_for_status()
+        return Tenant(name=name, worker_key=keys["worker"], operator_key=keys["operator"])
+
+
+@contextlib.contextmanager
+def environment(*, server_workers: int, keep: bool = False) -> Iterator[Environment]:
+    env = Environment(server_workers=server_workers, keep=keep)
+    try:
+        env.start()
+        yield env
+    finally:
+        env.stop()
