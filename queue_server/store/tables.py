@@ -211,3 +211,82 @@ spend_approvals = Table(
     CheckConstraint("max_concurrency >= 2", name="max_concurrency_above_one"),
     Index("ix_spend_approvals_queue", "tenant_id", "queue", "expires_at"),
 )
+
+# -- confirmed-mutation receipts and artifact verification runs (0002) --------------
+
+# One-shot receipts of confirmed mutations (policy ADR Decisions 5-7): claimed
+# `pending` before dispatch, settled once. They outlive the process that claimed them.
+confirmation_receipts = Table(
+    "confirmation_receipts",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("outcome_ref", Text, primary_key=True),
+    Column("idempotency_key", Text, nullable=False),
+    Column("status", Text, nullable=False, server_default=text("'pending'")),
+    Column("outcome", JSONB, nullable=True),
+    _ts("created_at", nullable=False, server_default=func.now()),
+    _ts("settled_at", nullable=True),
+    ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
+    CheckConstraint("status IN ('pending', 'succeeded', 'failed')", name="status_known"),
+    CheckConstraint(
+        "(status = 'pending') = (settled_at IS NULL) AND (status = 'pending') = (outcome IS NULL)",
+        name="settled_iff_outcome",
+    ),
+    # A key claims one outcome reference: the identity is the pair, in both directions.
+    Index(
+        "uq_confirmation_receipts_tenant_id_idempotency_key",
+        "tenant_id",
+        "idempotency_key",
+        unique=True,
+    ),
+)
+
+# A run is keyed by (artifact version, verifier version): the same pair is the same run.
+verification_runs = Table(
+    "verification_runs",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("run_id", UUID(as_uuid=False), primary_key=True),
+    Column("artifact_version", Text, nullable=False),
+    Column("verifier_version", Text, nullable=False),
+    # The declared items, a JSON array of strings: the run-complete marker needs each checkpointed.
+    Column("items", JSONB, nullable=False),
+    Column("state", Text, nullable=False, server_default=text("'running'")),
+    _ts("created_at", nullable=False, server_default=func.now()),
+    _ts("completed_at", nullable=True),
+    ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
+    CheckConstraint("state IN ('running', 'complete')", name="state_known"),
+    CheckConstraint("(state = 'complete') = (completed_at IS NOT NULL)", name="complete_has_time"),
+    CheckConstraint(
+        "jsonb_typeof(items) = 'array' AND jsonb_array_length(items) >= 1", name="declares_items"
+    ),
+    Index(
+        "uq_verification_runs_run_key",
+        "tenant_id",
+        "artifact_version",
+        "verifier_version",
+        unique=True,
+    ),
+    # At most one running run per tenant: verification concurrency is one.
+    Index(
+        "uq_verification_runs_running",
+        "tenant_id",
+        unique=True,
+        postgresql_where=text("state = 'running'"),
+    ),
+)
+
+verification_checkpoints = Table(
+    "verification_checkpoints",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("run_id", UUID(as_uuid=False), primary_key=True),
+    Column("item", Text, primary_key=True),
+    Column("result", JSONB, nullable=False),
+    _ts("recorded_at", nullable=False, server_default=func.now()),
+    ForeignKeyConstraint(
+        ["tenant_id", "run_id"],
+        ["verification_runs.tenant_id", "verification_runs.run_id"],
+        ondelete="CASCADE",
+    ),
+)
