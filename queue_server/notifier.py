@@ -6,9 +6,11 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
+from collections.abc import Callable
 
 import psycopg
 
+from queue_server.store.tenants import KEYS_CHANNEL
 from queue_server.store.transitions import NOTIFY_CHANNEL
 
 log = logging.getLogger(__name__)
@@ -17,8 +19,15 @@ log = logging.getLogger(__name__)
 class Notifier:
     """Maps `tenant/queue` notifications from PostgreSQL to asyncio events."""
 
-    def __init__(self, conninfo: str, *, retry_delay: float = 1.0) -> None:
+    def __init__(
+        self,
+        conninfo: str,
+        *,
+        retry_delay: float = 1.0,
+        on_keys_changed: Callable[[], None] | None = None,
+    ) -> None:
         self._conninfo = conninfo
+        self._on_keys_changed = on_keys_changed or (lambda: None)
         self._retry_delay = retry_delay
         self._waiters: defaultdict[str, set[asyncio.Event]] = defaultdict(set)
         self._task: asyncio.Task[None] | None = None
@@ -61,12 +70,18 @@ class Notifier:
                 conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
                 async with conn:
                     await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
+                    await conn.execute(f"LISTEN {KEYS_CHANNEL}")
                     self.connected.set()
+                    self._on_keys_changed()
                     # Anything notified while we were not listening: let every waiter re-check.
                     self._wake_all()
                     async for notification in conn.notifies():
-                        self._wake(notification.payload)
+                        if notification.channel == KEYS_CHANNEL:
+                            self._on_keys_changed()
+                        else:
+                            self._wake(notification.payload)
             except psycopg.Error as exc:
                 log.warning("notification listener lost its connection: %s", exc)
             self.connected.clear()
+            self._on_keys_changed()
             await asyncio.sleep(self._retry_delay)

@@ -17,6 +17,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from queue_server import auth, errors, views
+from queue_server.keycache import KeyCache
 from queue_server.metrics import Metrics
 from queue_server.models import Role, is_uuid, uuid7
 from queue_server.notifier import Notifier
@@ -89,7 +90,8 @@ class QueueService:
             open=False,
             name="queue-server",
         )
-        self.notifier = Notifier(conninfo)
+        self.keys = KeyCache()
+        self.notifier = Notifier(conninfo, on_keys_changed=self._keys_changed)
         self.metrics = Metrics()
 
     async def open(self) -> None:
@@ -117,7 +119,10 @@ class QueueService:
 
     @contextlib.asynccontextmanager
     async def _tx(self) -> AsyncIterator[Conn]:
-        async with self._conn() as conn, conn.transaction():
+        # Pipeline mode: statements whose results are not read yet (BEGIN, a lock, the
+        # receipt fill, COMMIT) travel with the next one, saving round trips. The
+        # server still runs them in order, each with its own snapshot.
+        async with self._conn() as conn, conn.pipeline(), conn.transaction():
             yield conn
 
     async def ready(self) -> bool:
@@ -191,10 +196,19 @@ class QueueService:
 
     # -- authentication ----------------------------------------------------
 
+    def _keys_changed(self) -> None:
+        self.keys.clear()
+        self.keys.enabled = self.notifier.connected.is_set()
+
     async def authenticate(self, authorization: str | None) -> auth.Principal:
         key_id = auth.parse_bearer(authorization)
-        async with self._conn() as conn:
-            row = await tenants.get_key(conn, key_id)
+        row = self.keys.get(key_id)
+        if row is None:
+            generation = self.keys.generation
+            async with self._conn() as conn:
+                row = await tenants.get_key(conn, key_id)
+            if row is not None and row["revoked_at"] is None:
+                self.keys.put(key_id, row, generation)
         secret = (authorization or "").partition(" ")[2].strip()
         if row is None or row["revoked_at"] is not None:
             raise errors.UnauthorizedError("The API key is unknown or revoked.")
@@ -263,6 +277,8 @@ class QueueService:
         async with self._tx() as conn:
             if not await tenants.revoke_key(conn, tenant=tenant, key_id=key_id):
                 raise errors.KeyNotFoundError(key_id=key_id)
+        # This process stops accepting the key now; the others when the notification arrives.
+        self.keys.clear()
 
     # -- work items --------------------------------------------------------
 
@@ -280,10 +296,9 @@ class QueueService:
         principal.require(tenant, *WORKER_OR_OPERATOR)
 
         async def operation(conn: Conn) -> Answer:
-            row = await tenants.lock_tenant(conn, tenant)
+            row, backlog = await tenants.admit(conn, tenant)
             if row is None:
                 raise errors.TenantNotFoundError(tenant=tenant)
-            backlog = await tenants.backlog(conn, tenant)
             cap = row["backlog_cap"]
             if backlog + len(items) > cap:
                 raise errors.BacklogCapReachedError(
@@ -493,6 +508,59 @@ class QueueService:
         return await self._holder_effect(
             principal, tenant, item_id, idem, instance, worker=worker, fence=fence, change=change
         )
+
+    async def complete_many(
+        self,
+        principal: auth.Principal,
+        tenant: str,
+        idem: Idempotency,
+        *,
+        instance: str,
+        worker: str,
+        completions: list[dict[str, Any]],
+    ) -> Answer:
+        """Complete many items in one transaction, each guarded by its own fence.
+
+        One receipt covers the batch; each entry gets its own answer (the item, or
+        the refusal that a single complete would have given).
+        """
+        principal.require(tenant, Role.WORKER)
+        ids = [entry["item_id"] for entry in completions]
+        if len(set(ids)) != len(ids):
+            raise errors.InvalidRequestError("Each item may appear once in a batch of completions.")
+
+        async def operation(conn: Conn) -> Answer:
+            valid = [entry for entry in completions if is_uuid(entry["item_id"])]
+            done = await transitions.complete_many(
+                conn, tenant=tenant, worker=worker, completions=valid
+            )
+            refused = {
+                entry["item_id"]: entry["fence"]
+                for entry in completions
+                if entry["item_id"] not in done
+            }
+            refusals = (
+                await transitions.explain_rejections(
+                    conn, tenant=tenant, worker=worker, fences=refused
+                )
+                if refused
+                else {}
+            )
+            results = []
+            for item_id in ids:
+                if item_id in done:
+                    results.append(
+                        {"item_id": item_id, "status": 200, "item": views.item(done[item_id])}
+                    )
+                    continue
+                refusal = refusals.get(item_id) or errors.ItemNotFoundError(item_id=item_id)
+                problem = errors.problem(
+                    refusal, base_uri=self.settings.problem_base_uri, instance=instance
+                )
+                results.append({"item_id": item_id, "status": refusal.status, "problem": problem})
+            return _ok(200, {"completed": len(done), "results": results})
+
+        return await self._effect(tenant, idem, instance, operation)
 
     async def requeue(
         self,

@@ -38,3 +38,21 @@ class Settings(BaseSettings):
     # A long-poll acquire re-checks at least this often even without a notification
     # (expired leases and delayed items become due without one).
     poll_interval: float = Field(default=1.0, gt=0)
+    # Watcher URLs may reach these hosts or networks although they are loopback or
+    # private (e.g. ["127.0.0.1"] for a local receiver). JSON list in the environment.
+    transport_allow: list[str] = Field(default_factory=list)
+    # Multiplies the watcher-delivery backoff schedule (30 s, 2 min, 8 min, 32 min);
+    # below 1 only to run the real schedule's shape quickly in tests and demos.
+    delivery_backoff_scale: float = Field(default=1.0, gt=0)
+    # How often an idle `queue-server deliver` looks for due outbox rows.
+    delivery_poll_interval: float = Field(default=1.0, gt=0)
+    # Rows claimed per delivery run; one transport broker (one budget) per run.
+    delivery_batch_size: int = Field(default=32, ge=1, le=1000)
+    # Dispatches in flight at once (policy: watcher-delivery concurrency 4).
+    delivery_concurrency: int = Field(default=4, ge=1, le=64)
+    # Per-attempt timeout (policy: watcher-delivery attempt-timeout 10 s).
+    delivery_attempt_timeout: float = Field(default=10.0, gt=0)
+    # Response-body bytes one delivery run may read in total.
+    delivery_max_response_bytes: int = Field(default=4 * 1024 * 1024, ge=0)
+    # After a secret rotation the previous secret also signs for this long.
+    watcher_secret_grace: timedelta = timedelta(hours=24)

@@ -33,7 +33,7 @@ PROBLEMS: dict[int | str, dict[str, Any]] = {
 router = APIRouter(prefix="/v1", responses=PROBLEMS)
 
 
-def service(request: Request) -> QueueService:
+async def service(request: Request) -> QueueService:
     svc: QueueService = request.app.state.service
     return svc
 
@@ -254,6 +254,34 @@ async def complete(
         worker=body.worker,
         fence=body.fence,
         result=body.result,
+    )
+    return respond(answer)
+
+
+@router.post(
+    "/tenants/{tenant}/completions", response_model=schemas.CompletionsOut, tags=["leases"]
+)
+async def complete_many(
+    request: Request,
+    tenant: TenantName,
+    body: schemas.CompletionsIn,
+    svc: Service,
+    caller: Caller,
+    idempotency_key: IdempotencyKey = None,
+) -> Response:
+    """Complete up to 500 items of one worker at once, each guarded by its own fence.
+
+    Answers 200 with one result per entry: the completed item, or the problem a
+    single complete would have answered (stale-fence, lease-expired, ...).
+    """
+    idem = idempotency(request, idempotency_key, body)
+    answer = await svc.complete_many(
+        caller,
+        tenant,
+        idem,
+        instance=request.url.path,
+        worker=body.worker,
+        completions=[entry.model_dump(mode="json") for entry in body.completions],
     )
     return respond(answer)
 

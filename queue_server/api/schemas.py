@@ -51,6 +51,15 @@ Fence = Annotated[int, Field(ge=0, le=MAX_FENCE)]
 LeaseTtl = Annotated[float, Field(ge=1, le=3600)]
 
 
+class Problem(BaseModel):
+    type: str
+    title: str
+    status: int
+    detail: str
+    code: str
+    instance: str | None = None
+
+
 class Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -174,6 +183,29 @@ class CompleteIn(Body):
     result: Json = None
 
 
+class CompletionIn(Body):
+    item_id: Annotated[str, Field(max_length=64)]
+    fence: Fence
+    result: Json = None
+
+
+class CompletionsIn(Body):
+    worker: Name
+    completions: list[CompletionIn] = Field(min_length=1, max_length=500)
+
+
+class CompletionResult(BaseModel):
+    item_id: str
+    status: int
+    item: ItemOut | None = None
+    problem: Problem | None = None
+
+
+class CompletionsOut(BaseModel):
+    completed: int
+    results: list[CompletionResult]
+
+
 class RequeueIn(Body):
     worker: Name
     fence: Fence
@@ -219,12 +251,3 @@ class ConcurrencyOut(BaseModel):
     limit: int
     active_leases: int
     approval: dict[str, Any] | None
-
-
-class Problem(BaseModel):
-    type: str
-    title: str
-    status: int
-    detail: str
-    code: str
-    instance: str | None = None

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any, Literal, TypeVar
+from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel
@@ -20,6 +21,7 @@ from tenacity.wait import wait_exponential_jitter
 
 from queue_server import __version__
 from queue_server.client import errors
+from queue_server.client.durable import Checkpoint, ReceiptRecord, VerificationRun
 from queue_server.client.models import (
     ApiKey,
     BulkReplay,
@@ -461,6 +463,92 @@ class QueueClient:
             else f"/v1/tenants/{self._tenant(tenant)}/ledger-verification"
         )
         return self._get(Verification, path, limit=limit, cursor=cursor)
+
+    # -- reliability: policy, confirmation receipts, verification runs -----------
+
+    def policy(self) -> dict[str, Any]:
+        """The server's `operation-reliability.v2` document (GET /v1/policy)."""
+        document: dict[str, Any] = self.request("GET", "/v1/policy").json()
+        return document
+
+    def claim_receipt(
+        self,
+        idempotency_key: str,
+        outcome_ref: str,
+        *,
+        claim_token: str | None = None,
+        tenant: str | None = None,
+    ) -> tuple[ReceiptRecord, bool]:
+        """Claim a confirmed mutation's one-shot receipt; True when this call holds the grant.
+
+        A transient failure is retried with the same `claim_token`, so a claim whose
+        answer was lost is granted again rather than mistaken for someone else's.
+        """
+        body = {
+            "idempotency_key": idempotency_key,
+            "outcome_ref": outcome_ref,
+            "claim_token": claim_token or new_idempotency_key(),
+        }
+        response = self.request("POST", f"/v1/tenants/{self._tenant(tenant)}/receipts", json=body)
+        return ReceiptRecord.model_validate_json(response.content), response.status_code == 201
+
+    def settle_receipt(
+        self,
+        outcome_ref: str,
+        status: Literal["succeeded", "failed"],
+        outcome: Any,
+        *,
+        tenant: str | None = None,
+    ) -> ReceiptRecord:
+        """Settle a pending receipt once; the same settlement again is a no-op."""
+        path = f"/v1/tenants/{self._tenant(tenant)}/receipts/{outcome_ref}"
+        body = {"status": status, "outcome": outcome}
+        return ReceiptRecord.model_validate_json(self.request("PUT", path, json=body).content)
+
+    def get_receipt(self, outcome_ref: str, *, tenant: str | None = None) -> ReceiptRecord:
+        return self._get(
+            ReceiptRecord, f"/v1/tenants/{self._tenant(tenant)}/receipts/{outcome_ref}"
+        )
+
+    def start_verification_run(
+        self,
+        artifact_version: str,
+        verifier_version: str,
+        items: Sequence[str],
+        *,
+        tenant: str | None = None,
+    ) -> VerificationRun:
+        """Start (or, for the same pair, find again) the run of an artifact and verifier version."""
+        body = {
+            "artifact_version": artifact_version,
+            "verifier_version": verifier_version,
+            "items": list(items),
+        }
+        path = f"/v1/tenants/{self._tenant(tenant)}/verification-runs"
+        return VerificationRun.model_validate_json(self.request("POST", path, json=body).content)
+
+    def get_verification_run(self, run_id: str, *, tenant: str | None = None) -> VerificationRun:
+        path = f"/v1/tenants/{self._tenant(tenant)}/verification-runs/{run_id}"
+        return self._get(VerificationRun, path)
+
+    def checkpoint(
+        self, run_id: str, item: str, result: Any, *, tenant: str | None = None
+    ) -> Checkpoint:
+        """Record one item's result; the same result again is a no-op, another is refused."""
+        path = (
+            f"/v1/tenants/{self._tenant(tenant)}/verification-runs/{run_id}"
+            f"/checkpoints/{quote(item, safe='/')}"
+        )
+        return Checkpoint.model_validate_json(
+            self.request("PUT", path, json={"result": result}).content
+        )
+
+    def complete_verification_run(
+        self, run_id: str, *, tenant: str | None = None
+    ) -> VerificationRun:
+        """Write the terminal run-complete marker; refused until every item is checkpointed."""
+        path = f"/v1/tenants/{self._tenant(tenant)}/verification-runs/{run_id}/complete"
+        return VerificationRun.model_validate_json(self.request("PUT", path).content)
 
 
 def _item_body(item: NewItem) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from sqlalchemy import (
     DateTime,
     Enum,
     ForeignKeyConstraint,
+    Identity,
     Index,
     Integer,
     Interval,
@@ -18,7 +19,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
 metadata = MetaData(
     naming_convention={
@@ -222,6 +223,9 @@ confirmation_receipts = Table(
     Column("tenant_id", Text, primary_key=True),
     Column("outcome_ref", Text, primary_key=True),
     Column("idempotency_key", Text, nullable=False),
+    # Chosen by the claimant: a retry of the same claim (its answer lost) is granted again,
+    # while the same identity claimed by anyone else gets the retained receipt.
+    Column("claim_token", Text, nullable=True),
     Column("status", Text, nullable=False, server_default=text("'pending'")),
     Column("outcome", JSONB, nullable=True),
     _ts("created_at", nullable=False, server_default=func.now()),
@@ -289,4 +293,91 @@ verification_checkpoints = Table(
         ["verification_runs.tenant_id", "verification_runs.run_id"],
         ondelete="CASCADE",
     ),
+)
+
+# -- watchers and the webhook outbox (0003) ------------------------------------------
+
+# A tenant's webhook subscription. The secret is a signing key the server must use,
+# so it is stored (never logged); after a rotation the previous one also signs until
+# `previous_secret_expires_at`.
+watchers = Table(
+    "watchers",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column(
+        "watcher_id", UUID(as_uuid=False), primary_key=True, server_default=func.gen_random_uuid()
+    ),
+    Column("url", Text, nullable=False),
+    Column("events", ARRAY(Text), nullable=False),
+    # NULL: every queue.
+    Column("queues", ARRAY(Text), nullable=True),
+    Column("state", Text, nullable=False, server_default=text("'active'")),
+    Column("secret", Text, nullable=False),
+    Column("previous_secret", Text, nullable=True),
+    _ts("previous_secret_expires_at", nullable=True),
+    # Why the server disabled it (a receiver answering 410 Gone).
+    Column("disabled_reason", Text, nullable=True),
+    _ts("created_at", nullable=False, server_default=func.now()),
+    _ts("updated_at", nullable=False, server_default=func.now()),
+    ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
+    CheckConstraint("state IN ('active', 'paused', 'cancelled', 'disabled')", name="state_known"),
+    CheckConstraint("cardinality(events) >= 1", name="has_events"),
+    CheckConstraint(
+        "(previous_secret IS NULL) = (previous_secret_expires_at IS NULL)",
+        name="previous_secret_expires",
+    ),
+    # Every item transition joins this index: a tenant without watchers costs one probe.
+    Index("ix_watchers_active", "tenant_id", postgresql_where=text("state = 'active'")),
+)
+
+# One row per (transition, matching watcher), written by the transition's own statement.
+# `delivery_key` is the `webhook-id` of every attempt, replays included.
+outbox_deliveries = Table(
+    "outbox_deliveries",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column(
+        "delivery_id", UUID(as_uuid=False), primary_key=True, server_default=func.gen_random_uuid()
+    ),
+    # Creation order: rows of one watcher are sent in this order.
+    Column("seq", BigInteger, Identity(always=False), nullable=False),
+    Column("watcher_id", UUID(as_uuid=False), nullable=False),
+    Column("delivery_key", Text, nullable=False),
+    Column("event", Text, nullable=False),
+    Column("item_id", UUID(as_uuid=False), nullable=True),
+    Column("queue", Text, nullable=True),
+    Column("body", JSONB, nullable=False),
+    Column("state", Text, nullable=False, server_default=text("'pending'")),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    # The persisted schedule: when the next attempt is due (NULL once none is left).
+    _ts("next_attempt_at", nullable=True),
+    # When a deliverer may claim the row: the schedule, or a lost claim's expiry.
+    _ts("due_at", nullable=False, server_default=func.now()),
+    Column("claim_token", UUID(as_uuid=False), nullable=True),
+    _ts("claimed_until", nullable=True),
+    _ts("last_attempt_at", nullable=True),
+    Column("last_outcome", JSONB, nullable=True),
+    # Dispatch receipts of every attempt, oldest first, bounded; overflow is counted.
+    Column("receipts", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
+    Column("receipts_omitted", Integer, nullable=False, server_default=text("0")),
+    _ts("created_at", nullable=False, server_default=func.now()),
+    _ts("updated_at", nullable=False, server_default=func.now()),
+    _ts("delivered_at", nullable=True),
+    ForeignKeyConstraint(
+        ["tenant_id", "watcher_id"],
+        ["watchers.tenant_id", "watchers.watcher_id"],
+        ondelete="CASCADE",
+    ),
+    CheckConstraint("state IN ('pending', 'delivered', 'dead', 'cancelled')", name="state_known"),
+    CheckConstraint("attempts >= 0", name="attempts_not_negative"),
+    CheckConstraint("(claim_token IS NULL) = (claimed_until IS NULL)", name="claim_has_expiry"),
+    Index("uq_outbox_deliveries_delivery_key", "tenant_id", "delivery_key", unique=True),
+    # The deliverer's claim scan: only pending rows, in due order.
+    Index(
+        "ix_outbox_deliveries_due",
+        "due_at",
+        "seq",
+        postgresql_where=text("state = 'pending'"),
+    ),
+    Index("ix_outbox_deliveries_watcher", "tenant_id", "watcher_id", "seq"),
 )

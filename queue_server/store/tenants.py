@@ -7,6 +7,9 @@ from typing import Any
 
 from queue_server.store.transitions import Conn, Row
 
+# Revoking a key notifies every API process, which drops its cache of keys.
+KEYS_CHANNEL = "queue_server_keys"
+
 _PUT_TENANT = """
 INSERT INTO tenants (tenant_id, backlog_cap, default_max_acquisitions, default_lease_ttl)
 VALUES (%(tenant)s, %(backlog_cap)s, %(default_max_acquisitions)s, %(default_lease_ttl)s)
@@ -47,10 +50,21 @@ async def get_tenant(conn: Conn, tenant: str) -> Row | None:
     return await cur.fetchone()
 
 
-async def lock_tenant(conn: Conn, tenant: str) -> Row | None:
-    """The tenant's admission lock: held until the transaction ends."""
-    cur = await conn.execute("SELECT * FROM tenants WHERE tenant_id = %s FOR UPDATE", (tenant,))
-    return await cur.fetchone()
+async def admit(conn: Conn, tenant: str) -> tuple[Row | None, int]:
+    """Take the tenant's admission lock (held until the transaction ends), then count its backlog.
+
+    Two statements: the count's snapshot is taken after the lock is granted, so it
+    sees every enqueue committed by the previous holder. Sent together in pipeline mode.
+    """
+    # NO KEY UPDATE: serialises admissions without blocking inserts that reference the tenant.
+    locked = await conn.execute(
+        "SELECT * FROM tenants WHERE tenant_id = %s FOR NO KEY UPDATE", (tenant,)
+    )
+    counted = await conn.execute(_BACKLOG, {"tenant": tenant})
+    row = await locked.fetchone()
+    count = await counted.fetchone()
+    assert count is not None
+    return row, int(count["backlog"])
 
 
 _BACKLOG = """
@@ -90,7 +104,7 @@ async def revoke_key(conn: Conn, *, tenant: str, key_id: str) -> bool:
     """Revoked at once: every request checks `revoked_at`."""
     cur = await conn.execute(
         "UPDATE api_keys SET revoked_at = coalesce(revoked_at, statement_timestamp())"
-        " WHERE tenant_id = %s AND key_id = %s RETURNING key_id",
+        f" WHERE tenant_id = %s AND key_id = %s RETURNING pg_notify('{KEYS_CHANNEL}', key_id)",
         (tenant, key_id),
     )
     return await cur.fetchone() is not None

@@ -24,6 +24,7 @@ from psycopg.types.json import Jsonb
 
 from queue_server import errors
 from queue_server.models import ItemState
+from queue_server.store.outbox import outbox_cte
 
 Row = dict[str, Any]
 Conn = AsyncConnection[Row]
@@ -54,7 +55,7 @@ WITH input AS (
                               'available_at', available_at,
                               'max_acquisitions', max_acquisitions)
     FROM ins
-)
+), {outbox_cte("item.enqueued", "ins")}
 SELECT ins.* FROM ins, (SELECT pg_notify('{NOTIFY_CHANNEL}', %(tenant)s || '/' || %(queue)s)) AS n
 """
 
@@ -139,7 +140,7 @@ WITH room AS (
     SELECT tenant_id, item_id, event_seq - 1, updated_at, 'quarantined', fence, 'server',
            jsonb_build_object('reason', 'acquisition budget exhausted')
     FROM quarantined
-)
+), {outbox_cte("item.quarantined", "quarantined")}
 SELECT true AS leased, * FROM leased
 UNION ALL
 SELECT false AS leased, * FROM quarantined
@@ -172,8 +173,12 @@ async def acquire(
     return leased, quarantined
 
 
-def _holder_update(assignments: str, kind: str, data_sql: str, *, notify: bool = False) -> str:
-    """A holder operation: one guarded UPDATE plus its ledger row, in one statement."""
+def _holder_update(
+    assignments: str, kind: str, data_sql: str, *, notify: bool = False, event: str | None = None
+) -> str:
+    """A holder operation: one guarded UPDATE plus its ledger row (and outbox rows of
+    `event`), in one statement."""
+    outbox = f", {outbox_cte(event, 'upd')}" if event else ""
     tail = (
         f", (SELECT pg_notify('{NOTIFY_CHANNEL}', %(tenant)s || '/' || queue) FROM upd) AS n"
         if notify
@@ -191,7 +196,7 @@ WITH upd AS (
     INSERT INTO item_events ({_EVENT_COLUMNS})
     SELECT tenant_id, item_id, event_seq - 1, updated_at, '{kind}', fence, %(worker)s, {data_sql}
     FROM upd
-)
+){outbox}
 SELECT upd.* FROM upd{tail}
 """
 
@@ -205,6 +210,7 @@ _COMPLETE = _holder_update(
     "state = 'completed', result = %(result)s, lease_holder = NULL, lease_expires_at = NULL",
     "completed",
     "jsonb_build_object('result', result)",
+    event="item.completed",
 )
 _REQUEUE = _holder_update(
     "state = 'ready', available_at = statement_timestamp(), lease_holder = NULL,"
@@ -212,6 +218,7 @@ _REQUEUE = _holder_update(
     "requeued",
     "jsonb_build_object('reason', %(reason)s::text, 'available_at', available_at)",
     notify=True,
+    event="item.requeued",
 )
 _TRIAGE_REQUEUE = _holder_update(
     "state = 'ready', available_at = statement_timestamp(), last_failure = %(failure)s,"
@@ -220,6 +227,7 @@ _TRIAGE_REQUEUE = _holder_update(
     "jsonb_build_object('decision', 'requeue', 'failure', last_failure,"
     " 'available_at', available_at)",
     notify=True,
+    event="item.requeued",
 )
 _TRIAGE_QUARANTINE = f"""
 WITH upd AS (
@@ -240,7 +248,7 @@ WITH upd AS (
     SELECT tenant_id, item_id, event_seq - 1, updated_at, 'triaged', fence, %(worker)s,
            jsonb_build_object('decision', 'quarantine', 'failure', last_failure)
     FROM upd
-)
+), {outbox_cte("item.quarantined", "upd")}
 SELECT upd.* FROM upd
 """
 
@@ -329,17 +337,13 @@ async def record_triage_rejected(
 
 
 _EXPLAIN = """
-SELECT state, fence, lease_holder, lease_expires_at,
+SELECT item_id::text AS item_id, state, fence, lease_holder, lease_expires_at,
        lease_expires_at <= statement_timestamp() AS expired
-FROM work_items WHERE tenant_id = %(tenant)s AND item_id = %(item_id)s
+FROM work_items WHERE tenant_id = %(tenant)s AND item_id = ANY(%(item_ids)s::uuid[])
 """
 
 
-async def explain_rejection(
-    conn: Conn, *, tenant: str, item_id: str, worker: str, fence: int
-) -> errors.QueueServerError:
-    """Why a guarded holder operation changed nothing: the precise refusal."""
-    row = await _one(conn, _EXPLAIN, {"tenant": tenant, "item_id": item_id})
+def _refusal(row: Row | None, *, item_id: str, worker: str, fence: int) -> errors.QueueServerError:
     if row is None:
         return errors.ItemNotFoundError(item_id=item_id)
     if row["state"] != ItemState.LEASED:
@@ -356,6 +360,61 @@ async def explain_rejection(
         )
     # The row changed between the guarded update and this read.
     return errors.StaleFenceError(item_id=item_id, current_fence=row["fence"])
+
+
+async def explain_rejections(
+    conn: Conn, *, tenant: str, worker: str, fences: dict[str, int]
+) -> dict[str, errors.QueueServerError]:
+    """Why guarded holder operations changed nothing: the precise refusal of each item."""
+    cur = await conn.execute(_EXPLAIN, {"tenant": tenant, "item_ids": list(fences)})
+    rows = {row["item_id"]: row for row in await cur.fetchall()}
+    return {
+        item_id: _refusal(rows.get(item_id), item_id=item_id, worker=worker, fence=fence)
+        for item_id, fence in fences.items()
+    }
+
+
+async def explain_rejection(
+    conn: Conn, *, tenant: str, item_id: str, worker: str, fence: int
+) -> errors.QueueServerError:
+    """Why a guarded holder operation changed nothing: the precise refusal."""
+    refusals = await explain_rejections(conn, tenant=tenant, worker=worker, fences={item_id: fence})
+    return refusals[item_id]
+
+
+_COMPLETE_MANY = f"""
+WITH input AS (
+    SELECT * FROM jsonb_to_recordset(%(items)s::jsonb) AS x(item_id uuid, fence bigint, result jsonb)
+), upd AS (
+    UPDATE work_items w
+    SET state = 'completed', result = coalesce(i.result, 'null'::jsonb), lease_holder = NULL,
+        lease_expires_at = NULL, updated_at = statement_timestamp(), event_seq = w.event_seq + 1
+    FROM input i
+    WHERE w.tenant_id = %(tenant)s AND w.item_id = i.item_id
+      AND w.state = 'leased' AND w.fence = i.fence AND w.lease_holder = %(worker)s
+      AND w.lease_expires_at > statement_timestamp()
+    RETURNING w.*
+), ev AS (
+    INSERT INTO item_events ({_EVENT_COLUMNS})
+    SELECT tenant_id, item_id, event_seq - 1, updated_at, 'completed', fence, %(worker)s,
+           jsonb_build_object('result', result)
+    FROM upd
+)
+SELECT upd.* FROM upd
+"""
+
+
+async def complete_many(
+    conn: Conn, *, tenant: str, worker: str, completions: list[dict[str, Any]]
+) -> dict[str, Row]:
+    """leased -> completed for each item whose own fence, holder and expiry pass the guard.
+
+    Returns the completed rows by item id; the others changed nothing.
+    """
+    cur = await conn.execute(
+        _COMPLETE_MANY, {"items": Jsonb(completions), "tenant": tenant, "worker": worker}
+    )
+    return {str(row["item_id"]): row for row in await cur.fetchall()}
 
 
 _REPLAY = f"""
@@ -382,7 +441,7 @@ WITH dl AS (
                               'max_acquisitions', max_acquisitions,
                               'available_at', available_at)
     FROM upd
-)
+), {outbox_cte("item.replayed", "upd")}
 SELECT upd.* FROM upd, (SELECT pg_notify('{NOTIFY_CHANNEL}', %(tenant)s || '/' || queue)
                         FROM upd) AS n
 """
@@ -422,7 +481,7 @@ WITH dl AS (
            jsonb_build_object('dead_letter_id', %(dead_letter_id)s::text,
                               'reason', %(reason)s::text)
     FROM upd
-)
+), {outbox_cte("item.cancelled", "upd")}
 SELECT upd.* FROM upd
 """
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 
 import httpx
 import psycopg
@@ -87,3 +88,25 @@ def test_key_of_a_tenant_works_only_with_its_role(api: Api) -> None:
     operator = client_for(api.url, api.keys["operator"])
     response = operator.post("/v1/tenants/acme/queues/q/leases", json={"worker": "w"})
     assert response.status_code == 403
+
+
+def test_revocation_reaches_another_api_process_that_cached_the_key(
+    api: Api, settings: object, database_url: str
+) -> None:
+    from queue_server.settings import Settings
+    from tests.conftest import LiveServer
+
+    assert isinstance(settings, Settings)
+    other = LiveServer(settings, database_url)
+    other.start()
+    try:
+        created = api.admin.post("/v1/tenants/acme/keys", json={"role": "worker"}).json()
+        via_other = client_for(other.url, created["secret"])
+        # Wait until the other process listens, then let it cache the key.
+        time.sleep(0.5)
+        assert via_other.get("/v1/tenants/acme/queues/q/concurrency").status_code == 200
+        assert api.admin.delete(f"/v1/tenants/acme/keys/{created['key_id']}").status_code == 204
+        time.sleep(0.2)  # the notification's trip between processes
+        assert via_other.get("/v1/tenants/acme/queues/q/concurrency").status_code == 401
+    finally:
+        other.stop()

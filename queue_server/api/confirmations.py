@@ -1,0 +1,108 @@
+"""Durable confirmation receipts, and the reliability policy they implement (GET /v1/policy).
+
+The receipt routes are naturally idempotent and carry their identity in the
+resource itself (idempotency key + outcome reference), so they take no
+`Idempotency-Key` header: a repeat of a claim or of the same settlement
+returns the retained receipt with `Idempotent-Replayed: true`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Path
+from pydantic import BaseModel, Field
+from starlette.responses import Response
+
+from queue_server import views
+from queue_server.api import schemas
+from queue_server.api.routes import PROBLEMS, Caller, Service, TenantName, respond
+from queue_server.confirmations import Confirmations
+from queue_server.policy import policy_document
+
+router = APIRouter(prefix="/v1", responses=PROBLEMS)
+
+REF_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,254}$"
+KEY_PATTERN = r"^[\x21-\x7e]{1,255}$"
+
+OutcomeRef = Annotated[
+    str, Path(pattern=REF_PATTERN, description="The receipt's stable outcome reference")
+]
+
+
+class ClaimIn(schemas.Body):
+    idempotency_key: str = Field(
+        pattern=KEY_PATTERN, description="1 to 255 printable ASCII characters"
+    )
+    outcome_ref: str = Field(
+        pattern=REF_PATTERN, description="Stable reference the outcome is found by"
+    )
+    claim_token: str | None = Field(
+        default=None,
+        pattern=KEY_PATTERN,
+        description="The claimant's own token: resending it with a lost claim is granted again",
+    )
+
+
+class SettleIn(schemas.Body):
+    status: Literal["succeeded", "failed"]
+    outcome: schemas.Json = Field(description="What the mutation did, or why it failed")
+
+
+class ReceiptOut(BaseModel):
+    outcome_ref: str
+    idempotency_key: str
+    status: Literal["pending", "succeeded", "failed"]
+    outcome: Any
+    created_at: datetime
+    settled_at: datetime | None
+
+
+@router.post(
+    "/tenants/{tenant}/receipts",
+    response_model=ReceiptOut,
+    status_code=201,
+    tags=["receipts"],
+)
+async def claim_receipt(
+    tenant: TenantName, body: ClaimIn, svc: Service, caller: Caller
+) -> Response:
+    """Claim the one-shot receipt of a confirmed mutation: `pending`, 201. The same
+    (idempotency key, outcome reference) again returns the retained receipt, 200; a
+    reference or key already bound to the other half of another identity is 409."""
+    answer = await Confirmations(svc).claim(
+        caller,
+        tenant,
+        idempotency_key=body.idempotency_key,
+        outcome_ref=body.outcome_ref,
+        claim_token=body.claim_token,
+    )
+    return respond(answer)
+
+
+@router.put("/tenants/{tenant}/receipts/{ref}", response_model=ReceiptOut, tags=["receipts"])
+async def settle_receipt(
+    tenant: TenantName, ref: OutcomeRef, body: SettleIn, svc: Service, caller: Caller
+) -> Response:
+    """Settle a pending receipt once as `succeeded` or `failed` with its outcome; the same
+    settlement again replays, a different one is 409 `receipt-conflict`."""
+    answer = await Confirmations(svc).settle(
+        caller, tenant, ref, status=body.status, outcome=body.outcome
+    )
+    return respond(answer)
+
+
+@router.get("/tenants/{tenant}/receipts/{ref}", response_model=ReceiptOut, tags=["receipts"])
+async def get_receipt(
+    tenant: TenantName, ref: OutcomeRef, svc: Service, caller: Caller
+) -> Response:
+    """The receipt as it is now: pending, or settled with its outcome."""
+    return respond(await Confirmations(svc).get(caller, tenant, ref))
+
+
+@router.get("/policy", tags=["policy"])
+async def get_policy() -> Response:
+    """`operation-reliability.v2`: six operation classes by ten dimensions. Needs no key:
+    it is the contract every client obeys, and holds no tenant data."""
+    return Response(views.dumps(policy_document()), media_type="application/json")

@@ -1,0 +1,123 @@
+"""Artifact verification runs: start by run key, checkpoint items, write the terminal marker.
+
+Every route is idempotent by its resource identity (run key, run + item), so
+none takes an `Idempotency-Key` header; a repeat answers 200 with
+`Idempotent-Replayed: true`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Path
+from pydantic import AfterValidator, BaseModel, Field
+from starlette.responses import Response
+
+from queue_server.api import schemas
+from queue_server.api.routes import PROBLEMS, Caller, Service, TenantName, respond
+from queue_server.verification import Verification
+
+router = APIRouter(prefix="/v1", responses=PROBLEMS)
+
+MAX_ITEMS = 10_000
+
+RunId = Annotated[str, Path(max_length=64, description="Verification run id (a UUID)")]
+Version = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$")]
+
+
+def _item_name(value: str) -> str:
+    if not value.strip() or value != value.strip():
+        raise ValueError("must be non-empty without surrounding whitespace")
+    return value
+
+
+ItemName = Annotated[schemas.Text, Field(max_length=1024), AfterValidator(_item_name)]
+
+
+class RunIn(schemas.Body):
+    artifact_version: Version
+    verifier_version: Version
+    items: list[ItemName] = Field(min_length=1, max_length=MAX_ITEMS)
+
+
+class CheckpointIn(schemas.Body):
+    result: schemas.Json = Field(description="The item's verification result")
+
+
+class CheckpointOut(BaseModel):
+    run_id: str
+    item: str
+    result: Any
+    recorded_at: datetime
+
+
+class RunOut(BaseModel):
+    run_id: str
+    run_key: str
+    artifact_version: str
+    verifier_version: str
+    state: Literal["running", "complete"]
+    items: list[str]
+    checkpoints: list[CheckpointOut]
+    remaining: list[str]
+    created_at: datetime
+    completed_at: datetime | None
+
+
+@router.post(
+    "/tenants/{tenant}/verification-runs",
+    response_model=RunOut,
+    status_code=201,
+    tags=["verification"],
+)
+async def start_run(tenant: TenantName, body: RunIn, svc: Service, caller: Caller) -> Response:
+    """Start the run of (artifact version, verifier version), 201; the same pair again
+    returns that run with its checkpoints, 200. While another run of the tenant is
+    running: 409 `verification-run-busy`."""
+    answer = await Verification(svc).start(
+        caller,
+        tenant,
+        artifact_version=body.artifact_version,
+        verifier_version=body.verifier_version,
+        items=body.items,
+    )
+    return respond(answer)
+
+
+@router.get(
+    "/tenants/{tenant}/verification-runs/{run_id}", response_model=RunOut, tags=["verification"]
+)
+async def get_run(tenant: TenantName, run_id: RunId, svc: Service, caller: Caller) -> Response:
+    """The run, its checkpoints and the items that remain: where a verifier resumes."""
+    return respond(await Verification(svc).get(caller, tenant, run_id))
+
+
+@router.put(
+    "/tenants/{tenant}/verification-runs/{run_id}/checkpoints/{item:path}",
+    response_model=CheckpointOut,
+    tags=["verification"],
+)
+async def put_checkpoint(
+    tenant: TenantName,
+    run_id: RunId,
+    item: Annotated[str, Path(max_length=1024, description="A declared item")],
+    body: CheckpointIn,
+    svc: Service,
+    caller: Caller,
+) -> Response:
+    """Checkpoint one declared item, 201; the same result again, 200; another, 409."""
+    return respond(
+        await Verification(svc).checkpoint(caller, tenant, run_id, item, result=body.result)
+    )
+
+
+@router.put(
+    "/tenants/{tenant}/verification-runs/{run_id}/complete",
+    response_model=RunOut,
+    tags=["verification"],
+)
+async def complete_run(tenant: TenantName, run_id: RunId, svc: Service, caller: Caller) -> Response:
+    """Write the terminal run-complete marker; 409 `verification-incomplete` (naming the
+    missing items) until every declared item has a checkpoint."""
+    return respond(await Verification(svc).complete(caller, tenant, run_id))

@@ -1,0 +1,143 @@
+"""Durable receipts of confirmed mutations: claim once, settle once, replay by identity.
+
+Policy ADR Decisions 5-7: a confirmed mutation owns an independently durable
+idempotency receipt. Its one-shot claim of (idempotency key, outcome reference)
+is the exclusive grant to dispatch; the same identity claimed again returns the
+retained receipt (pending, or the settled outcome) instead of a second grant.
+Receipts live in PostgreSQL, so they survive a restart of the server and of
+the client that claimed them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from queue_server import auth, errors, views
+from queue_server.models import Role
+from queue_server.policy import OperationClass, ReceiptConflictError, admit_operation
+from queue_server.service import Answer, QueueService
+from queue_server.store import confirmations, tenants
+from queue_server.store.transitions import Conn, Row
+
+Settlement = Literal["succeeded", "failed"]
+
+
+class ReceiptNotFoundError(errors.NotFoundError):
+    """No receipt with this outcome reference in this tenant."""
+
+    code = "receipt-not-found"
+    title = "Receipt not found"
+
+
+def receipt_view(row: Row) -> dict[str, Any]:
+    return {
+        "outcome_ref": row["outcome_ref"],
+        "idempotency_key": row["idempotency_key"],
+        "status": row["status"],
+        "outcome": row["outcome"],
+        "created_at": row["created_at"],
+        "settled_at": row["settled_at"],
+    }
+
+
+def _answer(status: int, row: Row, *, replayed: bool = False) -> Answer:
+    return Answer(status=status, body=views.dumps(receipt_view(row)), replayed=replayed)
+
+
+class Confirmations:
+    """The receipts API's transactions, on the service's pool."""
+
+    def __init__(self, service: QueueService) -> None:
+        self.service = service
+
+    @staticmethod
+    async def _require_tenant(conn: Conn, tenant: str) -> None:
+        if await tenants.get_tenant(conn, tenant) is None:
+            raise errors.TenantNotFoundError(tenant=tenant)
+
+    async def claim(
+        self,
+        principal: auth.Principal,
+        tenant: str,
+        *,
+        idempotency_key: str,
+        outcome_ref: str,
+        claim_token: str | None = None,
+    ) -> Answer:
+        """(none) -> pending, 201; the same identity again: the retained receipt, 200.
+
+        A repeat carrying the original `claim_token` of a still-pending receipt is the
+        same claim retried after its answer was lost: it is granted again (201).
+        """
+        principal.require(tenant, Role.WORKER, Role.OPERATOR)
+        # The server fails closed on the same rule as every client: no identity, no grant.
+        admit_operation(
+            OperationClass.CONFIRMED_MUTATION,
+            idempotency_key=idempotency_key,
+            outcome_ref=outcome_ref,
+        )
+        async with self.service._tx() as conn:
+            await self._require_tenant(conn, tenant)
+            row = await confirmations.claim(
+                conn, tenant=tenant, key=idempotency_key, ref=outcome_ref, token=claim_token
+            )
+            if row is not None:
+                return _answer(201, row)
+            existing = await confirmations.get(conn, tenant=tenant, ref=outcome_ref)
+            if existing is None:
+                existing = await confirmations.get_by_key(conn, tenant=tenant, key=idempotency_key)
+                assert existing is not None, "a refused claim conflicts with an existing receipt"
+                raise ReceiptConflictError(
+                    "This idempotency key already claimed another outcome reference.",
+                    outcome_ref=existing["outcome_ref"],
+                )
+            if existing["idempotency_key"] != idempotency_key:
+                raise ReceiptConflictError(
+                    "This outcome reference belongs to another idempotency key.",
+                    outcome_ref=outcome_ref,
+                )
+            if (
+                claim_token is not None
+                and existing["claim_token"] == claim_token
+                and existing["status"] == "pending"
+            ):
+                return _answer(201, existing, replayed=True)
+            return _answer(200, existing, replayed=True)
+
+    async def settle(
+        self,
+        principal: auth.Principal,
+        tenant: str,
+        outcome_ref: str,
+        *,
+        status: Settlement,
+        outcome: Any,
+    ) -> Answer:
+        """pending -> succeeded | failed, once; the same settlement again replays; another is 409."""
+        principal.require(tenant, Role.WORKER, Role.OPERATOR)
+        async with self.service._tx() as conn:
+            await self._require_tenant(conn, tenant)
+            row = await confirmations.settle(
+                conn, tenant=tenant, ref=outcome_ref, status=status, outcome=outcome
+            )
+            if row is not None:
+                return _answer(200, row)
+            existing = await confirmations.get(conn, tenant=tenant, ref=outcome_ref)
+        if existing is None:
+            raise ReceiptNotFoundError(outcome_ref=outcome_ref)
+        if (existing["status"], existing["outcome"]) == (status, outcome):
+            return _answer(200, existing, replayed=True)
+        raise ReceiptConflictError(
+            f"The receipt is already settled as {existing['status']}; a receipt settles once.",
+            outcome_ref=outcome_ref,
+            status=existing["status"],
+        )
+
+    async def get(self, principal: auth.Principal, tenant: str, outcome_ref: str) -> Answer:
+        principal.require(tenant, Role.WORKER, Role.OPERATOR)
+        async with self.service._conn() as conn:
+            await self._require_tenant(conn, tenant)
+            row = await confirmations.get(conn, tenant=tenant, ref=outcome_ref)
+        if row is None:
+            raise ReceiptNotFoundError(outcome_ref=outcome_ref)
+        return _answer(200, row)

@@ -1,0 +1,432 @@
+"""The SQL of watchers and the webhook outbox.
+
+    transition --(same statement: outbox CTE)--> pending
+    pending --claim (attempt n; the next attempt's instant persisted first)--> pending, claimed
+    claimed --2xx--> delivered
+    claimed --failure, attempts left--> pending, due at the persisted instant
+    claimed --failure, last attempt--> dead (+ a dead letter of kind 'delivery')
+    claimed --410 Gone--> cancelled; the watcher is disabled and its pending rows cancelled
+    claimed --budget refused before the socket--> pending, as it was (no attempt counted)
+    dead --operator replay--> pending, attempts 0, same delivery key
+    watcher cancel: pending -> cancelled.  watcher paused: pending rows are not claimed.
+
+A claim is fenced by a random token: an outcome is recorded only by the deliverer
+that holds the claim, and a claim lost with its deliverer expires at `claimed_until`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from psycopg import AsyncConnection
+from psycopg.types.json import Jsonb
+
+Row = dict[str, Any]
+Conn = AsyncConnection[Row]
+
+EVENTS = (
+    "item.enqueued",
+    "item.completed",
+    "item.requeued",
+    "item.quarantined",
+    "item.replayed",
+    "item.cancelled",
+)
+
+
+def _ts(expr: str) -> str:
+    """An RFC 3339 UTC rendering of a timestamptz, as the API renders times."""
+    return f"""to_char({expr} AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')"""
+
+
+# The item exactly as `queue_server.views.item` shapes it, built from the transition's row.
+_ITEM_JSON = f"""jsonb_build_object(
+        'item_id', s.item_id::text, 'tenant', s.tenant_id, 'queue', s.queue,
+        'state', s.state::text, 'payload', s.payload, 'priority', s.priority,
+        'available_at', {_ts("s.available_at")}, 'fence', s.fence,
+        'acquisition_count', s.acquisition_count, 'max_acquisitions', s.max_acquisitions,
+        'lease_holder', s.lease_holder, 'lease_expires_at', {_ts("s.lease_expires_at")},
+        'result', s.result, 'last_failure', s.last_failure,
+        'created_at', {_ts("s.created_at")}, 'updated_at', {_ts("s.updated_at")})"""
+
+
+def outbox_cte(event: str, source: str) -> str:
+    """`outbox AS (...)`: one outbox row per active watcher of `event` for each row of `source`.
+
+    Appended to a transition's WITH list, so the rows commit or roll back with the
+    transition. The join reads the partial index ix_watchers_active: a tenant
+    without watchers costs one index probe per statement.
+    """
+    if event not in EVENTS:
+        raise ValueError(f"unknown event {event!r}")
+    return f"""outbox AS (
+    INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
+                                   body, state, next_attempt_at, due_at, created_at, updated_at)
+    SELECT s.tenant_id, w.watcher_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''),
+           '{event}', s.item_id, s.queue,
+           jsonb_build_object('event', '{event}', 'occurred_at', {_ts("statement_timestamp()")},
+                              'item', {_ITEM_JSON}),
+           'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
+           statement_timestamp()
+    FROM {source} s
+    JOIN watchers w ON w.tenant_id = s.tenant_id AND w.state = 'active'
+     AND '{event}' = ANY(w.events) AND (w.queues IS NULL OR s.queue = ANY(w.queues))
+    ORDER BY s.item_id, w.watcher_id
+)"""
+
+
+async def _one(conn: Conn, sql: str, params: dict[str, Any]) -> Row | None:
+    cur = await conn.execute(sql, params)
+    return await cur.fetchone()
+
+
+async def _all(conn: Conn, sql: str, params: dict[str, Any]) -> list[Row]:
+    cur = await conn.execute(sql, params)
+    return await cur.fetchall()
+
+
+# -- watchers --------------------------------------------------------------------------
+
+_WATCHER_COLUMNS = (
+    "tenant_id, watcher_id, url, events, queues, state, disabled_reason, created_at,"
+    " updated_at, previous_secret_expires_at"
+)
+
+
+async def create_watcher(
+    conn: Conn,
+    *,
+    tenant: str,
+    url: str,
+    events: list[str],
+    queues: list[str] | None,
+    secret: str,
+) -> Row:
+    """(nothing) -> active."""
+    sql = f"""
+INSERT INTO watchers (tenant_id, url, events, queues, state, secret, created_at, updated_at)
+VALUES (%(tenant)s, %(url)s, %(events)s, %(queues)s, 'active', %(secret)s,
+        statement_timestamp(), statement_timestamp())
+RETURNING {_WATCHER_COLUMNS}
+"""
+    params = {"tenant": tenant, "url": url, "events": events, "queues": queues, "secret": secret}
+    row = await _one(conn, sql, params)
+    assert row is not None
+    return row
+
+
+async def get_watcher(
+    conn: Conn, *, tenant: str, watcher_id: str, lock: bool = False
+) -> Row | None:
+    sql = f"SELECT {_WATCHER_COLUMNS} FROM watchers"
+    sql += " WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s"
+    if lock:
+        sql += " FOR UPDATE"
+    return await _one(conn, sql, {"tenant": tenant, "watcher_id": watcher_id})
+
+
+async def list_watchers(conn: Conn, *, tenant: str) -> list[Row]:
+    sql = f"""
+SELECT {_WATCHER_COLUMNS} FROM watchers WHERE tenant_id = %(tenant)s
+ORDER BY created_at, watcher_id
+"""
+    return await _all(conn, sql, {"tenant": tenant})
+
+
+async def delivery_counts(conn: Conn, *, tenant: str) -> dict[str, dict[str, int]]:
+    """Per watcher: its outbox rows by state."""
+    sql = """
+SELECT watcher_id::text AS watcher_id, state, count(*) AS n FROM outbox_deliveries
+WHERE tenant_id = %(tenant)s GROUP BY watcher_id, state
+"""
+    counts: dict[str, dict[str, int]] = {}
+    for row in await _all(conn, sql, {"tenant": tenant}):
+        counts.setdefault(row["watcher_id"], {})[row["state"]] = int(row["n"])
+    return counts
+
+
+async def change_state(
+    conn: Conn, *, tenant: str, watcher_id: str, source: tuple[str, ...], target: str
+) -> Row | None:
+    """source -> target (pause: active -> paused; resume: paused -> active)."""
+    sql = f"""
+UPDATE watchers SET state = %(target)s, updated_at = statement_timestamp()
+WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s AND state = ANY(%(source)s)
+RETURNING {_WATCHER_COLUMNS}
+"""
+    params = {"tenant": tenant, "watcher_id": watcher_id, "source": list(source), "target": target}
+    return await _one(conn, sql, params)
+
+
+_CANCEL = f"""
+WITH w AS (
+    UPDATE watchers SET state = %(target)s, disabled_reason = %(reason)s,
+        updated_at = statement_timestamp()
+    WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s
+      AND state IN ('active', 'paused')
+    RETURNING {_WATCHER_COLUMNS}
+), rows AS (
+    UPDATE outbox_deliveries o
+    SET state = 'cancelled', claim_token = NULL, claimed_until = NULL,
+        next_attempt_at = NULL, updated_at = statement_timestamp()
+    FROM w
+    WHERE o.tenant_id = w.tenant_id AND o.watcher_id = w.watcher_id AND o.state = 'pending'
+      AND o.delivery_id IS DISTINCT FROM %(except_delivery)s::uuid
+    RETURNING o.delivery_id
+)
+SELECT w.*, (SELECT count(*) FROM rows) AS cancelled_deliveries FROM w
+"""
+
+
+async def cancel_watcher(
+    conn: Conn,
+    *,
+    tenant: str,
+    watcher_id: str,
+    disabled_reason: str | None = None,
+    except_delivery: str | None = None,
+) -> Row | None:
+    """active or paused -> cancelled (or disabled, with a reason); pending rows cancelled."""
+    params = {
+        "tenant": tenant,
+        "watcher_id": watcher_id,
+        "target": "cancelled" if disabled_reason is None else "disabled",
+        "reason": disabled_reason,
+        "except_delivery": except_delivery,
+    }
+    return await _one(conn, _CANCEL, params)
+
+
+async def rotate_secret(
+    conn: Conn, *, tenant: str, watcher_id: str, secret: str, grace: timedelta
+) -> Row | None:
+    """A new signing secret; the current one keeps signing for `grace`."""
+    sql = f"""
+UPDATE watchers
+SET previous_secret = secret, previous_secret_expires_at = statement_timestamp() + %(grace)s,
+    secret = %(secret)s, updated_at = statement_timestamp()
+WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s
+  AND state IN ('active', 'paused', 'disabled')
+RETURNING {_WATCHER_COLUMNS}
+"""
+    params = {"tenant": tenant, "watcher_id": watcher_id, "secret": secret, "grace": grace}
+    return await _one(conn, sql, params)
+
+
+# -- deliveries ------------------------------------------------------------------------
+
+_DELIVERY_COLUMNS = (
+    "tenant_id, delivery_id, seq, watcher_id, delivery_key, event, item_id, queue, state,"
+    " attempts, next_attempt_at, due_at, last_attempt_at, last_outcome, receipts,"
+    " receipts_omitted, created_at, updated_at, delivered_at"
+)
+
+
+async def list_deliveries(
+    conn: Conn,
+    *,
+    tenant: str,
+    watcher_id: str,
+    state: str | None,
+    after_seq: int | None,
+    limit: int,
+) -> list[Row]:
+    """A watcher's outbox rows in creation order."""
+    sql = f"""
+SELECT {_DELIVERY_COLUMNS} FROM outbox_deliveries
+WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s
+  AND (%(state)s::text IS NULL OR state = %(state)s)
+  AND (%(after)s::bigint IS NULL OR seq > %(after)s)
+ORDER BY seq
+LIMIT %(limit)s
+"""
+    params = {
+        "tenant": tenant,
+        "watcher_id": watcher_id,
+        "state": state,
+        "after": after_seq,
+        "limit": limit,
+    }
+    return await _all(conn, sql, params)
+
+
+async def get_delivery(conn: Conn, *, tenant: str, delivery_id: str) -> Row | None:
+    sql = f"""
+SELECT {_DELIVERY_COLUMNS} FROM outbox_deliveries
+WHERE tenant_id = %(tenant)s AND delivery_id = %(delivery_id)s
+"""
+    return await _one(conn, sql, {"tenant": tenant, "delivery_id": delivery_id})
+
+
+# The attempt's number and the instant of the next one are committed before the
+# request is sent: a deliverer that dies mid-attempt leaves the row due again at the
+# persisted instant (or at its claim's expiry, whichever is later), never earlier.
+_CLAIM = """
+WITH due AS (
+    -- SKIP LOCKED: a row another deliverer is claiming right now is not ours.
+    SELECT o.tenant_id, o.delivery_id, o.next_attempt_at, o.due_at, o.last_attempt_at
+    FROM outbox_deliveries o
+    WHERE o.state = 'pending' AND o.due_at <= statement_timestamp()
+      AND EXISTS (SELECT 1 FROM watchers w
+                  WHERE w.tenant_id = o.tenant_id AND w.watcher_id = o.watcher_id
+                    AND w.state = 'active')
+    ORDER BY o.due_at, o.seq
+    LIMIT %(limit)s
+    FOR UPDATE OF o SKIP LOCKED
+), claimed AS (
+    UPDATE outbox_deliveries o
+    SET attempts = o.attempts + 1,
+        claim_token = %(token)s, claimed_until = statement_timestamp() + %(lease)s,
+        last_attempt_at = statement_timestamp(),
+        next_attempt_at = statement_timestamp()
+            + make_interval(secs => (%(delays)s::float8[])[o.attempts + 1]),
+        due_at = greatest(statement_timestamp()
+                              + make_interval(secs => (%(delays)s::float8[])[o.attempts + 1]),
+                          statement_timestamp() + %(lease)s),
+        updated_at = statement_timestamp()
+    FROM due
+    WHERE o.tenant_id = due.tenant_id AND o.delivery_id = due.delivery_id
+    RETURNING o.*, due.next_attempt_at AS prev_next_attempt_at, due.due_at AS prev_due_at,
+              due.last_attempt_at AS prev_last_attempt_at
+)
+SELECT c.*, w.url, w.secret,
+       CASE WHEN w.previous_secret_expires_at > statement_timestamp()
+            THEN w.previous_secret END AS previous_secret,
+       statement_timestamp() AS claimed_at
+FROM claimed c
+JOIN watchers w ON w.tenant_id = c.tenant_id AND w.watcher_id = c.watcher_id
+ORDER BY c.seq
+"""
+
+
+async def claim(
+    conn: Conn, *, limit: int, token: str, lease: timedelta, delays: list[float]
+) -> list[Row]:
+    """pending and due, watcher active -> claimed as attempt n + 1, next instant persisted."""
+    params = {"limit": limit, "token": token, "lease": lease, "delays": delays}
+    return await _all(conn, _CLAIM, params)
+
+
+_RELEASE = """
+UPDATE outbox_deliveries
+SET attempts = attempts - 1, next_attempt_at = %(next_attempt_at)s, due_at = %(due_at)s,
+    last_attempt_at = %(last_attempt_at)s, claim_token = NULL, claimed_until = NULL,
+    updated_at = statement_timestamp()
+WHERE tenant_id = %(tenant)s AND delivery_id = %(delivery_id)s AND claim_token = %(token)s
+RETURNING delivery_id
+"""
+
+
+async def release(conn: Conn, *, row: Row, token: str) -> bool:
+    """claimed -> pending as before the claim: the attempt never reached a socket."""
+    params = {
+        "tenant": row["tenant_id"],
+        "delivery_id": row["delivery_id"],
+        "token": token,
+        "next_attempt_at": row["prev_next_attempt_at"],
+        "due_at": row["prev_due_at"],
+        "last_attempt_at": row["prev_last_attempt_at"],
+    }
+    return await _one(conn, _RELEASE, params) is not None
+
+
+_RECORD = """
+WITH upd AS (
+    UPDATE outbox_deliveries
+    SET state = %(state)s, last_outcome = %(outcome)s, receipts = %(receipts)s,
+        receipts_omitted = %(omitted)s, claim_token = NULL, claimed_until = NULL,
+        delivered_at = CASE WHEN %(state)s = 'delivered' THEN statement_timestamp() END,
+        next_attempt_at = CASE WHEN %(state)s = 'pending' THEN next_attempt_at END,
+        due_at = CASE WHEN %(state)s = 'pending' THEN coalesce(next_attempt_at, due_at)
+                      ELSE due_at END,
+        updated_at = statement_timestamp()
+    WHERE tenant_id = %(tenant)s AND delivery_id = %(delivery_id)s
+      AND claim_token = %(token)s AND state = 'pending'
+    RETURNING *
+), dead AS (
+    INSERT INTO dead_letters (tenant_id, kind, item_id, delivery_id, queue, reason,
+                              last_failure, created_at)
+    SELECT tenant_id, 'delivery', item_id, delivery_id, queue, %(reason)s, last_outcome,
+           statement_timestamp()
+    FROM upd WHERE state = 'dead'
+)
+SELECT * FROM upd
+"""
+
+
+async def record(
+    conn: Conn,
+    *,
+    row: Row,
+    token: str,
+    state: str,
+    outcome: dict[str, Any],
+    receipts: list[dict[str, Any]],
+    omitted: int,
+    reason: str = "",
+) -> Row | None:
+    """claimed -> delivered, pending (due at the persisted instant) or dead (+ dead letter)."""
+    params = {
+        "tenant": row["tenant_id"],
+        "delivery_id": row["delivery_id"],
+        "token": token,
+        "state": state,
+        "outcome": Jsonb(outcome),
+        "receipts": Jsonb(receipts),
+        "omitted": omitted,
+        "reason": reason,
+    }
+    return await _one(conn, _RECORD, params)
+
+
+_REPLAY_DEAD = """
+WITH dl AS (
+    UPDATE dead_letters d SET closed_at = statement_timestamp(), resolution = %(resolution)s
+    FROM outbox_deliveries o
+    WHERE d.tenant_id = %(tenant)s AND d.dead_letter_id = %(dead_letter_id)s
+      AND d.kind = 'delivery' AND d.closed_at IS NULL
+      AND o.tenant_id = d.tenant_id AND o.delivery_id = d.delivery_id AND o.state = 'dead'
+    RETURNING d.delivery_id
+)
+UPDATE outbox_deliveries o
+SET state = %(state)s, attempts = CASE WHEN %(state)s = 'pending' THEN 0 ELSE o.attempts END,
+    next_attempt_at = CASE WHEN %(state)s = 'pending' THEN statement_timestamp() END,
+    due_at = statement_timestamp(), updated_at = statement_timestamp()
+FROM dl
+WHERE o.tenant_id = %(tenant)s AND o.delivery_id = dl.delivery_id AND o.state = 'dead'
+RETURNING o.*
+"""
+
+
+async def resolve_dead_letter(
+    conn: Conn, *, tenant: str, dead_letter_id: str, replay: bool
+) -> Row | None:
+    """dead -> pending with a fresh budget (replay; same delivery key) or cancelled (discard)."""
+    params = {
+        "tenant": tenant,
+        "dead_letter_id": dead_letter_id,
+        "state": "pending" if replay else "cancelled",
+        "resolution": "replayed" if replay else "discarded",
+    }
+    return await _one(conn, _REPLAY_DEAD, params)
+
+
+async def delivery_watcher_state(conn: Conn, *, tenant: str, delivery_id: str) -> Row | None:
+    """A delivery's state and its watcher's, both locked until the transaction ends."""
+    sql = """
+SELECT o.state, w.state AS watcher_state, o.watcher_id::text AS watcher_id
+FROM outbox_deliveries o
+JOIN watchers w ON w.tenant_id = o.tenant_id AND w.watcher_id = o.watcher_id
+WHERE o.tenant_id = %(tenant)s AND o.delivery_id = %(delivery_id)s
+FOR UPDATE OF o, w
+"""
+    return await _one(conn, sql, {"tenant": tenant, "delivery_id": delivery_id})
+
+
+async def now(conn: Conn) -> datetime:
+    """The database clock."""
+    row = await _one(conn, "SELECT statement_timestamp() AS now", {})
+    assert row is not None
+    value: datetime = row["now"]
+    return value

@@ -1,0 +1,125 @@
+"""SQL of artifact verification runs: start (by run key), per-item checkpoints, the terminal marker.
+
+    (none) --start--> running --complete (every declared item checkpointed)--> complete
+
+A run is keyed by (tenant, artifact version, verifier version); a partial unique
+index keeps at most one `running` run per tenant. Checkpoints are idempotent rows
+(tenant, run, item). Each function takes the caller's connection and never commits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from queue_server.store.transitions import Conn, Row
+
+_RUN = (
+    "tenant_id, run_id, artifact_version, verifier_version, items, state, created_at, completed_at"
+)
+_CHECKPOINT = "tenant_id, run_id, item, result, recorded_at"
+
+# ON CONFLICT covers the run key and the one-running-run index: a second start of
+# the same pair or a start while another run is running inserts nothing.
+_START = f"""
+INSERT INTO verification_runs (tenant_id, run_id, artifact_version, verifier_version, items)
+VALUES (%(tenant)s, %(run_id)s, %(artifact)s, %(verifier)s, %(items)s)
+ON CONFLICT DO NOTHING
+RETURNING {_RUN}
+"""
+
+_RECORD = f"""
+INSERT INTO verification_checkpoints (tenant_id, run_id, item, result)
+VALUES (%(tenant)s, %(run_id)s, %(item)s, %(result)s)
+ON CONFLICT DO NOTHING
+RETURNING {_CHECKPOINT}
+"""
+
+# The terminal marker is written only when no declared item lacks a checkpoint,
+# checked by the same statement that writes it.
+_COMPLETE = f"""
+UPDATE verification_runs r
+SET state = 'complete', completed_at = statement_timestamp()
+WHERE r.tenant_id = %(tenant)s AND r.run_id = %(run_id)s AND r.state = 'running'
+  AND NOT EXISTS (
+      SELECT 1 FROM jsonb_array_elements_text(r.items) AS declared(item)
+      WHERE NOT EXISTS (
+          SELECT 1 FROM verification_checkpoints c
+          WHERE c.tenant_id = r.tenant_id AND c.run_id = r.run_id AND c.item = declared.item))
+RETURNING {_RUN}
+"""
+
+
+async def start(
+    conn: Conn, *, tenant: str, run_id: str, artifact: str, verifier: str, items: list[str]
+) -> Row | None:
+    """(none) -> running; None when the run key exists or another run of the tenant is running."""
+    params = {
+        "tenant": tenant,
+        "run_id": run_id,
+        "artifact": artifact,
+        "verifier": verifier,
+        "items": Jsonb(items),
+    }
+    cur = await conn.execute(_START, params)
+    return await cur.fetchone()
+
+
+async def by_key(conn: Conn, *, tenant: str, artifact: str, verifier: str) -> Row | None:
+    cur = await conn.execute(
+        f"SELECT {_RUN} FROM verification_runs"
+        " WHERE tenant_id = %s AND artifact_version = %s AND verifier_version = %s",
+        (tenant, artifact, verifier),
+    )
+    return await cur.fetchone()
+
+
+async def running(conn: Conn, *, tenant: str) -> Row | None:
+    cur = await conn.execute(
+        f"SELECT {_RUN} FROM verification_runs WHERE tenant_id = %s AND state = 'running'",
+        (tenant,),
+    )
+    return await cur.fetchone()
+
+
+async def get(conn: Conn, *, tenant: str, run_id: str, lock: bool = False) -> Row | None:
+    # FOR SHARE pins the run while a checkpoint is recorded, so the terminal marker
+    # cannot be written between the state check and the checkpoint insert.
+    suffix = " FOR SHARE" if lock else ""
+    cur = await conn.execute(
+        f"SELECT {_RUN} FROM verification_runs WHERE tenant_id = %s AND run_id = %s{suffix}",
+        (tenant, run_id),
+    )
+    return await cur.fetchone()
+
+
+async def checkpoints(conn: Conn, *, tenant: str, run_id: str) -> list[Row]:
+    cur = await conn.execute(
+        f"SELECT {_CHECKPOINT} FROM verification_checkpoints"
+        " WHERE tenant_id = %s AND run_id = %s ORDER BY recorded_at, item",
+        (tenant, run_id),
+    )
+    return await cur.fetchall()
+
+
+async def record(conn: Conn, *, tenant: str, run_id: str, item: str, result: Any) -> Row | None:
+    """Checkpoint one item; None when the item already has a checkpoint."""
+    params = {"tenant": tenant, "run_id": run_id, "item": item, "result": Jsonb(result)}
+    cur = await conn.execute(_RECORD, params)
+    return await cur.fetchone()
+
+
+async def checkpoint(conn: Conn, *, tenant: str, run_id: str, item: str) -> Row | None:
+    cur = await conn.execute(
+        f"SELECT {_CHECKPOINT} FROM verification_checkpoints"
+        " WHERE tenant_id = %s AND run_id = %s AND item = %s",
+        (tenant, run_id, item),
+    )
+    return await cur.fetchone()
+
+
+async def complete(conn: Conn, *, tenant: str, run_id: str) -> Row | None:
+    """running -> complete; None while any declared item lacks a checkpoint (or not running)."""
+    cur = await conn.execute(_COMPLETE, {"tenant": tenant, "run_id": run_id})
+    return await cur.fetchone()
