@@ -28,6 +28,7 @@ def upgrade() -> None:
         sa.Column("tenant_id", sa.Text(), nullable=False),
         sa.Column("outcome_ref", sa.Text(), nullable=False),
         sa.Column("idempotency_key", sa.Text(), nullable=False),
+        sa.Column("claim_token", sa.Text(), nullable=True),
         sa.Column("status", sa.Text(), server_default=sa.text("'pending'"), nullable=False),
         sa.Column("outcome", postgresql.JSONB(astext_type=sa.Text()), nullable=True),
         _ts("created_at", nullable=False, now=True),

@@ -1,0 +1,195 @@
+"""The confirmed-mutation bridge against the real server: durable receipts over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from queue_server.client import QueueClient
+from queue_server.client.mutations import ConfirmedMutationBridge
+from queue_server.policy import (
+    AdmissionRefused,
+    CircuitOpenError,
+    MutationStatus,
+    PermitUnavailableError,
+    ReceiptStatus,
+)
+from queue_server.policy.mutation import Outcome
+from tests.conftest import Api
+
+Db = psycopg.Connection[dict[str, object]]
+
+
+@pytest.fixture
+def client(api: Api) -> Iterator[QueueClient]:
+    with QueueClient(api.url, api.keys["worker"], tenant="acme") as qs:
+        yield qs
+
+
+def _stored(db: Db, ref: str) -> dict[str, object] | None:
+    return db.execute(
+        "SELECT status, outcome FROM confirmation_receipts WHERE outcome_ref = %s", (ref,)
+    ).fetchone()
+
+
+def test_bridge_mutation_succeeds_and_settles_the_durable_receipt(
+    client: QueueClient, db: Db
+) -> None:
+    async def effect() -> Outcome:
+        return {"refunded": 42}
+
+    bridge = ConfirmedMutationBridge(client)
+    report = asyncio.run(bridge.mutate(idempotency_key="k1", outcome_ref="r1", effect=effect))
+    assert report.status is MutationStatus.SUCCEEDED
+    assert _stored(db, "r1") == {"status": "succeeded", "outcome": {"refunded": 42}}
+
+
+def test_bridge_attempt_timeout_returns_pending_receipt_that_the_effect_settles_later(
+    client: QueueClient, db: Db
+) -> None:
+    async def scenario() -> None:
+        async def slow() -> Outcome:
+            await asyncio.sleep(0.5)
+            return {"applied": True}
+
+        bridge = ConfirmedMutationBridge(client)
+        report = await bridge.mutate(
+            idempotency_key="k1", outcome_ref="r1", effect=slow, attempt_timeout=0.1
+        )
+        assert report.status is MutationStatus.PENDING
+        assert report.dispatched
+        assert _stored(db, "r1") == {"status": "pending", "outcome": None}
+        assert report.settlement is not None
+        settled = await report.settlement
+        assert settled.status is ReceiptStatus.SUCCEEDED
+
+    asyncio.run(scenario())
+    assert _stored(db, "r1") == {"status": "succeeded", "outcome": {"applied": True}}
+
+
+def test_bridge_caller_cancelled_after_dispatch_still_settles_the_receipt(
+    client: QueueClient, db: Db
+) -> None:
+    async def scenario() -> None:
+        started = asyncio.Event()
+
+        async def effect() -> Outcome:
+            started.set()
+            await asyncio.sleep(0.3)
+            return {"applied": True}
+
+        bridge = ConfirmedMutationBridge(client)
+        caller = asyncio.create_task(
+            bridge.mutate(idempotency_key="k1", outcome_ref="r1", effect=effect)
+        )
+        await started.wait()
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        for _ in range(100):
+            receipt = await bridge.receipt("r1")
+            if receipt is not None and receipt.status is not ReceiptStatus.PENDING:
+                break
+            await asyncio.sleep(0.05)
+
+    asyncio.run(scenario())
+    assert _stored(db, "r1") == {"status": "succeeded", "outcome": {"applied": True}}
+
+
+def test_bridge_rejects_the_ninth_concurrent_mutation_without_claiming(
+    client: QueueClient, db: Db
+) -> None:
+    async def scenario() -> None:
+        release = asyncio.Event()
+        running = 0
+
+        async def held() -> Outcome:
+            nonlocal running
+            running += 1
+            await release.wait()
+            return {"ok": True}
+
+        bridge = ConfirmedMutationBridge(client)
+        tasks = [
+            asyncio.create_task(
+                bridge.mutate(idempotency_key=f"k{i}", outcome_ref=f"r{i}", effect=held)
+            )
+            for i in range(8)
+        ]
+        while running < 8:
+            await asyncio.sleep(0.01)
+        assert bridge.gate.in_use == 8
+        with pytest.raises(PermitUnavailableError):
+            await bridge.mutate(idempotency_key="k9", outcome_ref="r9", effect=held)
+        release.set()
+        reports = await asyncio.gather(*tasks)
+        assert {r.status for r in reports} == {MutationStatus.SUCCEEDED}
+
+    asyncio.run(scenario())
+    assert _stored(db, "r9") is None
+    assert db.execute("SELECT count(*) AS n FROM confirmation_receipts").fetchone() == {"n": 8}
+
+
+def test_bridge_circuit_opens_after_repeated_adapter_failures(client: QueueClient, db: Db) -> None:
+    async def scenario() -> None:
+        async def broken() -> Outcome:
+            raise ConnectionError("adapter down")
+
+        bridge = ConfirmedMutationBridge(client)
+        for i in range(3):
+            report = await bridge.mutate(
+                idempotency_key=f"k{i}", outcome_ref=f"r{i}", effect=broken
+            )
+            assert report.status is MutationStatus.FAILED
+        with pytest.raises(CircuitOpenError):
+            await bridge.mutate(idempotency_key="k3", outcome_ref="r3", effect=broken)
+
+    asyncio.run(scenario())
+    assert _stored(db, "r0") == {
+        "status": "failed",
+        "outcome": {"error": "ConnectionError", "detail": "adapter down"},
+    }
+    assert _stored(db, "r3") is None
+
+
+def test_bridge_same_identity_replay_returns_retained_outcome_without_redispatch(
+    client: QueueClient,
+) -> None:
+    calls: list[int] = []
+
+    async def effect() -> Outcome:
+        calls.append(1)
+        return {"n": len(calls)}
+
+    first = asyncio.run(
+        ConfirmedMutationBridge(client).mutate(
+            idempotency_key="k1", outcome_ref="r1", effect=effect
+        )
+    )
+    # A new bridge, as after a client restart: the receipt is found on the server.
+    again = asyncio.run(
+        ConfirmedMutationBridge(client).mutate(
+            idempotency_key="k1", outcome_ref="r1", effect=effect
+        )
+    )
+    assert calls == [1]
+    assert again.replayed
+    assert not again.dispatched
+    assert again.receipt is not None
+    assert again.receipt.outcome == {"n": 1}
+    assert first.receipt == again.receipt
+
+
+def test_bridge_refuses_mutation_without_outcome_reference_before_claiming(
+    client: QueueClient, db: Db
+) -> None:
+    async def effect() -> Outcome:
+        raise AssertionError("must not be dispatched")
+
+    bridge = ConfirmedMutationBridge(client)
+    with pytest.raises(AdmissionRefused):
+        asyncio.run(bridge.mutate(idempotency_key="k1", outcome_ref=" ", effect=effect))
+    assert db.execute("SELECT count(*) AS n FROM confirmation_receipts").fetchone() == {"n": 0}
