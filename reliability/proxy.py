@@ -381,6 +381,10 @@ class TcpProxy:
             await self._serve(conn, reader)
         except OSError:
             conn.abort()
+        except asyncio.CancelledError:
+            # The proxy is stopping: asyncio's stream callback would log a cancelled
+            # handler as an error, so the handler ends quietly instead.
+            conn.abort()
         finally:
             conn.close()
             with self._lock:

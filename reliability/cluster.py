@@ -1,0 +1,337 @@
+"""The system under test as real processes: an embedded PostgreSQL on a loopback
+TCP port, the API under uvicorn as a subprocess (``queue-server serve``), and
+helpers to crash, restart and inspect both.
+
+Everything listens on 127.0.0.1 and lives in a temporary directory that
+:meth:`Cluster.stop` removes. The harness reads the database only to set up
+faults and to take the final snapshot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+import psycopg
+from psycopg.rows import dict_row
+
+from queue_server.embedded import EmbeddedPostgres
+from queue_server.server import DATABASE_NAME, ensure_admin_key
+from queue_server.settings import Settings
+from reliability.checkers import SNAPSHOT_EVENTS_SQL, SNAPSHOT_ITEMS_SQL, DatabaseSnapshot
+
+__all__ = ["HOST", "Cluster", "TenantKeys", "free_port", "say", "venv_bin"]
+
+HOST = "127.0.0.1"
+FAR_FUTURE = "2999-01-01T00:00:00Z"
+#: The harness's own database sessions carry this name, so faults can spare them.
+HARNESS_APP = "reliability-harness"
+
+
+def say(message: str) -> None:
+    """Progress on stderr, flushed at once."""
+    print(f"[reliability {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def venv_bin(name: str) -> str:
+    """A console script next to the running interpreter (the project's .venv)."""
+    candidate = Path(sys.executable).parent / name
+    return str(candidate) if candidate.exists() else name
+
+
+@dataclass(frozen=True)
+class TenantKeys:
+    tenant: str
+    worker: str
+    operator: str
+    worker_key_id: str
+
+
+class Cluster:
+    """PostgreSQL + migrated database + one API process, started fresh."""
+
+    def __init__(
+        self,
+        *,
+        name: str = "cluster",
+        api_env: Mapping[str, str] | None = None,
+        pg_settings: Mapping[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        self.root = Path(tempfile.mkdtemp(prefix=f"qs-rel-{name}-"))
+        settings = {"fsync": "off", "max_connections": "200", **(pg_settings or {})}
+        self.pg = EmbeddedPostgres(
+            self.root / "pgdata", tcp_port=free_port(), server_settings=settings
+        )
+        self.api_port = free_port()
+        self.base_url = f"http://{HOST}:{self.api_port}"
+        self.db_url = f"postgresql://postgres@{HOST}:{self.pg.port}/{DATABASE_NAME}"
+        self.api_env = dict(api_env or {})
+        self.api_log = self.root / "api.log"
+        self.api_proc: subprocess.Popen[bytes] | None = None
+        self.admin_key = ""
+        self.api_starts = 0
+
+    # ------------------------------------------------------------ lifecycle
+
+    def __enter__(self) -> Cluster:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.pg.start()
+        with psycopg.connect(self.pg.url(), autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {DATABASE_NAME}")
+        env = self._env()
+        subprocess.run(
+            [venv_bin("queue-server"), "db", "upgrade"],
+            env=env,
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        settings = Settings(database_url=self.db_url, data_dir=self.root / "data")
+        secret = ensure_admin_key(settings, self.db_url)
+        if secret is None:
+            raise RuntimeError("a fresh database already had an admin key")
+        self.admin_key = secret
+        self.start_api()
+
+    def _env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "QUEUE_SERVER_DATABASE_URL": self.db_url,
+            "QUEUE_SERVER_DATA_DIR": str(self.root / "data"),
+            **self.api_env,
+        }
+
+    def start_api(self, timeout: float = 60.0) -> None:
+        """Start the API subprocess and wait until /readyz answers 200."""
+        if self.api_proc is not None and self.api_proc.poll() is None:
+            raise RuntimeError("the API is already running")
+        with self.api_log.open("ab") as log:
+            self.api_proc = subprocess.Popen(
+                [
+                    venv_bin("queue-server"),
+                    "serve",
+                    "--host",
+                    HOST,
+                    "--port",
+                    str(self.api_port),
+                    "--workers",
+                    "1",
+                    "--log-level",
+                    "warning",
+                ],
+                env=self._env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self.api_starts += 1
+        self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float = 60.0) -> float:
+        """Wait for /readyz 200; returns the seconds waited."""
+        begin = time.monotonic()
+        deadline = begin + timeout
+        with httpx.Client(base_url=self.base_url, timeout=2.0) as client:
+            while True:
+                proc = self.api_proc
+                if proc is not None and proc.poll() is not None:
+                    raise RuntimeError(f"the API exited:\n{self.api_log_tail()}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get("/readyz").status_code == 200:
+                        return time.monotonic() - begin
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the API did not become ready:\n{self.api_log_tail()}")
+                time.sleep(0.05)
+
+    def api_log_tail(self, chars: int = 3000) -> str:
+        with contextlib.suppress(OSError):
+            return self.api_log.read_text(errors="replace")[-chars:]
+        return ""
+
+    def kill_api(self) -> None:
+        """SIGKILL the API process (a crash: no shutdown, no rollback beyond PostgreSQL's)."""
+        proc = self.api_proc
+        if proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        self.api_proc = None
+
+    def stop_api(self) -> None:
+        proc = self.api_proc
+        if proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.kill_api()
+        self.api_proc = None
+
+    def crash_pg(self) -> None:
+        """``pg_ctl stop -m immediate``: every backend dies, recovery runs on the next start."""
+        self.pg.stop("immediate")
+
+    def start_pg(self) -> None:
+        self.pg.start()
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self.stop_api()
+        with contextlib.suppress(Exception):
+            self.pg.stop("immediate")
+        shutil.rmtree(self.root, ignore_errors=True)
+        shutil.rmtree(self.pg.socket_dir, ignore_errors=True)
+
+    # -------------------------------------------------------------- database
+
+    @contextlib.contextmanager
+    def db(self) -> Iterator[psycopg.Connection[dict[str, Any]]]:
+        """A direct autocommit connection (named, so faults can spare it)."""
+        with psycopg.connect(
+            self.db_url, autocommit=True, row_factory=dict_row, application_name=HARNESS_APP
+        ) as conn:
+            yield conn
+
+    def snapshot(self) -> DatabaseSnapshot:
+        with self.db() as conn:
+            items = conn.execute(SNAPSHOT_ITEMS_SQL).fetchall()
+            events = conn.execute(SNAPSHOT_EVENTS_SQL).fetchall()
+        return DatabaseSnapshot.from_rows(items, events)
+
+    def state_counts(self, tenant: str) -> dict[str, int]:
+        with self.db() as conn:
+            rows = conn.execute(
+                "SELECT state::text AS state, count(*) AS n FROM work_items "
+                "WHERE tenant_id = %s GROUP BY state",
+                (tenant,),
+            ).fetchall()
+        return {str(r["state"]): int(r["n"]) for r in rows}
+
+    def table_digest(self) -> dict[str, str]:
+        """A digest of every table's full content, to prove a request changed nothing."""
+        out: dict[str, str] = {}
+        with self.db() as conn:
+            tables = conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY tablename"
+            ).fetchall()
+            for row in tables:
+                name = str(row["tablename"])
+                digest = conn.execute(
+                    f"SELECT md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), '')) AS d FROM \"{name}\" t"
+                ).fetchone()
+                out[name] = str(digest["d"]) if digest else ""
+        return out
+
+    def terminate_api_backends(self) -> int:
+        """pg_terminate_backend every client session but the harness's; returns how many."""
+        with self.db() as conn:
+            rows = conn.execute(
+                "SELECT pg_terminate_backend(pid) AS t FROM pg_stat_activity "
+                "WHERE datname = %s AND pid <> pg_backend_pid() "
+                "AND backend_type = 'client backend' AND application_name <> %s",
+                (DATABASE_NAME, HARNESS_APP),
+            ).fetchall()
+        return sum(1 for r in rows if r["t"])
+
+    def idle_in_transaction(self, older_than_s: float) -> int:
+        """API sessions idle in a transaction for longer than ``older_than_s``."""
+        with self.db() as conn:
+            row = conn.execute(
+                "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = %s "
+                "AND application_name <> %s AND state LIKE 'idle in transaction%%' "
+                "AND now() - state_change > make_interval(secs => %s)",
+                (DATABASE_NAME, HARNESS_APP, older_than_s),
+            ).fetchone()
+        return int(row["n"]) if row else 0
+
+    # --------------------------------------------------------------- tenants
+
+    def admin_client(self, base_url: str | None = None) -> httpx.Client:
+        return httpx.Client(
+            base_url=base_url or self.base_url,
+            headers={"Authorization": f"Bearer {self.admin_key}"},
+            timeout=30,
+        )
+
+    def create_tenant(
+        self,
+        tenant: str,
+        *,
+        backlog_cap: int = 100_000,
+        max_acquisitions: int = 20,
+        max_concurrency: int | None = None,
+        queues: tuple[str, ...] = ("q",),
+    ) -> TenantKeys:
+        with self.admin_client() as admin:
+            response = admin.put(
+                f"/v1/tenants/{tenant}",
+                json={
+                    "backlog_cap": backlog_cap,
+                    "default_max_acquisitions": max_acquisitions,
+                    "default_lease_ttl": 30,
+                },
+            )
+            response.raise_for_status()
+            keys: dict[str, str] = {}
+            key_ids: dict[str, str] = {}
+            for role in ("worker", "operator"):
+                created = admin.post(f"/v1/tenants/{tenant}/keys", json={"role": role})
+                created.raise_for_status()
+                keys[role] = created.json()["secret"]
+                key_ids[role] = created.json()["key_id"]
+        if max_concurrency is not None:
+            with httpx.Client(
+                base_url=self.base_url,
+                headers={"Authorization": f"Bearer {keys['operator']}"},
+                timeout=30,
+            ) as operator:
+                for queue in queues:
+                    approval = operator.post(
+                        f"/v1/tenants/{tenant}/queues/{queue}/spend-approvals",
+                        json={
+                            "approved_by": "reliability@example.com",
+                            "max_concurrency": max_concurrency,
+                            "expires_at": FAR_FUTURE,
+                            "reason": "reliability suite",
+                        },
+                        headers={"Idempotency-Key": uuid.uuid4().hex},
+                    )
+                    approval.raise_for_status()
+        return TenantKeys(tenant, keys["worker"], keys["operator"], key_ids["worker"])

@@ -1,0 +1,480 @@
+"""The reliability scenarios: each starts its own cluster, injects faults into
+real processes, stops by itself, and returns a :class:`ScenarioOutcome` whose
+report covers the six checkers (over the recorded history and a final
+database snapshot) plus the scenario's own checks.
+
+Every scenario is bounded in time and listens on loopback only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import httpx
+
+from reliability.checkers import CheckReport, DatabaseSnapshot, Violation, run_all_checks
+from reliability.client import RecordingClient, WorkerStats, run_worker
+from reliability.cluster import Cluster, say
+from reliability.history import History, HistoryRecorder, JSONValue, OpKind
+from reliability.proxy import ProxyMode, TcpProxy
+
+__all__ = [
+    "SCENARIOS",
+    "ScenarioOutcome",
+    "claim_storm",
+    "ledger_fold_violations",
+    "lost_replies",
+    "server_error_violations",
+]
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+FAST_API_ENV = {"QUEUE_SERVER_POLL_INTERVAL": "0.2"}
+
+
+@dataclass
+class ScenarioOutcome:
+    report: CheckReport
+    seconds: float
+    metrics: dict[str, JSONValue] = field(default_factory=dict)
+    history: History | None = None
+    snapshot: DatabaseSnapshot | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.report.passed
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def with_extras(report: CheckReport, extras: Iterable[Violation]) -> CheckReport:
+    """The report with the scenario's own violations added (by checker name)."""
+    extra = tuple(extras)
+    if not extra:
+        return report
+    by_checker = dict(report.by_checker)
+    for violation in extra:
+        by_checker[violation.checker] = by_checker.get(violation.checker, 0) + 1
+    return replace(report, violations=report.violations + extra, by_checker=by_checker)
+
+
+def ledger_fold_violations(snapshot: DatabaseSnapshot) -> list[Violation]:
+    """All or nothing: each item's ledger accounts for its row.
+
+    The first event is ``enqueued``; there is one ``acquired`` event per
+    acquisition; the highest acquired fence is the item's fence.
+    """
+    out: list[Violation] = []
+    for item in snapshot.items:
+        events = item.events_by_seq()
+        if not events or events[0].kind != "enqueued":
+            out.append(
+                Violation(
+                    "ledger-fold",
+                    "the ledger does not start with enqueued",
+                    item.tenant,
+                    item.item_id,
+                )
+            )
+            continue
+        acquired = [e for e in events if e.kind == "acquired"]
+        if len(acquired) != item.acquisition_count:
+            out.append(
+                Violation(
+                    "ledger-fold",
+                    f"acquisition_count {item.acquisition_count} but {len(acquired)} acquired events",
+                    item.tenant,
+                    item.item_id,
+                )
+            )
+        top = max((e.fence or 0 for e in acquired), default=0)
+        if top != item.fence:
+            out.append(
+                Violation(
+                    "ledger-fold",
+                    f"fence {item.fence} but the highest acquired fence in the ledger is {top}",
+                    item.tenant,
+                    item.item_id,
+                )
+            )
+    return out
+
+
+def server_error_violations(
+    history: History, clients: Iterable[RecordingClient]
+) -> list[Violation]:
+    """Never a 5xx other than 503, and every error answer is problem+json."""
+    out: list[Violation] = []
+    bad = Counter(
+        op.status
+        for op in history.operations
+        if op.status is not None and op.status >= 500 and op.status != 503
+    )
+    for status, n in sorted(bad.items(), key=lambda kv: kv[0] or 0):
+        ops = tuple(op.op_id for op in history.operations if op.status == status)[:5]
+        out.append(
+            Violation(
+                "no-5xx", f"{n} answers with status {status} (only 503 is allowed)", op_ids=ops
+            )
+        )
+    non_problem: Counter[tuple[int, str]] = Counter()
+    for client in clients:
+        non_problem.update(client.non_problem_errors)
+    for (status, ctype), n in sorted(non_problem.items()):
+        out.append(
+            Violation(
+                "problem-json",
+                f"{n} error answers with status {status} were {ctype!r}, not problem+json",
+            )
+        )
+    return out
+
+
+def probe_backlog(
+    cluster: Cluster,
+    tenants: list[str],
+    recorder: HistoryRecorder,
+    stop: threading.Event,
+    base_url: str | None = None,
+) -> threading.Thread:
+    """Poll each tenant's backlog and cap every 0.2 s (checker 4's probe)."""
+
+    def run() -> None:
+        with cluster.admin_client(base_url) as admin:
+            while not stop.wait(0.2):
+                for tenant in tenants:
+                    with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+                        response = admin.get(f"/v1/tenants/{tenant}", timeout=2)
+                        if response.status_code == 200:
+                            body = response.json()
+                            recorder.record_backlog(
+                                tenant, int(body["backlog"]), int(body["backlog_cap"])
+                            )
+
+    return _spawn(run, "backlog-probe")
+
+
+def _spawn(fn: Callable[[], object], name: str) -> threading.Thread:
+    thread = threading.Thread(target=fn, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def finish(
+    cluster: Cluster,
+    recorder: HistoryRecorder,
+    scenario: str,
+    tenants: list[str],
+    *,
+    others: Iterable[History] = (),
+    clients: Iterable[RecordingClient] = (),
+    extras: Iterable[Violation] = (),
+    faults_injected: int | None = None,
+) -> tuple[CheckReport, History, DatabaseSnapshot]:
+    """Quiescent counts, the final snapshot, the six checkers and the scenario's own checks."""
+    for tenant in tenants:
+        recorder.record_quiescent(tenant, cluster.state_counts(tenant))
+    snapshot = cluster.snapshot()
+    history = History.merge(recorder.history(), *others)
+    report = run_all_checks(history, snapshot, scenario=scenario, faults_injected=faults_injected)
+    own = [*ledger_fold_violations(snapshot), *server_error_violations(history, clients), *extras]
+    return with_extras(report, own), history, snapshot
+
+
+def fill(client: RecordingClient, queue: str, n: int, batch: int = 500) -> list[str]:
+    """Enqueue ``n`` items in batches; returns the acknowledged item ids."""
+    ids: list[str] = []
+    for start in range(0, n, batch):
+        size = min(batch, n - start)
+        op = client.enqueue_batch(queue, [{"n": start + i} for i in range(size)])
+        if not op.accepted:
+            raise RuntimeError(f"enqueue batch failed: {op.status} {op.response_body!r}")
+        ids.extend(op.enqueued_item_ids())
+    return ids
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class Load:
+    """In-process load: producer threads (single and batch enqueues) and worker threads."""
+
+    def __init__(
+        self,
+        client: RecordingClient,
+        stop: threading.Event,
+        *,
+        queue: str = "q",
+        producers: int = 2,
+        workers: int = 3,
+        ttl: float = 2.0,
+        max_items_total: int = 5000,
+        requeue_ratio: float = 0.05,
+        producer_pause: float = 0.02,
+    ) -> None:
+        self.client = client
+        self.stop = stop
+        self.queue = queue
+        self.produced = 0
+        self.max_items_total = max_items_total
+        self.producer_pause = producer_pause
+        self.stats = [WorkerStats() for _ in range(workers)]
+        self._lock = threading.Lock()
+        self.threads: list[threading.Thread] = []
+        for i in range(producers):
+            self.threads.append(_spawn(functools.partial(self._produce, i), f"producer-{i}"))
+        for i, stats in enumerate(self.stats):
+            work = functools.partial(
+                run_worker,
+                client,
+                queue,
+                f"w{i}",
+                stop,
+                ttl=ttl,
+                max_items=2,
+                requeue_ratio=requeue_ratio,
+                stats=stats,
+                rng=random.Random(i),
+            )
+            self.threads.append(_spawn(work, f"worker-{i}"))
+
+    def _produce(self, i: int) -> None:
+        rng = random.Random(1000 + i)
+        while not self.stop.is_set():
+            with self._lock:
+                if self.produced >= self.max_items_total:
+                    return
+            if rng.random() < 0.5:
+                op = self.client.enqueue(self.queue, {"p": i, "r": rng.random()})
+            else:
+                op = self.client.enqueue_batch(
+                    self.queue, [{"p": i, "k": k} for k in range(rng.randint(2, 8))]
+                )
+            with self._lock:
+                self.produced += op.batch_size
+            self.stop.wait(self.producer_pause)
+
+    def join(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        for thread in self.threads:
+            thread.join(max(0.1, deadline - time.monotonic()))
+
+    @property
+    def completed(self) -> int:
+        return sum(s.completed for s in self.stats)
+
+
+# ---------------------------------------------------------- 1. claim storm
+
+
+def claim_storm(
+    *,
+    items: int = 3000,
+    processes: int = 6,
+    threads: int = 4,
+    ttl: float = 1.5,
+    duration: float = 45.0,
+    stalls: bool = True,
+    name: str = "claim storm",
+) -> ScenarioOutcome:
+    """Many worker processes race for short leases while some are frozen past their lease."""
+    began = time.monotonic()
+    with Cluster(name="storm", api_env=FAST_API_ENV) as cluster:
+        tenant = "storm"
+        keys = cluster.create_tenant(
+            tenant, max_acquisitions=100, max_concurrency=processes * threads * 2 + 8
+        )
+        recorder = HistoryRecorder(source="harness")
+        stop = threading.Event()
+        client = RecordingClient(cluster.base_url, keys.worker, tenant, recorder)
+        say(f"{name}: enqueueing {items} items")
+        fill(client, "q", items)
+        probe = probe_backlog(cluster, [tenant], recorder, stop)
+        out_dir = cluster.root / "workers"
+        out_dir.mkdir()
+        say(f"{name}: {processes} worker processes x {threads} threads, lease TTL {ttl}s")
+        procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+        for p in range(processes):
+            out = out_dir / f"worker-{p}.jsonl"
+            procs.append(
+                (
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-m",
+                            "reliability.worker",
+                            "--url",
+                            cluster.base_url,
+                            "--key",
+                            keys.worker,
+                            "--tenant",
+                            tenant,
+                            "--name",
+                            f"proc{p}",
+                            "--threads",
+                            str(threads),
+                            "--ttl",
+                            str(ttl),
+                            "--duration",
+                            str(duration),
+                            "--until-empty",
+                            "40",
+                            "--requeue-ratio",
+                            "0.03",
+                            "--heartbeat-ratio",
+                            "0.05",
+                            "--seed",
+                            str(p),
+                            "--out",
+                            str(out),
+                        ],
+                        cwd=REPO_ROOT,
+                        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+                        stdin=subprocess.DEVNULL,
+                    ),
+                    out,
+                )
+            )
+        stall_count = 0
+        rng = random.Random(7)
+        deadline = time.monotonic() + duration
+        while any(proc.poll() is None for proc, _ in procs) and time.monotonic() < deadline + 30:
+            if stalls and time.monotonic() < deadline - 5:
+                time.sleep(rng.uniform(0.3, 1.0))
+                alive = [proc for proc, _ in procs if proc.poll() is None]
+                if not alive:
+                    break
+                victim = rng.choice(alive)
+                freeze = ttl + rng.uniform(0.3, 1.2)
+                recorder.note_fault("sigstop", f"pid {victim.pid} for {freeze:.2f}s")
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(victim.pid, signal.SIGSTOP)
+                time.sleep(freeze)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(victim.pid, signal.SIGCONT)
+                stall_count += 1
+            else:
+                time.sleep(0.2)
+        for proc, _ in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.terminate()
+            proc.wait(timeout=60)
+        stop.set()
+        probe.join(5)
+        histories = [History.load_jsonl(out) for _, out in procs if out.exists()]
+        missing = [str(out) for _, out in procs if not out.exists()]
+        extras = [Violation("harness", f"a worker wrote no history: {m}") for m in missing]
+        report, history, snapshot = finish(
+            cluster, recorder, name, [tenant], others=histories, clients=[client], extras=extras
+        )
+        codes = Counter(
+            op.problem_code
+            for op in history.operations
+            if op.kind is OpKind.COMPLETE and not op.accepted
+        )
+        states = Counter(item.state for item in snapshot.items)
+        metrics: dict[str, JSONValue] = {
+            "items": items,
+            "workers": processes * threads,
+            "stalls": stall_count,
+            "completed": states.get("completed", 0),
+            "states": dict(states),
+            "refused_completions": {str(k): v for k, v in codes.items()},
+            "max_fence": max((item.fence for item in snapshot.items), default=0),
+        }
+        client.close()
+    return ScenarioOutcome(report, time.monotonic() - began, metrics, history, snapshot)
+
+
+# ---------------------------------------------------------- 3. lost replies
+
+
+def lost_replies(*, duration: float = 15.0, name: str = "lost replies") -> ScenarioOutcome:
+    """drop_after_reply between client and API: retries with the same key replay the answer."""
+    began = time.monotonic()
+    with Cluster(name="lost", api_env=FAST_API_ENV) as cluster:
+        tenant = "lost"
+        keys = cluster.create_tenant(tenant, max_concurrency=16)
+        recorder = HistoryRecorder(source="harness")
+        stop = threading.Event()
+        with TcpProxy(
+            "127.0.0.1", cluster.api_port, lifetime=duration + 120, name="api-proxy"
+        ) as proxy:
+            client = RecordingClient(
+                proxy.url, keys.worker, tenant, recorder, timeout=5, retry_for=30, stop=stop
+            )
+            probe = probe_backlog(cluster, [tenant], recorder, stop)
+            load = Load(client, stop, ttl=1.0, max_items_total=3000)
+            rng = random.Random(3)
+            deadline = time.monotonic() + duration
+            while time.monotonic() < deadline:
+                time.sleep(rng.uniform(0.2, 0.5))
+                proxy.set_mode(ProxyMode.DROP_AFTER_REPLY)
+                time.sleep(rng.uniform(0.05, 0.15))
+                proxy.set_mode(ProxyMode.PASS)
+            stop.set()
+            load.join()
+            probe.join(5)
+            drops = proxy.stats().drops
+        recorder.note_fault("drop_after_reply", f"{drops} replies dropped")
+        report, history, snapshot = finish(
+            cluster, recorder, name, [tenant], clients=[client], faults_injected=drops
+        )
+        replays = sum(1 for op in history.operations if op.replayed)
+        extras: list[Violation] = []
+        if drops == 0 or replays == 0:
+            extras.append(
+                Violation(
+                    "harness",
+                    f"no fault exercised the replay path (drops {drops}, replays {replays})",
+                )
+            )
+        report = with_extras(report, extras)
+        metrics: dict[str, JSONValue] = {
+            "dropped_replies": drops,
+            "replayed_answers": replays,
+            "retries": client.retries,
+            "completed": load.completed,
+        }
+        client.close()
+    return ScenarioOutcome(report, time.monotonic() - began, metrics, history, snapshot)
+
+
+@contextlib.contextmanager
+def _timed(label: str) -> Iterator[None]:
+    start = time.monotonic()
+    yield
+    say(f"{label} took {time.monotonic() - start:.1f}s")
+
+
+SCENARIOS: dict[str, Callable[[], ScenarioOutcome]] = {
+    "claim-storm": claim_storm,
+    "lost-replies": lost_replies,
+}
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def new_key() -> str:
+    return uuid.uuid4().hex
