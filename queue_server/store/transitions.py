@@ -399,7 +399,7 @@ WITH input AS (
     SELECT tenant_id, item_id, event_seq - 1, updated_at, 'completed', fence, %(worker)s,
            jsonb_build_object('result', result)
     FROM upd
-)
+), {outbox_cte("item.completed", "upd")}
 SELECT upd.* FROM upd
 """
 
