@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from cli import enqueue, operate, work
+from cli import enqueue, operate, policy, work
 from cli.common import CLI
 from queue_server import __version__
 
@@ -27,6 +27,7 @@ app = CLI(
 )
 db_app = typer.Typer(help="Database schema: migrate and inspect.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
+app.add_typer(policy.app, name="policy")
 operate.register(app)
 enqueue.register(app)
 work.register(app)

@@ -1,0 +1,168 @@
+"""The leased-work worker and the interactive turn gate against the real server."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+from queue_server.client import QueueClient
+from queue_server.client.leased import AdmittedWorker, LeasedWorkClient
+from queue_server.client.turns import Turn, TurnGate
+from queue_server.client.worker import Job, Outcome, Result
+from queue_server.policy import (
+    AdmissionRefused,
+    OperationStoppedError,
+    PermitUnavailableError,
+    RefusalReason,
+)
+from tests.conftest import Api
+
+Db = psycopg.Connection[dict[str, object]]
+
+
+@pytest.fixture
+def leased(api: Api) -> Iterator[LeasedWorkClient]:
+    client = LeasedWorkClient(api.url, api.keys["worker"], tenant="acme")
+    yield client
+    client.close()
+
+
+def _count(db: Db, sql: str) -> object:
+    row = db.execute(sql).fetchone()
+    assert row is not None
+    return row["n"]
+
+
+def test_admitted_worker_completes_leased_work_under_its_fence(
+    api: Api, leased: LeasedWorkClient
+) -> None:
+    api.enqueue(payload={"n": 1})
+    seen: list[int] = []
+
+    def handler(job: Job) -> dict[str, int]:
+        seen.append(job.fence)
+        return {"done": job.payload["n"]}
+
+    worker = AdmittedWorker(leased, "q", handler, name="w1", wait=0)
+    assert worker.run(max_items=1, drain=True) == 1
+    assert seen == [1]
+    assert leased.attempts == 1  # no retry loop: one attempt per holder request
+
+
+def test_leased_work_client_refuses_a_holder_operation_without_fence_before_dispatch(
+    api: Api, leased: LeasedWorkClient, db: Db
+) -> None:
+    item = api.enqueue()
+    (lease,) = api.acquire()
+    with pytest.raises(AdmissionRefused) as refused:
+        leased.complete(str(item["item_id"]), worker="w1", fence=0)
+    assert refused.value.reason is RefusalReason.MISSING_FENCE
+    assert _count(db, "SELECT count(*) AS n FROM item_events WHERE kind = 'completed'") == 0
+    leased.complete(str(item["item_id"]), worker="w1", fence=int(str(lease["fence"])))
+    assert _count(db, "SELECT count(*) AS n FROM work_items WHERE state = 'completed'") == 1
+
+
+def test_admitted_worker_refuses_local_concurrency_above_one(leased: LeasedWorkClient) -> None:
+    with pytest.raises(AdmissionRefused) as refused:
+        AdmittedWorker(leased, "q", lambda job: None, concurrency=2)
+    assert refused.value.reason is RefusalReason.CONCURRENCY_EXCEEDS_POLICY
+
+
+def test_admitted_worker_requeues_a_failure_through_the_queue_not_a_retry_loop(
+    api: Api, leased: LeasedWorkClient
+) -> None:
+    api.enqueue()
+    calls: list[int] = []
+
+    def fails(job: Job) -> None:
+        calls.append(job.acquisition_count)
+        raise RuntimeError("boom")
+
+    results: list[Result] = []
+    worker = AdmittedWorker(leased, "q", fails, name="w1", wait=0, on_result=results.append)
+    worker.run(max_items=1, drain=True)
+    assert calls == [1]
+    assert [r.outcome for r in results] == [Outcome.TRIAGED]
+    (lease,) = api.acquire()
+    assert (lease["fence"], lease["acquisition_count"]) == (2, 2)
+
+
+def _enqueue_write(client: QueueClient, note: str) -> object:
+    return client.enqueue("turns", {"note": note}, idempotency_key=uuid.uuid4().hex)
+
+
+def test_turn_gate_commits_no_write_after_disconnect(api: Api, db: Db) -> None:
+    with QueueClient(api.url, api.keys["worker"], tenant="acme") as client:
+
+        async def scenario() -> None:
+            gate = TurnGate()
+            async with gate.turn("turn-1") as turn:
+                await turn.write(lambda: asyncio.to_thread(_enqueue_write, client, "before"))
+                assert turn.disconnect() == "continue-to-outcome-receipt"
+                with pytest.raises(OperationStoppedError):
+                    await turn.write(lambda: asyncio.to_thread(_enqueue_write, client, "after"))
+
+        asyncio.run(scenario())
+    notes = db.execute("SELECT payload->>'note' AS note FROM work_items").fetchall()
+    assert notes == [{"note": "before"}]
+
+
+def test_turn_gate_write_in_flight_at_disconnect_still_reaches_its_outcome(
+    api: Api, db: Db
+) -> None:
+    with QueueClient(api.url, api.keys["worker"], tenant="acme") as client:
+
+        async def scenario() -> None:
+            gate = TurnGate()
+            entered: list[Turn] = []
+
+            async def slow_write() -> object:
+                await asyncio.sleep(0.4)  # outlives the turn's deadline
+                return await asyncio.to_thread(_enqueue_write, client, "in-flight")
+
+            async def run_turn() -> None:
+                async with gate.turn("turn-2", deadline=0.2) as turn:
+                    entered.append(turn)
+                    await turn.write(slow_write)
+
+            with pytest.raises(TimeoutError):
+                await run_turn()
+            (turn,) = entered
+            turn.disconnect()
+            await turn.settled()
+            assert not turn.dispatched[0].cancelled()
+
+        asyncio.run(scenario())
+    assert _count(db, "SELECT count(*) AS n FROM work_items") == 1
+
+
+def test_turn_gate_capacity_rejects_a_turn_beyond_its_limit_and_bounds_the_deadline() -> None:
+    async def scenario() -> None:
+        gate = TurnGate()
+        assert gate.gate.capacity == 4
+        release = asyncio.Event()
+
+        async def hold(turn_id: str) -> None:
+            async with gate.turn(turn_id, writes=False):
+                await release.wait()
+
+        held = [asyncio.create_task(hold(f"t{i}")) for i in range(4)]
+        while gate.gate.in_use < 4:
+            await asyncio.sleep(0.01)
+        with pytest.raises(PermitUnavailableError):
+            async with gate.turn("t5", writes=False):
+                pass
+        release.set()
+        await asyncio.gather(*held)
+        with pytest.raises(AdmissionRefused):
+            async with gate.turn("t6", deadline=3600):
+                pass
+        with pytest.raises(AdmissionRefused):
+            async with gate.turn(None):
+                pass
+
+    asyncio.run(scenario())

@@ -1,0 +1,150 @@
+"""The read-only dependency client through a real broker to a real local HTTP dependency."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from queue_server.client.dependency import ReadOnlyDependencyClient
+from queue_server.policy import (
+    AdmissionRefused,
+    CircuitOpenError,
+    CircuitState,
+    PermitGate,
+    PermitUnavailableError,
+    admit_operation,
+)
+from queue_server.transport import TransportBroker
+
+
+class Dependency(ThreadingHTTPServer):
+    """/ok 200; /flaky 503 for the first `fail_first` requests; /down 503; /slow stalls 1 s."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.hits: dict[str, int] = {}
+        self.fail_first = 2
+        self.lock = threading.Lock()
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A reader that timed out closed the socket: expected here."""
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}{path}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: Dependency
+
+    def do_GET(self) -> None:
+        with self.server.lock:
+            n = self.server.hits[self.path] = self.server.hits.get(self.path, 0) + 1
+        if self.path == "/slow" and n == 1:
+            time.sleep(1.0)
+        status = 200
+        if self.path == "/down" or (self.path == "/flaky" and n <= self.server.fail_first):
+            status = 503
+        body = b'{"ok": true}'
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        return
+
+
+@pytest.fixture
+def dependency() -> Iterator[Dependency]:
+    server = Dependency()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+async def _no_sleep(_: float) -> None:
+    return
+
+
+def _client(**kw: object) -> ReadOnlyDependencyClient:
+    broker = TransportBroker(allow=["127.0.0.1"])
+    return ReadOnlyDependencyClient(broker, sleep=_no_sleep, **kw)  # type: ignore[arg-type]
+
+
+def test_read_only_dependency_client_retries_unavailable_then_succeeds(
+    dependency: Dependency,
+) -> None:
+    result = asyncio.run(_client().get(dependency.url("/flaky")))
+    assert result.status == 200
+    assert dependency.hits["/flaky"] == 3
+
+
+def test_read_only_dependency_client_stops_after_three_attempts(dependency: Dependency) -> None:
+    reads = _client()
+    with pytest.raises(Exception, match="503"):
+        asyncio.run(reads.get(dependency.url("/down")))
+    assert dependency.hits["/down"] == 3
+
+
+def test_read_only_dependency_client_times_out_an_attempt_and_retries(
+    dependency: Dependency,
+) -> None:
+    started = time.monotonic()
+    result = asyncio.run(_client().get(dependency.url("/slow"), attempt_timeout=0.2))
+    assert result.status == 200
+    assert dependency.hits["/slow"] == 2
+    assert time.monotonic() - started < 1.0
+
+
+def test_read_only_dependency_client_circuit_opens_after_repeated_failures(
+    dependency: Dependency,
+) -> None:
+    reads = _client()
+
+    async def scenario() -> None:
+        with pytest.raises(Exception, match="503"):
+            await reads.get(dependency.url("/down"))
+        # Failures four and five open the circuit; the sixth attempt is never sent.
+        with pytest.raises(CircuitOpenError):
+            await reads.get(dependency.url("/down"))
+        assert dependency.hits["/down"] == 5
+        assert reads.breaker.state is CircuitState.OPEN
+        with pytest.raises(CircuitOpenError):
+            await reads.get(dependency.url("/ok"))
+
+    asyncio.run(scenario())
+    assert "/ok" not in dependency.hits
+
+
+def test_read_only_dependency_client_capacity_gate_rejects_beyond_its_limit(
+    dependency: Dependency,
+) -> None:
+    gate = PermitGate(1, name="read-only-dependency")
+    reads = _client(gate=gate)
+
+    async def scenario() -> None:
+        first = asyncio.create_task(reads.get(dependency.url("/slow")))
+        while gate.in_use == 0:
+            await asyncio.sleep(0.01)
+        with pytest.raises(PermitUnavailableError):
+            await reads.get(dependency.url("/ok"))
+        await first
+
+    asyncio.run(scenario())
+    assert PermitGate.for_class("read-only-dependency").capacity == 16
+
+
+def test_read_only_dependency_client_refuses_an_effecting_call_and_a_long_deadline() -> None:
+    with pytest.raises(AdmissionRefused):
+        admit_operation("read-only-dependency", effecting=True)
+    with pytest.raises(AdmissionRefused):
+        asyncio.run(_client().get("http://127.0.0.1:9/", deadline=60))
