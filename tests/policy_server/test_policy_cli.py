@@ -6,6 +6,7 @@ import json
 
 from typer.testing import CliRunner
 
+from cli import policy as policy_cli
 from cli.main import app
 from queue_server.policy import (
     CancelAfterDispatchMutationPath,
@@ -36,7 +37,7 @@ def test_policy_verify_passes_and_reports_the_negative_control_failing() -> None
     assert report["real_path"]["passed"]
     assert not report["negative_control"]["passed"]
     assert report["negative_control"]["path"] == "CancelAfterDispatchMutationPath"
-    text = runner.invoke(app, ["policy", "verify"])
+    text = runner.invoke(policy_cli.app, ["verify"])
     assert "failed as required" in text.output
     assert "contract verified" in text.output
 
