@@ -2,10 +2,10 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-SOURCES := queue_server cli tests migrations reliability
-TYPED := queue_server cli tests reliability
+SOURCES := queue_server cli tests migrations reliability bench
+TYPED := queue_server cli tests reliability bench
 
-.PHONY: help install serve test lint unit fmt clean
+.PHONY: help install serve test lint unit fmt clean bench bench-quick reliability
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -34,6 +34,19 @@ test: lint unit ## Lint, then the whole test suite
 fmt: $(STAMP) ## Format and fix what ruff can
 	$(BIN)/ruff format $(SOURCES)
 	$(BIN)/ruff check --fix $(SOURCES)
+
+$(VENV)/.bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	touch $@
+
+bench: $(VENV)/.bench ## The benchmark (under 5 minutes): bench/results/latest.{json,md}
+	$(BIN)/python -m bench
+
+bench-quick: $(VENV)/.bench ## A smoke run of the benchmark (under 1 minute)
+	$(BIN)/python -m bench --quick --out bench/results/quick
+
+reliability: $(STAMP) ## The fault-injection suite (under 10 minutes): reliability/results/latest.md
+	$(BIN)/python -m reliability
 
 clean: ## Remove the virtual environment
 	rm -rf $(VENV)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import psycopg
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
@@ -51,17 +53,37 @@ def test_prepared_acquire_plan_reads_the_ready_index_not_the_whole_table(
             " max_acquisitions) SELECT 't', 'q', '{}', 'completed', 1, 1, 5"
             " FROM generate_series(1, 20000)"
         )
+        conn.execute(
+            "INSERT INTO work_items (tenant_id, queue, payload, max_acquisitions)"
+            " SELECT 't', 'q', '{}', 5 FROM generate_series(1, 20000)"
+        )
         conn.execute("ANALYZE work_items")
         conn.execute("SET plan_cache_mode = force_generic_plan")
         sql = _ACQUIRE.replace("%(tenant)s", "$1").replace("%(queue)s", "$2")
         sql = sql.replace("%(worker)s", "$3").replace("%(ttl)s", "$4::interval")
         sql = sql.replace("%(max_items)s", "$5::int")
         conn.execute(f"PREPARE acq(text, text, text, interval, int) AS {sql}")
-        plan = "\n".join(
+        generic = "\n".join(
             row["QUERY PLAN"]
             for row in conn.execute(
-                "EXPLAIN EXECUTE acq('t', 'q', 'w', '30 seconds', 10)"
+                "EXPLAIN EXECUTE acq('t', 'q', 'w', '30 seconds', 50)"
             ).fetchall()
         )
-    assert "ix_work_items_ready" in plan
-    assert "Seq Scan on work_items" not in plan
+        custom = "\n".join(
+            row["QUERY PLAN"]
+            for row in conn.execute(
+                "EXPLAIN " + _ACQUIRE,
+                {
+                    "tenant": "t",
+                    "queue": "q",
+                    "worker": "w",
+                    "ttl": timedelta(seconds=30),
+                    "max_items": 50,
+                },
+            ).fetchall()
+        )
+    for plan in (generic, custom):
+        assert "ix_work_items_ready" in plan
+        # Neither the candidate scan nor the update of the picked rows may read the table.
+        assert "Seq Scan on work_items" not in plan
+        assert "Index Scan using pk_work_items on work_items w" in plan

@@ -112,16 +112,18 @@ WITH room AS (
     SET state = 'leased', fence = w.fence + 1, acquisition_count = w.acquisition_count + 1,
         lease_holder = %(worker)s, lease_expires_at = statement_timestamp() + %(ttl)s,
         updated_at = statement_timestamp(), event_seq = w.event_seq + 1
-    FROM picked p
-    WHERE w.tenant_id = %(tenant)s AND w.item_id = p.item_id
+    -- An array, not a join: the planner cannot tell how few rows `picked` has, and a
+    -- join would hash the whole table; `= ANY(array)` probes the primary key per item.
+    WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(ARRAY(SELECT item_id FROM picked))
       AND w.acquisition_count < w.max_acquisitions
     RETURNING w.*
 ), quarantined AS (
     UPDATE work_items w
     SET state = 'quarantined', lease_holder = NULL, lease_expires_at = NULL,
         updated_at = statement_timestamp(), event_seq = w.event_seq + 1
-    FROM picked p
-    WHERE w.tenant_id = %(tenant)s AND w.item_id = p.item_id
+    -- An array, not a join: the planner cannot tell how few rows `picked` has, and a
+    -- join would hash the whole table; `= ANY(array)` probes the primary key per item.
+    WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(ARRAY(SELECT item_id FROM picked))
       AND w.acquisition_count >= w.max_acquisitions
     RETURNING w.*
 ), dead AS (
@@ -390,7 +392,7 @@ WITH input AS (
     SET state = 'completed', result = coalesce(i.result, 'null'::jsonb), lease_holder = NULL,
         lease_expires_at = NULL, updated_at = statement_timestamp(), event_seq = w.event_seq + 1
     FROM input i
-    WHERE w.tenant_id = %(tenant)s AND w.item_id = i.item_id
+    WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(%(ids)s::uuid[]) AND w.item_id = i.item_id
       AND w.state = 'leased' AND w.fence = i.fence AND w.lease_holder = %(worker)s
       AND w.lease_expires_at > statement_timestamp()
     RETURNING w.*
@@ -412,7 +414,13 @@ async def complete_many(
     Returns the completed rows by item id; the others changed nothing.
     """
     cur = await conn.execute(
-        _COMPLETE_MANY, {"items": Jsonb(completions), "tenant": tenant, "worker": worker}
+        _COMPLETE_MANY,
+        {
+            "items": Jsonb(completions),
+            "ids": [entry["item_id"] for entry in completions],
+            "tenant": tenant,
+            "worker": worker,
+        },
     )
     return {str(row["item_id"]): row for row in await cur.fetchall()}
 
