@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
 from queue_server import __version__, errors
-from queue_server.api import confirmations, dead_letters, problems, routes, verification
+from queue_server.api import confirmations, dead_letters, problems, routes, verification, watchers
 from queue_server.api.middleware import BodyLimitAndMetrics
 from queue_server.service import QueueService
 from queue_server.settings import Settings
@@ -59,6 +59,7 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
     app.include_router(dead_letters.router)
     app.include_router(confirmations.router)
     app.include_router(verification.router)
+    app.include_router(watchers.router)
 
     @app.get("/healthz", tags=["service"])
     async def healthz() -> dict[str, str]:

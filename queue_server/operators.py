@@ -10,10 +10,11 @@ from typing import Any
 
 import orjson
 
-from queue_server import auth, errors, ledger, views
+from queue_server import auth, errors, ledger, outbox, views
 from queue_server.models import ItemState, Role, is_uuid
 from queue_server.service import Answer, Idempotency, QueueService
 from queue_server.store import dead_letters, reads, tenants, transitions
+from queue_server.store import outbox as outbox_store
 from queue_server.store.transitions import Conn, Row
 
 MAX_BULK_REPLAY = 100
@@ -163,12 +164,18 @@ class Operators:
                 item_id = str(row["item_id"])
                 item = await reads.get_item(conn, tenant=tenant, item_id=item_id)
                 events = await reads.ledger(conn, tenant=tenant, item_id=item_id)
+            delivery = None
+            if row["delivery_id"] is not None:
+                delivery = await outbox_store.get_delivery(
+                    conn, tenant=tenant, delivery_id=str(row["delivery_id"])
+                )
         return _ok(
             200,
             {
                 "dead_letter": dead_letter_view(row),
                 "item": views.item(item) if item else None,
                 "events": [views.event(e) for e in events],
+                "delivery": outbox.delivery_view(delivery) if delivery else None,
             },
         )
 
@@ -242,12 +249,15 @@ class Operators:
             raise errors.DeadLetterNotFoundError(dead_letter_id=dead_letter_id)
 
         async def operation(conn: Conn) -> Answer:
-            row = self._check_resolvable(
-                await dead_letters.lock_for_resolution(
-                    conn, tenant=tenant, dead_letter_id=dead_letter_id
-                ),
-                dead_letter_id,
+            locked = await dead_letters.lock_for_resolution(
+                conn, tenant=tenant, dead_letter_id=dead_letter_id
             )
+            if locked is not None and locked["kind"] == "delivery" and not locked["closed_at"]:
+                # A dead webhook delivery: pending again, fresh budget, same delivery key.
+                return await outbox.resolve_dead_delivery(
+                    conn, tenant=tenant, dead_letter=locked, replay=True
+                )
+            row = self._check_resolvable(locked, dead_letter_id)
             if row["item_state"] != ItemState.QUARANTINED:
                 raise errors.InvalidStateError(
                     f"The item is {row['item_state']}, not quarantined.",
@@ -284,12 +294,14 @@ class Operators:
             raise errors.DeadLetterNotFoundError(dead_letter_id=dead_letter_id)
 
         async def operation(conn: Conn) -> Answer:
-            row = self._check_resolvable(
-                await dead_letters.lock_for_resolution(
-                    conn, tenant=tenant, dead_letter_id=dead_letter_id
-                ),
-                dead_letter_id,
+            locked = await dead_letters.lock_for_resolution(
+                conn, tenant=tenant, dead_letter_id=dead_letter_id
             )
+            if locked is not None and locked["kind"] == "delivery" and not locked["closed_at"]:
+                return await outbox.resolve_dead_delivery(
+                    conn, tenant=tenant, dead_letter=locked, replay=False
+                )
+            row = self._check_resolvable(locked, dead_letter_id)
             if row["item_state"] in (None, ItemState.COMPLETED):
                 raise errors.InvalidStateError(
                     f"The item is {row['item_state'] or 'gone'}; it cannot be cancelled.",

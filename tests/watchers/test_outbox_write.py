@@ -107,7 +107,7 @@ def test_refused_transition_writes_no_outbox_row(api: Api, db: Db) -> None:
     _watcher(db, "acme", ["item.completed", "item.enqueued"])
     item = api.enqueue("q")
     [lease] = api.acquire("q")
-    stale = api.holder("complete", item["item_id"], worker="w1", fence=lease["fence"] + 5)
+    stale = api.holder("complete", item["item_id"], worker="w1", fence=int(str(lease["fence"])) + 5)
     assert stale.status_code == 409
     other = api.holder("complete", item["item_id"], worker="intruder", fence=lease["fence"])
     assert other.status_code == 409

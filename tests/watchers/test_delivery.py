@@ -1,0 +1,299 @@
+"""The deliverer against real local receivers: signatures, outcomes, the persisted schedule,
+410, budgets, pause order and concurrent deliverers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import timedelta
+
+import pytest
+from standardwebhooks.webhooks import Webhook
+
+from queue_server.delivery import Deliverer, RunReport, schedule
+from queue_server.policy import next_delivery_at
+from queue_server.settings import Settings
+from queue_server.transport import Budget
+from tests.conftest import Api
+
+from .conftest import SCALE, Db, ModeReceiver, complete_one, deliver, make_due, register, rows
+
+
+def test_delivery_arrives_signed_with_the_delivery_key(
+    api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
+) -> None:
+    watcher = register(api, receiver.url("/hook"))
+    item_id = complete_one(api, payload={"to": "a@example.com"})
+    report = deliver(settings, database_url)
+    assert report.delivered == 1
+    [seen] = receiver.hook_requests()
+    [row] = rows(db)
+    assert seen.headers["webhook-id"] == row["delivery_key"]
+    # The receiver verifies with the reference Standard Webhooks library.
+    payload = Webhook(watcher["secret"]).verify(seen.body, seen.headers)
+    assert payload["event"] == "item.completed"
+    assert payload["item"]["item_id"] == item_id
+    assert payload["item"]["state"] == "completed"
+    assert payload["item"]["payload"] == {"to": "a@example.com"}
+    assert row["state"] == "delivered"
+    assert row["attempts"] == 1
+    assert row["next_attempt_at"] is None
+    [receipt] = row["receipts"]
+    assert receipt["outcome"] == "succeeded"
+    assert receipt["status"] == 200
+    assert receipt["attempt"] == 1
+    # Receipts name the host and a hash, never the path.
+    assert "/hook" not in json.dumps(row["receipts"])
+    assert watcher["secret"] not in json.dumps(row["receipts"])
+
+
+def test_failing_receiver_is_retried_on_the_persisted_schedule_then_dead_lettered(
+    api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
+) -> None:
+    receiver.mode = "fail"
+    register(api, receiver.url("/hook"))
+    complete_one(api)
+    delays = schedule(SCALE)
+    assert delays == [30 * SCALE, 120 * SCALE, 480 * SCALE, 1920 * SCALE]
+    for attempt in range(1, 6):
+        make_due(db)
+        report = deliver(settings, database_url)
+        assert report.claimed == 1
+        [row] = rows(db)
+        assert row["attempts"] == attempt
+        if attempt < 5:
+            assert row["state"] == "pending"
+            # The next instant is the policy's delay after this attempt, exactly.
+            gap = row["next_attempt_at"] - row["last_attempt_at"]
+            assert gap == timedelta(seconds=delays[attempt - 1])
+            assert row["due_at"] == max(row["next_attempt_at"], row["due_at"])
+        assert row["last_outcome"]["status"] == 500
+    assert row["state"] == "dead"
+    assert row["next_attempt_at"] is None
+    assert [r["attempt"] for r in row["receipts"]] == [1, 2, 3, 4, 5]
+    keys = {r.headers["webhook-id"] for r in receiver.hook_requests()}
+    assert keys == {row["delivery_key"]}
+    assert len(receiver.hook_requests()) == 5
+    letters = api.operator.get("/v1/tenants/acme/dead-letters", params={"kind": "delivery"}).json()
+    [letter] = letters["dead_letters"]
+    assert letter["delivery_id"] == str(row["delivery_id"])
+    assert letter["last_failure"]["status"] == 500
+    # A sixth run finds nothing: the budget is spent.
+    make_due(db)
+    assert deliver(settings, database_url).claimed == 0
+
+
+def test_unscaled_schedule_is_persisted_at_the_policy_instants(
+    api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
+) -> None:
+    receiver.mode = "fail"
+    register(api, receiver.url("/hook"))
+    complete_one(api)
+    real = settings.model_copy(update={"delivery_backoff_scale": 1.0})
+    expected_gaps = [30, 120, 480, 1920]
+    for attempt in range(1, 5):
+        make_due(db)
+        assert deliver(real, database_url).claimed == 1
+        [row] = rows(db)
+        assert row["next_attempt_at"] == next_delivery_at(
+            failed_attempt=attempt, failed_at=row["last_attempt_at"]
+        )
+        assert row["next_attempt_at"] - row["last_attempt_at"] == timedelta(
+            seconds=expected_gaps[attempt - 1]
+        )
+        # Not due before its instant: a run now claims nothing.
+        assert deliver(real, database_url).claimed == 0
+    make_due(db)
+    deliver(real, database_url)
+    assert next_delivery_at(failed_attempt=5, failed_at=rows(db)[0]["last_attempt_at"]) is None
+    assert rows(db)[0]["state"] == "dead"
+
+
+@pytest.mark.parametrize(
+    ("mode", "outcome", "status"),
+    [
+        ("fail", "http_error", 500),
+        ("redirect", "redirect_refused", 302),
+        ("reset", "transport_error", None),
+        ("slow", "timeout", None),
+    ],
+)
+def test_each_failure_is_a_failed_attempt_with_its_receipt(
+    api: Api,
+    db: Db,
+    receiver: ModeReceiver,
+    settings: Settings,
+    database_url: str,
+    mode: str,
+    outcome: str,
+    status: int | None,
+) -> None:
+    receiver.mode = mode
+    register(api, receiver.url("/hook"))
+    complete_one(api)
+    report = deliver(settings, database_url, delivery_attempt_timeout=0.5)
+    assert report.failed == 1
+    [row] = rows(db)
+    assert row["state"] == "pending"
+    assert row["last_outcome"]["outcome"] == outcome
+    assert row["last_outcome"]["status"] == status
+    [receipt] = row["receipts"]
+    assert receipt["outcome"] == outcome
+    # A redirect is never followed.
+    assert len(receiver.hook_requests()) == 1
+    assert [r.target for r in receiver.requests] == ["/hook"]
+
+
+def test_huge_response_body_is_cut_at_the_collection_bound(
+    api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
+) -> None:
+    receiver.mode = "huge?n=5000000"
+    register(api, receiver.url("/hook"))
+    complete_one(api)
+    report = deliver(settings, database_url)
+    assert report.delivered == 1
+    [row] = rows(db)
+    [receipt] = row["receipts"]
+    assert receipt["status"] == 200
+    # Collection stops at the broker's per-dispatch bound; far less than 5 MB was charged.
+    assert 64 * 1024 <= receipt["response_bytes"] < 200 * 1024
+    assert len(row["last_outcome"]["response_prefix"]) <= 512
+
+
+def test_gone_disables_the_watcher_and_cancels_its_pending_deliveries(
+    api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
+) -> None:
+    receiver.mode = "gone"
+    watcher = register(api, receiver.url("/hook"))
+    complete_one(api)
+    complete_one(api)
+    report = deliver(settings, database_url)
+    assert report.gone == 1
+    assert len(receiver.hook_requests()) == 1
+    assert [r["state"] for r in rows(db)] == ["cancelled", "cancelled"]
+    shown = api.operator.get(f"/v1/tenants/acme/watchers/{watcher['watcher_id']}").json()
+    assert shown["state"] == "disabled"
+    assert "410" in shown["disabled_reason"]
+    complete_one(api)
+    assert len(rows(db)) == 2
+
+
+def test_request_budget_refuses_before_the_socket_and_releases_the_row(
+    api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
+) -> None:
+    register(api, receiver.url("/hook"))
+    for _ in range(3):
+        complete_one(api)
+    report = deliver(settings, database_url, budget=Budget(max_requests=2))
+    assert report.delivered == 2
+    assert report.released == 1
+    assert report.snapshot is not None
+    assert len(report.snapshot.receipts) == 2
+    assert report.snapshot.usage.requests == 2
+    assert receiver.connections == 2
+    third = rows(db)[2]
+    # Not an attempt: nothing counted, no receipt, due as before.
+    assert third["state"] == "pending"
+    assert third["attempts"] == 0
+    assert third["receipts"] == []
+    assert third["claim_token"] is None
+    assert deliver(settings, database_url).delivered == 1
+    assert [r["state"] for r in rows(db)] == ["delivered"] * 3
+
+
+def test_response_byte_budget_charges_the_crossing_dispatch_and_refuses_the_next(
+    api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
+) -> None:
+    receiver.mode = "huge?n=100000"
+    register(api, receiver.url("/hook"))
+    complete_one(api)
+    complete_one(api)
+    budget = Budget(max_requests=10, max_response_bytes=1000)
+    report = deliver(settings, database_url, budget=budget)
+    assert receiver.connections == 1
+    first, second = rows(db)
+    assert first["attempts"] == 1
+    assert first["last_outcome"]["outcome"] == "response_budget_exhausted"
+    [receipt] = first["receipts"]
+    assert receipt["response_bytes"] > 1000
+    assert second["attempts"] == 0
+    assert second["receipts"] == []
+    assert report.released == 1
+
+
+def test_paused_watcher_holds_its_rows_and_resume_sends_them_in_order(
+    api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
+) -> None:
+    watcher = register(api, receiver.url("/hook"))
+    path = f"/v1/tenants/acme/watchers/{watcher['watcher_id']}"
+    items = [complete_one(api, payload=n) for n in range(4)]
+    paused = api.worker.post(f"{path}/pause", headers={"Idempotency-Key": "p1"})
+    assert paused.json()["state"] == "paused"
+    # Only active watchers subscribe: a transition during the pause records nothing for it.
+    complete_one(api, payload="during the pause")
+    assert len(rows(db)) == 4
+    assert deliver(settings, database_url).claimed == 0
+    assert receiver.hook_requests() == []
+    resumed = api.worker.post(f"{path}/resume", headers={"Idempotency-Key": "r1"})
+    assert resumed.json()["state"] == "active"
+    assert deliver(settings, database_url).delivered == 4
+    sent = [json.loads(r.body)["item"]["item_id"] for r in receiver.hook_requests()]
+    assert sent == items
+
+
+def test_two_deliverers_never_send_one_row_at_once(
+    api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
+) -> None:
+    register(api, receiver.url("/hook"))
+    register(api, receiver.url("/hook"))
+    api.approve("q", 50)
+    api.worker.post(
+        "/v1/tenants/acme/queues/q/items:batch",
+        json={"items": [{"payload": n} for n in range(15)]},
+        headers={"Idempotency-Key": "fifteen"},
+    )
+    leases = api.acquire(max_items=15)
+    for lease in leases:
+        done = api.holder("complete", lease["item_id"], worker="w1", fence=lease["fence"])
+        assert done.status_code == 200
+    small = settings.model_copy(update={"delivery_batch_size": 4})
+
+    async def race() -> list[RunReport]:
+        async with Deliverer(small, database_url) as a, Deliverer(small, database_url) as b:
+            reports: list[RunReport] = []
+            for _ in range(6):
+                reports += await asyncio.gather(a.run_once(), b.run_once())
+            return reports
+
+    reports = asyncio.run(race())
+    keys = [r.headers["webhook-id"] for r in receiver.hook_requests()]
+    assert len(keys) == 30
+    assert len(set(keys)) == 30
+    assert sum(r.claimed for r in reports) == 30
+    assert all(r["state"] == "delivered" for r in rows(db))
+
+
+def test_rotated_secret_and_the_previous_one_both_verify(
+    api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
+) -> None:
+    watcher = register(api, receiver.url("/hook"))
+    rotated = api.operator.post(
+        f"/v1/tenants/acme/watchers/{watcher['watcher_id']}/rotate-secret",
+        headers={"Idempotency-Key": "rot-1"},
+    )
+    assert rotated.status_code == 200, rotated.text
+    new_secret = rotated.json()["secret"]
+    assert new_secret != watcher["secret"]
+    assert rotated.json()["previous_secret_expires_at"] is not None
+    complete_one(api)
+    deliver(settings, database_url)
+    [seen] = receiver.hook_requests()
+    for secret in (watcher["secret"], new_secret):
+        Webhook(secret).verify(seen.body, seen.headers)
+    # After the grace period only the new secret signs.
+    db.execute("UPDATE watchers SET previous_secret_expires_at = now() - interval '1 second'")
+    complete_one(api)
+    deliver(settings, database_url)
+    latest = receiver.hook_requests()[-1]
+    Webhook(new_secret).verify(latest.body, latest.headers)
+    assert len(latest.headers["webhook-signature"].split()) == 1
