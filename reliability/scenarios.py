@@ -459,6 +459,299 @@ def lost_replies(*, duration: float = 15.0, name: str = "lost replies") -> Scena
     return ScenarioOutcome(report, time.monotonic() - began, metrics, history, snapshot)
 
 
+def receipt_violations(cluster: Cluster, history: History) -> list[Violation]:
+    """All or nothing: every accepted effecting request left its idempotency receipt,
+    with the status the client saw."""
+    with cluster.db() as conn:
+        rows = conn.execute(
+            "SELECT tenant_id, idempotency_key, response_status FROM idempotency_receipts"
+        ).fetchall()
+    stored = {
+        (str(r["tenant_id"]), str(r["idempotency_key"])): int(r["response_status"]) for r in rows
+    }
+    out: list[Violation] = []
+    for op in history.operations:
+        if op.idempotency_key is None or not op.accepted:
+            continue
+        status = stored.get((op.tenant, op.idempotency_key))
+        if status is None:
+            out.append(
+                Violation(
+                    "receipts",
+                    f"accepted {op.kind} has no idempotency receipt",
+                    op.tenant,
+                    op.item_id,
+                    (op.op_id,),
+                )
+            )
+        elif status != op.status:
+            out.append(
+                Violation(
+                    "receipts",
+                    f"receipt status {status} but the client got {op.status}",
+                    op.tenant,
+                    op.item_id,
+                    (op.op_id,),
+                )
+            )
+    return out
+
+
+class ReadyProbe:
+    """Polls /readyz every 0.1 s and keeps (monotonic time, status or None)."""
+
+    def __init__(self, base_url: str, stop: threading.Event, timeout: float = 15.0) -> None:
+        #: (start, end, status or None) of each probe.
+        self.samples: list[tuple[float, float, int | None]] = []
+        self.base_url = base_url
+        self.stop = stop
+        self.timeout = timeout
+        self.thread = _spawn(self._run, "ready-probe")
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self.base_url, timeout=self.timeout) as client:
+            while not self.stop.wait(0.1):
+                status: int | None
+                start = time.monotonic()
+                try:
+                    status = client.get("/readyz").status_code
+                except httpx.HTTPError:
+                    status = None
+                self.samples.append((start, time.monotonic(), status))
+
+    def between(self, start: float, end: float) -> list[int | None]:
+        """Statuses of the probes that started and ended within [start, end]."""
+        return [s for t0, t1, s in self.samples if start <= t0 and t1 <= end]
+
+    def first(self, status: int, after: float) -> float | None:
+        """When the first probe started after ``after`` answered ``status``."""
+        for t0, t1, s in self.samples:
+            if t0 >= after and s == status:
+                return t1
+        return None
+
+
+def _load_scenario(
+    name: str,
+    fault: Callable[[Cluster, HistoryRecorder, threading.Event], dict[str, JSONValue]],
+    *,
+    duration: float,
+    extra_checks: Callable[[Cluster, History, dict[str, JSONValue]], list[Violation]] | None = None,
+    api_env: dict[str, str] | None = None,
+    client_timeout: float = 5.0,
+) -> ScenarioOutcome:
+    """Producers and workers in this process; ``fault`` runs meanwhile and returns metrics."""
+    began = time.monotonic()
+    with Cluster(
+        name=name.replace(" ", "-"), api_env={**FAST_API_ENV, **(api_env or {})}
+    ) as cluster:
+        tenant = "load"
+        keys = cluster.create_tenant(tenant, max_concurrency=16)
+        recorder = HistoryRecorder(source="harness")
+        stop = threading.Event()
+        client = RecordingClient(
+            cluster.base_url,
+            keys.worker,
+            tenant,
+            recorder,
+            timeout=client_timeout,
+            retry_for=40,
+            stop=stop,
+        )
+        probe = probe_backlog(cluster, [tenant], recorder, stop)
+        load = Load(client, stop, ttl=1.5, max_items_total=4000)
+        metrics = fault(cluster, recorder, stop)
+        deadline = began + duration
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+        stop.set()
+        load.join()
+        probe.join(5)
+        report, history, snapshot = finish(cluster, recorder, name, [tenant], clients=[client])
+        extras = receipt_violations(cluster, history)
+        if extra_checks is not None:
+            extras += extra_checks(cluster, history, metrics)
+        statuses = Counter(op.status for op in history.operations)
+        metrics["answers"] = {
+            str(k): v for k, v in sorted(statuses.items(), key=lambda kv: kv[0] or 0)
+        }
+        metrics["retries"] = client.retries
+        metrics["completed"] = load.completed
+        metrics["enqueued"] = len(snapshot.items)
+        report = with_extras(report, extras)
+        client.close()
+    return ScenarioOutcome(report, time.monotonic() - began, metrics, history, snapshot)
+
+
+# ------------------------------------------------------ 2. SIGKILL the API
+
+
+def kill_api(
+    *, kills: int = 4, duration: float = 25.0, name: str = "SIGKILL API"
+) -> ScenarioOutcome:
+    """SIGKILL the API process repeatedly mid-load and restart it; every request is all or nothing."""
+
+    def fault(
+        cluster: Cluster, recorder: HistoryRecorder, stop: threading.Event
+    ) -> dict[str, JSONValue]:
+        restarts: list[JSONValue] = []
+        rng = random.Random(11)
+        for n in range(kills):
+            time.sleep(rng.uniform(1.5, 3.0))
+            recorder.note_fault("sigkill-api", f"kill {n + 1}")
+            cluster.kill_api()
+            say(f"{name}: killed the API ({n + 1}/{kills}), restarting")
+            start = time.monotonic()
+            cluster.start_api()
+            restarts.append(round(time.monotonic() - start, 2))
+        return {"kills": kills, "restart_seconds": restarts}
+
+    return _load_scenario(name, fault, duration=duration)
+
+
+# ------------------------------------------------------ 4. PostgreSQL crash
+
+
+def pg_crash(
+    *, outage: float = 12.0, duration: float = 32.0, name: str = "PostgreSQL crash"
+) -> ScenarioOutcome:
+    """pg_ctl stop -m immediate mid-load, then start: 503 during the outage, recovery without restart."""
+    marks: dict[str, float] = {}
+    probes: list[ReadyProbe] = []
+
+    def fault(
+        cluster: Cluster, recorder: HistoryRecorder, stop: threading.Event
+    ) -> dict[str, JSONValue]:
+        probes.append(ReadyProbe(cluster.base_url, stop))
+        api_pid = cluster.api_proc.pid if cluster.api_proc else 0
+        time.sleep(4.0)
+        recorder.note_fault("pg-crash", "pg_ctl stop -m immediate")
+        marks["crash"] = time.monotonic()
+        cluster.crash_pg()
+        say(f"{name}: PostgreSQL crashed; restarting in {outage:.0f}s")
+        time.sleep(outage)
+        marks["restart"] = time.monotonic()
+        cluster.start_pg()
+        marks["up"] = time.monotonic()
+        waited = cluster.wait_ready(60)
+        marks["ready"] = time.monotonic()
+        say(f"{name}: PostgreSQL is back; the API was ready again {waited:.1f}s later")
+        same = (
+            cluster.api_proc is not None
+            and cluster.api_proc.pid == api_pid
+            and cluster.api_starts == 1
+        )
+        return {
+            "outage_seconds": round(marks["up"] - marks["crash"], 2),
+            "ready_again_after_pg_up_seconds": round(waited, 2),
+            "api_not_restarted": same,
+        }
+
+    def checks(
+        cluster: Cluster, history: History, metrics: dict[str, JSONValue]
+    ) -> list[Violation]:
+        out: list[Violation] = []
+        probe = probes[0]
+        during = probe.between(marks["crash"], marks["up"])
+        after = probe.between(marks["ready"], marks["ready"] + 60)
+        metrics["readyz_during_outage"] = {str(k): v for k, v in Counter(during).items()}
+        false_at = probe.first(503, marks["crash"])
+        metrics["readyz_false_after_crash_seconds"] = (
+            None if false_at is None else round(false_at - marks["crash"], 2)
+        )
+        slowest = max(
+            (t1 - t0 for t0, t1, _ in probe.samples if marks["crash"] <= t0 <= marks["up"]),
+            default=0.0,
+        )
+        metrics["readyz_slowest_answer_during_outage_seconds"] = round(slowest, 2)
+        if any(status == 200 for status in during):
+            out.append(Violation("readyz", "/readyz answered 200 while PostgreSQL was down"))
+        if false_at is None or false_at > marks["up"]:
+            out.append(Violation("readyz", "/readyz never answered 503 while PostgreSQL was down"))
+        if any(status != 200 for status in after):
+            out.append(Violation("readyz", "/readyz was not steadily 200 after recovery"))
+        if metrics.get("api_not_restarted") is not True:
+            out.append(Violation("recovery", "the API process had to be restarted"))
+        outage_answers = Counter(
+            op.status
+            for op in history.operations
+            if marks["crash"] <= op.start_mono and op.end_mono <= marks["up"]
+        )
+        metrics["answers_during_outage"] = {str(k): v for k, v in outage_answers.items()}
+        metrics["slowest_503_seconds"] = round(
+            max(
+                (op.end_mono - op.start_mono for op in history.operations if op.status == 503),
+                default=0.0,
+            ),
+            2,
+        )
+        before: dict[tuple[str, str], int] = {}
+        after_fences: dict[tuple[str, str], int] = {}
+        for op in history.operations:
+            for item_id, fence in op.leases():
+                key = (op.tenant, item_id)
+                if op.end_mono < marks["crash"]:
+                    before[key] = max(before.get(key, 0), fence)
+                elif op.start_mono > marks["up"]:
+                    after_fences[key] = min(after_fences.get(key, fence), fence)
+        for key, low in after_fences.items():
+            if key in before and low <= before[key]:
+                out.append(
+                    Violation(
+                        "fences",
+                        f"fence {low} issued after the restart is not above {before[key]} issued before",
+                        key[0],
+                        key[1],
+                    )
+                )
+        metrics["items_leased_before_and_after"] = sum(1 for k in after_fences if k in before)
+        return out
+
+    return _load_scenario(name, fault, duration=duration, extra_checks=checks, client_timeout=20.0)
+
+
+# ------------------------------------------------ 5. pg_terminate_backend
+
+
+def terminate_backends(
+    *, rounds: int = 6, duration: float = 16.0, name: str = "terminate backends"
+) -> ScenarioOutcome:
+    """pg_terminate_backend of every API connection, repeatedly mid-load: the pool recovers."""
+    marks: dict[str, float] = {}
+
+    def fault(
+        cluster: Cluster, recorder: HistoryRecorder, stop: threading.Event
+    ) -> dict[str, JSONValue]:
+        killed: list[JSONValue] = []
+        for n in range(rounds):
+            time.sleep(1.0)
+            count = cluster.terminate_api_backends()
+            recorder.note_fault("pg-terminate-backend", f"round {n + 1}: {count} sessions")
+            killed.append(count)
+        marks["last"] = time.monotonic()
+        say(
+            f"{name}: terminated {sum(int(str(k)) for k in killed)} API sessions in {rounds} rounds"
+        )
+        return {"terminated_per_round": killed}
+
+    def checks(
+        cluster: Cluster, history: History, metrics: dict[str, JSONValue]
+    ) -> list[Violation]:
+        out: list[Violation] = []
+        later = [op for op in history.operations if op.start_mono > marks["last"] + 0.5]
+        good = sum(1 for op in later if op.accepted)
+        metrics["accepted_after_last_fault"] = good
+        metrics["failed_after_last_fault"] = sum(1 for op in later if op.indeterminate)
+        if good == 0:
+            out.append(Violation("recovery", "no request succeeded after the last termination"))
+        with httpx.Client(base_url=cluster.base_url, timeout=5) as probe:
+            if probe.get("/readyz").status_code != 200:
+                out.append(Violation("recovery", "/readyz is not 200 after the faults"))
+        return out
+
+    return _load_scenario(name, fault, duration=duration, extra_checks=checks)
+
+
 @contextlib.contextmanager
 def _timed(label: str) -> Iterator[None]:
     start = time.monotonic()
@@ -468,7 +761,10 @@ def _timed(label: str) -> Iterator[None]:
 
 SCENARIOS: dict[str, Callable[[], ScenarioOutcome]] = {
     "claim-storm": claim_storm,
+    "sigkill-api": kill_api,
     "lost-replies": lost_replies,
+    "pg-crash": pg_crash,
+    "terminate-backends": terminate_backends,
 }
 
 
