@@ -752,6 +752,187 @@ def terminate_backends(
     return _load_scenario(name, fault, duration=duration, extra_checks=checks)
 
 
+# ---------------------------------------------- 6. isolation and auth matrix
+
+#: Routes that need no key by design (/v1/policy: the published client contract, no tenant data).
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/v1/policy"})
+
+
+def _route_body(path: str, method: str) -> JSONValue:
+    """A valid body for the routes the API documents; ``{}`` for the others."""
+    if method in ("GET", "DELETE"):
+        return None
+    tail = path.rsplit("/", 1)[-1]
+    bodies: dict[str, JSONValue] = {
+        "{tenant}": {"backlog_cap": 10, "default_max_acquisitions": 3, "default_lease_ttl": 30},
+        "keys": {"role": "worker"},
+        "items": {"payload": {"x": 1}},
+        "items:batch": {"items": [{"payload": {"x": 1}}]},
+        "leases": {"worker": "intruder", "lease_ttl": 5, "max_items": 1},
+        "heartbeat": {"worker": "w", "fence": 1, "lease_ttl": 5},
+        "complete": {"worker": "w", "fence": 1, "result": {}},
+        "requeue": {"worker": "w", "fence": 1, "reason": "x"},
+        "triage": {
+            "worker": "w",
+            "fence": 1,
+            "failure": {"class": "x", "message": "y", "transient": True},
+            "decision": "requeue",
+        },
+        "spend-approvals": {
+            "approved_by": "x@example.com",
+            "max_concurrency": 4,
+            "expires_at": "2999-01-01T00:00:00Z",
+            "reason": "x",
+        },
+        "replay": {},
+        "discard": {"reason": "x"},
+        "dead-letters:replay": {},
+    }
+    return bodies.get(tail, {})
+
+
+def _fill_path(path: str, ids: dict[str, str]) -> str:
+    out = path
+    for name, value in ids.items():
+        out = out.replace("{" + name + "}", value)
+    while "{" in out:
+        start = out.index("{")
+        out = out[:start] + uuid.uuid4().hex + out[out.index("}", start) + 1 :]
+    return out
+
+
+def isolation_matrix(*, name: str = "isolation and auth") -> ScenarioOutcome:
+    """Every route of /openapi.json: another tenant's keys get 404, bad keys 401, nothing written."""
+    began = time.monotonic()
+    with Cluster(name="isolation", api_env=FAST_API_ENV) as cluster:
+        recorder = HistoryRecorder(source="harness")
+        a = cluster.create_tenant("alpha", max_acquisitions=1)
+        b = cluster.create_tenant("bravo")
+        alpha = RecordingClient(cluster.base_url, a.worker, "alpha", recorder)
+        shared_key = "shared-" + uuid.uuid4().hex
+        item_op = alpha.enqueue("q", {"secret": "alpha"}, key=shared_key)
+        item_id = item_op.enqueued_item_ids()[0]
+        dead_op = alpha.enqueue("dlq", {"doomed": True})
+        dead_item = dead_op.enqueued_item_ids()[0]
+        # Hold the first item; let the doomed one (budget 1) expire and come back
+        # past its budget: a dead letter.
+        alpha.acquire("q", "w-alpha", ttl=3600)
+        alpha.acquire("dlq", "w-alpha", ttl=1)
+        time.sleep(1.3)
+        alpha.acquire("dlq", "w-alpha", ttl=1)
+        with cluster.admin_client() as admin:
+            a_operator = httpx.Client(
+                base_url=cluster.base_url, headers={"Authorization": f"Bearer {a.operator}"}
+            )
+            letters = (
+                a_operator.get("/v1/tenants/alpha/dead-letters").json().get("dead_letters", [])
+            )
+            a_operator.close()
+            dead_letter_id = str(letters[0]["dead_letter_id"]) if letters else uuid.uuid4().hex
+            revoked = admin.post("/v1/tenants/bravo/keys", json={"role": "operator"}).json()
+            admin.delete(f"/v1/tenants/bravo/keys/{revoked['key_id']}")
+            spec = admin.get("/openapi.json").json()
+        time.sleep(0.5)
+        routes = [
+            (method.upper(), path)
+            for path, ops in sorted(spec.get("paths", {}).items())
+            for method in ops
+            if method in ("get", "post", "put", "delete", "patch")
+        ]
+        ids = {
+            "tenant": "alpha",
+            "queue": "q",
+            "item_id": item_id,
+            "dead_letter_id": dead_letter_id,
+            "key_id": a.worker_key_id,
+        }
+        before = cluster.table_digest()
+        extras: list[Violation] = []
+        inconclusive: list[str] = []
+        checked = 0
+        intruders = {"bravo worker": b.worker, "bravo operator": b.operator}
+        bad_credentials: dict[str, str | None] = {
+            "missing": None,
+            "malformed": "Bearer",
+            "basic": "Basic YWxpY2U6c2VjcmV0",
+            "unknown": "Bearer qs_" + uuid.uuid4().hex,
+            "garbage": "Bearer " + "\u00e9" * 3,
+            "revoked": f"Bearer {revoked['secret']}",
+        }
+        with httpx.Client(base_url=cluster.base_url, timeout=10) as http:
+            for method, template in routes:
+                if template in PUBLIC_PATHS:
+                    continue
+                path = _fill_path(template, ids)
+                body = _route_body(template, method)
+                cases: list[tuple[str, str | None, set[int]]] = []
+                if "{tenant}" in template:
+                    cases += [(who, f"Bearer {key}", {404}) for who, key in intruders.items()]
+                cases += [(who, cred, {401}) for who, cred in bad_credentials.items()]
+                for who, cred, expected in cases:
+                    headers: dict[bytes, bytes] = {b"Idempotency-Key": uuid.uuid4().hex.encode()}
+                    if cred is not None:
+                        headers[b"Authorization"] = cred.encode("utf-8")
+                    pending = recorder.begin(OpKind.READ, tenant="bravo", request_body=body)
+                    try:
+                        response = http.request(method, path, json=body, headers=headers)
+                    except httpx.HTTPError as exc:
+                        recorder.fail(pending, exc)
+                        extras.append(
+                            Violation("isolation", f"{method} {template} as {who}: {exc}")
+                        )
+                        continue
+                    recorder.finish(pending, status=response.status_code, body=response.content)
+                    checked += 1
+                    known = _route_body(template, method) != {} or method in ("GET", "DELETE")
+                    if response.status_code == 422 and not known and "bravo" in who:
+                        # Our generic body is invalid for this route: the check is inconclusive.
+                        inconclusive.append(f"{method} {template}")
+                        continue
+                    if response.status_code not in expected:
+                        extras.append(
+                            Violation(
+                                "isolation" if "bravo" in who else "auth",
+                                f"{method} {template} as {who}: {response.status_code} "
+                                f"(expected {sorted(expected)}): {response.text[:120]}",
+                            )
+                        )
+                    elif not response.headers.get("content-type", "").startswith(
+                        "application/problem+json"
+                    ):
+                        extras.append(Violation("problem-json", f"{method} {template} as {who}"))
+        after = cluster.table_digest()
+        changed = sorted(t for t in before if before[t] != after.get(t))
+        if changed:
+            extras.append(Violation("isolation", f"the matrix changed tables: {changed}"))
+        # Keys are scoped to the tenant: bravo reusing alpha's key is an unrelated request.
+        bravo = RecordingClient(cluster.base_url, b.worker, "bravo", recorder)
+        reuse = bravo.enqueue("q", {"secret": "alpha"}, key=shared_key)
+        if not reuse.accepted or reuse.replayed or item_id in reuse.enqueued_item_ids():
+            extras.append(
+                Violation("isolation", f"bravo reusing alpha's idempotency key got {reuse.status}")
+            )
+        listing = httpx.get(
+            f"{cluster.base_url}/v1/tenants/bravo/dead-letters",
+            headers={"Authorization": f"Bearer {b.operator}"},
+        ).text
+        if item_id in listing or dead_item in listing or dead_letter_id in listing:
+            extras.append(Violation("isolation", "bravo's dead-letter list shows alpha's rows"))
+        report, history, snapshot = finish(
+            cluster, recorder, name, ["alpha", "bravo"], clients=[alpha, bravo], extras=extras
+        )
+        metrics: dict[str, JSONValue] = {
+            "routes": len(routes),
+            "requests_checked": checked,
+            "dead_letter_found": bool(letters),
+            "tables_compared": len(before),
+            "inconclusive_422_without_a_valid_body": list[JSONValue](sorted(set(inconclusive))),
+        }
+        alpha.close()
+        bravo.close()
+    return ScenarioOutcome(report, time.monotonic() - began, metrics, history, snapshot)
+
+
 @contextlib.contextmanager
 def _timed(label: str) -> Iterator[None]:
     start = time.monotonic()
@@ -765,6 +946,7 @@ SCENARIOS: dict[str, Callable[[], ScenarioOutcome]] = {
     "lost-replies": lost_replies,
     "pg-crash": pg_crash,
     "terminate-backends": terminate_backends,
+    "isolation": isolation_matrix,
 }
 
 
