@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from cli import enqueue, operate, policy, work
+from cli import enqueue, operate, policy, watchers, work
 from cli.common import CLI
 from queue_server import __version__
 
@@ -31,6 +31,7 @@ app.add_typer(policy.app, name="policy")
 operate.register(app)
 enqueue.register(app)
 work.register(app)
+watchers.register(app)
 
 DataDir = Annotated[
     Path | None,

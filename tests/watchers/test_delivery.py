@@ -297,3 +297,19 @@ def test_rotated_secret_and_the_previous_one_both_verify(
     latest = receiver.hook_requests()[-1]
     Webhook(new_secret).verify(latest.body, latest.headers)
     assert len(latest.headers["webhook-signature"].split()) == 1
+
+
+def test_dispatch_rechecks_the_target_and_the_canary_sees_no_connection(
+    api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
+) -> None:
+    register(api, receiver.url("/hook"))
+    complete_one(api)
+    # The deliverer's own policy no longer allows loopback: refused before any socket.
+    report = deliver(settings, database_url, transport_allow=[])
+    assert report.failed == 1
+    assert receiver.connections == 0
+    [row] = rows(db)
+    assert row["attempts"] == 1
+    assert row["last_outcome"]["outcome"] == "policy_refused"
+    assert "loopback" in row["last_outcome"]["detail"]
+    assert row["receipts"] == []

@@ -1,0 +1,396 @@
+"""`queue-server watchers ...` (webhook subscriptions and their deliveries) and
+`queue-server deliver` (the process that sends them)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+
+from cli.common import (
+    CLI,
+    DataDir,
+    Json,
+    Key,
+    Tenant,
+    Url,
+    console,
+    fail,
+    fields,
+    print_json,
+    table,
+    tenant_session,
+)
+from queue_server.client import DEFAULT_URL
+from queue_server.client.watchers import Delivery, Watcher, WatcherClient
+
+watchers_app = CLI(
+    help="Webhooks: register, list, pause, resume, cancel, rotate secrets, see deliveries.",
+    no_args_is_help=True,
+)
+
+EVENTS = (
+    "item.enqueued",
+    "item.completed",
+    "item.requeued",
+    "item.quarantined",
+    "item.replayed",
+    "item.cancelled",
+)
+WatcherId = Annotated[str, typer.Argument(help="Watcher id.")]
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(watchers_app, name="watchers")
+    app.command("deliver")(deliver)
+
+
+def _watcher_fields(w: Watcher) -> None:
+    pairs: list[tuple[str, object]] = [
+        ("watcher", w.watcher_id),
+        ("url", w.url),
+        ("events", ", ".join(w.events)),
+        ("queues", ", ".join(w.queues) if w.queues else "every queue"),
+        ("state", w.state),
+    ]
+    if w.disabled_reason:
+        pairs.append(("disabled", w.disabled_reason))
+    if w.deliveries is not None:
+        d = w.deliveries
+        pairs.append(
+            (
+                "deliveries",
+                f"{d.pending} pending, {d.delivered} delivered, {d.dead} dead,"
+                f" {d.cancelled} cancelled",
+            )
+        )
+    if w.previous_secret_expires_at is not None:
+        pairs.append(("old secret signs until", w.previous_secret_expires_at))
+    if w.cancelled_deliveries is not None:
+        pairs.append(("cancelled deliveries", w.cancelled_deliveries))
+    fields(None, pairs)
+
+
+def _show_secret(w: Watcher) -> None:
+    if w.secret:
+        console.print("[yellow]Signing secret (shown once; verify webhook-signature with it):[/]")
+        console.print(f"  {w.secret}")
+
+
+@watchers_app.command("create")
+def create(
+    target: Annotated[str, typer.Argument(help="The receiver's http(s) URL.")],
+    event: Annotated[
+        list[str] | None,
+        typer.Option("--event", "-e", help=f"Event to send (repeat). One of: {', '.join(EVENTS)}."),
+    ] = None,
+    queue: Annotated[
+        list[str] | None, typer.Option("--queue", "-q", help="Only these queues (repeat).")
+    ] = None,
+    url: Url = DEFAULT_URL,
+    key: Key = None,
+    tenant: Tenant = None,
+    data_dir: DataDir = None,
+    json: Json = False,
+) -> None:
+    """Register a webhook; prints its signing secret once.
+
+    Example: [bold]queue-server watchers create http://127.0.0.1:9999/hook -e item.completed[/bold]
+    """
+    events = event or ["item.completed"]
+    unknown = sorted(set(events) - set(EVENTS))
+    if unknown:
+        fail("Unknown event", ", ".join(unknown))
+    with tenant_session(url, key, data_dir, tenant) as qs:
+        created = WatcherClient(qs).create(target, events, queues=queue)
+    if json:
+        print_json(created)
+        return
+    _watcher_fields(created)
+    _show_secret(created)
+
+
+@watchers_app.command("list")
+def list_watchers(
+    url: Url = DEFAULT_URL,
+    key: Key = None,
+    tenant: Tenant = None,
+    data_dir: DataDir = None,
+    json: Json = False,
+) -> None:
+    """The tenant's watchers with their deliveries by state."""
+    with tenant_session(url, key, data_dir, tenant) as qs:
+        found = WatcherClient(qs).list_watchers()
+    if json:
+        print_json(found)
+        return
+    table(
+        "watchers",
+        ["watcher", "state", "url", "events", "pending", "delivered", "dead"],
+        [
+            (
+                w.watcher_id,
+                w.state,
+                w.url,
+                ", ".join(w.events),
+                w.deliveries.pending if w.deliveries else 0,
+                w.deliveries.delivered if w.deliveries else 0,
+                w.deliveries.dead if w.deliveries else 0,
+            )
+            for w in found
+        ],
+    )
+
+
+@watchers_app.command("show")
+def show(
+    watcher_id: WatcherId,
+    url: Url = DEFAULT_URL,
+    key: Key = None,
+    tenant: Tenant = None,
+    data_dir: DataDir = None,
+    json: Json = False,
+) -> None:
+    """One watcher."""
+    with tenant_session(url, key, data_dir, tenant) as qs:
+        found = WatcherClient(qs).get(watcher_id)
+    if json:
+        print_json(found)
+    else:
+        _watcher_fields(found)
+
+
+def _act(
+    action: Literal["pause", "resume", "cancel", "rotate-secret"],
+    watcher_id: str,
+    url: str,
+    key: str | None,
+    tenant: str | None,
+    data_dir: Path | None,
+    json: bool,
+) -> None:
+    with tenant_session(url, key, data_dir, tenant) as qs:
+        hooks = WatcherClient(qs)
+        done = {
+            "pause": hooks.pause,
+            "resume": hooks.resume,
+            "cancel": hooks.cancel,
+            "rotate-secret": hooks.rotate_secret,
+        }[action](watcher_id)
+    if json:
+        print_json(done)
+        return
+    _watcher_fields(done)
+    _show_secret(done)
+
+
+@watchers_app.command("pause")
+def pause(
+    watcher_id: WatcherId,
+    url: Url = DEFAULT_URL,
+    key: Key = None,
+    tenant: Tenant = None,
+    data_dir: DataDir = None,
+    json: Json = False,
+) -> None:
+    """Hold the watcher's pending deliveries until it is resumed."""
+    _act("pause", watcher_id, url, key, tenant, data_dir, json)
+
+
+@watchers_app.command("resume")
+def resume(
+    watcher_id: WatcherId,
+    url: Url = DEFAULT_URL,
+    key: Key = None,
+    tenant: Tenant = None,
+    data_dir: DataDir = None,
+    json: Json = False,
+) -> None:
+    """Send the held deliveries again, oldest first."""
+    _act("resume", watcher_id, url, key, tenant, data_dir, json)
+
+
+@watchers_app.command("cancel")
+def cancel(
+    watcher_id: WatcherId,
+    url: Url = DEFAULT_URL,
+    key: Key = None,
+    tenant: Tenant = None,
+    data_dir: DataDir = None,
+    json: Json = False,
+) -> None:
+    """Stop the watcher for good; its pending deliveries are cancelled."""
+    _act("cancel", watcher_id, url, key, tenant, data_dir, json)
+
+
+@watchers_app.command("rotate-secret")
+def rotate_secret(
+    watcher_id: WatcherId,
+    url: Url = DEFAULT_URL,
+    key: Key = None,
+    tenant: Tenant = None,
+    data_dir: DataDir = None,
+    json: Json = False,
+) -> None:
+    """A new signing secret (shown once); the old one also signs during the grace period."""
+    _act("rotate-secret", watcher_id, url, key, tenant, data_dir, json)
+
+
+def _last(d: Delivery) -> str:
+    outcome = d.last_outcome or {}
+    if not outcome:
+        return "-"
+    status = outcome.get("status")
+    return f"{outcome.get('outcome')}" + (f" ({status})" if status else "")
+
+
+@watchers_app.command("deliveries")
+def deliveries(
+    watcher_id: WatcherId,
+    state: Annotated[
+        str | None, typer.Option(help="pending, delivered, dead or cancelled.")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=500)] = 50,
+    url: Url = DEFAULT_URL,
+    key: Key = None,
+    tenant: Tenant = None,
+    data_dir: DataDir = None,
+    json: Json = False,
+) -> None:
+    """The watcher's deliveries: key, attempts, next attempt, last outcome, receipts."""
+    if state not in (None, "pending", "delivered", "dead", "cancelled"):
+        fail("Unknown state", str(state))
+    with tenant_session(url, key, data_dir, tenant) as qs:
+        page = WatcherClient(qs).deliveries(
+            watcher_id,
+            state=state,  # type: ignore[arg-type]
+            limit=limit,
+        )
+    if json:
+        print_json(page)
+        return
+    table(
+        "deliveries",
+        ["delivery key", "event", "state", "attempts", "next attempt", "last outcome", "receipts"],
+        [
+            (
+                d.delivery_key,
+                d.event,
+                d.state,
+                d.attempts,
+                d.next_attempt_at,
+                _last(d),
+                len(d.receipts) + d.receipts_omitted,
+            )
+            for d in page.deliveries
+        ],
+    )
+
+
+@watchers_app.command("replay")
+def replay(
+    dead_letter_id: Annotated[str, typer.Argument(help="Dead letter id (kind delivery).")],
+    url: Url = DEFAULT_URL,
+    key: Key = None,
+    tenant: Tenant = None,
+    data_dir: DataDir = None,
+    json: Json = False,
+) -> None:
+    """Send a dead delivery again: same delivery key, a fresh budget of attempts."""
+    with tenant_session(url, key, data_dir, tenant) as qs:
+        delivery = WatcherClient(qs).replay(dead_letter_id)
+    if json:
+        print_json(delivery)
+    else:
+        console.print(f"replayed {delivery.delivery_key} ({delivery.event}) -> {delivery.state}")
+
+
+# -- the delivery process -------------------------------------------------------------
+
+
+def deliver(
+    once: Annotated[bool, typer.Option("--once", help="One delivery run, then exit.")] = False,
+    poll_interval: Annotated[
+        float | None, typer.Option(help="Seconds between polls when idle.", show_default=False)
+    ] = None,
+    batch_size: Annotated[
+        int | None, typer.Option(help="Rows claimed per delivery run.", show_default=False)
+    ] = None,
+    allow: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow",
+            help="Also allow this host or network (e.g. 127.0.0.1) although it is private.",
+        ),
+    ] = None,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--data-dir",
+            envvar="QUEUE_SERVER_DATA_DIR",
+            help="The embedded server's data directory (used without a database URL).",
+        ),
+    ] = None,
+) -> None:
+    """Send due webhook deliveries from the outbox (run as many as you like).
+
+    Uses QUEUE_SERVER_DATABASE_URL, or the running embedded server's database in the
+    data directory. Settings: QUEUE_SERVER_TRANSPORT_ALLOW (JSON list),
+    QUEUE_SERVER_DELIVERY_BACKOFF_SCALE, QUEUE_SERVER_DELIVERY_ATTEMPT_TIMEOUT, ...
+
+    Example: [bold]queue-server deliver --allow 127.0.0.1[/bold]
+    """
+    from queue_server.delivery import Deliverer
+    from queue_server.settings import Settings
+
+    settings = Settings()
+    update: dict[str, object] = {}
+    if data_dir is not None:
+        update["data_dir"] = data_dir
+    if poll_interval is not None:
+        update["delivery_poll_interval"] = poll_interval
+    if batch_size is not None:
+        update["delivery_batch_size"] = batch_size
+    if allow:
+        update["transport_allow"] = [*settings.transport_allow, *allow]
+    settings = settings.model_copy(update=update)
+    database_url = settings.database_url or _embedded_url(settings.data_dir)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    # Each attempt is logged by delivery key and outcome; never a secret or a URL path.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        async with Deliverer(settings, database_url) as deliverer:
+            if once:
+                report = await deliverer.run_once()
+                typer.echo(
+                    f"claimed {report.claimed}: delivered {report.delivered},"
+                    f" failed {report.failed}, dead {report.dead}, gone {report.gone},"
+                    f" released {report.released}"
+                )
+                return
+            typer.echo("delivering; Ctrl-C stops")
+            await deliverer.run_forever(stop)
+
+    asyncio.run(run())
+
+
+def _embedded_url(data_dir: Path) -> str:
+    from queue_server.embedded import EmbeddedPostgres
+    from queue_server.server import DATABASE_NAME
+
+    pg = EmbeddedPostgres(data_dir / "pgdata")
+    if not (data_dir / "pgdata").exists() or not pg.is_running():
+        fail(
+            "No database",
+            "set QUEUE_SERVER_DATABASE_URL, or start `queue-server serve` (embedded) first",
+        )
+    return pg.url(DATABASE_NAME)

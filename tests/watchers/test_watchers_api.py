@@ -1,0 +1,215 @@
+"""Watcher routes: registration with the SSRF check, isolation, idempotency, state changes,
+deliveries, and dead deliveries in the dead-letter routes."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from queue_server.settings import Settings
+from tests.conftest import Api, setup_tenant
+
+from .conftest import Db, ModeReceiver, complete_one, deliver, make_due, register, rows
+
+
+def test_registration_answers_the_secret_once_and_never_again(
+    api: Api, receiver: ModeReceiver
+) -> None:
+    created = register(api, receiver.url("/hook"), ["item.completed", "item.enqueued"], ["q"])
+    assert created["state"] == "active"
+    assert created["secret"].startswith("whsec_")
+    assert created["events"] == ["item.completed", "item.enqueued"]
+    assert created["queues"] == ["q"]
+    shown = api.worker.get(f"/v1/tenants/acme/watchers/{created['watcher_id']}").json()
+    assert "secret" not in shown
+    assert shown["deliveries"] == {"pending": 0, "delivered": 0, "dead": 0, "cancelled": 0}
+    listed = api.worker.get("/v1/tenants/acme/watchers").json()["watchers"]
+    assert [w["watcher_id"] for w in listed] == [created["watcher_id"]]
+    assert all("secret" not in w for w in listed)
+
+
+def test_registration_is_idempotent_by_key(api: Api, receiver: ModeReceiver) -> None:
+    body = {"url": receiver.url("/hook"), "events": ["item.completed"]}
+    first = api.worker.post(
+        "/v1/tenants/acme/watchers", json=body, headers={"Idempotency-Key": "k"}
+    )
+    again = api.worker.post(
+        "/v1/tenants/acme/watchers", json=body, headers={"Idempotency-Key": "k"}
+    )
+    assert first.status_code == again.status_code == 201
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.json()["watcher_id"] == first.json()["watcher_id"]
+    assert len(api.worker.get("/v1/tenants/acme/watchers").json()["watchers"]) == 1
+    missing = api.worker.post("/v1/tenants/acme/watchers", json=body)
+    assert missing.status_code == 400
+    assert missing.json()["code"] == "idempotency-key-required"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://10.0.0.1/hook",
+        "http://169.254.169.254/latest/meta-data",
+        "http://[::1]/hook",
+        "http://[::ffff:10.0.0.1]/hook",
+        "http://0x7f000002/hook",
+        "http://0.0.0.0/hook",
+        "http://224.0.0.1/hook",
+        "http://127.0.0.2:1/hook",
+    ],
+)
+def test_registration_refuses_private_targets(api: Api, url: str) -> None:
+    response = api.operator.post(
+        "/v1/tenants/acme/watchers",
+        json={"url": url, "events": ["item.completed"]},
+        headers={"Idempotency-Key": url},
+    )
+    assert response.status_code == 422, response.text
+    assert response.json()["code"] in ("target-refused", "invalid-request")
+
+
+def test_unknown_event_and_bad_scheme_are_invalid(api: Api) -> None:
+    for body in (
+        {"url": "http://127.0.0.1:9/hook", "events": ["item.exploded"]},
+        {"url": "ftp://127.0.0.1/hook", "events": ["item.completed"]},
+        {"url": "http://127.0.0.1:9/hook", "events": []},
+    ):
+        response = api.operator.post(
+            "/v1/tenants/acme/watchers", json=body, headers={"Idempotency-Key": str(body)}
+        )
+        assert response.status_code == 422
+        assert response.json()["code"] == "invalid-request"
+
+
+def test_other_tenants_watchers_are_not_found(
+    api: Api, admin: httpx.Client, receiver: ModeReceiver
+) -> None:
+    other = setup_tenant(api.url, admin, "globex")
+    theirs = register(other, receiver.url("/hook"))
+    wid = theirs["watcher_id"]
+    assert api.operator.get(f"/v1/tenants/globex/watchers/{wid}").status_code == 404
+    assert api.operator.get("/v1/tenants/globex/watchers").status_code == 404
+    assert api.operator.get(f"/v1/tenants/acme/watchers/{wid}").status_code == 404
+    paused = api.operator.post(
+        f"/v1/tenants/acme/watchers/{wid}/pause", headers={"Idempotency-Key": "x"}
+    )
+    assert paused.status_code == 404
+    assert paused.json()["code"] == "watcher-not-found"
+    assert api.operator.get(f"/v1/tenants/acme/watchers/{wid}/deliveries").status_code == 404
+    assert api.operator.get("/v1/tenants/acme/watchers/not-a-uuid").status_code == 404
+
+
+def test_cancel_cancels_pending_deliveries_and_stops_new_ones(
+    api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
+) -> None:
+    watcher = register(api, receiver.url("/hook"))
+    complete_one(api)
+    complete_one(api)
+    path = f"/v1/tenants/acme/watchers/{watcher['watcher_id']}"
+    cancelled = api.operator.post(f"{path}/cancel", headers={"Idempotency-Key": "c"})
+    assert cancelled.status_code == 200
+    assert cancelled.json()["state"] == "cancelled"
+    assert cancelled.json()["cancelled_deliveries"] == 2
+    assert [r["state"] for r in rows(db)] == ["cancelled", "cancelled"]
+    complete_one(api)
+    assert len(rows(db)) == 2
+    assert deliver(settings, database_url).claimed == 0
+    assert receiver.hook_requests() == []
+    again = api.operator.post(f"{path}/resume", headers={"Idempotency-Key": "r"})
+    assert again.status_code == 409
+    assert again.json()["code"] == "invalid-state"
+
+
+def test_deliveries_list_shows_key_attempts_schedule_outcome_and_receipts(
+    api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
+) -> None:
+    receiver.mode = "fail"
+    watcher = register(api, receiver.url("/hook"))
+    complete_one(api)
+    complete_one(api)
+    deliver(settings, database_url)
+    path = f"/v1/tenants/acme/watchers/{watcher['watcher_id']}/deliveries"
+    page = api.worker.get(path, params={"limit": 1}).json()
+    [first] = page["deliveries"]
+    assert first["delivery_key"].startswith("msg_")
+    assert first["attempts"] == 1
+    assert first["state"] == "pending"
+    assert first["next_attempt_at"] is not None
+    assert first["last_outcome"]["status"] == 500
+    assert first["receipts"][0]["status"] == 500
+    rest = api.worker.get(path, params={"cursor": page["next_cursor"]}).json()
+    assert len(rest["deliveries"]) == 1
+    assert rest["next_cursor"] is None
+    assert api.worker.get(path, params={"state": "delivered"}).json()["deliveries"] == []
+    one = api.worker.get(f"/v1/tenants/acme/deliveries/{first['delivery_id']}").json()
+    assert one["delivery_key"] == first["delivery_key"]
+
+
+def test_dead_delivery_is_a_dead_letter_and_replay_resends_under_the_same_key(
+    api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
+) -> None:
+    receiver.mode = "fail"
+    register(api, receiver.url("/hook"))
+    complete_one(api)
+    for _ in range(5):
+        make_due(db)
+        deliver(settings, database_url)
+    [row] = rows(db)
+    assert row["state"] == "dead"
+    listed = api.operator.get("/v1/tenants/acme/dead-letters", params={"kind": "delivery"})
+    [letter] = listed.json()["dead_letters"]
+    assert letter["kind"] == "delivery"
+    assert (
+        api.operator.get("/v1/tenants/acme/dead-letters", params={"kind": "item"}).json()[
+            "dead_letters"
+        ]
+        == []
+    )
+    detail = api.operator.get(f"/v1/tenants/acme/dead-letters/{letter['dead_letter_id']}").json()
+    assert detail["delivery"]["delivery_key"] == row["delivery_key"]
+    assert detail["delivery"]["attempts"] == 5
+
+    receiver.mode = "ok"
+    replay_path = f"/v1/tenants/acme/dead-letters/{letter['dead_letter_id']}/replay"
+    replayed = api.operator.post(replay_path, json={}, headers={"Idempotency-Key": "rp"})
+    assert replayed.status_code == 200, replayed.text
+    assert replayed.json()["state"] == "pending"
+    assert replayed.json()["attempts"] == 0
+    assert replayed.json()["delivery_key"] == row["delivery_key"]
+    again = api.operator.post(replay_path, json={}, headers={"Idempotency-Key": "rp2"})
+    assert again.status_code == 409
+    assert deliver(settings, database_url).delivered == 1
+    keys = [r.headers["webhook-id"] for r in receiver.hook_requests()]
+    assert keys == [row["delivery_key"]] * 6
+    [row] = rows(db)
+    assert row["state"] == "delivered"
+    # The receipts of the dead attempts stay with the row.
+    assert len(row["receipts"]) == 6
+    assert (
+        api.operator.get("/v1/tenants/acme/dead-letters", params={"kind": "delivery"}).json()[
+            "dead_letters"
+        ]
+        == []
+    )
+
+
+def test_discarding_a_dead_delivery_cancels_it(
+    api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
+) -> None:
+    receiver.mode = "fail"
+    register(api, receiver.url("/hook"))
+    complete_one(api)
+    for _ in range(5):
+        make_due(db)
+        deliver(settings, database_url)
+    [letter] = api.operator.get(
+        "/v1/tenants/acme/dead-letters", params={"kind": "delivery"}
+    ).json()["dead_letters"]
+    discarded = api.operator.post(
+        f"/v1/tenants/acme/dead-letters/{letter['dead_letter_id']}/discard",
+        json={"reason": "receiver retired"},
+        headers={"Idempotency-Key": "d"},
+    )
+    assert discarded.status_code == 200, discarded.text
+    assert discarded.json()["state"] == "cancelled"
+    assert rows(db)[0]["state"] == "cancelled"
