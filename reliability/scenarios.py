@@ -933,6 +933,125 @@ def isolation_matrix(*, name: str = "isolation and auth") -> ScenarioOutcome:
     return ScenarioOutcome(report, time.monotonic() - began, metrics, history, snapshot)
 
 
+# ------------------------------------------------------- planted bugs
+
+
+def _tenant_snapshot(cluster: Cluster, tenant: str) -> DatabaseSnapshot:
+    snap = cluster.snapshot()
+    return DatabaseSnapshot(tuple(item for item in snap.items if item.tenant == tenant))
+
+
+def _plant_stale_fence(cluster: Cluster, c: RecordingClient) -> None:
+    """A holder write with an older fence is accepted (the fence guard weakened)."""
+    item = c.enqueue("q", {"plant": "stale"}).enqueued_item_ids()[0]
+    first = c.acquire("q", "wA", ttl=1).leases()[0][1]
+    time.sleep(1.3)
+    c.acquire("q", "wB", ttl=30)
+    with cluster.db() as conn:
+        conn.execute(
+            "UPDATE work_items SET fence = %s, lease_holder = 'wA', "
+            "lease_expires_at = now() + interval '30 s' WHERE item_id = %s",
+            (first, item),
+        )
+    c.complete(item, "wA", first, {"stale": True})
+
+
+def _plant_double_completion(cluster: Cluster, c: RecordingClient) -> None:
+    """A completed item is completed again (the state guard weakened)."""
+    item = c.enqueue("q", {"plant": "double"}).enqueued_item_ids()[0]
+    fence = c.acquire("q", "wA", ttl=30).leases()[0][1]
+    c.complete(item, "wA", fence, {"n": 1})
+    with cluster.db() as conn:
+        conn.execute(
+            "UPDATE work_items SET state = 'leased', lease_holder = 'wA', "
+            "lease_expires_at = now() + interval '30 s' WHERE item_id = %s",
+            (item,),
+        )
+    c.complete(item, "wA", fence, {"n": 2})
+
+
+def _plant_lost_item(cluster: Cluster, c: RecordingClient) -> None:
+    """An acknowledged item vanishes (a write that was not durable)."""
+    items = c.enqueue_batch("q", [{"plant": "lost", "n": n} for n in range(5)]).enqueued_item_ids()
+    with cluster.db() as conn:
+        conn.execute("DELETE FROM item_events WHERE item_id = %s", (items[0],))
+        conn.execute("DELETE FROM work_items WHERE item_id = %s", (items[0],))
+
+
+def _plant_cap_bypass(cluster: Cluster, c: RecordingClient) -> None:
+    """Items admitted past the backlog cap (the admission lock skipped)."""
+    c.enqueue_batch("q", [{"plant": "cap", "n": n} for n in range(10)])
+    with cluster.db() as conn:
+        conn.execute(
+            "INSERT INTO work_items (tenant_id, queue, payload, max_acquisitions) "
+            "SELECT %s, 'q', '{}'::jsonb, 3 FROM generate_series(1, 5)",
+            (c.tenant,),
+        )
+    with cluster.admin_client() as admin:
+        body = admin.get(f"/v1/tenants/{c.tenant}").json()
+    c.recorder.record_backlog(c.tenant, int(body["backlog"]), int(body["backlog_cap"]))
+
+
+def _plant_forgotten_receipt(cluster: Cluster, c: RecordingClient) -> None:
+    """A retry with the same key runs again (the idempotency receipt lost)."""
+    key = "plant-" + uuid.uuid4().hex
+    c.enqueue("q", {"plant": "receipt"}, key=key)
+    with cluster.db() as conn:
+        conn.execute(
+            "DELETE FROM idempotency_receipts WHERE tenant_id = %s AND idempotency_key = %s",
+            (c.tenant, key),
+        )
+    c.enqueue("q", {"plant": "receipt"}, key=key)
+
+
+PLANTS: tuple[tuple[str, str, int, Callable[[Cluster, RecordingClient], None]], ...] = (
+    ("stale fence accepted", "fences", 100, _plant_stale_fence),
+    ("item completed twice", "completions", 100, _plant_double_completion),
+    ("acknowledged item lost", "conservation", 100, _plant_lost_item),
+    ("acknowledged item lost", "total-queue", 100, _plant_lost_item),
+    ("backlog admitted past the cap", "backlog-cap", 10, _plant_cap_bypass),
+    ("idempotency receipt forgotten", "idempotent-replay", 100, _plant_forgotten_receipt),
+)
+
+
+def planted_bugs(*, name: str = "planted bugs") -> ScenarioOutcome:
+    """Weaken one guard at a time under the real server (by tampering with its
+    database between requests); the matching checker must catch each."""
+    began = time.monotonic()
+    caught: dict[str, JSONValue] = {}
+    missed: list[Violation] = []
+    operations = 0
+    with Cluster(name="plants", api_env=FAST_API_ENV) as cluster:
+        for n, (plant, checker, cap, run) in enumerate(PLANTS):
+            tenant = f"plant{n}"
+            keys = cluster.create_tenant(tenant, backlog_cap=cap, max_concurrency=4)
+            recorder = HistoryRecorder(source=tenant)
+            client = RecordingClient(cluster.base_url, keys.worker, tenant, recorder)
+            run(cluster, client)
+            client.close()
+            history = recorder.history()
+            operations += len(history.operations)
+            report = run_all_checks(history, _tenant_snapshot(cluster, tenant), scenario=plant)
+            found = {k: v for k, v in report.by_checker.items() if v}
+            caught[f"{plant} -> {checker}"] = {
+                "caught": checker in found,
+                "violations": {k: v for k, v in found.items()},
+            }
+            say(f"{name}: {plant}: {checker} {'caught it' if checker in found else 'MISSED it'}")
+            if checker not in found:
+                missed.append(Violation("planted-bug", f"{checker} did not catch: {plant}"))
+    report = CheckReport(
+        scenario=f"{name} ({len(PLANTS) - len(missed)}/{len(PLANTS)} caught)",
+        operations=operations,
+        faults_injected=len(PLANTS),
+        lost=0,
+        duplicated=0,
+        violations=tuple(missed),
+        by_checker={"planted-bug": len(missed)},
+    )
+    return ScenarioOutcome(report, time.monotonic() - began, caught)
+
+
 @contextlib.contextmanager
 def _timed(label: str) -> Iterator[None]:
     start = time.monotonic()
@@ -947,6 +1066,7 @@ SCENARIOS: dict[str, Callable[[], ScenarioOutcome]] = {
     "pg-crash": pg_crash,
     "terminate-backends": terminate_backends,
     "isolation": isolation_matrix,
+    "planted-bugs": planted_bugs,
 }
 
 
