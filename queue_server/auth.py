@@ -36,9 +36,13 @@ class Principal:
                 role=self.role.value,
             )
 
-    def require_admin(self) -> None:
-        if self.role is not Role.ADMIN:
-            raise errors.ForbiddenRoleError("Only an admin key may do this.", role=self.role.value)
+    def require_admin(self, tenant: str | None = None) -> None:
+        """Admin only; about another tenant, a tenant's key learns nothing (404, not 403)."""
+        if self.role is Role.ADMIN:
+            return
+        if tenant is not None and self.tenant != tenant:
+            raise errors.TenantNotFoundError(tenant=tenant)
+        raise errors.ForbiddenRoleError("Only an admin key may do this.", role=self.role.value)
 
 
 @dataclass(frozen=True, slots=True)

@@ -239,7 +239,7 @@ class QueueService:
         default_max_acquisitions: int,
         default_lease_ttl: float,
     ) -> Answer:
-        principal.require_admin()
+        principal.require_admin(tenant)
         async with self._tx() as conn:
             row = await tenants.put_tenant(
                 conn,
@@ -260,7 +260,7 @@ class QueueService:
         return _ok(200, views.tenant(row, counts))
 
     async def create_key(self, principal: auth.Principal, tenant: str, role: Role) -> Answer:
-        principal.require_admin()
+        principal.require_admin(tenant)
         key = auth.new_key()
         async with self._tx() as conn:
             if await tenants.get_tenant(conn, tenant) is None:
@@ -273,7 +273,7 @@ class QueueService:
         )
 
     async def revoke_key(self, principal: auth.Principal, tenant: str, key_id: str) -> None:
-        principal.require_admin()
+        principal.require_admin(tenant)
         async with self._tx() as conn:
             if not await tenants.revoke_key(conn, tenant=tenant, key_id=key_id):
                 raise errors.KeyNotFoundError(key_id=key_id)

@@ -110,3 +110,15 @@ def test_revocation_reaches_another_api_process_that_cached_the_key(
         assert via_other.get("/v1/tenants/acme/queues/q/concurrency").status_code == 401
     finally:
         other.stop()
+
+
+def test_admin_routes_about_another_tenant_are_404_for_a_tenant_key(api: Api) -> None:
+    other = setup_tenant(api.url, api.admin, "globex")
+    for response in (
+        other.operator.put("/v1/tenants/acme", json={"backlog_cap": 1}),
+        other.operator.post("/v1/tenants/acme/keys", json={"role": "worker"}),
+        other.operator.delete("/v1/tenants/acme/keys/0123456789abcdef"),
+    ):
+        assert response.status_code == 404, response.text
+    # About its own tenant, the same key is told it lacks the role.
+    assert other.operator.put("/v1/tenants/globex", json={"backlog_cap": 1}).status_code == 403
