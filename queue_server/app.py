@@ -51,6 +51,8 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
         version=__version__,
         description="A durable work-queue and lease server on PostgreSQL.",
         lifespan=lifespan,
+        # Metrics are our own (/metrics); OpenTelemetry hooks would only cost time per request.
+        telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
     )
     app.state.settings = settings
     app.state.service = service
