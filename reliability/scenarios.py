@@ -628,6 +628,7 @@ def pg_crash(
         recorder.note_fault("pg-crash", "pg_ctl stop -m immediate")
         marks["crash"] = time.monotonic()
         cluster.crash_pg()
+        marks["down"] = time.monotonic()
         say(f"{name}: PostgreSQL crashed; restarting in {outage:.0f}s")
         time.sleep(outage)
         marks["restart"] = time.monotonic()
@@ -652,7 +653,7 @@ def pg_crash(
     ) -> list[Violation]:
         out: list[Violation] = []
         probe = probes[0]
-        during = probe.between(marks["crash"], marks["up"])
+        during = probe.between(marks["down"], marks["up"])
         after = probe.between(marks["ready"], marks["ready"] + 60)
         metrics["readyz_during_outage"] = {str(k): v for k, v in Counter(during).items()}
         false_at = probe.first(503, marks["crash"])
@@ -675,7 +676,7 @@ def pg_crash(
         outage_answers = Counter(
             op.status
             for op in history.operations
-            if marks["crash"] <= op.start_mono and op.end_mono <= marks["up"]
+            if marks["down"] <= op.start_mono and op.end_mono <= marks["up"]
         )
         metrics["answers_during_outage"] = {str(k): v for k, v in outage_answers.items()}
         metrics["slowest_503_seconds"] = round(
@@ -933,6 +934,90 @@ def isolation_matrix(*, name: str = "isolation and auth") -> ScenarioOutcome:
     return ScenarioOutcome(report, time.monotonic() - began, metrics, history, snapshot)
 
 
+# --------------------------------------------------------- 7. noisy tenant
+
+
+def noisy_tenant(
+    *, phase: float = 6.0, flooders: int = 3, name: str = "noisy tenant"
+) -> ScenarioOutcome:
+    """A tenant flooding enqueues gets 429 at its cap; another tenant's acquire
+    latency stays within 2x of its quiet baseline (median)."""
+    began = time.monotonic()
+    with Cluster(name="noisy", api_env=FAST_API_ENV) as cluster:
+        quiet_keys = cluster.create_tenant("quiet", max_concurrency=4)
+        noisy_keys = cluster.create_tenant("noisy", backlog_cap=200)
+        recorder = HistoryRecorder(source="harness")
+        stop = threading.Event()
+        quiet = RecordingClient(cluster.base_url, quiet_keys.worker, "quiet", recorder)
+        noisy = RecordingClient(cluster.base_url, noisy_keys.worker, "noisy", recorder)
+        fill(quiet, "q", 3000)
+        probe = probe_backlog(cluster, ["quiet", "noisy"], recorder, stop)
+
+        def measure(seconds: float) -> list[float]:
+            latencies: list[float] = []
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                op = quiet.acquire("q", "quiet-w", ttl=30)
+                latencies.append(op.end_mono - op.start_mono)
+                for item_id, fence in op.leases():
+                    quiet.complete(item_id, "quiet-w", fence, {})
+            return latencies
+
+        say(f"{name}: quiet baseline for {phase:.0f}s")
+        baseline = measure(phase)
+        flood_stop = threading.Event()
+        refused = Counter[str]()
+
+        def flood() -> None:
+            while not flood_stop.is_set():
+                op = noisy.enqueue_batch("q", [{"flood": True}] * 5)
+                refused[str(op.status)] += 1
+
+        threads = [_spawn(flood, f"flood-{i}") for i in range(flooders)]
+        time.sleep(1.0)
+        say(f"{name}: {flooders} flooders against a cap of 200; measuring for {phase:.0f}s")
+        loaded = measure(phase)
+        flood_stop.set()
+        for thread in threads:
+            thread.join(10)
+        stop.set()
+        probe.join(5)
+        extras: list[Violation] = []
+        base_p50, load_p50 = median(baseline), median(loaded)
+        ratio = load_p50 / base_p50 if base_p50 else 0.0
+        if refused.get("429", 0) == 0:
+            extras.append(Violation("noisy-tenant", "the flooding tenant never got 429 at its cap"))
+        if ratio > 2.0:
+            extras.append(
+                Violation(
+                    "noisy-tenant",
+                    f"quiet acquire median {load_p50 * 1000:.1f} ms under the flood is "
+                    f"{ratio:.2f}x its baseline {base_p50 * 1000:.1f} ms",
+                    "quiet",
+                )
+            )
+        report, history, snapshot = finish(
+            cluster, recorder, name, ["quiet", "noisy"], clients=[quiet, noisy], extras=extras
+        )
+        metrics: dict[str, JSONValue] = {
+            "quiet_acquire_ms_baseline": {
+                "p50": round(base_p50 * 1000, 2),
+                "p95": round(percentile(baseline, 0.95) * 1000, 2),
+                "n": len(baseline),
+            },
+            "quiet_acquire_ms_flooded": {
+                "p50": round(load_p50 * 1000, 2),
+                "p95": round(percentile(loaded, 0.95) * 1000, 2),
+                "n": len(loaded),
+            },
+            "median_ratio": round(ratio, 2),
+            "flood_answers": dict(refused),
+        }
+        quiet.close()
+        noisy.close()
+    return ScenarioOutcome(report, time.monotonic() - began, metrics, history, snapshot)
+
+
 # ------------------------------------------------------- planted bugs
 
 
@@ -1066,6 +1151,7 @@ SCENARIOS: dict[str, Callable[[], ScenarioOutcome]] = {
     "pg-crash": pg_crash,
     "terminate-backends": terminate_backends,
     "isolation": isolation_matrix,
+    "noisy-tenant": noisy_tenant,
     "planted-bugs": planted_bugs,
 }
 
