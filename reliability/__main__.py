@@ -17,7 +17,8 @@ from pathlib import Path
 from reliability.checkers import CheckReport, Violation, render_summary_table
 from reliability.cluster import say
 from reliability.history import JSONValue
-from reliability.scenarios import SCENARIOS, ScenarioOutcome
+from reliability.scenarios import ScenarioOutcome
+from reliability.suite import SCENARIOS
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

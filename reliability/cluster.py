@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -77,13 +77,20 @@ class Cluster:
         name: str = "cluster",
         api_env: Mapping[str, str] | None = None,
         pg_settings: Mapping[str, str] | None = None,
+        pg_bin_dir: Path | None = None,
+        api_prefix: Sequence[str] = (),
     ) -> None:
+        """``pg_bin_dir``: another PostgreSQL's binaries (initdb, pg_ctl, postgres) instead
+        of the embedded one's; ``api_prefix``: a command the API runs under (``faketime``)."""
         self.name = name
         self.root = Path(tempfile.mkdtemp(prefix=f"qs-rel-{name}-"))
         settings = {"fsync": "off", "max_connections": "200", **(pg_settings or {})}
         self.pg = EmbeddedPostgres(
             self.root / "pgdata", tcp_port=free_port(), server_settings=settings
         )
+        if pg_bin_dir is not None:
+            self.pg.bin_dir = pg_bin_dir
+        self.api_prefix = list(api_prefix)
         self.api_port = free_port()
         self.base_url = f"http://{HOST}:{self.api_port}"
         self.db_url = f"postgresql://postgres@{HOST}:{self.pg.port}/{DATABASE_NAME}"
@@ -141,6 +148,7 @@ class Cluster:
         with self.api_log.open("ab") as log:
             self.api_proc = subprocess.Popen(
                 [
+                    *self.api_prefix,
                     venv_bin("queue-server"),
                     "serve",
                     "--host",
@@ -176,6 +184,24 @@ class Cluster:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"the API did not become ready:\n{self.api_log_tail()}")
                 time.sleep(0.05)
+
+    def api_rss(self) -> int:
+        """Resident memory of the API process and its children, in bytes (0 if it is gone)."""
+        import psutil
+
+        proc = self.api_proc
+        if proc is None:
+            return 0
+        try:
+            root = psutil.Process(proc.pid)
+            return sum(int(p.memory_info().rss) for p in [root, *root.children(recursive=True)])
+        except psutil.Error:
+            return 0
+
+    def pg_version(self) -> str:
+        with self.db() as conn:
+            row = conn.execute("SHOW server_version").fetchone()
+        return str(row["server_version"]) if row else ""
 
     def api_log_tail(self, chars: int = 3000) -> str:
         with contextlib.suppress(OSError):
