@@ -106,10 +106,10 @@ class QueueService:
     # -- connections -------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def _conn(self) -> AsyncIterator[Conn]:
+    async def _conn(self, timeout: float | None = None) -> AsyncIterator[Conn]:
         """A pooled connection; driver failures become domain errors here and nowhere else."""
         try:
-            async with self.pool.connection() as conn:
+            async with self.pool.connection(timeout=timeout or self.settings.pool_timeout) as conn:
                 yield conn
         except PoolTimeout as exc:
             raise errors.ServiceUnavailableError() from exc
@@ -130,7 +130,8 @@ class QueueService:
         from queue_server import migrate
 
         try:
-            async with self._conn() as conn:
+            # Readiness probes have short timeouts of their own: answer within a second.
+            async with self._conn(timeout=1.0) as conn:
                 cur = await conn.execute("SELECT version_num FROM alembic_version")
                 rows = await cur.fetchall()
         except (errors.QueueServerError, psycopg.Error):

@@ -27,6 +27,9 @@ class Settings(BaseSettings):
     port: int = 8080
     pool_min_size: int = Field(default=4, ge=1)
     pool_max_size: int = Field(default=20, ge=1)
+    # How long a request waits for a pooled connection before answering 503
+    # (while the database is down, every request waits this long).
+    pool_timeout: float = Field(default=3.0, gt=0)
     # Idempotency receipts are kept at least this long (the API promises 24 hours).
     idempotency_retention: timedelta = timedelta(hours=24)
     problem_base_uri: str = "https://queue-server.dev/problems"

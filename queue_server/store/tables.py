@@ -47,6 +47,9 @@ tenants = Table(
     Column("backlog_cap", Integer, nullable=False),
     Column("default_max_acquisitions", Integer, nullable=False),
     Column("default_lease_ttl", Interval, nullable=False),
+    # Items that ever entered the backlog (enqueued or replayed); written under the
+    # tenant's admission lock. Backlog = admitted - sum(backlog_releases.released).
+    Column("admitted", BigInteger, nullable=False, server_default=text("0")),
     _ts("created_at", nullable=False, server_default=func.now()),
     _ts("updated_at", nullable=False, server_default=func.now()),
     CheckConstraint("backlog_cap >= 1", name="backlog_cap_positive"),
@@ -380,4 +383,14 @@ outbox_deliveries = Table(
         postgresql_where=text("state = 'pending'"),
     ),
     Index("ix_outbox_deliveries_watcher", "tenant_id", "watcher_id", "seq"),
+)
+
+# Items that left the backlog (completed or quarantined), spread over shards so that
+# completions of one tenant do not all queue on one row lock held through the commit.
+backlog_releases = Table(
+    "backlog_releases",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("shard", Integer, primary_key=True),
+    Column("released", BigInteger, nullable=False, server_default=text("0")),
 )

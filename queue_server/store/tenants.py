@@ -50,36 +50,41 @@ async def get_tenant(conn: Conn, tenant: str) -> Row | None:
     return await cur.fetchone()
 
 
-async def admit(conn: Conn, tenant: str) -> tuple[Row | None, int]:
-    """Take the tenant's admission lock (held until the transaction ends), then count its backlog.
-
-    Two statements: the count's snapshot is taken after the lock is granted, so it
-    sees every enqueue committed by the previous holder. Sent together in pipeline mode.
-    """
-    # NO KEY UPDATE: serialises admissions without blocking inserts that reference the tenant.
-    locked = await conn.execute(
-        "SELECT * FROM tenants WHERE tenant_id = %s FOR NO KEY UPDATE", (tenant,)
-    )
-    counted = await conn.execute(_BACKLOG, {"tenant": tenant})
-    row = await locked.fetchone()
-    count = await counted.fetchone()
-    assert count is not None
-    return row, int(count["backlog"])
-
-
-_BACKLOG = """
-SELECT (SELECT count(*) FROM work_items WHERE tenant_id = %(tenant)s AND state = 'ready')
-     + (SELECT count(*) FROM work_items WHERE tenant_id = %(tenant)s AND state = 'leased')
-     AS backlog
+_RELEASED = """
+SELECT coalesce(sum(released), 0) AS released FROM backlog_releases WHERE tenant_id = %(tenant)s
 """
 
 
-async def backlog(conn: Conn, tenant: str) -> int:
-    """Ready + leased items of the tenant (each count reads its own partial index)."""
-    cur = await conn.execute(_BACKLOG, {"tenant": tenant})
+async def admit(conn: Conn, tenant: str) -> tuple[Row | None, int]:
+    """Take the tenant's admission lock (held until the transaction ends), then read its backlog.
+
+    Backlog = items admitted (counted under this lock) - items released (completed or
+    quarantined, counted on shards without it). Two statements: the second's snapshot
+    is taken after the lock is granted, so it sees every release committed before.
+    A release still in flight is not counted yet, which errs on the side of the cap.
+    """
+    # NO KEY UPDATE: serialises admissions without blocking inserts that reference the tenant.
+    cur = await conn.execute(
+        "SELECT * FROM tenants WHERE tenant_id = %s FOR NO KEY UPDATE", (tenant,)
+    )
     row = await cur.fetchone()
-    assert row is not None
-    return int(row["backlog"])
+    if row is None:
+        return None, 0
+    cur = await conn.execute(_RELEASED, {"tenant": tenant})
+    released = await cur.fetchone()
+    assert released is not None
+    return row, int(row["admitted"]) - int(released["released"])
+
+
+async def backlog(conn: Conn, tenant: str) -> int:
+    """Ready + leased items of the tenant, from the admission counters (no lock taken)."""
+    cur = await conn.execute(
+        "SELECT t.admitted - coalesce((SELECT sum(released) FROM backlog_releases r"
+        " WHERE r.tenant_id = t.tenant_id), 0) AS backlog FROM tenants t WHERE t.tenant_id = %s",
+        (tenant,),
+    )
+    row = await cur.fetchone()
+    return int(row["backlog"]) if row is not None else 0
 
 
 async def create_key(

@@ -16,6 +16,7 @@ never commits, and appends its ledger event in the same statement. Time is
 
 from __future__ import annotations
 
+import random
 from datetime import timedelta
 from typing import Any
 
@@ -31,8 +32,26 @@ Conn = AsyncConnection[Row]
 
 NOTIFY_CHANNEL = "queue_server_ready"
 
+# Releases from the backlog are spread over this many rows per tenant.
+RELEASE_SHARDS = 32
+
 # Ledger rows are written by the same statement as the change they record.
 _EVENT_COLUMNS = "tenant_id, item_id, seq, at, kind, fence, actor, data"
+
+
+def _release_cte(source: str) -> str:
+    """Rows of `source` left the backlog: count them on one shard of the tenant's releases."""
+    return f"""release AS (
+    INSERT INTO backlog_releases (tenant_id, shard, released)
+    SELECT %(tenant)s, %(shard)s, count(*) FROM {source} HAVING count(*) > 0
+    ON CONFLICT (tenant_id, shard)
+    DO UPDATE SET released = backlog_releases.released + excluded.released
+)"""
+
+
+def _shard() -> int:
+    return random.randrange(RELEASE_SHARDS)
+
 
 _ENQUEUE = f"""
 WITH input AS (
@@ -55,6 +74,10 @@ WITH input AS (
                               'available_at', available_at,
                               'max_acquisitions', max_acquisitions)
     FROM ins
+), admitted AS (
+    -- The caller holds this row's lock (the admission lock) already.
+    UPDATE tenants SET admitted = admitted + (SELECT count(*) FROM ins)
+    WHERE tenant_id = %(tenant)s
 ), {outbox_cte("item.enqueued", "ins")}
 SELECT ins.* FROM ins, (SELECT pg_notify('{NOTIFY_CHANNEL}', %(tenant)s || '/' || %(queue)s)) AS n
 """
@@ -142,7 +165,7 @@ WITH room AS (
     SELECT tenant_id, item_id, event_seq - 1, updated_at, 'quarantined', fence, 'server',
            jsonb_build_object('reason', 'acquisition budget exhausted')
     FROM quarantined
-), {outbox_cte("item.quarantined", "quarantined")}
+), {_release_cte("quarantined")}, {outbox_cte("item.quarantined", "quarantined")}
 SELECT true AS leased, * FROM leased
 UNION ALL
 SELECT false AS leased, * FROM quarantined
@@ -164,6 +187,7 @@ async def acquire(
         "worker": worker,
         "ttl": ttl,
         "max_items": max_items,
+        "shard": _shard(),
     }
     await conn.execute(_LOCK_QUEUE, params)
     cur = await conn.execute(_ACQUIRE, params)
@@ -176,11 +200,18 @@ async def acquire(
 
 
 def _holder_update(
-    assignments: str, kind: str, data_sql: str, *, notify: bool = False, event: str | None = None
+    assignments: str,
+    kind: str,
+    data_sql: str,
+    *,
+    notify: bool = False,
+    event: str | None = None,
+    release: bool = False,
 ) -> str:
     """A holder operation: one guarded UPDATE plus its ledger row (and outbox rows of
-    `event`), in one statement."""
+    `event`; with `release`, the item leaves the backlog), in one statement."""
     outbox = f", {outbox_cte(event, 'upd')}" if event else ""
+    outbox += f", {_release_cte('upd')}" if release else ""
     tail = (
         f", (SELECT pg_notify('{NOTIFY_CHANNEL}', %(tenant)s || '/' || queue) FROM upd) AS n"
         if notify
@@ -213,6 +244,7 @@ _COMPLETE = _holder_update(
     "completed",
     "jsonb_build_object('result', result)",
     event="item.completed",
+    release=True,
 )
 _REQUEUE = _holder_update(
     "state = 'ready', available_at = statement_timestamp(), lease_holder = NULL,"
@@ -250,13 +282,19 @@ WITH upd AS (
     SELECT tenant_id, item_id, event_seq - 1, updated_at, 'triaged', fence, %(worker)s,
            jsonb_build_object('decision', 'quarantine', 'failure', last_failure)
     FROM upd
-), {outbox_cte("item.quarantined", "upd")}
+), {_release_cte("upd")}, {outbox_cte("item.quarantined", "upd")}
 SELECT upd.* FROM upd
 """
 
 
 def _holder_params(tenant: str, item_id: str, worker: str, fence: int) -> dict[str, Any]:
-    return {"tenant": tenant, "item_id": item_id, "worker": worker, "fence": fence}
+    return {
+        "tenant": tenant,
+        "item_id": item_id,
+        "worker": worker,
+        "fence": fence,
+        "shard": _shard(),
+    }
 
 
 async def _one(conn: Conn, sql: str, params: dict[str, Any]) -> Row | None:
@@ -401,7 +439,7 @@ WITH input AS (
     SELECT tenant_id, item_id, event_seq - 1, updated_at, 'completed', fence, %(worker)s,
            jsonb_build_object('result', result)
     FROM upd
-), {outbox_cte("item.completed", "upd")}
+), {_release_cte("upd")}, {outbox_cte("item.completed", "upd")}
 SELECT upd.* FROM upd
 """
 
@@ -420,6 +458,7 @@ async def complete_many(
             "ids": [entry["item_id"] for entry in completions],
             "tenant": tenant,
             "worker": worker,
+            "shard": _shard(),
         },
     )
     return {str(row["item_id"]): row for row in await cur.fetchall()}
@@ -449,6 +488,10 @@ WITH dl AS (
                               'max_acquisitions', max_acquisitions,
                               'available_at', available_at)
     FROM upd
+), admitted AS (
+    -- Back in the backlog. Replay is not refused at the cap: the operator decided.
+    UPDATE tenants SET admitted = admitted + (SELECT count(*) FROM upd)
+    WHERE tenant_id = %(tenant)s AND EXISTS (SELECT 1 FROM upd)
 ), {outbox_cte("item.replayed", "upd")}
 SELECT upd.* FROM upd, (SELECT pg_notify('{NOTIFY_CHANNEL}', %(tenant)s || '/' || queue)
                         FROM upd) AS n

@@ -81,6 +81,7 @@ def test_many_acquirers_lease_each_item_to_one_holder_with_rising_fences(api: Ap
     ).fetchone()
     assert completed == {"n": total}
     assert_ledgers_fold_to_rows(db)
+    assert_backlog_counter_matches(db)
 
 
 def assert_ledgers_fold_to_rows(db: Db) -> None:
@@ -122,6 +123,7 @@ def test_enqueues_racing_at_the_cap_admit_exactly_the_free_room(api: Api, db: Db
     assert count == {"n": cap}
     assert 5 + 2 * len(admitted) == cap
     assert len(refused) == 64 - len(admitted)
+    assert_backlog_counter_matches(db)
 
 
 def test_concurrency_limit_holds_when_many_acquires_race(api: Api, db: Db) -> None:
@@ -168,3 +170,55 @@ def test_an_expired_holder_loses_to_its_successor(api: Api, db: Db) -> None:
     ok = api.holder("complete", new["item_id"], worker="new", fence=new["fence"], result="ok")
     assert ok.status_code == 200
     assert ok.json()["result"] == "ok"
+
+
+def assert_backlog_counter_matches(db: Db) -> None:
+    """The admission counters agree with the rows: admitted - released = ready + leased."""
+    rows = db.execute(
+        "SELECT t.tenant_id, t.admitted"
+        " - coalesce((SELECT sum(released) FROM backlog_releases r"
+        "             WHERE r.tenant_id = t.tenant_id), 0) AS counted,"
+        " (SELECT count(*) FROM work_items w WHERE w.tenant_id = t.tenant_id"
+        "  AND w.state IN ('ready', 'leased')) AS actual FROM tenants t"
+    ).fetchall()
+    for row in rows:
+        assert row["counted"] == row["actual"], row
+
+
+def test_backlog_counters_follow_every_transition(api: Api, db: Db) -> None:
+    api.approve("q", 50)
+    items = [api.enqueue(payload=i, max_acquisitions=1) for i in range(6)]
+    leases = api.acquire(max_items=4)
+    first, second, third, fourth = leases
+    api.holder("complete", first["item_id"], worker="w1", fence=first["fence"])
+    api.holder(
+        "triage",
+        second["item_id"],
+        worker="w1",
+        fence=second["fence"],
+        failure={"class": "X", "message": "m", "transient": False},
+        decision="quarantine",
+    )
+    api.holder("requeue", third["item_id"], worker="w1", fence=third["fence"])
+    api.worker.post(
+        "/v1/tenants/acme/completions",
+        json={"worker": "w1", "completions": [{"item_id": fourth["item_id"], "fence": 1}]},
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert_backlog_counter_matches(db)
+    # The requeued item has spent its budget of 1: the next acquire quarantines it.
+    api.acquire(max_items=10)
+    assert_backlog_counter_matches(db)
+    dead = api.operator.get("/v1/tenants/acme/dead-letters").json()["dead_letters"]
+    assert len(dead) == 2
+    for letter in dead:
+        replayed = api.operator.post(
+            f"/v1/tenants/acme/dead-letters/{letter['dead_letter_id']}/replay",
+            json={"max_acquisitions": 2},
+            headers={"Idempotency-Key": uuid.uuid4().hex},
+        )
+        assert replayed.status_code == 200, replayed.text
+    assert_backlog_counter_matches(db)
+    assert len(items) == 6
+    cap = api.operator.get("/v1/tenants/acme").json()
+    assert cap["backlog"] == cap["ready"] + cap["leased"]
