@@ -354,6 +354,18 @@ def hostile_cases() -> list[HostileCase]:
             body=b'{"payload": ' + b"9" * 5_000 + b"}",
         ),
         HostileCase(
+            "payload integer 2**64 (past 64 bits)",
+            "POST",
+            enqueue,
+            body=_json({"payload": 2**64}),
+        ),
+        HostileCase(
+            "completion result integer -(2**63) - 1",
+            "POST",
+            complete,
+            body=_json({"worker": "w-held", "fence": 1, "result": [-(2**63) - 1]}),
+        ),
+        HostileCase(
             "a 5,000-digit fence",
             "POST",
             complete,

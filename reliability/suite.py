@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from reliability.fuzz import schema_fuzz
 from reliability.hostile import hostile_input
 from reliability.scenarios import SCENARIOS as FAULT_SCENARIOS
 from reliability.scenarios import ScenarioOutcome
@@ -18,4 +19,5 @@ __all__ = ["SCENARIOS"]
 SCENARIOS: dict[str, Callable[[], ScenarioOutcome]] = {
     **FAULT_SCENARIOS,
     "hostile-input": hostile_input,
+    "schema-fuzz": schema_fuzz,
 }
