@@ -47,18 +47,14 @@ class EventKind(StrEnum):
 def is_uuid(value: str) -> bool:
     """Ids are canonical UUID strings; anything else names no row."""
     try:
-        return str(uuid.UUID(value)) == value.lower()
+        return str(uuid.UUID(value)) == value
     except ValueError:
         return False
 
 
 def uuid7() -> str:
     """A time-ordered UUID (version 7): new rows land at the right edge of their indexes."""
-    millis = time.time_ns() // 1_000_000
-    rand = int.from_bytes(os.urandom(10), "big")
-    value = (millis & ((1 << 48) - 1)) << 80
-    value |= 0x7 << 76
-    value |= (rand >> 68) << 64  # 12 random bits
-    value |= 0b10 << 62
-    value |= rand & ((1 << 62) - 1)
-    return str(uuid.UUID(int=value))
+    stamp = f"{(time.time_ns() // 1_000_000) & 0xFFFF_FFFF_FFFF:012x}"
+    rand = os.urandom(10).hex()
+    variant = "89ab"[int(rand[3], 16) & 3]  # the two top bits of the variant field: 10
+    return f"{stamp[:8]}-{stamp[8:]}-7{rand[:3]}-{variant}{rand[4:7]}-{rand[7:19]}"

@@ -14,6 +14,7 @@ import orjson
 import psycopg
 import psycopg.errors
 from psycopg.rows import dict_row
+from psycopg.types.json import set_json_dumps, set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from queue_server import auth, errors, views
@@ -26,6 +27,11 @@ from queue_server.store import reads, receipts, tenants, transitions
 from queue_server.store.transitions import Conn, Row
 
 WORKER_OR_OPERATOR = (Role.WORKER, Role.OPERATOR)
+
+# jsonb in and out through orjson: several times faster than the standard library
+# on the payloads of a batch.
+set_json_dumps(orjson.dumps)
+set_json_loads(orjson.loads)
 
 
 @dataclass(frozen=True, slots=True)
@@ -535,9 +541,10 @@ class QueueService:
             done = await transitions.complete_many(
                 conn, tenant=tenant, worker=worker, completions=valid
             )
+            # Ids that are not ours cannot be explained by the database: they are simply not found.
             refused = {
                 entry["item_id"]: entry["fence"]
-                for entry in completions
+                for entry in valid
                 if entry["item_id"] not in done
             }
             refusals = (

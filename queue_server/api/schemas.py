@@ -35,6 +35,8 @@ def check_json(value: Any) -> Any:
             _check_text(node)
         elif isinstance(node, float) and not math.isfinite(node):
             raise ValueError("must not contain NaN or infinite numbers")
+        elif isinstance(node, int) and not -(2**63) <= node < 2**64:
+            raise ValueError("integers must fit in 64 bits")
         elif isinstance(node, dict):
             for key, child in node.items():
                 _check_text(key)

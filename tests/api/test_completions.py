@@ -29,6 +29,7 @@ def test_batch_completion_completes_each_item_under_its_own_fence(api: Api, db: 
     ]
     entries[1]["fence"] = 0  # stale
     entries.append({"item_id": unknown, "fence": 1, "result": None})
+    entries.append({"item_id": "not-an-id", "fence": 1, "result": None})
     response = api.worker.post(
         "/v1/tenants/acme/completions",
         json={"worker": "w1", "completions": entries},
@@ -44,6 +45,7 @@ def test_batch_completion_completes_each_item_under_its_own_fence(api: Api, db: 
         (200, None),
         (409, "lease-expired"),
         (200, None),
+        (404, "item-not-found"),
         (404, "item-not-found"),
     ]
     assert body["results"][0]["item"]["state"] == "completed"

@@ -127,6 +127,7 @@ def test_bad_queue_names_are_refused(api: Api, path: str) -> None:
         ({"payload": "a\u0000b"}, "NUL in a string"),
         ({"payload": {"k\u0000": 1}}, "NUL in a key"),
         ({"payload": 1, "priority": 10**30}, "absurd priority"),
+        ({"payload": {"n": 10**30}}, "an integer beyond 64 bits"),
         ({"payload": 1, "delay": 1e300}, "absurd delay"),
         ({"payload": 1, "max_acquisitions": 0}, "no budget"),
         ({"payload": 1, "max_acquisitions": 101}, "budget too large"),
