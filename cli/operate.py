@@ -28,6 +28,7 @@ from cli.common import (
 )
 from queue_server.client import DEFAULT_URL, QueueClient, new_idempotency_key
 from queue_server.client.models import DeadLetter, Item, LedgerEvent
+from queue_server.client.watchers import Delivery, WatcherClient
 
 tenants_app = CLI(help="Create and inspect tenants (admin).", no_args_is_help=True)
 keys_app = CLI(help="Create and revoke API keys (admin).", no_args_is_help=True)
@@ -394,6 +395,15 @@ def _collect(qs: QueueClient, queue: str | None) -> list[DeadLetter]:
     return [d for d in qs.iter_dead_letters(queue=queue, kind="item")]
 
 
+def _replay_one(
+    qs: QueueClient, dead_letter_id: str, max_acquisitions: int | None
+) -> Item | Delivery:
+    """An item dead letter brings its item back; a delivery one resends under the same key."""
+    if qs.show_dead_letter(dead_letter_id).dead_letter.kind == "delivery":
+        return WatcherClient(qs).replay(dead_letter_id)
+    return qs.replay(dead_letter_id, max_acquisitions=max_acquisitions)
+
+
 @dead_app.command("replay")
 def dead_replay(
     ids: Annotated[list[str] | None, typer.Argument(help="Dead letter ids.")] = None,
@@ -423,17 +433,20 @@ def dead_replay(
         if ids:
             if len(ids) > 1:
                 confirm(f"Replay {len(ids)} dead letters?", yes)
-            items = []
+            answers: list[Item | Delivery] = []
             with _progress() as progress:
                 task = progress.add_task("replaying", total=len(ids))
                 for dead_letter_id in ids:
-                    items.append(qs.replay(dead_letter_id, max_acquisitions=max_acquisitions))
+                    answers.append(_replay_one(qs, dead_letter_id, max_acquisitions))
                     progress.advance(task)
             if json:
-                print_json(items)
+                print_json(answers)
             else:
-                for item in items:
-                    console.print(f"replayed {item.item_id} ({item.queue}) -> {item.state}")
+                for done in answers:
+                    if isinstance(done, Delivery):
+                        console.print(f"replayed delivery {done.delivery_key} -> {done.state}")
+                    else:
+                        console.print(f"replayed {done.item_id} ({done.queue}) -> {done.state}")
             return
         queues = [queue] if queue else sorted({d.queue for d in _collect(qs, None) if d.queue})
         pending = {q: len(_collect(qs, q)) for q in queues}

@@ -120,7 +120,8 @@ def test_cli_walkthrough_register_deliver_fail_dead_letter_replay(
     letters = _cli(api.url, key, "dead-letters", "list", "--kind", "delivery")
     [letter] = letters if isinstance(letters, list) else letters["dead_letters"]
     receiver.mode = "ok"
-    replayed = _cli(api.url, key, "watchers", "replay", letter["dead_letter_id"])
+    # The operator's general command knows a delivery from an item.
+    [replayed] = _cli(api.url, key, "dead-letters", "replay", letter["dead_letter_id"])
     assert replayed["delivery_key"] == delivery["delivery_key"]
     deliver(settings, database_url)
     shown = _cli(api.url, key, "watchers", "show", watcher_id)
