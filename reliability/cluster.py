@@ -216,6 +216,7 @@ class Cluster:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
+        self._wait_port_free()
         self.api_proc = None
 
     def stop_api(self) -> None:
@@ -228,7 +229,20 @@ class Cluster:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.kill_api()
+        self._wait_port_free()
         self.api_proc = None
+
+    def _wait_port_free(self, timeout: float = 10.0) -> None:
+        """Wait until nothing listens on the API's port any more: a child of the old
+        process still serving it would answer for a restarted API (or keep it from binding)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with socket.socket() as sock:
+                sock.settimeout(0.5)
+                if sock.connect_ex((HOST, self.api_port)) != 0:
+                    return
+            time.sleep(0.05)
+        raise RuntimeError(f"port {self.api_port} is still served after the API stopped")
 
     def crash_pg(self) -> None:
         """``pg_ctl stop -m immediate``: every backend dies, recovery runs on the next start."""

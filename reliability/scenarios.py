@@ -294,10 +294,12 @@ def claim_storm(
     duration: float = 45.0,
     stalls: bool = True,
     name: str = "claim storm",
+    pg_bin_dir: Path | None = None,
 ) -> ScenarioOutcome:
     """Many worker processes race for short leases while some are frozen past their lease."""
     began = time.monotonic()
-    with Cluster(name="storm", api_env=FAST_API_ENV) as cluster:
+    with Cluster(name="storm", api_env=FAST_API_ENV, pg_bin_dir=pg_bin_dir) as cluster:
+        pg_version = cluster.pg_version()
         tenant = "storm"
         keys = cluster.create_tenant(
             tenant, max_acquisitions=100, max_concurrency=processes * threads * 2 + 8
@@ -393,6 +395,7 @@ def claim_storm(
         )
         states = Counter(item.state for item in snapshot.items)
         metrics: dict[str, JSONValue] = {
+            "postgresql": pg_version,
             "items": items,
             "workers": processes * threads,
             "stalls": stall_count,

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from reliability.clock import clock_skew
+from reliability.database import claim_storm_pg15, lock_timeouts, long_transaction
 from reliability.fuzz import schema_fuzz
 from reliability.hostile import hostile_input
 from reliability.scenarios import SCENARIOS as FAULT_SCENARIOS
@@ -20,4 +22,8 @@ SCENARIOS: dict[str, Callable[[], ScenarioOutcome]] = {
     **FAULT_SCENARIOS,
     "hostile-input": hostile_input,
     "schema-fuzz": schema_fuzz,
+    "lock-timeouts": lock_timeouts,
+    "long-transaction": long_transaction,
+    "clock-skew": clock_skew,
+    "claim-storm-pg15": claim_storm_pg15,
 }
