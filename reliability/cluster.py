@@ -198,6 +198,23 @@ class Cluster:
         except psutil.Error:
             return 0
 
+    def api_cpu_seconds(self) -> float:
+        """CPU time (user + system) the API process and its children used so far."""
+        import psutil
+
+        proc = self.api_proc
+        if proc is None:
+            return 0.0
+        try:
+            root = psutil.Process(proc.pid)
+            total = 0.0
+            for p in [root, *root.children(recursive=True)]:
+                times = p.cpu_times()
+                total += float(times.user) + float(times.system)
+            return total
+        except psutil.Error:
+            return 0.0
+
     def pg_version(self) -> str:
         with self.db() as conn:
             row = conn.execute("SHOW server_version").fetchone()
