@@ -77,6 +77,12 @@ def fold(events: list[Row]) -> Row:
             else:
                 _release(item, "ready")
                 item["available_at"] = _time(data["available_at"])
+        elif kind == "released":
+            _release(item, "ready")
+            item.update(
+                acquisition_count=data["acquisition_count"],
+                available_at=_time(data["available_at"]),
+            )
         elif kind == "quarantined":
             _release(item, "quarantined")
         elif kind == "replayed":

@@ -40,6 +40,7 @@ class EventKind(StrEnum):
     TRIAGED = "triaged"
     TRIAGE_REJECTED = "triage_rejected"
     QUARANTINED = "quarantined"
+    RELEASED = "released"
     REPLAYED = "replayed"
     CANCELLED = "cancelled"
 

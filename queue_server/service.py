@@ -85,12 +85,21 @@ class QueueService:
             f"-c statement_timeout={settings.statement_timeout_ms}"
             f" -c lock_timeout={settings.lock_timeout_ms}"
             " -c idle_in_transaction_session_timeout=60000 -c TimeZone=UTC"
+            # Plans that do not depend on one tenant's statistics: a tenant whose rows
+            # ANALYZE has not seen yet must not send acquire down the primary key.
+            " -c plan_cache_mode=force_generic_plan"
         )
         self.pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
             conninfo,
             min_size=settings.pool_min_size,
             max_size=settings.pool_max_size,
-            kwargs={"autocommit": True, "row_factory": dict_row, "options": options},
+            kwargs={
+                "autocommit": True,
+                "row_factory": dict_row,
+                "options": options,
+                # Every statement prepared at first use, so every one runs its generic plan.
+                "prepare_threshold": 0,
+            },
             # No check on checkout (it costs a round trip per request): a connection that
             # broke fails its request with a 503 and the pool replaces it.
             timeout=10.0,
@@ -418,10 +427,16 @@ class QueueService:
         max_items: int,
         client_gone: Callable[[], Awaitable[bool]],
     ) -> list[Row]:
-        """Acquire transactions until something is leased or nothing more was quarantined."""
+        """Acquire transactions until something is leased or nothing more was quarantined.
+
+        A client that has left gets nothing: it is checked before the acquire, and
+        leases committed while it left are released at once, uncharged.
+        """
         while True:
+            if await client_gone():
+                raise errors.ClientDisconnectedError()
             with self.metrics.acquire_seconds.time():
-                async with self._tx() as conn:
+                async with self._conn() as conn:
                     leased, quarantined = await transitions.acquire(
                         conn,
                         tenant=tenant,
@@ -431,7 +446,10 @@ class QueueService:
                         max_items=max_items,
                     )
                     if leased and await client_gone():
-                        # Raising rolls the transaction back: no lease for a client that left.
+                        async with conn.transaction():
+                            await transitions.release_unsent(
+                                conn, tenant=tenant, worker=worker, leases=leased
+                            )
                         raise errors.ClientDisconnectedError()
             if leased or not quarantined:
                 return leased
@@ -543,9 +561,7 @@ class QueueService:
             )
             # Ids that are not ours cannot be explained by the database: they are simply not found.
             refused = {
-                entry["item_id"]: entry["fence"]
-                for entry in valid
-                if entry["item_id"] not in done
+                entry["item_id"]: entry["fence"] for entry in valid if entry["item_id"] not in done
             }
             refusals = (
                 await transitions.explain_rejections(

@@ -178,8 +178,12 @@ async def acquire(
     """ready (due) or leased (expired) -> leased, fence + 1; past the budget -> quarantined.
 
     Acquires of one queue are serialised by a transaction-scoped advisory lock,
-    so the spend-gated concurrency limit holds when many acquires race.
-    Returns (leased rows in acquire order, quarantined rows).
+    so the spend-gated concurrency limit holds when many acquires race. This
+    transition owns its transaction: the lock, the acquire and the COMMIT are sent
+    together in pipeline mode, so the lock is held only while PostgreSQL works,
+    never while the event loop is busy with other requests. `conn` must not be in
+    a transaction.
+    Returns (leased rows in acquire order, quarantined rows), committed.
     """
     params = {
         "tenant": tenant,
@@ -189,14 +193,60 @@ async def acquire(
         "max_items": max_items,
         "shard": _shard(),
     }
-    await conn.execute(_LOCK_QUEUE, params)
-    cur = await conn.execute(_ACQUIRE, params)
+    async with conn.pipeline(), conn.transaction():
+        await conn.execute(_LOCK_QUEUE, params)
+        cur = await conn.execute(_ACQUIRE, params)
+    rows = await cur.fetchall()
     leased: list[Row] = []
     quarantined: list[Row] = []
-    for row in await cur.fetchall():
+    for row in rows:
         (leased if row.pop("leased") else quarantined).append(row)
     leased.sort(key=lambda row: (-row["priority"], row["available_at"], str(row["item_id"])))
     return leased, quarantined
+
+
+_RELEASE_UNSENT = f"""
+WITH input AS (
+    SELECT * FROM jsonb_to_recordset(%(leases)s::jsonb) AS x(item_id uuid, fence bigint)
+), upd AS (
+    UPDATE work_items w
+    SET state = 'ready', available_at = statement_timestamp(), lease_holder = NULL,
+        lease_expires_at = NULL, acquisition_count = w.acquisition_count - 1,
+        updated_at = statement_timestamp(), event_seq = w.event_seq + 1
+    FROM input i
+    WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(%(ids)s::uuid[]) AND w.item_id = i.item_id
+      AND w.state = 'leased' AND w.fence = i.fence AND w.lease_holder = %(worker)s
+    RETURNING w.*
+), ev AS (
+    INSERT INTO item_events ({_EVENT_COLUMNS})
+    SELECT tenant_id, item_id, event_seq - 1, updated_at, 'released', fence, 'server',
+           jsonb_build_object('reason', 'the client left before the lease was sent',
+                              'acquisition_count', acquisition_count,
+                              'available_at', available_at)
+    FROM upd
+)
+SELECT upd.item_id FROM upd, (SELECT pg_notify('{NOTIFY_CHANNEL}', %(tenant)s || '/' || queue)
+                               FROM upd LIMIT 1) AS n
+"""
+
+
+async def release_unsent(conn: Conn, *, tenant: str, worker: str, leases: list[Row]) -> int:
+    """leased -> ready: leases whose client left before they were sent never count.
+
+    The fence keeps its new value (the next acquire raises it again); the
+    acquisition is not charged to the budget. Returns how many were released.
+    """
+    entries = [{"item_id": str(row["item_id"]), "fence": row["fence"]} for row in leases]
+    cur = await conn.execute(
+        _RELEASE_UNSENT,
+        {
+            "leases": Jsonb(entries),
+            "ids": [entry["item_id"] for entry in entries],
+            "tenant": tenant,
+            "worker": worker,
+        },
+    )
+    return len(await cur.fetchall())
 
 
 def _holder_update(
