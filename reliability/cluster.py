@@ -215,6 +215,22 @@ class Cluster:
         except psutil.Error:
             return 0.0
 
+    def pg_cpu_seconds(self) -> float:
+        """CPU time (user + system) of the PostgreSQL postmaster and its backends so far."""
+        import psutil
+
+        try:
+            pid = int((self.pg.pgdata / "postmaster.pid").read_text().split()[0])
+            root = psutil.Process(pid)
+            total = 0.0
+            for p in [root, *root.children(recursive=True)]:
+                with contextlib.suppress(psutil.Error):
+                    times = p.cpu_times()
+                    total += float(times.user) + float(times.system)
+            return total
+        except (OSError, ValueError, IndexError, psutil.Error):
+            return 0.0
+
     def pg_version(self) -> str:
         with self.db() as conn:
             row = conn.execute("SHOW server_version").fetchone()

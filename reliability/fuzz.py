@@ -97,7 +97,7 @@ def _judge(
 
 def schema_fuzz(
     *,
-    max_examples: int = 25,
+    max_examples: int = 40,
     phases: str = "examples,coverage,fuzzing,stateful",
     timeout: float = 240.0,
     seed: int = 20261129,

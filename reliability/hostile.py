@@ -502,6 +502,7 @@ def hostile_input(
     cases = cases if cases is not None else hostile_cases()
     violations: list[Violation] = []
     answers: dict[str, JSONValue] = {}
+    failures: dict[str, list[str]] = {}
     operations = 0
     with Cluster(name="hostile", api_env=FAST_API_ENV) as cluster:
         keys = cluster.create_tenant("hostile", max_concurrency=4)
@@ -540,7 +541,14 @@ def hostile_input(
                 if round_no == 0:
                     answers[case.name] = f"{answer.status} in {answer.seconds * 1000:.0f} ms"
                 if problem is not None:
-                    violations.append(Violation("hostile-input", f"{case.name}: {problem}"))
+                    failures.setdefault(case.name, []).append(problem)
+        for case_name, problems in failures.items():
+            violations.append(
+                Violation(
+                    "hostile-input",
+                    f"{case_name}: {problems[0]} (in {len(problems)} of {rounds} rounds)",
+                )
+            )
         peak = rss.stop()
         end_rss = cluster.api_rss()
         growth = peak - rss.start

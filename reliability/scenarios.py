@@ -995,10 +995,16 @@ def noisy_tenant(
         probe = probe_backlog(cluster, ["quiet", "noisy"], recorder, stop)
 
         api_cpu: list[float] = []
+        pg_cpu: list[float] = []
+        machine_busy: list[float] = []
 
         def measure(seconds: float) -> list[float]:
+            import psutil
+
             latencies: list[float] = []
             cpu = cluster.api_cpu_seconds()
+            pg = cluster.pg_cpu_seconds()
+            machine = psutil.cpu_times()
             start = time.monotonic()
             end = start + seconds
             while time.monotonic() < end:
@@ -1006,7 +1012,12 @@ def noisy_tenant(
                 latencies.append(op.end_mono - op.start_mono)
                 for item_id, fence in op.leases():
                     quiet.complete(item_id, "quiet-w", fence, {})
-            api_cpu.append((cluster.api_cpu_seconds() - cpu) / (time.monotonic() - start))
+            elapsed = time.monotonic() - start
+            api_cpu.append((cluster.api_cpu_seconds() - cpu) / elapsed)
+            pg_cpu.append((cluster.pg_cpu_seconds() - pg) / elapsed)
+            now = psutil.cpu_times()
+            total = sum(now) - sum(machine)
+            machine_busy.append(1 - (now.idle - machine.idle) / total if total > 0 else 0.0)
             return latencies
 
         say(f"{name}: quiet baseline for {phase:.0f}s")
@@ -1091,7 +1102,11 @@ def noisy_tenant(
             "quiet_acquire_ms_flood_in_threads": summary(threaded),
             "median_ratio_flood_in_threads (reported)": round(threaded_ratio, 2),
             "flood_answers_threads": dict(in_process),
-            "api_cpu_share_of_one_core_per_phase": [round(c, 2) for c in api_cpu],
+            "cpu_per_phase (baseline, processes, baseline, threads)": {
+                "api_cores": [round(c, 2) for c in api_cpu],
+                "postgresql_cores": [round(c, 2) for c in pg_cpu],
+                "machine_busy_fraction": [round(c, 2) for c in machine_busy],
+            },
             "cpu_cores": os.cpu_count() or 0,
         }
         quiet.close()
