@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import subprocess
 import sys
 import time
 import traceback
@@ -35,6 +37,28 @@ def _failed(name: str, exc: BaseException, seconds: float) -> ScenarioOutcome:
         by_checker={"harness": 1},
     )
     return ScenarioOutcome(report, seconds, {"error": text})
+
+
+def server_source() -> str:
+    """Which server code the run exercised: the commit, and whether queue_server/ had
+    uncommitted changes (or PYTHONPATH pointed the server at another tree)."""
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str) -> str:
+        try:
+            done = subprocess.run(
+                ["git", *args], cwd=root, capture_output=True, text=True, check=False, timeout=10
+            )
+        except (OSError, subprocess.SubprocessError):
+            return ""
+        return done.stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    dirty = bool(git("status", "--porcelain", "--", "queue_server", "migrations"))
+    override = os.environ.get("PYTHONPATH", "")
+    where = f"PYTHONPATH={override}" if override else "the working tree"
+    state = "with uncommitted changes to queue_server/" if dirty else "clean"
+    return f"server code from {where} at commit {commit} ({state})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,8 +113,8 @@ def _write(out: Path, outcomes: list[ScenarioOutcome], table: str, total: float)
         "# Reliability suite: latest run",
         "",
         f"Run {stamp} on {platform.node() or 'this machine'} "
-        f"(Python {platform.python_version()}), {total:.0f} s in all. "
-        "Figures as measured in this run.",
+        f"(Python {platform.python_version()}, {os.cpu_count()} CPUs), {total:.0f} s in all; "
+        f"{server_source()}. Figures as measured in this run.",
         "",
         table,
         "",
@@ -111,6 +135,7 @@ def _write(out: Path, outcomes: list[ScenarioOutcome], table: str, total: float)
     data: dict[str, JSONValue] = {
         "run_at": stamp,
         "seconds": round(total, 1),
+        "server": server_source(),
         "scenarios": [
             {
                 "scenario": o.report.scenario,
