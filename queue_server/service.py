@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -27,6 +28,9 @@ from queue_server.store import reads, receipts, tenants, transitions
 from queue_server.store.transitions import Conn, Row
 
 WORKER_OR_OPERATOR = (Role.WORKER, Role.OPERATOR)
+
+# How long a queue found near its concurrency limit skips the shared-lock attempt.
+NEAR_LIMIT_MEMORY = 5.0
 
 # jsonb in and out through orjson: several times faster than the standard library
 # on the payloads of a batch.
@@ -107,6 +111,8 @@ class QueueService:
             name="queue-server",
         )
         self.keys = KeyCache()
+        self._slack: int | None = None
+        self._near_limit: dict[tuple[str, str], float] = {}
         self.notifier = Notifier(conninfo, on_keys_changed=self._keys_changed)
         self.metrics = Metrics()
 
@@ -437,14 +443,18 @@ class QueueService:
                 raise errors.ClientDisconnectedError()
             with self.metrics.acquire_seconds.time():
                 async with self._conn() as conn:
-                    leased, quarantined = await transitions.acquire(
+                    acquired = await transitions.acquire(
                         conn,
                         tenant=tenant,
                         queue=queue,
                         worker=worker,
                         ttl=ttl,
                         max_items=max_items,
+                        slack=await self._slack_for(conn, tenant, queue),
                     )
+                    leased, quarantined = acquired.leased, acquired.quarantined
+                    if acquired.contended:
+                        self._near_limit[(tenant, queue)] = time.monotonic()
                     if leased and await client_gone():
                         async with conn.transaction():
                             await transitions.release_unsent(
@@ -453,6 +463,20 @@ class QueueService:
                         raise errors.ClientDisconnectedError()
             if leased or not quarantined:
                 return leased
+
+    async def _slack_for(self, conn: Conn, tenant: str, queue: str) -> int | None:
+        """The slack for a shared-lock acquire, or None where the queue was lately near its
+        limit (a default queue, limit 1, always is): then acquire goes exclusive at once."""
+        since = self._near_limit.get((tenant, queue))
+        if since is not None and time.monotonic() - since < NEAR_LIMIT_MEMORY:
+            return None
+        if self._slack is None:
+            # Every acquire in flight holds a database connection and leases at most 100.
+            cur = await conn.execute("SELECT current_setting('max_connections')::int AS n")
+            row = await cur.fetchone()
+            assert row is not None
+            self._slack = int(row["n"]) * transitions.MAX_ITEMS_PER_ACQUIRE
+        return self._slack
 
     async def heartbeat(
         self,

@@ -62,11 +62,12 @@ def test_prepared_acquire_plan_reads_the_ready_index_not_the_whole_table(
         sql = _ACQUIRE.replace("%(tenant)s", "$1").replace("%(queue)s", "$2")
         sql = sql.replace("%(worker)s", "$3").replace("%(ttl)s", "$4::interval")
         sql = sql.replace("%(max_items)s", "$5::int").replace("%(shard)s", "$6::int")
-        conn.execute(f"PREPARE acq(text, text, text, interval, int, int) AS {sql}")
+        sql = sql.replace("%(shared)s", "$7::bool").replace("%(slack)s", "$8::int")
+        conn.execute(f"PREPARE acq(text, text, text, interval, int, int, bool, int) AS {sql}")
         generic = "\n".join(
             row["QUERY PLAN"]
             for row in conn.execute(
-                "EXPLAIN EXECUTE acq('t', 'q', 'w', '30 seconds', 50, 0)"
+                "EXPLAIN EXECUTE acq('t', 'q', 'w', '30 seconds', 50, 0, false, 0)"
             ).fetchall()
         )
         custom = "\n".join(
@@ -80,6 +81,8 @@ def test_prepared_acquire_plan_reads_the_ready_index_not_the_whole_table(
                     "ttl": timedelta(seconds=30),
                     "max_items": 50,
                     "shard": 0,
+                    "shared": False,
+                    "slack": 0,
                 },
             ).fetchall()
         )

@@ -17,6 +17,7 @@ never commits, and appends its ledger event in the same statement. Time is
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -96,19 +97,32 @@ async def enqueue(
     return rows
 
 
+# The queue's concurrency limit is enforced under an advisory lock on the queue.
+# Exclusive: the acquire counts active leases exactly, with every earlier acquire
+# committed. Shared (many acquires at once): only while the room left is at least
+# `slack`, the most leases that acquires still in flight can hold (one per database
+# connection, each at most 100 items); an exclusive acquire waits for them all.
 _LOCK_QUEUE = "SELECT pg_advisory_xact_lock(hashtextextended(%(tenant)s || '/' || %(queue)s, 7))"
+_LOCK_QUEUE_SHARED = (
+    "SELECT pg_advisory_xact_lock_shared(hashtextextended(%(tenant)s || '/' || %(queue)s, 7))"
+)
+MAX_ITEMS_PER_ACQUIRE = 100
 
-# Runs after _LOCK_QUEUE in its own statement, so its snapshot sees every lease
-# committed by the acquire that held the lock before us.
+# Runs after the lock in its own statement, so its snapshot sees every lease
+# committed by the acquires that held the lock exclusively before us.
 _ACQUIRE = f"""
-WITH room AS (
-    SELECT greatest(0, least(%(max_items)s,
-        coalesce((SELECT max(max_concurrency) FROM spend_approvals
-                  WHERE tenant_id = %(tenant)s AND queue = %(queue)s
-                    AND expires_at > statement_timestamp()), 1)
-        - (SELECT count(*) FROM work_items
-           WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
-             AND lease_expires_at > statement_timestamp()))) AS n
+WITH counts AS (
+    SELECT coalesce((SELECT max(max_concurrency) FROM spend_approvals
+                     WHERE tenant_id = %(tenant)s AND queue = %(queue)s
+                       AND expires_at > statement_timestamp()), 1)
+           - (SELECT count(*) FROM work_items
+              WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
+                AND lease_expires_at > statement_timestamp()) AS free
+), room AS (
+    SELECT CASE WHEN contended THEN 0 ELSE greatest(0, least(%(max_items)s, free)) END AS n,
+           contended
+    FROM (SELECT free, %(shared)s AND free < %(slack)s + %(max_items)s AS contended
+          FROM counts) AS c
 ), expired AS (
     -- SKIP LOCKED: a row locked by a holder operation in flight is not ours to take.
     SELECT item_id, 0 AS src, 0 AS priority, lease_expires_at AS since
@@ -169,40 +183,66 @@ WITH room AS (
 SELECT true AS leased, * FROM leased
 UNION ALL
 SELECT false AS leased, * FROM quarantined
+UNION ALL
+-- Under the shared lock with little room left: nothing leased, retry exclusively.
+SELECT NULL AS leased, w.* FROM (SELECT 1) AS one LEFT JOIN work_items w ON false
+WHERE (SELECT contended FROM room)
 """
 
 
+@dataclass(frozen=True, slots=True)
+class Acquired:
+    leased: list[Row]  # in acquire order
+    quarantined: list[Row]
+    # The shared lock was tried and the room was too small for it: near the limit.
+    contended: bool
+
+
 async def acquire(
-    conn: Conn, *, tenant: str, queue: str, worker: str, ttl: timedelta, max_items: int
-) -> tuple[list[Row], list[Row]]:
+    conn: Conn,
+    *,
+    tenant: str,
+    queue: str,
+    worker: str,
+    ttl: timedelta,
+    max_items: int,
+    slack: int | None = None,
+) -> Acquired:
     """ready (due) or leased (expired) -> leased, fence + 1; past the budget -> quarantined.
 
-    Acquires of one queue are serialised by a transaction-scoped advisory lock,
-    so the spend-gated concurrency limit holds when many acquires race. This
-    transition owns its transaction: the lock, the acquire and the COMMIT are sent
-    together in pipeline mode, so the lock is held only while PostgreSQL works,
-    never while the event loop is busy with other requests. `conn` must not be in
-    a transaction.
-    Returns (leased rows in acquire order, quarantined rows), committed.
+    The spend-gated concurrency limit holds when many acquires race: see the queue
+    lock above. With `slack` (the most leases in-flight acquires can hold), the
+    acquire first tries the shared lock; without it, or when the room is smaller
+    than the slack, it takes the lock exclusively. This transition owns its
+    transactions: the lock, the acquire and the COMMIT are sent together in
+    pipeline mode, so the lock is held only while PostgreSQL works, never while the
+    event loop is busy with other requests. `conn` must not be in a transaction.
     """
-    params = {
-        "tenant": tenant,
-        "queue": queue,
-        "worker": worker,
-        "ttl": ttl,
-        "max_items": max_items,
-        "shard": _shard(),
-    }
-    async with conn.pipeline(), conn.transaction():
-        await conn.execute(_LOCK_QUEUE, params)
-        cur = await conn.execute(_ACQUIRE, params)
-    rows = await cur.fetchall()
+    contended = False
+    for shared in (True, False) if slack is not None else (False,):
+        params = {
+            "tenant": tenant,
+            "queue": queue,
+            "worker": worker,
+            "ttl": ttl,
+            "max_items": max_items,
+            "shard": _shard(),
+            "shared": shared,
+            "slack": slack or 0,
+        }
+        async with conn.pipeline(), conn.transaction():
+            await conn.execute(_LOCK_QUEUE_SHARED if shared else _LOCK_QUEUE, params)
+            cur = await conn.execute(_ACQUIRE, params)
+        rows = await cur.fetchall()
+        contended = any(row["leased"] is None for row in rows)
+        if not contended:
+            break
     leased: list[Row] = []
     quarantined: list[Row] = []
     for row in rows:
         (leased if row.pop("leased") else quarantined).append(row)
     leased.sort(key=lambda row: (-row["priority"], row["available_at"], str(row["item_id"])))
-    return leased, quarantined
+    return Acquired(leased=leased, quarantined=quarantined, contended=contended)
 
 
 _RELEASE_UNSENT = f"""

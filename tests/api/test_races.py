@@ -11,7 +11,8 @@ import httpx
 import psycopg
 
 from queue_server.ledger import mismatches
-from tests.conftest import Api
+from queue_server.service import QueueService
+from tests.conftest import Api, LiveServer
 
 Db = psycopg.Connection[dict[str, object]]
 
@@ -222,3 +223,47 @@ def test_backlog_counters_follow_every_transition(api: Api, db: Db) -> None:
     assert len(items) == 6
     cap = api.operator.get("/v1/tenants/acme").json()
     assert cap["backlog"] == cap["ready"] + cap["leased"]
+
+
+def test_shared_lock_acquires_never_exceed_a_high_limit(api: Api, db: Db, live: LiveServer) -> None:
+    """Far from the limit acquires share the queue lock; near it they go exclusive."""
+    service: QueueService = live.app.state.service
+    # 20 pooled connections x 2 items per acquire: the most leases acquires in flight hold.
+    service._slack = 40
+    api.approve("q", 60)
+    api.worker.post(
+        "/v1/tenants/acme/queues/q/items:batch",
+        json={"items": [{"payload": i} for i in range(100)]},
+        headers={"Idempotency-Key": "hundred"},
+    )
+    # Three rounds: the tenant's budget is three acquisitions per item.
+    for _round in range(3):
+        handed: list[str] = []
+        barrier = threading.Barrier(20)
+
+        def acquire(
+            n: int, barrier: threading.Barrier = barrier, handed: list[str] = handed
+        ) -> None:
+            with httpx.Client(base_url=api.url, headers=api.worker.headers, timeout=30) as client:
+                barrier.wait()
+                while True:
+                    got = client.post(
+                        "/v1/tenants/acme/queues/q/leases",
+                        json={"worker": f"w{n}", "lease_ttl": 60, "max_items": 2},
+                    ).json()["leases"]
+                    if not got:
+                        return
+                    handed.extend(lease["item_id"] for lease in got)
+
+        _run_threads(20, acquire)
+        assert len(handed) == 60
+        assert len(set(handed)) == 60
+        leased = db.execute(
+            "SELECT count(*) AS n FROM work_items WHERE state = 'leased'"
+        ).fetchone()
+        assert leased == {"n": 60}
+        # Let every lease run out: the next round takes them over and races again.
+        db.execute(
+            "UPDATE work_items SET lease_expires_at = now() - interval '1 second'"
+            " WHERE state = 'leased'"
+        )

@@ -25,7 +25,7 @@ def test_released_lease_goes_back_to_ready_uncharged_and_the_next_acquire_raises
             database_url, autocommit=True, row_factory=dict_row
         )
         async with conn:
-            leased, _ = await transitions.acquire(
+            acquired = await transitions.acquire(
                 conn,
                 tenant="acme",
                 queue="q",
@@ -33,6 +33,7 @@ def test_released_lease_goes_back_to_ready_uncharged_and_the_next_acquire_raises
                 ttl=timedelta(seconds=30),
                 max_items=1,
             )
+            leased = acquired.leased
             assert [str(row["item_id"]) for row in leased] == [item["item_id"]]
             async with conn.transaction():
                 return await transitions.release_unsent(
