@@ -43,6 +43,14 @@ class PayloadTooLargeError(QueueServerError):
     title = "Payload too large"
 
 
+class HeadersTooLargeError(QueueServerError):
+    """The request headers are larger than the server accepts."""
+
+    status = 431
+    code = "headers-too-large"
+    title = "Request header fields too large"
+
+
 class UnauthorizedError(QueueServerError):
     """A valid API key is required: send `Authorization: Bearer <key>`."""
 

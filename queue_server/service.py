@@ -316,6 +316,7 @@ class QueueService:
         batch: bool,
     ) -> Answer:
         principal.require(tenant, *WORKER_OR_OPERATOR)
+        await self._refuse_early_at_cap(tenant, idem, len(items))
 
         async def operation(conn: Conn) -> Answer:
             row, backlog = await tenants.admit(conn, tenant)
@@ -348,6 +349,27 @@ class QueueService:
             return _ok(201, views.item(rows[0]))
 
         return await self._effect(tenant, idem, instance, operation)
+
+    async def _refuse_early_at_cap(self, tenant: str, idem: Idempotency, adding: int) -> None:
+        """A tenant flooding a full backlog is refused with one read, no lock and no receipt.
+
+        Only for a key with no receipt (a replay must still get its original answer);
+        whatever this lets through, the admission under the tenant's lock decides exactly.
+        """
+        async with self._conn() as conn:
+            row = await tenants.room(conn, tenant=tenant, key=idem.key)
+        if (
+            row is not None
+            and not row["has_receipt"]
+            and row["backlog"] + adding > row["backlog_cap"]
+        ):
+            raise errors.BacklogCapReachedError(
+                f"Backlog {row['backlog']} + {adding} new would exceed the cap of"
+                f" {row['backlog_cap']}.",
+                backlog=row["backlog"],
+                backlog_cap=row["backlog_cap"],
+                requested=adding,
+            )
 
     async def get_item(self, principal: auth.Principal, tenant: str, item_id: str) -> Answer:
         principal.require(tenant, *WORKER_OR_OPERATOR)

@@ -64,6 +64,9 @@ class ReceiptOut(BaseModel):
     response_model=ReceiptOut,
     status_code=201,
     tags=["receipts"],
+    responses={
+        200: {"model": ReceiptOut, "description": "The same identity again: the retained receipt"}
+    },
 )
 async def claim_receipt(
     tenant: TenantName, body: ClaimIn, svc: Service, caller: Caller

@@ -11,6 +11,9 @@ from queue_server import errors, views
 from queue_server.metrics import Metrics
 
 _PROBLEM_HEADERS = [(b"content-type", b"application/problem+json")]
+# Generous for any client, small enough that headers cannot be used to exhaust memory.
+MAX_HEADER_BYTES = 32 * 1024
+MAX_HEADERS = 100
 
 
 class BodyLimitAndMetrics:
@@ -36,9 +39,26 @@ class BodyLimitAndMetrics:
             await send(message)
 
         try:
+            header_bytes = sum(len(name) + len(value) for name, value in scope["headers"])
+            if header_bytes > MAX_HEADER_BYTES or len(scope["headers"]) > MAX_HEADERS:
+                await self._refuse(
+                    scope,
+                    send_and_record,
+                    errors.HeadersTooLargeError(
+                        f"The request headers exceed {MAX_HEADER_BYTES} bytes or"
+                        f" {MAX_HEADERS} fields."
+                    ),
+                )
+                return
             body = await self._read_body(scope, receive)
             if body is None:
-                await self._too_large(scope, send_and_record)
+                await self._refuse(
+                    scope,
+                    send_and_record,
+                    errors.PayloadTooLargeError(
+                        f"The request body exceeds {self.max_body} bytes.", max_bytes=self.max_body
+                    ),
+                )
                 return
             delivered = False
 
@@ -79,12 +99,10 @@ class BodyLimitAndMetrics:
                 break
         return b"".join(chunks)
 
-    async def _too_large(self, scope: Scope, send: Send) -> None:
-        exc = errors.PayloadTooLargeError(
-            f"The request body exceeds {self.max_body} bytes.", max_bytes=self.max_body
-        )
+    async def _refuse(self, scope: Scope, send: Send, exc: errors.QueueServerError) -> None:
+        """Answer before any handler runs (and close: the rest of the request is not read)."""
         body = views.dumps(errors.problem(exc, base_uri=self.base_uri, instance=scope["path"]))
         headers = [*_PROBLEM_HEADERS, (b"content-length", str(len(body)).encode())]
         headers.append((b"connection", b"close"))
-        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.start", "status": exc.status, "headers": headers})
         await send({"type": "http.response.body", "body": body})

@@ -76,6 +76,22 @@ async def admit(conn: Conn, tenant: str) -> tuple[Row | None, int]:
     return row, int(row["admitted"]) - int(released["released"])
 
 
+_ROOM = """
+SELECT t.backlog_cap,
+       (t.admitted - coalesce((SELECT sum(released) FROM backlog_releases r
+                               WHERE r.tenant_id = t.tenant_id), 0))::bigint AS backlog,
+       EXISTS (SELECT 1 FROM idempotency_receipts i
+               WHERE i.tenant_id = t.tenant_id AND i.idempotency_key = %(key)s) AS has_receipt
+FROM tenants t WHERE t.tenant_id = %(tenant)s
+"""
+
+
+async def room(conn: Conn, *, tenant: str, key: str) -> Row | None:
+    """Without any lock: the cap, the backlog, and whether the key already has a receipt."""
+    cur = await conn.execute(_ROOM, {"tenant": tenant, "key": key})
+    return await cur.fetchone()
+
+
 async def backlog(conn: Conn, tenant: str) -> int:
     """Ready + leased items of the tenant, from the admission counters (no lock taken)."""
     cur = await conn.execute(

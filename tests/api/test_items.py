@@ -208,3 +208,23 @@ def test_higher_priority_is_acquired_first(api: Api) -> None:
     api.enqueue(payload="high", priority=10)
     (lease,) = api.acquire()
     assert lease["payload"] == "high"
+
+
+def test_oversized_headers_get_431(api: Api) -> None:
+    response = api.worker.get(
+        "/v1/tenants/acme/queues/q/concurrency", headers={"X-Padding": "x" * 40_000}
+    )
+    assert response.status_code == 431
+    assert response.headers["content-type"] == "application/problem+json"
+    assert response.json()["code"] == "headers-too-large"
+
+
+def test_an_accepted_enqueue_replays_even_when_the_backlog_is_now_full(api: Api) -> None:
+    api.admin.put("/v1/tenants/acme", json={"backlog_cap": 1})
+    first = api.worker.post(ITEMS, json={"payload": 1}, headers={"Idempotency-Key": "once"})
+    assert first.status_code == 201
+    again = api.worker.post(ITEMS, json={"payload": 1}, headers={"Idempotency-Key": "once"})
+    assert again.status_code == 201
+    assert again.content == first.content
+    refused = api.worker.post(ITEMS, json={"payload": 2}, headers={"Idempotency-Key": "new"})
+    assert refused.status_code == 429
