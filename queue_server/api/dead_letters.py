@@ -167,8 +167,8 @@ async def replay(
     dead_letter_id: DeadLetterId,
     svc: Service,
     caller: Caller,
+    idempotency_key: IdempotencyKey,
     body: ReplayIn | None = None,
-    idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """Put the quarantined item back in `ready` with a renewed budget; the next acquire
     raises its fence. The dead letter is closed."""
@@ -196,8 +196,8 @@ async def discard(
     dead_letter_id: DeadLetterId,
     svc: Service,
     caller: Caller,
+    idempotency_key: IdempotencyKey,
     body: DiscardIn | None = None,
-    idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """Cancel the item for good; the dead letter is closed."""
     body = body or DiscardIn()
@@ -219,8 +219,8 @@ async def replay_queue(
     queue: QueueName,
     svc: Service,
     caller: Caller,
+    idempotency_key: IdempotencyKey,
     body: BulkReplayIn | None = None,
-    idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """Replay up to `limit` (at most 100) of the queue's oldest open item dead letters.
 

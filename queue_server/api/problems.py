@@ -40,6 +40,10 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        if any(tuple(err.get("loc", ())) == ("header", "Idempotency-Key") for err in exc.errors()):
+            key_error = errors.IdempotencyKeyRequiredError()
+            body = errors.problem(key_error, base_uri=_base(request), instance=request.url.path)
+            return problem_response(body)
         fields = [
             {
                 "loc": list(err.get("loc", ())),

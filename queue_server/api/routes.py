@@ -18,10 +18,12 @@ TenantName = Annotated[str, Path(pattern=NAME_PATTERN, description="Tenant name"
 QueueName = Annotated[str, Path(pattern=NAME_PATTERN, description="Queue name")]
 ItemId = Annotated[str, Path(max_length=64, description="Item id (a UUID)")]
 IdempotencyKey = Annotated[
-    str | None,
+    str,
     Header(
         alias="Idempotency-Key",
-        description="1 to 255 printable ASCII characters; a retry of the same request reuses it",
+        pattern=r"^[!-~]{1,255}$",
+        description="1 to 255 printable ASCII characters; a retry of the same request reuses it."
+        " Missing or malformed: 400 `idempotency-key-required`.",
     ),
 ]
 
@@ -134,7 +136,7 @@ async def enqueue(
     body: schemas.ItemIn,
     svc: Service,
     caller: Caller,
-    idempotency_key: IdempotencyKey = None,
+    idempotency_key: IdempotencyKey,
 ) -> Response:
     """Enqueue one item. At the tenant's backlog cap: 429 `backlog-cap-reached`."""
     idem = idempotency(request, idempotency_key, body)
@@ -157,7 +159,7 @@ async def enqueue_batch(
     body: schemas.BatchIn,
     svc: Service,
     caller: Caller,
-    idempotency_key: IdempotencyKey = None,
+    idempotency_key: IdempotencyKey,
 ) -> Response:
     """Enqueue 1 to 500 items, all or nothing against the backlog cap."""
     idem = idempotency(request, idempotency_key, body)
@@ -241,7 +243,7 @@ async def complete(
     body: schemas.CompleteIn,
     svc: Service,
     caller: Caller,
-    idempotency_key: IdempotencyKey = None,
+    idempotency_key: IdempotencyKey,
 ) -> Response:
     """Complete the item with a result (holder with the current fence, lease not expired)."""
     idem = idempotency(request, idempotency_key, body)
@@ -267,7 +269,7 @@ async def complete_many(
     body: schemas.CompletionsIn,
     svc: Service,
     caller: Caller,
-    idempotency_key: IdempotencyKey = None,
+    idempotency_key: IdempotencyKey,
 ) -> Response:
     """Complete up to 500 items of one worker at once, each guarded by its own fence.
 
@@ -296,7 +298,7 @@ async def requeue(
     body: schemas.RequeueIn,
     svc: Service,
     caller: Caller,
-    idempotency_key: IdempotencyKey = None,
+    idempotency_key: IdempotencyKey,
 ) -> Response:
     """Give the item back to the queue now; the next acquire raises its fence."""
     idem = idempotency(request, idempotency_key, body)
@@ -323,7 +325,7 @@ async def triage(
     body: schemas.TriageIn,
     svc: Service,
     caller: Caller,
-    idempotency_key: IdempotencyKey = None,
+    idempotency_key: IdempotencyKey,
 ) -> Response:
     """Record a failure and requeue or quarantine the item. Refused triage is still ledgered."""
     idem = idempotency(request, idempotency_key, body)
@@ -357,7 +359,7 @@ async def approve_spend(
     body: schemas.SpendApprovalIn,
     svc: Service,
     caller: Caller,
-    idempotency_key: IdempotencyKey = None,
+    idempotency_key: IdempotencyKey,
 ) -> Response:
     """Record an operator's approval for more than one concurrent lease on the queue."""
     idem = idempotency(request, idempotency_key, body)

@@ -109,7 +109,7 @@ async def create_watcher(
     body: WatcherIn,
     svc: Service,
     caller: Caller,
-    idempotency_key: IdempotencyKey = None,
+    idempotency_key: IdempotencyKey,
 ) -> Response:
     """Register a webhook. The URL must pass the SSRF policy; the secret is shown once."""
     idem = idempotency(request, idempotency_key, body)
@@ -162,7 +162,7 @@ async def pause_watcher(
     watcher_id: WatcherId,
     svc: Service,
     caller: Caller,
-    idempotency_key: IdempotencyKey = None,
+    idempotency_key: IdempotencyKey,
 ) -> Response:
     """Hold the watcher's deliveries; they wait, then resume in order."""
     return await _change(request, tenant, watcher_id, svc, caller, idempotency_key, "pause")
@@ -175,7 +175,7 @@ async def resume_watcher(
     watcher_id: WatcherId,
     svc: Service,
     caller: Caller,
-    idempotency_key: IdempotencyKey = None,
+    idempotency_key: IdempotencyKey,
 ) -> Response:
     """Send the watcher's held deliveries again, oldest first."""
     return await _change(request, tenant, watcher_id, svc, caller, idempotency_key, "resume")
@@ -188,7 +188,7 @@ async def cancel_watcher(
     watcher_id: WatcherId,
     svc: Service,
     caller: Caller,
-    idempotency_key: IdempotencyKey = None,
+    idempotency_key: IdempotencyKey,
 ) -> Response:
     """Stop the watcher for good; its pending deliveries are cancelled."""
     return await _change(request, tenant, watcher_id, svc, caller, idempotency_key, "cancel")
@@ -203,7 +203,7 @@ async def rotate_secret(
     watcher_id: WatcherId,
     svc: Service,
     caller: Caller,
-    idempotency_key: IdempotencyKey = None,
+    idempotency_key: IdempotencyKey,
 ) -> Response:
     """A new signing secret (shown once). Until `previous_secret_expires_at` every delivery
     is signed with both the new and the old secret."""

@@ -51,3 +51,10 @@ def test_openapi_describes_every_route(api: Api) -> None:
             continue
         for method in methods - {"HEAD"}:
             assert (path, method) in described, f"{method} {path} missing from /openapi.json"
+
+
+def test_openapi_marks_the_idempotency_key_required_on_effecting_routes(api: Api) -> None:
+    document = httpx.get(f"{api.url}/openapi.json").json()
+    operation = document["paths"]["/v1/tenants/{tenant}/items/{item_id}/complete"]["post"]
+    (header,) = [p for p in operation["parameters"] if p["name"] == "Idempotency-Key"]
+    assert header["required"] is True

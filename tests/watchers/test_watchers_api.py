@@ -3,6 +3,8 @@ deliveries, and dead deliveries in the dead-letter routes."""
 
 from __future__ import annotations
 
+import uuid
+
 import httpx
 import pytest
 
@@ -75,7 +77,7 @@ def test_unknown_event_and_bad_scheme_are_invalid(api: Api) -> None:
         {"url": "http://127.0.0.1:9/hook", "events": []},
     ):
         response = api.operator.post(
-            "/v1/tenants/acme/watchers", json=body, headers={"Idempotency-Key": str(body)}
+            "/v1/tenants/acme/watchers", json=body, headers={"Idempotency-Key": uuid.uuid4().hex}
         )
         assert response.status_code == 422
         assert response.json()["code"] == "invalid-request"
