@@ -107,6 +107,7 @@ def _run_uvicorn(*, host: str, port: int, workers: int, log_level: str) -> None:
         workers=workers,
         log_level=log_level,
         access_log=False,
+        http="queue_server.http_protocol:ProblemHttpToolsProtocol",
     )
     if workers > 1:
         uvicorn.run(
@@ -117,6 +118,7 @@ def _run_uvicorn(*, host: str, port: int, workers: int, log_level: str) -> None:
             workers=workers,
             log_level=log_level,
             access_log=False,
+            http="queue_server.http_protocol:ProblemHttpToolsProtocol",
         )
         return
     # uvicorn re-raises the signal that stopped it once it has shut down; by then

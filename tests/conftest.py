@@ -23,6 +23,7 @@ from pytest_postgresql.janitor import DatabaseJanitor
 from queue_server import migrate
 from queue_server.app import create_app
 from queue_server.embedded import EmbeddedPostgres
+from queue_server.http_protocol import ProblemHttpToolsProtocol
 from queue_server.service import QueueService
 from queue_server.settings import Settings
 
@@ -95,7 +96,9 @@ class LiveServer:
         self.port = self.sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.app = create_app(settings, database_url)
-        config = uvicorn.Config(self.app, log_level="warning", lifespan="on")
+        config = uvicorn.Config(
+            self.app, log_level="warning", lifespan="on", http=ProblemHttpToolsProtocol
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
 

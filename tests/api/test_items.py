@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import uuid
 
 import httpx
@@ -228,3 +229,20 @@ def test_an_accepted_enqueue_replays_even_when_the_backlog_is_now_full(api: Api)
     assert again.content == first.content
     refused = api.worker.post(ITEMS, json={"payload": 2}, headers={"Idempotency-Key": "new"})
     assert refused.status_code == 429
+
+
+def test_a_request_the_http_parser_refuses_still_gets_a_problem(api: Api) -> None:
+    # httpx refuses to send so long a URL; a raw socket does not.
+    host, port = api.url.removeprefix("http://").split(":")
+    request = (
+        f"GET /v1/tenants/acme/dead-letters?cursor={'x' * 100_000} HTTP/1.1\r\nHost: {host}\r\n\r\n"
+    )
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(request.encode())
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400")
+    assert b"content-type: application/problem+json" in head.lower()
+    assert json.loads(body)["code"] == "malformed-request"
