@@ -49,8 +49,8 @@ def check_json(value: Any) -> Any:
 Text = Annotated[str, Field(max_length=4096), AfterValidator(_check_text)]
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 Json = Annotated[Any, AfterValidator(check_json)]
-Fence = Annotated[int, Field(ge=0, le=MAX_FENCE)]
-LeaseTtl = Annotated[float, Field(ge=1, le=3600)]
+Fence = Annotated[int, Field(ge=0, le=MAX_FENCE, strict=True)]
+LeaseTtl = Annotated[float, Field(ge=1, le=3600, strict=True)]
 
 
 class Problem(BaseModel):
@@ -67,8 +67,8 @@ class Body(BaseModel):
 
 
 class TenantIn(Body):
-    backlog_cap: int = Field(ge=1, le=1_000_000_000)
-    default_max_acquisitions: int = Field(default=5, ge=1, le=100)
+    backlog_cap: int = Field(ge=1, le=1_000_000_000, strict=True)
+    default_max_acquisitions: int = Field(default=5, ge=1, le=100, strict=True)
     default_lease_ttl: LeaseTtl = 30.0
 
 
@@ -100,9 +100,9 @@ class KeyOut(BaseModel):
 
 class ItemIn(Body):
     payload: Json = None
-    priority: int = Field(default=0, ge=-1_000_000, le=1_000_000)
-    delay: float = Field(default=0, ge=0, le=365 * 24 * 3600)
-    max_acquisitions: int | None = Field(default=None, ge=1, le=100)
+    priority: int = Field(default=0, ge=-1_000_000, le=1_000_000, strict=True)
+    delay: float = Field(default=0, ge=0, le=365 * 24 * 3600, strict=True)
+    max_acquisitions: int | None = Field(default=None, ge=1, le=100, strict=True)
 
 
 class BatchIn(Body):
@@ -149,8 +149,8 @@ class LedgerOut(BaseModel):
 class AcquireIn(Body):
     worker: Name
     lease_ttl: LeaseTtl | None = None
-    max_items: int = Field(default=1, ge=1, le=100)
-    wait: float = Field(default=0, ge=0, le=30)
+    max_items: int = Field(default=1, ge=1, le=100, strict=True)
+    wait: float = Field(default=0, ge=0, le=30, strict=True)
 
 
 class LeaseOut(BaseModel):
@@ -231,7 +231,7 @@ class TriageIn(Body):
 
 class SpendApprovalIn(Body):
     approved_by: Annotated[Text, Field(min_length=1, max_length=200)]
-    max_concurrency: int = Field(ge=2, le=100_000)
+    max_concurrency: int = Field(ge=2, le=100_000, strict=True)
     expires_at: AwareDatetime
     reason: Annotated[Text, Field(min_length=1)]
 

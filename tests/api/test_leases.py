@@ -230,3 +230,16 @@ def test_spend_approval_needs_an_operator(api: Api) -> None:
         headers={"Idempotency-Key": "s"},
     )
     assert response.status_code == 403
+
+
+def test_booleans_and_strings_are_not_numbers(api: Api) -> None:
+    for body in (
+        {"worker": "w1", "wait": False},
+        {"worker": "w1", "max_items": True},
+        {"worker": "w1", "lease_ttl": "30"},
+    ):
+        response = api.worker.post("/v1/tenants/acme/queues/q/leases", json=body)
+        assert response.status_code == 422, body
+    item = api.enqueue()
+    refused = api.holder("complete", item["item_id"], worker="w1", fence=True)
+    assert refused.status_code == 422
