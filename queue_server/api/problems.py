@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Iterator
 from http import HTTPStatus
 from typing import Any
 
@@ -10,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from starlette.routing import Match
 
 from queue_server import errors, views
 
@@ -27,6 +29,26 @@ def problem_response(body: dict[str, Any], headers: dict[str, str] | None = None
 def _base(request: Request) -> str:
     base: str = request.app.state.settings.problem_base_uri
     return base
+
+
+def _flatten(routes: Iterable[Any]) -> Iterator[Any]:
+    for route in routes:
+        included = getattr(route, "original_router", None)
+        if included is not None:
+            yield from _flatten(included.routes)
+        else:
+            yield route
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at this path (Starlette names only the first route's)."""
+    scope = {**request.scope, "method": "__none__"}
+    methods: set[str] = set()
+    for route in _flatten(request.app.routes):
+        match, _ = route.matches(scope)
+        if match is not Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return sorted(methods)
 
 
 def install(app: FastAPI) -> None:
@@ -68,7 +90,10 @@ def install(app: FastAPI) -> None:
             "code": phrase.lower().replace(" ", "-"),
             "instance": request.url.path,
         }
-        return problem_response(body, dict(exc.headers or {}))
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(_allowed_methods(request))
+        return problem_response(body, headers)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> Response:
