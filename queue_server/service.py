@@ -351,7 +351,8 @@ class QueueService:
         return await self._effect(tenant, idem, instance, operation)
 
     async def _refuse_early_at_cap(self, tenant: str, idem: Idempotency, adding: int) -> None:
-        """A tenant flooding a full backlog is refused with one read, no lock and no receipt.
+        """A tenant flooding a full backlog is refused with one read, no lock and no receipt,
+        after a short pause (`cap_refusal_delay`) that holds no connection and no CPU.
 
         Only for a key with no receipt (a replay must still get its original answer);
         whatever this lets through, the admission under the tenant's lock decides exactly.
@@ -363,6 +364,7 @@ class QueueService:
             and not row["has_receipt"]
             and row["backlog"] + adding > row["backlog_cap"]
         ):
+            await asyncio.sleep(self.settings.cap_refusal_delay)
             raise errors.BacklogCapReachedError(
                 f"Backlog {row['backlog']} + {adding} new would exceed the cap of"
                 f" {row['backlog_cap']}.",

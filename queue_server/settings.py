@@ -30,6 +30,10 @@ class Settings(BaseSettings):
     # How long a request waits for a pooled connection before answering 503
     # (while the database is down, every request waits this long).
     pool_timeout: float = Field(default=3.0, gt=0)
+    # A 429 at the backlog cap is answered after this pause: a tenant hammering its full
+    # backlog is slowed to a few requests per second per connection, at no CPU cost,
+    # so it cannot crowd out other tenants' requests.
+    cap_refusal_delay: float = Field(default=0.1, ge=0)
     # Idempotency receipts are kept at least this long (the API promises 24 hours).
     idempotency_retention: timedelta = timedelta(hours=24)
     problem_base_uri: str = "https://queue-server.dev/problems"

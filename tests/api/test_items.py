@@ -246,3 +246,12 @@ def test_a_request_the_http_parser_refuses_still_gets_a_problem(api: Api) -> Non
     assert head.startswith(b"HTTP/1.1 400")
     assert b"content-type: application/problem+json" in head.lower()
     assert json.loads(body)["code"] == "malformed-request"
+
+
+def test_refusals_at_the_cap_are_slowed_down(api: Api) -> None:
+    """A tenant hammering its full backlog gets each 429 only after a pause."""
+    api.admin.put("/v1/tenants/acme", json={"backlog_cap": 1})
+    api.enqueue()
+    delay = api.worker.post(ITEMS, json={"payload": 1}, headers={"Idempotency-Key": "a"})
+    assert delay.status_code == 429
+    assert delay.elapsed.total_seconds() >= 0.1  # the default cap_refusal_delay
