@@ -20,29 +20,10 @@ class ItemState(StrEnum):
     CANCELLED = "cancelled"
 
 
-ACTIVE_STATES = (ItemState.READY, ItemState.LEASED)
-
-
 class Role(StrEnum):
     WORKER = "worker"
     OPERATOR = "operator"
     ADMIN = "admin"
-
-
-class EventKind(StrEnum):
-    """Kinds of rows in an item's ledger (`item_events`)."""
-
-    ENQUEUED = "enqueued"
-    ACQUIRED = "acquired"
-    HEARTBEAT = "heartbeat"
-    COMPLETED = "completed"
-    REQUEUED = "requeued"
-    TRIAGED = "triaged"
-    TRIAGE_REJECTED = "triage_rejected"
-    QUARANTINED = "quarantined"
-    RELEASED = "released"
-    REPLAYED = "replayed"
-    CANCELLED = "cancelled"
 
 
 def is_uuid(value: str) -> bool:

@@ -50,6 +50,10 @@ async def get_tenant(conn: Conn, tenant: str) -> Row | None:
     return await cur.fetchone()
 
 
+# The backlog of tenant row `t`: admitted minus the releases on all its shards.
+_BACKLOG_OF_T = """(t.admitted - coalesce((SELECT sum(released) FROM backlog_releases r
+                                 WHERE r.tenant_id = t.tenant_id), 0))::bigint"""
+
 _RELEASED = """
 SELECT coalesce(sum(released), 0) AS released FROM backlog_releases WHERE tenant_id = %(tenant)s
 """
@@ -76,10 +80,9 @@ async def admit(conn: Conn, tenant: str) -> tuple[Row | None, int]:
     return row, int(row["admitted"]) - int(released["released"])
 
 
-_ROOM = """
+_ROOM = f"""
 SELECT t.backlog_cap,
-       (t.admitted - coalesce((SELECT sum(released) FROM backlog_releases r
-                               WHERE r.tenant_id = t.tenant_id), 0))::bigint AS backlog,
+       {_BACKLOG_OF_T} AS backlog,
        EXISTS (SELECT 1 FROM idempotency_receipts i
                WHERE i.tenant_id = t.tenant_id AND i.idempotency_key = %(key)s) AS has_receipt
 FROM tenants t WHERE t.tenant_id = %(tenant)s
@@ -95,9 +98,7 @@ async def room(conn: Conn, *, tenant: str, key: str) -> Row | None:
 async def backlog(conn: Conn, tenant: str) -> int:
     """Ready + leased items of the tenant, from the admission counters (no lock taken)."""
     cur = await conn.execute(
-        "SELECT t.admitted - coalesce((SELECT sum(released) FROM backlog_releases r"
-        " WHERE r.tenant_id = t.tenant_id), 0) AS backlog FROM tenants t WHERE t.tenant_id = %s",
-        (tenant,),
+        f"SELECT {_BACKLOG_OF_T} AS backlog FROM tenants t WHERE t.tenant_id = %s", (tenant,)
     )
     row = await cur.fetchone()
     return int(row["backlog"]) if row is not None else 0
