@@ -23,6 +23,7 @@ import httpx
 
 from reliability.checkers import CheckReport, Violation
 from reliability.cluster import Cluster, say
+from reliability.debian import ensure_packages
 from reliability.history import JSONValue
 from reliability.scenarios import FAST_API_ENV, ScenarioOutcome
 
@@ -151,10 +152,10 @@ def clock_skew(
     began = time.monotonic()
     violations: list[Violation] = []
     metrics: dict[str, JSONValue] = {}
-    if not faketime_available():
-        violations.append(
-            Violation("harness", "faketime is not installed (apt-get install faketime)")
-        )
+    missing = ensure_packages("faketime")
+    if missing is not None or not faketime_available():
+        why = missing or "not on PATH after installing it"
+        violations.append(Violation("harness", f"faketime is not available: {why}"))
         metrics["faketime"] = "not installed"
     else:
         env = {**FAST_API_ENV, "FAKETIME_DONT_FAKE_MONOTONIC": "1"}

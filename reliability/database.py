@@ -22,6 +22,7 @@ from psycopg.rows import dict_row
 from reliability.checkers import CheckReport, Violation
 from reliability.client import RecordingClient
 from reliability.cluster import HARNESS_APP, Cluster, say
+from reliability.debian import ensure_packages
 from reliability.history import HistoryRecorder, JSONValue, OpKind
 from reliability.scenarios import (
     FAST_API_ENV,
@@ -421,6 +422,7 @@ def claim_storm_pg15(
     *, bin_dir: Path = PG15_BIN, name: str = "claim storm (PostgreSQL 15)"
 ) -> ScenarioOutcome:
     """The claim storm, smaller, against Debian's PostgreSQL 15 binaries."""
+    missing = ensure_packages("postgresql-15") if bin_dir == PG15_BIN else None
     if not (bin_dir / "postgres").exists():
         report = CheckReport(
             scenario=name,
@@ -428,7 +430,9 @@ def claim_storm_pg15(
             faults_injected=0,
             lost=0,
             duplicated=0,
-            violations=(Violation("harness", f"no PostgreSQL binaries under {bin_dir}"),),
+            violations=(
+                Violation("harness", f"no PostgreSQL binaries under {bin_dir}: {missing}"),
+            ),
             by_checker={"harness": 1},
         )
         return ScenarioOutcome(report, 0.0, {"pg_bin_dir": str(bin_dir), "available": False})
