@@ -2,9 +2,6 @@ FROM python:3.11-slim
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY queue_server queue_server
-COPY cli cli
-COPY migrations migrations
-COPY reliability reliability
 RUN pip install --no-cache-dir .
 USER nobody
 EXPOSE 8080

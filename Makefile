@@ -2,8 +2,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-SOURCES := queue_server cli tests migrations reliability bench
-TYPED := queue_server cli tests reliability bench
+SOURCES := queue_server tests reliability bench
+TYPED := queue_server tests reliability bench
 
 .PHONY: help install serve test lint unit fmt clean bench bench-quick reliability
 

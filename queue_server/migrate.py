@@ -10,7 +10,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, pool
 
-import migrations
+from queue_server import migrations
 
 MIGRATIONS_DIR = Path(migrations.__file__).parent
 

@@ -54,7 +54,7 @@ def server_source() -> str:
         return done.stdout.strip()
 
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    dirty = bool(git("status", "--porcelain", "--", "queue_server", "migrations"))
+    dirty = bool(git("status", "--porcelain", "--", "queue_server"))
     override = os.environ.get("PYTHONPATH", "")
     where = f"PYTHONPATH={override}" if override else "the working tree"
     state = "with uncommitted changes to queue_server/" if dirty else "clean"

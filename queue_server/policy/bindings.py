@@ -47,7 +47,7 @@ LEASED_WORKER = "queue_server.client.leased.AdmittedWorker"
 RUNNER = "queue_server.client.verifier.VerifierRunner"
 SERVER_ACQUIRE = "queue_server.service.QueueService.acquire"
 SERVER_ENQUEUE = "queue_server.service.QueueService.enqueue"
-CLI_VERIFY = "cli.policy.app"  # the `policy` command group: show and verify
+CLI_VERIFY = "queue_server.cli.policy.app"  # the `policy` command group: show and verify
 
 _MATRIX = _T + "test_policy_matrix.py::"
 _ADMISSION = _T + "test_policy_admission.py::"

@@ -6,8 +6,8 @@ import json
 
 from typer.testing import CliRunner
 
-from cli import policy as policy_cli
-from cli.main import app
+from queue_server.cli import policy as policy_cli
+from queue_server.cli.main import app
 from queue_server.policy import (
     CancelAfterDispatchMutationPath,
     verify_cancellation_rule,

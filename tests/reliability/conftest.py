@@ -1,7 +1,7 @@
 """Make the top-level ``reliability`` package importable from a plain ``pytest`` run.
 
-The editable install maps only ``queue_server``, ``cli`` and ``migrations``; the
-harness lives beside them at the repository root.
+The install holds only ``queue_server``; the harness lives beside it at the repository
+root and is never installed.
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ from typing import Annotated
 
 import typer
 
-from cli import enqueue, operate, policy, watchers, work
-from cli.common import CLI
 from queue_server import __version__
+from queue_server.cli import enqueue, operate, policy, watchers, work
+from queue_server.cli.common import CLI
 
 app = CLI(
     name="queue-server",

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.common import DataDir, Key, Tenant, Url, err_console, fail, tenant_session
+from queue_server.cli.common import DataDir, Key, Tenant, Url, err_console, fail, tenant_session
 from queue_server.client import DEFAULT_URL, Job, Outcome, Requeue, Result, TransientError, Worker
 from queue_server.client.worker import default_worker_name
 

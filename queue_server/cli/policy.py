@@ -6,7 +6,17 @@ from typing import Annotated
 
 import typer
 
-from cli.common import CLI, DataDir, Json, Key, Url, connect, console, print_json, table
+from queue_server.cli.common import (
+    CLI,
+    DataDir,
+    Json,
+    Key,
+    Url,
+    connect,
+    console,
+    print_json,
+    table,
+)
 from queue_server.client import DEFAULT_URL
 
 app = CLI(

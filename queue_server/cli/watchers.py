@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 import typer
 
-from cli.common import (
+from queue_server.cli.common import (
     CLI,
     DataDir,
     Json,

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-from cli.common import (
+from queue_server.cli.common import (
     CLI,
     DataDir,
     Json,
