@@ -27,8 +27,8 @@ import psutil
 import psycopg
 
 from bench.progress import say
-from queue_server.embedded import EmbeddedPostgres
-from queue_server.server import DATABASE_NAME, ensure_admin_key
+from queue_server.infra.embedded import EmbeddedPostgres
+from queue_server.infra.serve import DATABASE_NAME, ensure_admin_key
 from queue_server.settings import Settings
 
 HOST = "127.0.0.1"

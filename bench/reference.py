@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psycopg
 
-from queue_server.embedded import EmbeddedPostgres
+from queue_server.infra.embedded import EmbeddedPostgres
 
 DATABASE = "pgbench_ref"
 

@@ -11,9 +11,9 @@ from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
 from queue_server import __version__, errors
-from queue_server.api import confirmations, dead_letters, problems, routes, verification, watchers
+from queue_server.api import dead_letters, problems, receipts, routes, runs, watchers
 from queue_server.api.middleware import BodyLimitAndMetrics
-from queue_server.service import QueueService
+from queue_server.services.items import QueueService
 from queue_server.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -59,8 +59,8 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
     problems.install(app)
     app.include_router(routes.router)
     app.include_router(dead_letters.router)
-    app.include_router(confirmations.router)
-    app.include_router(verification.router)
+    app.include_router(receipts.router)
+    app.include_router(runs.router)
     app.include_router(watchers.router)
 
     @app.get("/healthz", tags=["service"])

@@ -6,7 +6,7 @@ from typing import Any
 
 import orjson
 
-Row = dict[str, Any]
+from queue_server.store.types import Row
 
 _DUMP_OPTIONS = orjson.OPT_UTC_Z | orjson.OPT_NAIVE_UTC
 

@@ -29,8 +29,8 @@ import httpx
 import psycopg
 from psycopg.rows import dict_row
 
-from queue_server.embedded import EmbeddedPostgres
-from queue_server.server import DATABASE_NAME, ensure_admin_key
+from queue_server.infra.embedded import EmbeddedPostgres
+from queue_server.infra.serve import DATABASE_NAME, ensure_admin_key
 from queue_server.settings import Settings
 from reliability.checkers import SNAPSHOT_EVENTS_SQL, SNAPSHOT_ITEMS_SQL, DatabaseSnapshot
 

@@ -20,11 +20,11 @@ import uvicorn
 from psycopg.rows import dict_row
 from pytest_postgresql.janitor import DatabaseJanitor
 
-from queue_server import migrate
 from queue_server.app import create_app
-from queue_server.embedded import EmbeddedPostgres
-from queue_server.http_protocol import ProblemHttpToolsProtocol
-from queue_server.service import QueueService
+from queue_server.infra import migrate
+from queue_server.infra.embedded import EmbeddedPostgres
+from queue_server.infra.http_protocol import ProblemHttpToolsProtocol
+from queue_server.services.items import QueueService
 from queue_server.settings import Settings
 
 TEMPLATE_DB = "qs_template"

@@ -10,7 +10,7 @@ from alembic.runtime.migration import MigrationContext
 from psycopg.rows import dict_row
 from sqlalchemy import create_engine, pool
 
-from queue_server import migrate
+from queue_server.infra import migrate
 from queue_server.store.tables import metadata
 from queue_server.store.transitions import _ACQUIRE
 

@@ -1,5 +1,5 @@
 """Operator routes: dead letters (list, show, replay, discard, bulk replay), queue status,
-ledger verification, and `whoami`. Thin handlers over `queue_server.operators`."""
+ledger verification, and `whoami`. Thin handlers over `queue_server.services.dead_letters`."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from queue_server.api.routes import (
     respond,
 )
 from queue_server.models import NAME_PATTERN
-from queue_server.operators import MAX_BULK_REPLAY, MAX_VERIFY_PAGE, Operators
+from queue_server.services.dead_letters import MAX_BULK_REPLAY, MAX_VERIFY_PAGE, Operators
 
 router = APIRouter(prefix="/v1", responses=PROBLEMS)
 

@@ -8,7 +8,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from queue_server import errors, views
-from queue_server.metrics import Metrics
+from queue_server.infra.metrics import Metrics
 
 _PROBLEM_HEADERS = [(b"content-type", b"application/problem+json")]
 # Generous for any client, small enough that headers cannot be used to exhaust memory.

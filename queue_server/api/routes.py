@@ -12,7 +12,7 @@ from queue_server.api import schemas
 from queue_server.api.problems import problem_response
 from queue_server.auth import Principal
 from queue_server.models import NAME_PATTERN, Role
-from queue_server.service import Answer, Idempotency, NewItem, QueueService
+from queue_server.services.items import Answer, Idempotency, NewItem, QueueService
 
 TenantName = Annotated[str, Path(pattern=NAME_PATTERN, description="Tenant name")]
 QueueName = Annotated[str, Path(pattern=NAME_PATTERN, description="Queue name")]

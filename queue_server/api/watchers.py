@@ -1,5 +1,5 @@
 """Watcher routes: register, list, show, pause, resume, cancel, rotate the secret, and
-list deliveries. Thin handlers over `queue_server.outbox`."""
+list deliveries. Thin handlers over `queue_server.services.watchers`."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from queue_server.api.routes import (
     respond,
 )
 from queue_server.models import NAME_PATTERN
-from queue_server.outbox import MAX_DELIVERY_PAGE, Watchers
+from queue_server.services.watchers import MAX_DELIVERY_PAGE, Watchers
 
 router = APIRouter(prefix="/v1", responses=PROBLEMS, tags=["watchers"])
 

@@ -108,7 +108,7 @@ class CLI(typer.Typer):
 def _key_from_data_dir(data_dir: Path | None) -> str | None:
     from queue_server.settings import default_data_dir
 
-    # queue_server.server.ADMIN_KEY_FILE; not imported, it would pull in the database stack.
+    # queue_server.infra.serve.ADMIN_KEY_FILE; not imported, it would pull in the database stack.
     path = (data_dir or default_data_dir()) / "admin.key"
     try:
         return path.read_text().strip() or None

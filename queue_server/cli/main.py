@@ -70,7 +70,12 @@ def serve(
 
     Example: [bold]queue-server serve --port 9000[/bold]
     """
-    from queue_server.server import SchemaNotAtHeadError, admin_key_path, database, ensure_admin_key
+    from queue_server.infra.serve import (
+        SchemaNotAtHeadError,
+        admin_key_path,
+        database,
+        ensure_admin_key,
+    )
     from queue_server.settings import Settings
 
     settings = Settings()
@@ -107,7 +112,7 @@ def _run_uvicorn(*, host: str, port: int, workers: int, log_level: str) -> None:
         workers=workers,
         log_level=log_level,
         access_log=False,
-        http="queue_server.http_protocol:ProblemHttpToolsProtocol",
+        http="queue_server.infra.http_protocol:ProblemHttpToolsProtocol",
     )
     if workers > 1:
         uvicorn.run(
@@ -118,7 +123,7 @@ def _run_uvicorn(*, host: str, port: int, workers: int, log_level: str) -> None:
             workers=workers,
             log_level=log_level,
             access_log=False,
-            http="queue_server.http_protocol:ProblemHttpToolsProtocol",
+            http="queue_server.infra.http_protocol:ProblemHttpToolsProtocol",
         )
         return
     # uvicorn re-raises the signal that stopped it once it has shut down; by then
@@ -145,7 +150,7 @@ def db_upgrade(
 
     Example: [bold]QUEUE_SERVER_DATABASE_URL=postgresql://... queue-server db upgrade[/bold]
     """
-    from queue_server import migrate
+    from queue_server.infra import migrate
 
     url = _database_url()
     migrate.upgrade(url, revision)
@@ -155,7 +160,7 @@ def db_upgrade(
 @db_app.command("current")
 def db_current() -> None:
     """Show the database's revision and the head revision; exit 1 if they differ."""
-    from queue_server import migrate
+    from queue_server.infra import migrate
 
     url = _database_url()
     current, heads = migrate.current_revisions(url), migrate.head_revisions()

@@ -344,8 +344,8 @@ def deliver(
 
     Example: [bold]queue-server deliver --allow 127.0.0.1[/bold]
     """
-    from queue_server.delivery import Deliverer
     from queue_server.settings import Settings
+    from queue_server.workers.deliverer import Deliverer
 
     settings = Settings()
     update: dict[str, object] = {}
@@ -384,8 +384,8 @@ def deliver(
 
 
 def _embedded_url(data_dir: Path) -> str:
-    from queue_server.embedded import EmbeddedPostgres
-    from queue_server.server import DATABASE_NAME
+    from queue_server.infra.embedded import EmbeddedPostgres
+    from queue_server.infra.serve import DATABASE_NAME
 
     pg = EmbeddedPostgres(data_dir / "pgdata")
     if not (data_dir / "pgdata").exists() or not pg.is_running():

@@ -45,8 +45,8 @@ TURNS = "queue_server.client.turns.TurnGate"
 LEASED_CLIENT = "queue_server.client.leased.LeasedWorkClient"
 LEASED_WORKER = "queue_server.client.leased.AdmittedWorker"
 RUNNER = "queue_server.client.verifier.VerifierRunner"
-SERVER_ACQUIRE = "queue_server.service.QueueService.acquire"
-SERVER_ENQUEUE = "queue_server.service.QueueService.enqueue"
+SERVER_ACQUIRE = "queue_server.services.items.QueueService.acquire"
+SERVER_ENQUEUE = "queue_server.services.items.QueueService.enqueue"
 CLI_VERIFY = "queue_server.cli.policy.app"  # the `policy` command group: show and verify
 
 _MATRIX = _T + "test_policy_matrix.py::"
@@ -71,12 +71,12 @@ _LONG_POLL_T = "tests/api/test_long_poll.py::"
 MOVES_TO: dict[OperationClass, str] = {
     OC.INTERACTIVE_TURN: "now in queue_server.client.turns.TurnGate; server acquire long-poll",
     OC.READ_ONLY_DEPENDENCY: "now in queue_server.client.dependency.ReadOnlyDependencyClient",
-    OC.CONFIRMED_MUTATION: "now in queue_server.client.mutations + queue_server.confirmations "
+    OC.CONFIRMED_MUTATION: "now in queue_server.client.mutations + queue_server.services.receipts "
     "(durable receipts API)",
-    OC.DURABLE_LEASED_WORK: "now in queue_server.service / store.transitions (acquire, heartbeat, "
+    OC.DURABLE_LEASED_WORK: "now in queue_server.services.items / store.transitions (acquire, heartbeat, "
     "backlog lock) + queue_server.client.leased",
     OC.WATCHER_DELIVERY: "moves to the watcher outbox delivery process",
-    OC.ARTIFACT_VERIFICATION: "now in queue_server.verification (runs API) + "
+    OC.ARTIFACT_VERIFICATION: "now in queue_server.services.runs (runs API) + "
     "queue_server.client.verifier.VerifierRunner",
 }
 

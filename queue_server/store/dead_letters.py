@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from queue_server.store.transitions import Conn, Row
+from queue_server.store.types import Conn, Row
 
 _COLUMNS = (
     "dead_letter_id, kind, item_id, delivery_id, queue, reason, last_failure,"

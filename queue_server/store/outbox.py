@@ -19,11 +19,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
-Row = dict[str, Any]
-Conn = AsyncConnection[Row]
+from queue_server.store.types import Conn, Row
 
 EVENTS = (
     "item.enqueued",

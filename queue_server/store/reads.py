@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from queue_server.store.transitions import Conn, Row
+from queue_server.store.types import Conn, Row
 
 
 async def get_item(conn: Conn, *, tenant: str, item_id: str) -> Row | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from queue_server.store.transitions import Conn, Row
+from queue_server.store.types import Conn, Row
 
 # Revoking a key notifies every API process, which drops its cache of keys.
 KEYS_CHANNEL = "queue_server_keys"

@@ -21,15 +21,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
 
 from queue_server import errors
 from queue_server.models import ItemState
 from queue_server.store.outbox import outbox_cte
-
-Row = dict[str, Any]
-Conn = AsyncConnection[Row]
+from queue_server.store.types import Conn, Row
 
 NOTIFY_CHANNEL = "queue_server_ready"
 

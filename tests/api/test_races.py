@@ -10,8 +10,8 @@ from collections import defaultdict
 import httpx
 import psycopg
 
-from queue_server.ledger import mismatches
-from queue_server.service import QueueService
+from queue_server.services.items import QueueService
+from queue_server.services.ledgers import mismatches
 from tests.conftest import Api, LiveServer
 
 Db = psycopg.Connection[dict[str, object]]

@@ -8,7 +8,7 @@ from datetime import timedelta
 import psycopg
 from psycopg.rows import dict_row
 
-from queue_server.ledger import mismatches
+from queue_server.services.ledgers import mismatches
 from queue_server.store import transitions
 from tests.conftest import Api
 

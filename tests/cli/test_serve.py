@@ -14,7 +14,7 @@ import httpx
 import psycopg
 import pytest
 
-from queue_server.embedded import EmbeddedPostgres
+from queue_server.infra.embedded import EmbeddedPostgres
 
 BIN = Path(sys.executable).parent / "queue-server"
 

@@ -11,9 +11,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from queue_server.delivery import Deliverer, RunReport
 from queue_server.settings import Settings
 from queue_server.transport import Budget
+from queue_server.workers.deliverer import Deliverer, RunReport
 from tests.conftest import Api
 from tests.transport.receiver import Receiver, Seen
 

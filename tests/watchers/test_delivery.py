@@ -10,10 +10,10 @@ from datetime import timedelta
 import pytest
 from standardwebhooks.webhooks import Webhook
 
-from queue_server.delivery import Deliverer, RunReport, schedule
 from queue_server.policy import next_delivery_at
 from queue_server.settings import Settings
 from queue_server.transport import Budget
+from queue_server.workers.deliverer import Deliverer, RunReport, schedule
 from tests.conftest import Api
 
 from .conftest import SCALE, Db, ModeReceiver, complete_one, deliver, make_due, register, rows

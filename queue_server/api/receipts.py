@@ -18,8 +18,8 @@ from starlette.responses import Response
 from queue_server import views
 from queue_server.api import schemas
 from queue_server.api.routes import PROBLEMS, Caller, Service, TenantName, respond
-from queue_server.confirmations import Confirmations
 from queue_server.policy import policy_document
+from queue_server.services.receipts import Confirmations
 
 router = APIRouter(prefix="/v1", responses=PROBLEMS)
 

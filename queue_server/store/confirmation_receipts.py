@@ -13,7 +13,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from queue_server.store.transitions import Conn, Row
+from queue_server.store.types import Conn, Row
 
 _COLUMNS = (
     "tenant_id, outcome_ref, idempotency_key, claim_token, status, outcome, created_at, settled_at"

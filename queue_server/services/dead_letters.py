@@ -10,12 +10,13 @@ from typing import Any
 
 import orjson
 
-from queue_server import auth, errors, ledger, outbox, views
+from queue_server import auth, errors, views
 from queue_server.models import ItemState, Role, is_uuid
-from queue_server.service import Answer, Idempotency, QueueService
+from queue_server.services import ledgers, watchers
+from queue_server.services.items import Answer, Idempotency, QueueService
 from queue_server.store import dead_letters, reads, tenants, transitions
 from queue_server.store import outbox as outbox_store
-from queue_server.store.transitions import Conn, Row
+from queue_server.store.types import Conn, Row
 
 MAX_BULK_REPLAY = 100
 MAX_VERIFY_PAGE = 1000
@@ -74,7 +75,7 @@ def verify_rows(rows: list[Row]) -> list[Mismatch]:
     """Fold each item's ledger (rows carry it as `events`) and compare it with the row."""
     found = []
     for row in rows:
-        problems = ledger.mismatches(row, row["events"])
+        problems = ledgers.mismatches(row, row["events"])
         if problems:
             found.append(Mismatch(row["tenant_id"], str(row["item_id"]), problems))
     return found
@@ -175,7 +176,7 @@ class Operators:
                 "dead_letter": dead_letter_view(row),
                 "item": views.item(item) if item else None,
                 "events": [views.event(e) for e in events],
-                "delivery": outbox.delivery_view(delivery) if delivery else None,
+                "delivery": watchers.delivery_view(delivery) if delivery else None,
             },
         )
 
@@ -254,7 +255,7 @@ class Operators:
             )
             if locked is not None and locked["kind"] == "delivery" and not locked["closed_at"]:
                 # A dead webhook delivery: pending again, fresh budget, same delivery key.
-                return await outbox.resolve_dead_delivery(
+                return await watchers.resolve_dead_delivery(
                     conn, tenant=tenant, dead_letter=locked, replay=True
                 )
             row = self._check_resolvable(locked, dead_letter_id)
@@ -298,7 +299,7 @@ class Operators:
                 conn, tenant=tenant, dead_letter_id=dead_letter_id
             )
             if locked is not None and locked["kind"] == "delivery" and not locked["closed_at"]:
-                return await outbox.resolve_dead_delivery(
+                return await watchers.resolve_dead_delivery(
                     conn, tenant=tenant, dead_letter=locked, replay=False
                 )
             row = self._check_resolvable(locked, dead_letter_id)

@@ -13,7 +13,7 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
-from queue_server.store.transitions import Conn, Row
+from queue_server.store.types import Conn, Row
 
 _RUN = (
     "tenant_id, run_id, artifact_version, verifier_version, items, state, created_at, completed_at"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from queue_server.store.transitions import Conn, Row
+from queue_server.store.types import Conn, Row
 
 # ON CONFLICT waits while another transaction holds an uncommitted receipt with
 # this key, then sees its outcome: concurrent same-key requests make one effect.

@@ -15,9 +15,9 @@ from typing import Any, Literal
 from queue_server import auth, errors, views
 from queue_server.models import Role
 from queue_server.policy import OperationClass, ReceiptConflictError, admit_operation
-from queue_server.service import Answer, QueueService
-from queue_server.store import confirmations, tenants
-from queue_server.store.transitions import Conn, Row
+from queue_server.services.items import Answer, QueueService
+from queue_server.store import confirmation_receipts, tenants
+from queue_server.store.types import Conn, Row
 
 Settlement = Literal["succeeded", "failed"]
 
@@ -78,14 +78,16 @@ class Confirmations:
         )
         async with self.service._tx() as conn:
             await self._require_tenant(conn, tenant)
-            row = await confirmations.claim(
+            row = await confirmation_receipts.claim(
                 conn, tenant=tenant, key=idempotency_key, ref=outcome_ref, token=claim_token
             )
             if row is not None:
                 return _answer(201, row)
-            existing = await confirmations.get(conn, tenant=tenant, ref=outcome_ref)
+            existing = await confirmation_receipts.get(conn, tenant=tenant, ref=outcome_ref)
             if existing is None:
-                existing = await confirmations.get_by_key(conn, tenant=tenant, key=idempotency_key)
+                existing = await confirmation_receipts.get_by_key(
+                    conn, tenant=tenant, key=idempotency_key
+                )
                 assert existing is not None, "a refused claim conflicts with an existing receipt"
                 raise ReceiptConflictError(
                     "This idempotency key already claimed another outcome reference.",
@@ -117,12 +119,12 @@ class Confirmations:
         principal.require(tenant, Role.WORKER, Role.OPERATOR)
         async with self.service._tx() as conn:
             await self._require_tenant(conn, tenant)
-            row = await confirmations.settle(
+            row = await confirmation_receipts.settle(
                 conn, tenant=tenant, ref=outcome_ref, status=status, outcome=outcome
             )
             if row is not None:
                 return _answer(200, row)
-            existing = await confirmations.get(conn, tenant=tenant, ref=outcome_ref)
+            existing = await confirmation_receipts.get(conn, tenant=tenant, ref=outcome_ref)
         if existing is None:
             raise ReceiptNotFoundError(outcome_ref=outcome_ref)
         if (existing["status"], existing["outcome"]) == (status, outcome):
@@ -137,7 +139,7 @@ class Confirmations:
         principal.require(tenant, Role.WORKER, Role.OPERATOR)
         async with self.service._conn() as conn:
             await self._require_tenant(conn, tenant)
-            row = await confirmations.get(conn, tenant=tenant, ref=outcome_ref)
+            row = await confirmation_receipts.get(conn, tenant=tenant, ref=outcome_ref)
         if row is None:
             raise ReceiptNotFoundError(outcome_ref=outcome_ref)
         return _answer(200, row)

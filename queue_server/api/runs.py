@@ -16,7 +16,7 @@ from starlette.responses import Response
 
 from queue_server.api import schemas
 from queue_server.api.routes import PROBLEMS, Caller, Service, TenantName, respond
-from queue_server.verification import Verification
+from queue_server.services.runs import Verification
 
 router = APIRouter(prefix="/v1", responses=PROBLEMS)
 

@@ -16,9 +16,9 @@ from typing import Any
 from queue_server import auth, errors, views
 from queue_server.models import Role, is_uuid, uuid7
 from queue_server.policy import OperationClass, admit_operation, run_key
-from queue_server.service import Answer, QueueService
-from queue_server.store import tenants, verification
-from queue_server.store.transitions import Conn, Row
+from queue_server.services.items import Answer, QueueService
+from queue_server.store import tenants, verification_runs
+from queue_server.store.types import Conn, Row
 
 
 class VerificationRunNotFoundError(errors.NotFoundError):
@@ -108,13 +108,13 @@ class Verification:
     async def _run(conn: Conn, tenant: str, run_id: str, *, lock: bool = False) -> Row:
         row = None
         if is_uuid(run_id):
-            row = await verification.get(conn, tenant=tenant, run_id=run_id, lock=lock)
+            row = await verification_runs.get(conn, tenant=tenant, run_id=run_id, lock=lock)
         if row is None:
             raise VerificationRunNotFoundError(run_id=run_id)
         return row
 
     async def _answer(self, conn: Conn, status: int, row: Row, *, replayed: bool = False) -> Answer:
-        done = await verification.checkpoints(
+        done = await verification_runs.checkpoints(
             conn, tenant=row["tenant_id"], run_id=str(row["run_id"])
         )
         return Answer(status=status, body=views.dumps(run_view(row, done)), replayed=replayed)
@@ -135,7 +135,7 @@ class Verification:
         declared = list(dict.fromkeys(items))
         async with self.service._tx() as conn:
             await self._require_tenant(conn, tenant)
-            row = await verification.start(
+            row = await verification_runs.start(
                 conn,
                 tenant=tenant,
                 run_id=uuid7(),
@@ -145,14 +145,14 @@ class Verification:
             )
             if row is not None:
                 return await self._answer(conn, 201, row)
-            existing = await verification.by_key(
+            existing = await verification_runs.by_key(
                 conn, tenant=tenant, artifact=artifact_version, verifier=verifier_version
             )
             if existing is not None:
                 if existing["items"] != declared:
                     raise RunKeyConflictError(run_id=str(existing["run_id"]), run_key=key)
                 return await self._answer(conn, 200, existing, replayed=True)
-            busy = await verification.running(conn, tenant=tenant)
+            busy = await verification_runs.running(conn, tenant=tenant)
         raise VerificationRunBusyError(running_run_id=str(busy["run_id"]) if busy else None)
 
     async def get(self, principal: auth.Principal, tenant: str, run_id: str) -> Answer:
@@ -172,12 +172,14 @@ class Verification:
             run = await self._run(conn, tenant, run_id, lock=True)
             if item not in run["items"]:
                 raise ItemNotDeclaredError(run_id=run_id, item=item)
-            row = await verification.record(
+            row = await verification_runs.record(
                 conn, tenant=tenant, run_id=run_id, item=item, result=result
             )
             replayed = row is None
             if row is None:
-                row = await verification.checkpoint(conn, tenant=tenant, run_id=run_id, item=item)
+                row = await verification_runs.checkpoint(
+                    conn, tenant=tenant, run_id=run_id, item=item
+                )
                 assert row is not None, "a refused checkpoint insert means one exists"
                 if row["result"] != result:
                     raise CheckpointConflictError(run_id=run_id, item=item)
@@ -190,14 +192,14 @@ class Verification:
         async with self.service._tx() as conn:
             await self._require_tenant(conn, tenant)
             run = await self._run(conn, tenant, run_id)
-            row = await verification.complete(conn, tenant=tenant, run_id=run_id)
+            row = await verification_runs.complete(conn, tenant=tenant, run_id=run_id)
             if row is not None:
                 return await self._answer(conn, 200, row)
             if run["state"] == "complete":
                 return await self._answer(conn, 200, run, replayed=True)
             done = {
                 c["item"]
-                for c in await verification.checkpoints(conn, tenant=tenant, run_id=run_id)
+                for c in await verification_runs.checkpoints(conn, tenant=tenant, run_id=run_id)
             }
         missing = [i for i in run["items"] if i not in done]
         raise VerificationIncompleteError(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-Row = dict[str, Any]
+from queue_server.store.types import Row
 
 # The columns a fold reproduces; the rest (timestamps of the row itself) are bookkeeping.
 FOLDED = (

@@ -32,7 +32,7 @@ from psycopg_pool import AsyncConnectionPool
 from queue_server.policy import backoff_schedule
 from queue_server.settings import Settings
 from queue_server.store import outbox
-from queue_server.store.outbox import Conn, Row
+from queue_server.store.types import Conn, Row
 from queue_server.transport import (
     BrokerSnapshot,
     Budget,

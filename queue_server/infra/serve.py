@@ -11,9 +11,9 @@ from pathlib import Path
 
 import psycopg
 
-from queue_server import migrate
-from queue_server.embedded import EmbeddedPostgres
-from queue_server.service import QueueService
+from queue_server.infra import migrate
+from queue_server.infra.embedded import EmbeddedPostgres
+from queue_server.services.items import QueueService
 from queue_server.settings import Settings
 
 DATABASE_NAME = "queue_server"

@@ -19,13 +19,13 @@ from psycopg.types.json import set_json_dumps, set_json_loads
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from queue_server import auth, errors, views
-from queue_server.keycache import KeyCache
-from queue_server.metrics import Metrics
+from queue_server.infra.keycache import KeyCache
+from queue_server.infra.metrics import Metrics
 from queue_server.models import Role, is_uuid, uuid7
-from queue_server.notifier import Notifier
 from queue_server.settings import Settings
-from queue_server.store import reads, receipts, tenants, transitions
-from queue_server.store.transitions import Conn, Row
+from queue_server.store import idempotency_receipts, reads, tenants, transitions
+from queue_server.store.types import Conn, Row
+from queue_server.workers.notifier import Notifier
 
 WORKER_OR_OPERATOR = (Role.WORKER, Role.OPERATOR)
 
@@ -148,7 +148,7 @@ class QueueService:
 
     async def ready(self) -> bool:
         """The database answers and its schema is at the head revision."""
-        from queue_server import migrate
+        from queue_server.infra import migrate
 
         try:
             # Readiness probes have short timeouts of their own: answer within a second.
@@ -176,7 +176,7 @@ class QueueService:
         """
         async with self._tx() as conn:
             try:
-                claimed = await receipts.claim(
+                claimed = await idempotency_receipts.claim(
                     conn,
                     tenant=tenant,
                     key=idem.key,
@@ -186,7 +186,7 @@ class QueueService:
             except psycopg.errors.LockNotAvailable as exc:
                 raise errors.IdempotencyKeyInFlightError() from exc
             if not claimed:
-                receipt = await receipts.get(conn, tenant=tenant, key=idem.key)
+                receipt = await idempotency_receipts.get(conn, tenant=tenant, key=idem.key)
                 if receipt is None:
                     raise errors.IdempotencyKeyInFlightError()
                 if receipt["fingerprint"] != idem.fingerprint:
@@ -207,14 +207,14 @@ class QueueService:
                     exc, base_uri=self.settings.problem_base_uri, instance=instance
                 )
                 answer = Answer(status=exc.status, body=views.dumps(body), problem=True)
-            await receipts.fill(
+            await idempotency_receipts.fill(
                 conn, tenant=tenant, key=idem.key, status=answer.status, body=answer.body.decode()
             )
             return answer
 
     async def purge_receipts(self) -> int:
         async with self._tx() as conn:
-            return await receipts.purge_expired(conn)
+            return await idempotency_receipts.purge_expired(conn)
 
     # -- authentication ----------------------------------------------------
 

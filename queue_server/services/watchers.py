@@ -1,6 +1,6 @@
 """Watchers (webhook subscriptions) and their outbox: registration, state changes, secret
 rotation, delivery listings, and the resolution of dead deliveries. The SQL is in
-`store/outbox.py`; sending is `queue_server.delivery`."""
+`store/outbox.py`; sending is `queue_server.workers.deliverer`."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from typing import Any
 
 from queue_server import auth, errors, views
 from queue_server.models import Role, is_uuid
-from queue_server.service import Answer, Idempotency, QueueService
+from queue_server.services.items import Answer, Idempotency, QueueService
 from queue_server.store import outbox, tenants
-from queue_server.store.outbox import EVENTS, Conn, Row
+from queue_server.store.outbox import EVENTS
+from queue_server.store.types import Conn, Row
 from queue_server.transport import AllowList, PolicyRefusedError, check_target_async
 from queue_server.transport.signing import generate_secret
 
