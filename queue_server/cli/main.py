@@ -11,7 +11,19 @@ from typing import Annotated
 import typer
 
 from queue_server import __version__
-from queue_server.cli import enqueue, operate, policy, watchers, work
+from queue_server.cli import (
+    dead_letters,
+    enqueue,
+    items,
+    keys,
+    ledger,
+    policy,
+    spend,
+    status,
+    tenants,
+    watchers,
+    work,
+)
 from queue_server.cli.common import CLI
 
 app = CLI(
@@ -28,7 +40,13 @@ app = CLI(
 db_app = typer.Typer(help="Database schema: migrate and inspect.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(policy.app, name="policy")
-operate.register(app)
+app.add_typer(tenants.app, name="tenants")
+app.add_typer(keys.app, name="keys")
+app.command()(status.status)
+app.add_typer(items.app, name="items")
+app.add_typer(dead_letters.app, name="dead-letters")
+app.add_typer(spend.app, name="spend")
+app.add_typer(ledger.app, name="ledger")
 enqueue.register(app)
 work.register(app)
 watchers.register(app)

@@ -1,0 +1,272 @@
+"""`queue-server dead-letters`: list, show, replay and discard dead letters."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+from queue_server.cli.common import (
+    CLI,
+    DataDir,
+    Json,
+    Key,
+    Tenant,
+    Url,
+    confirm,
+    console,
+    err_console,
+    fail,
+    fields,
+    print_json,
+    table,
+    tenant_session,
+)
+from queue_server.cli.items import item_fields, ledger_table
+from queue_server.client import DEFAULT_URL, QueueClient, new_idempotency_key
+from queue_server.client.models import DeadLetter, Item
+from queue_server.client.watchers import Delivery, WatcherClient
+
+app = CLI(help="Triage dead letters: list, show, replay, discard.", no_args_is_help=True)
+
+
+Queue = Annotated[str | None, typer.Option("--queue", "-q", help="Only this queue.")]
+Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+
+
+def _dead_letter_rows(rows: list[DeadLetter]) -> list[tuple[object, ...]]:
+    return [
+        (
+            d.dead_letter_id,
+            d.queue,
+            d.reason,
+            (d.last_failure or {}).get("message") if isinstance(d.last_failure, dict) else None,
+            d.created_at,
+            d.resolution or "open",
+        )
+        for d in rows
+    ]
+
+
+@app.command("list")
+def dead_list(
+    queue: Queue = None,
+    kind: Annotated[str | None, typer.Option(help="item or delivery.")] = None,
+    state: Annotated[str, typer.Option("--status", help="open, closed or all.")] = "open",
+    limit: Annotated[int, typer.Option(help="At most this many (0: all).")] = 50,
+    url: Url = DEFAULT_URL,
+    key: Key = None,
+    tenant: Tenant = None,
+    data_dir: DataDir = None,
+    json: Json = False,
+) -> None:
+    """Dead letters, oldest first.
+
+    Example: [bold]queue-server dead-letters list --queue emails[/bold]
+    """
+    if kind not in (None, "item", "delivery") or state not in ("open", "closed", "all"):
+        fail("Invalid filter", "--kind is item or delivery; --status is open, closed or all")
+    with tenant_session(url, key, data_dir, tenant) as qs:
+        rows: list[DeadLetter] = []
+        for dead in qs.iter_dead_letters(
+            queue=queue,
+            kind=kind,  # type: ignore[arg-type]
+            status=state,  # type: ignore[arg-type]
+            page_size=min(limit, 500) if limit else 500,
+        ):
+            rows.append(dead)
+            if limit and len(rows) >= limit:
+                break
+    if json:
+        print_json(rows)
+        return
+    table(
+        f"{len(rows)} dead letters",
+        ["dead letter", "queue", "reason", "last failure", "created", "status"],
+        _dead_letter_rows(rows),
+    )
+
+
+@app.command("show")
+def dead_show(
+    dead_letter_id: Annotated[str, typer.Argument(help="Dead letter id.")],
+    url: Url = DEFAULT_URL,
+    key: Key = None,
+    tenant: Tenant = None,
+    data_dir: DataDir = None,
+    json: Json = False,
+) -> None:
+    """A dead letter with its item and the item's whole ledger.
+
+    Example: [bold]queue-server dead-letters show 0190f3c2-...[/bold]
+    """
+    with tenant_session(url, key, data_dir, tenant) as qs:
+        detail = qs.show_dead_letter(dead_letter_id)
+    if json:
+        print_json(detail)
+        return
+    d = detail.dead_letter
+    fields(
+        f"dead letter {d.dead_letter_id}",
+        [
+            ("kind", d.kind),
+            ("queue", d.queue),
+            ("reason", d.reason),
+            ("last failure", d.last_failure),
+            ("created", d.created_at),
+            ("status", d.resolution or "open"),
+        ],
+    )
+    if detail.item is not None:
+        item_fields(detail.item)
+        ledger_table(detail.item.item_id, detail.events)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        console=err_console,
+        transient=True,
+    )
+
+
+def _ids_or_queue(ids: list[str], queue: str | None, everything: bool) -> None:
+    if ids and (queue or everything):
+        fail("Ambiguous", "name dead letters by id, or use --queue/--all, not both")
+    if not ids and not queue and not everything:
+        fail("Nothing chosen", "name dead letters by id, or use --queue Q or --all")
+
+
+def _collect(qs: QueueClient, queue: str | None) -> list[DeadLetter]:
+    return [d for d in qs.iter_dead_letters(queue=queue, kind="item")]
+
+
+def _replay_one(
+    qs: QueueClient, dead_letter_id: str, max_acquisitions: int | None
+) -> Item | Delivery:
+    """An item dead letter brings its item back; a delivery one resends under the same key."""
+    if qs.show_dead_letter(dead_letter_id).dead_letter.kind == "delivery":
+        return WatcherClient(qs).replay(dead_letter_id)
+    return qs.replay(dead_letter_id, max_acquisitions=max_acquisitions)
+
+
+@app.command("replay")
+def dead_replay(
+    ids: Annotated[list[str] | None, typer.Argument(help="Dead letter ids.")] = None,
+    queue: Queue = None,
+    everything: Annotated[bool, typer.Option("--all", help="Every open item dead letter.")] = False,
+    max_acquisitions: Annotated[
+        int | None, typer.Option(help="The renewed acquisition budget (default: the item's).")
+    ] = None,
+    yes: Yes = False,
+    url: Url = DEFAULT_URL,
+    key: Key = None,
+    tenant: Tenant = None,
+    data_dir: DataDir = None,
+    json: Json = False,
+) -> None:
+    """Put quarantined items back in their queue with a renewed budget.
+
+    Name dead letters by id, or replay a whole queue's (in bounded batches, each item
+    atomically) with --queue. Asks before replaying more than one unless --yes.
+
+    Examples: [bold]queue-server dead-letters replay 0190f3c2-...[/bold]
+              [bold]queue-server dead-letters replay --queue emails --yes[/bold]
+    """
+    ids = ids or []
+    _ids_or_queue(ids, queue, everything)
+    with tenant_session(url, key, data_dir, tenant) as qs:
+        if ids:
+            if len(ids) > 1:
+                confirm(f"Replay {len(ids)} dead letters?", yes)
+            answers: list[Item | Delivery] = []
+            with _progress() as progress:
+                task = progress.add_task("replaying", total=len(ids))
+                for dead_letter_id in ids:
+                    answers.append(_replay_one(qs, dead_letter_id, max_acquisitions))
+                    progress.advance(task)
+            if json:
+                print_json(answers)
+            else:
+                for done in answers:
+                    if isinstance(done, Delivery):
+                        console.print(f"replayed delivery {done.delivery_key} -> {done.state}")
+                    else:
+                        console.print(f"replayed {done.item_id} ({done.queue}) -> {done.state}")
+            return
+        queues = [queue] if queue else sorted({d.queue for d in _collect(qs, None) if d.queue})
+        pending = {q: len(_collect(qs, q)) for q in queues}
+        total = sum(pending.values())
+        if total == 0:
+            if json:
+                print_json({"replayed": 0, "skipped": 0})
+            else:
+                console.print("no open dead letters to replay")
+            return
+        confirm(f"Replay {total} dead letters in {', '.join(queues)}?", yes or total == 1)
+        replayed = skipped = 0
+        with _progress() as progress:
+            task = progress.add_task("replaying", total=total)
+            for q in queues:
+                base = new_idempotency_key()
+                for call in range(10_000):
+                    batch = qs.replay_queue(
+                        q, max_acquisitions=max_acquisitions, idempotency_key=f"{base}-{call}"
+                    )
+                    replayed += batch.replayed
+                    skipped += batch.skipped
+                    progress.advance(task, batch.replayed + batch.skipped)
+                    if batch.replayed == 0 or batch.remaining == 0:
+                        break
+    if json:
+        print_json({"replayed": replayed, "skipped": skipped})
+    else:
+        console.print(f"replayed {replayed}, skipped {skipped}")
+
+
+@app.command("discard")
+def dead_discard(
+    ids: Annotated[list[str] | None, typer.Argument(help="Dead letter ids.")] = None,
+    queue: Queue = None,
+    everything: Annotated[bool, typer.Option("--all", help="Every open item dead letter.")] = False,
+    reason: Annotated[str, typer.Option(help="Why; kept in the item's ledger.")] = "",
+    yes: Yes = False,
+    url: Url = DEFAULT_URL,
+    key: Key = None,
+    tenant: Tenant = None,
+    data_dir: DataDir = None,
+    json: Json = False,
+) -> None:
+    """Cancel quarantined items for good and close their dead letters.
+
+    Asks before discarding more than one unless --yes.
+
+    Example: [bold]queue-server dead-letters discard --queue emails --reason "bad batch" --yes[/bold]
+    """
+    ids = ids or []
+    _ids_or_queue(ids, queue, everything)
+    with tenant_session(url, key, data_dir, tenant) as qs:
+        if not ids:
+            ids = [d.dead_letter_id for d in _collect(qs, queue)]
+        if not ids:
+            if json:
+                print_json([])
+            else:
+                console.print("no open dead letters to discard")
+            return
+        if len(ids) > 1:
+            confirm(f"Discard {len(ids)} dead letters? Their items are cancelled.", yes)
+        items = []
+        with _progress() as progress:
+            task = progress.add_task("discarding", total=len(ids))
+            for dead_letter_id in ids:
+                items.append(qs.discard(dead_letter_id, reason=reason))
+                progress.advance(task)
+    if json:
+        print_json(items)
+    else:
+        for item in items:
+            console.print(f"discarded {item.item_id} ({item.queue}) -> {item.state}")

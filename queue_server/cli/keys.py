@@ -1,0 +1,64 @@
+"""`queue-server keys`: create and revoke API keys (admin)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from queue_server.cli.common import (
+    CLI,
+    DataDir,
+    Json,
+    Key,
+    Url,
+    connect,
+    console,
+    fail,
+    print_json,
+)
+from queue_server.client import DEFAULT_URL
+
+app = CLI(help="Create and revoke API keys (admin).", no_args_is_help=True)
+
+
+@app.command("create")
+def keys_create(
+    tenant: Annotated[str, typer.Argument(help="Tenant the key belongs to.")],
+    role: Annotated[str, typer.Option(help="worker or operator.")] = "worker",
+    url: Url = DEFAULT_URL,
+    key: Key = None,
+    data_dir: DataDir = None,
+    json: Json = False,
+) -> None:
+    """Create an API key; its secret is printed once.
+
+    Example: [bold]queue-server keys create acme --role operator[/bold]
+    """
+    if role not in ("worker", "operator"):
+        fail("Invalid role", "--role must be worker or operator")
+    with connect(url, key, data_dir) as qs:
+        created = qs.create_key("worker" if role == "worker" else "operator", tenant=tenant)
+    if json:
+        print_json(created)
+        return
+    console.print(f"{created.role} key [bold]{created.key_id}[/bold] for {created.tenant}")
+    console.print("secret (shown once; store it now):")
+    console.print(created.secret, soft_wrap=True)
+
+
+@app.command("revoke")
+def keys_revoke(
+    tenant: Annotated[str, typer.Argument(help="Tenant the key belongs to.")],
+    key_id: Annotated[str, typer.Argument(help="The key id (not the secret).")],
+    url: Url = DEFAULT_URL,
+    key: Key = None,
+    data_dir: DataDir = None,
+) -> None:
+    """Revoke an API key; it is refused from the next request on.
+
+    Example: [bold]queue-server keys revoke acme 3f2a9c0d1e4b5a6f[/bold]
+    """
+    with connect(url, key, data_dir) as qs:
+        qs.revoke_key(key_id, tenant=tenant)
+    console.print(f"key {key_id} revoked")
