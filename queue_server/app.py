@@ -1,50 +1,51 @@
-"""The FastAPI application: `create_app(settings, database_url)`."""
+"""The FastAPI application: `create_app(settings, database_url)` builds every service once."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncIterator
 
+import psycopg
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
 from queue_server import __version__, errors
-from queue_server.api import dead_letters, problems, receipts, routes, runs, watchers
+from queue_server.api import dead_letters, ledgers, problems, queues, receipts, routes, runs
+from queue_server.api import watchers as watcher_routes
 from queue_server.api.middleware import BodyLimitAndMetrics
-from queue_server.services.items import QueueService
+from queue_server.api.schemas import Problem
+from queue_server.db import Database
+from queue_server.infra import migrate
+from queue_server.infra.metrics import Metrics
+from queue_server.services import Services
+from queue_server.services.keys import Keys
 from queue_server.settings import Settings
-
-log = logging.getLogger(__name__)
-
-RECEIPT_PURGE_INTERVAL = 600.0
-
-
-async def _purge_receipts_forever(service: QueueService) -> None:
-    """Drop idempotency receipts past their retention, now and then."""
-    while True:
-        await asyncio.sleep(RECEIPT_PURGE_INTERVAL)
-        try:
-            await service.purge_receipts()
-        except errors.QueueServerError as exc:
-            log.warning("could not purge expired receipts: %s", exc.detail)
+from queue_server.store import reads
+from queue_server.workers.notifier import Notifier
+from queue_server.workers.sweeper import sweep_receipts_forever
 
 
 def create_app(settings: Settings, database_url: str) -> FastAPI:
-    service = QueueService(settings, database_url)
+    db = Database.for_api(settings, database_url)
+    keys = Keys(db)
+    notifier = Notifier(database_url, on_keys_changed=keys.keys_changed)
+    metrics = Metrics()
+    services = Services.build(settings, db, keys=keys, wakeups=notifier, metrics=metrics)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await service.open()
-        purge = asyncio.create_task(_purge_receipts_forever(service))
+        await db.open()
+        await notifier.start()
+        sweeper = asyncio.create_task(sweep_receipts_forever(db))
         try:
             yield
         finally:
-            purge.cancel()
+            sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await purge
-            await service.close()
+                await sweeper
+            await notifier.stop()
+            await db.close()
 
     app = FastAPI(
         title="queue-server",
@@ -55,52 +56,57 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
         telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
     )
     app.state.settings = settings
-    app.state.service = service
+    app.state.services = services
     problems.install(app)
     app.include_router(routes.router)
+    app.include_router(queues.router)
     app.include_router(dead_letters.router)
+    app.include_router(ledgers.router)
     app.include_router(receipts.router)
     app.include_router(runs.router)
-    app.include_router(watchers.router)
+    app.include_router(watcher_routes.router)
 
     @app.get("/healthz", tags=["service"])
     async def healthz() -> dict[str, str]:
         """The process is up."""
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["service"], responses={503: {"model": problems_model()}})
+    @app.get("/readyz", tags=["service"], responses={503: {"model": Problem}})
     async def readyz() -> Response:
         """The database is reachable and its schema is at the head revision."""
-        if await service.ready():
+        if await _ready(db):
             return JSONResponse({"status": "ready"})
         raise errors.ServiceUnavailableError(
             "The database is unreachable or its schema is not at the head revision."
         )
 
     @app.get("/metrics", tags=["service"], response_class=Response)
-    async def metrics(request: Request) -> Response:
+    async def metrics_text(request: Request) -> Response:
         """Prometheus text format: requests by route and status, acquire latency, items by state."""
         with contextlib.suppress(errors.QueueServerError):
-            service.metrics.items.clear()
-            for row in await service.state_counts():
-                service.metrics.items.labels(row["tenant_id"], row["state"]).set(row["n"])
-        return Response(
-            service.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
-        )
+            metrics.items.clear()
+            for row in await services.queues.state_counts():
+                metrics.items.labels(row["tenant_id"], row["state"]).set(row["n"])
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     app.add_middleware(
         BodyLimitAndMetrics,
         max_body=settings.max_body_bytes,
-        metrics=service.metrics,
+        metrics=metrics,
         base_uri=settings.problem_base_uri,
     )
     return app
 
 
-def problems_model() -> type:
-    from queue_server.api.schemas import Problem
-
-    return Problem
+async def _ready(db: Database) -> bool:
+    """The database answers and its schema is at the head revision."""
+    try:
+        # Readiness probes have short timeouts of their own: answer within a second.
+        async with db.conn(timeout=1.0) as conn:
+            revisions = await reads.schema_revisions(conn)
+    except (errors.QueueServerError, psycopg.Error):
+        return False
+    return revisions == migrate.head_revisions()
 
 
 def app_from_env() -> FastAPI:

@@ -1,4 +1,50 @@
-"""Domain errors. Each knows its HTTP status and its stable problem code; the docstring is the default detail."""
+"""Domain errors. Each knows its HTTP status and stable problem `code`; its docstring is the
+default `detail`. `api/problems.py` turns every `QueueServerError` into an RFC 9457 problem.
+
+Every error class of the project, by family (status, code):
+
+    QueueServerError                        500 internal-error
+    ├── InvalidRequestError                 422 invalid-request
+    │   ├── TargetRefusedError              422 target-refused (a watcher URL)
+    │   └── ItemNotDeclaredError            422 item-not-declared (a verification run)
+    ├── IdempotencyKeyRequiredError         400
+    ├── IdempotencyKeyReuseError            422
+    ├── PayloadTooLargeError                413
+    ├── HeadersTooLargeError                431
+    ├── UnauthorizedError                   401
+    ├── ForbiddenRoleError                  403
+    ├── NotFoundError                       404 not-found
+    │   ├── TenantNotFoundError, ItemNotFoundError, KeyNotFoundError,
+    │   ├── DeadLetterNotFoundError, WatcherNotFoundError, DeliveryNotFoundError,
+    │   └── ReceiptNotFoundError, VerificationRunNotFoundError
+    ├── ConflictError                       409 conflict: the resource's state refuses it
+    │   ├── LeaseRefusedError               the lease grants no authority:
+    │   │   └── StaleFenceError, NotLeaseHolderError, LeaseExpiredError, ItemNotLeasedError
+    │   ├── IdempotencyKeyInFlightError, InvalidStateError, DeadLetterClosedError
+    │   └── VerificationRunBusyError, RunKeyConflictError, CheckpointConflictError,
+    │       VerificationIncompleteError
+    ├── BacklogCapReachedError              429
+    ├── ServiceUnavailableError             503 (the database is unreachable)
+    ├── TimeoutExceededError                503 (a statement or lock wait timed out)
+    ├── ClientDisconnectedError             499 (for the access log only)
+    └── queue_server.policy.errors: AdmissionRefused 422, CircuitOpenError 503,
+        PermitUnavailableError 429, OperationStoppedError 409, ReceiptConflictError 409
+
+Not answers of the API, each in its own module:
+
+    PolicyError(ValueError)         queue_server.policy.errors: invalid policy data
+    ClassifiedError                 queue_server.policy.retry: a failure with its retry class
+    TransportError                  queue_server.transport.errors: outbound HTTP failed
+    ├── PolicyRefusedError, BudgetExhaustedError, RequestTimeoutError,
+    └── WallDeadlineExceededError, TransportFailureError, RunFailedError
+    EmbeddedPostgresError           queue_server.infra.embedded
+    SchemaNotAtHeadError            queue_server.infra.serve
+    QueueClientError                queue_server.client.errors: the SDK's own tree
+    ├── ConnectionFailedError
+    └── ProblemError                a problem answer, by status and code
+    DependencyStatusError, TransientError, Quarantine, Requeue   queue_server.client
+    CommandError, CommandFailedError                             queue_server.cli
+"""
 
 from __future__ import annotations
 
@@ -25,14 +71,6 @@ class InvalidRequestError(QueueServerError):
     status = 422
     code = "invalid-request"
     title = "Invalid request"
-
-
-class MalformedBodyError(QueueServerError):
-    """The request body is not valid JSON."""
-
-    status = 400
-    code = "malformed-body"
-    title = "Malformed body"
 
 
 class PayloadTooLargeError(QueueServerError):
@@ -103,6 +141,14 @@ class DeadLetterNotFoundError(NotFoundError):
     title = "Dead letter not found"
 
 
+class ConflictError(QueueServerError):
+    """The resource is not in a state that allows this request."""
+
+    status = 409
+    code = "conflict"
+    title = "Conflict"
+
+
 class IdempotencyKeyRequiredError(QueueServerError):
     """This request changes state and needs an `Idempotency-Key` header (1 to 255 printable ASCII characters)."""
 
@@ -119,10 +165,9 @@ class IdempotencyKeyReuseError(QueueServerError):
     title = "Idempotency-Key reused"
 
 
-class IdempotencyKeyInFlightError(QueueServerError):
+class IdempotencyKeyInFlightError(ConflictError):
     """A request with this Idempotency-Key is still being processed; retry shortly."""
 
-    status = 409
     code = "idempotency-key-in-flight"
     title = "Idempotency-Key in flight"
 
@@ -135,10 +180,8 @@ class BacklogCapReachedError(QueueServerError):
     title = "Backlog cap reached"
 
 
-class LeaseRefusedError(QueueServerError):
+class LeaseRefusedError(ConflictError):
     """The lease operation was refused."""
-
-    status = 409
 
 
 class StaleFenceError(LeaseRefusedError):
@@ -169,20 +212,89 @@ class ItemNotLeasedError(LeaseRefusedError):
     title = "Item not leased"
 
 
-class InvalidStateError(QueueServerError):
+class InvalidStateError(ConflictError):
     """The item is not in a state that allows this operation."""
 
-    status = 409
     code = "invalid-state"
     title = "Invalid state"
 
 
-class DeadLetterClosedError(QueueServerError):
+class DeadLetterClosedError(ConflictError):
     """This dead letter was already replayed or discarded."""
 
-    status = 409
     code = "dead-letter-closed"
     title = "Dead letter closed"
+
+
+class WatcherNotFoundError(NotFoundError):
+    """No such watcher in this tenant."""
+
+    code = "watcher-not-found"
+    title = "Watcher not found"
+
+
+class DeliveryNotFoundError(NotFoundError):
+    """No such delivery in this tenant."""
+
+    code = "delivery-not-found"
+    title = "Delivery not found"
+
+
+class ReceiptNotFoundError(NotFoundError):
+    """No receipt with this outcome reference in this tenant."""
+
+    code = "receipt-not-found"
+    title = "Receipt not found"
+
+
+class VerificationRunNotFoundError(NotFoundError):
+    """No verification run with this id in this tenant."""
+
+    code = "verification-run-not-found"
+    title = "Verification run not found"
+
+
+class TargetRefusedError(InvalidRequestError):
+    """The watcher URL is not one the server may send to (it resolves to a private,
+    loopback, link-local, multicast or unspecified address, or is not http(s))."""
+
+    code = "target-refused"
+    title = "Target refused"
+
+
+class ItemNotDeclaredError(InvalidRequestError):
+    """The item is not one of the run's declared items."""
+
+    code = "item-not-declared"
+    title = "Item not declared"
+
+
+class VerificationRunBusyError(ConflictError):
+    """Another verification run of this tenant is running; verification concurrency is one."""
+
+    code = "verification-run-busy"
+    title = "Verification run busy"
+
+
+class RunKeyConflictError(ConflictError):
+    """This artifact and verifier version already name a run with other declared items."""
+
+    code = "run-key-conflict"
+    title = "Run key conflict"
+
+
+class CheckpointConflictError(ConflictError):
+    """The item is already checkpointed with a different result; a checkpoint is recorded once."""
+
+    code = "checkpoint-conflict"
+    title = "Checkpoint conflict"
+
+
+class VerificationIncompleteError(ConflictError):
+    """The run-complete marker needs a checkpoint for every declared item."""
+
+    code = "verification-incomplete"
+    title = "Verification incomplete"
 
 
 class ServiceUnavailableError(QueueServerError):

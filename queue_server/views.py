@@ -6,6 +6,7 @@ from typing import Any
 
 import orjson
 
+from queue_server.policy import run_key
 from queue_server.store.types import Row
 
 _DUMP_OPTIONS = orjson.OPT_UTC_Z | orjson.OPT_NAIVE_UTC
@@ -85,4 +86,96 @@ def spend_approval(row: Row) -> dict[str, Any]:
         "expires_at": row["expires_at"],
         "reason": row["reason"],
         "created_at": row["created_at"],
+    }
+
+
+def dead_letter(row: Row) -> dict[str, Any]:
+    return {
+        "dead_letter_id": str(row["dead_letter_id"]),
+        "kind": row["kind"],
+        "item_id": str(row["item_id"]) if row["item_id"] else None,
+        "delivery_id": str(row["delivery_id"]) if row["delivery_id"] else None,
+        "queue": row["queue"],
+        "reason": row["reason"],
+        "last_failure": row["last_failure"],
+        "created_at": row["created_at"],
+        "closed_at": row["closed_at"],
+        "resolution": row["resolution"],
+    }
+
+
+def watcher(row: Row, counts: dict[str, int] | None = None) -> dict[str, Any]:
+    """A watcher as the API shows it: never its secret."""
+    body = {
+        "watcher_id": str(row["watcher_id"]),
+        "tenant": row["tenant_id"],
+        "url": row["url"],
+        "events": list(row["events"]),
+        "queues": list(row["queues"]) if row["queues"] is not None else None,
+        "state": row["state"],
+        "disabled_reason": row["disabled_reason"],
+        "previous_secret_expires_at": row["previous_secret_expires_at"],
+        "created_at": row["created_at"],
+        "updated_at": row["updated_at"],
+    }
+    if counts is not None:
+        body["deliveries"] = {
+            state: counts.get(state, 0) for state in ("pending", "delivered", "dead", "cancelled")
+        }
+    return body
+
+
+def delivery(row: Row) -> dict[str, Any]:
+    return {
+        "delivery_id": str(row["delivery_id"]),
+        "delivery_key": row["delivery_key"],
+        "watcher_id": str(row["watcher_id"]),
+        "event": row["event"],
+        "item_id": str(row["item_id"]) if row["item_id"] else None,
+        "queue": row["queue"],
+        "state": row["state"],
+        "attempts": row["attempts"],
+        "next_attempt_at": row["next_attempt_at"],
+        "last_attempt_at": row["last_attempt_at"],
+        "last_outcome": row["last_outcome"],
+        "receipts": row["receipts"],
+        "receipts_omitted": row["receipts_omitted"],
+        "created_at": row["created_at"],
+        "delivered_at": row["delivered_at"],
+    }
+
+
+def confirmation_receipt(row: Row) -> dict[str, Any]:
+    return {
+        "outcome_ref": row["outcome_ref"],
+        "idempotency_key": row["idempotency_key"],
+        "status": row["status"],
+        "outcome": row["outcome"],
+        "created_at": row["created_at"],
+        "settled_at": row["settled_at"],
+    }
+
+
+def checkpoint(row: Row) -> dict[str, Any]:
+    return {
+        "run_id": str(row["run_id"]),
+        "item": row["item"],
+        "result": row["result"],
+        "recorded_at": row["recorded_at"],
+    }
+
+
+def verification_run(row: Row, checkpoints: list[Row]) -> dict[str, Any]:
+    done = {c["item"] for c in checkpoints}
+    return {
+        "run_id": str(row["run_id"]),
+        "run_key": run_key(row["artifact_version"], row["verifier_version"]),
+        "artifact_version": row["artifact_version"],
+        "verifier_version": row["verifier_version"],
+        "state": row["state"],
+        "items": row["items"],
+        "checkpoints": [checkpoint(c) for c in checkpoints],
+        "remaining": [i for i in row["items"] if i not in done],
+        "created_at": row["created_at"],
+        "completed_at": row["completed_at"],
     }

@@ -3,7 +3,6 @@ and the real API served by uvicorn on a loopback port."""
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import socket
 import tempfile
@@ -24,7 +23,7 @@ from queue_server.app import create_app
 from queue_server.infra import migrate
 from queue_server.infra.embedded import EmbeddedPostgres
 from queue_server.infra.http_protocol import ProblemHttpToolsProtocol
-from queue_server.services.items import QueueService
+from queue_server.infra.serve import create_admin_key
 from queue_server.settings import Settings
 
 TEMPLATE_DB = "qs_template"
@@ -124,17 +123,9 @@ def live(settings: Settings, database_url: str) -> Iterator[LiveServer]:
 
 
 def make_admin_key(settings: Settings, database_url: str) -> str:
-    async def create() -> str:
-        service = QueueService(settings, database_url)
-        await service.pool.open(wait=True)
-        try:
-            secret = await service.ensure_admin_key()
-        finally:
-            await service.pool.close()
-        assert secret is not None
-        return secret
-
-    return asyncio.run(create())
+    secret = create_admin_key(settings, database_url)
+    assert secret is not None
+    return secret
 
 
 @dataclass

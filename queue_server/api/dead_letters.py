@@ -11,25 +11,23 @@ from pydantic import BaseModel, Field
 from starlette.responses import Response
 
 from queue_server.api import schemas
-from queue_server.api.routes import (
+from queue_server.api.deps import (
     PROBLEMS,
     Caller,
+    Cursor,
+    DeadLettersService,
     IdempotencyKey,
     QueueName,
-    Service,
     TenantName,
     idempotency,
     respond,
 )
 from queue_server.models import NAME_PATTERN
-from queue_server.services.dead_letters import MAX_BULK_REPLAY, MAX_VERIFY_PAGE, Operators
+from queue_server.services.dead_letters import MAX_BULK_REPLAY
 
 router = APIRouter(prefix="/v1", responses=PROBLEMS)
 
 DeadLetterId = Annotated[str, Path(max_length=64, description="Dead letter id (a UUID)")]
-Cursor = Annotated[
-    str | None, Query(max_length=512, description="`next_cursor` of the previous page")
-]
 Budget = Annotated[int | None, Field(default=None, ge=1, le=100)]
 
 
@@ -84,50 +82,13 @@ class BulkReplayOut(BaseModel):
     skipped_dead_letter_ids: list[str]
 
 
-class QueueStatusOut(BaseModel):
-    queue: str
-    ready: int
-    due: int
-    leased: int
-    quarantined: int
-    oldest_ready_age: float | None
-    concurrency_limit: int
-    active_leases: int
-
-
-class StatusOut(BaseModel):
-    tenant: str
-    backlog: int
-    backlog_cap: int
-    open_dead_letters: int
-    queues: list[QueueStatusOut]
-
-
-class MismatchOut(BaseModel):
-    tenant: str
-    item_id: str
-    problems: list[str]
-
-
-class VerificationOut(BaseModel):
-    checked: int
-    mismatches: list[MismatchOut]
-    next_cursor: str | None
-
-
-class WhoAmIOut(BaseModel):
-    key_id: str
-    tenant: str | None
-    role: str
-
-
 # -- dead letters ----------------------------------------------------------------
 
 
 @router.get("/tenants/{tenant}/dead-letters", response_model=DeadLetterPage, tags=["dead letters"])
 async def list_dead_letters(
     tenant: TenantName,
-    svc: Service,
+    dead_letters: DeadLettersService,
     caller: Caller,
     queue: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
     kind: Literal["item", "delivery"] | None = None,
@@ -138,7 +99,7 @@ async def list_dead_letters(
     cursor: Cursor = None,
 ) -> Response:
     """Dead letters, oldest first (created_at, dead_letter_id); pass `next_cursor` for more."""
-    answer = await Operators(svc).list_dead_letters(
+    answer = await dead_letters.list_dead_letters(
         caller, tenant, queue=queue, kind=kind, status=status, limit=limit, cursor=cursor
     )
     return respond(answer)
@@ -150,10 +111,13 @@ async def list_dead_letters(
     tags=["dead letters"],
 )
 async def show_dead_letter(
-    tenant: TenantName, dead_letter_id: DeadLetterId, svc: Service, caller: Caller
+    tenant: TenantName,
+    dead_letter_id: DeadLetterId,
+    dead_letters: DeadLettersService,
+    caller: Caller,
 ) -> Response:
     """The dead letter with its item as it is now and the item's whole ledger."""
-    return respond(await Operators(svc).show_dead_letter(caller, tenant, dead_letter_id))
+    return respond(await dead_letters.show_dead_letter(caller, tenant, dead_letter_id))
 
 
 @router.post(
@@ -165,7 +129,7 @@ async def replay(
     request: Request,
     tenant: TenantName,
     dead_letter_id: DeadLetterId,
-    svc: Service,
+    dead_letters: DeadLettersService,
     caller: Caller,
     idempotency_key: IdempotencyKey,
     body: ReplayIn | None = None,
@@ -174,7 +138,7 @@ async def replay(
     raises its fence. The dead letter is closed."""
     body = body or ReplayIn()
     idem = idempotency(request, idempotency_key, body)
-    answer = await Operators(svc).replay(
+    answer = await dead_letters.replay(
         caller,
         tenant,
         dead_letter_id,
@@ -194,7 +158,7 @@ async def discard(
     request: Request,
     tenant: TenantName,
     dead_letter_id: DeadLetterId,
-    svc: Service,
+    dead_letters: DeadLettersService,
     caller: Caller,
     idempotency_key: IdempotencyKey,
     body: DiscardIn | None = None,
@@ -202,7 +166,7 @@ async def discard(
     """Cancel the item for good; the dead letter is closed."""
     body = body or DiscardIn()
     idem = idempotency(request, idempotency_key, body)
-    answer = await Operators(svc).discard(
+    answer = await dead_letters.discard(
         caller, tenant, dead_letter_id, idem, instance=request.url.path, reason=body.reason
     )
     return respond(answer)
@@ -217,7 +181,7 @@ async def replay_queue(
     request: Request,
     tenant: TenantName,
     queue: QueueName,
-    svc: Service,
+    dead_letters: DeadLettersService,
     caller: Caller,
     idempotency_key: IdempotencyKey,
     body: BulkReplayIn | None = None,
@@ -229,7 +193,7 @@ async def replay_queue(
     """
     body = body or BulkReplayIn()
     idem = idempotency(request, idempotency_key, body)
-    answer = await Operators(svc).replay_queue(
+    answer = await dead_letters.replay_queue(
         caller,
         tenant,
         queue,
@@ -239,45 +203,3 @@ async def replay_queue(
         max_acquisitions=body.max_acquisitions,
     )
     return respond(answer)
-
-
-# -- status, verification, identity ----------------------------------------------
-
-
-@router.get("/tenants/{tenant}/queues", response_model=StatusOut, tags=["operators"])
-async def queue_status(tenant: TenantName, svc: Service, caller: Caller) -> Response:
-    """Per queue: ready, due, leased, quarantined, oldest due age; the backlog against its cap."""
-    return respond(await Operators(svc).queue_status(caller, tenant))
-
-
-VerifyLimit = Annotated[int, Query(ge=1, le=MAX_VERIFY_PAGE)]
-
-
-@router.get(
-    "/tenants/{tenant}/ledger-verification", response_model=VerificationOut, tags=["operators"]
-)
-async def verify_tenant_ledgers(
-    tenant: TenantName,
-    svc: Service,
-    caller: Caller,
-    limit: VerifyLimit = 500,
-    cursor: Cursor = None,
-) -> Response:
-    """Fold one page of the tenant's item ledgers and compare each with its item row."""
-    answer = await Operators(svc).verify_ledgers(caller, tenant, limit=limit, cursor=cursor)
-    return respond(answer)
-
-
-@router.get("/ledger-verification", response_model=VerificationOut, tags=["operators"])
-async def verify_all_ledgers(
-    svc: Service, caller: Caller, limit: VerifyLimit = 500, cursor: Cursor = None
-) -> Response:
-    """Fold one page of every tenant's item ledgers (admin)."""
-    answer = await Operators(svc).verify_ledgers(caller, None, limit=limit, cursor=cursor)
-    return respond(answer)
-
-
-@router.get("/whoami", response_model=WhoAmIOut, tags=["operators"])
-async def whoami(svc: Service, caller: Caller) -> Response:
-    """The calling key: its id, tenant (null for admin) and role."""
-    return respond(await Operators(svc).whoami(caller))

@@ -17,9 +17,8 @@ from starlette.responses import Response
 
 from queue_server import views
 from queue_server.api import schemas
-from queue_server.api.routes import PROBLEMS, Caller, Service, TenantName, respond
+from queue_server.api.deps import PROBLEMS, Caller, ReceiptsService, TenantName, respond
 from queue_server.policy import policy_document
-from queue_server.services.receipts import Confirmations
 
 router = APIRouter(prefix="/v1", responses=PROBLEMS)
 
@@ -69,12 +68,12 @@ class ReceiptOut(BaseModel):
     },
 )
 async def claim_receipt(
-    tenant: TenantName, body: ClaimIn, svc: Service, caller: Caller
+    tenant: TenantName, body: ClaimIn, receipts: ReceiptsService, caller: Caller
 ) -> Response:
     """Claim the one-shot receipt of a confirmed mutation: `pending`, 201. The same
     (idempotency key, outcome reference) again returns the retained receipt, 200; a
     reference or key already bound to the other half of another identity is 409."""
-    answer = await Confirmations(svc).claim(
+    answer = await receipts.claim(
         caller,
         tenant,
         idempotency_key=body.idempotency_key,
@@ -86,22 +85,20 @@ async def claim_receipt(
 
 @router.put("/tenants/{tenant}/receipts/{ref}", response_model=ReceiptOut, tags=["receipts"])
 async def settle_receipt(
-    tenant: TenantName, ref: OutcomeRef, body: SettleIn, svc: Service, caller: Caller
+    tenant: TenantName, ref: OutcomeRef, body: SettleIn, receipts: ReceiptsService, caller: Caller
 ) -> Response:
     """Settle a pending receipt once as `succeeded` or `failed` with its outcome; the same
     settlement again replays, a different one is 409 `receipt-conflict`."""
-    answer = await Confirmations(svc).settle(
-        caller, tenant, ref, status=body.status, outcome=body.outcome
-    )
+    answer = await receipts.settle(caller, tenant, ref, status=body.status, outcome=body.outcome)
     return respond(answer)
 
 
 @router.get("/tenants/{tenant}/receipts/{ref}", response_model=ReceiptOut, tags=["receipts"])
 async def get_receipt(
-    tenant: TenantName, ref: OutcomeRef, svc: Service, caller: Caller
+    tenant: TenantName, ref: OutcomeRef, receipts: ReceiptsService, caller: Caller
 ) -> Response:
     """The receipt as it is now: pending, or settled with its outcome."""
-    return respond(await Confirmations(svc).get(caller, tenant, ref))
+    return respond(await receipts.get(caller, tenant, ref))
 
 
 @router.get("/policy", tags=["policy"])

@@ -1,67 +1,37 @@
-"""Thin handlers: parse, authenticate, call the service, shape the answer. No SQL here."""
+"""Tenants, keys and work items: thin handlers that parse, call a service and answer.
+
+Queue-level routes are in `api/queues.py`, dead letters in `api/dead_letters.py`,
+ledger verification in `api/ledgers.py`, watchers, receipts and runs in theirs.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
-from fastapi import APIRouter, Depends, Header, Path, Request
+from fastapi import APIRouter, Path, Request
+from pydantic import BaseModel
 from starlette.responses import Response
 
 from queue_server import errors
 from queue_server.api import schemas
+from queue_server.api.deps import (
+    PROBLEMS,
+    Caller,
+    IdempotencyKey,
+    ItemId,
+    ItemsService,
+    KeysService,
+    QueueName,
+    TenantName,
+    TenantsService,
+    idempotency,
+    respond,
+)
 from queue_server.api.problems import problem_response
-from queue_server.auth import Principal
-from queue_server.models import NAME_PATTERN, Role
-from queue_server.services.items import Answer, Idempotency, NewItem, QueueService
-
-TenantName = Annotated[str, Path(pattern=NAME_PATTERN, description="Tenant name")]
-QueueName = Annotated[str, Path(pattern=NAME_PATTERN, description="Queue name")]
-ItemId = Annotated[str, Path(max_length=64, description="Item id (a UUID)")]
-IdempotencyKey = Annotated[
-    str,
-    Header(
-        alias="Idempotency-Key",
-        pattern=r"^[!-~]{1,255}$",
-        description="1 to 255 printable ASCII characters; a retry of the same request reuses it."
-        " Missing or malformed: 400 `idempotency-key-required`.",
-    ),
-]
-
-PROBLEMS: dict[int | str, dict[str, Any]] = {
-    status: {"model": schemas.Problem, "content": {"application/problem+json": {}}}
-    for status in (400, 401, 403, 404, 409, 413, 422, 429, 503)
-}
+from queue_server.models import Role
+from queue_server.services.items import NewItem
 
 router = APIRouter(prefix="/v1", responses=PROBLEMS)
-
-
-async def service(request: Request) -> QueueService:
-    svc: QueueService = request.app.state.service
-    return svc
-
-
-Service = Annotated[QueueService, Depends(service)]
-
-
-async def principal(
-    svc: Service, authorization: Annotated[str | None, Header()] = None
-) -> Principal:
-    return await svc.authenticate(authorization)
-
-
-Caller = Annotated[Principal, Depends(principal)]
-
-
-def respond(answer: Answer) -> Response:
-    headers = {"Idempotent-Replayed": "true"} if answer.replayed else None
-    media = "application/problem+json" if answer.problem else "application/json"
-    return Response(answer.body, status_code=answer.status, media_type=media, headers=headers)
-
-
-def idempotency(request: Request, key: str | None, body: schemas.Body) -> Idempotency:
-    return Idempotency.of(
-        key, method=request.method, path=request.url.path, body=body.model_dump(mode="json")
-    )
 
 
 # -- tenants and keys ----------------------------------------------------------
@@ -69,11 +39,11 @@ def idempotency(request: Request, key: str | None, body: schemas.Body) -> Idempo
 
 @router.put("/tenants/{tenant}", response_model=schemas.TenantOut, tags=["tenants"])
 async def put_tenant(
-    tenant: TenantName, body: schemas.TenantIn, svc: Service, caller: Caller
+    tenant: TenantName, body: schemas.TenantIn, tenants: TenantsService, caller: Caller
 ) -> Response:
     """Create a tenant or change its backlog cap and defaults (admin)."""
     return respond(
-        await svc.put_tenant(
+        await tenants.put_tenant(
             caller,
             tenant,
             backlog_cap=body.backlog_cap,
@@ -84,31 +54,43 @@ async def put_tenant(
 
 
 @router.get("/tenants/{tenant}", response_model=schemas.TenantOut, tags=["tenants"])
-async def get_tenant(tenant: TenantName, svc: Service, caller: Caller) -> Response:
+async def get_tenant(tenant: TenantName, tenants: TenantsService, caller: Caller) -> Response:
     """The tenant's settings and its items by state (admin, or an operator of the tenant)."""
-    return respond(await svc.get_tenant(caller, tenant))
+    return respond(await tenants.get_tenant(caller, tenant))
 
 
 @router.post(
     "/tenants/{tenant}/keys", status_code=201, response_model=schemas.KeyOut, tags=["tenants"]
 )
 async def create_key(
-    tenant: TenantName, body: schemas.KeyIn, svc: Service, caller: Caller
+    tenant: TenantName, body: schemas.KeyIn, tenants: KeysService, caller: Caller
 ) -> Response:
     """Create an API key for the tenant (admin). The secret is shown once."""
-    return respond(await svc.create_key(caller, tenant, Role(body.role)))
+    return respond(await tenants.create_key(caller, tenant, Role(body.role)))
 
 
 @router.delete("/tenants/{tenant}/keys/{key_id}", status_code=204, tags=["tenants"])
 async def revoke_key(
     tenant: TenantName,
     key_id: Annotated[str, Path(max_length=64)],
-    svc: Service,
+    tenants: KeysService,
     caller: Caller,
 ) -> Response:
     """Revoke a key; it is refused from the next request on (admin)."""
-    await svc.revoke_key(caller, tenant, key_id)
+    await tenants.revoke_key(caller, tenant, key_id)
     return Response(status_code=204)
+
+
+class WhoAmIOut(BaseModel):
+    key_id: str
+    tenant: str | None
+    role: str
+
+
+@router.get("/whoami", response_model=WhoAmIOut, tags=["operators"])
+async def whoami(keys: KeysService, caller: Caller) -> Response:
+    """The calling key: its id, tenant (null for admin) and role."""
+    return respond(keys.whoami(caller))
 
 
 # -- work items ----------------------------------------------------------------
@@ -134,13 +116,13 @@ async def enqueue(
     tenant: TenantName,
     queue: QueueName,
     body: schemas.ItemIn,
-    svc: Service,
+    items: ItemsService,
     caller: Caller,
     idempotency_key: IdempotencyKey,
 ) -> Response:
     """Enqueue one item. At the tenant's backlog cap: 429 `backlog-cap-reached`."""
     idem = idempotency(request, idempotency_key, body)
-    answer = await svc.enqueue(
+    answer = await items.enqueue(
         caller, tenant, queue, [_new_item(body)], idem, instance=request.url.path, batch=False
     )
     return respond(answer)
@@ -157,31 +139,35 @@ async def enqueue_batch(
     tenant: TenantName,
     queue: QueueName,
     body: schemas.BatchIn,
-    svc: Service,
+    items: ItemsService,
     caller: Caller,
     idempotency_key: IdempotencyKey,
 ) -> Response:
     """Enqueue 1 to 500 items, all or nothing against the backlog cap."""
     idem = idempotency(request, idempotency_key, body)
-    items = [_new_item(item) for item in body.items]
-    answer = await svc.enqueue(
-        caller, tenant, queue, items, idem, instance=request.url.path, batch=True
+    new = [_new_item(item) for item in body.items]
+    answer = await items.enqueue(
+        caller, tenant, queue, new, idem, instance=request.url.path, batch=True
     )
     return respond(answer)
 
 
 @router.get("/tenants/{tenant}/items/{item_id}", response_model=schemas.ItemOut, tags=["items"])
-async def get_item(tenant: TenantName, item_id: ItemId, svc: Service, caller: Caller) -> Response:
+async def get_item(
+    tenant: TenantName, item_id: ItemId, items: ItemsService, caller: Caller
+) -> Response:
     """One item as it is now."""
-    return respond(await svc.get_item(caller, tenant, item_id))
+    return respond(await items.get_item(caller, tenant, item_id))
 
 
 @router.get(
     "/tenants/{tenant}/items/{item_id}/ledger", response_model=schemas.LedgerOut, tags=["items"]
 )
-async def get_ledger(tenant: TenantName, item_id: ItemId, svc: Service, caller: Caller) -> Response:
+async def get_ledger(
+    tenant: TenantName, item_id: ItemId, items: ItemsService, caller: Caller
+) -> Response:
     """Every transition of the item, in order."""
-    return respond(await svc.ledger(caller, tenant, item_id))
+    return respond(await items.ledger(caller, tenant, item_id))
 
 
 # -- leases --------------------------------------------------------------------
@@ -195,12 +181,12 @@ async def acquire(
     tenant: TenantName,
     queue: QueueName,
     body: schemas.AcquireIn,
-    svc: Service,
+    items: ItemsService,
     caller: Caller,
 ) -> Response:
     """Lease up to `max_items` due items; long-poll up to `wait` seconds when none is due."""
     try:
-        answer = await svc.acquire(
+        answer = await items.acquire(
             caller,
             tenant,
             queue,
@@ -213,7 +199,9 @@ async def acquire(
     except errors.ClientDisconnectedError as exc:
         # Nobody is listening; the status is for the access log and metrics only.
         return problem_response(
-            errors.problem(exc, base_uri=svc.settings.problem_base_uri, instance=request.url.path)
+            errors.problem(
+                exc, base_uri=request.app.state.settings.problem_base_uri, instance=request.url.path
+            )
         )
     return respond(answer)
 
@@ -224,10 +212,14 @@ async def acquire(
     tags=["leases"],
 )
 async def heartbeat(
-    tenant: TenantName, item_id: ItemId, body: schemas.HeartbeatIn, svc: Service, caller: Caller
+    tenant: TenantName,
+    item_id: ItemId,
+    body: schemas.HeartbeatIn,
+    items: ItemsService,
+    caller: Caller,
 ) -> Response:
     """Extend the lease (holder with the current fence, lease not expired)."""
-    answer = await svc.heartbeat(
+    answer = await items.heartbeat(
         caller, tenant, item_id, worker=body.worker, fence=body.fence, lease_ttl=body.lease_ttl
     )
     return respond(answer)
@@ -241,13 +233,13 @@ async def complete(
     tenant: TenantName,
     item_id: ItemId,
     body: schemas.CompleteIn,
-    svc: Service,
+    items: ItemsService,
     caller: Caller,
     idempotency_key: IdempotencyKey,
 ) -> Response:
     """Complete the item with a result (holder with the current fence, lease not expired)."""
     idem = idempotency(request, idempotency_key, body)
-    answer = await svc.complete(
+    answer = await items.complete(
         caller,
         tenant,
         item_id,
@@ -267,7 +259,7 @@ async def complete_many(
     request: Request,
     tenant: TenantName,
     body: schemas.CompletionsIn,
-    svc: Service,
+    items: ItemsService,
     caller: Caller,
     idempotency_key: IdempotencyKey,
 ) -> Response:
@@ -277,7 +269,7 @@ async def complete_many(
     single complete would have answered (stale-fence, lease-expired, ...).
     """
     idem = idempotency(request, idempotency_key, body)
-    answer = await svc.complete_many(
+    answer = await items.complete_many(
         caller,
         tenant,
         idem,
@@ -296,13 +288,13 @@ async def requeue(
     tenant: TenantName,
     item_id: ItemId,
     body: schemas.RequeueIn,
-    svc: Service,
+    items: ItemsService,
     caller: Caller,
     idempotency_key: IdempotencyKey,
 ) -> Response:
     """Give the item back to the queue now; the next acquire raises its fence."""
     idem = idempotency(request, idempotency_key, body)
-    answer = await svc.requeue(
+    answer = await items.requeue(
         caller,
         tenant,
         item_id,
@@ -323,13 +315,13 @@ async def triage(
     tenant: TenantName,
     item_id: ItemId,
     body: schemas.TriageIn,
-    svc: Service,
+    items: ItemsService,
     caller: Caller,
     idempotency_key: IdempotencyKey,
 ) -> Response:
     """Record a failure and requeue or quarantine the item. Refused triage is still ledgered."""
     idem = idempotency(request, idempotency_key, body)
-    answer = await svc.triage(
+    answer = await items.triage(
         caller,
         tenant,
         item_id,
@@ -341,49 +333,3 @@ async def triage(
         quarantine=body.decision == "quarantine",
     )
     return respond(answer)
-
-
-# -- spend approvals -----------------------------------------------------------
-
-
-@router.post(
-    "/tenants/{tenant}/queues/{queue}/spend-approvals",
-    status_code=201,
-    response_model=schemas.SpendApprovalOut,
-    tags=["spend"],
-)
-async def approve_spend(
-    request: Request,
-    tenant: TenantName,
-    queue: QueueName,
-    body: schemas.SpendApprovalIn,
-    svc: Service,
-    caller: Caller,
-    idempotency_key: IdempotencyKey,
-) -> Response:
-    """Record an operator's approval for more than one concurrent lease on the queue."""
-    idem = idempotency(request, idempotency_key, body)
-    answer = await svc.approve_spend(
-        caller,
-        tenant,
-        queue,
-        idem,
-        instance=request.url.path,
-        approved_by=body.approved_by,
-        max_concurrency=body.max_concurrency,
-        expires_at=body.expires_at,
-        reason=body.reason,
-    )
-    return respond(answer)
-
-
-@router.get(
-    "/tenants/{tenant}/queues/{queue}/concurrency",
-    response_model=schemas.ConcurrencyOut,
-    tags=["spend"],
-)
-async def concurrency(
-    tenant: TenantName, queue: QueueName, svc: Service, caller: Caller
-) -> Response:
-    """The queue's concurrency limit (1 without a live approval) and its active leases."""
-    return respond(await svc.concurrency(caller, tenant, queue))

@@ -15,8 +15,7 @@ from pydantic import AfterValidator, BaseModel, Field
 from starlette.responses import Response
 
 from queue_server.api import schemas
-from queue_server.api.routes import PROBLEMS, Caller, Service, TenantName, respond
-from queue_server.services.runs import Verification
+from queue_server.api.deps import PROBLEMS, Caller, RunsService, TenantName, respond
 
 router = APIRouter(prefix="/v1", responses=PROBLEMS)
 
@@ -71,11 +70,11 @@ class RunOut(BaseModel):
     status_code=201,
     tags=["verification"],
 )
-async def start_run(tenant: TenantName, body: RunIn, svc: Service, caller: Caller) -> Response:
+async def start_run(tenant: TenantName, body: RunIn, runs: RunsService, caller: Caller) -> Response:
     """Start the run of (artifact version, verifier version), 201; the same pair again
     returns that run with its checkpoints, 200. While another run of the tenant is
     running: 409 `verification-run-busy`."""
-    answer = await Verification(svc).start(
+    answer = await runs.start(
         caller,
         tenant,
         artifact_version=body.artifact_version,
@@ -88,9 +87,9 @@ async def start_run(tenant: TenantName, body: RunIn, svc: Service, caller: Calle
 @router.get(
     "/tenants/{tenant}/verification-runs/{run_id}", response_model=RunOut, tags=["verification"]
 )
-async def get_run(tenant: TenantName, run_id: RunId, svc: Service, caller: Caller) -> Response:
+async def get_run(tenant: TenantName, run_id: RunId, runs: RunsService, caller: Caller) -> Response:
     """The run, its checkpoints and the items that remain: where a verifier resumes."""
-    return respond(await Verification(svc).get(caller, tenant, run_id))
+    return respond(await runs.get(caller, tenant, run_id))
 
 
 @router.put(
@@ -103,13 +102,11 @@ async def put_checkpoint(
     run_id: RunId,
     item: Annotated[str, Path(max_length=1024, description="A declared item")],
     body: CheckpointIn,
-    svc: Service,
+    runs: RunsService,
     caller: Caller,
 ) -> Response:
     """Checkpoint one declared item, 201; the same result again, 200; another, 409."""
-    return respond(
-        await Verification(svc).checkpoint(caller, tenant, run_id, item, result=body.result)
-    )
+    return respond(await runs.checkpoint(caller, tenant, run_id, item, result=body.result))
 
 
 @router.put(
@@ -117,7 +114,9 @@ async def put_checkpoint(
     response_model=RunOut,
     tags=["verification"],
 )
-async def complete_run(tenant: TenantName, run_id: RunId, svc: Service, caller: Caller) -> Response:
+async def complete_run(
+    tenant: TenantName, run_id: RunId, runs: RunsService, caller: Caller
+) -> Response:
     """Write the terminal run-complete marker; 409 `verification-incomplete` (naming the
     missing items) until every declared item has a checkpoint."""
-    return respond(await Verification(svc).complete(caller, tenant, run_id))
+    return respond(await runs.complete(caller, tenant, run_id))

@@ -11,17 +11,17 @@ from pydantic import BaseModel, Field
 from starlette.responses import Response
 
 from queue_server.api import schemas
-from queue_server.api.routes import (
+from queue_server.api.deps import (
     PROBLEMS,
     Caller,
     IdempotencyKey,
-    Service,
     TenantName,
+    WatchersService,
     idempotency,
     respond,
 )
 from queue_server.models import NAME_PATTERN
-from queue_server.services.watchers import MAX_DELIVERY_PAGE, Watchers
+from queue_server.services.watchers import MAX_DELIVERY_PAGE
 
 router = APIRouter(prefix="/v1", responses=PROBLEMS, tags=["watchers"])
 
@@ -107,13 +107,13 @@ async def create_watcher(
     request: Request,
     tenant: TenantName,
     body: WatcherIn,
-    svc: Service,
+    watchers: WatchersService,
     caller: Caller,
     idempotency_key: IdempotencyKey,
 ) -> Response:
     """Register a webhook. The URL must pass the SSRF policy; the secret is shown once."""
     idem = idempotency(request, idempotency_key, body)
-    answer = await Watchers(svc).create(
+    answer = await watchers.create(
         caller,
         tenant,
         idem,
@@ -126,30 +126,30 @@ async def create_watcher(
 
 
 @router.get("/tenants/{tenant}/watchers", response_model=WatcherList)
-async def list_watchers(tenant: TenantName, svc: Service, caller: Caller) -> Response:
+async def list_watchers(tenant: TenantName, watchers: WatchersService, caller: Caller) -> Response:
     """The tenant's watchers with their deliveries by state."""
-    return respond(await Watchers(svc).list(caller, tenant))
+    return respond(await watchers.list(caller, tenant))
 
 
 @router.get("/tenants/{tenant}/watchers/{watcher_id}", response_model=WatcherOut)
 async def show_watcher(
-    tenant: TenantName, watcher_id: WatcherId, svc: Service, caller: Caller
+    tenant: TenantName, watcher_id: WatcherId, watchers: WatchersService, caller: Caller
 ) -> Response:
     """One watcher with its deliveries by state."""
-    return respond(await Watchers(svc).get(caller, tenant, watcher_id))
+    return respond(await watchers.get(caller, tenant, watcher_id))
 
 
 async def _change(
     request: Request,
     tenant: str,
     watcher_id: str,
-    svc: Service,
+    watchers: WatchersService,
     caller: Caller,
     key: str | None,
     action: str,
 ) -> Response:
     idem = idempotency(request, key, schemas.Body())
-    answer = await Watchers(svc).change(
+    answer = await watchers.change(
         caller, tenant, watcher_id, idem, instance=request.url.path, action=action
     )
     return respond(answer)
@@ -160,12 +160,12 @@ async def pause_watcher(
     request: Request,
     tenant: TenantName,
     watcher_id: WatcherId,
-    svc: Service,
+    watchers: WatchersService,
     caller: Caller,
     idempotency_key: IdempotencyKey,
 ) -> Response:
     """Hold the watcher's deliveries; they wait, then resume in order."""
-    return await _change(request, tenant, watcher_id, svc, caller, idempotency_key, "pause")
+    return await _change(request, tenant, watcher_id, watchers, caller, idempotency_key, "pause")
 
 
 @router.post("/tenants/{tenant}/watchers/{watcher_id}/resume", response_model=WatcherOut)
@@ -173,12 +173,12 @@ async def resume_watcher(
     request: Request,
     tenant: TenantName,
     watcher_id: WatcherId,
-    svc: Service,
+    watchers: WatchersService,
     caller: Caller,
     idempotency_key: IdempotencyKey,
 ) -> Response:
     """Send the watcher's held deliveries again, oldest first."""
-    return await _change(request, tenant, watcher_id, svc, caller, idempotency_key, "resume")
+    return await _change(request, tenant, watcher_id, watchers, caller, idempotency_key, "resume")
 
 
 @router.post("/tenants/{tenant}/watchers/{watcher_id}/cancel", response_model=WatcherCancelledOut)
@@ -186,12 +186,12 @@ async def cancel_watcher(
     request: Request,
     tenant: TenantName,
     watcher_id: WatcherId,
-    svc: Service,
+    watchers: WatchersService,
     caller: Caller,
     idempotency_key: IdempotencyKey,
 ) -> Response:
     """Stop the watcher for good; its pending deliveries are cancelled."""
-    return await _change(request, tenant, watcher_id, svc, caller, idempotency_key, "cancel")
+    return await _change(request, tenant, watcher_id, watchers, caller, idempotency_key, "cancel")
 
 
 @router.post(
@@ -201,14 +201,14 @@ async def rotate_secret(
     request: Request,
     tenant: TenantName,
     watcher_id: WatcherId,
-    svc: Service,
+    watchers: WatchersService,
     caller: Caller,
     idempotency_key: IdempotencyKey,
 ) -> Response:
     """A new signing secret (shown once). Until `previous_secret_expires_at` every delivery
     is signed with both the new and the old secret."""
     idem = idempotency(request, idempotency_key, schemas.Body())
-    answer = await Watchers(svc).rotate_secret(
+    answer = await watchers.rotate_secret(
         caller, tenant, watcher_id, idem, instance=request.url.path
     )
     return respond(answer)
@@ -218,7 +218,7 @@ async def rotate_secret(
 async def list_deliveries(
     tenant: TenantName,
     watcher_id: WatcherId,
-    svc: Service,
+    watchers: WatchersService,
     caller: Caller,
     state: Literal["pending", "delivered", "dead", "cancelled"] | None = None,
     limit: Annotated[int, Query(ge=1, le=MAX_DELIVERY_PAGE)] = 50,
@@ -226,7 +226,7 @@ async def list_deliveries(
 ) -> Response:
     """The watcher's deliveries, oldest first: delivery key, attempts, the persisted next
     attempt time, the last outcome and the dispatch receipts."""
-    answer = await Watchers(svc).deliveries(
+    answer = await watchers.deliveries(
         caller, tenant, watcher_id, state=state, limit=limit, cursor=cursor
     )
     return respond(answer)
@@ -236,8 +236,8 @@ async def list_deliveries(
 async def show_delivery(
     tenant: TenantName,
     delivery_id: Annotated[str, Path(max_length=64)],
-    svc: Service,
+    watchers: WatchersService,
     caller: Caller,
 ) -> Response:
     """One delivery with its attempts, schedule, last outcome and receipts."""
-    return respond(await Watchers(svc).delivery(caller, tenant, delivery_id))
+    return respond(await watchers.delivery(caller, tenant, delivery_id))

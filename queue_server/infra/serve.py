@@ -11,9 +11,10 @@ from pathlib import Path
 
 import psycopg
 
+from queue_server import db
 from queue_server.infra import migrate
 from queue_server.infra.embedded import EmbeddedPostgres
-from queue_server.services.items import QueueService
+from queue_server.services.keys import Keys
 from queue_server.settings import Settings
 
 DATABASE_NAME = "queue_server"
@@ -62,18 +63,23 @@ def database(settings: Settings) -> Iterator[Database]:
         pg.stop()
 
 
-def ensure_admin_key(settings: Settings, url: str) -> str | None:
-    """Create the first admin key; write it 0600 into the data directory. None if one exists."""
+def create_admin_key(settings: Settings, url: str) -> str | None:
+    """Create the first admin key; returns its secret, or None if an admin key exists."""
 
     async def create() -> str | None:
-        service = QueueService(settings, url)
-        await service.pool.open(wait=True)
+        pool = db.Database.for_api(settings, url)
+        await pool.open(wait=True)
         try:
-            return await service.ensure_admin_key()
+            return await Keys(pool).ensure_admin_key()
         finally:
-            await service.pool.close()
+            await pool.close()
 
-    secret = asyncio.run(create())
+    return asyncio.run(create())
+
+
+def ensure_admin_key(settings: Settings, url: str) -> str | None:
+    """Create the first admin key; write it 0600 into the data directory. None if one exists."""
+    secret = create_admin_key(settings, url)
     if secret is not None:
         path = admin_key_path(settings.data_dir)
         path.parent.mkdir(parents=True, exist_ok=True)

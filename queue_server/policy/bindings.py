@@ -45,8 +45,8 @@ TURNS = "queue_server.client.turns.TurnGate"
 LEASED_CLIENT = "queue_server.client.leased.LeasedWorkClient"
 LEASED_WORKER = "queue_server.client.leased.AdmittedWorker"
 RUNNER = "queue_server.client.verifier.VerifierRunner"
-SERVER_ACQUIRE = "queue_server.services.items.QueueService.acquire"
-SERVER_ENQUEUE = "queue_server.services.items.QueueService.enqueue"
+SERVER_ACQUIRE = "queue_server.services.items.Items.acquire"
+SERVER_ENQUEUE = "queue_server.services.items.Items.enqueue"
 CLI_VERIFY = "queue_server.cli.policy.app"  # the `policy` command group: show and verify
 
 _MATRIX = _T + "test_policy_matrix.py::"

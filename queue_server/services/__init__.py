@@ -1,0 +1,82 @@
+"""Transaction boundaries and policy, one module per concern; each service is built once.
+
+    keys          who is calling; API keys and the first admin key
+    tenants       tenants and their settings
+    items         enqueue, read, acquire (long-polled), heartbeat, complete, requeue, triage
+    queues        spend approvals, concurrency limits, queue status
+    dead_letters  list, show, replay, discard, bulk replay
+    ledgers       ledger verification: each item's events fold to its row
+    watchers      webhook subscriptions and their deliveries
+    receipts      confirmation receipts of confirmed mutations
+    runs          artifact verification runs and their checkpoints
+
+A service takes the `Database` (and, for effecting requests, the idempotency
+`Effects`) it was built with; the statements are in `queue_server.store`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from queue_server.db import Database
+from queue_server.idempotency import Effects
+from queue_server.infra.metrics import Metrics
+from queue_server.services.dead_letters import DeadLetters
+from queue_server.services.items import Items, Wakeups
+from queue_server.services.keys import Keys
+from queue_server.services.ledgers import Ledgers
+from queue_server.services.queues import Queues
+from queue_server.services.receipts import ConfirmationReceipts
+from queue_server.services.runs import VerificationRuns
+from queue_server.services.tenants import Tenants
+from queue_server.services.watchers import Watchers
+from queue_server.settings import Settings
+
+__all__ = [
+    "ConfirmationReceipts",
+    "DeadLetters",
+    "Items",
+    "Keys",
+    "Ledgers",
+    "Queues",
+    "Services",
+    "Tenants",
+    "VerificationRuns",
+    "Watchers",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    """Every service of one API process, built once when the app is created."""
+
+    keys: Keys
+    tenants: Tenants
+    items: Items
+    queues: Queues
+    dead_letters: DeadLetters
+    ledgers: Ledgers
+    watchers: Watchers
+    receipts: ConfirmationReceipts
+    runs: VerificationRuns
+
+    @classmethod
+    def build(
+        cls, settings: Settings, db: Database, *, keys: Keys, wakeups: Wakeups, metrics: Metrics
+    ) -> Services:
+        effects = Effects(
+            db,
+            retention=settings.idempotency_retention,
+            problem_base_uri=settings.problem_base_uri,
+        )
+        return cls(
+            keys=keys,
+            tenants=Tenants(db),
+            items=Items(db, effects, settings, wakeups=wakeups, metrics=metrics),
+            queues=Queues(db, effects),
+            dead_letters=DeadLetters(db, effects),
+            ledgers=Ledgers(db),
+            watchers=Watchers(db, effects, settings),
+            receipts=ConfirmationReceipts(db),
+            runs=VerificationRuns(db),
+        )

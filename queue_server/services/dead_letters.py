@@ -1,105 +1,35 @@
-"""Operator work: dead-letter triage (list, show, replay, discard, bulk replay), queue status,
-and ledger verification. Transaction boundaries and checks; the SQL is in the store."""
+"""Dead letters: list, show, replay, discard, and replay a queue's letters in bulk.
+
+An item's letter is resolved by `store.transitions` (replay, discard) under the
+letter's row lock; a dead webhook delivery's letter by the watchers service.
+"""
 
 from __future__ import annotations
 
-import base64
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
-
-import orjson
 
 from queue_server import auth, errors, views
+from queue_server.db import Database
+from queue_server.idempotency import Answer, Effects, Idempotency
 from queue_server.models import ItemState, Role, is_uuid
-from queue_server.services import ledgers, watchers
-from queue_server.services.items import Answer, Idempotency, QueueService
-from queue_server.store import dead_letters, reads, tenants, transitions
-from queue_server.store import outbox as outbox_store
+from queue_server.services import common, watchers
+from queue_server.services.common import require_tenant
+from queue_server.store import dead_letters, outbox, reads, transitions
 from queue_server.store.types import Conn, Row
 
 MAX_BULK_REPLAY = 100
-MAX_VERIFY_PAGE = 1000
-
-
-def _ok(status: int, body: Any) -> Answer:
-    return Answer(status=status, body=views.dumps(body))
-
-
-def dead_letter_view(row: Row) -> dict[str, Any]:
-    return {
-        "dead_letter_id": str(row["dead_letter_id"]),
-        "kind": row["kind"],
-        "item_id": str(row["item_id"]) if row["item_id"] else None,
-        "delivery_id": str(row["delivery_id"]) if row["delivery_id"] else None,
-        "queue": row["queue"],
-        "reason": row["reason"],
-        "last_failure": row["last_failure"],
-        "created_at": row["created_at"],
-        "closed_at": row["closed_at"],
-        "resolution": row["resolution"],
-    }
-
-
-def encode_cursor(parts: list[str]) -> str:
-    return base64.urlsafe_b64encode(orjson.dumps(parts)).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str, size: int) -> list[str]:
-    """An opaque cursor back into its parts; a cursor we did not make is a 422."""
-    try:
-        parts = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-    except (ValueError, orjson.JSONDecodeError):
-        parts = None
-    if (
-        not isinstance(parts, list)
-        or len(parts) != size
-        or not all(isinstance(p, str) for p in parts)
-    ):
-        raise errors.InvalidRequestError("The cursor is not one this server issued.")
-    return parts
 
 
 class _SkipItemError(Exception):
     """Rolls one item's savepoint back during a bulk replay."""
 
 
-@dataclass(frozen=True, slots=True)
-class Mismatch:
-    tenant: str
-    item_id: str
-    problems: list[str]
+class DeadLetters:
+    """List, show, replay and discard dead letters; replay a queue's dead letters in bulk."""
 
-
-def verify_rows(rows: list[Row]) -> list[Mismatch]:
-    """Fold each item's ledger (rows carry it as `events`) and compare it with the row."""
-    found = []
-    for row in rows:
-        problems = ledgers.mismatches(row, row["events"])
-        if problems:
-            found.append(Mismatch(row["tenant_id"], str(row["item_id"]), problems))
-    return found
-
-
-class Operators:
-    """Dead letters and verification, on the service's pool and idempotency receipts."""
-
-    def __init__(self, service: QueueService) -> None:
-        self.service = service
-
-    async def _require_tenant(self, conn: Conn, tenant: str) -> Row:
-        row = await tenants.get_tenant(conn, tenant)
-        if row is None:
-            raise errors.TenantNotFoundError(tenant=tenant)
-        return row
-
-    # -- reads ---------------------------------------------------------------
-
-    async def whoami(self, principal: auth.Principal) -> Answer:
-        return _ok(
-            200,
-            {"key_id": principal.key_id, "tenant": principal.tenant, "role": principal.role},
-        )
+    def __init__(self, db: Database, effects: Effects) -> None:
+        self.db = db
+        self.effects = effects
 
     async def list_dead_letters(
         self,
@@ -116,7 +46,7 @@ class Operators:
         principal.require(tenant, Role.OPERATOR)
         after: tuple[datetime, str] | None = None
         if cursor:
-            at, dead_letter_id = decode_cursor(cursor, 2)
+            at, dead_letter_id = common.decode_cursor(cursor, 2)
             try:
                 after = (datetime.fromisoformat(at), dead_letter_id)
             except ValueError:
@@ -125,8 +55,8 @@ class Operators:
                 ) from None
             if not is_uuid(dead_letter_id):
                 raise errors.InvalidRequestError("The cursor is not one this server issued.")
-        async with self.service._conn() as conn:
-            await self._require_tenant(conn, tenant)
+        async with self.db.conn() as conn:
+            await require_tenant(conn, tenant)
             rows = await dead_letters.list_page(
                 conn,
                 tenant=tenant,
@@ -140,12 +70,12 @@ class Operators:
         if len(rows) > limit:
             rows = rows[:limit]
             last = rows[-1]
-            next_cursor = encode_cursor(
+            next_cursor = common.encode_cursor(
                 [last["created_at"].isoformat(), str(last["dead_letter_id"])]
             )
-        return _ok(
+        return Answer.of(
             200,
-            {"dead_letters": [dead_letter_view(r) for r in rows], "next_cursor": next_cursor},
+            {"dead_letters": [views.dead_letter(r) for r in rows], "next_cursor": next_cursor},
         )
 
     async def show_dead_letter(
@@ -155,7 +85,7 @@ class Operators:
         principal.require(tenant, Role.OPERATOR)
         if not is_uuid(dead_letter_id):
             raise errors.DeadLetterNotFoundError(dead_letter_id=dead_letter_id)
-        async with self.service._conn() as conn:
+        async with self.db.conn() as conn:
             row = await dead_letters.get(conn, tenant=tenant, dead_letter_id=dead_letter_id)
             if row is None:
                 raise errors.DeadLetterNotFoundError(dead_letter_id=dead_letter_id)
@@ -167,54 +97,18 @@ class Operators:
                 events = await reads.ledger(conn, tenant=tenant, item_id=item_id)
             delivery = None
             if row["delivery_id"] is not None:
-                delivery = await outbox_store.get_delivery(
+                delivery = await outbox.get_delivery(
                     conn, tenant=tenant, delivery_id=str(row["delivery_id"])
                 )
-        return _ok(
+        return Answer.of(
             200,
             {
-                "dead_letter": dead_letter_view(row),
+                "dead_letter": views.dead_letter(row),
                 "item": views.item(item) if item else None,
                 "events": [views.event(e) for e in events],
-                "delivery": watchers.delivery_view(delivery) if delivery else None,
+                "delivery": views.delivery(delivery) if delivery else None,
             },
         )
-
-    async def queue_status(self, principal: auth.Principal, tenant: str) -> Answer:
-        """Per queue: ready, due, leased, quarantined, oldest due age, concurrency limit."""
-        principal.require(tenant, Role.WORKER, Role.OPERATOR)
-        async with self.service._conn() as conn:
-            row = await self._require_tenant(conn, tenant)
-            backlog = await tenants.backlog(conn, tenant)
-            queues = []
-            for q in await dead_letters.queue_status(conn, tenant=tenant):
-                limits = await tenants.concurrency(conn, tenant=tenant, queue=q["queue"])
-                age = q["oldest_ready_age"]
-                queues.append(
-                    {
-                        "queue": q["queue"],
-                        "ready": q["ready"],
-                        "due": q["due"],
-                        "leased": q["leased"],
-                        "quarantined": q["quarantined"],
-                        "oldest_ready_age": float(age) if age is not None else None,
-                        "concurrency_limit": limits["limit"],
-                        "active_leases": limits["active_leases"],
-                    }
-                )
-            open_dead_letters = await dead_letters.count_open(conn, tenant=tenant)
-        return _ok(
-            200,
-            {
-                "tenant": tenant,
-                "backlog": backlog,
-                "backlog_cap": row["backlog_cap"],
-                "open_dead_letters": open_dead_letters,
-                "queues": queues,
-            },
-        )
-
-    # -- effects -------------------------------------------------------------
 
     @staticmethod
     def _check_resolvable(row: Row | None, dead_letter_id: str) -> Row:
@@ -275,9 +169,9 @@ class Operators:
             if item is None:
                 # Both rows are locked and were checked: a 500 rolls everything back.
                 raise errors.QueueServerError("The replay changed nothing; nothing was kept.")
-            return _ok(200, views.item(item))
+            return Answer.of(200, views.item(item))
 
-        return await self.service._effect(tenant, idem, instance, operation)
+        return await self.effects.run(tenant, idem, instance, operation)
 
     async def discard(
         self,
@@ -318,9 +212,9 @@ class Operators:
             )
             if item is None:
                 raise errors.QueueServerError("The discard changed nothing; nothing was kept.")
-            return _ok(200, views.item(item))
+            return Answer.of(200, views.item(item))
 
-        return await self.service._effect(tenant, idem, instance, operation)
+        return await self.effects.run(tenant, idem, instance, operation)
 
     async def replay_queue(
         self,
@@ -341,7 +235,7 @@ class Operators:
         principal.require(tenant, Role.OPERATOR)
 
         async def operation(conn: Conn) -> Answer:
-            await self._require_tenant(conn, tenant)
+            await require_tenant(conn, tenant)
             replayed: list[str] = []
             skipped: list[str] = []
             for row in await dead_letters.open_for_queue(
@@ -368,7 +262,7 @@ class Operators:
                 except _SkipItemError:
                     skipped.append(dead_letter_id)
             remaining = await dead_letters.count_open(conn, tenant=tenant, queue=queue)
-            return _ok(
+            return Answer.of(
                 200,
                 {
                     "queue": queue,
@@ -380,48 +274,4 @@ class Operators:
                 },
             )
 
-        return await self.service._effect(tenant, idem, instance, operation)
-
-    # -- verification --------------------------------------------------------
-
-    async def verify_ledgers(
-        self,
-        principal: auth.Principal,
-        tenant: str | None,
-        *,
-        limit: int,
-        cursor: str | None,
-    ) -> Answer:
-        """Fold the ledgers of one page of items (of a tenant, or of all tenants for an admin)."""
-        if tenant is None:
-            principal.require_admin()
-        else:
-            principal.require(tenant, Role.OPERATOR)
-        after: tuple[str, str] | None = None
-        if cursor:
-            after_tenant, after_item = decode_cursor(cursor, 2)
-            if not is_uuid(after_item):
-                raise errors.InvalidRequestError("The cursor is not one this server issued.")
-            after = (after_tenant, after_item)
-        async with self.service._conn() as conn:
-            if tenant is not None:
-                await self._require_tenant(conn, tenant)
-            rows = await dead_letters.verification_page(
-                conn, tenant=tenant, after=after, limit=limit
-            )
-        found = verify_rows(rows)
-        next_cursor = None
-        if len(rows) == limit:
-            last = rows[-1]
-            next_cursor = encode_cursor([last["tenant_id"], str(last["item_id"])])
-        return _ok(
-            200,
-            {
-                "checked": len(rows),
-                "mismatches": [
-                    {"tenant": m.tenant, "item_id": m.item_id, "problems": m.problems}
-                    for m in found
-                ],
-                "next_cursor": next_cursor,
-            },
-        )
+        return await self.effects.run(tenant, idem, instance, operation)

@@ -13,47 +13,25 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from queue_server import auth, errors, views
-from queue_server.models import Role
+from queue_server.db import Database
+from queue_server.idempotency import Answer
 from queue_server.policy import OperationClass, ReceiptConflictError, admit_operation
-from queue_server.services.items import Answer, QueueService
-from queue_server.store import confirmation_receipts, tenants
-from queue_server.store.types import Conn, Row
+from queue_server.services.common import WORKER_OR_OPERATOR, require_tenant
+from queue_server.store import confirmation_receipts
+from queue_server.store.types import Row
 
 Settlement = Literal["succeeded", "failed"]
 
 
-class ReceiptNotFoundError(errors.NotFoundError):
-    """No receipt with this outcome reference in this tenant."""
-
-    code = "receipt-not-found"
-    title = "Receipt not found"
-
-
-def receipt_view(row: Row) -> dict[str, Any]:
-    return {
-        "outcome_ref": row["outcome_ref"],
-        "idempotency_key": row["idempotency_key"],
-        "status": row["status"],
-        "outcome": row["outcome"],
-        "created_at": row["created_at"],
-        "settled_at": row["settled_at"],
-    }
-
-
 def _answer(status: int, row: Row, *, replayed: bool = False) -> Answer:
-    return Answer(status=status, body=views.dumps(receipt_view(row)), replayed=replayed)
+    return Answer.of(status, views.confirmation_receipt(row), replayed=replayed)
 
 
-class Confirmations:
-    """The receipts API's transactions, on the service's pool."""
+class ConfirmationReceipts:
+    """Claim, settle and read the receipts of confirmed mutations."""
 
-    def __init__(self, service: QueueService) -> None:
-        self.service = service
-
-    @staticmethod
-    async def _require_tenant(conn: Conn, tenant: str) -> None:
-        if await tenants.get_tenant(conn, tenant) is None:
-            raise errors.TenantNotFoundError(tenant=tenant)
+    def __init__(self, db: Database) -> None:
+        self.db = db
 
     async def claim(
         self,
@@ -69,15 +47,15 @@ class Confirmations:
         A repeat carrying the original `claim_token` of a still-pending receipt is the
         same claim retried after its answer was lost: it is granted again (201).
         """
-        principal.require(tenant, Role.WORKER, Role.OPERATOR)
+        principal.require(tenant, *WORKER_OR_OPERATOR)
         # The server fails closed on the same rule as every client: no identity, no grant.
         admit_operation(
             OperationClass.CONFIRMED_MUTATION,
             idempotency_key=idempotency_key,
             outcome_ref=outcome_ref,
         )
-        async with self.service._tx() as conn:
-            await self._require_tenant(conn, tenant)
+        async with self.db.tx() as conn:
+            await require_tenant(conn, tenant)
             row = await confirmation_receipts.claim(
                 conn, tenant=tenant, key=idempotency_key, ref=outcome_ref, token=claim_token
             )
@@ -116,9 +94,9 @@ class Confirmations:
         outcome: Any,
     ) -> Answer:
         """pending -> succeeded | failed, once; the same settlement again replays; another is 409."""
-        principal.require(tenant, Role.WORKER, Role.OPERATOR)
-        async with self.service._tx() as conn:
-            await self._require_tenant(conn, tenant)
+        principal.require(tenant, *WORKER_OR_OPERATOR)
+        async with self.db.tx() as conn:
+            await require_tenant(conn, tenant)
             row = await confirmation_receipts.settle(
                 conn, tenant=tenant, ref=outcome_ref, status=status, outcome=outcome
             )
@@ -126,7 +104,7 @@ class Confirmations:
                 return _answer(200, row)
             existing = await confirmation_receipts.get(conn, tenant=tenant, ref=outcome_ref)
         if existing is None:
-            raise ReceiptNotFoundError(outcome_ref=outcome_ref)
+            raise errors.ReceiptNotFoundError(outcome_ref=outcome_ref)
         if (existing["status"], existing["outcome"]) == (status, outcome):
             return _answer(200, existing, replayed=True)
         raise ReceiptConflictError(
@@ -136,10 +114,10 @@ class Confirmations:
         )
 
     async def get(self, principal: auth.Principal, tenant: str, outcome_ref: str) -> Answer:
-        principal.require(tenant, Role.WORKER, Role.OPERATOR)
-        async with self.service._conn() as conn:
-            await self._require_tenant(conn, tenant)
+        principal.require(tenant, *WORKER_OR_OPERATOR)
+        async with self.db.conn() as conn:
+            await require_tenant(conn, tenant)
             row = await confirmation_receipts.get(conn, tenant=tenant, ref=outcome_ref)
         if row is None:
-            raise ReceiptNotFoundError(outcome_ref=outcome_ref)
+            raise errors.ReceiptNotFoundError(outcome_ref=outcome_ref)
         return _answer(200, row)

@@ -14,95 +14,20 @@ from __future__ import annotations
 from typing import Any
 
 from queue_server import auth, errors, views
-from queue_server.models import Role, is_uuid, uuid7
+from queue_server.db import Database
+from queue_server.idempotency import Answer
+from queue_server.models import is_uuid, uuid7
 from queue_server.policy import OperationClass, admit_operation, run_key
-from queue_server.services.items import Answer, QueueService
-from queue_server.store import tenants, verification_runs
+from queue_server.services.common import WORKER_OR_OPERATOR, require_tenant
+from queue_server.store import verification_runs
 from queue_server.store.types import Conn, Row
 
 
-class VerificationRunNotFoundError(errors.NotFoundError):
-    """No verification run with this id in this tenant."""
+class VerificationRuns:
+    """Start, read, checkpoint and complete artifact verification runs."""
 
-    code = "verification-run-not-found"
-    title = "Verification run not found"
-
-
-class VerificationRunBusyError(errors.QueueServerError):
-    """Another verification run of this tenant is running; verification concurrency is one."""
-
-    status = 409
-    code = "verification-run-busy"
-    title = "Verification run busy"
-
-
-class RunKeyConflictError(errors.QueueServerError):
-    """This artifact and verifier version already name a run with other declared items."""
-
-    status = 409
-    code = "run-key-conflict"
-    title = "Run key conflict"
-
-
-class ItemNotDeclaredError(errors.QueueServerError):
-    """The item is not one of the run's declared items."""
-
-    status = 422
-    code = "item-not-declared"
-    title = "Item not declared"
-
-
-class CheckpointConflictError(errors.QueueServerError):
-    """The item is already checkpointed with a different result; a checkpoint is recorded once."""
-
-    status = 409
-    code = "checkpoint-conflict"
-    title = "Checkpoint conflict"
-
-
-class VerificationIncompleteError(errors.QueueServerError):
-    """The run-complete marker needs a checkpoint for every declared item."""
-
-    status = 409
-    code = "verification-incomplete"
-    title = "Verification incomplete"
-
-
-def checkpoint_view(row: Row) -> dict[str, Any]:
-    return {
-        "run_id": str(row["run_id"]),
-        "item": row["item"],
-        "result": row["result"],
-        "recorded_at": row["recorded_at"],
-    }
-
-
-def run_view(row: Row, checkpoints: list[Row]) -> dict[str, Any]:
-    done = {c["item"] for c in checkpoints}
-    return {
-        "run_id": str(row["run_id"]),
-        "run_key": run_key(row["artifact_version"], row["verifier_version"]),
-        "artifact_version": row["artifact_version"],
-        "verifier_version": row["verifier_version"],
-        "state": row["state"],
-        "items": row["items"],
-        "checkpoints": [checkpoint_view(c) for c in checkpoints],
-        "remaining": [i for i in row["items"] if i not in done],
-        "created_at": row["created_at"],
-        "completed_at": row["completed_at"],
-    }
-
-
-class Verification:
-    """The verification-runs API's transactions, on the service's pool."""
-
-    def __init__(self, service: QueueService) -> None:
-        self.service = service
-
-    @staticmethod
-    async def _require_tenant(conn: Conn, tenant: str) -> None:
-        if await tenants.get_tenant(conn, tenant) is None:
-            raise errors.TenantNotFoundError(tenant=tenant)
+    def __init__(self, db: Database) -> None:
+        self.db = db
 
     @staticmethod
     async def _run(conn: Conn, tenant: str, run_id: str, *, lock: bool = False) -> Row:
@@ -110,14 +35,14 @@ class Verification:
         if is_uuid(run_id):
             row = await verification_runs.get(conn, tenant=tenant, run_id=run_id, lock=lock)
         if row is None:
-            raise VerificationRunNotFoundError(run_id=run_id)
+            raise errors.VerificationRunNotFoundError(run_id=run_id)
         return row
 
     async def _answer(self, conn: Conn, status: int, row: Row, *, replayed: bool = False) -> Answer:
         done = await verification_runs.checkpoints(
             conn, tenant=row["tenant_id"], run_id=str(row["run_id"])
         )
-        return Answer(status=status, body=views.dumps(run_view(row, done)), replayed=replayed)
+        return Answer.of(status, views.verification_run(row, done), replayed=replayed)
 
     async def start(
         self,
@@ -129,12 +54,12 @@ class Verification:
         items: list[str],
     ) -> Answer:
         """(none) -> running, 201; the same run key again: that run, 200; another running: 409."""
-        principal.require(tenant, Role.WORKER, Role.OPERATOR)
+        principal.require(tenant, *WORKER_OR_OPERATOR)
         key = run_key(artifact_version, verifier_version)
         admit_operation(OperationClass.ARTIFACT_VERIFICATION, idempotency_key=key, outcome_ref=key)
         declared = list(dict.fromkeys(items))
-        async with self.service._tx() as conn:
-            await self._require_tenant(conn, tenant)
+        async with self.db.tx() as conn:
+            await require_tenant(conn, tenant)
             row = await verification_runs.start(
                 conn,
                 tenant=tenant,
@@ -150,15 +75,15 @@ class Verification:
             )
             if existing is not None:
                 if existing["items"] != declared:
-                    raise RunKeyConflictError(run_id=str(existing["run_id"]), run_key=key)
+                    raise errors.RunKeyConflictError(run_id=str(existing["run_id"]), run_key=key)
                 return await self._answer(conn, 200, existing, replayed=True)
             busy = await verification_runs.running(conn, tenant=tenant)
-        raise VerificationRunBusyError(running_run_id=str(busy["run_id"]) if busy else None)
+        raise errors.VerificationRunBusyError(running_run_id=str(busy["run_id"]) if busy else None)
 
     async def get(self, principal: auth.Principal, tenant: str, run_id: str) -> Answer:
-        principal.require(tenant, Role.WORKER, Role.OPERATOR)
-        async with self.service._conn() as conn:
-            await self._require_tenant(conn, tenant)
+        principal.require(tenant, *WORKER_OR_OPERATOR)
+        async with self.db.conn() as conn:
+            await require_tenant(conn, tenant)
             row = await self._run(conn, tenant, run_id)
             return await self._answer(conn, 200, row)
 
@@ -166,12 +91,12 @@ class Verification:
         self, principal: auth.Principal, tenant: str, run_id: str, item: str, *, result: Any
     ) -> Answer:
         """Record the item's result once, 201; the same result again, 200; another result, 409."""
-        principal.require(tenant, Role.WORKER, Role.OPERATOR)
-        async with self.service._tx() as conn:
-            await self._require_tenant(conn, tenant)
+        principal.require(tenant, *WORKER_OR_OPERATOR)
+        async with self.db.tx() as conn:
+            await require_tenant(conn, tenant)
             run = await self._run(conn, tenant, run_id, lock=True)
             if item not in run["items"]:
-                raise ItemNotDeclaredError(run_id=run_id, item=item)
+                raise errors.ItemNotDeclaredError(run_id=run_id, item=item)
             row = await verification_runs.record(
                 conn, tenant=tenant, run_id=run_id, item=item, result=result
             )
@@ -182,15 +107,14 @@ class Verification:
                 )
                 assert row is not None, "a refused checkpoint insert means one exists"
                 if row["result"] != result:
-                    raise CheckpointConflictError(run_id=run_id, item=item)
-        body = views.dumps(checkpoint_view(row))
-        return Answer(status=200 if replayed else 201, body=body, replayed=replayed)
+                    raise errors.CheckpointConflictError(run_id=run_id, item=item)
+        return Answer.of(200 if replayed else 201, views.checkpoint(row), replayed=replayed)
 
     async def complete(self, principal: auth.Principal, tenant: str, run_id: str) -> Answer:
         """running -> complete once every declared item is checkpointed; complete again: 200."""
-        principal.require(tenant, Role.WORKER, Role.OPERATOR)
-        async with self.service._tx() as conn:
-            await self._require_tenant(conn, tenant)
+        principal.require(tenant, *WORKER_OR_OPERATOR)
+        async with self.db.tx() as conn:
+            await require_tenant(conn, tenant)
             run = await self._run(conn, tenant, run_id)
             row = await verification_runs.complete(conn, tenant=tenant, run_id=run_id)
             if row is not None:
@@ -202,7 +126,7 @@ class Verification:
                 for c in await verification_runs.checkpoints(conn, tenant=tenant, run_id=run_id)
             }
         missing = [i for i in run["items"] if i not in done]
-        raise VerificationIncompleteError(
+        raise errors.VerificationIncompleteError(
             f"{len(missing)} declared item(s) have no checkpoint yet.",
             run_id=run_id,
             missing=missing[:100],

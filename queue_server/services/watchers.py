@@ -1,90 +1,22 @@
 """Watchers (webhook subscriptions) and their outbox: registration, state changes, secret
 rotation, delivery listings, and the resolution of dead deliveries. The SQL is in
-`store/outbox.py`; sending is `queue_server.workers.deliverer`."""
+`store/watchers.py` and `store/outbox.py`; sending is `queue_server.workers.deliverer`."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from queue_server import auth, errors, views
-from queue_server.models import Role, is_uuid
-from queue_server.services.items import Answer, Idempotency, QueueService
-from queue_server.store import outbox, tenants
+from queue_server.db import Database
+from queue_server.idempotency import Answer, Effects, Idempotency
+from queue_server.models import is_uuid
+from queue_server.services.common import WORKER_OR_OPERATOR, require_tenant
+from queue_server.settings import Settings
+from queue_server.store import outbox, watchers
 from queue_server.store.outbox import EVENTS
 from queue_server.store.types import Conn, Row
 from queue_server.transport import AllowList, PolicyRefusedError, check_target_async
 from queue_server.transport.signing import generate_secret
 
-WORKER_OR_OPERATOR = (Role.WORKER, Role.OPERATOR)
 MAX_DELIVERY_PAGE = 500
-
-
-class WatcherNotFoundError(errors.NotFoundError):
-    """No such watcher in this tenant."""
-
-    code = "watcher-not-found"
-    title = "Watcher not found"
-
-
-class TargetRefusedError(errors.QueueServerError):
-    """The watcher URL is not one the server may send to (it resolves to a private,
-    loopback, link-local, multicast or unspecified address, or is not http(s))."""
-
-    status = 422
-    code = "target-refused"
-    title = "Target refused"
-
-
-class DeliveryNotFoundError(errors.NotFoundError):
-    """No such delivery in this tenant."""
-
-    code = "delivery-not-found"
-    title = "Delivery not found"
-
-
-def _ok(status: int, body: Any) -> Answer:
-    return Answer(status=status, body=views.dumps(body))
-
-
-def watcher_view(row: Row, counts: dict[str, int] | None = None) -> dict[str, Any]:
-    """A watcher as the API shows it: never its secret."""
-    body = {
-        "watcher_id": str(row["watcher_id"]),
-        "tenant": row["tenant_id"],
-        "url": row["url"],
-        "events": list(row["events"]),
-        "queues": list(row["queues"]) if row["queues"] is not None else None,
-        "state": row["state"],
-        "disabled_reason": row["disabled_reason"],
-        "previous_secret_expires_at": row["previous_secret_expires_at"],
-        "created_at": row["created_at"],
-        "updated_at": row["updated_at"],
-    }
-    if counts is not None:
-        body["deliveries"] = {
-            state: counts.get(state, 0) for state in ("pending", "delivered", "dead", "cancelled")
-        }
-    return body
-
-
-def delivery_view(row: Row) -> dict[str, Any]:
-    return {
-        "delivery_id": str(row["delivery_id"]),
-        "delivery_key": row["delivery_key"],
-        "watcher_id": str(row["watcher_id"]),
-        "event": row["event"],
-        "item_id": str(row["item_id"]) if row["item_id"] else None,
-        "queue": row["queue"],
-        "state": row["state"],
-        "attempts": row["attempts"],
-        "next_attempt_at": row["next_attempt_at"],
-        "last_attempt_at": row["last_attempt_at"],
-        "last_outcome": row["last_outcome"],
-        "receipts": row["receipts"],
-        "receipts_omitted": row["receipts_omitted"],
-        "created_at": row["created_at"],
-        "delivered_at": row["delivered_at"],
-    }
 
 
 async def resolve_dead_delivery(
@@ -115,29 +47,31 @@ async def resolve_dead_delivery(
     )
     if row is None:
         raise errors.QueueServerError("The resolution changed nothing; nothing was kept.")
-    return _ok(200, delivery_view(row))
+    return Answer.of(200, views.delivery(row))
 
 
 class Watchers:
-    """Watcher routes on the service's pool and idempotency receipts."""
+    """Register, list, change and rotate watchers; list and show their deliveries."""
 
-    def __init__(self, service: QueueService) -> None:
-        self.service = service
-        self.allow = AllowList.parse(service.settings.transport_allow)
+    def __init__(self, db: Database, effects: Effects, settings: Settings) -> None:
+        self.db = db
+        self.effects = effects
+        self.secret_grace = settings.watcher_secret_grace
+        self.allow = AllowList.parse(settings.transport_allow)
 
     async def _check_url(self, url: str) -> None:
         """The SSRF policy at registration; the broker checks again at every dispatch."""
         try:
             await check_target_async(url, self.allow)
         except PolicyRefusedError as exc:
-            raise TargetRefusedError(f"The watcher URL is refused: {exc.detail}.") from None
+            raise errors.TargetRefusedError(f"The watcher URL is refused: {exc.detail}.") from None
 
     async def _watcher(self, conn: Conn, tenant: str, watcher_id: str, lock: bool = False) -> Row:
         if not is_uuid(watcher_id):
-            raise WatcherNotFoundError(watcher_id=watcher_id)
-        row = await outbox.get_watcher(conn, tenant=tenant, watcher_id=watcher_id, lock=lock)
+            raise errors.WatcherNotFoundError(watcher_id=watcher_id)
+        row = await watchers.get_watcher(conn, tenant=tenant, watcher_id=watcher_id, lock=lock)
         if row is None:
-            raise WatcherNotFoundError(watcher_id=watcher_id)
+            raise errors.WatcherNotFoundError(watcher_id=watcher_id)
         return row
 
     async def create(
@@ -159,10 +93,9 @@ class Watchers:
         await self._check_url(url)
 
         async def operation(conn: Conn) -> Answer:
-            if await tenants.get_tenant(conn, tenant) is None:
-                raise errors.TenantNotFoundError(tenant=tenant)
+            await require_tenant(conn, tenant)
             secret = generate_secret()
-            row = await outbox.create_watcher(
+            row = await watchers.create_watcher(
                 conn,
                 tenant=tenant,
                 url=url,
@@ -170,28 +103,27 @@ class Watchers:
                 queues=queues,
                 secret=secret,
             )
-            return _ok(201, {**watcher_view(row), "secret": secret})
+            return Answer.of(201, {**views.watcher(row), "secret": secret})
 
-        return await self.service._effect(tenant, idem, instance, operation)
+        return await self.effects.run(tenant, idem, instance, operation)
 
     async def list(self, principal: auth.Principal, tenant: str) -> Answer:
         principal.require(tenant, *WORKER_OR_OPERATOR)
-        async with self.service._conn() as conn:
-            if await tenants.get_tenant(conn, tenant) is None:
-                raise errors.TenantNotFoundError(tenant=tenant)
-            rows = await outbox.list_watchers(conn, tenant=tenant)
+        async with self.db.conn() as conn:
+            await require_tenant(conn, tenant)
+            rows = await watchers.list_watchers(conn, tenant=tenant)
             counts = await outbox.delivery_counts(conn, tenant=tenant)
-        return _ok(
+        return Answer.of(
             200,
-            {"watchers": [watcher_view(r, counts.get(str(r["watcher_id"]), {})) for r in rows]},
+            {"watchers": [views.watcher(r, counts.get(str(r["watcher_id"]), {})) for r in rows]},
         )
 
     async def get(self, principal: auth.Principal, tenant: str, watcher_id: str) -> Answer:
         principal.require(tenant, *WORKER_OR_OPERATOR)
-        async with self.service._conn() as conn:
+        async with self.db.conn() as conn:
             row = await self._watcher(conn, tenant, watcher_id)
             counts = await outbox.delivery_counts(conn, tenant=tenant)
-        return _ok(200, watcher_view(row, counts.get(watcher_id, {})))
+        return Answer.of(200, views.watcher(row, counts.get(watcher_id, {})))
 
     async def change(
         self,
@@ -213,10 +145,10 @@ class Watchers:
         async def operation(conn: Conn) -> Answer:
             current = await self._watcher(conn, tenant, watcher_id, lock=True)
             if action == "cancel":
-                row = await outbox.cancel_watcher(conn, tenant=tenant, watcher_id=watcher_id)
+                row = await watchers.cancel_watcher(conn, tenant=tenant, watcher_id=watcher_id)
             else:
                 target = "paused" if action == "pause" else "active"
-                row = await outbox.change_state(
+                row = await watchers.change_state(
                     conn,
                     tenant=tenant,
                     watcher_id=watcher_id,
@@ -229,12 +161,12 @@ class Watchers:
                     watcher_id=watcher_id,
                     state=current["state"],
                 )
-            body = watcher_view(row)
+            body = views.watcher(row)
             if action == "cancel":
                 body["cancelled_deliveries"] = int(row["cancelled_deliveries"])
-            return _ok(200, body)
+            return Answer.of(200, body)
 
-        return await self.service._effect(tenant, idem, instance, operation)
+        return await self.effects.run(tenant, idem, instance, operation)
 
     async def rotate_secret(
         self,
@@ -251,12 +183,12 @@ class Watchers:
         async def operation(conn: Conn) -> Answer:
             current = await self._watcher(conn, tenant, watcher_id, lock=True)
             secret = generate_secret()
-            row = await outbox.rotate_secret(
+            row = await watchers.rotate_secret(
                 conn,
                 tenant=tenant,
                 watcher_id=watcher_id,
                 secret=secret,
-                grace=self.service.settings.watcher_secret_grace,
+                grace=self.secret_grace,
             )
             if row is None:
                 raise errors.InvalidStateError(
@@ -264,9 +196,9 @@ class Watchers:
                     watcher_id=watcher_id,
                     state=current["state"],
                 )
-            return _ok(200, {**watcher_view(row), "secret": secret})
+            return Answer.of(200, {**views.watcher(row), "secret": secret})
 
-        return await self.service._effect(tenant, idem, instance, operation)
+        return await self.effects.run(tenant, idem, instance, operation)
 
     async def deliveries(
         self,
@@ -285,7 +217,7 @@ class Watchers:
             if not cursor.isdigit():
                 raise errors.InvalidRequestError("The cursor is not one this server issued.")
             after = int(cursor)
-        async with self.service._conn() as conn:
+        async with self.db.conn() as conn:
             await self._watcher(conn, tenant, watcher_id)
             rows = await outbox.list_deliveries(
                 conn,
@@ -299,16 +231,16 @@ class Watchers:
         if len(rows) > limit:
             rows = rows[:limit]
             next_cursor = str(rows[-1]["seq"])
-        return _ok(
-            200, {"deliveries": [delivery_view(r) for r in rows], "next_cursor": next_cursor}
+        return Answer.of(
+            200, {"deliveries": [views.delivery(r) for r in rows], "next_cursor": next_cursor}
         )
 
     async def delivery(self, principal: auth.Principal, tenant: str, delivery_id: str) -> Answer:
         principal.require(tenant, *WORKER_OR_OPERATOR)
         if not is_uuid(delivery_id):
-            raise DeliveryNotFoundError(delivery_id=delivery_id)
-        async with self.service._conn() as conn:
+            raise errors.DeliveryNotFoundError(delivery_id=delivery_id)
+        async with self.db.conn() as conn:
             row = await outbox.get_delivery(conn, tenant=tenant, delivery_id=delivery_id)
         if row is None:
-            raise DeliveryNotFoundError(delivery_id=delivery_id)
-        return _ok(200, delivery_view(row))
+            raise errors.DeliveryNotFoundError(delivery_id=delivery_id)
+        return Answer.of(200, views.delivery(row))

@@ -1,4 +1,4 @@
-"""Read SQL for operators: dead letters, per-queue status, and the ledger-verification scan.
+"""Dead letters: pages, one letter, and the locks that pin a letter before it is resolved.
 
 The statements that change a dead letter (replay, discard) live in
 `store/transitions.py` beside every other change to a work item. The reads here
@@ -124,66 +124,3 @@ async def count_open(conn: Conn, *, tenant: str, queue: str | None = None) -> in
     )
     row = await cur.fetchone()
     return int(row["n"]) if row else 0
-
-
-# Only unfinished states: each reads its partial index, and finished history
-# (completed, cancelled) never slows the status page down.
-_QUEUE_STATUS = """
-SELECT queue,
-       count(*) FILTER (WHERE state = 'ready') AS ready,
-       count(*) FILTER (WHERE state = 'ready' AND available_at <= statement_timestamp()) AS due,
-       count(*) FILTER (WHERE state = 'leased') AS leased,
-       count(*) FILTER (WHERE state = 'quarantined') AS quarantined,
-       extract(epoch FROM statement_timestamp()
-               - min(available_at) FILTER (WHERE state = 'ready'
-                                           AND available_at <= statement_timestamp()))
-           AS oldest_ready_age
-FROM work_items
-WHERE tenant_id = %(tenant)s AND state IN ('ready', 'leased', 'quarantined')
-GROUP BY queue
-ORDER BY queue
-"""
-
-
-async def queue_status(conn: Conn, *, tenant: str) -> list[Row]:
-    """Per queue: ready (and due), leased, quarantined, and the age of the oldest due item."""
-    cur = await conn.execute(_QUEUE_STATUS, {"tenant": tenant})
-    return await cur.fetchall()
-
-
-# One statement, so each item and its events are read from the same snapshot:
-# a transition committing in between cannot make a consistent item look wrong.
-_VERIFY_PAGE = """
-WITH page AS (
-    SELECT * FROM work_items
-    WHERE (%(tenant)s::text IS NULL OR tenant_id = %(tenant)s)
-      AND (tenant_id, item_id) > (%(after_tenant)s, %(after_item)s::uuid)
-    ORDER BY tenant_id, item_id
-    LIMIT %(limit)s
-)
-SELECT p.*,
-       (SELECT coalesce(jsonb_agg(jsonb_build_object(
-                   'seq', e.seq, 'kind', e.kind, 'fence', e.fence, 'data', e.data)
-                   ORDER BY e.seq), '[]'::jsonb)
-        FROM item_events e
-        WHERE e.tenant_id = p.tenant_id AND e.item_id = p.item_id) AS events
-FROM page p
-ORDER BY tenant_id, item_id
-"""
-
-FIRST_ITEM = "00000000-0000-0000-0000-000000000000"
-
-
-async def verification_page(
-    conn: Conn, *, tenant: str | None, after: tuple[str, str] | None, limit: int
-) -> list[Row]:
-    """Items in (tenant, item_id) order after `after`, each with its whole ledger as `events`."""
-    after_tenant, after_item = after or ("", FIRST_ITEM)
-    params = {
-        "tenant": tenant,
-        "after_tenant": after_tenant,
-        "after_item": after_item,
-        "limit": limit,
-    }
-    cur = await conn.execute(_VERIFY_PAGE, params)
-    return await cur.fetchall()

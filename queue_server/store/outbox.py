@@ -1,4 +1,4 @@
-"""The SQL of watchers and the webhook outbox.
+"""The webhook outbox: rows written by transitions, claimed and settled by deliverers.
 
     transition --(same statement: outbox CTE)--> pending
     pending --claim (attempt n; the next attempt's instant persisted first)--> pending, claimed
@@ -16,7 +16,7 @@ that holds the claim, and a claim lost with its deliverer expires at `claimed_un
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -84,54 +84,6 @@ async def _all(conn: Conn, sql: str, params: dict[str, Any]) -> list[Row]:
     return await cur.fetchall()
 
 
-# -- watchers --------------------------------------------------------------------------
-
-_WATCHER_COLUMNS = (
-    "tenant_id, watcher_id, url, events, queues, state, disabled_reason, created_at,"
-    " updated_at, previous_secret_expires_at"
-)
-
-
-async def create_watcher(
-    conn: Conn,
-    *,
-    tenant: str,
-    url: str,
-    events: list[str],
-    queues: list[str] | None,
-    secret: str,
-) -> Row:
-    """(nothing) -> active."""
-    sql = f"""
-INSERT INTO watchers (tenant_id, url, events, queues, state, secret, created_at, updated_at)
-VALUES (%(tenant)s, %(url)s, %(events)s, %(queues)s, 'active', %(secret)s,
-        statement_timestamp(), statement_timestamp())
-RETURNING {_WATCHER_COLUMNS}
-"""
-    params = {"tenant": tenant, "url": url, "events": events, "queues": queues, "secret": secret}
-    row = await _one(conn, sql, params)
-    assert row is not None
-    return row
-
-
-async def get_watcher(
-    conn: Conn, *, tenant: str, watcher_id: str, lock: bool = False
-) -> Row | None:
-    sql = f"SELECT {_WATCHER_COLUMNS} FROM watchers"
-    sql += " WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s"
-    if lock:
-        sql += " FOR UPDATE"
-    return await _one(conn, sql, {"tenant": tenant, "watcher_id": watcher_id})
-
-
-async def list_watchers(conn: Conn, *, tenant: str) -> list[Row]:
-    sql = f"""
-SELECT {_WATCHER_COLUMNS} FROM watchers WHERE tenant_id = %(tenant)s
-ORDER BY created_at, watcher_id
-"""
-    return await _all(conn, sql, {"tenant": tenant})
-
-
 async def delivery_counts(conn: Conn, *, tenant: str) -> dict[str, dict[str, int]]:
     """Per watcher: its outbox rows by state."""
     sql = """
@@ -143,76 +95,6 @@ WHERE tenant_id = %(tenant)s GROUP BY watcher_id, state
         counts.setdefault(row["watcher_id"], {})[row["state"]] = int(row["n"])
     return counts
 
-
-async def change_state(
-    conn: Conn, *, tenant: str, watcher_id: str, source: tuple[str, ...], target: str
-) -> Row | None:
-    """source -> target (pause: active -> paused; resume: paused -> active)."""
-    sql = f"""
-UPDATE watchers SET state = %(target)s, updated_at = statement_timestamp()
-WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s AND state = ANY(%(source)s)
-RETURNING {_WATCHER_COLUMNS}
-"""
-    params = {"tenant": tenant, "watcher_id": watcher_id, "source": list(source), "target": target}
-    return await _one(conn, sql, params)
-
-
-_CANCEL = f"""
-WITH w AS (
-    UPDATE watchers SET state = %(target)s, disabled_reason = %(reason)s,
-        updated_at = statement_timestamp()
-    WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s
-      AND state IN ('active', 'paused')
-    RETURNING {_WATCHER_COLUMNS}
-), rows AS (
-    UPDATE outbox_deliveries o
-    SET state = 'cancelled', claim_token = NULL, claimed_until = NULL,
-        next_attempt_at = NULL, updated_at = statement_timestamp()
-    FROM w
-    WHERE o.tenant_id = w.tenant_id AND o.watcher_id = w.watcher_id AND o.state = 'pending'
-      AND o.delivery_id IS DISTINCT FROM %(except_delivery)s::uuid
-    RETURNING o.delivery_id
-)
-SELECT w.*, (SELECT count(*) FROM rows) AS cancelled_deliveries FROM w
-"""
-
-
-async def cancel_watcher(
-    conn: Conn,
-    *,
-    tenant: str,
-    watcher_id: str,
-    disabled_reason: str | None = None,
-    except_delivery: str | None = None,
-) -> Row | None:
-    """active or paused -> cancelled (or disabled, with a reason); pending rows cancelled."""
-    params = {
-        "tenant": tenant,
-        "watcher_id": watcher_id,
-        "target": "cancelled" if disabled_reason is None else "disabled",
-        "reason": disabled_reason,
-        "except_delivery": except_delivery,
-    }
-    return await _one(conn, _CANCEL, params)
-
-
-async def rotate_secret(
-    conn: Conn, *, tenant: str, watcher_id: str, secret: str, grace: timedelta
-) -> Row | None:
-    """A new signing secret; the current one keeps signing for `grace`."""
-    sql = f"""
-UPDATE watchers
-SET previous_secret = secret, previous_secret_expires_at = statement_timestamp() + %(grace)s,
-    secret = %(secret)s, updated_at = statement_timestamp()
-WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s
-  AND state IN ('active', 'paused', 'disabled')
-RETURNING {_WATCHER_COLUMNS}
-"""
-    params = {"tenant": tenant, "watcher_id": watcher_id, "secret": secret, "grace": grace}
-    return await _one(conn, sql, params)
-
-
-# -- deliveries ------------------------------------------------------------------------
 
 _DELIVERY_COLUMNS = (
     "tenant_id, delivery_id, seq, watcher_id, delivery_key, event, item_id, queue, state,"
@@ -420,11 +302,3 @@ WHERE o.tenant_id = %(tenant)s AND o.delivery_id = %(delivery_id)s
 FOR UPDATE OF o, w
 """
     return await _one(conn, sql, {"tenant": tenant, "delivery_id": delivery_id})
-
-
-async def now(conn: Conn) -> datetime:
-    """The database clock."""
-    row = await _one(conn, "SELECT statement_timestamp() AS now", {})
-    assert row is not None
-    value: datetime = row["now"]
-    return value

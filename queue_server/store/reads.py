@@ -1,4 +1,4 @@
-"""Read-only queries: items, ledgers, counts."""
+"""Read-only queries: items, ledgers, counts, queue status, and pages of items with their ledgers."""
 
 from __future__ import annotations
 
@@ -35,4 +35,81 @@ async def all_state_counts(conn: Conn) -> list[Row]:
         "SELECT tenant_id, state::text AS state, count(*) AS n FROM work_items"
         " GROUP BY tenant_id, state"
     )
+    return await cur.fetchall()
+
+
+async def max_connections(conn: Conn) -> int:
+    """The server's `max_connections`: the most statements that can run at once."""
+    cur = await conn.execute("SELECT current_setting('max_connections')::int AS n")
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row["n"])
+
+
+async def schema_revisions(conn: Conn) -> set[str]:
+    """The Alembic revisions the database's schema is at."""
+    cur = await conn.execute("SELECT version_num FROM alembic_version")
+    return {row["version_num"] for row in await cur.fetchall()}
+
+
+# Only unfinished states: each reads its partial index, and finished history
+# (completed, cancelled) never slows the status page down.
+_QUEUE_STATUS = """
+SELECT queue,
+       count(*) FILTER (WHERE state = 'ready') AS ready,
+       count(*) FILTER (WHERE state = 'ready' AND available_at <= statement_timestamp()) AS due,
+       count(*) FILTER (WHERE state = 'leased') AS leased,
+       count(*) FILTER (WHERE state = 'quarantined') AS quarantined,
+       extract(epoch FROM statement_timestamp()
+               - min(available_at) FILTER (WHERE state = 'ready'
+                                           AND available_at <= statement_timestamp()))
+           AS oldest_ready_age
+FROM work_items
+WHERE tenant_id = %(tenant)s AND state IN ('ready', 'leased', 'quarantined')
+GROUP BY queue
+ORDER BY queue
+"""
+
+
+async def queue_status(conn: Conn, *, tenant: str) -> list[Row]:
+    """Per queue: ready (and due), leased, quarantined, and the age of the oldest due item."""
+    cur = await conn.execute(_QUEUE_STATUS, {"tenant": tenant})
+    return await cur.fetchall()
+
+
+# One statement, so each item and its events are read from the same snapshot:
+# a transition committing in between cannot make a consistent item look wrong.
+_VERIFY_PAGE = """
+WITH page AS (
+    SELECT * FROM work_items
+    WHERE (%(tenant)s::text IS NULL OR tenant_id = %(tenant)s)
+      AND (tenant_id, item_id) > (%(after_tenant)s, %(after_item)s::uuid)
+    ORDER BY tenant_id, item_id
+    LIMIT %(limit)s
+)
+SELECT p.*,
+       (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'seq', e.seq, 'kind', e.kind, 'fence', e.fence, 'data', e.data)
+                   ORDER BY e.seq), '[]'::jsonb)
+        FROM item_events e
+        WHERE e.tenant_id = p.tenant_id AND e.item_id = p.item_id) AS events
+FROM page p
+ORDER BY tenant_id, item_id
+"""
+
+FIRST_ITEM = "00000000-0000-0000-0000-000000000000"
+
+
+async def ledger_page(
+    conn: Conn, *, tenant: str | None, after: tuple[str, str] | None, limit: int
+) -> list[Row]:
+    """Items in (tenant, item_id) order after `after`, each with its whole ledger as `events`."""
+    after_tenant, after_item = after or ("", FIRST_ITEM)
+    params = {
+        "tenant": tenant,
+        "after_tenant": after_tenant,
+        "after_item": after_item,
+        "limit": limit,
+    }
+    cur = await conn.execute(_VERIFY_PAGE, params)
     return await cur.fetchall()

@@ -5,10 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from queue_server.store.channels import KEYS_CHANNEL
 from queue_server.store.types import Conn, Row
-
-# Revoking a key notifies every API process, which drops its cache of keys.
-KEYS_CHANNEL = "queue_server_keys"
 
 _PUT_TENANT = """
 INSERT INTO tenants (tenant_id, backlog_cap, default_max_acquisitions, default_lease_ttl)
@@ -130,6 +128,11 @@ async def revoke_key(conn: Conn, *, tenant: str, key_id: str) -> bool:
         (tenant, key_id),
     )
     return await cur.fetchone() is not None
+
+
+async def lock_admin_keys(conn: Conn) -> None:
+    """Serialise the creation of the first admin key (held until the transaction ends)."""
+    await conn.execute("SELECT pg_advisory_xact_lock(hashtext('queue-server-admin-key'))")
 
 
 async def count_admin_keys(conn: Conn) -> int:

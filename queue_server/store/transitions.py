@@ -25,10 +25,9 @@ from psycopg.types.json import Jsonb
 
 from queue_server import errors
 from queue_server.models import ItemState
+from queue_server.store.channels import READY_CHANNEL
 from queue_server.store.outbox import outbox_cte
 from queue_server.store.types import Conn, Row
-
-NOTIFY_CHANNEL = "queue_server_ready"
 
 # Releases from the backlog are spread over this many rows per tenant.
 RELEASE_SHARDS = 32
@@ -77,7 +76,7 @@ WITH input AS (
     UPDATE tenants SET admitted = admitted + (SELECT count(*) FROM ins)
     WHERE tenant_id = %(tenant)s
 ), {outbox_cte("item.enqueued", "ins")}
-SELECT ins.* FROM ins, (SELECT pg_notify('{NOTIFY_CHANNEL}', %(tenant)s || '/' || %(queue)s)) AS n
+SELECT ins.* FROM ins, (SELECT pg_notify('{READY_CHANNEL}', %(tenant)s || '/' || %(queue)s)) AS n
 """
 
 
@@ -262,7 +261,7 @@ WITH input AS (
                               'available_at', available_at)
     FROM upd
 )
-SELECT upd.item_id FROM upd, (SELECT pg_notify('{NOTIFY_CHANNEL}', %(tenant)s || '/' || queue)
+SELECT upd.item_id FROM upd, (SELECT pg_notify('{READY_CHANNEL}', %(tenant)s || '/' || queue)
                                FROM upd LIMIT 1) AS n
 """
 
@@ -300,7 +299,7 @@ def _holder_update(
     outbox = f", {outbox_cte(event, 'upd')}" if event else ""
     outbox += f", {_release_cte('upd')}" if release else ""
     tail = (
-        f", (SELECT pg_notify('{NOTIFY_CHANNEL}', %(tenant)s || '/' || queue) FROM upd) AS n"
+        f", (SELECT pg_notify('{READY_CHANNEL}', %(tenant)s || '/' || queue) FROM upd) AS n"
         if notify
         else ""
     )
@@ -580,7 +579,7 @@ WITH dl AS (
     UPDATE tenants SET admitted = admitted + (SELECT count(*) FROM upd)
     WHERE tenant_id = %(tenant)s AND EXISTS (SELECT 1 FROM upd)
 ), {outbox_cte("item.replayed", "upd")}
-SELECT upd.* FROM upd, (SELECT pg_notify('{NOTIFY_CHANNEL}', %(tenant)s || '/' || queue)
+SELECT upd.* FROM upd, (SELECT pg_notify('{READY_CHANNEL}', %(tenant)s || '/' || queue)
                         FROM upd) AS n
 """
 

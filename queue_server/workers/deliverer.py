@@ -26,13 +26,12 @@ from datetime import timedelta
 from typing import Any
 
 import orjson
-from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool
 
+from queue_server.db import Database
 from queue_server.policy import backoff_schedule
 from queue_server.settings import Settings
-from queue_server.store import outbox
-from queue_server.store.types import Conn, Row
+from queue_server.store import outbox, watchers
+from queue_server.store.types import Row
 from queue_server.transport import (
     BrokerSnapshot,
     Budget,
@@ -57,11 +56,6 @@ RESPONSE_PREFIX = 512
 def schedule(scale: float = 1.0) -> list[float]:
     """Seconds from attempt n to attempt n + 1 (the policy's unjittered schedule, scaled)."""
     return [delay * scale for delay in backoff_schedule(OPERATION_CLASS)]
-
-
-def max_attempts() -> int:
-    """Attempts a delivery gets, counting the first."""
-    return len(backoff_schedule(OPERATION_CLASS)) + 1
 
 
 @dataclass(slots=True)
@@ -102,24 +96,13 @@ class Deliverer:
         self.max_attempts = len(self.delays) + 1
         # Resolution and the request each get the attempt timeout; a claim outlives both.
         self.claim_lease = timedelta(seconds=2 * settings.delivery_attempt_timeout + 1)
-        self.pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
-            conninfo,
-            min_size=1,
-            max_size=settings.delivery_concurrency + 1,
-            kwargs={
-                "autocommit": True,
-                "row_factory": dict_row,
-                "options": "-c TimeZone=UTC -c statement_timeout=15000",
-            },
-            open=False,
-            name="queue-server-deliver",
-        )
+        self.db = Database.for_deliverer(settings, conninfo)
 
     async def open(self) -> None:
-        await self.pool.open(wait=True)
+        await self.db.open(wait=True)
 
     async def close(self) -> None:
-        await self.pool.close()
+        await self.db.close()
 
     async def __aenter__(self) -> Deliverer:
         await self.open()
@@ -152,7 +135,7 @@ class Deliverer:
             resolver=self.resolver,
         )
         token = str(uuid.uuid4())
-        async with self.pool.connection() as conn:
+        async with self.db.conn() as conn:
             rows = await outbox.claim(
                 conn,
                 limit=self.settings.delivery_batch_size,
@@ -187,7 +170,7 @@ class Deliverer:
         return report
 
     async def _release(self, row: Row, token: str, report: RunReport) -> None:
-        async with self.pool.connection() as conn:
+        async with self.db.conn() as conn:
             await outbox.release(conn, row=row, token=token)
         report.released += 1
         report.outcomes[row["delivery_key"]] = "released"
@@ -269,7 +252,7 @@ class Deliverer:
     ) -> str:
         kept, omitted = _merge_receipts(row, receipts, outcome.get("attempt"))
         reason = f"delivery failed after {outcome.get('attempt')} attempts"
-        async with self.pool.connection() as conn:
+        async with self.db.conn() as conn:
             recorded = await outbox.record(
                 conn,
                 row=row,
@@ -298,7 +281,7 @@ class Deliverer:
         report: RunReport,
     ) -> str:
         kept, omitted = _merge_receipts(row, [receipt], outcome.get("attempt"))
-        async with self.pool.connection() as conn, conn.transaction():
+        async with self.db.tx() as conn:
             recorded = await outbox.record(
                 conn,
                 row=row,
@@ -311,7 +294,7 @@ class Deliverer:
             if recorded is None:
                 report.lost += 1
                 return "lost"
-            await outbox.cancel_watcher(
+            await watchers.cancel_watcher(
                 conn,
                 tenant=row["tenant_id"],
                 watcher_id=str(row["watcher_id"]),

@@ -1,4 +1,9 @@
-"""Wakes long-polling acquires: one LISTEN connection per process, fanned out to waiters."""
+"""Wakes long-polling acquires and drops revoked keys: one LISTEN connection per process.
+
+Notifications on the ready channel (`tenant/queue`) wake the acquires waiting on that
+queue; a notification on the keys channel, and every (dis)connection of the
+listener, tells `on_keys_changed` whether the listener is connected.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +15,7 @@ from collections.abc import Callable
 
 import psycopg
 
-from queue_server.store.tenants import KEYS_CHANNEL
-from queue_server.store.transitions import NOTIFY_CHANNEL
+from queue_server.store.channels import KEYS_CHANNEL, LISTEN_KEYS, LISTEN_READY
 
 log = logging.getLogger(__name__)
 
@@ -24,10 +28,10 @@ class Notifier:
         conninfo: str,
         *,
         retry_delay: float = 1.0,
-        on_keys_changed: Callable[[], None] | None = None,
+        on_keys_changed: Callable[[bool], None] | None = None,
     ) -> None:
         self._conninfo = conninfo
-        self._on_keys_changed = on_keys_changed or (lambda: None)
+        self._on_keys_changed = on_keys_changed or (lambda listening: None)
         self._retry_delay = retry_delay
         self._waiters: defaultdict[str, set[asyncio.Event]] = defaultdict(set)
         self._task: asyncio.Task[None] | None = None
@@ -69,19 +73,19 @@ class Notifier:
             try:
                 conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
                 async with conn:
-                    await conn.execute(f"LISTEN {NOTIFY_CHANNEL}")
-                    await conn.execute(f"LISTEN {KEYS_CHANNEL}")
+                    await conn.execute(LISTEN_READY)
+                    await conn.execute(LISTEN_KEYS)
                     self.connected.set()
-                    self._on_keys_changed()
+                    self._on_keys_changed(self.connected.is_set())
                     # Anything notified while we were not listening: let every waiter re-check.
                     self._wake_all()
                     async for notification in conn.notifies():
                         if notification.channel == KEYS_CHANNEL:
-                            self._on_keys_changed()
+                            self._on_keys_changed(self.connected.is_set())
                         else:
                             self._wake(notification.payload)
             except psycopg.Error as exc:
                 log.warning("notification listener lost its connection: %s", exc)
             self.connected.clear()
-            self._on_keys_changed()
+            self._on_keys_changed(self.connected.is_set())
             await asyncio.sleep(self._retry_delay)

@@ -10,7 +10,7 @@ from collections import defaultdict
 import httpx
 import psycopg
 
-from queue_server.services.items import QueueService
+from queue_server.services.items import Items
 from queue_server.services.ledgers import mismatches
 from tests.conftest import Api, LiveServer
 
@@ -227,9 +227,9 @@ def test_backlog_counters_follow_every_transition(api: Api, db: Db) -> None:
 
 def test_shared_lock_acquires_never_exceed_a_high_limit(api: Api, db: Db, live: LiveServer) -> None:
     """Far from the limit acquires share the queue lock; near it they go exclusive."""
-    service: QueueService = live.app.state.service
+    items: Items = live.app.state.services.items
     # 20 pooled connections x 2 items per acquire: the most leases acquires in flight hold.
-    service._slack = 40
+    items._slack = 40
     api.approve("q", 60)
     api.worker.post(
         "/v1/tenants/acme/queues/q/items:batch",

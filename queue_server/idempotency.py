@@ -1,0 +1,123 @@
+"""The receipt protocol: an effecting request runs once per (tenant, Idempotency-Key).
+
+    claim the key --new--> run the operation in the same transaction --> fill the receipt
+        |--finished receipt, same fingerprint--> replay its answer (Idempotent-Replayed)
+        |--finished receipt, other fingerprint--> 422 idempotency-key-reuse
+        '--receipt of a request still running (lock wait timed out)--> 409 in flight
+
+The receipt is claimed before any authority check, in the operation's transaction:
+a concurrent request with the same key waits on the uncommitted receipt and then
+replays. 2xx answers and 409/422 refusals are kept; anything else rolls back, so
+a retry after a 5xx runs the operation again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import orjson
+import psycopg.errors
+
+from queue_server import errors, views
+from queue_server.db import Database
+from queue_server.store import idempotency_receipts
+from queue_server.store.types import Conn
+
+# The refusals a receipt keeps: the same request would be refused the same way again.
+KEPT_REFUSALS = (409, 422)
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A finished answer: what the client gets now, and what a replay of its key gets later."""
+
+    status: int
+    body: bytes
+    replayed: bool = False
+    problem: bool = False
+
+    @classmethod
+    def of(cls, status: int, body: Any, *, replayed: bool = False) -> Answer:
+        """A JSON answer rendered as the API renders every body."""
+        return cls(status=status, body=views.dumps(body), replayed=replayed)
+
+
+@dataclass(frozen=True, slots=True)
+class Idempotency:
+    """An effecting request's key and the fingerprint of what it asked for."""
+
+    key: str
+    fingerprint: str
+
+    @classmethod
+    def of(cls, key: str | None, *, method: str, path: str, body: Any) -> Idempotency:
+        if key is None or not 1 <= len(key) <= 255 or not all(33 <= ord(c) <= 126 for c in key):
+            raise errors.IdempotencyKeyRequiredError()
+        canonical = orjson.dumps([method, path, body], option=orjson.OPT_SORT_KEYS)
+        return cls(key=key, fingerprint=hashlib.sha256(canonical).hexdigest())
+
+
+Operation = Callable[[Conn], Awaitable[Answer]]
+
+
+async def claim(conn: Conn, *, tenant: str, idem: Idempotency, retention: timedelta) -> bool:
+    """True when this transaction now owns the key; False when a finished receipt exists."""
+    try:
+        return await idempotency_receipts.claim(
+            conn, tenant=tenant, key=idem.key, fingerprint=idem.fingerprint, retention=retention
+        )
+    except psycopg.errors.LockNotAvailable as exc:
+        raise errors.IdempotencyKeyInFlightError() from exc
+
+
+async def replay(conn: Conn, *, tenant: str, idem: Idempotency) -> Answer:
+    """The finished receipt's answer, or the refusal of a key reused for another request."""
+    receipt = await idempotency_receipts.get(conn, tenant=tenant, key=idem.key)
+    if receipt is None:
+        raise errors.IdempotencyKeyInFlightError()
+    if receipt["fingerprint"] != idem.fingerprint:
+        raise errors.IdempotencyKeyReuseError(idempotency_key=idem.key)
+    status = receipt["response_status"]
+    return Answer(
+        status=status,
+        body=receipt["response_body"].encode(),
+        replayed=True,
+        problem=status >= 400,
+    )
+
+
+async def fill(conn: Conn, *, tenant: str, idem: Idempotency, answer: Answer) -> None:
+    """Keep the answer on the claimed receipt, for every repeat of the key."""
+    await idempotency_receipts.fill(
+        conn, tenant=tenant, key=idem.key, status=answer.status, body=answer.body.decode()
+    )
+
+
+class Effects:
+    """Runs effecting operations once per (tenant, key), on the database's transactions."""
+
+    def __init__(self, db: Database, *, retention: timedelta, problem_base_uri: str) -> None:
+        self.db = db
+        self.retention = retention
+        self.problem_base_uri = problem_base_uri
+
+    async def run(
+        self, tenant: str, idem: Idempotency, instance: str, operation: Operation
+    ) -> Answer:
+        """Run `operation` once per (tenant, key); a repeat gets the first answer back."""
+        async with self.db.tx() as conn:
+            if not await claim(conn, tenant=tenant, idem=idem, retention=self.retention):
+                return await replay(conn, tenant=tenant, idem=idem)
+            try:
+                answer = await operation(conn)
+            except errors.QueueServerError as exc:
+                if exc.status not in KEPT_REFUSALS:
+                    raise
+                body = errors.problem(exc, base_uri=self.problem_base_uri, instance=instance)
+                answer = Answer(status=exc.status, body=views.dumps(body), problem=True)
+            await fill(conn, tenant=tenant, idem=idem, answer=answer)
+            return answer

@@ -1,0 +1,48 @@
+"""What every service shares: the roles of queue work, the first checks, and page cursors."""
+
+from __future__ import annotations
+
+import base64
+
+import orjson
+
+from queue_server import errors
+from queue_server.models import Role, is_uuid
+from queue_server.store import tenants
+from queue_server.store.types import Conn, Row
+
+WORKER_OR_OPERATOR = (Role.WORKER, Role.OPERATOR)
+
+
+async def require_tenant(conn: Conn, tenant: str) -> Row:
+    """The tenant's row, or 404 `tenant-not-found`."""
+    row = await tenants.get_tenant(conn, tenant)
+    if row is None:
+        raise errors.TenantNotFoundError(tenant=tenant)
+    return row
+
+
+def require_item_id(item_id: str) -> None:
+    """Item ids are UUIDs: anything else names no item (404, without a query)."""
+    if not is_uuid(item_id):
+        raise errors.ItemNotFoundError(item_id=item_id)
+
+
+def encode_cursor(parts: list[str]) -> str:
+    """An opaque page cursor made of `parts`."""
+    return base64.urlsafe_b64encode(orjson.dumps(parts)).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str, size: int) -> list[str]:
+    """An opaque cursor back into its parts; a cursor we did not make is a 422."""
+    try:
+        parts = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+    except (ValueError, orjson.JSONDecodeError):
+        parts = None
+    if (
+        not isinstance(parts, list)
+        or len(parts) != size
+        or not all(isinstance(p, str) for p in parts)
+    ):
+        raise errors.InvalidRequestError("The cursor is not one this server issued.")
+    return parts

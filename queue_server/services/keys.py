@@ -1,0 +1,88 @@
+"""API keys: who is calling (with a per-process cache), creating and revoking keys, and the
+first admin key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from queue_server import auth, errors
+from queue_server.db import Database
+from queue_server.idempotency import Answer
+from queue_server.infra.keycache import KeyCache
+from queue_server.models import Role
+from queue_server.services.common import require_tenant
+from queue_server.store import tenants
+
+
+class Keys:
+    """Authenticates every request; creates and revokes the keys it checks."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.cache = KeyCache()
+
+    def keys_changed(self, listening: bool) -> None:
+        """A key was revoked somewhere, or the notification listener (dis)connected.
+
+        The cache is only used while the listener is connected: without it a
+        revocation in another process could go unseen.
+        """
+        self.cache.clear()
+        self.cache.enabled = listening
+
+    async def authenticate(self, authorization: str | None) -> auth.Principal:
+        key_id = auth.parse_bearer(authorization)
+        row = self.cache.get(key_id)
+        if row is None:
+            generation = self.cache.generation
+            async with self.db.conn() as conn:
+                row = await tenants.get_key(conn, key_id)
+            if row is not None and row["revoked_at"] is None:
+                self.cache.put(key_id, row, generation)
+        secret = (authorization or "").partition(" ")[2].strip()
+        if row is None or row["revoked_at"] is not None:
+            raise errors.UnauthorizedError("The API key is unknown or revoked.")
+        if not auth.secret_matches(secret, row["secret_hash"]):
+            raise errors.UnauthorizedError("The API key is unknown or revoked.")
+        return auth.Principal(key_id=key_id, tenant=row["tenant_id"], role=Role(row["role"]))
+
+    @staticmethod
+    def whoami(principal: auth.Principal) -> Answer:
+        body: dict[str, Any] = {
+            "key_id": principal.key_id,
+            "tenant": principal.tenant,
+            "role": principal.role,
+        }
+        return Answer.of(200, body)
+
+    async def ensure_admin_key(self) -> str | None:
+        """Create an admin key if none exists; returns its secret (shown once) or None."""
+        async with self.db.tx() as conn:
+            await tenants.lock_admin_keys(conn)
+            if await tenants.count_admin_keys(conn) > 0:
+                return None
+            key = auth.new_key()
+            await tenants.create_key(
+                conn, key_id=key.key_id, tenant=None, role=Role.ADMIN, secret_hash=key.secret_hash
+            )
+            return key.secret
+
+    async def create_key(self, principal: auth.Principal, tenant: str, role: Role) -> Answer:
+        principal.require_admin(tenant)
+        key = auth.new_key()
+        async with self.db.tx() as conn:
+            await require_tenant(conn, tenant)
+            await tenants.create_key(
+                conn, key_id=key.key_id, tenant=tenant, role=role, secret_hash=key.secret_hash
+            )
+        return Answer.of(
+            201, {"key_id": key.key_id, "tenant": tenant, "role": role, "secret": key.secret}
+        )
+
+    async def revoke_key(self, principal: auth.Principal, tenant: str, key_id: str) -> None:
+        principal.require_admin(tenant)
+        async with self.db.tx() as conn:
+            if not await tenants.revoke_key(conn, tenant=tenant, key_id=key_id):
+                raise errors.KeyNotFoundError(key_id=key_id)
+        # This process stops accepting the key now; the others when the notification arrives.
+        self.cache.clear()

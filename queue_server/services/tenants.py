@@ -1,0 +1,46 @@
+"""Tenants: their settings (backlog cap, default budget and lease TTL) and items by state."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from queue_server import auth, views
+from queue_server.db import Database
+from queue_server.idempotency import Answer
+from queue_server.models import Role
+from queue_server.services.common import require_tenant
+from queue_server.store import reads, tenants
+
+
+class Tenants:
+    """Create, change and show tenants."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def put_tenant(
+        self,
+        principal: auth.Principal,
+        tenant: str,
+        *,
+        backlog_cap: int,
+        default_max_acquisitions: int,
+        default_lease_ttl: float,
+    ) -> Answer:
+        principal.require_admin(tenant)
+        async with self.db.tx() as conn:
+            row = await tenants.put_tenant(
+                conn,
+                tenant=tenant,
+                backlog_cap=backlog_cap,
+                default_max_acquisitions=default_max_acquisitions,
+                default_lease_ttl=timedelta(seconds=default_lease_ttl),
+            )
+        return Answer.of(200, views.tenant(row))
+
+    async def get_tenant(self, principal: auth.Principal, tenant: str) -> Answer:
+        principal.require(tenant, Role.OPERATOR)
+        async with self.db.conn() as conn:
+            row = await require_tenant(conn, tenant)
+            counts = await reads.state_counts(conn, tenant=tenant)
+        return Answer.of(200, views.tenant(row, counts))
