@@ -1,9 +1,11 @@
-"""The queue server's Python SDK: a typed httpx client and a worker helper."""
+"""The queue server's Python SDK: typed httpx clients and worker helpers, sync and asyncio."""
 
 from queue_server.client import errors
+from queue_server.client.async_client import AsyncQueueClient
+from queue_server.client.async_worker import AsyncHandler, AsyncJob, AsyncWorker
 from queue_server.client.client import DEFAULT_URL, QueueClient, is_transient, new_idempotency_key
 from queue_server.client.errors import ProblemError, QueueClientError
-from queue_server.client.models import NewItem
+from queue_server.client.models import BatchEntry, Completion, NewItem
 from queue_server.client.worker import (
     Job,
     Outcome,
@@ -16,6 +18,12 @@ from queue_server.client.worker import (
 
 __all__ = [
     "DEFAULT_URL",
+    "AsyncHandler",
+    "AsyncJob",
+    "AsyncQueueClient",
+    "AsyncWorker",
+    "BatchEntry",
+    "Completion",
     "Job",
     "NewItem",
     "Outcome",

@@ -8,6 +8,9 @@ connection errors, 429 with Retry-After, 503 and a key still in flight.
 
 from __future__ import annotations
 
+import hashlib
+import os
+import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from datetime import datetime
@@ -24,7 +27,9 @@ from queue_server.client import errors
 from queue_server.client.durable import Checkpoint, ReceiptRecord, VerificationRun
 from queue_server.client.models import (
     ApiKey,
+    BatchEntry,
     BulkReplay,
+    Completion,
     Concurrency,
     DeadLetter,
     DeadLetterDetail,
@@ -44,6 +49,20 @@ from queue_server.client.models import (
 M = TypeVar("M", bound=BaseModel)
 
 DEFAULT_URL = "http://127.0.0.1:8080"
+URL_ENV = "QUEUE_SERVER_URL"
+KEY_ENV = "QUEUE_SERVER_KEY"
+TENANT_ENV = "QUEUE_SERVER_TENANT"
+
+
+def from_environment(
+    url: str | None, key: str | None, tenant: str | None
+) -> tuple[str, str | None, str | None]:
+    """Arguments win; else QUEUE_SERVER_URL, QUEUE_SERVER_KEY and QUEUE_SERVER_TENANT."""
+    return (
+        (url or os.environ.get(URL_ENV) or DEFAULT_URL).rstrip("/"),
+        key or os.environ.get(KEY_ENV) or None,
+        tenant or os.environ.get(TENANT_ENV) or None,
+    )
 
 
 def new_idempotency_key() -> str:
@@ -62,17 +81,21 @@ def is_transient(exc: BaseException) -> bool:
 
 
 class QueueClient:
-    """A client of one queue server, optionally bound to one tenant.
+    """A client of one queue server, bound to the key's tenant unless told another.
+
+    `url`, `key` and `tenant` default to QUEUE_SERVER_URL, QUEUE_SERVER_KEY and
+    QUEUE_SERVER_TENANT; without a tenant, the first call that needs one asks the
+    server whose key this is (an admin key must name a tenant).
 
     Example::
 
-        with QueueClient("http://127.0.0.1:8080", key, tenant="acme") as qs:
+        with QueueClient("http://127.0.0.1:8080", key) as qs:
             item = qs.enqueue("emails", {"to": "a@example.com"})
     """
 
     def __init__(
         self,
-        url: str = DEFAULT_URL,
+        url: str | None = None,
         key: str | None = None,
         *,
         tenant: str | None = None,
@@ -81,8 +104,8 @@ class QueueClient:
         max_wait: float = 10.0,
         http: httpx.Client | None = None,
     ) -> None:
-        self.url = url.rstrip("/")
-        self.tenant = tenant
+        self.url, key, self.tenant = from_environment(url, key, tenant)
+        self._tenant_lock = threading.Lock()
         self.timeout = timeout
         self.attempts = attempts
         self.max_wait = max_wait
@@ -108,9 +131,12 @@ class QueueClient:
 
     def _tenant(self, tenant: str | None) -> str:
         chosen = tenant or self.tenant
-        if not chosen:
-            raise ValueError("no tenant: pass tenant= or bind the client to one")
-        return chosen
+        if chosen:
+            return chosen
+        with self._tenant_lock:
+            if not self.tenant:
+                self.tenant = own_tenant(self.whoami())
+            return self.tenant
 
     def _wait(self, state: RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None
@@ -333,6 +359,53 @@ class QueueClient:
         path = f"/v1/tenants/{self._tenant(tenant)}/items/{item_id}/triage"
         return self._effect(Item, "POST", path, body, idempotency_key)
 
+    def heartbeat_many(
+        self,
+        leases: Sequence[tuple[str, int]],
+        *,
+        worker: str,
+        lease_ttl: float | None = None,
+        tenant: str | None = None,
+    ) -> list[BatchEntry]:
+        """Extend several leases of one worker; one answer per (item_id, fence), in order."""
+        answers = []
+        for item_id, fence in leases:
+            try:
+                beat = self.heartbeat(
+                    item_id, worker=worker, fence=fence, lease_ttl=lease_ttl, tenant=tenant
+                )
+            except errors.ProblemError as exc:
+                answers.append(BatchEntry(item_id=item_id, status=exc.status, problem=exc.body))
+            else:
+                answers.append(
+                    BatchEntry(item_id=item_id, status=200, lease_expires_at=beat.lease_expires_at)
+                )
+        return answers
+
+    def complete_many(
+        self,
+        completions: Sequence[Completion],
+        *,
+        worker: str,
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> list[BatchEntry]:
+        """Complete up to 500 items of one worker in one request, each under its own fence.
+
+        One answer per entry, in order: the item, or the problem a single complete
+        would have answered. Without `idempotency_key`, the batch's key is derived
+        from its entries' own keys, so the same entries always make the same request.
+        """
+        body = {
+            "worker": worker,
+            "completions": [
+                {"item_id": c.item_id, "fence": c.fence, "result": c.result} for c in completions
+            ],
+        }
+        key = idempotency_key or batch_key([c.idempotency_key for c in completions])
+        path = f"/v1/tenants/{self._tenant(tenant)}/completions"
+        return self._effect(_Entries, "POST", path, body, key).results
+
     # -- spend approvals -----------------------------------------------------
 
     def approve_spend(
@@ -551,6 +624,19 @@ class QueueClient:
         return VerificationRun.model_validate_json(self.request("PUT", path).content)
 
 
+def own_tenant(me: WhoAmI) -> str:
+    """The tenant of the key that asked; an admin key has none."""
+    if not me.tenant:
+        raise errors.NoTenantError()
+    return me.tenant
+
+
+def batch_key(keys: Sequence[str]) -> str:
+    """One key for a batch, from its entries' own keys: the same entries, the same key."""
+    digest = hashlib.sha256("\n".join(sorted(keys)).encode()).hexdigest()
+    return f"qs-batch-{digest[:48]}"
+
+
 def _item_body(item: NewItem) -> dict[str, Any]:
     body = item.model_dump(exclude_none=True)
     body.setdefault("payload", None)
@@ -567,3 +653,7 @@ class _Ledger(BaseModel):
 
 class _Leases(BaseModel):
     leases: list[Lease]
+
+
+class _Entries(BaseModel):
+    results: list[BatchEntry]

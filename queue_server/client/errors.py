@@ -18,6 +18,17 @@ class QueueClientError(Exception):
         return f"{self.title}: {self.detail}" if self.detail else self.title
 
 
+class NoTenantError(QueueClientError, ValueError):
+    """The call needs a tenant: this is an admin key, so pass `tenant=` (or QUEUE_SERVER_TENANT)."""
+
+    code = "no-tenant"
+    title = "No tenant"
+
+    def __init__(self) -> None:
+        self.detail = "this is an admin key: pass tenant= or set QUEUE_SERVER_TENANT"
+        super().__init__(self.detail)
+
+
 class ConnectionFailedError(QueueClientError):
     """The server could not be reached (after retrying)."""
 
@@ -113,6 +124,14 @@ class ItemNotLeasedError(LeaseLostError):
     pass
 
 
+class LeaseDeadlineExceededError(LeaseLostError):
+    pass
+
+
+class ItemCancelledError(LeaseLostError):
+    pass
+
+
 class IdempotencyKeyInFlightError(ConflictError):
     pass
 
@@ -141,6 +160,8 @@ BY_CODE: dict[str, type[ProblemError]] = {
     "not-lease-holder": NotLeaseHolderError,
     "lease-expired": LeaseExpiredError,
     "item-not-leased": ItemNotLeasedError,
+    "lease-deadline-exceeded": LeaseDeadlineExceededError,
+    "item-cancelled": ItemCancelledError,
     "idempotency-key-in-flight": IdempotencyKeyInFlightError,
     "idempotency-key-reuse": IdempotencyKeyReuseError,
     "dead-letter-closed": DeadLetterClosedError,
@@ -171,6 +192,17 @@ def _retry_after(response: httpx.Response) -> float | None:
         return None
 
 
+def problem_error(
+    status: int, body: dict[str, Any], *, retry_after: float | None = None
+) -> ProblemError:
+    """The typed exception for a problem document with its status."""
+    code = body.get("code")
+    cls = BY_CODE.get(code) if isinstance(code, str) else None
+    if cls is None:
+        cls = BY_STATUS.get(status, ProblemError)
+    return cls(status, body, retry_after=retry_after)
+
+
 def from_response(response: httpx.Response) -> ProblemError:
     """The typed exception for an error answer (problem+json or not)."""
     try:
@@ -182,8 +214,4 @@ def from_response(response: httpx.Response) -> ProblemError:
             "title": response.reason_phrase or f"HTTP {response.status_code}",
             "detail": response.text[:500],
         }
-    code = body.get("code")
-    cls = BY_CODE.get(code) if isinstance(code, str) else None
-    if cls is None:
-        cls = BY_STATUS.get(response.status_code, ProblemError)
-    return cls(response.status_code, body, retry_after=_retry_after(response))
+    return problem_error(response.status_code, body, retry_after=_retry_after(response))

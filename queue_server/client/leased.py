@@ -11,10 +11,11 @@ each request once (the class allows one attempt); `AdmittedWorker` is the SDK's
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from queue_server.client.client import QueueClient, new_idempotency_key
-from queue_server.client.models import Heartbeat, Item
+from queue_server.client.models import BatchEntry, Completion, Heartbeat, Item
 from queue_server.client.worker import Handler, Worker
 from queue_server.policy import Admission, OperationClass, ReliabilityPolicy, admit_operation
 
@@ -126,6 +127,34 @@ class LeasedWorkClient(QueueClient):
             decision=decision,
             idempotency_key=key,
             tenant=tenant,
+        )
+
+
+    def heartbeat_many(
+        self,
+        leases: Sequence[tuple[str, int]],
+        *,
+        worker: str,
+        lease_ttl: float | None = None,
+        tenant: str | None = None,
+    ) -> list[BatchEntry]:
+        for item_id, fence in leases:
+            self.admit(item_id, fence, f"heartbeat:{item_id}:{fence}")
+        return super().heartbeat_many(leases, worker=worker, lease_ttl=lease_ttl, tenant=tenant)
+
+    def complete_many(
+        self,
+        completions: Sequence[Completion],
+        *,
+        worker: str,
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> list[BatchEntry]:
+        # Every entry is admitted on its own: its key, its item and its current fence.
+        for entry in completions:
+            self.admit(entry.item_id, entry.fence, entry.idempotency_key)
+        return super().complete_many(
+            completions, worker=worker, idempotency_key=idempotency_key, tenant=tenant
         )
 
 

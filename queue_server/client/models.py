@@ -3,10 +3,13 @@ server does not break an older client."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from queue_server.client.errors import ProblemError, problem_error
 
 
 class Model(BaseModel):
@@ -86,6 +89,33 @@ class Lease(Model):
     payload: Any = None
     priority: int
     queue: str
+
+
+class Completion(Model):
+    """One entry of a batch of completions: the item, its fence, the result, its own key."""
+
+    item_id: str
+    fence: int
+    result: Any = None
+    idempotency_key: str = Field(default_factory=lambda: f"qs-{uuid.uuid4().hex}")
+
+
+class BatchEntry(Model):
+    """One entry's answer in a batch: its status, and the item or the problem."""
+
+    item_id: str
+    status: int
+    item: Item | None = None
+    lease_expires_at: datetime | None = None
+    problem: dict[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+    def error(self) -> ProblemError:
+        """The typed exception a single request would have raised for this entry."""
+        return problem_error(self.status, self.problem or {})
 
 
 class Heartbeat(Model):

@@ -142,3 +142,25 @@ def test_an_unreachable_server_is_a_connection_error_not_a_traceback() -> None:
         qs.get_item("x")
     assert failed.value.code == "connection-failed"
     assert "127.0.0.1:9" in str(failed.value)
+
+
+def test_a_worker_key_alone_finds_its_tenant_and_the_environment_supplies_url_and_key(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with QueueClient(api.url, api.keys["worker"]) as worker:
+        item = worker.enqueue("q", {"n": 1})
+        assert worker.tenant == "acme"
+    monkeypatch.setenv("QUEUE_SERVER_URL", api.url)
+    monkeypatch.setenv("QUEUE_SERVER_KEY", api.keys["operator"])
+    with QueueClient() as operator:
+        assert operator.get_item(item.item_id).payload == {"n": 1}
+        assert (operator.url, operator.tenant) == (api.url, "acme")
+
+
+def test_an_admin_key_without_a_tenant_is_told_to_name_one(api: Api, live: LiveServer) -> None:
+    admin_key = api.admin.headers["Authorization"].removeprefix("Bearer ")
+    with QueueClient(live.url, admin_key) as admin:
+        with pytest.raises(errors.NoTenantError) as refused:
+            admin.get_tenant()
+        assert "tenant=" in str(refused.value)
+        assert admin.get_tenant("acme").tenant == "acme"

@@ -1,0 +1,611 @@
+"""The asyncio twin of `QueueClient` (httpx.AsyncClient): the same methods, awaited.
+
+Every effecting call carries an Idempotency-Key, reused on each retry of that same
+operation; only transient failures are retried (see `queue_server.client.client`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
+from typing import Any, Literal, TypeVar
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+from tenacity.wait import wait_exponential_jitter
+
+from queue_server import __version__
+from queue_server.client import errors
+from queue_server.client.client import (
+    _Batch,
+    _Entries,
+    _item_body,
+    _Leases,
+    _Ledger,
+    batch_key,
+    from_environment,
+    is_transient,
+    new_idempotency_key,
+    own_tenant,
+)
+from queue_server.client.durable import Checkpoint, ReceiptRecord, VerificationRun
+from queue_server.client.models import (
+    ApiKey,
+    BatchEntry,
+    BulkReplay,
+    Completion,
+    Concurrency,
+    DeadLetter,
+    DeadLetterDetail,
+    DeadLetterPage,
+    Heartbeat,
+    Item,
+    Lease,
+    LedgerEvent,
+    NewItem,
+    SpendApproval,
+    Status,
+    Tenant,
+    Verification,
+    WhoAmI,
+)
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class AsyncQueueClient:
+    """A client of one queue server for asyncio code; the same methods as `QueueClient`.
+
+    Example::
+
+        async with AsyncQueueClient("http://127.0.0.1:8080", key) as qs:
+            item = await qs.enqueue("emails", {"to": "a@example.com"})
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        key: str | None = None,
+        *,
+        tenant: str | None = None,
+        timeout: float = 30.0,
+        attempts: int = 5,
+        max_wait: float = 10.0,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.url, key, self.tenant = from_environment(url, key, tenant)
+        self._tenant_lock = asyncio.Lock()
+        self.timeout = timeout
+        self.attempts = attempts
+        self.max_wait = max_wait
+        headers = {"User-Agent": f"queue-server-client/{__version__}"}
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        self._owns_http = http is None
+        self._http = http or httpx.AsyncClient(base_url=self.url, timeout=timeout)
+        self._http.headers.update(headers)
+        self._backoff = wait_exponential_jitter(initial=0.2, max=max_wait)
+
+    async def __aenter__(self) -> AsyncQueueClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._owns_http:
+            await self._http.aclose()
+
+    # -- plumbing ------------------------------------------------------------
+
+    async def _tenant(self, tenant: str | None) -> str:
+        chosen = tenant or self.tenant
+        if chosen:
+            return chosen
+        async with self._tenant_lock:
+            if not self.tenant:
+                self.tenant = own_tenant(await self.whoami())
+            return self.tenant
+
+    def _wait(self, state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        if isinstance(exc, errors.ProblemError) and exc.retry_after is not None:
+            return min(exc.retry_after, self.max_wait)
+        return float(self._backoff(state))
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+        idempotency_key: str | None = None,
+        timeout: float | None = None,
+    ) -> httpx.Response:
+        """One logical request: retried on transient failures with the same key; errors raised."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        query = {k: v for k, v in (params or {}).items() if v is not None}
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(is_transient),
+            stop=stop_after_attempt(self.attempts),
+            wait=self._wait,
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    response = await self._http.request(
+                        method,
+                        path,
+                        json=json,
+                        params=query or None,
+                        headers=headers,
+                        timeout=timeout if timeout is not None else self.timeout,
+                    )
+                    if response.status_code >= 400:
+                        raise errors.from_response(response)
+        except httpx.TransportError as exc:
+            raise errors.ConnectionFailedError(self.url, exc) from exc
+        return response
+
+    async def _get(self, model: type[M], path: str, **params: Any) -> M:
+        return model.model_validate_json((await self.request("GET", path, params=params)).content)
+
+    async def _effect(
+        self, model: type[M], method: str, path: str, body: Any, key: str | None
+    ) -> M:
+        response = await self.request(
+            method, path, json=body, idempotency_key=key or new_idempotency_key()
+        )
+        return model.model_validate_json(response.content)
+
+    # -- service -------------------------------------------------------------
+
+    async def healthy(self) -> bool:
+        try:
+            return (await self._http.get("/healthz")).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    async def whoami(self) -> WhoAmI:
+        return await self._get(WhoAmI, "/v1/whoami")
+
+    # -- tenants and keys ----------------------------------------------------
+
+    async def put_tenant(
+        self,
+        tenant: str,
+        *,
+        backlog_cap: int,
+        default_max_acquisitions: int = 5,
+        default_lease_ttl: float = 30.0,
+    ) -> Tenant:
+        body = {
+            "backlog_cap": backlog_cap,
+            "default_max_acquisitions": default_max_acquisitions,
+            "default_lease_ttl": default_lease_ttl,
+        }
+        response = await self.request("PUT", f"/v1/tenants/{tenant}", json=body)
+        return Tenant.model_validate_json(response.content)
+
+    async def get_tenant(self, tenant: str | None = None) -> Tenant:
+        return await self._get(Tenant, f"/v1/tenants/{await self._tenant(tenant)}")
+
+    async def create_key(
+        self, role: Literal["worker", "operator"], tenant: str | None = None
+    ) -> ApiKey:
+        response = await self.request(
+            "POST", f"/v1/tenants/{await self._tenant(tenant)}/keys", json={"role": role}
+        )
+        return ApiKey.model_validate_json(response.content)
+
+    async def revoke_key(self, key_id: str, tenant: str | None = None) -> None:
+        await self.request("DELETE", f"/v1/tenants/{await self._tenant(tenant)}/keys/{key_id}")
+
+    # -- work items ----------------------------------------------------------
+
+    async def enqueue(
+        self,
+        queue: str,
+        payload: Any,
+        *,
+        priority: int = 0,
+        delay: float = 0,
+        max_acquisitions: int | None = None,
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> Item:
+        body = NewItem(
+            payload=payload, priority=priority, delay=delay, max_acquisitions=max_acquisitions
+        ).model_dump(exclude_none=True)
+        body.setdefault("payload", None)
+        path = f"/v1/tenants/{await self._tenant(tenant)}/queues/{queue}/items"
+        return await self._effect(Item, "POST", path, body, idempotency_key)
+
+    async def enqueue_batch(
+        self,
+        queue: str,
+        items: Sequence[NewItem],
+        *,
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> list[Item]:
+        """Enqueue 1 to 500 items at once, all or nothing against the backlog cap."""
+        body = {"items": [_item_body(item) for item in items]}
+        path = f"/v1/tenants/{await self._tenant(tenant)}/queues/{queue}/items:batch"
+        return (await self._effect(_Batch, "POST", path, body, idempotency_key)).items
+
+    async def get_item(self, item_id: str, tenant: str | None = None) -> Item:
+        return await self._get(Item, f"/v1/tenants/{await self._tenant(tenant)}/items/{item_id}")
+
+    async def ledger(self, item_id: str, tenant: str | None = None) -> list[LedgerEvent]:
+        path = f"/v1/tenants/{await self._tenant(tenant)}/items/{item_id}/ledger"
+        return (await self._get(_Ledger, path)).events
+
+    # -- leases --------------------------------------------------------------
+
+    async def acquire(
+        self,
+        queue: str,
+        *,
+        worker: str,
+        lease_ttl: float | None = None,
+        max_items: int = 1,
+        wait: float = 0,
+        tenant: str | None = None,
+    ) -> list[Lease]:
+        """Lease up to `max_items` due items, long-polling up to `wait` seconds."""
+        body: dict[str, Any] = {"worker": worker, "max_items": max_items, "wait": wait}
+        if lease_ttl is not None:
+            body["lease_ttl"] = lease_ttl
+        response = await self.request(
+            "POST",
+            f"/v1/tenants/{await self._tenant(tenant)}/queues/{queue}/leases",
+            json=body,
+            timeout=self.timeout + wait,
+        )
+        return _Leases.model_validate_json(response.content).leases
+
+    async def heartbeat(
+        self,
+        item_id: str,
+        *,
+        worker: str,
+        fence: int,
+        lease_ttl: float | None = None,
+        tenant: str | None = None,
+    ) -> Heartbeat:
+        body: dict[str, Any] = {"worker": worker, "fence": fence}
+        if lease_ttl is not None:
+            body["lease_ttl"] = lease_ttl
+        path = f"/v1/tenants/{await self._tenant(tenant)}/items/{item_id}/heartbeat"
+        return Heartbeat.model_validate_json((await self.request("POST", path, json=body)).content)
+
+    async def complete(
+        self,
+        item_id: str,
+        *,
+        worker: str,
+        fence: int,
+        result: Any = None,
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> Item:
+        body = {"worker": worker, "fence": fence, "result": result}
+        path = f"/v1/tenants/{await self._tenant(tenant)}/items/{item_id}/complete"
+        return await self._effect(Item, "POST", path, body, idempotency_key)
+
+    async def requeue(
+        self,
+        item_id: str,
+        *,
+        worker: str,
+        fence: int,
+        reason: str = "",
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> Item:
+        body = {"worker": worker, "fence": fence, "reason": reason}
+        path = f"/v1/tenants/{await self._tenant(tenant)}/items/{item_id}/requeue"
+        return await self._effect(Item, "POST", path, body, idempotency_key)
+
+    async def triage(
+        self,
+        item_id: str,
+        *,
+        worker: str,
+        fence: int,
+        failure_class: str,
+        message: str = "",
+        transient: bool = False,
+        decision: Literal["requeue", "quarantine"] = "requeue",
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> Item:
+        body = {
+            "worker": worker,
+            "fence": fence,
+            "failure": {"class": failure_class, "message": message, "transient": transient},
+            "decision": decision,
+        }
+        path = f"/v1/tenants/{await self._tenant(tenant)}/items/{item_id}/triage"
+        return await self._effect(Item, "POST", path, body, idempotency_key)
+
+    async def heartbeat_many(
+        self,
+        leases: Sequence[tuple[str, int]],
+        *,
+        worker: str,
+        lease_ttl: float | None = None,
+        tenant: str | None = None,
+    ) -> list[BatchEntry]:
+        """Extend several leases of one worker; one answer per (item_id, fence), in order."""
+        answers = []
+        for item_id, fence in leases:
+            try:
+                beat = await self.heartbeat(
+                    item_id, worker=worker, fence=fence, lease_ttl=lease_ttl, tenant=tenant
+                )
+            except errors.ProblemError as exc:
+                answers.append(BatchEntry(item_id=item_id, status=exc.status, problem=exc.body))
+            else:
+                answers.append(
+                    BatchEntry(item_id=item_id, status=200, lease_expires_at=beat.lease_expires_at)
+                )
+        return answers
+
+    async def complete_many(
+        self,
+        completions: Sequence[Completion],
+        *,
+        worker: str,
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> list[BatchEntry]:
+        """Complete up to 500 items of one worker in one request, each under its own fence.
+
+        One answer per entry, in order: the item, or the problem a single complete
+        would have answered. Without `idempotency_key`, the batch's key is derived
+        from its entries' own keys, so the same entries always make the same request.
+        """
+        body = {
+            "worker": worker,
+            "completions": [
+                {"item_id": c.item_id, "fence": c.fence, "result": c.result} for c in completions
+            ],
+        }
+        key = idempotency_key or batch_key([c.idempotency_key for c in completions])
+        path = f"/v1/tenants/{await self._tenant(tenant)}/completions"
+        return (await self._effect(_Entries, "POST", path, body, key)).results
+
+    # -- spend approvals -----------------------------------------------------
+
+    async def approve_spend(
+        self,
+        queue: str,
+        *,
+        approved_by: str,
+        max_concurrency: int,
+        expires_at: datetime,
+        reason: str,
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> SpendApproval:
+        body = {
+            "approved_by": approved_by,
+            "max_concurrency": max_concurrency,
+            "expires_at": expires_at.isoformat(),
+            "reason": reason,
+        }
+        path = f"/v1/tenants/{await self._tenant(tenant)}/queues/{queue}/spend-approvals"
+        return await self._effect(SpendApproval, "POST", path, body, idempotency_key)
+
+    async def concurrency(self, queue: str, tenant: str | None = None) -> Concurrency:
+        return await self._get(
+            Concurrency, f"/v1/tenants/{await self._tenant(tenant)}/queues/{queue}/concurrency"
+        )
+
+    # -- operators -----------------------------------------------------------
+
+    async def status(self, tenant: str | None = None) -> Status:
+        return await self._get(Status, f"/v1/tenants/{await self._tenant(tenant)}/queues")
+
+    async def list_dead_letters(
+        self,
+        *,
+        queue: str | None = None,
+        kind: Literal["item", "delivery"] | None = None,
+        status: Literal["open", "closed", "all"] = "open",
+        limit: int = 50,
+        cursor: str | None = None,
+        tenant: str | None = None,
+    ) -> DeadLetterPage:
+        return await self._get(
+            DeadLetterPage,
+            f"/v1/tenants/{await self._tenant(tenant)}/dead-letters",
+            queue=queue,
+            kind=kind,
+            status=status,
+            limit=limit,
+            cursor=cursor,
+        )
+
+    async def iter_dead_letters(
+        self,
+        *,
+        queue: str | None = None,
+        kind: Literal["item", "delivery"] | None = None,
+        status: Literal["open", "closed", "all"] = "open",
+        page_size: int = 200,
+        tenant: str | None = None,
+    ) -> AsyncIterator[DeadLetter]:
+        """Every matching dead letter, oldest first, page by page."""
+        cursor: str | None = None
+        while True:
+            page = await self.list_dead_letters(
+                queue=queue, kind=kind, status=status, limit=page_size, cursor=cursor, tenant=tenant
+            )
+            for dead_letter in page.dead_letters:
+                yield dead_letter
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    async def show_dead_letter(
+        self, dead_letter_id: str, tenant: str | None = None
+    ) -> DeadLetterDetail:
+        path = f"/v1/tenants/{await self._tenant(tenant)}/dead-letters/{dead_letter_id}"
+        return await self._get(DeadLetterDetail, path)
+
+    async def replay(
+        self,
+        dead_letter_id: str,
+        *,
+        max_acquisitions: int | None = None,
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> Item:
+        body = {"max_acquisitions": max_acquisitions} if max_acquisitions is not None else {}
+        path = f"/v1/tenants/{await self._tenant(tenant)}/dead-letters/{dead_letter_id}/replay"
+        return await self._effect(Item, "POST", path, body, idempotency_key)
+
+    async def discard(
+        self,
+        dead_letter_id: str,
+        *,
+        reason: str = "",
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> Item:
+        path = f"/v1/tenants/{await self._tenant(tenant)}/dead-letters/{dead_letter_id}/discard"
+        return await self._effect(Item, "POST", path, {"reason": reason}, idempotency_key)
+
+    async def replay_queue(
+        self,
+        queue: str,
+        *,
+        limit: int = 100,
+        max_acquisitions: int | None = None,
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> BulkReplay:
+        """Replay up to `limit` (at most 100) of the queue's oldest open item dead letters."""
+        body: dict[str, Any] = {"limit": limit}
+        if max_acquisitions is not None:
+            body["max_acquisitions"] = max_acquisitions
+        path = f"/v1/tenants/{await self._tenant(tenant)}/queues/{queue}/dead-letters:replay"
+        return await self._effect(BulkReplay, "POST", path, body, idempotency_key)
+
+    async def verify_ledgers(
+        self,
+        *,
+        tenant: str | None = None,
+        all_tenants: bool = False,
+        limit: int = 500,
+        cursor: str | None = None,
+    ) -> Verification:
+        """One page of ledger verification: of a tenant, or of every tenant (admin)."""
+        path = (
+            "/v1/ledger-verification"
+            if all_tenants
+            else f"/v1/tenants/{await self._tenant(tenant)}/ledger-verification"
+        )
+        return await self._get(Verification, path, limit=limit, cursor=cursor)
+
+    # -- reliability: policy, confirmation receipts, verification runs -----------
+
+    async def policy(self) -> dict[str, Any]:
+        """The server's `operation-reliability.v2` document (GET /v1/policy)."""
+        document: dict[str, Any] = (await self.request("GET", "/v1/policy")).json()
+        return document
+
+    async def claim_receipt(
+        self,
+        idempotency_key: str,
+        outcome_ref: str,
+        *,
+        claim_token: str | None = None,
+        tenant: str | None = None,
+    ) -> tuple[ReceiptRecord, bool]:
+        """Claim a confirmed mutation's one-shot receipt; True when this call holds the grant.
+
+        A transient failure is retried with the same `claim_token`, so a claim whose
+        answer was lost is granted again rather than mistaken for someone else's.
+        """
+        body = {
+            "idempotency_key": idempotency_key,
+            "outcome_ref": outcome_ref,
+            "claim_token": claim_token or new_idempotency_key(),
+        }
+        response = await self.request(
+            "POST", f"/v1/tenants/{await self._tenant(tenant)}/receipts", json=body
+        )
+        return ReceiptRecord.model_validate_json(response.content), response.status_code == 201
+
+    async def settle_receipt(
+        self,
+        outcome_ref: str,
+        status: Literal["succeeded", "failed"],
+        outcome: Any,
+        *,
+        tenant: str | None = None,
+    ) -> ReceiptRecord:
+        """Settle a pending receipt once; the same settlement again is a no-op."""
+        path = f"/v1/tenants/{await self._tenant(tenant)}/receipts/{outcome_ref}"
+        body = {"status": status, "outcome": outcome}
+        return ReceiptRecord.model_validate_json(
+            (await self.request("PUT", path, json=body)).content
+        )
+
+    async def get_receipt(self, outcome_ref: str, *, tenant: str | None = None) -> ReceiptRecord:
+        return await self._get(
+            ReceiptRecord, f"/v1/tenants/{await self._tenant(tenant)}/receipts/{outcome_ref}"
+        )
+
+    async def start_verification_run(
+        self,
+        artifact_version: str,
+        verifier_version: str,
+        items: Sequence[str],
+        *,
+        tenant: str | None = None,
+    ) -> VerificationRun:
+        """Start (or, for the same pair, find again) the run of an artifact and verifier version."""
+        body = {
+            "artifact_version": artifact_version,
+            "verifier_version": verifier_version,
+            "items": list(items),
+        }
+        path = f"/v1/tenants/{await self._tenant(tenant)}/verification-runs"
+        return VerificationRun.model_validate_json(
+            (await self.request("POST", path, json=body)).content
+        )
+
+    async def get_verification_run(
+        self, run_id: str, *, tenant: str | None = None
+    ) -> VerificationRun:
+        path = f"/v1/tenants/{await self._tenant(tenant)}/verification-runs/{run_id}"
+        return await self._get(VerificationRun, path)
+
+    async def checkpoint(
+        self, run_id: str, item: str, result: Any, *, tenant: str | None = None
+    ) -> Checkpoint:
+        """Record one item's result; the same result again is a no-op, another is refused."""
+        path = (
+            f"/v1/tenants/{await self._tenant(tenant)}/verification-runs/{run_id}"
+            f"/checkpoints/{quote(item, safe='/')}"
+        )
+        return Checkpoint.model_validate_json(
+            (await self.request("PUT", path, json={"result": result})).content
+        )
+
+    async def complete_verification_run(
+        self, run_id: str, *, tenant: str | None = None
+    ) -> VerificationRun:
+        """Write the terminal run-complete marker; refused until every item is checkpointed."""
+        path = f"/v1/tenants/{await self._tenant(tenant)}/verification-runs/{run_id}/complete"
+        return VerificationRun.model_validate_json((await self.request("PUT", path)).content)

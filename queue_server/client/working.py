@@ -1,0 +1,251 @@
+"""What the thread worker and the asyncio worker share: a handler's instructions, the outcome
+of an item, what to submit for it, and the pace that sizes prefetching.
+
+Both workers are schedulers around these pieces. An item's life in a worker:
+
+    acquired --> waiting (prefetched) --> running (handler) --> settling (outcome queued)
+       |              |                       |                      '--> settled: Result
+       '--------------+-----------------------+--> lost (heartbeat refused): nothing submitted
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Literal, TypeVar
+
+from queue_server.client import errors
+from queue_server.client.client import new_idempotency_key
+from queue_server.client.models import Completion, Lease
+
+# One acquire leases at most this many items (API.md: max_items 1..100).
+MAX_ACQUIRE = 100
+# A batch of outcomes stays well under the API's 1 MiB body limit.
+MAX_BATCH_BYTES = 512 * 1024
+
+
+class TransientError(Exception):
+    """Raise from a handler: the failure is transient; the item is requeued."""
+
+
+class Quarantine(Exception):  # noqa: N818 - an instruction, not an error condition
+    """Raise from a handler: the item can never succeed; quarantine it now."""
+
+
+class Requeue(Exception):  # noqa: N818 - an instruction, not an error condition
+    """Raise from a handler: give the item back untouched (no failure is recorded)."""
+
+
+class Outcome(StrEnum):
+    COMPLETED = "completed"
+    REQUEUED = "requeued"
+    TRIAGED = "triaged"
+    QUARANTINED = "quarantined"
+    LOST = "lost"
+    UNSUBMITTED = "unsubmitted"
+
+
+@dataclass(frozen=True)
+class Result:
+    item_id: str
+    fence: int
+    outcome: Outcome
+    detail: str = ""
+
+
+class Stage(StrEnum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    SETTLING = "settling"
+    SETTLED = "settled"
+
+
+@dataclass(eq=False)
+class LeaseFacts:
+    """The lease a handler works under, and the worker's bookkeeping of it."""
+
+    lease: Lease
+    worker: str
+    stage: Stage = field(default=Stage.WAITING, repr=False)
+    beat_at: float = field(default=0.0, repr=False)  # monotonic: acquired or last extended
+    expires_at: float = field(default=0.0, repr=False)  # monotonic: when the lease runs out
+    result: Result | None = field(default=None, repr=False)
+
+    @property
+    def item_id(self) -> str:
+        return self.lease.item_id
+
+    @property
+    def fence(self) -> int:
+        return self.lease.fence
+
+    @property
+    def payload(self) -> Any:
+        return self.lease.payload
+
+    @property
+    def acquisition_count(self) -> int:
+        return self.lease.acquisition_count
+
+
+def default_worker_name() -> str:
+    """hostname-pid, cut to the API's name pattern."""
+    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname()) or "host"
+    return f"{host[:50]}-{os.getpid()}".lstrip("._-") or f"worker-{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What the server is told about one item: complete, requeue or triage, under its own key."""
+
+    kind: Literal["complete", "requeue", "triage"]
+    outcome: Outcome
+    detail: str = ""
+    result: Any = None
+    size: int = 0
+    reason: str = ""
+    failure_class: str = ""
+    message: str = ""
+    transient: bool = False
+    quarantine: bool = False
+    key: str = field(default_factory=new_idempotency_key)
+
+    def completion(self, item_id: str, fence: int) -> Completion:
+        return Completion(
+            item_id=item_id, fence=fence, result=self.result, idempotency_key=self.key
+        )
+
+
+def verdict(value: Any, failure: BaseException | None) -> Submission:
+    """The submission for a handler's return value, or for the exception it raised."""
+    if failure is None:
+        try:
+            size = len(json.dumps(value, allow_nan=False))
+        except (TypeError, ValueError) as exc:
+            failure = TypeError(f"the handler's result cannot be sent as JSON: {exc}")
+        else:
+            return Submission("complete", Outcome.COMPLETED, result=value, size=size)
+    if isinstance(failure, Requeue):
+        return Submission("requeue", Outcome.REQUEUED, str(failure), reason=str(failure))
+    quarantine = isinstance(failure, Quarantine)
+    return Submission(
+        "triage",
+        Outcome.QUARANTINED if quarantine else Outcome.TRIAGED,
+        str(failure),
+        failure_class=type(failure).__name__,
+        message=str(failure)[:4000],
+        transient=isinstance(failure, TransientError),
+        quarantine=quarantine,
+    )
+
+
+def give_back() -> Submission:
+    """A prefetched lease returned unstarted when the worker stops."""
+    return Submission("requeue", Outcome.REQUEUED, "worker stopping", reason="worker stopping")
+
+
+def settled(facts: LeaseFacts, sub: Submission, error: errors.QueueClientError | None) -> Result:
+    """The result of a submission: done, refused (the lease was lost), or not delivered."""
+    if error is None:
+        return Result(facts.item_id, facts.fence, sub.outcome, sub.detail)
+    if isinstance(error, errors.LeaseLostError):
+        return Result(
+            facts.item_id, facts.fence, Outcome.LOST, f"the server refused the outcome: {error}"
+        )
+    # The lease will expire and the item will be handed out again.
+    return Result(
+        facts.item_id, facts.fence, Outcome.UNSUBMITTED, f"could not submit the outcome: {error}"
+    )
+
+
+def lost(facts: LeaseFacts) -> Result:
+    return Result(
+        facts.item_id, facts.fence, Outcome.LOST, "the lease was lost; nothing was submitted"
+    )
+
+
+F = TypeVar("F", bound=LeaseFacts)
+
+
+def batches(subs: Sequence[tuple[F, Submission]], limit: int) -> list[list[tuple[F, Submission]]]:
+    """Completions cut into requests of at most `limit` entries and MAX_BATCH_BYTES."""
+    out: list[list[tuple[F, Submission]]] = []
+    current: list[tuple[F, Submission]] = []
+    size = 0
+    for pair in subs:
+        cost = pair[1].size + 120
+        if current and (len(current) >= limit or size + cost > MAX_BATCH_BYTES):
+            out.append(current)
+            current, size = [], 0
+        current.append(pair)
+        size += cost
+    if current:
+        out.append(current)
+    return out
+
+
+def refuses_whole_batch(exc: errors.QueueClientError) -> bool:
+    """A batch refused as a request (one entry invalid, too large): send its entries singly."""
+    return isinstance(exc, errors.ProblemError) and exc.status in (400, 413, 422)
+
+
+def is_lease_lost(error: errors.QueueClientError) -> bool:
+    return isinstance(error, errors.LeaseLostError | errors.NotFoundError)
+
+
+class Pace:
+    """How many leases may wait for a free slot (prefetch).
+
+    Fixed when given; otherwise enough to cover one acquire round trip at the
+    current pace (slots x acquire time / handler time), at most `cap`. A slow
+    handler therefore holds no extra lease, and a fast one never waits for an
+    acquire; a waiting lease waits about one round trip.
+    """
+
+    def __init__(self, fixed: int | None, cap: int = MAX_ACQUIRE) -> None:
+        self.fixed = fixed
+        self.cap = cap
+        self.handler_s: float | None = None
+        self.acquire_s: float | None = None
+
+    @staticmethod
+    def _ewma(old: float | None, sample: float) -> float:
+        return sample if old is None else old * 0.8 + sample * 0.2
+
+    def handled(self, seconds: float) -> None:
+        self.handler_s = self._ewma(self.handler_s, seconds)
+
+    def acquired(self, seconds: float) -> None:
+        # A long poll that waited for work says nothing about the round trip.
+        self.acquire_s = self._ewma(self.acquire_s, min(seconds, 0.05))
+
+    def prefetch(self, slots: int) -> int:
+        if self.fixed is not None:
+            return self.fixed
+        if self.handler_s is None or self.acquire_s is None:
+            return 0
+        return min(self.cap, math.ceil(slots * self.acquire_s / max(self.handler_s, 1e-5)))
+
+
+def want(
+    *,
+    slots: int,
+    running: int,
+    waiting: int,
+    held: int,
+    limit: int,
+    prefetch: int,
+    remaining: int | None,
+) -> int:
+    """How many leases to ask for now: free slots plus the prefetch, within every bound."""
+    n = slots - running + prefetch - waiting
+    n = min(n, limit - held, MAX_ACQUIRE)
+    if remaining is not None:
+        n = min(n, remaining)
+    return max(0, n)

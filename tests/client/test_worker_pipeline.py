@@ -1,0 +1,186 @@
+"""The worker that never waits on itself: batched outcomes, pace-sized prefetch, shutdown.
+
+Counts of requests come from the server's own `/metrics`, as an operator would read them.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from typing import Any
+
+import httpx
+import psycopg
+
+from queue_server.client import Job, NewItem, Outcome, QueueClient, Result, Worker
+from tests.conftest import Api
+
+DB = psycopg.Connection[dict[str, object]]
+
+
+def requests_to(api: Api, route: str) -> int:
+    """Requests the server answered on `route` (a route template), summed over statuses."""
+    text = httpx.get(f"{api.url}/metrics").text
+    pattern = re.compile(
+        r"^queue_server_requests_total\{([^}]*)\} ([0-9.e+]+)$", flags=re.MULTILINE
+    )
+    total = 0.0
+    for labels, value in pattern.findall(text):
+        if f'route="{route}"' in labels:
+            total += float(value)
+    return int(total)
+
+
+def fill(qs: QueueClient, queue: str, n: int) -> None:
+    for start in range(0, n, 500):
+        qs.enqueue_batch(queue, [NewItem(payload=i) for i in range(start, min(n, start + 500))])
+
+
+def test_outcomes_of_concurrent_handlers_go_out_together_and_each_item_completes_once(
+    api: Api, db: DB
+) -> None:
+    api.approve("fast", 64)
+    with QueueClient(api.url, api.keys["worker"]) as qs:
+        fill(qs, "fast", 400)
+        results: list[Result] = []
+        worker = Worker(
+            qs, "fast", lambda job: job.payload * 2, concurrency=16, wait=0,
+            on_result=results.append,
+        )  # fmt: skip
+        assert worker.run(drain=True) == 400
+    assert [r.outcome for r in results] == [Outcome.COMPLETED] * 400
+    rows = db.execute(
+        "SELECT count(*) AS n, count(DISTINCT item_id) AS items FROM item_events"
+        " WHERE kind = 'completed'"
+    ).fetchone()
+    assert rows == {"n": 400, "items": 400}
+    assert db.execute("SELECT count(*) AS n FROM work_items WHERE result = to_jsonb(payload::int * 2)").fetchone() == {"n": 400}  # fmt: skip
+    # Far fewer requests than items: completions rode together, acquires asked for many.
+    completions = requests_to(api, "/v1/tenants/{tenant}/completions")
+    acquires = requests_to(api, "/v1/tenants/{tenant}/queues/{queue}/leases")
+    singles = requests_to(api, "/v1/tenants/{tenant}/items/{item_id}/complete")
+    assert singles == 0
+    assert completions <= 400 / 4
+    assert acquires <= 400 / 4
+
+
+def test_a_fast_handler_prefetches_and_a_slow_one_holds_only_what_runs(api: Api) -> None:
+    api.approve("fast", 64)
+    api.approve("slow", 64)
+    with QueueClient(api.url, api.keys["worker"]) as qs:
+        fill(qs, "fast", 300)
+        for n in range(4):
+            qs.enqueue("slow", n)
+        held: dict[str, list[int]] = {"fast": [], "slow": []}
+
+        def handler(job: Job) -> None:
+            held[job.lease.queue].append(worker.in_flight())
+            if job.lease.queue == "slow":
+                time.sleep(0.25)
+
+        worker = Worker(qs, "fast", handler, concurrency=1, wait=0)
+        assert worker.run(drain=True) == 300
+        assert max(held["fast"]) > 2
+        worker = Worker(qs, "slow", handler, concurrency=1, wait=0)
+        assert worker.run(drain=True) == 4
+        # The one running, and at most the previous item's outcome still on its way.
+        assert max(held["slow"]) <= 2
+
+
+def test_stop_gives_back_waiting_leases_and_lets_the_running_one_finish(api: Api, db: DB) -> None:
+    api.approve("q", 10)
+    with QueueClient(api.url, api.keys["worker"]) as qs:
+        for n in range(5):
+            qs.enqueue("q", n)
+        started = threading.Event()
+        release = threading.Event()
+
+        def handler(job: Job) -> str:
+            started.set()
+            assert release.wait(10)
+            return "done"
+
+        results: list[Result] = []
+        worker = Worker(qs, "q", handler, name="w1", prefetch=4, wait=0, on_result=results.append)
+        runner = threading.Thread(target=lambda: worker.run(grace=10, handle_signals=False))
+        runner.start()
+        assert started.wait(10)
+        deadline = time.monotonic() + 10
+        while worker.in_flight() < 5:
+            assert time.monotonic() < deadline, "the worker did not prefetch"
+            time.sleep(0.01)
+        worker.stop()
+        release.set()
+        runner.join(20)
+        assert not runner.is_alive()
+    assert [r.outcome for r in results] == [Outcome.COMPLETED]
+    states = db.execute(
+        "SELECT state, count(*) AS n FROM work_items GROUP BY state ORDER BY state"
+    ).fetchall()
+    assert states == [{"state": "ready", "n": 4}, {"state": "completed", "n": 1}] or states == [
+        {"state": "completed", "n": 1},
+        {"state": "ready", "n": 4},
+    ]
+    reasons = db.execute(
+        "SELECT data->>'reason' AS reason FROM item_events WHERE kind = 'requeued'"
+    ).fetchall()
+    assert reasons == [{"reason": "worker stopping"}] * 4
+
+
+def test_a_result_that_is_not_json_fails_its_item_alone(api: Api) -> None:
+    api.approve("q", 10)
+    with QueueClient(api.url, api.keys["worker"]) as qs:
+        for n in range(6):
+            qs.enqueue("q", n)
+
+        def handler(job: Job) -> Any:
+            return float("nan") if job.payload == 3 else {"n": job.payload}
+
+        results: list[Result] = []
+        worker = Worker(qs, "q", handler, concurrency=6, wait=0, on_result=results.append)
+        assert worker.run(max_items=6) == 6
+        outcomes = sorted(r.outcome.value for r in results)
+        assert outcomes == ["completed"] * 5 + ["triaged"]
+        (failed,) = [r for r in results if r.outcome is Outcome.TRIAGED]
+        item = qs.get_item(failed.item_id)
+        assert (item.state, item.payload) == ("ready", 3)
+        assert item.last_failure["class"] == "TypeError"
+        assert "JSON" in item.last_failure["message"]
+
+
+def test_a_refused_entry_in_a_batch_is_reported_lost_and_the_others_complete(
+    api: Api, db: DB
+) -> None:
+    api.approve("q", 10)
+    with QueueClient(api.url, api.keys["worker"]) as qs:
+        for n in range(3):
+            qs.enqueue("q", n)
+        gate = threading.Barrier(3)
+
+        def handler(job: Job) -> int:
+            gate.wait(10)
+            if job.payload == 1:
+                # Another worker takes this item over while we still work on it.
+                db.execute(
+                    "UPDATE work_items SET lease_expires_at = now() - interval '1 second'"
+                    " WHERE item_id = %s",
+                    (job.item_id,),
+                )
+                (taken,) = qs.acquire("q", worker="other", max_items=1)
+                assert taken.fence == job.fence + 1
+            return int(job.payload)
+
+        results: list[Result] = []
+        worker = Worker(qs, "q", handler, concurrency=3, wait=0, on_result=results.append)
+        assert worker.run(max_items=3) == 3
+    assert sorted(r.outcome.value for r in results) == ["completed", "completed", "lost"]
+    (lost,) = [r for r in results if r.outcome is Outcome.LOST]
+    assert "refused" in lost.detail
+    rows = db.execute(
+        "SELECT item_id::text, payload, state, lease_holder FROM work_items"
+    ).fetchall()
+    by_payload = {row["payload"]: row for row in rows}
+    assert by_payload[1]["item_id"] == lost.item_id
+    assert (by_payload[1]["state"], by_payload[1]["lease_holder"]) == ("leased", "other")
+    assert by_payload[0]["state"] == by_payload[2]["state"] == "completed"
