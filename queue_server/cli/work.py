@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json as jsonlib
 import os
 import shutil
@@ -10,11 +11,15 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Annotated, Any
 
 import typer
+from rich.live import Live
+from rich.markup import escape
+from rich.text import Text
 
 from queue_server.cli.common import DataDir, Key, Tenant, Url, err_console, fail, tenant_session
 from queue_server.client import DEFAULT_URL, Job, Outcome, Requeue, Result, TransientError, Worker
@@ -157,36 +162,7 @@ def work(
     if shutil.which(program) is None:
         fail("Command not found", f"{program!r} is not an executable file or on PATH")
     with tenant_session(url, key, data_dir, tenant) as qs:
-        counts: Counter[str] = Counter()
-        lock = threading.Lock()
-
-        def report(result: Result) -> None:
-            with lock:
-                counts[result.outcome] += 1
-                if json:
-                    line = {
-                        "item_id": result.item_id,
-                        "fence": result.fence,
-                        "outcome": result.outcome.value,
-                        "detail": result.detail,
-                    }
-                    sys.stdout.write(jsonlib.dumps(line) + "\n")
-                    sys.stdout.flush()
-                else:
-                    style = {
-                        Outcome.COMPLETED: "green",
-                        Outcome.LOST: "red",
-                        Outcome.QUARANTINED: "red",
-                        Outcome.UNSUBMITTED: "red",
-                    }.get(result.outcome, "yellow")
-                    detail = f"  {result.detail}" if result.detail else ""
-                    err_console.print(
-                        f"[{style}]{result.outcome.value:<11}[/] {result.item_id}"
-                        f" fence {result.fence}{detail}",
-                        markup=True,
-                        highlight=False,
-                    )
-
+        progress = Progress()
         worker = Worker(
             qs,
             queue,
@@ -195,8 +171,20 @@ def work(
             lease_ttl=lease_ttl,
             wait=wait,
             concurrency=concurrency,
-            on_result=report,
         )
+        live = err_console.is_terminal and not json
+        if json:
+            printer = progress.json_line
+        elif live:
+            printer = progress.above_status  # the status line stands for completed items
+        else:
+            printer = progress.log_line
+
+        def report(result: Result) -> None:
+            progress.add(result)
+            printer(result)
+
+        worker.on_result = report
         limit = worker.limit()
         if concurrency > limit:
             err_console.print(
@@ -208,25 +196,119 @@ def work(
         def on_signal(signum: int, _frame: FrameType | None) -> None:
             signals[0] += 1
             if signals[0] == 1:
-                running = len(worker.running())
-                err_console.print(
-                    f"stopping: no new work; {running} running item(s) get up to {grace:g}s"
+                progress.note(
+                    f"stopping: no new work; {len(worker.running())} running item(s)"
+                    f" get up to {grace:g}s"
                 )
                 worker.stop()
             else:
-                err_console.print("stopping now: running commands are stopped and requeued")
+                progress.note("stopping now: running commands are stopped and requeued")
                 worker.abort()
 
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-        started = time.monotonic()
         try:
-            worker.run(max_items=max_items, drain=drain, grace=grace)
+            with progress.live(worker.in_flight) if live else contextlib.nullcontext():
+                worker.run(max_items=max_items, drain=drain, grace=grace, handle_signals=False)
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         if not json:
-            summary = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
-            err_console.print(
-                f"worker {worker.name}: {summary or 'nothing handled'}"
-                f" in {time.monotonic() - started:.1f}s"
-            )
+            err_console.print(progress.summary(worker.name), highlight=False)
+
+
+STYLES = {
+    Outcome.COMPLETED: "green",
+    Outcome.LOST: "red",
+    Outcome.QUARANTINED: "red",
+    Outcome.UNSUBMITTED: "red",
+}
+FAILED = frozenset({Outcome.TRIAGED, Outcome.QUARANTINED, Outcome.LOST, Outcome.UNSUBMITTED})
+RATE_WINDOW = 5.0  # seconds of history behind the status line's items/s
+
+
+class Progress:
+    """Counts outcomes; prints them as lines, as JSON, or above one live status line."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[Outcome] = Counter()
+        self.lock = threading.Lock()
+        self.started = time.monotonic()
+        self.samples: deque[tuple[float, int]] = deque([(self.started, 0)])
+        self._live: Live | None = None
+
+    def add(self, result: Result) -> None:
+        with self.lock:
+            self.counts[result.outcome] += 1
+
+    @property
+    def handled(self) -> int:
+        return sum(self.counts.values())
+
+    def json_line(self, result: Result) -> None:
+        line = {
+            "item_id": result.item_id,
+            "fence": result.fence,
+            "outcome": result.outcome.value,
+            "detail": result.detail,
+        }
+        with self.lock:
+            sys.stdout.write(jsonlib.dumps(line) + "\n")
+            sys.stdout.flush()
+
+    @staticmethod
+    def _line(result: Result) -> str:
+        style = STYLES.get(result.outcome, "yellow")
+        detail = f"  {escape(result.detail)}" if result.detail else ""
+        return (
+            f"[{style}]{result.outcome.value:<11}[/] {result.item_id} fence {result.fence}{detail}"
+        )
+
+    def log_line(self, result: Result) -> None:
+        err_console.print(self._line(result), markup=True, highlight=False)
+
+    def above_status(self, result: Result) -> None:
+        """On a terminal, only what needs a look gets a line of its own."""
+        if result.outcome is not Outcome.COMPLETED:
+            err_console.print(self._line(result), markup=True, highlight=False)
+
+    def note(self, text: str) -> None:
+        err_console.print(text, highlight=False)
+
+    def rate(self) -> float:
+        """Items per second over the last few seconds."""
+        now = time.monotonic()
+        self.samples.append((now, self.handled))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= RATE_WINDOW:
+            self.samples.popleft()
+        then, count = self.samples[0]
+        return (self.handled - count) / (now - then) if now > then else 0.0
+
+    def status(self, in_flight: int) -> Text:
+        done = self.counts[Outcome.COMPLETED]
+        failed = sum(n for outcome, n in self.counts.items() if outcome in FAILED)
+        line = Text()
+        line.append(f"done {done:,}", style="green")
+        line.append(" · ")
+        line.append(f"failed {failed:,}", style="red" if failed else "")
+        line.append(f" · in flight {in_flight:,} · {self.rate():,.0f} items/s")
+        return line
+
+    @contextlib.contextmanager
+    def live(self, in_flight: Callable[[], int]) -> Iterator[None]:
+        with Live(
+            get_renderable=lambda: self.status(in_flight()),
+            console=err_console,
+            refresh_per_second=4,
+            transient=True,
+        ):
+            yield
+
+    def summary(self, worker: str) -> str:
+        elapsed = time.monotonic() - self.started
+        parts = ", ".join(
+            f"{n:,} {outcome.value}" for outcome, n in sorted(self.counts.items()) if n
+        )
+        rate = self.handled / elapsed if elapsed > 0 else 0.0
+        return (
+            f"worker {worker}: {parts or 'nothing handled'} in {elapsed:.1f}s ({rate:,.0f} items/s)"
+        )

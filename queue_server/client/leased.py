@@ -129,7 +129,6 @@ class LeasedWorkClient(QueueClient):
             tenant=tenant,
         )
 
-
     def heartbeat_many(
         self,
         leases: Sequence[tuple[str, int]],

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import pty
+import re
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -11,7 +14,7 @@ import psycopg
 import pytest
 
 from queue_server.client import QueueClient, errors
-from tests.cli.conftest import Cli, lines
+from tests.cli.conftest import BIN, Cli, lines
 from tests.conftest import Api
 
 DB = psycopg.Connection[dict[str, object]]
@@ -197,3 +200,59 @@ def test_concurrency_is_capped_by_the_queue_limit(cli: Cli, api: Api) -> None:
         running += 1 if event == "start" else -1
         peak = max(peak, running)
     assert peak == 2
+
+
+def test_on_a_terminal_one_status_line_tracks_the_work_and_a_summary_ends_it(
+    cli: Cli, api: Api
+) -> None:
+    api.approve("jobs", 8)
+    script = cli.script(
+        "pick.sh", 'payload=$(cat); [ "$payload" = 3 ] && { echo no >&2; exit 3; }; echo ok\n'
+    )
+    for n in range(12):
+        api.enqueue("jobs", n, max_acquisitions=1)
+    primary, replica = pty.openpty()
+    try:
+        done = subprocess.run(
+            [
+                str(BIN),
+                "work",
+                "jobs",
+                "--drain",
+                "--wait",
+                "0",
+                "--concurrency",
+                "4",
+                "--",
+                script,
+            ],
+            env={**cli.env_for("worker"), "TERM": "xterm", "COLUMNS": "120"},
+            stdout=subprocess.PIPE,
+            stderr=replica,
+            stdin=subprocess.DEVNULL,
+            timeout=60,
+            cwd=cli.cwd,
+        )
+        os.close(replica)
+        screen = b""
+        while True:
+            try:
+                chunk = os.read(primary, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            screen += chunk
+    finally:
+        os.close(primary)
+    assert done.returncode == 0
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.decode(errors="replace"))
+    # The live line: done, failed, in flight, items/s.
+    assert re.search(r"done \d+ · failed \d+ · in flight \d+ · [\d,]+ items/s", text), text
+    # Only the failure gets a line of its own; completed items are in the count.
+    assert re.search(r"triaged\s+\S+ fence 1 {2}exit 3: no", text), text
+    assert "completed   " not in text
+    assert re.search(r"worker \S+: 11 completed, 1 triaged in [\d.]+s \([\d,]+ items/s\)", text), (
+        text
+    )
+    assert done.stdout == b""
