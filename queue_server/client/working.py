@@ -11,7 +11,6 @@ Both workers are schedulers around these pieces. An item's life in a worker:
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import socket
@@ -230,7 +229,8 @@ class Pace:
             return self.fixed
         if self.handler_s is None or self.acquire_s is None:
             return 0
-        return min(self.cap, math.ceil(slots * self.acquire_s / max(self.handler_s, 1e-5)))
+        # Rounded: a handler slower than an acquire round trip gets no prefetch at all.
+        return min(self.cap, round(slots * self.acquire_s / max(self.handler_s, 1e-5)))
 
 
 def want(
