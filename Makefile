@@ -5,15 +5,16 @@ STAMP := $(VENV)/.installed
 SOURCES := queue_server tests reliability bench
 TYPED := queue_server tests reliability bench
 
-.PHONY: help install serve test lint unit fmt clean bench bench-quick reliability
+.PHONY: help install serve test lint unit fmt clean bench bench-quick reliability lock
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-$(STAMP): pyproject.toml
+# The runtime dependencies at the versions the image ships (requirements.lock).
+$(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[embedded,dev]'
 	touch $(STAMP)
 
 install: $(STAMP) ## Create .venv and install the project with its dev tools
@@ -36,7 +37,7 @@ fmt: $(STAMP) ## Format and fix what ruff can
 	$(BIN)/ruff check --fix $(SOURCES)
 
 $(VENV)/.bench: $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[embedded,dev,bench]'
 	touch $@
 
 bench: $(VENV)/.bench ## The benchmark (under 5 minutes): bench/results/latest.{json,md}
@@ -47,6 +48,9 @@ bench-quick: $(VENV)/.bench ## A smoke run of the benchmark (under 1 minute)
 
 reliability: $(STAMP) ## The fault-injection suite (under 10 minutes): reliability/results/latest.md
 	$(BIN)/python -m reliability
+
+lock: ## Re-pin requirements.lock (the image's dependencies) after changing pyproject's
+	PYTHON=$(PYTHON) deploy/lock-requirements.sh
 
 clean: ## Remove the virtual environment
 	rm -rf $(VENV)

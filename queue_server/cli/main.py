@@ -89,6 +89,7 @@ def serve(
     Example: [bold]queue-server serve --port 9000[/bold]
     """
     from queue_server.infra.serve import (
+        NoDatabaseError,
         SchemaNotAtHeadError,
         admin_key_path,
         database,
@@ -115,7 +116,7 @@ def serve(
             os.environ["QUEUE_SERVER_DATABASE_URL"] = db.url
             os.environ["QUEUE_SERVER_DATA_DIR"] = str(settings.data_dir)
             _run_uvicorn(host=host, port=port, workers=workers, log_level=log_level)
-    except SchemaNotAtHeadError as exc:
+    except (SchemaNotAtHeadError, NoDatabaseError) as exc:
         raise _fail(str(exc)) from None
 
 

