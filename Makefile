@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 SOURCES := queue_server tests reliability bench
 TYPED := queue_server tests reliability bench
 
-.PHONY: help install serve test lint unit fmt clean bench bench-quick reliability lock
+.PHONY: help install serve test lint unit browser console-screenshots fmt clean bench bench-quick reliability lock
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -27,8 +27,14 @@ lint: $(STAMP) ## ruff and mypy
 	$(BIN)/ruff format --check $(SOURCES)
 	$(BIN)/mypy $(TYPED)
 
-unit: $(STAMP) ## The test suite only
+unit: $(STAMP) browser ## The test suite only
 	$(BIN)/pytest -q
+
+browser: ## Debian's chromium for the console's browser tests (apt-get when missing, as root)
+	deploy/ensure-debian-packages.sh chromium
+
+console-screenshots: $(STAMP) browser ## Screenshots of the console's main pages into docs/console/
+	QUEUE_SERVER_CONSOLE_SCREENSHOTS=docs/console $(BIN)/pytest -q tests/console/test_console_browser.py
 
 test: lint unit ## Lint, then the whole test suite
 

@@ -15,6 +15,7 @@ from queue_server.api import dead_letters, ledgers, problems, queues, receipts, 
 from queue_server.api import watchers as watcher_routes
 from queue_server.api.middleware import BodyLimitAndMetrics
 from queue_server.api.schemas import Problem
+from queue_server.console import install as install_console
 from queue_server.db import Database
 from queue_server.infra import migrate
 from queue_server.infra.metrics import Metrics
@@ -65,6 +66,7 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
     app.include_router(receipts.router)
     app.include_router(runs.router)
     app.include_router(watcher_routes.router)
+    install_console(app)
 
     @app.get("/healthz", tags=["service"])
     async def healthz() -> dict[str, str]:

@@ -165,6 +165,21 @@ def checkpoint(row: Row) -> dict[str, Any]:
     }
 
 
+def verification_run_summary(row: Row) -> dict[str, Any]:
+    """A run in a list: counts of its declared and checkpointed items instead of the lists."""
+    return {
+        "run_id": str(row["run_id"]),
+        "run_key": run_key(row["artifact_version"], row["verifier_version"]),
+        "artifact_version": row["artifact_version"],
+        "verifier_version": row["verifier_version"],
+        "state": row["state"],
+        "items": row["item_count"],
+        "checkpoints": row["checkpoint_count"],
+        "created_at": row["created_at"],
+        "completed_at": row["completed_at"],
+    }
+
+
 def verification_run(row: Row, checkpoints: list[Row]) -> dict[str, Any]:
     done = {c["item"] for c in checkpoints}
     return {

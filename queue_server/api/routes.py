@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel
 from starlette.responses import Response
 
@@ -28,7 +28,7 @@ from queue_server.api.deps import (
     respond,
 )
 from queue_server.api.problems import problem_response
-from queue_server.models import Role
+from queue_server.models import NAME_PATTERN, Role
 from queue_server.services.items import NewItem
 
 router = APIRouter(prefix="/v1", responses=PROBLEMS)
@@ -51,6 +51,17 @@ async def put_tenant(
             default_lease_ttl=body.default_lease_ttl,
         )
     )
+
+
+@router.get("/tenants", response_model=schemas.TenantPage, tags=["tenants"])
+async def list_tenants(
+    tenants: TenantsService,
+    caller: Caller,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    cursor: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
+) -> Response:
+    """Tenants in name order (admin); pass `next_cursor` for the next page."""
+    return respond(await tenants.list_tenants(caller, after=cursor, limit=limit))
 
 
 @router.get("/tenants/{tenant}", response_model=schemas.TenantOut, tags=["tenants"])

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Path, Query
 from pydantic import AfterValidator, BaseModel, Field
 from starlette.responses import Response
 
@@ -82,6 +82,35 @@ async def start_run(tenant: TenantName, body: RunIn, runs: RunsService, caller: 
         items=body.items,
     )
     return respond(answer)
+
+
+class RunSummaryOut(BaseModel):
+    run_id: str
+    run_key: str
+    artifact_version: str
+    verifier_version: str
+    state: Literal["running", "complete"]
+    items: int = Field(description="How many items the run declared")
+    checkpoints: int = Field(description="How many of them are checkpointed")
+    created_at: datetime
+    completed_at: datetime | None
+
+
+class RunPage(BaseModel):
+    runs: list[RunSummaryOut]
+    next_cursor: str | None
+
+
+@router.get("/tenants/{tenant}/verification-runs", response_model=RunPage, tags=["verification"])
+async def list_runs(
+    tenant: TenantName,
+    runs: RunsService,
+    caller: Caller,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=64)] = None,
+) -> Response:
+    """The tenant's runs, newest first, with their item and checkpoint counts."""
+    return respond(await runs.list_runs(caller, tenant, limit=limit, cursor=cursor))
 
 
 @router.get(

@@ -87,6 +87,11 @@ class TenantOut(BaseModel):
     updated_at: datetime
 
 
+class TenantPage(BaseModel):
+    tenants: list[TenantOut]
+    next_cursor: str | None
+
+
 class KeyIn(Body):
     role: Literal["worker", "operator"]
 

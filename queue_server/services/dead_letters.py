@@ -78,6 +78,23 @@ class DeadLetters:
             {"dead_letters": [views.dead_letter(r) for r in rows], "next_cursor": next_cursor},
         )
 
+    async def dead_letter_of_delivery(
+        self, principal: auth.Principal, tenant: str, delivery_id: str
+    ) -> str:
+        """The id of a delivery's dead letter (the open one, else the latest); 404 if none."""
+        principal.require(tenant, Role.OPERATOR)
+        row = None
+        if is_uuid(delivery_id):
+            async with self.db.conn() as conn:
+                row = await dead_letters.latest_for_delivery(
+                    conn, tenant=tenant, delivery_id=delivery_id
+                )
+        if row is None:
+            raise errors.DeadLetterNotFoundError(
+                "This delivery was never dead-lettered.", delivery_id=delivery_id
+            )
+        return str(row["dead_letter_id"])
+
     async def show_dead_letter(
         self, principal: auth.Principal, tenant: str, dead_letter_id: str
     ) -> Answer:

@@ -80,6 +80,25 @@ class VerificationRuns:
             busy = await verification_runs.running(conn, tenant=tenant)
         raise errors.VerificationRunBusyError(running_run_id=str(busy["run_id"]) if busy else None)
 
+    async def list_runs(
+        self, principal: auth.Principal, tenant: str, *, limit: int, cursor: str | None
+    ) -> Answer:
+        """Runs newest first, without their item lists: counts of declared and checkpointed items."""
+        principal.require(tenant, *WORKER_OR_OPERATOR)
+        if cursor is not None and not is_uuid(cursor):
+            raise errors.InvalidRequestError("The cursor is not one this server issued.")
+        async with self.db.conn() as conn:
+            await require_tenant(conn, tenant)
+            rows = await verification_runs.list_page(
+                conn, tenant=tenant, before=cursor, limit=limit + 1
+            )
+        next_cursor = None
+        if len(rows) > limit:
+            rows = rows[:limit]
+            next_cursor = str(rows[-1]["run_id"])
+        runs = [views.verification_run_summary(r) for r in rows]
+        return Answer.of(200, {"runs": runs, "next_cursor": next_cursor})
+
     async def get(self, principal: auth.Principal, tenant: str, run_id: str) -> Answer:
         principal.require(tenant, *WORKER_OR_OPERATOR)
         async with self.db.conn() as conn:

@@ -38,6 +38,18 @@ class Tenants:
             )
         return Answer.of(200, views.tenant(row))
 
+    async def list_tenants(
+        self, principal: auth.Principal, *, after: str | None, limit: int
+    ) -> Answer:
+        """Tenants in name order (admin); `next_cursor` is the last name of a full page."""
+        principal.require_admin()
+        async with self.db.conn() as conn:
+            rows = await tenants.list_tenants(conn, after=after, limit=limit)
+        next_cursor = rows[-1]["tenant_id"] if len(rows) == limit else None
+        return Answer.of(
+            200, {"tenants": [views.tenant(r) for r in rows], "next_cursor": next_cursor}
+        )
+
     async def get_tenant(self, principal: auth.Principal, tenant: str) -> Answer:
         principal.require(tenant, Role.OPERATOR)
         async with self.db.conn() as conn:

@@ -59,6 +59,16 @@ LIMIT %(limit)s
     return await cur.fetchall()
 
 
+async def latest_for_delivery(conn: Conn, *, tenant: str, delivery_id: str) -> Row | None:
+    """The dead letter of a webhook delivery: the open one, else the latest closed one."""
+    cur = await conn.execute(
+        f"SELECT {_COLUMNS} FROM dead_letters WHERE tenant_id = %s AND delivery_id = %s"
+        " ORDER BY closed_at IS NULL DESC, created_at DESC LIMIT 1",
+        (tenant, delivery_id),
+    )
+    return await cur.fetchone()
+
+
 async def get(conn: Conn, *, tenant: str, dead_letter_id: str) -> Row | None:
     cur = await conn.execute(
         f"SELECT {_COLUMNS} FROM dead_letters WHERE tenant_id = %s AND dead_letter_id = %s",

@@ -48,6 +48,16 @@ async def get_tenant(conn: Conn, tenant: str) -> Row | None:
     return await cur.fetchone()
 
 
+async def list_tenants(conn: Conn, *, after: str | None, limit: int) -> list[Row]:
+    """Tenants in name order after `after` (the primary key serves it)."""
+    cur = await conn.execute(
+        "SELECT * FROM tenants WHERE %(after)s::text IS NULL OR tenant_id > %(after)s"
+        " ORDER BY tenant_id LIMIT %(limit)s",
+        {"after": after, "limit": limit},
+    )
+    return await cur.fetchall()
+
+
 # The backlog of tenant row `t`: admitted minus the releases on all its shards.
 _BACKLOG_OF_T = """(t.admitted - coalesce((SELECT sum(released) FROM backlog_releases r
                                  WHERE r.tenant_id = t.tenant_id), 0))::bigint"""

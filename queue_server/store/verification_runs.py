@@ -94,6 +94,24 @@ async def get(conn: Conn, *, tenant: str, run_id: str, lock: bool = False) -> Ro
     return await cur.fetchone()
 
 
+async def list_page(conn: Conn, *, tenant: str, before: str | None, limit: int) -> list[Row]:
+    """Runs newest first (run ids are time-ordered UUIDs: the primary key serves the order),
+    each with its declared item count and checkpoint count."""
+    cur = await conn.execute(
+        f"""
+SELECT {_RUN}, jsonb_array_length(r.items) AS item_count,
+       (SELECT count(*) FROM verification_checkpoints c
+        WHERE c.tenant_id = r.tenant_id AND c.run_id = r.run_id) AS checkpoint_count
+FROM verification_runs r
+WHERE r.tenant_id = %(tenant)s AND (%(before)s::uuid IS NULL OR r.run_id < %(before)s::uuid)
+ORDER BY r.run_id DESC
+LIMIT %(limit)s
+""",
+        {"tenant": tenant, "before": before, "limit": limit},
+    )
+    return await cur.fetchall()
+
+
 async def checkpoints(conn: Conn, *, tenant: str, run_id: str) -> list[Row]:
     cur = await conn.execute(
         f"SELECT {_CHECKPOINT} FROM verification_checkpoints"

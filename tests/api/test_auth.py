@@ -122,3 +122,15 @@ def test_admin_routes_about_another_tenant_are_404_for_a_tenant_key(api: Api) ->
         assert response.status_code == 404, response.text
     # About its own tenant, the same key is told it lacks the role.
     assert other.operator.put("/v1/tenants/globex", json={"backlog_cap": 1}).status_code == 403
+
+
+def test_only_an_admin_lists_the_tenants(api: Api) -> None:
+    for name in ("zeta", "beta"):
+        assert api.admin.put(f"/v1/tenants/{name}", json={"backlog_cap": 5}).status_code == 200
+    page = api.admin.get("/v1/tenants", params={"limit": 2}).json()
+    assert [t["tenant"] for t in page["tenants"]] == ["acme", "beta"]
+    rest = api.admin.get("/v1/tenants", params={"cursor": page["next_cursor"]}).json()
+    assert [t["tenant"] for t in rest["tenants"]] == ["zeta"]
+    assert rest["next_cursor"] is None
+    assert api.operator.get("/v1/tenants").status_code == 403
+    assert api.worker.get("/v1/tenants").status_code == 403

@@ -85,3 +85,27 @@ def test_unknown_run_is_not_found(api: Api) -> None:
     assert api.worker.get(f"{BASE}/not-a-uuid").status_code == 404
     missing = api.worker.get(f"{BASE}/0190b7a4-0000-7000-8000-000000000000")
     assert missing.json()["code"] == "verification-run-not-found"
+
+
+def test_runs_are_listed_newest_first_with_counts_in_pages(api: Api) -> None:
+    first = _start(api)
+    run = f"{BASE}/{first['run_id']}"
+    for item in ("x", "dir/y"):
+        assert api.worker.put(f"{run}/checkpoints/{item}", json={"result": "ok"}).status_code == 201
+    assert api.worker.put(f"{run}/complete").status_code == 200
+    second = _start(api, artifact="a-2", items=["only"])
+    page = api.operator.get(BASE, params={"limit": 1}).json()
+    assert [r["run_id"] for r in page["runs"]] == [second["run_id"]]
+    assert page["runs"][0]["items"] == 1
+    assert page["runs"][0]["checkpoints"] == 0
+    assert page["runs"][0]["state"] == "running"
+    rest = api.operator.get(BASE, params={"limit": 1, "cursor": page["next_cursor"]}).json()
+    assert [(r["run_id"], r["checkpoints"], r["state"]) for r in rest["runs"]] == [
+        (first["run_id"], 2, "complete")
+    ]
+    assert rest["next_cursor"] is None
+    assert api.operator.get(BASE, params={"cursor": "nope"}).status_code == 422
+    # Another tenant's key learns nothing about these runs.
+    assert api.admin.put("/v1/tenants/globex", json={"backlog_cap": 10}).status_code == 200
+    other = api.admin.post("/v1/tenants/globex/keys", json={"role": "operator"}).json()["secret"]
+    assert api.client(other).get(BASE).status_code == 404

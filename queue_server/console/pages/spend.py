@@ -1,0 +1,76 @@
+"""Spend approvals and concurrency: each queue's limit, active leases and live approval, and
+the form that records a new approval (`POST .../queues/{queue}/spend-approvals`)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from starlette.responses import Response
+
+from queue_server import errors
+from queue_server.api import schemas
+from queue_server.console import web
+from queue_server.models import NAME_PATTERN, NAME_RE
+
+router = APIRouter(prefix=f"{web.PREFIX}/tenants/{{tenant}}", route_class=web.ConsoleRoute)
+NAV_ENTRY = web.NavEntry("spend", "Spend & concurrency")
+
+
+@router.get("/spend")
+async def overview(
+    request: Request,
+    tenant: str,
+    queue: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
+) -> Response:
+    session = await web.current_session(request)
+    queues = web.services(request).queues
+    status = web.answer_body(await queues.status(session.principal, tenant))
+    names = [q["queue"] for q in status["queues"]]
+    if queue and queue not in names:
+        names.append(queue)
+    rows = [
+        web.answer_body(await queues.concurrency(session.principal, tenant, name)) for name in names
+    ]
+    return web.render(
+        request, "spend.html", session, tenant=tenant, queues=rows, chosen=queue or ""
+    )
+
+
+@router.post("/spend")
+async def approve(request: Request, tenant: str) -> Response:
+    session = await web.current_session(request)
+    form = await web.check_form(request, session)
+    queue = web.form_text(form, "queue")
+    if not NAME_RE.match(queue):
+        raise errors.InvalidRequestError("The queue name is not valid.")
+    expires = web.form_text(form, "expires_at")
+    if expires and len(expires) <= 16:  # <input type="datetime-local"> gives no zone: UTC
+        expires += ":00Z"
+    max_concurrency = web.form_text(form, "max_concurrency")
+    body = web.body_of(
+        schemas.SpendApprovalIn,
+        approved_by=web.form_text(form, "approved_by"),
+        max_concurrency=int(max_concurrency) if max_concurrency.isdigit() else max_concurrency,
+        expires_at=expires,
+        reason=web.form_text(form, "reason"),
+    )
+    rest_path = f"/v1/tenants/{tenant}/queues/{queue}/spend-approvals"
+    idem = web.idempotency_for(form, rest_path=rest_path, body=body.model_dump(mode="json"))
+    answer = await web.services(request).queues.approve_spend(
+        session.principal,
+        tenant,
+        queue,
+        idem,
+        instance=rest_path,
+        approved_by=body.approved_by,
+        max_concurrency=body.max_concurrency,
+        expires_at=body.expires_at,
+        reason=body.reason,
+    )
+    target = web.tenant_path(tenant, "spend", queue=queue)
+    if answer.problem:
+        return web.redirect(request, target, web.problem_text(answer), "error")
+    return web.redirect(
+        request, target, f"Approved {body.max_concurrency} concurrent leases on {queue}."
+    )

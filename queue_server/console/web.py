@@ -1,0 +1,318 @@
+"""What every console page shares: the session cookie, CSRF, idempotent form actions, flash
+messages, HTML error pages and template rendering.
+
+The session cookie holds the operator's (or admin's) API key itself: HttpOnly, SameSite=Strict,
+Path=/console, Secure when the request came over TLS, and no expiry (it ends with the browser).
+Every request authenticates it again through the service, so a revoked key signs out at once.
+The CSRF token of a session is an HMAC of a fixed label keyed by that secret: only a page the
+server rendered for this session can carry it.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import secrets
+import uuid
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlencode
+
+import orjson
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
+from fastapi.templating import Jinja2Templates
+from pydantic import BaseModel, ValidationError
+from starlette.datastructures import FormData
+from starlette.responses import RedirectResponse, Response
+
+from queue_server import auth, errors
+from queue_server.idempotency import Answer, Idempotency
+from queue_server.models import Role
+from queue_server.services import Services
+
+B = TypeVar("B", bound=BaseModel)
+
+PREFIX = "/console"
+SESSION_COOKIE = "qs_console"
+LOGIN_COOKIE = "qs_console_login"
+FLASH_COOKIE = "qs_console_flash"
+_CSRF_LABEL = b"queue-server console csrf v1"
+
+templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
+
+
+def _when(value: Any) -> str:
+    """An RFC 3339 time as `2026-11-30 16:50:03 UTC` (the API's times are UTC)."""
+    if not value:
+        return "—"
+    try:
+        at = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return str(value)
+    return at.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _age(seconds: Any) -> str:
+    if seconds is None:
+        return "—"
+    left = int(float(seconds))
+    if left < 60:
+        return f"{left}s"
+    if left < 3600:
+        return f"{left // 60}m {left % 60}s"
+    if left < 86400:
+        return f"{left // 3600}h {left % 3600 // 60}m"
+    return f"{left // 86400}d {left % 86400 // 3600}h"
+
+
+def _pretty(value: Any) -> str:
+    return orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
+
+
+templates.env.filters.update(when=_when, age=_age, pretty=_pretty)
+
+
+@dataclass(frozen=True, slots=True)
+class NavEntry:
+    """One link of the console's navigation: `path` is appended to /console/tenants/{tenant}."""
+
+    path: str
+    label: str
+
+
+# The navigation, in order. A page module appends its entry here when it is registered
+# (see queue_server.console.PAGES).
+NAV: list[NavEntry] = []
+
+
+class SignInRequiredError(Exception):
+    """No valid session: the browser is sent to the sign-in page."""
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """A signed-in operator or admin: who they are and the CSRF token of their pages."""
+
+    principal: auth.Principal
+    csrf: str
+
+    @property
+    def is_admin(self) -> bool:
+        return self.principal.role is Role.ADMIN
+
+
+def csrf_token(secret: str) -> str:
+    return hmac.new(secret.encode(), _CSRF_LABEL, hashlib.sha256).hexdigest()
+
+
+def services(request: Request) -> Services:
+    """The services the app built once at start: the same objects the REST routes call."""
+    built: Services = request.app.state.services
+    return built
+
+
+def is_tls(request: Request) -> bool:
+    return request.url.scheme == "https"
+
+
+def set_cookie(request: Request, response: Response, name: str, value: str) -> None:
+    response.set_cookie(
+        name,
+        value,
+        path=PREFIX,
+        httponly=True,
+        samesite="strict",
+        secure=is_tls(request),
+    )
+
+
+def clear_cookie(request: Request, response: Response, name: str) -> None:
+    response.delete_cookie(
+        name, path=PREFIX, httponly=True, samesite="strict", secure=is_tls(request)
+    )
+
+
+async def current_session(request: Request) -> Session:
+    """The session of this request, or SignInRequiredError (the page redirects to sign-in)."""
+    secret = request.cookies.get(SESSION_COOKIE)
+    if not secret:
+        raise SignInRequiredError()
+    try:
+        principal = await services(request).keys.authenticate(f"Bearer {secret}")
+    except errors.UnauthorizedError:
+        raise SignInRequiredError() from None
+    if principal.role is Role.WORKER:
+        raise SignInRequiredError()
+    return Session(principal=principal, csrf=csrf_token(secret))
+
+
+async def check_form(request: Request, session: Session) -> FormData:
+    """The submitted form, once its CSRF token matched this session's."""
+    form = await request.form()
+    token = form.get("csrf")
+    if not isinstance(token, str) or not hmac.compare_digest(token, session.csrf):
+        raise CsrfRefusedError()
+    return form
+
+
+class CsrfRefusedError(errors.QueueServerError):
+    """The form's CSRF token is missing or not this session's; reload the page and try again."""
+
+    status = 403
+    code = "csrf-refused"
+    title = "Form refused"
+
+
+def form_text(form: FormData, name: str, default: str = "") -> str:
+    value = form.get(name, default)
+    return value.strip() if isinstance(value, str) else default
+
+
+def idempotency_for(form: FormData, *, rest_path: str, body: Any, suffix: str = "") -> Idempotency:
+    """The Idempotency of the REST request this form stands for: the key the page was rendered
+    with (a resubmitted form replays its first answer), fingerprinted as the REST route does."""
+    key = form_text(form, "idempotency_key")
+    if suffix:
+        key = f"{key}:{suffix}"
+    return Idempotency.of(key or None, method="POST", path=rest_path, body=body)
+
+
+def body_of(model: type[B], **fields: Any) -> B:
+    """The REST route's request body built from form fields; invalid fields are a 422 page."""
+    try:
+        return model.model_validate(fields)
+    except ValidationError as exc:
+        names = ", ".join(".".join(str(p) for p in err["loc"]) for err in exc.errors())
+        raise errors.InvalidRequestError(f"Check these fields: {names}.") from None
+
+
+def new_idempotency_key() -> str:
+    return f"console-{uuid.uuid4().hex}"
+
+
+def answer_body(answer: Answer) -> Any:
+    return orjson.loads(answer.body)
+
+
+def problem_text(answer: Answer) -> str:
+    body = answer_body(answer)
+    return f"{body.get('title', 'Refused')}: {body.get('detail', '')}"
+
+
+# -- flash messages ------------------------------------------------------------------
+
+
+def flash(request: Request, response: Response, text: str, kind: str = "ok") -> None:
+    value = base64.urlsafe_b64encode(orjson.dumps({"kind": kind, "text": text[:600]})).decode()
+    set_cookie(request, response, FLASH_COOKIE, value)
+
+
+def _read_flash(request: Request) -> dict[str, str] | None:
+    raw = request.cookies.get(FLASH_COOKIE)
+    if not raw:
+        return None
+    try:
+        value = orjson.loads(base64.urlsafe_b64decode(raw.encode()))
+    except (ValueError, orjson.JSONDecodeError):
+        return None
+    if isinstance(value, dict) and isinstance(value.get("text"), str):
+        return {"kind": str(value.get("kind", "ok")), "text": value["text"]}
+    return None
+
+
+def redirect(request: Request, to: str, text: str | None = None, kind: str = "ok") -> Response:
+    response = RedirectResponse(to, status_code=303)
+    if text:
+        flash(request, response, text, kind)
+    return response
+
+
+def back(request: Request, form: FormData, default: str) -> str:
+    """Where an action returns: the page's own `next` path when it is one of ours."""
+    target = form_text(form, "next")
+    if target.startswith(PREFIX + "/") and "//" not in target and "\\" not in target:
+        return target
+    return default
+
+
+# -- rendering -----------------------------------------------------------------------
+
+
+def tenant_path(tenant: str, *parts: str, **query: Any) -> str:
+    path = "/".join([PREFIX, "tenants", tenant, *parts])
+    kept = {k: v for k, v in query.items() if v not in (None, "")}
+    return f"{path}?{urlencode(kept)}" if kept else path
+
+
+def render(
+    request: Request,
+    template: str,
+    session: Session | None,
+    status_code: int = 200,
+    **context: Any,
+) -> Response:
+    context.setdefault("tenant", None)
+    response = templates.TemplateResponse(
+        request,
+        template,
+        {
+            "session": session,
+            "nav": NAV,
+            "flash": _read_flash(request),
+            "path": request.url.path,
+            "full_path": request.url.path + (f"?{request.url.query}" if request.url.query else ""),
+            **context,
+        },
+        status_code=status_code,
+    )
+    if request.cookies.get(FLASH_COOKIE):
+        clear_cookie(request, response, FLASH_COOKIE)
+    return response
+
+
+templates.env.globals.update(prefix=PREFIX, tenant_path=tenant_path, new_key=new_idempotency_key)
+
+
+def error_page(request: Request, status: int, title: str, detail: str) -> Response:
+    return render(request, "error.html", None, status_code=status, title=title, detail=detail)
+
+
+class ConsoleRoute(APIRoute):
+    """Console handlers answer HTML: domain errors become an error page with their status
+    (another tenant's item is a 404 page), and a missing session goes to sign-in."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def handle(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except SignInRequiredError:
+                target = request.url.path
+                if request.method == "GET" and request.url.query:
+                    target += f"?{request.url.query}"
+                response = RedirectResponse(
+                    f"{PREFIX}/sign-in?{urlencode({'next': target})}", status_code=303
+                )
+                if request.cookies.get(SESSION_COOKIE):
+                    clear_cookie(request, response, SESSION_COOKIE)
+                return response
+            except errors.QueueServerError as exc:
+                return error_page(request, exc.status, exc.title, exc.detail)
+            except RequestValidationError as exc:
+                names = ", ".join(
+                    str(err.get("loc", ("",))[-1]) for err in exc.errors() if err.get("loc")
+                )
+                return error_page(request, 422, "Invalid request", f"Check: {names}.")
+
+        return handle
+
+
+def login_token() -> str:
+    return secrets.token_urlsafe(24)

@@ -1,0 +1,121 @@
+"""The console in a real browser (Debian's Chromium through Playwright): what an operator
+does, clicked and read as they would."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Page, ViewportSize, expect
+
+from queue_server.client import QueueClient
+from queue_server.client.worker import Job, Result, Worker
+from tests.conftest import Api
+from tests.operators.test_dead_letters import quarantine
+
+# The first test may install chromium with apt-get.
+pytestmark = pytest.mark.timeout(600)
+
+PHONE: ViewportSize = {"width": 390, "height": 844}
+
+
+def sign_in(page: Page, url: str, key: str) -> None:
+    page.goto(f"{url}/console")
+    expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+    page.get_by_label("API key").fill(key)
+    page.get_by_role("button", name="Sign in").click()
+
+
+def fits_the_width(page: Page) -> bool:
+    """Nothing but a table's own scroller is wider than the window."""
+    return bool(page.evaluate("document.documentElement.scrollWidth <= window.innerWidth"))
+
+
+def test_operator_signs_in_and_sees_the_queues(page: Page, api: Api, shots: Path) -> None:
+    quarantine(api, "emails")
+    api.enqueue("emails", {"to": "a@example.com"})
+    sign_in(page, api.url, api.keys["operator"])
+    expect(page.get_by_role("status")).to_have_text("Signed in.")
+    expect(page.get_by_role("heading", name="Queues")).to_be_visible()
+    row = page.get_by_role("row").filter(has_text="emails")
+    expect(row).to_contain_text("1")  # one ready, one quarantined
+    expect(page.get_by_role("link", name="1 open dead letter")).to_be_visible()
+    page.screenshot(path=str(shots / "queues.png"), full_page=True)
+
+    page.get_by_role("button", name="Sign out").click()
+    expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+    page.goto(f"{api.url}/console/tenants/acme/queues")
+    expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+
+
+def test_a_worker_key_is_refused(page: Page, api: Api) -> None:
+    sign_in(page, api.url, api.keys["worker"])
+    expect(page.get_by_role("alert")).to_have_text(
+        "A worker key cannot sign in to the console: use an operator or admin key."
+    )
+    expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+    assert [c for c in page.context.cookies() if c["name"] == "qs_console"] == []
+    page.goto(f"{api.url}/console/tenants/acme/dead-letters")
+    expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+
+
+def test_replay_a_dead_letter_and_a_worker_completes_it(page: Page, api: Api, shots: Path) -> None:
+    item_id = quarantine(api, "emails", {"to": "b@example.com"})
+    quarantine(api, "emails", {"to": "c@example.com"})  # stays quarantined
+    results: list[Result] = []
+
+    def handler(job: Job) -> dict[str, str]:
+        return {"sent_to": job.payload["to"]}
+
+    client = QueueClient(api.url, api.keys["worker"], tenant="acme")
+    worker = Worker(
+        client, "emails", handler, name="console-test", wait=2, on_result=results.append
+    )
+    running = threading.Thread(target=worker.run, kwargs={"max_items": 1}, daemon=True)
+    running.start()
+    try:
+        sign_in(page, api.url, api.keys["operator"])
+        page.get_by_role("navigation").get_by_role("link", name="Dead letters").click()
+        expect(page.get_by_role("heading", name="Dead letters")).to_be_visible()
+        page.screenshot(path=str(shots / "dead-letters.png"), full_page=True)
+        first = page.get_by_role("row").filter(has_text="quarantined by triage").first
+        first.get_by_role("checkbox").check()
+        page.get_by_role("button", name="Replay selected…").click()
+        expect(page.get_by_role("heading", name="Replay 1 dead letter?")).to_be_visible()
+        page.get_by_role("button", name="Confirm: replay").click()
+        expect(page.get_by_role("status")).to_have_text("Replayed 1 dead letter.")
+        # The other one is still open; the replayed one is gone from the open list.
+        expect(page.get_by_role("row").filter(has_text="quarantined by triage")).to_have_count(1)
+
+        running.join(timeout=20)
+        assert not running.is_alive(), "the worker did not take the replayed item"
+        assert [(r.item_id, r.outcome) for r in results] == [(item_id, "completed")]
+
+        page.goto(f"{api.url}/console/tenants/acme/items/{item_id}")
+        expect(page.get_by_role("heading", name=f"Item {item_id}")).to_contain_text("completed")
+        timeline = page.get_by_role("list", name="Ledger")
+        expect(timeline.get_by_role("listitem")).to_have_count(6)
+        expect(timeline).to_contain_text("replayed")
+        expect(timeline.get_by_role("listitem").last).to_contain_text("completed")
+        expect(page.locator("pre.json").nth(1)).to_contain_text('"sent_to": "b@example.com"')
+        page.screenshot(path=str(shots / "item.png"), full_page=True)
+    finally:
+        worker.stop()
+        running.join(timeout=10)
+        client.close()
+
+
+def test_pages_fit_a_phone_screen(page: Page, api: Api, shots: Path) -> None:
+    quarantine(api, "emails", {"to": "d@example.com"})
+    page.set_viewport_size(PHONE)
+    sign_in(page, api.url, api.keys["operator"])
+    expect(page.get_by_role("heading", name="Queues")).to_be_visible()
+    for link in ("Queues", "Dead letters", "Watchers", "Spend & concurrency", "Verification runs"):
+        page.get_by_role("navigation").get_by_role("link", name=link).click()
+        expect(page.get_by_role("navigation").get_by_role("link", name=link)).to_have_attribute(
+            "aria-current", "page"
+        )
+        assert fits_the_width(page), f"the {link} page is wider than a phone"
+    page.get_by_role("navigation").get_by_role("link", name="Dead letters").click()
+    page.screenshot(path=str(shots / "dead-letters-phone.png"), full_page=True)

@@ -1,0 +1,189 @@
+"""The console over plain HTTP: the session cookie, CSRF, roles, tenant isolation, and the
+same idempotent effect as the REST route it mirrors."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import httpx
+import psycopg
+
+from tests.conftest import Api, LiveServer, setup_tenant
+from tests.console.helpers import CSRF, KEY, form_value, sign_in
+from tests.operators.test_dead_letters import dead_letter_of, quarantine
+
+DB = psycopg.Connection[dict[str, object]]
+
+
+def _set_cookie(response: httpx.Response, name: str) -> str:
+    (header,) = [h for h in response.headers.get_list("set-cookie") if h.startswith(f"{name}=")]
+    return header
+
+
+def test_operator_signs_in_with_an_httponly_strict_session_cookie(api: Api) -> None:
+    client, answer = sign_in(api.url, api.keys["operator"])
+    assert answer.status_code == 303
+    cookie = _set_cookie(answer, "qs_console").lower()
+    assert "httponly" in cookie
+    assert "samesite=strict" in cookie
+    assert "path=/console" in cookie
+    assert "secure" not in cookie  # plain HTTP here
+    assert "max-age" not in cookie
+    assert "expires" not in cookie
+    home = client.get("/console", follow_redirects=True)
+    assert home.status_code == 200
+    assert str(home.url).endswith("/console/tenants/acme/queues")
+    assert "Sign out" in home.text
+
+
+def test_session_cookie_is_secure_when_served_over_tls(api: Api) -> None:
+    # uvicorn takes the scheme from X-Forwarded-Proto of a trusted (loopback) proxy.
+    tls = {"X-Forwarded-Proto": "https"}
+    with httpx.Client(base_url=api.url, headers=tls) as client:
+        form = client.get("/console/sign-in")
+        login = _set_cookie(form, "qs_console_login")
+        assert "secure" in login.lower()
+        answer = client.post(
+            "/console/sign-in",
+            data={"api_key": api.keys["operator"], "csrf": form_value(form.text, CSRF)},
+            # The client keeps a Secure cookie for https only; send it as the browser would.
+            headers={"Cookie": login.split(";")[0]},
+        )
+    assert answer.status_code == 303
+    assert "secure" in _set_cookie(answer, "qs_console").lower()
+
+
+def test_worker_key_cannot_sign_in(api: Api) -> None:
+    client, answer = sign_in(api.url, api.keys["worker"])
+    assert answer.status_code == 403
+    assert "A worker key cannot sign in" in answer.text
+    assert "qs_console" not in client.cookies
+    page = client.get("/console/tenants/acme/queues")
+    assert page.status_code == 303
+    assert page.headers["location"].startswith("/console/sign-in")
+    # Nor does a worker key set in the cookie by hand open any page.
+    client.cookies.set("qs_console", api.keys["worker"], domain="127.0.0.1", path="/console")
+    page = client.get("/console/tenants/acme/dead-letters")
+    assert page.status_code == 303
+    assert page.headers["location"].startswith("/console/sign-in")
+
+
+def test_unknown_key_and_missing_login_token_are_refused(api: Api) -> None:
+    _client, answer = sign_in(api.url, "qsk_0123456789abcdef_nope")
+    assert answer.status_code == 401
+    assert "unknown or revoked" in answer.text
+    with httpx.Client(base_url=api.url) as bare:
+        forged = bare.post("/console/sign-in", data={"api_key": api.keys["operator"]})
+    assert forged.status_code == 403
+    assert "qs_console=" not in " ".join(forged.headers.get_list("set-cookie"))
+
+
+def test_a_form_without_the_session_csrf_token_changes_nothing(api: Api, db: DB) -> None:
+    dead_letter_id = dead_letter_of(api, quarantine(api))
+    client, _ = sign_in(api.url, api.keys["operator"])
+    path = "/console/tenants/acme/dead-letters/replay"
+    for token in (None, "0" * 64):
+        data = {"dead_letter_id": dead_letter_id, "idempotency_key": uuid.uuid4().hex}
+        if token:
+            data["csrf"] = token
+        refused = client.post(path, data=data)
+        assert refused.status_code == 403
+        assert "Form refused" in refused.text
+    row = db.execute(
+        "SELECT closed_at FROM dead_letters WHERE dead_letter_id = %s", (dead_letter_id,)
+    ).fetchone()
+    assert row == {"closed_at": None}
+
+
+def test_replay_from_the_console_is_the_rest_routes_idempotent_effect(api: Api, db: DB) -> None:
+    item_id = quarantine(api)
+    dead_letter_id = dead_letter_of(api, item_id)
+    client, _ = sign_in(api.url, api.keys["operator"])
+    confirm = client.post(
+        "/console/tenants/acme/dead-letters/confirm",
+        data={
+            "csrf": form_value(client.get("/console/tenants/acme/dead-letters").text, CSRF),
+            "action": "replay",
+            "dead_letter_id": dead_letter_id,
+        },
+    )
+    assert confirm.status_code == 200, confirm.text
+    assert "Replay 1 dead letter?" in confirm.text
+    key = form_value(confirm.text, KEY)
+    form = {"csrf": form_value(confirm.text, CSRF), "idempotency_key": key}
+    done = client.post(
+        "/console/tenants/acme/dead-letters/replay",
+        data={**form, "dead_letter_id": dead_letter_id},
+    )
+    assert done.status_code == 303
+    assert client.get(done.headers["location"]).text.count("Replayed 1 dead letter.") == 1
+
+    # The same form sent twice replays its first answer: one effect, one ledger row.
+    again = client.post(
+        "/console/tenants/acme/dead-letters/replay",
+        data={**form, "dead_letter_id": dead_letter_id},
+    )
+    assert again.status_code == 303
+    assert "Replayed 1 dead letter." in client.get(again.headers["location"]).text
+    # And it is the REST request's receipt: the REST route replays the console's answer.
+    rest = api.operator.post(
+        f"/v1/tenants/acme/dead-letters/{dead_letter_id}/replay",
+        json={},
+        headers={"Idempotency-Key": f"{key}:{dead_letter_id}"},
+    )
+    assert rest.status_code == 200, rest.text
+    assert rest.headers["Idempotent-Replayed"] == "true"
+    assert rest.json()["state"] == "ready"
+
+    operator_key_id = api.keys["operator"].split("_")[1]
+    replays = db.execute(
+        "SELECT actor FROM item_events WHERE item_id = %s AND kind = 'replayed'", (item_id,)
+    ).fetchall()
+    assert replays == [{"actor": f"key:{operator_key_id}"}]
+
+
+def test_another_tenants_item_is_a_404_page(live: LiveServer, api: Api) -> None:
+    other = setup_tenant(live.url, api.admin, "globex")
+    theirs = other.enqueue("q", {"secret": "globex"})
+    client, _ = sign_in(api.url, api.keys["operator"])
+    for path in (
+        f"/console/tenants/globex/items/{theirs['item_id']}",
+        f"/console/tenants/acme/items/{theirs['item_id']}",
+        "/console/tenants/globex/queues",
+    ):
+        page = client.get(path)
+        assert page.status_code == 404, path
+        assert '"secret"' not in page.text
+
+
+def test_every_page_of_the_navigation_renders(api: Api) -> None:
+    quarantine(api)
+    client, _ = sign_in(api.url, api.keys["operator"])
+    queues = client.get("/console/tenants/acme/queues")
+    assert queues.status_code == 200
+    links = sorted(set(re.findall(r'href="(/console/tenants/acme/[a-z-]+)"', queues.text)))
+    assert len(links) >= 5, links
+    for link in links:
+        page = client.get(link)
+        assert page.status_code == 200, (link, page.text[:500])
+
+
+def test_a_revoked_key_is_signed_out_at_once(api: Api) -> None:
+    client, _ = sign_in(api.url, api.keys["operator"])
+    assert client.get("/console/tenants/acme/queues").status_code == 200
+    key_id = api.keys["operator"].split("_")[1]
+    assert api.admin.delete(f"/v1/tenants/acme/keys/{key_id}").status_code == 204
+    page = client.get("/console/tenants/acme/queues")
+    assert page.status_code == 303
+    assert page.headers["location"].startswith("/console/sign-in")
+
+
+def test_admin_picks_a_tenant(live: LiveServer, api: Api, admin_key: str) -> None:
+    setup_tenant(live.url, api.admin, "globex")
+    client, _ = sign_in(api.url, admin_key)
+    home = client.get("/console")
+    assert home.status_code == 200
+    assert "/console/tenants/acme/queues" in home.text
+    assert "/console/tenants/globex/queues" in home.text
+    assert client.get("/console/tenants/globex/queues").status_code == 200
