@@ -78,6 +78,9 @@ def test_installed_package_holds_the_cli_and_every_migration(installed: Path) ->
     assert (package / "migrations/env.py").is_file()
     assert (package / "migrations/script.py.mako").is_file()
     assert (package / "py.typed").is_file()
+    # The web console renders from files inside the package.
+    assert (package / "console/templates/base.html").is_file()
+    assert (package / "console/static/console.css").is_file()
 
     probe = (
         "import queue_server, queue_server.cli.main, queue_server.migrations as m;"
