@@ -90,3 +90,11 @@ def admin_key(settings: Settings, database_url: str) -> str:
     # Playwright's sync API keeps an event loop running in this thread: asyncio.run elsewhere.
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(make_admin_key, settings, database_url).result()
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    # Watchers may name a loopback URL here (nothing delivers in these tests).
+    return Settings(
+        data_dir=tmp_path, poll_interval=0.2, lock_timeout_ms=2000, transport_allow=["127.0.0.1"]
+    )

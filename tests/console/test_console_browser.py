@@ -119,3 +119,54 @@ def test_pages_fit_a_phone_screen(page: Page, api: Api, shots: Path) -> None:
         assert fits_the_width(page), f"the {link} page is wider than a phone"
     page.get_by_role("navigation").get_by_role("link", name="Dead letters").click()
     page.screenshot(path=str(shots / "dead-letters-phone.png"), full_page=True)
+
+
+def test_spend_approval_watchers_and_verification_runs(page: Page, api: Api, shots: Path) -> None:
+    api.enqueue("emails", {"to": "e@example.com"})
+    run = api.worker.post(
+        "/v1/tenants/acme/verification-runs",
+        json={
+            "artifact_version": "site-2.4.0",
+            "verifier_version": "linkcheck-7",
+            "items": ["a", "b"],
+        },
+    ).json()
+    checkpoint = f"/v1/tenants/acme/verification-runs/{run['run_id']}/checkpoints/a"
+    assert api.worker.put(checkpoint, json={"result": {"ok": True}}).status_code == 201
+    watcher = api.operator.post(
+        "/v1/tenants/acme/watchers",
+        json={"url": "http://127.0.0.1:9/hook", "events": ["item.completed"]},
+        headers={"Idempotency-Key": "w1"},
+    )
+    assert watcher.status_code == 201, watcher.text
+    nav = page.get_by_role("navigation")
+    sign_in(page, api.url, api.keys["operator"])
+
+    nav.get_by_role("link", name="Spend & concurrency").click()
+    page.get_by_label("Queue").fill("emails")
+    page.get_by_label("Max concurrent leases").fill("4")
+    page.get_by_label("Expires (UTC)").fill("2999-01-01T00:00")
+    page.get_by_label("Approved by").fill("ops@example.com")
+    page.get_by_label("Reason").fill("launch week")
+    page.get_by_role("button", name="Approve").click()
+    expect(page.get_by_role("status")).to_have_text("Approved 4 concurrent leases on emails.")
+    row = page.get_by_role("row").filter(has_text="launch week")
+    expect(row.get_by_role("cell").nth(2)).to_have_text("4")
+    limit = api.operator.get("/v1/tenants/acme/queues/emails/concurrency").json()
+    assert limit["limit"] == 4
+    page.screenshot(path=str(shots / "spend.png"), full_page=True)
+
+    nav.get_by_role("link", name="Watchers").click()
+    page.get_by_role("button", name="Pause").click()
+    expect(page.get_by_role("status")).to_have_text("Paused the watcher.")
+    state = api.operator.get(f"/v1/tenants/acme/watchers/{watcher.json()['watcher_id']}")
+    assert state.json()["state"] == "paused"
+    page.get_by_role("button", name="Resume").click()
+    expect(page.get_by_role("status")).to_have_text("Resumed the watcher.")
+    page.screenshot(path=str(shots / "watchers.png"), full_page=True)
+
+    nav.get_by_role("link", name="Verification runs").click()
+    expect(page.get_by_role("row").filter(has_text="site-2.4.0")).to_contain_text("1 / 2")
+    page.get_by_role("link", name=f"{run['run_id'][:8]}…").click()
+    expect(page.get_by_role("heading", name="Remaining (1)")).to_be_visible()
+    page.screenshot(path=str(shots / "verification-run.png"), full_page=True)
