@@ -283,6 +283,21 @@ def error_page(request: Request, status: int, title: str, detail: str) -> Respon
     return render(request, "error.html", None, status_code=status, title=title, detail=detail)
 
 
+# Pages load nothing but their own stylesheet, run no script, are never framed (no
+# clickjacking of an operator's buttons) and are not cached (they show another tenant's
+# data to nobody, but a shared machine's cache should not keep them either).
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self';"
+        " frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
+
 class ConsoleRoute(APIRoute):
     """Console handlers answer HTML: domain errors become an error page with their status
     (another tenant's item is a 404 page), and a missing session goes to sign-in."""
@@ -291,6 +306,11 @@ class ConsoleRoute(APIRoute):
         handler = super().get_route_handler()
 
         async def handle(request: Request) -> Response:
+            response = await answer(request)
+            response.headers.update(SECURITY_HEADERS)
+            return response
+
+        async def answer(request: Request) -> Response:
             try:
                 return await handler(request)
             except SignInRequiredError:

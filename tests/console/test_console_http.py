@@ -187,3 +187,22 @@ def test_admin_picks_a_tenant(live: LiveServer, api: Api, admin_key: str) -> Non
     assert "/console/tenants/acme/queues" in home.text
     assert "/console/tenants/globex/queues" in home.text
     assert client.get("/console/tenants/globex/queues").status_code == 200
+
+
+def test_pages_escape_payloads_and_forbid_framing_and_scripts(api: Api) -> None:
+    hostile = '</pre><script>alert("x")</script><img src=x onerror=alert(1)>'
+    item = api.enqueue("q", {"note": hostile})
+    client, _ = sign_in(api.url, api.keys["operator"])
+    page = client.get(f"/console/tenants/acme/items/{item['item_id']}")
+    assert page.status_code == 200
+    assert "<script>" not in page.text
+    assert "<img src=x" not in page.text
+    assert "&lt;script&gt;" in page.text
+    csp = page.headers["Content-Security-Policy"]
+    assert "default-src 'none'" in csp
+    assert "frame-ancestors 'none'" in csp
+    assert page.headers["X-Frame-Options"] == "DENY"
+    assert page.headers["Cache-Control"] == "no-store"
+    # The sign-in page and the error pages carry them too.
+    assert client.get("/console/sign-in").headers["X-Frame-Options"] == "DENY"
+    assert client.get("/console/tenants/acme/items/nope").headers["X-Frame-Options"] == "DENY"
