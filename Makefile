@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 SOURCES := queue_server tests reliability bench
 TYPED := queue_server tests reliability bench
 
-.PHONY: help install serve test lint unit browser console-screenshots fmt clean bench bench-quick reliability lock
+.PHONY: help install serve test lint unit browser console-screenshots fmt sql clean bench bench-quick reliability lock
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -57,6 +57,9 @@ reliability: $(STAMP) ## The fault-injection suite (under 10 minutes): reliabili
 
 lock: ## Re-pin requirements.lock (the image's dependencies) after changing pyproject's
 	PYTHON=$(PYTHON) deploy/lock-requirements.sh
+
+sql: $(STAMP) ## Rewrite queue_server/store/sql/*.sql from the statements in the code
+	$(BIN)/python -m queue_server.store.sql --write
 
 clean: ## Remove the virtual environment
 	rm -rf $(VENV)

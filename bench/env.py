@@ -28,8 +28,9 @@ import psycopg
 
 from bench.progress import say
 from queue_server.infra.embedded import EmbeddedPostgres
-from queue_server.infra.serve import DATABASE_NAME, ensure_admin_key
+from queue_server.infra.serve import ensure_admin_key
 from queue_server.settings import Settings
+from queue_server.store.bootstrap import DATABASE_NAME
 
 HOST = "127.0.0.1"
 SERVER_START_TIMEOUT = 60.0

@@ -30,8 +30,9 @@ import psycopg
 from psycopg.rows import dict_row
 
 from queue_server.infra.embedded import EmbeddedPostgres
-from queue_server.infra.serve import DATABASE_NAME, ensure_admin_key
+from queue_server.infra.serve import ensure_admin_key
 from queue_server.settings import Settings
+from queue_server.store.bootstrap import DATABASE_NAME
 from reliability.checkers import SNAPSHOT_EVENTS_SQL, SNAPSHOT_ITEMS_SQL, DatabaseSnapshot
 
 __all__ = ["HOST", "Cluster", "TenantKeys", "free_port", "say", "venv_bin"]

@@ -384,7 +384,8 @@ def deliver(
 
 
 def _embedded_url(data_dir: Path) -> str:
-    from queue_server.infra.serve import DATABASE_NAME, NoDatabaseError, embedded_postgres
+    from queue_server.infra.serve import NoDatabaseError, embedded_postgres
+    from queue_server.store.bootstrap import DATABASE_NAME
 
     try:
         pg = embedded_postgres(data_dir / "pgdata")

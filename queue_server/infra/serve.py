@@ -16,12 +16,12 @@ from queue_server import db
 from queue_server.infra import migrate
 from queue_server.services.keys import Keys
 from queue_server.settings import Settings
+from queue_server.store.bootstrap import CREATE_DATABASE, DATABASE_EXISTS, DATABASE_NAME
 
 if TYPE_CHECKING:
     # Imported where it is used: the `embedded` extra is optional (the image leaves it out).
     from queue_server.infra.embedded import EmbeddedPostgres
 
-DATABASE_NAME = "queue_server"
 ADMIN_KEY_FILE = "admin.key"
 
 
@@ -53,7 +53,7 @@ def embedded_postgres(pgdata: Path) -> EmbeddedPostgres:
 
 
 @dataclass
-class Database:
+class ServedDatabase:
     url: str
     embedded: EmbeddedPostgres | None
 
@@ -63,7 +63,7 @@ def admin_key_path(data_dir: Path) -> Path:
 
 
 @contextlib.contextmanager
-def database(settings: Settings) -> Iterator[Database]:
+def database(settings: Settings) -> Iterator[ServedDatabase]:
     """The configured database; with no URL, an embedded one in the data directory, migrated."""
     if settings.database_url:
         current = migrate.current_revisions(settings.database_url)
@@ -72,20 +72,18 @@ def database(settings: Settings) -> Iterator[Database]:
                 f"The database schema is at {migrate.describe(current)}, not at"
                 f" {migrate.describe(migrate.head_revisions())}: run `queue-server db upgrade` first."
             )
-        yield Database(url=settings.database_url, embedded=None)
+        yield ServedDatabase(url=settings.database_url, embedded=None)
         return
     pg = embedded_postgres(settings.data_dir / "pgdata")
     pg.start()
     try:
         with psycopg.connect(pg.url(), autocommit=True) as conn:
-            exists = conn.execute(
-                "SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE_NAME,)
-            ).fetchone()
+            exists = conn.execute(DATABASE_EXISTS, (DATABASE_NAME,)).fetchone()
             if exists is None:
-                conn.execute(f"CREATE DATABASE {DATABASE_NAME}")
+                conn.execute(CREATE_DATABASE)
         url = pg.url(DATABASE_NAME)
         migrate.upgrade(url)
-        yield Database(url=url, embedded=pg)
+        yield ServedDatabase(url=url, embedded=pg)
     finally:
         pg.stop()
 

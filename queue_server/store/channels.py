@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from queue_server.store.sql import Statements
+
+_SQL = Statements(__name__)
+
 # Payload `tenant/queue`: the queue may have work due (enqueue, requeue, replay, release).
 READY_CHANNEL = "queue_server_ready"
 # Payload a key id: a key was revoked; every API process drops its cache of keys.
 KEYS_CHANNEL = "queue_server_keys"
 
-LISTEN_READY = f"LISTEN {READY_CHANNEL}"
-LISTEN_KEYS = f"LISTEN {KEYS_CHANNEL}"
+LISTEN_READY = _SQL("listen_ready", f"LISTEN {READY_CHANNEL}")
+LISTEN_KEYS = _SQL("listen_keys", f"LISTEN {KEYS_CHANNEL}")

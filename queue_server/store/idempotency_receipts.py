@@ -4,17 +4,23 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from queue_server.store.sql import Statements
 from queue_server.store.types import Conn, Row
+
+_SQL = Statements(__name__)
 
 # ON CONFLICT waits while another transaction holds an uncommitted receipt with
 # this key, then sees its outcome: concurrent same-key requests make one effect.
-_CLAIM = """
+_CLAIM = _SQL(
+    "claim",
+    """
 INSERT INTO idempotency_receipts
     (tenant_id, idempotency_key, fingerprint, response_status, response_body, expires_at)
 VALUES (%(tenant)s, %(key)s, %(fingerprint)s, 0, '', statement_timestamp() + %(retention)s)
 ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
 RETURNING 1 AS claimed
-"""
+""",
+)
 
 
 async def claim(
@@ -27,24 +33,34 @@ async def claim(
     return await cur.fetchone() is not None
 
 
+_GET = _SQL(
+    "get",
+    "SELECT * FROM idempotency_receipts WHERE tenant_id = %s AND idempotency_key = %s",
+)
+
+
 async def get(conn: Conn, *, tenant: str, key: str) -> Row | None:
-    cur = await conn.execute(
-        "SELECT * FROM idempotency_receipts WHERE tenant_id = %s AND idempotency_key = %s",
-        (tenant, key),
-    )
+    cur = await conn.execute(_GET, (tenant, key))
     return await cur.fetchone()
 
 
+_FILL = _SQL(
+    "fill",
+    "UPDATE idempotency_receipts SET response_status = %s, response_body = %s"
+    " WHERE tenant_id = %s AND idempotency_key = %s",
+)
+
+
 async def fill(conn: Conn, *, tenant: str, key: str, status: int, body: str) -> None:
-    await conn.execute(
-        "UPDATE idempotency_receipts SET response_status = %s, response_body = %s"
-        " WHERE tenant_id = %s AND idempotency_key = %s",
-        (status, body, tenant, key),
-    )
+    await conn.execute(_FILL, (status, body, tenant, key))
+
+
+_PURGE_EXPIRED = _SQL(
+    "purge_expired",
+    "DELETE FROM idempotency_receipts WHERE expires_at < statement_timestamp()",
+)
 
 
 async def purge_expired(conn: Conn) -> int:
-    cur = await conn.execute(
-        "DELETE FROM idempotency_receipts WHERE expires_at < statement_timestamp()"
-    )
+    cur = await conn.execute(_PURGE_EXPIRED)
     return cur.rowcount

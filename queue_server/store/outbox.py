@@ -21,7 +21,10 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from queue_server.store.sql import Statements, fetch_all, fetch_one
 from queue_server.store.types import Conn, Row
+
+_SQL = Statements(__name__)
 
 EVENTS = (
     "item.enqueued",
@@ -74,24 +77,19 @@ def outbox_cte(event: str, source: str) -> str:
 )"""
 
 
-async def _one(conn: Conn, sql: str, params: dict[str, Any]) -> Row | None:
-    cur = await conn.execute(sql, params)
-    return await cur.fetchone()
-
-
-async def _all(conn: Conn, sql: str, params: dict[str, Any]) -> list[Row]:
-    cur = await conn.execute(sql, params)
-    return await cur.fetchall()
+_DELIVERY_COUNTS = _SQL(
+    "delivery_counts",
+    """
+SELECT watcher_id::text AS watcher_id, state, count(*) AS n FROM outbox_deliveries
+WHERE tenant_id = %(tenant)s GROUP BY watcher_id, state
+""",
+)
 
 
 async def delivery_counts(conn: Conn, *, tenant: str) -> dict[str, dict[str, int]]:
     """Per watcher: its outbox rows by state."""
-    sql = """
-SELECT watcher_id::text AS watcher_id, state, count(*) AS n FROM outbox_deliveries
-WHERE tenant_id = %(tenant)s GROUP BY watcher_id, state
-"""
     counts: dict[str, dict[str, int]] = {}
-    for row in await _all(conn, sql, {"tenant": tenant}):
+    for row in await fetch_all(conn, _DELIVERY_COUNTS, {"tenant": tenant}):
         counts.setdefault(row["watcher_id"], {})[row["state"]] = int(row["n"])
     return counts
 
@@ -100,6 +98,19 @@ _DELIVERY_COLUMNS = (
     "tenant_id, delivery_id, seq, watcher_id, delivery_key, event, item_id, queue, state,"
     " attempts, next_attempt_at, due_at, last_attempt_at, last_outcome, receipts,"
     " receipts_omitted, created_at, updated_at, delivered_at"
+)
+
+
+_LIST_DELIVERIES = _SQL(
+    "list_deliveries",
+    f"""
+SELECT {_DELIVERY_COLUMNS} FROM outbox_deliveries
+WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s
+  AND (%(state)s::text IS NULL OR state = %(state)s)
+  AND (%(after)s::bigint IS NULL OR seq > %(after)s)
+ORDER BY seq
+LIMIT %(limit)s
+""",
 )
 
 
@@ -113,14 +124,6 @@ async def list_deliveries(
     limit: int,
 ) -> list[Row]:
     """A watcher's outbox rows in creation order."""
-    sql = f"""
-SELECT {_DELIVERY_COLUMNS} FROM outbox_deliveries
-WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s
-  AND (%(state)s::text IS NULL OR state = %(state)s)
-  AND (%(after)s::bigint IS NULL OR seq > %(after)s)
-ORDER BY seq
-LIMIT %(limit)s
-"""
     params = {
         "tenant": tenant,
         "watcher_id": watcher_id,
@@ -128,21 +131,28 @@ LIMIT %(limit)s
         "after": after_seq,
         "limit": limit,
     }
-    return await _all(conn, sql, params)
+    return await fetch_all(conn, _LIST_DELIVERIES, params)
+
+
+_GET_DELIVERY = _SQL(
+    "get_delivery",
+    f"""
+SELECT {_DELIVERY_COLUMNS} FROM outbox_deliveries
+WHERE tenant_id = %(tenant)s AND delivery_id = %(delivery_id)s
+""",
+)
 
 
 async def get_delivery(conn: Conn, *, tenant: str, delivery_id: str) -> Row | None:
-    sql = f"""
-SELECT {_DELIVERY_COLUMNS} FROM outbox_deliveries
-WHERE tenant_id = %(tenant)s AND delivery_id = %(delivery_id)s
-"""
-    return await _one(conn, sql, {"tenant": tenant, "delivery_id": delivery_id})
+    return await fetch_one(conn, _GET_DELIVERY, {"tenant": tenant, "delivery_id": delivery_id})
 
 
 # The attempt's number and the instant of the next one are committed before the
 # request is sent: a deliverer that dies mid-attempt leaves the row due again at the
 # persisted instant (or at its claim's expiry, whichever is later), never earlier.
-_CLAIM = """
+_CLAIM = _SQL(
+    "claim",
+    """
 WITH due AS (
     -- SKIP LOCKED: a row another deliverer is claiming right now is not ours.
     SELECT o.tenant_id, o.delivery_id, o.next_attempt_at, o.due_at, o.last_attempt_at
@@ -177,7 +187,8 @@ SELECT c.*, w.url, w.secret,
 FROM claimed c
 JOIN watchers w ON w.tenant_id = c.tenant_id AND w.watcher_id = c.watcher_id
 ORDER BY c.seq
-"""
+""",
+)
 
 
 async def claim(
@@ -185,17 +196,20 @@ async def claim(
 ) -> list[Row]:
     """pending and due, watcher active -> claimed as attempt n + 1, next instant persisted."""
     params = {"limit": limit, "token": token, "lease": lease, "delays": delays}
-    return await _all(conn, _CLAIM, params)
+    return await fetch_all(conn, _CLAIM, params)
 
 
-_RELEASE = """
+_RELEASE = _SQL(
+    "release",
+    """
 UPDATE outbox_deliveries
 SET attempts = attempts - 1, next_attempt_at = %(next_attempt_at)s, due_at = %(due_at)s,
     last_attempt_at = %(last_attempt_at)s, claim_token = NULL, claimed_until = NULL,
     updated_at = statement_timestamp()
 WHERE tenant_id = %(tenant)s AND delivery_id = %(delivery_id)s AND claim_token = %(token)s
 RETURNING delivery_id
-"""
+""",
+)
 
 
 async def release(conn: Conn, *, row: Row, token: str) -> bool:
@@ -208,10 +222,12 @@ async def release(conn: Conn, *, row: Row, token: str) -> bool:
         "due_at": row["prev_due_at"],
         "last_attempt_at": row["prev_last_attempt_at"],
     }
-    return await _one(conn, _RELEASE, params) is not None
+    return await fetch_one(conn, _RELEASE, params) is not None
 
 
-_RECORD = """
+_RECORD = _SQL(
+    "record",
+    """
 WITH upd AS (
     UPDATE outbox_deliveries
     SET state = %(state)s, last_outcome = %(outcome)s, receipts = %(receipts)s,
@@ -232,7 +248,8 @@ WITH upd AS (
     FROM upd WHERE state = 'dead'
 )
 SELECT * FROM upd
-"""
+""",
+)
 
 
 async def record(
@@ -257,10 +274,12 @@ async def record(
         "omitted": omitted,
         "reason": reason,
     }
-    return await _one(conn, _RECORD, params)
+    return await fetch_one(conn, _RECORD, params)
 
 
-_REPLAY_DEAD = """
+_REPLAY_DEAD = _SQL(
+    "resolve_dead_letter",
+    """
 WITH dl AS (
     UPDATE dead_letters d SET closed_at = statement_timestamp(), resolution = %(resolution)s
     FROM outbox_deliveries o
@@ -276,7 +295,8 @@ SET state = %(state)s, attempts = CASE WHEN %(state)s = 'pending' THEN 0 ELSE o.
 FROM dl
 WHERE o.tenant_id = %(tenant)s AND o.delivery_id = dl.delivery_id AND o.state = 'dead'
 RETURNING o.*
-"""
+""",
+)
 
 
 async def resolve_dead_letter(
@@ -289,16 +309,23 @@ async def resolve_dead_letter(
         "state": "pending" if replay else "cancelled",
         "resolution": "replayed" if replay else "discarded",
     }
-    return await _one(conn, _REPLAY_DEAD, params)
+    return await fetch_one(conn, _REPLAY_DEAD, params)
 
 
-async def delivery_watcher_state(conn: Conn, *, tenant: str, delivery_id: str) -> Row | None:
-    """A delivery's state and its watcher's, both locked until the transaction ends."""
-    sql = """
+_DELIVERY_WATCHER_STATE = _SQL(
+    "delivery_watcher_state",
+    """
 SELECT o.state, w.state AS watcher_state, o.watcher_id::text AS watcher_id
 FROM outbox_deliveries o
 JOIN watchers w ON w.tenant_id = o.tenant_id AND w.watcher_id = o.watcher_id
 WHERE o.tenant_id = %(tenant)s AND o.delivery_id = %(delivery_id)s
 FOR UPDATE OF o, w
-"""
-    return await _one(conn, sql, {"tenant": tenant, "delivery_id": delivery_id})
+""",
+)
+
+
+async def delivery_watcher_state(conn: Conn, *, tenant: str, delivery_id: str) -> Row | None:
+    """A delivery's state and its watcher's, both locked until the transaction ends."""
+    return await fetch_one(
+        conn, _DELIVERY_WATCHER_STATE, {"tenant": tenant, "delivery_id": delivery_id}
+    )

@@ -2,45 +2,57 @@
 
 from __future__ import annotations
 
+from queue_server.store.sql import Statements
 from queue_server.store.types import Conn, Row
+
+_SQL = Statements(__name__)
+
+_GET_ITEM = _SQL("get_item", "SELECT * FROM work_items WHERE tenant_id = %s AND item_id = %s")
+_LEDGER = _SQL(
+    "ledger",
+    """
+SELECT seq, at, kind, fence, actor, data FROM item_events
+WHERE tenant_id = %s AND item_id = %s ORDER BY seq
+""",
+)
+_STATE_COUNTS = _SQL(
+    "state_counts",
+    "SELECT state::text AS state, count(*) AS n FROM work_items WHERE tenant_id = %s GROUP BY state",
+)
+_ALL_STATE_COUNTS = _SQL(
+    "all_state_counts",
+    """
+SELECT tenant_id, state::text AS state, count(*) AS n FROM work_items
+GROUP BY tenant_id, state
+""",
+)
+_MAX_CONNECTIONS = _SQL("max_connections", "SELECT current_setting('max_connections')::int AS n")
+_SCHEMA_REVISIONS = _SQL("schema_revisions", "SELECT version_num FROM alembic_version")
 
 
 async def get_item(conn: Conn, *, tenant: str, item_id: str) -> Row | None:
-    cur = await conn.execute(
-        "SELECT * FROM work_items WHERE tenant_id = %s AND item_id = %s", (tenant, item_id)
-    )
+    cur = await conn.execute(_GET_ITEM, (tenant, item_id))
     return await cur.fetchone()
 
 
 async def ledger(conn: Conn, *, tenant: str, item_id: str) -> list[Row]:
-    cur = await conn.execute(
-        "SELECT seq, at, kind, fence, actor, data FROM item_events"
-        " WHERE tenant_id = %s AND item_id = %s ORDER BY seq",
-        (tenant, item_id),
-    )
+    cur = await conn.execute(_LEDGER, (tenant, item_id))
     return await cur.fetchall()
 
 
 async def state_counts(conn: Conn, *, tenant: str) -> dict[str, int]:
-    cur = await conn.execute(
-        "SELECT state::text AS state, count(*) AS n FROM work_items WHERE tenant_id = %s"
-        " GROUP BY state",
-        (tenant,),
-    )
+    cur = await conn.execute(_STATE_COUNTS, (tenant,))
     return {row["state"]: int(row["n"]) for row in await cur.fetchall()}
 
 
 async def all_state_counts(conn: Conn) -> list[Row]:
-    cur = await conn.execute(
-        "SELECT tenant_id, state::text AS state, count(*) AS n FROM work_items"
-        " GROUP BY tenant_id, state"
-    )
+    cur = await conn.execute(_ALL_STATE_COUNTS)
     return await cur.fetchall()
 
 
 async def max_connections(conn: Conn) -> int:
     """The server's `max_connections`: the most statements that can run at once."""
-    cur = await conn.execute("SELECT current_setting('max_connections')::int AS n")
+    cur = await conn.execute(_MAX_CONNECTIONS)
     row = await cur.fetchone()
     assert row is not None
     return int(row["n"])
@@ -48,13 +60,15 @@ async def max_connections(conn: Conn) -> int:
 
 async def schema_revisions(conn: Conn) -> set[str]:
     """The Alembic revisions the database's schema is at."""
-    cur = await conn.execute("SELECT version_num FROM alembic_version")
+    cur = await conn.execute(_SCHEMA_REVISIONS)
     return {row["version_num"] for row in await cur.fetchall()}
 
 
 # Only unfinished states: each reads its partial index, and finished history
 # (completed, cancelled) never slows the status page down.
-_QUEUE_STATUS = """
+_QUEUE_STATUS = _SQL(
+    "queue_status",
+    """
 SELECT queue,
        count(*) FILTER (WHERE state = 'ready') AS ready,
        count(*) FILTER (WHERE state = 'ready' AND available_at <= statement_timestamp()) AS due,
@@ -68,7 +82,8 @@ FROM work_items
 WHERE tenant_id = %(tenant)s AND state IN ('ready', 'leased', 'quarantined')
 GROUP BY queue
 ORDER BY queue
-"""
+""",
+)
 
 
 async def queue_status(conn: Conn, *, tenant: str) -> list[Row]:
@@ -79,7 +94,9 @@ async def queue_status(conn: Conn, *, tenant: str) -> list[Row]:
 
 # One statement, so each item and its events are read from the same snapshot:
 # a transition committing in between cannot make a consistent item look wrong.
-_VERIFY_PAGE = """
+_LEDGER_PAGE = _SQL(
+    "ledger_page",
+    """
 WITH page AS (
     SELECT * FROM work_items
     WHERE (%(tenant)s::text IS NULL OR tenant_id = %(tenant)s)
@@ -95,7 +112,8 @@ SELECT p.*,
         WHERE e.tenant_id = p.tenant_id AND e.item_id = p.item_id) AS events
 FROM page p
 ORDER BY tenant_id, item_id
-"""
+""",
+)
 
 FIRST_ITEM = "00000000-0000-0000-0000-000000000000"
 
@@ -111,5 +129,5 @@ async def ledger_page(
         "after_item": after_item,
         "limit": limit,
     }
-    cur = await conn.execute(_VERIFY_PAGE, params)
+    cur = await conn.execute(_LEDGER_PAGE, params)
     return await cur.fetchall()

@@ -6,9 +6,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from queue_server.store.channels import KEYS_CHANNEL
+from queue_server.store.sql import Statements
 from queue_server.store.types import Conn, Row
 
-_PUT_TENANT = """
+_SQL = Statements(__name__)
+
+_PUT_TENANT = _SQL(
+    "put_tenant",
+    """
 INSERT INTO tenants (tenant_id, backlog_cap, default_max_acquisitions, default_lease_ttl)
 VALUES (%(tenant)s, %(backlog_cap)s, %(default_max_acquisitions)s, %(default_lease_ttl)s)
 ON CONFLICT (tenant_id) DO UPDATE
@@ -17,7 +22,8 @@ SET backlog_cap = excluded.backlog_cap,
     default_lease_ttl = excluded.default_lease_ttl,
     updated_at = statement_timestamp()
 RETURNING *
-"""
+""",
+)
 
 
 async def put_tenant(
@@ -43,18 +49,26 @@ async def put_tenant(
     return row
 
 
+_GET_TENANT = _SQL("get_tenant", "SELECT * FROM tenants WHERE tenant_id = %s")
+
+
 async def get_tenant(conn: Conn, tenant: str) -> Row | None:
-    cur = await conn.execute("SELECT * FROM tenants WHERE tenant_id = %s", (tenant,))
+    cur = await conn.execute(_GET_TENANT, (tenant,))
     return await cur.fetchone()
+
+
+_LIST_TENANTS = _SQL(
+    "list_tenants",
+    """
+SELECT * FROM tenants WHERE %(after)s::text IS NULL OR tenant_id > %(after)s
+ORDER BY tenant_id LIMIT %(limit)s
+""",
+)
 
 
 async def list_tenants(conn: Conn, *, after: str | None, limit: int) -> list[Row]:
     """Tenants in name order after `after` (the primary key serves it)."""
-    cur = await conn.execute(
-        "SELECT * FROM tenants WHERE %(after)s::text IS NULL OR tenant_id > %(after)s"
-        " ORDER BY tenant_id LIMIT %(limit)s",
-        {"after": after, "limit": limit},
-    )
+    cur = await conn.execute(_LIST_TENANTS, {"after": after, "limit": limit})
     return await cur.fetchall()
 
 
@@ -62,9 +76,18 @@ async def list_tenants(conn: Conn, *, after: str | None, limit: int) -> list[Row
 _BACKLOG_OF_T = """(t.admitted - coalesce((SELECT sum(released) FROM backlog_releases r
                                  WHERE r.tenant_id = t.tenant_id), 0))::bigint"""
 
-_RELEASED = """
+_RELEASED = _SQL(
+    "released",
+    """
 SELECT coalesce(sum(released), 0) AS released FROM backlog_releases WHERE tenant_id = %(tenant)s
-"""
+""",
+)
+
+
+_ADMIT = _SQL(
+    "admit",
+    "SELECT * FROM tenants WHERE tenant_id = %s FOR NO KEY UPDATE",
+)
 
 
 async def admit(conn: Conn, tenant: str) -> tuple[Row | None, int]:
@@ -76,9 +99,7 @@ async def admit(conn: Conn, tenant: str) -> tuple[Row | None, int]:
     A release still in flight is not counted yet, which errs on the side of the cap.
     """
     # NO KEY UPDATE: serialises admissions without blocking inserts that reference the tenant.
-    cur = await conn.execute(
-        "SELECT * FROM tenants WHERE tenant_id = %s FOR NO KEY UPDATE", (tenant,)
-    )
+    cur = await conn.execute(_ADMIT, (tenant,))
     row = await cur.fetchone()
     if row is None:
         return None, 0
@@ -88,13 +109,16 @@ async def admit(conn: Conn, tenant: str) -> tuple[Row | None, int]:
     return row, int(row["admitted"]) - int(released["released"])
 
 
-_ROOM = f"""
+_ROOM = _SQL(
+    "room",
+    f"""
 SELECT t.backlog_cap,
        {_BACKLOG_OF_T} AS backlog,
        EXISTS (SELECT 1 FROM idempotency_receipts i
                WHERE i.tenant_id = t.tenant_id AND i.idempotency_key = %(key)s) AS has_receipt
 FROM tenants t WHERE t.tenant_id = %(tenant)s
-"""
+""",
+)
 
 
 async def room(conn: Conn, *, tenant: str, key: str) -> Row | None:
@@ -103,55 +127,86 @@ async def room(conn: Conn, *, tenant: str, key: str) -> Row | None:
     return await cur.fetchone()
 
 
+_BACKLOG = _SQL(
+    "backlog",
+    f"SELECT {_BACKLOG_OF_T} AS backlog FROM tenants t WHERE t.tenant_id = %s",
+)
+
+
 async def backlog(conn: Conn, tenant: str) -> int:
     """Ready + leased items of the tenant, from the admission counters (no lock taken)."""
-    cur = await conn.execute(
-        f"SELECT {_BACKLOG_OF_T} AS backlog FROM tenants t WHERE t.tenant_id = %s", (tenant,)
-    )
+    cur = await conn.execute(_BACKLOG, (tenant,))
     row = await cur.fetchone()
     return int(row["backlog"]) if row is not None else 0
+
+
+_CREATE_KEY = _SQL(
+    "create_key",
+    "INSERT INTO api_keys (key_id, tenant_id, role, secret_hash)"
+    " VALUES (%s, %s, %s, %s) RETURNING *",
+)
 
 
 async def create_key(
     conn: Conn, *, key_id: str, tenant: str | None, role: str, secret_hash: str
 ) -> Row:
-    cur = await conn.execute(
-        "INSERT INTO api_keys (key_id, tenant_id, role, secret_hash)"
-        " VALUES (%s, %s, %s, %s) RETURNING *",
-        (key_id, tenant, role, secret_hash),
-    )
+    cur = await conn.execute(_CREATE_KEY, (key_id, tenant, role, secret_hash))
     row = await cur.fetchone()
     assert row is not None
     return row
 
 
+_GET_KEY = _SQL("get_key", "SELECT * FROM api_keys WHERE key_id = %s")
+
+
 async def get_key(conn: Conn, key_id: str) -> Row | None:
-    cur = await conn.execute("SELECT * FROM api_keys WHERE key_id = %s", (key_id,))
+    cur = await conn.execute(_GET_KEY, (key_id,))
     return await cur.fetchone()
+
+
+_REVOKE_KEY = _SQL(
+    "revoke_key",
+    "UPDATE api_keys SET revoked_at = coalesce(revoked_at, statement_timestamp())"
+    f" WHERE tenant_id = %s AND key_id = %s RETURNING pg_notify('{KEYS_CHANNEL}', key_id)",
+)
 
 
 async def revoke_key(conn: Conn, *, tenant: str, key_id: str) -> bool:
     """Revoked at once: every request checks `revoked_at`."""
-    cur = await conn.execute(
-        "UPDATE api_keys SET revoked_at = coalesce(revoked_at, statement_timestamp())"
-        f" WHERE tenant_id = %s AND key_id = %s RETURNING pg_notify('{KEYS_CHANNEL}', key_id)",
-        (tenant, key_id),
-    )
+    cur = await conn.execute(_REVOKE_KEY, (tenant, key_id))
     return await cur.fetchone() is not None
+
+
+_LOCK_ADMIN_KEYS = _SQL(
+    "lock_admin_keys",
+    "SELECT pg_advisory_xact_lock(hashtext('queue-server-admin-key'))",
+)
 
 
 async def lock_admin_keys(conn: Conn) -> None:
     """Serialise the creation of the first admin key (held until the transaction ends)."""
-    await conn.execute("SELECT pg_advisory_xact_lock(hashtext('queue-server-admin-key'))")
+    await conn.execute(_LOCK_ADMIN_KEYS)
+
+
+_COUNT_ADMIN_KEYS = _SQL(
+    "count_admin_keys",
+    "SELECT count(*) AS n FROM api_keys WHERE role = 'admin' AND revoked_at IS NULL",
+)
 
 
 async def count_admin_keys(conn: Conn) -> int:
-    cur = await conn.execute(
-        "SELECT count(*) AS n FROM api_keys WHERE role = 'admin' AND revoked_at IS NULL"
-    )
+    cur = await conn.execute(_COUNT_ADMIN_KEYS)
     row = await cur.fetchone()
     assert row is not None
     return int(row["n"])
+
+
+_ADD_SPEND_APPROVAL = _SQL(
+    "add_spend_approval",
+    "INSERT INTO spend_approvals"
+    " (tenant_id, queue, approved_by, max_concurrency, expires_at, reason)"
+    " VALUES (%s, %s, %s, %s, %s, %s) RETURNING *, expires_at > statement_timestamp() AS live",
+)
 
 
 async def add_spend_approval(
@@ -165,17 +220,16 @@ async def add_spend_approval(
     reason: str,
 ) -> Row:
     cur = await conn.execute(
-        "INSERT INTO spend_approvals"
-        " (tenant_id, queue, approved_by, max_concurrency, expires_at, reason)"
-        " VALUES (%s, %s, %s, %s, %s, %s) RETURNING *, expires_at > statement_timestamp() AS live",
-        (tenant, queue, approved_by, max_concurrency, expires_at, reason),
+        _ADD_SPEND_APPROVAL, (tenant, queue, approved_by, max_concurrency, expires_at, reason)
     )
     row = await cur.fetchone()
     assert row is not None
     return row
 
 
-_CONCURRENCY = """
+_CONCURRENCY = _SQL(
+    "concurrency",
+    """
 SELECT (SELECT count(*) FROM work_items
         WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
           AND lease_expires_at > statement_timestamp()) AS active_leases,
@@ -183,7 +237,8 @@ SELECT (SELECT count(*) FROM work_items
         WHERE tenant_id = %(tenant)s AND queue = %(queue)s
           AND expires_at > statement_timestamp()
         ORDER BY max_concurrency DESC, created_at DESC LIMIT 1) AS approval
-"""
+""",
+)
 
 
 async def concurrency(conn: Conn, *, tenant: str, queue: str) -> dict[str, Any]:

@@ -9,9 +9,11 @@
 
 Each acquire increments `fence`. A holder presents the fence it was given, and
 every holder operation checks state, holder, fence and expiry in the same
-statement that changes the row. Each function takes the caller's connection,
-never commits, and appends its ledger event in the same statement. Time is
-`statement_timestamp()`: the database clock, fixed for one statement.
+statement that changes the row (`_HOLDER_GUARD`, written once). Each function
+takes the caller's connection and appends its ledger events in the same statement
+(`_ledger`: the one INSERT into item_events). Every function but `acquire` runs in
+the caller's transaction and never commits; `acquire` owns its transactions (see
+there). Time is `statement_timestamp()`: the database clock, fixed for one statement.
 """
 
 from __future__ import annotations
@@ -27,13 +29,69 @@ from queue_server import errors
 from queue_server.models import ItemState
 from queue_server.store.channels import READY_CHANNEL
 from queue_server.store.outbox import outbox_cte
+from queue_server.store.sql import Statements, fetch_one
 from queue_server.store.types import Conn, Row
 
 # Releases from the backlog are spread over this many rows per tenant.
 RELEASE_SHARDS = 32
 
-# Ledger rows are written by the same statement as the change they record.
-_EVENT_COLUMNS = "tenant_id, item_id, seq, at, kind, fence, actor, data"
+_SQL = Statements(__name__)
+
+
+def _event(
+    source: str,
+    kind: str,
+    actor: str,
+    data: str,
+    *,
+    seq: str = "event_seq - 1",
+    at: str = "updated_at",
+) -> str:
+    """One ledger row of `kind` per changed row of `source`, at the item's next seq."""
+    return (
+        f"SELECT tenant_id, item_id, {seq}, {at}, '{kind}', fence, {actor},\n"
+        f"           {data}\n"
+        f"    FROM {source}"
+    )
+
+
+def _ledger_insert(*events: str) -> str:
+    """The INSERT of ledger rows, written once: every transition appends its events with it."""
+    rows = "\n    UNION ALL\n    ".join(events)
+    return f"INSERT INTO item_events (tenant_id, item_id, seq, at, kind, fence, actor, data)\n    {rows}"
+
+
+def _ledger(*events: str) -> str:
+    """`ev AS (...)`: the ledger rows, written by the statement whose change they record."""
+    return f"ev AS (\n    {_ledger_insert(*events)}\n)"
+
+
+def _dead_letter(source: str, reason: str) -> str:
+    """`dead AS (...)`: an open item dead letter for every row of `source`."""
+    return f"""dead AS (
+    INSERT INTO dead_letters (tenant_id, kind, item_id, queue, reason, last_failure, created_at)
+    SELECT tenant_id, 'item', item_id, queue, '{reason}', last_failure,
+           statement_timestamp()
+    FROM {source}
+)"""
+
+
+def _notify(source: str) -> str:
+    """A FROM item that wakes the acquires waiting on the queue of `source`'s rows."""
+    return f"(SELECT pg_notify('{READY_CHANNEL}', %(tenant)s || '/' || queue) FROM {source}) AS n"
+
+
+# The holder's authority, checked by the statement that acts on it: the item is leased,
+# to this worker, under the fence it presents, and the lease has not expired.
+def _holder_guard(alias: str = "", fence: str = "%(fence)s") -> str:
+    a = f"{alias}." if alias else ""
+    return (
+        f"{a}state = 'leased' AND {a}fence = {fence} AND {a}lease_holder = %(worker)s\n"
+        f"      AND {a}lease_expires_at > statement_timestamp()"
+    )
+
+
+_HOLDER_GUARD = _holder_guard()
 
 
 def _release_cte(source: str) -> str:
@@ -50,7 +108,21 @@ def _shard() -> int:
     return random.randrange(RELEASE_SHARDS)
 
 
-_ENQUEUE = f"""
+_ENQUEUED = _ledger(
+    _event(
+        "ins",
+        "enqueued",
+        "%(actor)s",
+        "jsonb_build_object('queue', queue, 'payload', payload, 'priority', priority,\n"
+        "                              'available_at', available_at,\n"
+        "                              'max_acquisitions', max_acquisitions)",
+        seq="0",
+        at="created_at",
+    )
+)
+_ENQUEUE = _SQL(
+    "enqueue",
+    f"""
 WITH input AS (
     SELECT * FROM jsonb_to_recordset(%(items)s::jsonb)
         AS x(item_id uuid, payload jsonb, priority int, delay double precision,
@@ -64,20 +136,14 @@ WITH input AS (
            statement_timestamp(), statement_timestamp()
     FROM input
     RETURNING *
-), ev AS (
-    INSERT INTO item_events ({_EVENT_COLUMNS})
-    SELECT tenant_id, item_id, 0, created_at, 'enqueued', 0, %(actor)s,
-           jsonb_build_object('queue', queue, 'payload', payload, 'priority', priority,
-                              'available_at', available_at,
-                              'max_acquisitions', max_acquisitions)
-    FROM ins
-), admitted AS (
+), {_ENQUEUED}, admitted AS (
     -- The caller holds this row's lock (the admission lock) already.
     UPDATE tenants SET admitted = admitted + (SELECT count(*) FROM ins)
     WHERE tenant_id = %(tenant)s
 ), {outbox_cte("item.enqueued", "ins")}
 SELECT ins.* FROM ins, (SELECT pg_notify('{READY_CHANNEL}', %(tenant)s || '/' || %(queue)s)) AS n
-"""
+""",
+)
 
 
 async def enqueue(
@@ -98,15 +164,38 @@ async def enqueue(
 # committed. Shared (many acquires at once): only while the room left is at least
 # `slack`, the most leases that acquires still in flight can hold (one per database
 # connection, each at most 100 items); an exclusive acquire waits for them all.
-_LOCK_QUEUE = "SELECT pg_advisory_xact_lock(hashtextextended(%(tenant)s || '/' || %(queue)s, 7))"
-_LOCK_QUEUE_SHARED = (
-    "SELECT pg_advisory_xact_lock_shared(hashtextextended(%(tenant)s || '/' || %(queue)s, 7))"
+_LOCK_QUEUE = _SQL(
+    "lock_queue",
+    "SELECT pg_advisory_xact_lock(hashtextextended(%(tenant)s || '/' || %(queue)s, 7))",
+)
+_LOCK_QUEUE_SHARED = _SQL(
+    "lock_queue_shared",
+    "SELECT pg_advisory_xact_lock_shared(hashtextextended(%(tenant)s || '/' || %(queue)s, 7))",
 )
 MAX_ITEMS_PER_ACQUIRE = 100
 
+_ACQUIRED = _ledger(
+    _event(
+        "leased",
+        "acquired",
+        "%(worker)s",
+        "jsonb_build_object('lease_holder', lease_holder,\n"
+        "                              'lease_expires_at', lease_expires_at,\n"
+        "                              'acquisition_count', acquisition_count)",
+    ),
+    _event(
+        "quarantined",
+        "quarantined",
+        "'server'",
+        "jsonb_build_object('reason', 'acquisition budget exhausted')",
+    ),
+)
+
 # Runs after the lock in its own statement, so its snapshot sees every lease
 # committed by the acquires that held the lock exclusively before us.
-_ACQUIRE = f"""
+_ACQUIRE = _SQL(
+    "acquire",
+    f"""
 WITH counts AS (
     SELECT coalesce((SELECT max(max_concurrency) FROM spend_approvals
                      WHERE tenant_id = %(tenant)s AND queue = %(queue)s
@@ -159,23 +248,7 @@ WITH counts AS (
     WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(ARRAY(SELECT item_id FROM picked))
       AND w.acquisition_count >= w.max_acquisitions
     RETURNING w.*
-), dead AS (
-    INSERT INTO dead_letters (tenant_id, kind, item_id, queue, reason, last_failure, created_at)
-    SELECT tenant_id, 'item', item_id, queue, 'acquisition budget exhausted', last_failure,
-           statement_timestamp()
-    FROM quarantined
-), ev AS (
-    INSERT INTO item_events ({_EVENT_COLUMNS})
-    SELECT tenant_id, item_id, event_seq - 1, updated_at, 'acquired', fence, %(worker)s,
-           jsonb_build_object('lease_holder', lease_holder,
-                              'lease_expires_at', lease_expires_at,
-                              'acquisition_count', acquisition_count)
-    FROM leased
-    UNION ALL
-    SELECT tenant_id, item_id, event_seq - 1, updated_at, 'quarantined', fence, 'server',
-           jsonb_build_object('reason', 'acquisition budget exhausted')
-    FROM quarantined
-), {_release_cte("quarantined")}, {outbox_cte("item.quarantined", "quarantined")}
+), {_dead_letter("quarantined", "acquisition budget exhausted")}, {_ACQUIRED}, {_release_cte("quarantined")}, {outbox_cte("item.quarantined", "quarantined")}
 SELECT true AS leased, * FROM leased
 UNION ALL
 SELECT false AS leased, * FROM quarantined
@@ -183,7 +256,8 @@ UNION ALL
 -- Under the shared lock with little room left: nothing leased, retry exclusively.
 SELECT NULL AS leased, w.* FROM (SELECT 1) AS one LEFT JOIN work_items w ON false
 WHERE (SELECT contended FROM room)
-"""
+""",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,7 +315,19 @@ async def acquire(
     return Acquired(leased=leased, quarantined=quarantined, contended=contended)
 
 
-_RELEASE_UNSENT = f"""
+_RELEASED = _ledger(
+    _event(
+        "upd",
+        "released",
+        "'server'",
+        "jsonb_build_object('reason', 'the client left before the lease was sent',\n"
+        "                              'acquisition_count', acquisition_count,\n"
+        "                              'available_at', available_at)",
+    )
+)
+_RELEASE_UNSENT = _SQL(
+    "release_unsent",
+    f"""
 WITH input AS (
     SELECT * FROM jsonb_to_recordset(%(leases)s::jsonb) AS x(item_id uuid, fence bigint)
 ), upd AS (
@@ -253,17 +339,11 @@ WITH input AS (
     WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(%(ids)s::uuid[]) AND w.item_id = i.item_id
       AND w.state = 'leased' AND w.fence = i.fence AND w.lease_holder = %(worker)s
     RETURNING w.*
-), ev AS (
-    INSERT INTO item_events ({_EVENT_COLUMNS})
-    SELECT tenant_id, item_id, event_seq - 1, updated_at, 'released', fence, 'server',
-           jsonb_build_object('reason', 'the client left before the lease was sent',
-                              'acquisition_count', acquisition_count,
-                              'available_at', available_at)
-    FROM upd
-)
+), {_RELEASED}
 SELECT upd.item_id FROM upd, (SELECT pg_notify('{READY_CHANNEL}', %(tenant)s || '/' || queue)
                                FROM upd LIMIT 1) AS n
-"""
+""",
+)
 
 
 async def release_unsent(conn: Conn, *, tenant: str, worker: str, leases: list[Row]) -> int:
@@ -286,6 +366,7 @@ async def release_unsent(conn: Conn, *, tenant: str, worker: str, leases: list[R
 
 
 def _holder_update(
+    name: str,
     assignments: str,
     kind: str,
     data_sql: str,
@@ -293,39 +374,39 @@ def _holder_update(
     notify: bool = False,
     event: str | None = None,
     release: bool = False,
+    dead_letter: str | None = None,
 ) -> str:
-    """A holder operation: one guarded UPDATE plus its ledger row (and outbox rows of
-    `event`; with `release`, the item leaves the backlog), in one statement."""
-    outbox = f", {outbox_cte(event, 'upd')}" if event else ""
-    outbox += f", {_release_cte('upd')}" if release else ""
-    tail = (
-        f", (SELECT pg_notify('{READY_CHANNEL}', %(tenant)s || '/' || queue) FROM upd) AS n"
-        if notify
-        else ""
-    )
-    return f"""
+    """A holder operation, registered as `name`: one guarded UPDATE plus its ledger row (and
+    a dead letter with `dead_letter`, outbox rows of `event`; with `release`, the item
+    leaves the backlog), all in one statement."""
+    extra = f", {_dead_letter('upd', dead_letter)}" if dead_letter else ""
+    extra += f", {outbox_cte(event, 'upd')}" if event else ""
+    extra += f", {_release_cte('upd')}" if release else ""
+    tail = f", {_notify('upd')}" if notify else ""
+    ledger = _ledger(_event("upd", kind, "%(worker)s", data_sql))
+    return _SQL(
+        name,
+        f"""
 WITH upd AS (
     UPDATE work_items
     SET {assignments}, updated_at = statement_timestamp(), event_seq = event_seq + 1
     WHERE tenant_id = %(tenant)s AND item_id = %(item_id)s
-      AND state = 'leased' AND fence = %(fence)s AND lease_holder = %(worker)s
-      AND lease_expires_at > statement_timestamp()
+      AND {_HOLDER_GUARD}
     RETURNING *
-), ev AS (
-    INSERT INTO item_events ({_EVENT_COLUMNS})
-    SELECT tenant_id, item_id, event_seq - 1, updated_at, '{kind}', fence, %(worker)s, {data_sql}
-    FROM upd
-){outbox}
+), {ledger}{extra}
 SELECT upd.* FROM upd{tail}
-"""
+""",
+    )
 
 
 _HEARTBEAT = _holder_update(
+    "heartbeat",
     "lease_expires_at = statement_timestamp() + %(ttl)s",
     "heartbeat",
     "jsonb_build_object('lease_expires_at', lease_expires_at)",
 )
 _COMPLETE = _holder_update(
+    "complete",
     "state = 'completed', result = %(result)s, lease_holder = NULL, lease_expires_at = NULL",
     "completed",
     "jsonb_build_object('result', result)",
@@ -333,6 +414,7 @@ _COMPLETE = _holder_update(
     release=True,
 )
 _REQUEUE = _holder_update(
+    "requeue",
     "state = 'ready', available_at = statement_timestamp(), lease_holder = NULL,"
     " lease_expires_at = NULL",
     "requeued",
@@ -341,6 +423,7 @@ _REQUEUE = _holder_update(
     event="item.requeued",
 )
 _TRIAGE_REQUEUE = _holder_update(
+    "triage_requeue",
     "state = 'ready', available_at = statement_timestamp(), last_failure = %(failure)s,"
     " lease_holder = NULL, lease_expires_at = NULL",
     "triaged",
@@ -349,28 +432,16 @@ _TRIAGE_REQUEUE = _holder_update(
     notify=True,
     event="item.requeued",
 )
-_TRIAGE_QUARANTINE = f"""
-WITH upd AS (
-    UPDATE work_items
-    SET state = 'quarantined', last_failure = %(failure)s, lease_holder = NULL,
-        lease_expires_at = NULL, updated_at = statement_timestamp(), event_seq = event_seq + 1
-    WHERE tenant_id = %(tenant)s AND item_id = %(item_id)s
-      AND state = 'leased' AND fence = %(fence)s AND lease_holder = %(worker)s
-      AND lease_expires_at > statement_timestamp()
-    RETURNING *
-), dead AS (
-    INSERT INTO dead_letters (tenant_id, kind, item_id, queue, reason, last_failure, created_at)
-    SELECT tenant_id, 'item', item_id, queue, 'quarantined by triage', last_failure,
-           statement_timestamp()
-    FROM upd
-), ev AS (
-    INSERT INTO item_events ({_EVENT_COLUMNS})
-    SELECT tenant_id, item_id, event_seq - 1, updated_at, 'triaged', fence, %(worker)s,
-           jsonb_build_object('decision', 'quarantine', 'failure', last_failure)
-    FROM upd
-), {_release_cte("upd")}, {outbox_cte("item.quarantined", "upd")}
-SELECT upd.* FROM upd
-"""
+_TRIAGE_QUARANTINE = _holder_update(
+    "triage_quarantine",
+    "state = 'quarantined', last_failure = %(failure)s, lease_holder = NULL,"
+    " lease_expires_at = NULL",
+    "triaged",
+    "jsonb_build_object('decision', 'quarantine', 'failure', last_failure)",
+    event="item.quarantined",
+    release=True,
+    dead_letter="quarantined by triage",
+)
 
 
 def _holder_params(tenant: str, item_id: str, worker: str, fence: int) -> dict[str, Any]:
@@ -383,16 +454,11 @@ def _holder_params(tenant: str, item_id: str, worker: str, fence: int) -> dict[s
     }
 
 
-async def _one(conn: Conn, sql: str, params: dict[str, Any]) -> Row | None:
-    cur = await conn.execute(sql, params)
-    return await cur.fetchone()
-
-
 async def heartbeat(
     conn: Conn, *, tenant: str, item_id: str, worker: str, fence: int, ttl: timedelta
 ) -> Row | None:
     """leased -> leased: the holder, with its fence, extends a lease that has not expired."""
-    return await _one(
+    return await fetch_one(
         conn, _HEARTBEAT, {**_holder_params(tenant, item_id, worker, fence), "ttl": ttl}
     )
 
@@ -402,7 +468,7 @@ async def complete(
 ) -> Row | None:
     """leased -> completed: the holder, with its fence, on an unexpired lease."""
     params = {**_holder_params(tenant, item_id, worker, fence), "result": Jsonb(result)}
-    return await _one(conn, _COMPLETE, params)
+    return await fetch_one(conn, _COMPLETE, params)
 
 
 async def requeue(
@@ -410,7 +476,7 @@ async def requeue(
 ) -> Row | None:
     """leased -> ready now: the holder gives the item back; the next acquire raises the fence."""
     params = {**_holder_params(tenant, item_id, worker, fence), "reason": reason}
-    return await _one(conn, _REQUEUE, params)
+    return await fetch_one(conn, _REQUEUE, params)
 
 
 async def triage(
@@ -425,22 +491,30 @@ async def triage(
 ) -> Row | None:
     """leased -> ready (decision requeue) or quarantined (+ dead letter), failure recorded."""
     params = {**_holder_params(tenant, item_id, worker, fence), "failure": Jsonb(failure)}
-    return await _one(conn, _TRIAGE_QUARANTINE if quarantine else _TRIAGE_REQUEUE, params)
+    return await fetch_one(conn, _TRIAGE_QUARANTINE if quarantine else _TRIAGE_REQUEUE, params)
 
 
-_TRIAGE_REJECTED = f"""
+_TRIAGE_REJECTED_EVENT = _ledger_insert(
+    _event(
+        "upd",
+        "triage_rejected",
+        "%(worker)s",
+        "jsonb_build_object('failure', %(failure)s::jsonb, 'presented_fence', %(fence)s::bigint,\n"
+        "                          'reason', %(reason)s::text)",
+        at="statement_timestamp()",
+    )
+)
+_TRIAGE_REJECTED = _SQL(
+    "record_triage_rejected",
+    f"""
 WITH upd AS (
     UPDATE work_items SET event_seq = event_seq + 1
     WHERE tenant_id = %(tenant)s AND item_id = %(item_id)s
     RETURNING tenant_id, item_id, event_seq, fence
 )
-INSERT INTO item_events ({_EVENT_COLUMNS})
-SELECT tenant_id, item_id, event_seq - 1, statement_timestamp(), 'triage_rejected', fence,
-       %(worker)s,
-       jsonb_build_object('failure', %(failure)s::jsonb, 'presented_fence', %(fence)s::bigint,
-                          'reason', %(reason)s::text)
-FROM upd
-"""
+{_TRIAGE_REJECTED_EVENT}
+""",
+)
 
 
 async def record_triage_rejected(
@@ -462,11 +536,14 @@ async def record_triage_rejected(
     await conn.execute(_TRIAGE_REJECTED, params)
 
 
-_EXPLAIN = """
+_EXPLAIN = _SQL(
+    "explain_rejections",
+    """
 SELECT item_id::text AS item_id, state, fence, lease_holder, lease_expires_at,
        lease_expires_at <= statement_timestamp() AS expired
 FROM work_items WHERE tenant_id = %(tenant)s AND item_id = ANY(%(item_ids)s::uuid[])
-"""
+""",
+)
 
 
 def _refusal(row: Row | None, *, item_id: str, worker: str, fence: int) -> errors.QueueServerError:
@@ -508,7 +585,9 @@ async def explain_rejection(
     return refusals[item_id]
 
 
-_COMPLETE_MANY = f"""
+_COMPLETE_MANY = _SQL(
+    "complete_many",
+    f"""
 WITH input AS (
     SELECT * FROM jsonb_to_recordset(%(items)s::jsonb) AS x(item_id uuid, fence bigint, result jsonb)
 ), upd AS (
@@ -517,17 +596,13 @@ WITH input AS (
         lease_expires_at = NULL, updated_at = statement_timestamp(), event_seq = w.event_seq + 1
     FROM input i
     WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(%(ids)s::uuid[]) AND w.item_id = i.item_id
-      AND w.state = 'leased' AND w.fence = i.fence AND w.lease_holder = %(worker)s
-      AND w.lease_expires_at > statement_timestamp()
+      AND {_holder_guard("w", fence="i.fence")}
     RETURNING w.*
-), ev AS (
-    INSERT INTO item_events ({_EVENT_COLUMNS})
-    SELECT tenant_id, item_id, event_seq - 1, updated_at, 'completed', fence, %(worker)s,
-           jsonb_build_object('result', result)
-    FROM upd
-), {_release_cte("upd")}, {outbox_cte("item.completed", "upd")}
+), {_ledger(_event("upd", "completed", "%(worker)s", "jsonb_build_object('result', result)"))},
+{_release_cte("upd")}, {outbox_cte("item.completed", "upd")}
 SELECT upd.* FROM upd
-"""
+""",
+)
 
 
 async def complete_many(
@@ -550,7 +625,19 @@ async def complete_many(
     return {str(row["item_id"]): row for row in await cur.fetchall()}
 
 
-_REPLAY = f"""
+_REPLAYED = _ledger(
+    _event(
+        "upd",
+        "replayed",
+        "%(actor)s",
+        "jsonb_build_object('dead_letter_id', %(dead_letter_id)s::text,\n"
+        "                              'max_acquisitions', max_acquisitions,\n"
+        "                              'available_at', available_at)",
+    )
+)
+_REPLAY = _SQL(
+    "replay",
+    f"""
 WITH dl AS (
     -- The item's state is part of the guard: a refused replay must not close the letter.
     UPDATE dead_letters d SET closed_at = statement_timestamp(), resolution = 'replayed'
@@ -567,21 +654,14 @@ WITH dl AS (
     FROM dl
     WHERE w.tenant_id = %(tenant)s AND w.item_id = dl.item_id AND w.state = 'quarantined'
     RETURNING w.*
-), ev AS (
-    INSERT INTO item_events ({_EVENT_COLUMNS})
-    SELECT tenant_id, item_id, event_seq - 1, updated_at, 'replayed', fence, %(actor)s,
-           jsonb_build_object('dead_letter_id', %(dead_letter_id)s::text,
-                              'max_acquisitions', max_acquisitions,
-                              'available_at', available_at)
-    FROM upd
-), admitted AS (
+), {_REPLAYED}, admitted AS (
     -- Back in the backlog. Replay is not refused at the cap: the operator decided.
     UPDATE tenants SET admitted = admitted + (SELECT count(*) FROM upd)
     WHERE tenant_id = %(tenant)s AND EXISTS (SELECT 1 FROM upd)
 ), {outbox_cte("item.replayed", "upd")}
-SELECT upd.* FROM upd, (SELECT pg_notify('{READY_CHANNEL}', %(tenant)s || '/' || queue)
-                        FROM upd) AS n
-"""
+SELECT upd.* FROM upd, {_notify("upd")}
+""",
+)
 
 
 async def replay(
@@ -594,10 +674,21 @@ async def replay(
         "max_acquisitions": max_acquisitions,
         "actor": actor,
     }
-    return await _one(conn, _REPLAY, params)
+    return await fetch_one(conn, _REPLAY, params)
 
 
-_DISCARD = f"""
+_CANCELLED = _ledger(
+    _event(
+        "upd",
+        "cancelled",
+        "%(actor)s",
+        "jsonb_build_object('dead_letter_id', %(dead_letter_id)s::text,\n"
+        "                              'reason', %(reason)s::text)",
+    )
+)
+_DISCARD = _SQL(
+    "discard",
+    f"""
 WITH dl AS (
     UPDATE dead_letters d SET closed_at = statement_timestamp(), resolution = 'discarded'
     FROM work_items i
@@ -612,15 +703,10 @@ WITH dl AS (
     FROM dl
     WHERE w.tenant_id = %(tenant)s AND w.item_id = dl.item_id AND w.state <> 'completed'
     RETURNING w.*
-), ev AS (
-    INSERT INTO item_events ({_EVENT_COLUMNS})
-    SELECT tenant_id, item_id, event_seq - 1, updated_at, 'cancelled', fence, %(actor)s,
-           jsonb_build_object('dead_letter_id', %(dead_letter_id)s::text,
-                              'reason', %(reason)s::text)
-    FROM upd
-), {outbox_cte("item.cancelled", "upd")}
+), {_CANCELLED}, {outbox_cte("item.cancelled", "upd")}
 SELECT upd.* FROM upd
-"""
+""",
+)
 
 
 async def discard(
@@ -628,4 +714,4 @@ async def discard(
 ) -> Row | None:
     """quarantined (any state but completed) -> cancelled; the dead letter is closed."""
     params = {"tenant": tenant, "dead_letter_id": dead_letter_id, "reason": reason, "actor": actor}
-    return await _one(conn, _DISCARD, params)
+    return await fetch_one(conn, _DISCARD, params)

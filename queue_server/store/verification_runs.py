@@ -13,7 +13,10 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from queue_server.store.sql import Statements
 from queue_server.store.types import Conn, Row
+
+_SQL = Statements(__name__)
 
 _RUN = (
     "tenant_id, run_id, artifact_version, verifier_version, items, state, created_at, completed_at"
@@ -22,23 +25,31 @@ _CHECKPOINT = "tenant_id, run_id, item, result, recorded_at"
 
 # ON CONFLICT covers the run key and the one-running-run index: a second start of
 # the same pair or a start while another run is running inserts nothing.
-_START = f"""
+_START = _SQL(
+    "start",
+    f"""
 INSERT INTO verification_runs (tenant_id, run_id, artifact_version, verifier_version, items)
 VALUES (%(tenant)s, %(run_id)s, %(artifact)s, %(verifier)s, %(items)s)
 ON CONFLICT DO NOTHING
 RETURNING {_RUN}
-"""
+""",
+)
 
-_RECORD = f"""
+_RECORD = _SQL(
+    "record",
+    f"""
 INSERT INTO verification_checkpoints (tenant_id, run_id, item, result)
 VALUES (%(tenant)s, %(run_id)s, %(item)s, %(result)s)
 ON CONFLICT DO NOTHING
 RETURNING {_CHECKPOINT}
-"""
+""",
+)
 
 # The terminal marker is written only when no declared item lacks a checkpoint,
 # checked by the same statement that writes it.
-_COMPLETE = f"""
+_COMPLETE = _SQL(
+    "complete",
+    f"""
 UPDATE verification_runs r
 SET state = 'complete', completed_at = statement_timestamp()
 WHERE r.tenant_id = %(tenant)s AND r.run_id = %(run_id)s AND r.state = 'running'
@@ -48,7 +59,8 @@ WHERE r.tenant_id = %(tenant)s AND r.run_id = %(run_id)s AND r.state = 'running'
           SELECT 1 FROM verification_checkpoints c
           WHERE c.tenant_id = r.tenant_id AND c.run_id = r.run_id AND c.item = declared.item))
 RETURNING {_RUN}
-"""
+""",
+)
 
 
 async def start(
@@ -66,39 +78,43 @@ async def start(
     return await cur.fetchone()
 
 
+_BY_KEY = _SQL(
+    "by_key",
+    f"SELECT {_RUN} FROM verification_runs"
+    " WHERE tenant_id = %s AND artifact_version = %s AND verifier_version = %s",
+)
+
+
 async def by_key(conn: Conn, *, tenant: str, artifact: str, verifier: str) -> Row | None:
-    cur = await conn.execute(
-        f"SELECT {_RUN} FROM verification_runs"
-        " WHERE tenant_id = %s AND artifact_version = %s AND verifier_version = %s",
-        (tenant, artifact, verifier),
-    )
+    cur = await conn.execute(_BY_KEY, (tenant, artifact, verifier))
     return await cur.fetchone()
+
+
+_RUNNING = _SQL(
+    "running",
+    f"SELECT {_RUN} FROM verification_runs WHERE tenant_id = %s AND state = 'running'",
+)
 
 
 async def running(conn: Conn, *, tenant: str) -> Row | None:
-    cur = await conn.execute(
-        f"SELECT {_RUN} FROM verification_runs WHERE tenant_id = %s AND state = 'running'",
-        (tenant,),
-    )
+    cur = await conn.execute(_RUNNING, (tenant,))
     return await cur.fetchone()
+
+
+_GET = _SQL("get", f"SELECT {_RUN} FROM verification_runs WHERE tenant_id = %s AND run_id = %s")
+# FOR SHARE pins the run while a checkpoint is recorded, so the terminal marker
+# cannot be written between the state check and the checkpoint insert.
+_GET_FOR_SHARE = _SQL("get_for_share", f"{_GET} FOR SHARE")
 
 
 async def get(conn: Conn, *, tenant: str, run_id: str, lock: bool = False) -> Row | None:
-    # FOR SHARE pins the run while a checkpoint is recorded, so the terminal marker
-    # cannot be written between the state check and the checkpoint insert.
-    suffix = " FOR SHARE" if lock else ""
-    cur = await conn.execute(
-        f"SELECT {_RUN} FROM verification_runs WHERE tenant_id = %s AND run_id = %s{suffix}",
-        (tenant, run_id),
-    )
+    cur = await conn.execute(_GET_FOR_SHARE if lock else _GET, (tenant, run_id))
     return await cur.fetchone()
 
 
-async def list_page(conn: Conn, *, tenant: str, before: str | None, limit: int) -> list[Row]:
-    """Runs newest first (run ids are time-ordered UUIDs: the primary key serves the order),
-    each with its declared item count and checkpoint count."""
-    cur = await conn.execute(
-        f"""
+_LIST_PAGE = _SQL(
+    "list_page",
+    f"""
 SELECT {_RUN}, jsonb_array_length(r.items) AS item_count,
        (SELECT count(*) FROM verification_checkpoints c
         WHERE c.tenant_id = r.tenant_id AND c.run_id = r.run_id) AS checkpoint_count
@@ -107,17 +123,25 @@ WHERE r.tenant_id = %(tenant)s AND (%(before)s::uuid IS NULL OR r.run_id < %(bef
 ORDER BY r.run_id DESC
 LIMIT %(limit)s
 """,
-        {"tenant": tenant, "before": before, "limit": limit},
-    )
+)
+
+
+async def list_page(conn: Conn, *, tenant: str, before: str | None, limit: int) -> list[Row]:
+    """Runs newest first (run ids are time-ordered UUIDs: the primary key serves the order),
+    each with its declared item count and checkpoint count."""
+    cur = await conn.execute(_LIST_PAGE, {"tenant": tenant, "before": before, "limit": limit})
     return await cur.fetchall()
 
 
+_CHECKPOINTS = _SQL(
+    "checkpoints",
+    f"SELECT {_CHECKPOINT} FROM verification_checkpoints"
+    " WHERE tenant_id = %s AND run_id = %s ORDER BY recorded_at, item",
+)
+
+
 async def checkpoints(conn: Conn, *, tenant: str, run_id: str) -> list[Row]:
-    cur = await conn.execute(
-        f"SELECT {_CHECKPOINT} FROM verification_checkpoints"
-        " WHERE tenant_id = %s AND run_id = %s ORDER BY recorded_at, item",
-        (tenant, run_id),
-    )
+    cur = await conn.execute(_CHECKPOINTS, (tenant, run_id))
     return await cur.fetchall()
 
 
@@ -128,12 +152,15 @@ async def record(conn: Conn, *, tenant: str, run_id: str, item: str, result: Any
     return await cur.fetchone()
 
 
+_CHECKPOINT = _SQL(
+    "checkpoint",
+    f"SELECT {_CHECKPOINT} FROM verification_checkpoints"
+    " WHERE tenant_id = %s AND run_id = %s AND item = %s",
+)
+
+
 async def checkpoint(conn: Conn, *, tenant: str, run_id: str, item: str) -> Row | None:
-    cur = await conn.execute(
-        f"SELECT {_CHECKPOINT} FROM verification_checkpoints"
-        " WHERE tenant_id = %s AND run_id = %s AND item = %s",
-        (tenant, run_id, item),
-    )
+    cur = await conn.execute(_CHECKPOINT, (tenant, run_id, item))
     return await cur.fetchone()
 
 

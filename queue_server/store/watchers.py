@@ -8,24 +8,27 @@ active | paused --410 Gone from the receiver--> disabled (same)
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
 
+from queue_server.store.sql import Statements, fetch_all, fetch_one
 from queue_server.store.types import Conn, Row
 
-
-async def _one(conn: Conn, sql: str, params: dict[str, Any]) -> Row | None:
-    cur = await conn.execute(sql, params)
-    return await cur.fetchone()
-
-
-async def _all(conn: Conn, sql: str, params: dict[str, Any]) -> list[Row]:
-    cur = await conn.execute(sql, params)
-    return await cur.fetchall()
+_SQL = Statements(__name__)
 
 
 _WATCHER_COLUMNS = (
     "tenant_id, watcher_id, url, events, queues, state, disabled_reason, created_at,"
     " updated_at, previous_secret_expires_at"
+)
+
+
+_CREATE_WATCHER = _SQL(
+    "create_watcher",
+    f"""
+INSERT INTO watchers (tenant_id, url, events, queues, state, secret, created_at, updated_at)
+VALUES (%(tenant)s, %(url)s, %(events)s, %(queues)s, 'active', %(secret)s,
+        statement_timestamp(), statement_timestamp())
+RETURNING {_WATCHER_COLUMNS}
+""",
 )
 
 
@@ -39,50 +42,63 @@ async def create_watcher(
     secret: str,
 ) -> Row:
     """(nothing) -> active."""
-    sql = f"""
-INSERT INTO watchers (tenant_id, url, events, queues, state, secret, created_at, updated_at)
-VALUES (%(tenant)s, %(url)s, %(events)s, %(queues)s, 'active', %(secret)s,
-        statement_timestamp(), statement_timestamp())
-RETURNING {_WATCHER_COLUMNS}
-"""
     params = {"tenant": tenant, "url": url, "events": events, "queues": queues, "secret": secret}
-    row = await _one(conn, sql, params)
+    row = await fetch_one(conn, _CREATE_WATCHER, params)
     assert row is not None
     return row
+
+
+_GET_WATCHER = _SQL(
+    "get_watcher",
+    f"""
+SELECT {_WATCHER_COLUMNS} FROM watchers
+WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s
+""",
+)
+_GET_WATCHER_FOR_UPDATE = _SQL("get_watcher_for_update", f"{_GET_WATCHER.rstrip()} FOR UPDATE")
 
 
 async def get_watcher(
     conn: Conn, *, tenant: str, watcher_id: str, lock: bool = False
 ) -> Row | None:
-    sql = f"SELECT {_WATCHER_COLUMNS} FROM watchers"
-    sql += " WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s"
-    if lock:
-        sql += " FOR UPDATE"
-    return await _one(conn, sql, {"tenant": tenant, "watcher_id": watcher_id})
+    sql = _GET_WATCHER_FOR_UPDATE if lock else _GET_WATCHER
+    return await fetch_one(conn, sql, {"tenant": tenant, "watcher_id": watcher_id})
+
+
+_LIST_WATCHERS = _SQL(
+    "list_watchers",
+    f"""
+SELECT {_WATCHER_COLUMNS} FROM watchers WHERE tenant_id = %(tenant)s
+ORDER BY created_at, watcher_id
+""",
+)
 
 
 async def list_watchers(conn: Conn, *, tenant: str) -> list[Row]:
-    sql = f"""
-SELECT {_WATCHER_COLUMNS} FROM watchers WHERE tenant_id = %(tenant)s
-ORDER BY created_at, watcher_id
-"""
-    return await _all(conn, sql, {"tenant": tenant})
+    return await fetch_all(conn, _LIST_WATCHERS, {"tenant": tenant})
+
+
+_CHANGE_STATE = _SQL(
+    "change_state",
+    f"""
+UPDATE watchers SET state = %(target)s, updated_at = statement_timestamp()
+WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s AND state = ANY(%(source)s)
+RETURNING {_WATCHER_COLUMNS}
+""",
+)
 
 
 async def change_state(
     conn: Conn, *, tenant: str, watcher_id: str, source: tuple[str, ...], target: str
 ) -> Row | None:
     """source -> target (pause: active -> paused; resume: paused -> active)."""
-    sql = f"""
-UPDATE watchers SET state = %(target)s, updated_at = statement_timestamp()
-WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s AND state = ANY(%(source)s)
-RETURNING {_WATCHER_COLUMNS}
-"""
     params = {"tenant": tenant, "watcher_id": watcher_id, "source": list(source), "target": target}
-    return await _one(conn, sql, params)
+    return await fetch_one(conn, _CHANGE_STATE, params)
 
 
-_CANCEL = f"""
+_CANCEL = _SQL(
+    "cancel_watcher",
+    f"""
 WITH w AS (
     UPDATE watchers SET state = %(target)s, disabled_reason = %(reason)s,
         updated_at = statement_timestamp()
@@ -99,7 +115,8 @@ WITH w AS (
     RETURNING o.delivery_id
 )
 SELECT w.*, (SELECT count(*) FROM rows) AS cancelled_deliveries FROM w
-"""
+""",
+)
 
 
 async def cancel_watcher(
@@ -118,20 +135,25 @@ async def cancel_watcher(
         "reason": disabled_reason,
         "except_delivery": except_delivery,
     }
-    return await _one(conn, _CANCEL, params)
+    return await fetch_one(conn, _CANCEL, params)
 
 
-async def rotate_secret(
-    conn: Conn, *, tenant: str, watcher_id: str, secret: str, grace: timedelta
-) -> Row | None:
-    """A new signing secret; the current one keeps signing for `grace`."""
-    sql = f"""
+_ROTATE_SECRET = _SQL(
+    "rotate_secret",
+    f"""
 UPDATE watchers
 SET previous_secret = secret, previous_secret_expires_at = statement_timestamp() + %(grace)s,
     secret = %(secret)s, updated_at = statement_timestamp()
 WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s
   AND state IN ('active', 'paused', 'disabled')
 RETURNING {_WATCHER_COLUMNS}
-"""
+""",
+)
+
+
+async def rotate_secret(
+    conn: Conn, *, tenant: str, watcher_id: str, secret: str, grace: timedelta
+) -> Row | None:
+    """A new signing secret; the current one keeps signing for `grace`."""
     params = {"tenant": tenant, "watcher_id": watcher_id, "secret": secret, "grace": grace}
-    return await _one(conn, sql, params)
+    return await fetch_one(conn, _ROTATE_SECRET, params)
