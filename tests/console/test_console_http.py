@@ -217,3 +217,22 @@ def test_pages_escape_payloads_and_forbid_framing_and_scripts(api: Api) -> None:
     # The sign-in page and the error pages carry them too.
     assert client.get("/console/sign-in").headers["X-Frame-Options"] == "DENY"
     assert client.get("/console/tenants/acme/items/nope").headers["X-Frame-Options"] == "DENY"
+
+
+def test_replay_a_whole_queues_dead_letters_is_the_bulk_replay_route(api: Api) -> None:
+    for n in range(3):
+        quarantine(api, "q", {"n": n})
+    client, _ = sign_in(api.url, api.keys["operator"])
+    page = client.get("/console/tenants/acme/dead-letters", params={"queue": "q"}).text
+    action = "/console/tenants/acme/queues/q/dead-letters/replay"
+    assert f'action="{action}"' in page
+    key = form_value(page, KEY)
+    done = client.post(action, data={"csrf": form_value(page, CSRF), "idempotency_key": key})
+    assert done.status_code == 303
+    flash = client.get(done.headers["location"]).text
+    assert "Replayed 3 of q&#39;s dead letters, skipped 0; 0 still open." in flash
+    rest = api.operator.post(
+        "/v1/tenants/acme/queues/q/dead-letters:replay", json={}, headers={"Idempotency-Key": key}
+    )
+    assert rest.headers["Idempotent-Replayed"] == "true"
+    assert rest.json()["replayed"] == 3

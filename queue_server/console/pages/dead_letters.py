@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
 from queue_server import errors
-from queue_server.api.dead_letters import DiscardIn, ReplayIn
+from queue_server.api.dead_letters import BulkReplayIn, DiscardIn, ReplayIn
 from queue_server.console import web
 from queue_server.models import NAME_PATTERN, is_uuid
 
@@ -107,6 +107,33 @@ async def confirm(request: Request, tenant: str) -> Response:
         dead_letters=rows,
         next=web.back(request, form, web.tenant_path(tenant, "dead-letters")),
     )
+
+
+@router.post("/queues/{queue}/dead-letters/replay")
+async def replay_queue(request: Request, tenant: str, queue: str) -> Response:
+    """Replay the queue's oldest open item dead letters (at most 100 a time), as
+    `POST .../queues/{queue}/dead-letters:replay` does it."""
+    session = await web.current_session(request)
+    form = await web.check_form(request, session)
+    body = BulkReplayIn()
+    rest_path = f"/v1/tenants/{tenant}/queues/{queue}/dead-letters:replay"
+    idem = web.idempotency_for(form, rest_path=rest_path, body=body.model_dump(mode="json"))
+    answer = await web.services(request).dead_letters.replay_queue(
+        session.principal,
+        tenant,
+        queue,
+        idem,
+        instance=rest_path,
+        limit=body.limit,
+        max_acquisitions=body.max_acquisitions,
+    )
+    target = web.back(request, form, web.tenant_path(tenant, "dead-letters", queue=queue))
+    if answer.problem:
+        return web.redirect(request, target, web.problem_text(answer), "error")
+    done = web.answer_body(answer)
+    text = f"Replayed {done['replayed']} of {queue}'s dead letters"
+    text += f", skipped {done['skipped']}; {done['remaining']} still open."
+    return web.redirect(request, target, text)
 
 
 @router.post("/dead-letters/{action}")
