@@ -28,10 +28,15 @@ from queue_server.workers.sweeper import sweep_receipts_forever
 
 
 def create_app(settings: Settings, database_url: str) -> FastAPI:
-    db = Database.for_api(settings, database_url)
-    keys = Keys(db)
-    notifier = Notifier(database_url, on_keys_changed=keys.keys_changed)
     metrics = Metrics()
+    db = Database.for_api(settings, database_url)
+    db.on_unavailable = lambda cause: metrics.database_unavailable.labels(cause).inc()
+    keys = Keys(db)
+    notifier = Notifier(
+        settings.listen_url(database_url),
+        on_keys_changed=keys.keys_changed,
+        on_disconnect=metrics.listener_disconnects.inc,
+    )
     services = Services.build(settings, db, keys=keys, wakeups=notifier, metrics=metrics)
 
     @contextlib.asynccontextmanager
@@ -58,6 +63,7 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
     )
     app.state.settings = settings
     app.state.services = services
+    app.state.notifier = notifier
     problems.install(app)
     app.include_router(routes.router)
     app.include_router(queues.router)
@@ -85,6 +91,7 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
     @app.get("/metrics", tags=["service"], response_class=Response)
     async def metrics_text(request: Request) -> Response:
         """Prometheus text format: requests by route and status, acquire latency, items by state."""
+        metrics.listener_connected.set(int(notifier.listening))
         with contextlib.suppress(errors.QueueServerError):
             metrics.items.clear()
             for row in await services.queues.state_counts():

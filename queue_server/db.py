@@ -1,21 +1,45 @@
 """The one seam to PostgreSQL: a pool of set-up connections, `conn()`, `tx()`, driver errors.
 
 Every connection the server opens for statements comes from a `Database` and is set
-up here: server-side timeouts, UTC, and jsonb in and out through orjson. A driver
-failure becomes a domain error here and nowhere else:
+up here: server-side timeouts, UTC, generic plans, and jsonb in and out through
+orjson. A driver failure becomes a domain error here and nowhere else:
 
     PoolTimeout (no connection within the wait)  -> ServiceUnavailableError (503)
     QueryCanceled, LockNotAvailable (timeouts)   -> TimeoutExceededError (503)
-    OperationalError (connection lost, refused)  -> ServiceUnavailableError (503)
+    the server is gone or no longer the primary  -> ServiceUnavailableError (503),
+      OperationalError (connection lost, 57P01 admin shutdown, 57P03 cannot connect
+      now), 25006 read-only (a demoted primary), and the InternalError psycopg raises
+      on a connection that broke mid-protocol behind a pooler ("received 2 results
+      from command 'BEGIN'", no SQLSTATE); the connection is closed and the pool
+      drained, so no request is lent a connection to the old primary.
+
+Directly connected (`database_pooler = "none"`) a session gets its settings at
+connect (`options`) and prepares every statement. Through a pooler in transaction
+mode (PgBouncer) a server session serves many clients, one transaction at a time,
+so nothing may live on it between transactions: no startup options (PgBouncer 1.18
+refuses them), no prepared statements (before PgBouncer 1.21 they land on another
+server connection: psycopg's `prepare_threshold=None`), no LISTEN (the notifier has a
+direct session of its own). The settings become the defaults of the server's role in
+its database instead, set over a direct session before the pool opens.
+
+The commit-cancel trap of synchronous replication: a COMMIT whose wait for the
+standby is cancelled returns success with a warning, committed on the primary only.
+So `tx()` never lets a COMMIT be cancelled, and a connection that reports such a
+warning has it confirmed by a later COMMIT that waits (`confirm_durable`) before
+anything is answered.
 
 Statements live in `queue_server.store`; callers hand them the connection this yields.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from typing import Any
+import logging
+import time
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 import orjson
 import psycopg
@@ -26,17 +50,35 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from queue_server import errors
 from queue_server.settings import Settings
+from queue_server.store.sessions import APPLY_ROLE_DEFAULTS, WAIT_FOR_STANDBY, WANT_ROLE_DEFAULTS
 from queue_server.store.types import Conn
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # An idle transaction never holds locks for longer than this.
 IDLE_IN_TRANSACTION_MS = 60_000
 
+#: PostgreSQL's warning when a COMMIT's wait for a synchronous standby is cancelled.
+SYNC_CANCEL_WARNING = "canceling wait for synchronous replication"
 
-async def _configure(conn: Conn) -> None:
-    """jsonb in and out through orjson: several times faster than the standard library
-    on the payloads of a batch."""
-    set_json_dumps(orjson.dumps, context=conn)
-    set_json_loads(orjson.loads, context=conn)
+
+def session_settings(settings: Settings) -> dict[str, str]:
+    """The settings every API session runs with."""
+    return {
+        "statement_timeout": str(settings.statement_timeout_ms),
+        "lock_timeout": str(settings.lock_timeout_ms),
+        "idle_in_transaction_session_timeout": str(IDLE_IN_TRANSACTION_MS),
+        "TimeZone": "UTC",
+        # Plans that do not depend on one tenant's statistics: a tenant whose rows
+        # ANALYZE has not seen yet must not send acquire down the primary key.
+        "plan_cache_mode": "force_generic_plan",
+    }
+
+
+def _options(values: dict[str, str]) -> str:
+    return " ".join(f"-c {name}={value}" for name, value in values.items())
 
 
 class Database:
@@ -49,21 +91,40 @@ class Database:
         name: str,
         min_size: int,
         max_size: int,
-        options: str,
+        options: str | None,
         timeout: float,
-        prepare_threshold: int | None = None,
+        prepare_threshold: int | bool | None = False,
+        role_defaults: dict[str, str] | None = None,
+        direct_conninfo: str | None = None,
     ) -> None:
+        """`options`: settings sent at connect (None through a transaction pooler);
+        `prepare_threshold`: psycopg's (None prepares nothing; False keeps psycopg's
+        default); `role_defaults`: settings made the role's defaults in the database
+        over `direct_conninfo` before the pool opens (through a transaction pooler)."""
         self.conninfo = conninfo
         self.timeout = timeout
-        kwargs: dict[str, Any] = {"autocommit": True, "row_factory": dict_row, "options": options}
-        if prepare_threshold is not None:
+        self.role_defaults = role_defaults
+        self.direct_conninfo = direct_conninfo or conninfo
+        #: Called with the cause of every 503 for a failed connection (a metric).
+        self.on_unavailable: Callable[[str], None] = lambda cause: None
+        kwargs: dict[str, Any] = {
+            "autocommit": True,
+            "row_factory": dict_row,
+            "application_name": name,
+        }
+        if options is not None:
+            kwargs["options"] = options
+        if prepare_threshold is not False:
             kwargs["prepare_threshold"] = prepare_threshold
+        self._opened: weakref.WeakKeyDictionary[Conn, float] = weakref.WeakKeyDictionary()
+        self._unconfirmed: weakref.WeakSet[Conn] = weakref.WeakSet()
+        self._drained_at = 0.0
         self.pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
             conninfo,
             min_size=min_size,
             max_size=max_size,
             kwargs=kwargs,
-            configure=_configure,
+            configure=self._configure,
             # No check on checkout (it costs a round trip per request): a connection that
             # broke fails its request with a 503 and the pool replaces it.
             timeout=timeout,
@@ -74,38 +135,61 @@ class Database:
     @classmethod
     def for_api(cls, settings: Settings, conninfo: str) -> Database:
         """The API process's pool: bounded statements and lock waits, generic plans."""
-        options = (
-            f"-c statement_timeout={settings.statement_timeout_ms}"
-            f" -c lock_timeout={settings.lock_timeout_ms}"
-            f" -c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_MS} -c TimeZone=UTC"
-            # Plans that do not depend on one tenant's statistics: a tenant whose rows
-            # ANALYZE has not seen yet must not send acquire down the primary key.
-            " -c plan_cache_mode=force_generic_plan"
-        )
+        values = session_settings(settings)
+        pooled = settings.database_pooler == "transaction"
         return cls(
             conninfo,
             name="queue-server",
             min_size=settings.pool_min_size,
             max_size=settings.pool_max_size,
-            options=options,
+            options=None if pooled else _options(values),
             timeout=settings.pool_timeout,
-            # Every statement prepared at first use, so every one runs its generic plan.
-            prepare_threshold=0,
+            # Every statement prepared at first use, so every one runs its generic plan;
+            # nothing prepared where the pooler cannot keep it.
+            prepare_threshold=0 if settings.uses_prepared_statements else None,
+            role_defaults=values if pooled else None,
+            direct_conninfo=settings.listen_url(conninfo),
         )
 
     @classmethod
     def for_deliverer(cls, settings: Settings, conninfo: str) -> Database:
         """A deliverer's pool: one connection per dispatch in flight, plus the claim's."""
+        pooled = settings.database_pooler == "transaction"
         return cls(
             conninfo,
             name="queue-server-deliver",
             min_size=1,
             max_size=settings.delivery_concurrency + 1,
-            options="-c TimeZone=UTC -c statement_timeout=15000",
+            # Through a transaction pooler the API processes' role defaults apply.
+            options=None if pooled else "-c TimeZone=UTC -c statement_timeout=15000",
             timeout=30.0,
+            prepare_threshold=False if settings.uses_prepared_statements else None,
         )
 
+    async def _configure(self, conn: Conn) -> None:
+        """jsonb in and out through orjson (several times faster than the standard library
+        on the payloads of a batch); when the connection was opened; and a watch for a
+        cancelled synchronous-replication wait."""
+        set_json_dumps(orjson.dumps, context=conn)
+        set_json_loads(orjson.loads, context=conn)
+        self._opened[conn] = time.monotonic()
+
+        def on_notice(diag: psycopg.errors.Diagnostic) -> None:
+            if (diag.message_primary or "").startswith(SYNC_CANCEL_WARNING):
+                self._unconfirmed.add(conn)
+                log.warning("a COMMIT returned before a synchronous standby confirmed it")
+
+        conn.add_notice_handler(on_notice)
+
     async def open(self, *, wait: bool = False) -> None:
+        if self.role_defaults is not None:
+            try:
+                async with await psycopg.AsyncConnection.connect(
+                    self.direct_conninfo, autocommit=True, connect_timeout=10
+                ) as conn:
+                    await ensure_role_defaults(conn, self.role_defaults)
+            except psycopg.Error as exc:
+                log.warning("could not check the role's session defaults: %s", exc)
         await self.pool.open(wait=wait)
 
     async def close(self) -> None:
@@ -116,18 +200,125 @@ class Database:
         """A pooled connection in autocommit mode; driver failures become domain errors."""
         try:
             async with self.pool.connection(timeout=timeout or self.timeout) as conn:
-                yield conn
+                try:
+                    yield conn
+                    if conn in self._unconfirmed:
+                        await self._confirm(conn)
+                except psycopg.Error as exc:
+                    if server_connection_lost(exc) is not None:
+                        await self._drop(conn)
+                    raise
         except PoolTimeout as exc:
+            self.on_unavailable("pool-timeout")
             raise errors.ServiceUnavailableError() from exc
         except (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable) as exc:
             raise errors.TimeoutExceededError() from exc
-        except psycopg.OperationalError as exc:
+        except psycopg.Error as exc:
+            cause = server_connection_lost(exc)
+            if cause is None:
+                raise
+            self.on_unavailable(cause)
             raise errors.ServiceUnavailableError() from exc
 
     @contextlib.asynccontextmanager
     async def tx(self) -> AsyncIterator[Conn]:
-        """A pooled connection inside one transaction, committed when the block ends."""
+        """A pooled connection inside one transaction, committed when the block ends;
+        the COMMIT is never cancelled (see `uncancelled`)."""
         # Not in pipeline mode: measured here, psycopg spent more CPU on the pipeline
         # than the round trips it saved cost.
-        async with self.conn() as conn, conn.transaction():
-            yield conn
+        async with self.conn() as conn:
+            transaction = conn.transaction()
+            await transaction.__aenter__()
+            try:
+                yield conn
+            except BaseException as exc:
+                await transaction.__aexit__(type(exc), exc, exc.__traceback__)
+                raise
+            await uncancelled(transaction.__aexit__(None, None, None))
+
+    async def _confirm(self, conn: Conn) -> None:
+        """A COMMIT on this connection returned before the synchronous standby had it:
+        wait for a later COMMIT to be confirmed, or answer 503."""
+        self._unconfirmed.discard(conn)
+        await uncancelled(confirm_durable(conn))
+        if conn in self._unconfirmed:
+            self._unconfirmed.discard(conn)
+            raise errors.ServiceUnavailableError(
+                "The commit was not confirmed by a synchronous standby; retry with the same"
+                " Idempotency-Key."
+            )
+
+    async def _drop(self, conn: Conn) -> None:
+        """This connection's server is gone or demoted, and so, most likely, is every
+        other connection's: close this one, and drain the pool unless it was drained
+        after this connection was opened (that drain dealt with it and its peers)."""
+        opened = self._opened.get(conn, 0.0)
+        if not conn.closed:
+            await conn.close()
+        if opened >= self._drained_at:
+            self._drained_at = time.monotonic()
+            await self.pool.drain()
+
+
+def server_connection_lost(exc: BaseException) -> str | None:
+    """Why the error says this connection's server is gone or no longer the primary
+    ("connection-lost", "read-only", "protocol"), or None."""
+    if isinstance(exc, psycopg.errors.QueryCanceled | psycopg.errors.LockNotAvailable):
+        return None
+    if isinstance(exc, psycopg.OperationalError):
+        return "connection-lost"
+    if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction):
+        return "read-only"
+    if isinstance(exc, psycopg.InternalError) and exc.sqlstate is None:
+        return "protocol"
+    return None
+
+
+async def ensure_role_defaults(
+    conn: psycopg.AsyncConnection[Any], values: dict[str, str]
+) -> list[str]:
+    """Make `values` the defaults of the connected role in this database (what every
+    server connection a transaction pooler opens starts with); returns what changed."""
+    changed: list[str] = []
+
+    def on_notice(diag: psycopg.errors.Diagnostic) -> None:
+        changed.append((diag.message_primary or "").removeprefix("queue-server: "))
+
+    conn.add_notice_handler(on_notice)
+    await conn.execute(WANT_ROLE_DEFAULTS, {"settings": orjson.dumps(values).decode()})
+    await conn.execute(APPLY_ROLE_DEFAULTS)
+    if changed:
+        log.warning(
+            "%s; server connections a pooler opened before keep their old values until it"
+            " renews them",
+            "; ".join(changed),
+        )
+    return changed
+
+
+async def confirm_durable(conn: Conn) -> None:
+    """Commit a transaction whose COMMIT waits until the synchronous standby has
+    everything up to it: whatever this session saw committed before is replicated when
+    this returns. (Without synchronous replication it costs one commit.)"""
+    async with conn.transaction():
+        await conn.execute(WAIT_FOR_STANDBY)
+
+
+async def uncancelled(aw: Awaitable[T]) -> T:
+    """Await `aw` to its end even if the caller is cancelled meanwhile (the cancellation
+    is raised after): psycopg answers a cancellation by cancelling the statement on the
+    server, and a cancelled COMMIT under synchronous replication commits on the primary
+    without the standby."""
+    task = asyncio.ensure_future(aw)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled():
+                raise
+            cancelled = True
+            continue
+        if cancelled:
+            raise asyncio.CancelledError
+        return result

@@ -25,6 +25,7 @@ import psycopg.errors
 from queue_server import errors, views
 from queue_server.db import Database
 from queue_server.store import idempotency_receipts
+from queue_server.store.sessions import WAIT_FOR_STANDBY
 from queue_server.store.types import Conn
 
 # The refusals a receipt keeps: the same request would be refused the same way again.
@@ -81,6 +82,11 @@ async def replay(conn: Conn, *, tenant: str, idem: Idempotency) -> Answer:
         raise errors.IdempotencyKeyInFlightError()
     if receipt["fingerprint"] != idem.fingerprint:
         raise errors.IdempotencyKeyReuseError(idempotency_key=idem.key)
+    # A replay acknowledges the first request's effect: this transaction's COMMIT waits
+    # for the synchronous standby to have everything up to it, the receipt included (a
+    # first COMMIT whose wait was cancelled is visible on the primary before the standby
+    # has it).
+    await conn.execute(WAIT_FOR_STANDBY)
     status = receipt["response_status"]
     return Answer(
         status=status,

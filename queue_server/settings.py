@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
+from typing import Literal
 
 import platformdirs
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -23,6 +24,17 @@ class Settings(BaseSettings):
     # A libpq URL (postgresql://user@host/db?host=/socket/dir). Empty: embedded PostgreSQL.
     database_url: str = ""
     data_dir: Path = Field(default_factory=default_data_dir)
+    # "transaction": DATABASE_URL is a pooler in transaction mode (PgBouncer). Nothing is
+    # kept on a session between transactions: no settings sent at connect (they become
+    # the role's defaults in the database), no prepared statements unless
+    # PREPARED_STATEMENTS says the pooler keeps them, LISTEN over LISTEN_DATABASE_URL.
+    database_pooler: Literal["none", "transaction"] = "none"
+    # A direct session to the primary for LISTEN (wake-ups, key revocation); through
+    # HAProxy in a Patroni setup. Empty: DATABASE_URL (not allowed through a pooler).
+    listen_database_url: str = ""
+    # Prepare every statement (generic plans). Default: on, unless through a transaction
+    # pooler (PgBouncer before 1.21 cannot keep prepared statements).
+    prepared_statements: bool | None = None
     host: str = "127.0.0.1"
     port: int = 8080
     pool_min_size: int = Field(default=4, ge=1)
@@ -63,3 +75,23 @@ class Settings(BaseSettings):
     delivery_max_response_bytes: int = Field(default=4 * 1024 * 1024, ge=0)
     # After a secret rotation the previous secret also signs for this long.
     watcher_secret_grace: timedelta = timedelta(hours=24)
+
+    @model_validator(mode="after")
+    def _listener_needs_a_session(self) -> Settings:
+        if self.database_pooler == "transaction" and not self.listen_database_url:
+            raise ValueError(
+                "QUEUE_SERVER_LISTEN_DATABASE_URL is required with"
+                " QUEUE_SERVER_DATABASE_POOLER=transaction: LISTEN through a transaction"
+                " pooler delivers nothing; point it at the primary directly (e.g. HAProxy)"
+            )
+        return self
+
+    @property
+    def uses_prepared_statements(self) -> bool:
+        if self.prepared_statements is not None:
+            return self.prepared_statements
+        return self.database_pooler == "none"
+
+    def listen_url(self, database_url: str) -> str:
+        """Where the listener connects: LISTEN_DATABASE_URL, else the database itself."""
+        return self.listen_database_url or database_url

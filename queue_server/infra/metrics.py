@@ -51,5 +51,23 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.database_unavailable = Counter(
+            "queue_server_database_unavailable",
+            "Requests answered 503 because the database connection failed, by cause"
+            " (pool-timeout, connection-lost, read-only, protocol)",
+            ["cause"],
+            registry=self.registry,
+        )
+        self.listener_connected = Gauge(
+            "queue_server_listener_connected",
+            "1 while the LISTEN session (wake-ups, key revocation) is up, 0 while polling",
+            registry=self.registry,
+        )
+        self.listener_disconnects = Counter(
+            "queue_server_listener_disconnects",
+            "LISTEN sessions lost since the process started",
+            registry=self.registry,
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

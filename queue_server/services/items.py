@@ -25,6 +25,10 @@ from queue_server.store.types import Conn, Row
 # How long a queue found near its concurrency limit skips the shared-lock attempt.
 NEAR_LIMIT_MEMORY = 5.0
 
+# While the listener is down, a waiting acquire looks at its queue this often, so it
+# still wakes within a second of an enqueue.
+LISTENER_DOWN_POLL_INTERVAL = 0.5
+
 
 @dataclass(frozen=True, slots=True)
 class NewItem:
@@ -40,6 +44,11 @@ class Wakeups(Protocol):
     def subscribe(self, tenant: str, queue: str) -> asyncio.Event: ...
 
     def unsubscribe(self, tenant: str, queue: str, event: asyncio.Event) -> None: ...
+
+    @property
+    def listening(self) -> bool:
+        """Whether notifications arrive at all (the listener's session is up)."""
+        ...
 
 
 class Items:
@@ -153,6 +162,13 @@ class Items:
 
     # -- leases ------------------------------------------------------------
 
+    def _poll_interval(self) -> float:
+        """How long a waiting acquire sleeps between looks without a notification:
+        `poll_interval`, and at most half a second while the listener is down."""
+        if self.wakeups.listening:
+            return self.settings.poll_interval
+        return min(self.settings.poll_interval, LISTENER_DOWN_POLL_INTERVAL)
+
     async def acquire(
         self,
         principal: auth.Principal,
@@ -184,9 +200,7 @@ class Items:
                 if leased or remaining <= 0:
                     return Answer.of(200, {"leases": [views.lease(r) for r in leased]})
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
-                        wakeup.wait(), min(remaining, self.settings.poll_interval)
-                    )
+                    await asyncio.wait_for(wakeup.wait(), min(remaining, self._poll_interval()))
                 if await client_gone():
                     raise errors.ClientDisconnectedError()
             finally:

@@ -13,3 +13,6 @@ KEYS_CHANNEL = "queue_server_keys"
 
 LISTEN_READY = _SQL("listen_ready", f"LISTEN {READY_CHANNEL}")
 LISTEN_KEYS = _SQL("listen_keys", f"LISTEN {KEYS_CHANNEL}")
+
+# The notifier's check on a session that has been quiet for a while.
+LISTENER_PROBE = _SQL("listener_probe", "SELECT 1")

@@ -1,8 +1,16 @@
-"""Wakes long-polling acquires and drops revoked keys: one LISTEN connection per process.
+"""Wakes long-polling acquires and drops revoked keys: one LISTEN session per process.
 
 Notifications on the ready channel (`tenant/queue`) wake the acquires waiting on that
 queue; a notification on the keys channel, and every (dis)connection of the
 listener, tells `on_keys_changed` whether the listener is connected.
+
+The session is direct (a transaction pooler would deliver nothing) and follows the
+primary: when it breaks (a failover, a restart, a cut by HAProxy) it reconnects with
+capped exponential backoff and jitter, LISTENs again, and wakes every waiter so each
+re-reads its queue (notifications sent while nobody listened are lost). While it is
+down, waiters poll instead and the key cache is off, so a revocation still takes
+effect at once. A session gone silent (a host lost without a FIN) is found by a probe
+after `probe_interval` of quiet, and by TCP keepalives.
 """
 
 from __future__ import annotations
@@ -10,12 +18,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections import defaultdict
 from collections.abc import Callable
 
 import psycopg
 
-from queue_server.store.channels import KEYS_CHANNEL, LISTEN_KEYS, LISTEN_READY
+from queue_server.store.channels import KEYS_CHANNEL, LISTEN_KEYS, LISTEN_READY, LISTENER_PROBE
 
 log = logging.getLogger(__name__)
 
@@ -27,15 +36,23 @@ class Notifier:
         self,
         conninfo: str,
         *,
-        retry_delay: float = 1.0,
+        min_backoff: float = 0.1,
+        max_backoff: float = 5.0,
+        probe_interval: float = 10.0,
         on_keys_changed: Callable[[bool], None] | None = None,
+        on_disconnect: Callable[[], None] | None = None,
     ) -> None:
         self._conninfo = conninfo
         self._on_keys_changed = on_keys_changed or (lambda listening: None)
-        self._retry_delay = retry_delay
+        self._on_disconnect = on_disconnect or (lambda: None)
+        self._min_backoff = min_backoff
+        self._max_backoff = max_backoff
+        self._probe_interval = probe_interval
         self._waiters: defaultdict[str, set[asyncio.Event]] = defaultdict(set)
         self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
+        #: The backend pid of the current session (0 while disconnected).
+        self.backend_pid = 0
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="queue-server-notifier")
@@ -68,24 +85,55 @@ class Notifier:
             for event in waiters:
                 event.set()
 
+    @property
+    def listening(self) -> bool:
+        return self.connected.is_set()
+
     async def _run(self) -> None:
+        backoff = self._min_backoff
         while True:
             try:
-                conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
+                conn = await psycopg.AsyncConnection.connect(
+                    self._conninfo,
+                    autocommit=True,
+                    application_name="queue-server-listener",
+                    # TCP keepalives: a dead peer is noticed by the kernel too.
+                    keepalives=1,
+                    keepalives_idle=10,
+                    keepalives_interval=3,
+                )
                 async with conn:
                     await conn.execute(LISTEN_READY)
                     await conn.execute(LISTEN_KEYS)
+                    self.backend_pid = conn.info.backend_pid
                     self.connected.set()
-                    self._on_keys_changed(self.connected.is_set())
-                    # Anything notified while we were not listening: let every waiter re-check.
+                    backoff = self._min_backoff
+                    log.info("notification listener connected (backend %s)", self.backend_pid)
+                    # Anything notified while we were not listening: every waiter re-reads,
+                    # and keys are looked up afresh.
+                    self._on_keys_changed(True)
                     self._wake_all()
-                    async for notification in conn.notifies():
-                        if notification.channel == KEYS_CHANNEL:
-                            self._on_keys_changed(self.connected.is_set())
-                        else:
-                            self._wake(notification.payload)
-            except psycopg.Error as exc:
-                log.warning("notification listener lost its connection: %s", exc)
-            self.connected.clear()
-            self._on_keys_changed(self.connected.is_set())
-            await asyncio.sleep(self._retry_delay)
+                    await self._listen(conn)
+            except (psycopg.Error, OSError, TimeoutError) as exc:
+                log.warning("notification listener: %s", exc)
+            if self.connected.is_set():
+                # The session was lost: the key cache turns itself off, and every waiter
+                # goes back to sleep for the polling interval instead of a notification.
+                self.backend_pid = 0
+                self.connected.clear()
+                self._on_disconnect()
+                self._on_keys_changed(False)
+                self._wake_all()
+            await asyncio.sleep(backoff * random.uniform(0.5, 1.5))
+            backoff = min(backoff * 2, self._max_backoff)
+
+    async def _listen(self, conn: psycopg.AsyncConnection[object]) -> None:
+        """Dispatch notifications; after each quiet `probe_interval`, check the session."""
+        while True:
+            async for notification in conn.notifies(timeout=self._probe_interval):
+                if notification.channel == KEYS_CHANNEL:
+                    self._on_keys_changed(True)
+                else:
+                    self._wake(notification.payload)
+            # Quiet for a while: a session whose server vanished would stay quiet forever.
+            await asyncio.wait_for(conn.execute(LISTENER_PROBE), self._probe_interval)

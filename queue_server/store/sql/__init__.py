@@ -34,6 +34,7 @@ MODULES = (
     "idempotency_receipts",
     "outbox",
     "reads",
+    "sessions",
     "tenants",
     "transitions",
     "verification_runs",

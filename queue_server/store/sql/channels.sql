@@ -6,3 +6,6 @@ LISTEN queue_server_ready;
 
 -- name: listen_keys
 LISTEN queue_server_keys;
+
+-- name: listener_probe
+SELECT 1;

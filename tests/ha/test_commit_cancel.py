@@ -1,0 +1,152 @@
+"""The commit-cancel trap of synchronous replication: a COMMIT whose wait for the standby
+is cancelled returns success with only a warning, committed on the primary alone. The
+server never cancels a COMMIT itself, never acknowledges one whose wait was cancelled
+before a later commit has waited for the standby, and a replayed answer waits too.
+
+The embedded PostgreSQL has no standby: naming one that never comes makes every
+COMMIT wait, as under synchronous_mode_strict with the standby gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import psycopg
+import pytest
+
+from queue_server import auth
+from queue_server.db import Database
+from queue_server.idempotency import Idempotency
+from queue_server.infra.embedded import EmbeddedPostgres
+from queue_server.infra.metrics import Metrics
+from queue_server.models import Role
+from queue_server.services import Services
+from queue_server.services.items import NewItem
+from queue_server.services.keys import Keys
+from queue_server.settings import Settings
+from queue_server.workers.notifier import Notifier
+from tests.conftest import Api
+
+Db = psycopg.Connection[dict[str, object]]
+
+
+@contextlib.contextmanager
+def standby_missing(pg: EmbeddedPostgres) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+    """Every COMMIT with a transaction id waits for a standby until the block ends."""
+    with psycopg.connect(pg.url(), autocommit=True) as server:
+        server.execute("ALTER SYSTEM SET synchronous_standby_names = 'qs_missing_standby'")
+        server.execute("SELECT pg_reload_conf()")
+        try:
+            yield server
+        finally:
+            server.execute("ALTER SYSTEM RESET synchronous_standby_names")
+            server.execute("SELECT pg_reload_conf()")
+
+
+def waiting_for_standby(db: Db) -> set[int]:
+    rows = db.execute(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+        " AND wait_event = 'SyncRep'"
+    ).fetchall()
+    return {int(str(row["pid"])) for row in rows}
+
+
+def wait_for_standby_wait(db: Db, timeout: float = 10.0) -> set[int]:
+    deadline = time.monotonic() + timeout
+    while not (pids := waiting_for_standby(db)):
+        assert time.monotonic() < deadline, "no COMMIT is waiting for the standby"
+        time.sleep(0.02)
+    return pids
+
+
+class Request(threading.Thread):
+    """An enqueue in a thread of its own, so the test can watch it wait."""
+
+    def __init__(self, api: Api, key: str) -> None:
+        super().__init__()
+        self.api, self.key = api, key
+        self.response: httpx.Response | None = None
+
+    def run(self) -> None:
+        self.response = self.api.worker.post(
+            f"/v1/tenants/{self.api.tenant}/queues/q/items",
+            json={"payload": {"sync": True}},
+            headers={"Idempotency-Key": self.key},
+        )
+
+
+def test_a_commit_whose_standby_wait_was_cancelled_is_answered_only_once_confirmed(
+    api: Api, db: Db, pg: EmbeddedPostgres
+) -> None:
+    key = uuid.uuid4().hex
+    with standby_missing(pg) as server:
+        first = Request(api, key)
+        first.start()
+        (pid,) = wait_for_standby_wait(db)
+        server.execute("SELECT pg_cancel_backend(%s)", (pid,))
+        # Committed on the primary only: no answer yet; a confirming commit waits instead.
+        time.sleep(1.0)
+        assert first.is_alive(), first.response.text if first.response else None
+        assert wait_for_standby_wait(db)
+    first.join(15)
+    assert first.response is not None
+    assert first.response.status_code == 201
+
+    # A replay of that answer waits for the standby as well.
+    with standby_missing(pg):
+        again = Request(api, key)
+        again.start()
+        wait_for_standby_wait(db)
+        assert again.is_alive()
+    again.join(15)
+    assert again.response is not None
+    assert again.response.status_code == 201
+    assert again.response.headers["Idempotent-Replayed"] == "true"
+
+
+def test_cancelling_a_request_never_cancels_its_commit(
+    api: Api, db: Db, pg: EmbeddedPostgres, settings: Settings, database_url: str
+) -> None:
+    key = uuid.uuid4().hex
+    db_conn = db
+
+    async def scenario() -> None:
+        db = Database.for_api(settings, database_url)
+        services = Services.build(
+            settings, db, keys=Keys(db), wakeups=Notifier(database_url), metrics=Metrics()
+        )
+        await db.open(wait=True)
+        try:
+            with standby_missing(pg):
+                task = asyncio.create_task(
+                    services.items.enqueue(
+                        auth.Principal(key_id="test", tenant=None, role=Role.ADMIN),
+                        api.tenant,
+                        "q",
+                        [NewItem(payload={"cancelled": True})],
+                        Idempotency.of(key, method="POST", path="/x", body={}),
+                        instance="/x",
+                        batch=False,
+                    )
+                )
+                pids = await asyncio.to_thread(wait_for_standby_wait, db_conn)
+                task.cancel()
+                await asyncio.sleep(0.5)
+                # psycopg cancels a statement whose task is cancelled; this COMMIT still waits.
+                assert await asyncio.to_thread(waiting_for_standby, db_conn) == pids
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        finally:
+            await db.close()
+
+    asyncio.run(scenario())
+    stored = db.execute(
+        "SELECT count(*) AS n FROM work_items WHERE payload = '{\"cancelled\": true}'"
+    ).fetchone()
+    assert stored == {"n": 1}
