@@ -2,10 +2,11 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-SOURCES := queue_server tests reliability bench
-TYPED := queue_server tests reliability bench
+SOURCES := queue_server tests reliability bench deploy
+TYPED := queue_server tests reliability bench deploy/local-ha/ha.py
 
-.PHONY: help install serve test lint unit browser console-screenshots fmt sql clean bench bench-quick reliability lock
+.PHONY: help install serve test lint unit browser console-screenshots fmt sql clean bench bench-quick \
+	reliability lock ha-up ha-down ha-status ha-check failover bench-scale bench-sync
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -52,6 +53,12 @@ bench: $(VENV)/.bench ## The benchmark (under 5 minutes): bench/results/latest.{
 bench-quick: $(VENV)/.bench ## A smoke run of the benchmark (under 1 minute)
 	$(BIN)/python -m bench --quick --out bench/results/quick
 
+bench-scale: $(VENV)/.bench ## 1, 2 and 4 API processes through PgBouncer (about 5 minutes): bench/results/scale.md
+	$(BIN)/python -m bench.scale
+
+bench-sync: $(VENV)/.bench ## Commit cost with and without the sync standby, on the local HA topology: bench/results/sync-cost.md
+	$(BIN)/python -m bench.sync_cost
+
 reliability: $(STAMP) ## The fault-injection suite (under 10 minutes): reliability/results/latest.md
 	$(BIN)/python -m reliability
 
@@ -60,6 +67,26 @@ lock: ## Re-pin requirements.lock (the image's dependencies) after changing pypr
 
 sql: $(STAMP) ## Rewrite queue_server/store/sql/*.sql from the statements in the code
 	$(BIN)/python -m queue_server.store.sql --write
+
+ha-up: $(STAMP) ## Local HA topology on loopback: etcd, 3 Patroni/PostgreSQL 15, HAProxy, PgBouncer, 2 APIs, deliver
+	$(BIN)/python deploy/local-ha/ha.py up
+
+ha-down: ## Stop the local HA topology and remove its state directory
+	$(PYTHON) deploy/local-ha/ha.py down
+
+ha-status: ## What the local HA topology runs, where it listens, each node's role
+	$(PYTHON) deploy/local-ha/ha.py status
+
+ha-check: ## Validate deploy/ offline: docker-compose config, HAProxy configs (installs both with apt-get)
+	deploy/ensure-debian-packages.sh haproxy docker-compose
+	POSTGRES_PASSWORD=x REPLICATION_PASSWORD=x QUEUE_SERVER_DB_PASSWORD=x \
+		docker-compose -f deploy/docker-compose.ha.yml config --quiet
+	haproxy -c -q -f deploy/haproxy/postgres-router.cfg
+	cd deploy/haproxy && sed 's|/usr/local/etc/haproxy/||' api-lb.cfg | haproxy -c -q -f /dev/stdin
+	$(PYTHON) deploy/local-ha/ha.py check
+
+failover: $(STAMP) ## Failover scenario on the local HA topology (brings it up if needed; under 10 minutes)
+	$(BIN)/python -m reliability.failover
 
 clean: ## Remove the virtual environment
 	rm -rf $(VENV)

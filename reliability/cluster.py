@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import psycopg
@@ -35,7 +35,16 @@ from queue_server.settings import Settings
 from queue_server.store.bootstrap import DATABASE_NAME
 from reliability.checkers import SNAPSHOT_EVENTS_SQL, SNAPSHOT_ITEMS_SQL, DatabaseSnapshot
 
-__all__ = ["HOST", "Cluster", "TenantKeys", "free_port", "say", "venv_bin"]
+__all__ = [
+    "HOST",
+    "Cluster",
+    "SystemUnderTest",
+    "TenantKeys",
+    "create_tenant",
+    "free_port",
+    "say",
+    "venv_bin",
+]
 
 HOST = "127.0.0.1"
 FAR_FUTURE = "2999-01-01T00:00:00Z"
@@ -59,6 +68,20 @@ def venv_bin(name: str) -> str:
     """A console script next to the running interpreter (the project's .venv)."""
     candidate = Path(sys.executable).parent / name
     return str(candidate) if candidate.exists() else name
+
+
+class SystemUnderTest(Protocol):
+    """What the checkers need of a running system: an admin client, per-tenant counts,
+    the final snapshot and a direct database session (a :class:`Cluster`, or the HA
+    topology of :mod:`reliability.failover`)."""
+
+    def admin_client(self, base_url: str | None = None) -> httpx.Client: ...
+
+    def state_counts(self, tenant: str) -> dict[str, int]: ...
+
+    def snapshot(self) -> DatabaseSnapshot: ...
+
+    def db(self) -> contextlib.AbstractContextManager[psycopg.Connection[dict[str, Any]]]: ...
 
 
 @dataclass(frozen=True)
@@ -373,39 +396,64 @@ class Cluster:
         max_concurrency: int | None = None,
         queues: tuple[str, ...] = ("q",),
     ) -> TenantKeys:
-        with self.admin_client() as admin:
-            response = admin.put(
-                f"/v1/tenants/{tenant}",
-                json={
-                    "backlog_cap": backlog_cap,
-                    "default_max_acquisitions": max_acquisitions,
-                    "default_lease_ttl": 30,
-                },
-            )
-            response.raise_for_status()
-            keys: dict[str, str] = {}
-            key_ids: dict[str, str] = {}
-            for role in ("worker", "operator"):
-                created = admin.post(f"/v1/tenants/{tenant}/keys", json={"role": role})
-                created.raise_for_status()
-                keys[role] = created.json()["secret"]
-                key_ids[role] = created.json()["key_id"]
-        if max_concurrency is not None:
-            with httpx.Client(
-                base_url=self.base_url,
-                headers={"Authorization": f"Bearer {keys['operator']}"},
-                timeout=30,
-            ) as operator:
-                for queue in queues:
-                    approval = operator.post(
-                        f"/v1/tenants/{tenant}/queues/{queue}/spend-approvals",
-                        json={
-                            "approved_by": "reliability@example.com",
-                            "max_concurrency": max_concurrency,
-                            "expires_at": FAR_FUTURE,
-                            "reason": "reliability suite",
-                        },
-                        headers={"Idempotency-Key": uuid.uuid4().hex},
-                    )
-                    approval.raise_for_status()
-        return TenantKeys(tenant, keys["worker"], keys["operator"], key_ids["worker"])
+        return create_tenant(
+            self.base_url,
+            self.admin_key,
+            tenant,
+            backlog_cap=backlog_cap,
+            max_acquisitions=max_acquisitions,
+            max_concurrency=max_concurrency,
+            queues=queues,
+        )
+
+
+def create_tenant(
+    base_url: str,
+    admin_key: str,
+    tenant: str,
+    *,
+    backlog_cap: int = 100_000,
+    max_acquisitions: int = 20,
+    max_concurrency: int | None = None,
+    queues: tuple[str, ...] = ("q",),
+) -> TenantKeys:
+    """A tenant with a worker and an operator key, and spend approvals for its queues."""
+    admin_client = httpx.Client(
+        base_url=base_url, headers={"Authorization": f"Bearer {admin_key}"}, timeout=30
+    )
+    with admin_client as admin:
+        response = admin.put(
+            f"/v1/tenants/{tenant}",
+            json={
+                "backlog_cap": backlog_cap,
+                "default_max_acquisitions": max_acquisitions,
+                "default_lease_ttl": 30,
+            },
+        )
+        response.raise_for_status()
+        keys: dict[str, str] = {}
+        key_ids: dict[str, str] = {}
+        for role in ("worker", "operator"):
+            created = admin.post(f"/v1/tenants/{tenant}/keys", json={"role": role})
+            created.raise_for_status()
+            keys[role] = created.json()["secret"]
+            key_ids[role] = created.json()["key_id"]
+    if max_concurrency is not None:
+        with httpx.Client(
+            base_url=base_url,
+            headers={"Authorization": f"Bearer {keys['operator']}"},
+            timeout=30,
+        ) as operator:
+            for queue in queues:
+                approval = operator.post(
+                    f"/v1/tenants/{tenant}/queues/{queue}/spend-approvals",
+                    json={
+                        "approved_by": "reliability@example.com",
+                        "max_concurrency": max_concurrency,
+                        "expires_at": FAR_FUTURE,
+                        "reason": "reliability suite",
+                    },
+                    headers={"Idempotency-Key": uuid.uuid4().hex},
+                )
+                approval.raise_for_status()
+    return TenantKeys(tenant, keys["worker"], keys["operator"], key_ids["worker"])

@@ -29,7 +29,7 @@ import httpx
 
 from reliability.checkers import CheckReport, DatabaseSnapshot, Violation, run_all_checks
 from reliability.client import RecordingClient, WorkerStats, run_worker
-from reliability.cluster import Cluster, say
+from reliability.cluster import Cluster, SystemUnderTest, say
 from reliability.flood import flood
 from reliability.history import History, HistoryRecorder, JSONValue, OpKind
 from reliability.proxy import ProxyMode, TcpProxy
@@ -147,7 +147,7 @@ def server_error_violations(
 
 
 def probe_backlog(
-    cluster: Cluster,
+    cluster: SystemUnderTest,
     tenants: list[str],
     recorder: HistoryRecorder,
     stop: threading.Event,
@@ -177,7 +177,7 @@ def _spawn(fn: Callable[[], object], name: str) -> threading.Thread:
 
 
 def finish(
-    cluster: Cluster,
+    cluster: SystemUnderTest,
     recorder: HistoryRecorder,
     scenario: str,
     tenants: list[str],
@@ -464,7 +464,7 @@ def lost_replies(*, duration: float = 15.0, name: str = "lost replies") -> Scena
     return ScenarioOutcome(report, time.monotonic() - began, metrics, history, snapshot)
 
 
-def receipt_violations(cluster: Cluster, history: History) -> list[Violation]:
+def receipt_violations(cluster: SystemUnderTest, history: History) -> list[Violation]:
     """All or nothing: every accepted effecting request left its idempotency receipt,
     with the status the client saw."""
     with cluster.db() as conn:
