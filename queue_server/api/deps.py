@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import Depends, Header, Path, Query, Request
@@ -18,7 +19,6 @@ from queue_server.services import (
     Keys,
     Ledgers,
     Queues,
-    Services,
     Tenants,
     VerificationRuns,
     Watchers,
@@ -46,67 +46,34 @@ PROBLEMS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _services(request: Request) -> Services:
-    """The services the app built once at start (`app.state.services`)."""
-    built: Services = request.app.state.services
-    return built
+def _service(name: str) -> Callable[[Request], Awaitable[Any]]:
+    """The dependency on one of the services the app built once (`app.state.services`).
+
+    Async: FastAPI runs a plain `def` dependency in a thread.
+    """
+
+    async def dependency(request: Request) -> Any:
+        return getattr(request.app.state.services, name)
+
+    return dependency
 
 
-# One dependency per service, each reading `app.state` directly (async: FastAPI runs a
-# plain `def` dependency in a thread).
-
-
-async def _keys(request: Request) -> Keys:
-    return _services(request).keys
-
-
-async def _tenants(request: Request) -> Tenants:
-    return _services(request).tenants
-
-
-async def _items(request: Request) -> Items:
-    return _services(request).items
-
-
-async def _queues(request: Request) -> Queues:
-    return _services(request).queues
-
-
-async def _dead_letters(request: Request) -> DeadLetters:
-    return _services(request).dead_letters
-
-
-async def _ledgers(request: Request) -> Ledgers:
-    return _services(request).ledgers
-
-
-async def _watchers(request: Request) -> Watchers:
-    return _services(request).watchers
-
-
-async def _receipts(request: Request) -> ConfirmationReceipts:
-    return _services(request).receipts
-
-
-async def _runs(request: Request) -> VerificationRuns:
-    return _services(request).runs
-
-
-KeysService = Annotated[Keys, Depends(_keys)]
-TenantsService = Annotated[Tenants, Depends(_tenants)]
-ItemsService = Annotated[Items, Depends(_items)]
-QueuesService = Annotated[Queues, Depends(_queues)]
-DeadLettersService = Annotated[DeadLetters, Depends(_dead_letters)]
-LedgersService = Annotated[Ledgers, Depends(_ledgers)]
-WatchersService = Annotated[Watchers, Depends(_watchers)]
-ReceiptsService = Annotated[ConfirmationReceipts, Depends(_receipts)]
-RunsService = Annotated[VerificationRuns, Depends(_runs)]
+KeysService = Annotated[Keys, Depends(_service("keys"))]
+TenantsService = Annotated[Tenants, Depends(_service("tenants"))]
+ItemsService = Annotated[Items, Depends(_service("items"))]
+QueuesService = Annotated[Queues, Depends(_service("queues"))]
+DeadLettersService = Annotated[DeadLetters, Depends(_service("dead_letters"))]
+LedgersService = Annotated[Ledgers, Depends(_service("ledgers"))]
+WatchersService = Annotated[Watchers, Depends(_service("watchers"))]
+ReceiptsService = Annotated[ConfirmationReceipts, Depends(_service("receipts"))]
+RunsService = Annotated[VerificationRuns, Depends(_service("runs"))]
 
 
 async def principal(
     request: Request, authorization: Annotated[str | None, Header()] = None
 ) -> Principal:
-    return await _services(request).keys.authenticate(authorization)
+    keys: Keys = request.app.state.services.keys
+    return await keys.authenticate(authorization)
 
 
 Caller = Annotated[Principal, Depends(principal)]

@@ -165,12 +165,6 @@ class AsyncQueueClient:
 
     # -- service -------------------------------------------------------------
 
-    async def healthy(self) -> bool:
-        try:
-            return (await self._http.get("/healthz")).status_code == 200
-        except httpx.TransportError:
-            return False
-
     async def whoami(self) -> WhoAmI:
         return await self._get(WhoAmI, "/v1/whoami")
 

@@ -191,12 +191,6 @@ class QueueClient:
 
     # -- service -------------------------------------------------------------
 
-    def healthy(self) -> bool:
-        try:
-            return self._http.get("/healthz").status_code == 200
-        except httpx.TransportError:
-            return False
-
     def whoami(self) -> WhoAmI:
         return self._get(WhoAmI, "/v1/whoami")
 

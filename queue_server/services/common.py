@@ -28,6 +28,11 @@ def require_item_id(item_id: str) -> None:
         raise errors.ItemNotFoundError(item_id=item_id)
 
 
+def foreign_cursor() -> errors.InvalidRequestError:
+    """The refusal of a page cursor this server did not issue (422)."""
+    return errors.InvalidRequestError("The cursor is not one this server issued.")
+
+
 def encode_cursor(parts: list[str]) -> str:
     """An opaque page cursor made of `parts`."""
     return base64.urlsafe_b64encode(orjson.dumps(parts)).decode().rstrip("=")
@@ -44,5 +49,5 @@ def decode_cursor(cursor: str, size: int) -> list[str]:
         or len(parts) != size
         or not all(isinstance(p, str) for p in parts)
     ):
-        raise errors.InvalidRequestError("The cursor is not one this server issued.")
+        raise foreign_cursor()
     return parts

@@ -50,11 +50,9 @@ class DeadLetters:
             try:
                 after = (datetime.fromisoformat(at), dead_letter_id)
             except ValueError:
-                raise errors.InvalidRequestError(
-                    "The cursor is not one this server issued."
-                ) from None
+                raise common.foreign_cursor() from None
             if not is_uuid(dead_letter_id):
-                raise errors.InvalidRequestError("The cursor is not one this server issued.")
+                raise common.foreign_cursor()
         async with self.db.conn() as conn:
             await require_tenant(conn, tenant)
             rows = await dead_letters.list_page(

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from queue_server import auth, errors
+from queue_server import auth
 from queue_server.db import Database
 from queue_server.idempotency import Answer
 from queue_server.models import Role, is_uuid
@@ -173,7 +173,7 @@ class Ledgers:
         if cursor:
             after_tenant, after_item = common.decode_cursor(cursor, 2)
             if not is_uuid(after_item):
-                raise errors.InvalidRequestError("The cursor is not one this server issued.")
+                raise common.foreign_cursor()
             after = (after_tenant, after_item)
         async with self.db.conn() as conn:
             if tenant is not None:

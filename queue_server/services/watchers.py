@@ -8,7 +8,7 @@ from queue_server import auth, errors, views
 from queue_server.db import Database
 from queue_server.idempotency import Answer, Effects, Idempotency
 from queue_server.models import is_uuid
-from queue_server.services.common import WORKER_OR_OPERATOR, require_tenant
+from queue_server.services.common import WORKER_OR_OPERATOR, foreign_cursor, require_tenant
 from queue_server.settings import Settings
 from queue_server.store import outbox, watchers
 from queue_server.store.outbox import EVENTS
@@ -215,7 +215,7 @@ class Watchers:
         after: int | None = None
         if cursor:
             if not cursor.isdigit():
-                raise errors.InvalidRequestError("The cursor is not one this server issued.")
+                raise foreign_cursor()
             after = int(cursor)
         async with self.db.conn() as conn:
             await self._watcher(conn, tenant, watcher_id)
