@@ -169,6 +169,15 @@ class CsrfRefusedError(errors.QueueServerError):
     title = "Form refused"
 
 
+def choice(name: str, value: str | None, allowed: tuple[str, ...]) -> str | None:
+    """A filter's select box: empty is "any"; anything else must be one of `allowed`."""
+    if not value:
+        return None
+    if value not in allowed:
+        raise errors.InvalidRequestError(f"{name} must be one of: {', '.join(allowed)}.")
+    return value
+
+
 def form_text(form: FormData, name: str, default: str = "") -> str:
     value = form.get(name, default)
     return value.strip() if isinstance(value, str) else default

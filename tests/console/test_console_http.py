@@ -236,3 +236,14 @@ def test_replay_a_whole_queues_dead_letters_is_the_bulk_replay_route(api: Api) -
     )
     assert rest.headers["Idempotent-Replayed"] == "true"
     assert rest.json()["replayed"] == 3
+
+
+def test_filter_forms_as_a_browser_sends_them_with_empty_choices(api: Api) -> None:
+    quarantine(api, "q")
+    client, _ = sign_in(api.url, api.keys["operator"])
+    empty = client.get(
+        "/console/tenants/acme/dead-letters", params={"queue": "", "kind": "", "status": ""}
+    )
+    assert empty.status_code == 200
+    assert "quarantined by triage" in empty.text
+    assert client.get("/console/tenants/acme/dead-letters?kind=nope").status_code == 422

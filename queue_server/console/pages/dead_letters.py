@@ -11,7 +11,7 @@ from starlette.responses import Response
 from queue_server import errors
 from queue_server.api.dead_letters import BulkReplayIn, DiscardIn, ReplayIn
 from queue_server.console import web
-from queue_server.models import NAME_PATTERN, is_uuid
+from queue_server.models import NAME_RE, is_uuid
 
 router = APIRouter(prefix=f"{web.PREFIX}/tenants/{{tenant}}", route_class=web.ConsoleRoute)
 NAV_ENTRY = web.NavEntry("dead-letters", "Dead letters")
@@ -25,12 +25,17 @@ ACTIONS = {"replay": "Replay", "discard": "Discard"}
 async def list_page(
     request: Request,
     tenant: str,
-    queue: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
-    kind: Literal["item", "delivery"] | None = None,
-    status: Literal["open", "closed", "all"] = "open",
+    queue: Annotated[str | None, Query(max_length=64)] = None,
+    kind: Annotated[str | None, Query(max_length=16)] = None,
+    status: Annotated[str | None, Query(max_length=16)] = None,
     cursor: Annotated[str | None, Query(max_length=512)] = None,
 ) -> Response:
     session = await web.current_session(request)
+    if queue and not NAME_RE.match(queue):
+        raise errors.InvalidRequestError("The queue name is not valid.")
+    queue = queue or None
+    kind = web.choice("Kind", kind, ("item", "delivery"))
+    status = web.choice("Status", status, ("open", "closed", "all")) or "open"
     answer = await web.services(request).dead_letters.list_dead_letters(
         session.principal,
         tenant,

@@ -16,7 +16,7 @@ router = APIRouter(prefix=f"{web.PREFIX}/tenants/{{tenant}}", route_class=web.Co
 NAV_ENTRY = web.NavEntry("watchers", "Watchers")
 
 PAGE_SIZE = 50
-DeliveryState = Literal["pending", "delivered", "dead", "cancelled"]
+DELIVERY_STATES = ("pending", "delivered", "dead", "cancelled")
 
 
 @router.get("/watchers")
@@ -31,10 +31,11 @@ async def show(
     request: Request,
     tenant: str,
     watcher_id: str,
-    state: DeliveryState | None = None,
+    state: Annotated[str | None, Query(max_length=16)] = None,
     cursor: Annotated[str | None, Query(max_length=32)] = None,
 ) -> Response:
     session = await web.current_session(request)
+    state = web.choice("State", state, DELIVERY_STATES)
     watchers = web.services(request).watchers
     watcher = web.answer_body(await watchers.get(session.principal, tenant, watcher_id))
     page = web.answer_body(
