@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 
 import psycopg
@@ -19,6 +20,7 @@ from queue_server.console import install as install_console
 from queue_server.db import Database
 from queue_server.infra import migrate
 from queue_server.infra.metrics import Metrics
+from queue_server.policy import ReliabilityPolicy, runtime_policy
 from queue_server.services import Services
 from queue_server.services.keys import Keys
 from queue_server.settings import Settings
@@ -26,8 +28,16 @@ from queue_server.store import reads
 from queue_server.workers.notifier import Notifier
 from queue_server.workers.sweeper import sweep_receipts_forever
 
+log = logging.getLogger("queue_server")
 
-def create_app(settings: Settings, database_url: str) -> FastAPI:
+
+def create_app(
+    settings: Settings, database_url: str, *, policy: ReliabilityPolicy | None = None
+) -> FastAPI:
+    """The app with every service built once, under `policy` (default: `runtime_policy()` of
+    `settings.policy`). A policy document or a setting outside the envelope raises PolicyError."""
+    policy = policy or runtime_policy(settings.policy or None)
+    settings.bounded_by(policy)
     metrics = Metrics()
     db = Database.for_api(settings, database_url)
     db.on_unavailable = lambda cause: metrics.database_unavailable.labels(cause).inc()
@@ -37,10 +47,13 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
         on_keys_changed=keys.keys_changed,
         on_disconnect=metrics.listener_disconnects.inc,
     )
-    services = Services.build(settings, db, keys=keys, wakeups=notifier, metrics=metrics)
+    services = Services.build(
+        settings, db, keys=keys, wakeups=notifier, metrics=metrics, policy=policy
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        log.info("queue-server %s under policy %s", __version__, policy.describe())
         await db.open()
         await notifier.start()
         sweeper = asyncio.create_task(sweep_receipts_forever(db))
@@ -62,6 +75,7 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
         telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
     )
     app.state.settings = settings
+    app.state.policy = policy
     app.state.services = services
     app.state.notifier = notifier
     problems.install(app)
@@ -81,9 +95,10 @@ def create_app(settings: Settings, database_url: str) -> FastAPI:
 
     @app.get("/readyz", tags=["service"], responses={503: {"model": Problem}})
     async def readyz() -> Response:
-        """The database is reachable and its schema is at the head revision."""
+        """The database is reachable and its schema is at the head revision; the detail
+        names the loaded reliability policy."""
         if await _ready(db):
-            return JSONResponse({"status": "ready"})
+            return JSONResponse({"status": "ready", "policy": policy.loaded()})
         raise errors.ServiceUnavailableError(
             "The database is unreachable or its schema is not at the head revision."
         )

@@ -152,14 +152,14 @@ class Database:
         )
 
     @classmethod
-    def for_deliverer(cls, settings: Settings, conninfo: str) -> Database:
+    def for_deliverer(cls, settings: Settings, conninfo: str, *, concurrency: int) -> Database:
         """A deliverer's pool: one connection per dispatch in flight, plus the claim's."""
         pooled = settings.database_pooler == "transaction"
         return cls(
             conninfo,
             name="queue-server-deliver",
             min_size=1,
-            max_size=settings.delivery_concurrency + 1,
+            max_size=concurrency + 1,
             # Through a transaction pooler the API processes' role defaults apply.
             options=None if pooled else "-c TimeZone=UTC -c statement_timeout=15000",
             timeout=30.0,

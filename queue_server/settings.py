@@ -10,6 +10,10 @@ import platformdirs
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from queue_server.policy.errors import PolicyError
+from queue_server.policy.model import ReliabilityPolicy
+from queue_server.policy.runtime import at_most
+
 
 def default_data_dir() -> Path:
     """Where the embedded PostgreSQL and the admin key live unless told otherwise."""
@@ -21,6 +25,9 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="QUEUE_SERVER_", extra="ignore")
 
+    # The operation-reliability policy document (the JSON `queue-server policy show --json`
+    # prints); empty: the built-in operation-reliability.v2. QUEUE_SERVER_POLICY.
+    policy: str = ""
     # A libpq URL (postgresql://user@host/db?host=/socket/dir). Empty: embedded PostgreSQL.
     database_url: str = ""
     data_dir: Path = Field(default_factory=default_data_dir)
@@ -67,10 +74,12 @@ class Settings(BaseSettings):
     delivery_poll_interval: float = Field(default=1.0, gt=0)
     # Rows claimed per delivery run; one transport broker (one budget) per run.
     delivery_batch_size: int = Field(default=32, ge=1, le=1000)
-    # Dispatches in flight at once (policy: watcher-delivery concurrency 4).
-    delivery_concurrency: int = Field(default=4, ge=1, le=64)
-    # Per-attempt timeout (policy: watcher-delivery attempt-timeout 10 s).
-    delivery_attempt_timeout: float = Field(default=10.0, gt=0)
+    # Dispatches in flight at once; unset: the policy's watcher-delivery/concurrency (4).
+    # May lower the policy's value, never raise it.
+    delivery_concurrency: int | None = Field(default=None, ge=1)
+    # Per-attempt timeout; unset: the policy's watcher-delivery/attempt-timeout (10 s).
+    # May lower the policy's value, never raise it.
+    delivery_attempt_timeout: float | None = Field(default=None, gt=0)
     # Response-body bytes one delivery run may read in total.
     delivery_max_response_bytes: int = Field(default=4 * 1024 * 1024, ge=0)
     # After a secret rotation the previous secret also signs for this long.
@@ -95,3 +104,29 @@ class Settings(BaseSettings):
     def listen_url(self, database_url: str) -> str:
         """Where the listener connects: LISTEN_DATABASE_URL, else the database itself."""
         return self.listen_database_url or database_url
+
+    def bounded_by(self, policy: ReliabilityPolicy) -> None:
+        """Settings may lower a policy value, never raise it: PolicyError names each cell."""
+        delivery = policy.delivery
+        problems: list[tuple[str, str]] = []
+        checks: list[tuple[float | None, float, str, str]] = [
+            (
+                self.delivery_concurrency,
+                delivery.concurrency,
+                "QUEUE_SERVER_DELIVERY_CONCURRENCY",
+                delivery.cell("concurrency"),
+            ),
+            (
+                self.delivery_attempt_timeout,
+                delivery.attempt_timeout,
+                "QUEUE_SERVER_DELIVERY_ATTEMPT_TIMEOUT",
+                delivery.cell("attempt_timeout"),
+            ),
+        ]
+        for value, ceiling, setting, cell in checks:
+            try:
+                at_most(value, ceiling, setting=setting, cell=cell)
+            except PolicyError as error:
+                problems.extend(error.problems)
+        if problems:
+            raise PolicyError(problems)

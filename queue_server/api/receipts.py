@@ -11,14 +11,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Path, Request
 from pydantic import BaseModel, Field
 from starlette.responses import Response
 
 from queue_server import views
 from queue_server.api import schemas
 from queue_server.api.deps import PROBLEMS, Caller, ReceiptsService, TenantName, respond
-from queue_server.policy import policy_document
+from queue_server.policy import ReliabilityPolicy
 
 router = APIRouter(prefix="/v1", responses=PROBLEMS)
 
@@ -102,7 +102,10 @@ async def get_receipt(
 
 
 @router.get("/policy", tags=["policy"])
-async def get_policy() -> Response:
-    """`operation-reliability.v2`: six operation classes by ten dimensions. Needs no key:
-    it is the contract every client obeys, and holds no tenant data."""
-    return Response(views.dumps(policy_document()), media_type="application/json")
+async def get_policy(request: Request) -> Response:
+    """The loaded reliability policy: six operation classes by ten dimensions, and under
+    `loaded` its version, digest and source. Needs no key: it is the contract every
+    client obeys, and holds no tenant data."""
+    policy: ReliabilityPolicy = request.app.state.policy
+    document = {**policy.as_document(), "loaded": policy.loaded()}
+    return Response(views.dumps(document), media_type="application/json")

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from queue_server.client import QueueClient, QueueClientError
+from queue_server.policy import PolicyError, ReliabilityPolicy
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -61,6 +62,18 @@ DataDir = Annotated[
     ),
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+PolicyFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--policy",
+        envvar="QUEUE_SERVER_POLICY",
+        help="The operation-reliability policy document to run under (the JSON"
+        " `queue-server policy show --json` prints; it may tighten the built-in"
+        " operation-reliability.v2, never loosen it). Default: the built-in one.",
+        show_default=False,
+        dir_okay=False,
+    ),
+]
 
 
 class CommandError(Exception):
@@ -103,6 +116,19 @@ class CLI(typer.Typer):
         except CommandError as exc:
             report_error(exc.title, exc.detail)
             sys.exit(1)
+        except PolicyError as exc:
+            report_error("Reliability policy refused", str(exc))
+            sys.exit(1)
+
+
+def process_policy(path: Path | None) -> ReliabilityPolicy:
+    """The policy this process runs under (--policy, QUEUE_SERVER_POLICY or the built-in one).
+
+    A document that breaks the loader's rules stops the command with each cell named.
+    """
+    from queue_server.policy import runtime_policy
+
+    return runtime_policy(path)
 
 
 def _key_from_data_dir(data_dir: Path | None) -> str | None:

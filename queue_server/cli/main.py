@@ -24,7 +24,7 @@ from queue_server.cli import (
     watchers,
     work,
 )
-from queue_server.cli.common import CLI
+from queue_server.cli.common import CLI, PolicyFile, process_policy
 
 app = CLI(
     name="queue-server",
@@ -79,6 +79,7 @@ def serve(
     workers: Annotated[int, typer.Option(min=1, help="uvicorn worker processes.")] = 1,
     data_dir: DataDir = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    policy_file: PolicyFile = None,
 ) -> None:
     """Serve the REST API.
 
@@ -100,6 +101,12 @@ def serve(
     settings = Settings()
     if data_dir is not None:
         settings = settings.model_copy(update={"data_dir": data_dir})
+    # Loaded and checked before anything starts: a bad document or a setting above
+    # the envelope stops the server here, naming the cell.
+    policy = process_policy(policy_file)
+    settings.bounded_by(policy)
+    if policy_file is not None:
+        os.environ["QUEUE_SERVER_POLICY"] = str(policy_file.resolve())
     try:
         with database(settings) as db:
             secret = ensure_admin_key(settings, db.url)
@@ -113,6 +120,7 @@ def serve(
                 "embedded PostgreSQL in " + str(db.embedded.pgdata) if db.embedded else "external"
             )
             typer.echo(f"queue-server {__version__} on http://{host}:{port} ({where} database)")
+            typer.echo(f"policy {policy.describe()}")
             os.environ["QUEUE_SERVER_DATABASE_URL"] = db.url
             os.environ["QUEUE_SERVER_DATA_DIR"] = str(settings.data_dir)
             _run_uvicorn(host=host, port=port, workers=workers, log_level=log_level)

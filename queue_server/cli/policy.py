@@ -11,10 +11,12 @@ from queue_server.cli.common import (
     DataDir,
     Json,
     Key,
+    PolicyFile,
     Url,
     connect,
     console,
     print_json,
+    process_policy,
     table,
 )
 from queue_server.client import DEFAULT_URL
@@ -33,24 +35,29 @@ def show(
     key: Key = None,
     data_dir: DataDir = None,
     as_json: Json = False,
+    policy_file: PolicyFile = None,
 ) -> None:
-    """Print operation-reliability.v2: every class by every dimension.
+    """Print the reliability policy: every class by every dimension. Without --from-server,
+    the one this machine's processes would load (--policy FILE or QUEUE_SERVER_POLICY, else
+    the built-in operation-reliability.v2), validated; its --json output is a document that
+    --policy accepts, to edit into a tighter policy of one's own.
 
-    Example: [bold]queue-server policy show[/bold]
+    Example: [bold]queue-server policy show --json > my-policy.json[/bold]
     """
-    from queue_server.policy import load_policy, policy_document
+    from queue_server.policy import load_policy
 
     if from_server:
         with connect(url, key, data_dir) as client:
             document = client.policy()
         policy = load_policy(document)  # the server's copy must validate too
+        document.pop("loaded", None)
     else:
-        document = policy_document()
-        policy = load_policy(document)
+        policy = process_policy(policy_file)
+        document = policy.as_document()
     if as_json:
         print_json(document)
         return
-    table(str(document.get("policy", "policy")), ["class", "dimension", "value"], policy.rows())
+    table(policy.version, ["class", "dimension", "value"], policy.rows())
 
 
 @app.command("verify")

@@ -16,12 +16,14 @@ from queue_server.cli.common import (
     DataDir,
     Json,
     Key,
+    PolicyFile,
     Tenant,
     Url,
     console,
     fail,
     fields,
     print_json,
+    process_policy,
     table,
     tenant_session,
 )
@@ -335,6 +337,7 @@ def deliver(
             help="The embedded server's data directory (used without a database URL).",
         ),
     ] = None,
+    policy_file: PolicyFile = None,
 ) -> None:
     """Send due webhook deliveries from the outbox (run as many as you like).
 
@@ -358,8 +361,11 @@ def deliver(
     if allow:
         update["transport_allow"] = [*settings.transport_allow, *allow]
     settings = settings.model_copy(update=update)
+    policy = process_policy(policy_file)
+    settings.bounded_by(policy)
     database_url = settings.database_url or _embedded_url(settings.data_dir)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.getLogger(__name__).info("policy %s", policy.describe())
     # Each attempt is logged by delivery key and outcome; never a secret or a URL path.
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
@@ -368,7 +374,7 @@ def deliver(
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        async with Deliverer(settings, database_url) as deliverer:
+        async with Deliverer(settings, database_url, policy=policy) as deliverer:
             if once:
                 report = await deliverer.run_once()
                 typer.echo(

@@ -21,7 +21,17 @@ from rich.live import Live
 from rich.markup import escape
 from rich.text import Text
 
-from queue_server.cli.common import DataDir, Key, Tenant, Url, err_console, fail, tenant_session
+from queue_server.cli.common import (
+    DataDir,
+    Key,
+    PolicyFile,
+    Tenant,
+    Url,
+    err_console,
+    fail,
+    process_policy,
+    tenant_session,
+)
 from queue_server.client import DEFAULT_URL, Job, Outcome, Requeue, Result, TransientError, Worker
 from queue_server.client.worker import default_worker_name
 
@@ -127,8 +137,14 @@ def work(
         int, typer.Option(min=1, help="Items at once; never above the queue's limit.")
     ] = 1,
     lease_ttl: Annotated[
-        float, typer.Option(min=1, max=3600, help="Lease TTL (s); heartbeats every third.")
-    ] = 30.0,
+        float | None,
+        typer.Option(
+            min=1,
+            help="Lease TTL (s); heartbeats every third. Default and ceiling: the policy's"
+            " durable-leased-work attempt timeout (30 s in v2).",
+            show_default=False,
+        ),
+    ] = None,
     grace: Annotated[
         float, typer.Option(min=0, help="On SIGTERM/Ctrl-C: seconds a running command gets.")
     ] = 30.0,
@@ -143,6 +159,7 @@ def work(
     tenant: Tenant = None,
     data_dir: DataDir = None,
     json: Annotated[bool, typer.Option("--json", help="One JSON line per item.")] = False,
+    policy_file: PolicyFile = None,
 ) -> None:
     """Run COMMAND for every item of QUEUE, with leases, heartbeats and fences.
 
@@ -161,6 +178,8 @@ def work(
     program = command[0]
     if shutil.which(program) is None:
         fail("Command not found", f"{program!r} is not an executable file or on PATH")
+    policy = process_policy(policy_file)
+    err_console.print(f"policy {policy.describe()}", highlight=False)
     with tenant_session(url, key, data_dir, tenant) as qs:
         progress = Progress()
         worker = Worker(
@@ -171,6 +190,7 @@ def work(
             lease_ttl=lease_ttl,
             wait=wait,
             concurrency=concurrency,
+            policy=policy,
         )
         live = err_console.is_terminal and not json
         if json:

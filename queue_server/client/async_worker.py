@@ -42,6 +42,7 @@ from queue_server.client.working import (
     verdict,
     want,
 )
+from queue_server.policy import ReliabilityPolicy, at_most, runtime_policy
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ class AsyncWorker:
         handler: AsyncHandler,
         *,
         name: str | None = None,
-        lease_ttl: float = 30.0,
+        lease_ttl: float | None = None,
         heartbeat_fraction: float = 1 / 3,
         wait: float = 5.0,
         concurrency: int = 1,
@@ -91,6 +92,7 @@ class AsyncWorker:
         max_batch: int = 100,
         limit_refresh: float = 10.0,
         on_result: Callable[[Result], None] | None = None,
+        policy: ReliabilityPolicy | None = None,
     ) -> None:
         if not 0 < heartbeat_fraction < 1:
             raise ValueError("heartbeat_fraction must be between 0 and 1")
@@ -100,8 +102,17 @@ class AsyncWorker:
         self.queue = queue
         self.handler = handler
         self.name = name or default_worker_name()
-        self.lease_ttl = lease_ttl
-        self.heartbeat_interval = lease_ttl * heartbeat_fraction
+        # Leased work runs under the loaded policy: the lease TTL is at most the class's
+        # attempt timeout (the policy's when not given); above it is a PolicyError here.
+        self.policy = policy or runtime_policy()
+        leased = self.policy.leased_work
+        self.lease_ttl: float = at_most(
+            lease_ttl,
+            leased.attempt_timeout,
+            setting="lease_ttl",
+            cell=leased.cell("attempt_timeout"),
+        )
+        self.heartbeat_interval = self.lease_ttl * heartbeat_fraction
         self.wait = wait
         self.concurrency = max(1, concurrency)
         self.linger = linger
@@ -239,6 +250,7 @@ class AsyncWorker:
         handlers get `grace` seconds; SIGINT/SIGTERM stop gracefully when
         `handle_signals` (main thread only), a second signal at once.
         """
+        log.info("worker %s on %s under policy %s", self.name, self.queue, self.policy.describe())
         async with self._signals(handle_signals), self._services():
             self._closing = False
             self._started = 0

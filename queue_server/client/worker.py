@@ -51,6 +51,7 @@ from queue_server.client.working import (
     verdict,
     want,
 )
+from queue_server.policy import ReliabilityPolicy, at_most, runtime_policy
 
 __all__ = [
     "Handler",
@@ -106,7 +107,7 @@ class Worker:
         handler: Handler,
         *,
         name: str | None = None,
-        lease_ttl: float = 30.0,
+        lease_ttl: float | None = None,
         heartbeat_fraction: float = 1 / 3,
         wait: float = 5.0,
         concurrency: int = 1,
@@ -115,6 +116,7 @@ class Worker:
         max_batch: int = 100,
         limit_refresh: float = 10.0,
         on_result: Callable[[Result], None] | None = None,
+        policy: ReliabilityPolicy | None = None,
     ) -> None:
         if not 0 < heartbeat_fraction < 1:
             raise ValueError("heartbeat_fraction must be between 0 and 1")
@@ -124,8 +126,17 @@ class Worker:
         self.queue = queue
         self.handler = handler
         self.name = name or default_worker_name()
-        self.lease_ttl = lease_ttl
-        self.heartbeat_interval = lease_ttl * heartbeat_fraction
+        # Leased work runs under the loaded policy: the lease TTL is at most the class's
+        # attempt timeout (the policy's when not given); above it is a PolicyError here.
+        self.policy = policy or runtime_policy()
+        leased = self.policy.leased_work
+        self.lease_ttl: float = at_most(
+            lease_ttl,
+            leased.attempt_timeout,
+            setting="lease_ttl",
+            cell=leased.cell("attempt_timeout"),
+        )
+        self.heartbeat_interval = self.lease_ttl * heartbeat_fraction
         self.wait = wait
         self.concurrency = max(1, concurrency)
         self.linger = linger
@@ -277,6 +288,7 @@ class Worker:
             threading.Thread(target=self._slot, name=f"job-{n}", daemon=True)
             for n in range(self.concurrency)
         ]
+        log.info("worker %s on %s under policy %s", self.name, self.queue, self.policy.describe())
         with self._signals(handle_signals), self._services():
             self._closing = False
             self._started = 0

@@ -1,6 +1,10 @@
 """`operation-reliability.v2`: the reliability policy as data, its enforcement, and its verifier.
 
-Pure Python: no database and no HTTP. The server serves `policy_document()` at
+Pure Python: no database and no HTTP. Every process loads one policy at start
+with `runtime_policy()` (built-in v2, or --policy FILE / QUEUE_SERVER_POLICY) and
+reads each value where it is enforced through the typed views:
+`policy.leased_work.attempt_cap`, `policy.delivery.outbox_cap`, ... (`values.py`).
+`at_most` bounds a setting by its cell. The server serves the loaded document at
 GET /v1/policy and calls `admit_operation` before dispatch; the clients build
 their retries, circuits and gates from the cells through this package.
 """
@@ -58,6 +62,15 @@ from queue_server.policy.retry import (
     retrying_for,
     wait_for,
 )
+from queue_server.policy.runtime import POLICY_ENV, at_most, load_policy_file, runtime_policy
+from queue_server.policy.values import (
+    Delivery,
+    Dependency,
+    LeasedWork,
+    Mutation,
+    Turn,
+    Verification,
+)
 from queue_server.policy.verifier import (
     CancellationVerdict,
     ContractFailure,
@@ -70,6 +83,7 @@ __all__ = [
     "BINDINGS",
     "DECISIONS",
     "MAX_ATTEMPTS",
+    "POLICY_ENV",
     "POLICY_NAME",
     "Admission",
     "AdmissionRefused",
@@ -86,11 +100,15 @@ __all__ = [
     "ContractFailure",
     "ContractReport",
     "DecisionBinding",
+    "Delivery",
+    "Dependency",
     "Dimension",
     "DisconnectAuthority",
     "DisconnectOutcome",
     "FailureClass",
     "InMemoryReceiptStore",
+    "LeasedWork",
+    "Mutation",
     "MutationReport",
     "MutationStatus",
     "NotApplicable",
@@ -108,9 +126,12 @@ __all__ = [
     "RefusalReason",
     "ReliabilityPolicy",
     "RunCheckpoints",
+    "Turn",
+    "Verification",
     "admit_backlog",
     "admit_operation",
     "async_retrying_for",
+    "at_most",
     "backoff_schedule",
     "cell_name",
     "classify_failure",
@@ -118,10 +139,12 @@ __all__ = [
     "default_policy",
     "describe_cell",
     "load_policy",
+    "load_policy_file",
     "next_delivery_at",
     "policy_document",
     "retrying_for",
     "run_key",
+    "runtime_policy",
     "verify_cancellation_rule",
     "verify_contract",
     "wait_for",

@@ -32,6 +32,7 @@ from queue_server.policy.model import (
     OperationClass,
     QueueReacquisition,
     ReliabilityPolicy,
+    RequeueDelay,
     Resumability,
     RetryAttempts,
     cell_name,
@@ -46,7 +47,7 @@ _KINDS: dict[Dimension, dict[str | None, type[Cell]]] = {
     D.DEADLINE: {None: Deadline},
     D.ATTEMPT_TIMEOUT: {None: AttemptTimeout},
     D.RETRY: {"attempts": RetryAttempts, "queue-reacquisition": QueueReacquisition},
-    D.BACKOFF_AND_JITTER: {None: Backoff},
+    D.BACKOFF_AND_JITTER: {None: Backoff, "requeue-delay": RequeueDelay},
     D.CIRCUIT_BREAKING: {
         "circuit-breaker": CircuitBreakerPolicy,
         "isolation-boundary": IsolationBoundary,
@@ -132,9 +133,13 @@ def _check_retry(cls: OC, cp: ClassPolicy, problems: Problems) -> None:
             problems.append(
                 (r_cell, "each re-acquisition advances the fence and acquisition count")
             )
-        if not isinstance(backoff, NotApplicable):
-            problems.append((b_cell, "queue re-acquisition has no client backoff"))
+        if isinstance(backoff, Backoff):
+            problems.append(
+                (b_cell, "queue re-acquisition has no client backoff: at most a requeue-delay cap")
+            )
         return
+    if isinstance(backoff, RequeueDelay):
+        problems.append((b_cell, "requeue-delay applies to queue re-acquisition only"))
     n = retry.max_attempts
     if not 1 <= n <= MAX_ATTEMPTS:
         problems.append(
@@ -153,7 +158,7 @@ def _check_retry(cls: OC, cp: ClassPolicy, problems: Problems) -> None:
         )
     if n > 1 and isinstance(backoff, NotApplicable):
         problems.append((b_cell, "retries need capped exponential backoff"))
-    if n == 1 and isinstance(backoff, Backoff):
+    if n == 1 and not isinstance(backoff, NotApplicable):
         problems.append((b_cell, "a single attempt has no backoff: mark it not-applicable"))
     if isinstance(backoff, Backoff) and 1 <= n <= MAX_ATTEMPTS:
         delays = sum(
@@ -266,18 +271,133 @@ def _check_class(cls: OC, cp: ClassPolicy, problems: Problems) -> None:
     _check_identity(cls, cp, problems)
 
 
-def load_policy(raw: Mapping[str, Any] | None = None) -> ReliabilityPolicy:
-    """Validate a policy document (the canonical v2 literal by default) and return it typed."""
-    source: Mapping[str, Any] = OPERATION_RELIABILITY_V2 if raw is None else raw
+# Cells that carry identity, fencing and outcome observability: a loaded document
+# restates them exactly (ADR Consequences: weakening them needs a new decision).
+_FIXED = (D.IDEMPOTENCY_AND_FENCING, D.CANCELLATION, D.RESUMABILITY)
+
+
+def _over(problems: Problems, cell: str, what: str, value: float, ceiling: float) -> None:
+    if value > ceiling:
+        problems.append(
+            (
+                cell,
+                f"{what} {value:g} exceeds the {POLICY_NAME} envelope of {ceiling:g}:"
+                " a loaded policy may tighten a value, never loosen it",
+            )
+        )
+
+
+def _check_envelope(cls: OC, cp: ClassPolicy, base: ClassPolicy, problems: Problems) -> None:
+    """`cp` stays inside `base` (the built-in class): same kinds, no value above its ceiling."""
+    for dim in D:
+        mine, theirs = cp.cell(dim), base.cell(dim)
+        name = cell_name(cls, dim)
+        if type(mine) is not type(theirs):
+            problems.append(
+                (name, f"is {_kind_of(theirs)} in {POLICY_NAME}; a loaded policy keeps its kind")
+            )
+            continue
+        if dim in _FIXED and mine.model_dump(exclude={"note"}) != theirs.model_dump(
+            exclude={"note"}
+        ):
+            problems.append(
+                (name, f"identity, fencing and outcome observability stay as in {POLICY_NAME}")
+            )
+    _over(
+        problems, cell_name(cls, D.DEADLINE), "seconds", cp.deadline.seconds, base.deadline.seconds
+    )
+    _over(
+        problems,
+        cell_name(cls, D.ATTEMPT_TIMEOUT),
+        "seconds",
+        cp.attempt_timeout.seconds,
+        base.attempt_timeout.seconds,
+    )
+    retry, base_retry = cp.retry, base.retry
+    r_cell = cell_name(cls, D.RETRY)
+    if isinstance(retry, QueueReacquisition) and isinstance(base_retry, QueueReacquisition):
+        _over(
+            problems,
+            r_cell,
+            "max-acquisitions",
+            retry.max_acquisitions,
+            base_retry.max_acquisitions,
+        )
+    if isinstance(retry, RetryAttempts) and isinstance(base_retry, RetryAttempts):
+        _over(problems, r_cell, "max-attempts", retry.max_attempts, base_retry.max_attempts)
+        extra = sorted(set(retry.retryable) - set(base_retry.retryable))
+        if extra:
+            problems.append(
+                (r_cell, f"retries {', '.join(extra)}, which {POLICY_NAME} does not retry")
+            )
+    backoff, base_backoff = cp.backoff_and_jitter, base.backoff_and_jitter
+    b_cell = cell_name(cls, D.BACKOFF_AND_JITTER)
+    if isinstance(backoff, Backoff | RequeueDelay) and isinstance(
+        base_backoff, Backoff | RequeueDelay
+    ):
+        _over(problems, b_cell, "max-seconds", backoff.max_seconds, base_backoff.max_seconds)
+        if backoff.jitter != base_backoff.jitter:
+            problems.append((b_cell, f"jitter stays {base_backoff.jitter}"))
+    circuit, base_circuit = cp.circuit_breaking, base.circuit_breaking
+    if isinstance(circuit, CircuitBreakerPolicy) and isinstance(base_circuit, CircuitBreakerPolicy):
+        _over(
+            problems,
+            cell_name(cls, D.CIRCUIT_BREAKING),
+            "failure-threshold",
+            circuit.failure_threshold,
+            base_circuit.failure_threshold,
+        )
+    bp_cell = cell_name(cls, D.BACKPRESSURE)
+    if cp.backpressure.mechanism != base.backpressure.mechanism:
+        problems.append((bp_cell, f"the mechanism stays {base.backpressure.mechanism}"))
+    _over(problems, bp_cell, "max-queued", cp.backpressure.max_queued, base.backpressure.max_queued)
+    c_cell = cell_name(cls, D.CONCURRENCY)
+    if cp.concurrency.scope != base.concurrency.scope:
+        problems.append((c_cell, f"the scope stays {base.concurrency.scope}"))
+    _over(problems, c_cell, "limit", cp.concurrency.limit, base.concurrency.limit)
+
+
+def _kind_of(cell: Cell) -> str:
+    if isinstance(cell, NotApplicable):
+        return "not-applicable"
+    kind = getattr(cell, "kind", None)
+    return repr(kind) if kind else type(cell).__name__
+
+
+# Keys of a document besides its classes: `revision` labels a document of one's own;
+# `loaded` is what GET /v1/policy adds about the server's copy, and is not policy data.
+_TOP_LEVEL = frozenset({"policy", "revision", "dimensions", "classes", "loaded"})
+
+
+def load_policy(
+    raw: Mapping[str, Any] | None = None,
+    *,
+    source: str = "built-in",
+    bounded: bool = True,
+) -> ReliabilityPolicy:
+    """Validate a policy document (the canonical v2 literal by default) and return it typed.
+
+    A document other than the canonical literal must also stay inside the canonical
+    policy's envelope: same kinds, identity cells as they are, and no value above
+    its ceiling. `bounded=False` checks only totality and the ADR's rules, as for a
+    versioned edit of `v2.py` itself. Every problem names its cell.
+    """
+    source_doc: Mapping[str, Any] = OPERATION_RELIABILITY_V2 if raw is None else raw
     problems: Problems = []
-    if source.get("policy") != POLICY_NAME:
-        problems.append(("policy", f"expected {POLICY_NAME!r}, got {source.get('policy')!r}"))
-    for key in source:
-        if key not in {"policy", "classes", "dimensions"}:
+    if not isinstance(source_doc, Mapping):
+        raise PolicyError([("document", f"a policy is a JSON object, got {type(raw).__name__}")])
+    if source_doc.get("policy") != POLICY_NAME:
+        problems.append(("policy", f"expected {POLICY_NAME!r}, got {source_doc.get('policy')!r}"))
+    for key in source_doc:
+        if key not in _TOP_LEVEL:
             problems.append((str(key), "unknown top-level key"))
-    if "dimensions" in source and list(source["dimensions"]) != [d.value for d in D]:
+    revision = source_doc.get("revision")
+    if revision is not None and not (isinstance(revision, str) and revision.strip()):
+        problems.append(("revision", "a revision is a non-empty string"))
+        revision = None
+    if "dimensions" in source_doc and list(source_doc["dimensions"]) != [d.value for d in D]:
         problems.append(("dimensions", "the dimensions are exactly the ten of the policy"))
-    classes = source.get("classes")
+    classes = source_doc.get("classes")
     if not isinstance(classes, Mapping):
         raise PolicyError([*problems, ("classes", "missing: a mapping of operation classes")])
     for cls_name in classes:
@@ -288,6 +408,7 @@ def load_policy(raw: Mapping[str, Any] | None = None) -> ReliabilityPolicy:
                     "unknown operation class: a new class requires a versioned policy edit",
                 )
             )
+    base = default_policy() if raw is not None and bounded else None
     parsed: dict[OperationClass, ClassPolicy] = {}
     for cls in OC:
         raw_class = classes.get(cls.value)
@@ -315,10 +436,16 @@ def load_policy(raw: Mapping[str, Any] | None = None) -> ReliabilityPolicy:
             continue
         class_policy = ClassPolicy.model_validate(cells)
         _check_class(cls, class_policy, problems)
+        if base is not None:
+            # One message per cell: the ADR's rule, when a cell breaks one, says enough.
+            outside: Problems = []
+            _check_envelope(cls, class_policy, base.for_class(cls), outside)
+            named = {cell for cell, _ in problems}
+            problems.extend(p for p in outside if p[0] not in named)
         parsed[cls] = class_policy
     if problems:
         raise PolicyError(problems)
-    return ReliabilityPolicy(name=POLICY_NAME, classes=parsed)
+    return ReliabilityPolicy(name=POLICY_NAME, classes=parsed, source=source, revision=revision)
 
 
 @cache
@@ -328,5 +455,5 @@ def default_policy() -> ReliabilityPolicy:
 
 
 def policy_document() -> dict[str, Any]:
-    """The canonical policy as a JSON-ready dict, as GET /v1/policy serves it."""
+    """The canonical policy as a JSON-ready dict (what `policy show --json` prints)."""
     return default_policy().as_document()

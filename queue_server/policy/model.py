@@ -7,12 +7,16 @@ used in the policy document. A mechanism that is meaningless at a boundary is
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+
+from queue_server.policy import values
 
 POLICY_NAME = "operation-reliability.v2"
 MAX_ATTEMPTS = 5
@@ -180,6 +184,16 @@ class Backoff(Cell):
     note: str = ""
 
 
+class RequeueDelay(Cell):
+    """Leased work's only delay: a holder may ask requeue or triage to hold the item this long
+    (at most `max-seconds`); re-acquisition stays a zero-delay queue decision after it."""
+
+    kind: Literal["requeue-delay"] = "requeue-delay"
+    max_seconds: Seconds
+    jitter: Literal["none"] = "none"
+    note: str = ""
+
+
 class CircuitBreakerPolicy(Cell):
     """The canonical circuit breaker's configuration for a class."""
 
@@ -281,7 +295,7 @@ class ClassPolicy(BaseModel):
     deadline: Deadline
     attempt_timeout: AttemptTimeout
     retry: RetryAttempts | QueueReacquisition
-    backoff_and_jitter: Backoff | NotApplicable
+    backoff_and_jitter: Backoff | RequeueDelay | NotApplicable
     circuit_breaking: CircuitBreakerPolicy | IsolationBoundary | NotApplicable
     backpressure: Backpressure
     concurrency: Concurrency
@@ -296,10 +310,19 @@ class ClassPolicy(BaseModel):
 
 @dataclass(frozen=True)
 class ReliabilityPolicy:
-    """The loaded, validated policy: every class has all ten cells."""
+    """The loaded, validated policy: every class has all ten cells.
+
+    `source` says where it was loaded from ("built-in" or a file path) and
+    `revision` is the document's own optional label; `version` and `digest`
+    identify the loaded document in GET /v1/policy, /readyz and start-up logs.
+    The typed views (`leased_work`, `delivery`, ...) are the values each
+    enforcement point reads.
+    """
 
     name: str
     classes: Mapping[OperationClass, ClassPolicy]
+    source: str = "built-in"
+    revision: str | None = None
 
     def for_class(self, operation_class: OperationClass | str) -> ClassPolicy:
         return self.classes[as_operation_class(operation_class)]
@@ -316,12 +339,62 @@ class ReliabilityPolicy:
         ]
 
     def as_document(self) -> dict[str, Any]:
-        """The policy as a JSON-ready dict (served at GET /v1/policy); `load_policy` accepts it back."""
-        return {
-            "policy": self.name,
-            "dimensions": [d.value for d in Dimension],
-            "classes": {
-                c.value: self.classes[c].model_dump(mode="json", by_alias=True)
-                for c in OperationClass
-            },
+        """The policy as a JSON-ready dict (`policy show --json`); `load_policy` accepts it back."""
+        document: dict[str, Any] = {"policy": self.name}
+        if self.revision is not None:
+            document["revision"] = self.revision
+        document["dimensions"] = [d.value for d in Dimension]
+        document["classes"] = {
+            c.value: self.classes[c].model_dump(mode="json", by_alias=True) for c in OperationClass
         }
+        return document
+
+    @property
+    def version(self) -> str:
+        """The policy's version: its name, plus the document's revision label if it has one."""
+        return self.name if self.revision is None else f"{self.name}+{self.revision}"
+
+    @property
+    def digest(self) -> str:
+        """sha256 of the canonical JSON of the document: two processes with the same digest
+        enforce the same cells."""
+        canonical = json.dumps(self.as_document(), sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+    def loaded(self) -> dict[str, str]:
+        """What was loaded, for GET /v1/policy, /readyz and start-up logs."""
+        return {
+            "version": self.version,
+            "digest": self.digest,
+            "source": "built-in" if self.source == "built-in" else "file",
+        }
+
+    def describe(self) -> str:
+        """One line for start-up logs: version, source and a short digest."""
+        return f"{self.version} ({self.source}, {self.digest[:19]})"
+
+    # -- the values each enforcement point reads ----------------------------------
+
+    @property
+    def leased_work(self) -> values.LeasedWork:
+        return values.LeasedWork.of(self.for_class(OperationClass.DURABLE_LEASED_WORK))
+
+    @property
+    def delivery(self) -> values.Delivery:
+        return values.Delivery.of(self.for_class(OperationClass.WATCHER_DELIVERY))
+
+    @property
+    def verification(self) -> values.Verification:
+        return values.Verification.of(self.for_class(OperationClass.ARTIFACT_VERIFICATION))
+
+    @property
+    def mutation(self) -> values.Mutation:
+        return values.Mutation.of(self.for_class(OperationClass.CONFIRMED_MUTATION))
+
+    @property
+    def dependency(self) -> values.Dependency:
+        return values.Dependency.of(self.for_class(OperationClass.READ_ONLY_DEPENDENCY))
+
+    @property
+    def turn(self) -> values.Turn:
+        return values.Turn.of(self.for_class(OperationClass.INTERACTIVE_TURN))

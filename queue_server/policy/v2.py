@@ -160,7 +160,11 @@ OPERATION_RELIABILITY_V2: dict[str, Any] = {
                 "note": "no automatic retry loop: each re-acquisition is a queue decision",
             },
             "backoff-and-jitter": {
-                "not-applicable": "re-acquisition is zero-delay and decided by the queue"
+                "kind": "requeue-delay",
+                "max-seconds": 300,
+                "jitter": "none",
+                "note": "a holder may ask requeue or triage(requeue) for a delay up to this cap "
+                "(default 0); re-acquisition stays a queue decision that raises the fence",
             },
             "circuit-breaking": {
                 "kind": "isolation-boundary",

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from queue_server.db import Database
 from queue_server.idempotency import Effects
 from queue_server.infra.metrics import Metrics
+from queue_server.policy import ReliabilityPolicy, runtime_policy
 from queue_server.services.dead_letters import DeadLetters
 from queue_server.services.items import Items, Wakeups
 from queue_server.services.keys import Keys
@@ -62,8 +63,17 @@ class Services:
 
     @classmethod
     def build(
-        cls, settings: Settings, db: Database, *, keys: Keys, wakeups: Wakeups, metrics: Metrics
+        cls,
+        settings: Settings,
+        db: Database,
+        *,
+        keys: Keys,
+        wakeups: Wakeups,
+        metrics: Metrics,
+        policy: ReliabilityPolicy | None = None,
     ) -> Services:
+        """Every service, under `policy` (default: the one `settings.policy` names)."""
+        policy = policy or runtime_policy(settings.policy or None)
         effects = Effects(
             db,
             retention=settings.idempotency_retention,
@@ -72,7 +82,7 @@ class Services:
         return cls(
             keys=keys,
             tenants=Tenants(db),
-            items=Items(db, effects, settings, wakeups=wakeups, metrics=metrics),
+            items=Items(db, effects, settings, wakeups=wakeups, metrics=metrics, policy=policy),
             queues=Queues(db, effects),
             dead_letters=DeadLetters(db, effects),
             ledgers=Ledgers(db),

@@ -17,6 +17,7 @@ from queue_server.db import Database
 from queue_server.idempotency import Answer, Effects, Idempotency
 from queue_server.infra.metrics import Metrics
 from queue_server.models import Role, is_uuid, uuid7
+from queue_server.policy import ReliabilityPolicy
 from queue_server.services.common import WORKER_OR_OPERATOR, require_item_id
 from queue_server.settings import Settings
 from queue_server.store import reads, tenants, transitions
@@ -62,8 +63,10 @@ class Items:
         *,
         wakeups: Wakeups,
         metrics: Metrics,
+        policy: ReliabilityPolicy,
     ) -> None:
         self.db = db
+        self.policy = policy
         self.effects = effects
         self.settings = settings
         self.wakeups = wakeups

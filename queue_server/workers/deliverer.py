@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 
 from queue_server.db import Database
-from queue_server.policy import backoff_schedule
+from queue_server.policy import ReliabilityPolicy, backoff_schedule, runtime_policy
 from queue_server.settings import Settings
 from queue_server.store import outbox, watchers
 from queue_server.store.types import Row
@@ -84,8 +84,15 @@ class Deliverer:
         budget: Budget | None = None,
         resolver: Resolver | None = None,
         on_claimed: Callable[[list[Row]], None] | None = None,
+        policy: ReliabilityPolicy | None = None,
     ) -> None:
         self.settings = settings
+        self.policy = policy or runtime_policy(settings.policy or None)
+        settings.bounded_by(self.policy)
+        delivery = self.policy.delivery
+        # Settings may lower the policy's values, never raise them (checked just above).
+        self.concurrency = settings.delivery_concurrency or delivery.concurrency
+        self.attempt_timeout = settings.delivery_attempt_timeout or delivery.attempt_timeout
         self.budget = budget or Budget(
             max_requests=settings.delivery_batch_size,
             max_response_bytes=settings.delivery_max_response_bytes,
@@ -95,8 +102,8 @@ class Deliverer:
         self.delays = schedule(settings.delivery_backoff_scale)
         self.max_attempts = len(self.delays) + 1
         # Resolution and the request each get the attempt timeout; a claim outlives both.
-        self.claim_lease = timedelta(seconds=2 * settings.delivery_attempt_timeout + 1)
-        self.db = Database.for_deliverer(settings, conninfo)
+        self.claim_lease = timedelta(seconds=2 * self.attempt_timeout + 1)
+        self.db = Database.for_deliverer(settings, conninfo, concurrency=self.concurrency)
 
     async def open(self) -> None:
         await self.db.open(wait=True)
@@ -129,7 +136,7 @@ class Deliverer:
         broker = TransportBroker(
             budget=self.budget,
             allow=self.settings.transport_allow,
-            request_timeout=self.settings.delivery_attempt_timeout,
+            request_timeout=self.attempt_timeout,
             max_receipts=max(self.settings.delivery_batch_size, 1) * 2,
             retain_bytes=RESPONSE_PREFIX,
             resolver=self.resolver,
@@ -150,7 +157,7 @@ class Deliverer:
         groups: dict[tuple[str, str], list[Row]] = {}
         for row in rows:
             groups.setdefault((row["tenant_id"], str(row["watcher_id"])), []).append(row)
-        gate = asyncio.Semaphore(self.settings.delivery_concurrency)
+        gate = asyncio.Semaphore(self.concurrency)
 
         async def send_group(group: list[Row]) -> None:
             async with gate:
@@ -193,7 +200,7 @@ class Deliverer:
             delivery_key=row["delivery_key"],
             body=orjson.dumps(row["body"]),
             timestamp=row["claimed_at"],
-            timeout=self.settings.delivery_attempt_timeout,
+            timeout=self.attempt_timeout,
         )
         try:
             result = await broker.dispatch(request)

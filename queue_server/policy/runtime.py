@@ -1,0 +1,76 @@
+"""The policy a process runs under: loaded once at start, from a file or built in.
+
+Every process (`queue-server serve`, `deliver`, `work`, the SDK) calls
+`runtime_policy()` once: `--policy FILE` wins, else QUEUE_SERVER_POLICY, else the
+built-in `operation-reliability.v2`. The file is the JSON that `queue-server
+policy show --json` prints; it must be total, obey the ADR and stay inside the
+built-in envelope, or `PolicyError` names each offending cell and the process
+stops. Then each enforcement point reads its value through the typed views
+(`policy.leased_work.attempt_cap`, `policy.delivery.outbox_cap`, ...).
+
+A setting or option may lower a value, never raise it: `at_most` returns the
+value to use (the policy's when the setting is unset) and raises `PolicyError`
+naming the setting and the cell when it is above the ceiling.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TypeVar
+
+from queue_server.policy.errors import PolicyError
+from queue_server.policy.loader import default_policy, load_policy
+from queue_server.policy.model import ReliabilityPolicy
+
+POLICY_ENV = "QUEUE_SERVER_POLICY"
+
+N = TypeVar("N", int, float)
+
+
+def load_policy_file(path: str | Path) -> ReliabilityPolicy:
+    """The policy document in `path`, validated; `PolicyError` names what is wrong."""
+    file = Path(path)
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        raise PolicyError([("document", f"cannot read {file}: {exc.strerror or exc}")]) from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PolicyError([("document", f"{file} is not JSON: {exc}")]) from None
+    return load_policy(raw, source=str(file))
+
+
+def runtime_policy(
+    path: str | Path | None = None, *, environ: Mapping[str, str] | None = None
+) -> ReliabilityPolicy:
+    """The policy for this process: `path`, else $QUEUE_SERVER_POLICY, else the built-in v2."""
+    env = os.environ if environ is None else environ
+    chosen = path or env.get(POLICY_ENV) or None
+    if chosen is None:
+        return default_policy()
+    return load_policy_file(chosen)
+
+
+def at_most(value: N | None, ceiling: N, *, setting: str, cell: str) -> N:
+    """`value` if it is within `ceiling`, the ceiling when `value` is None; above it, PolicyError.
+
+    `setting` names what asked (a setting, an option, a request field) and `cell`
+    the policy cell (`class/dimension`) it is bounded by.
+    """
+    if value is None:
+        return ceiling
+    if value > ceiling:
+        raise PolicyError(
+            [
+                (
+                    cell,
+                    f"{setting}={value:g} exceeds the policy's {ceiling:g}:"
+                    " a setting may lower a policy value, never raise it",
+                )
+            ]
+        )
+    return value

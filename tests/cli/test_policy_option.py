@@ -1,0 +1,48 @@
+"""The `--policy` option of the client commands: `work` and `policy show`."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+from queue_server.policy import policy_document
+from queue_server.policy.v2 import OPERATION_RELIABILITY_V2
+from tests.cli.conftest import Cli
+
+
+def tightened(**leased: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(OPERATION_RELIABILITY_V2)
+    doc["revision"] = "short-leases"
+    doc["classes"]["durable-leased-work"].update(leased)
+    return doc
+
+
+def write(path: Path, doc: dict[str, Any]) -> Path:
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_work_refuses_a_lease_ttl_above_the_policy_naming_the_cell(cli: Cli) -> None:
+    done = cli.run(
+        "work", "q", "--lease-ttl", "31", "--drain", "--", "true", ok=False, role="worker"
+    )
+    assert done.returncode == 1
+    assert "durable-leased-work/attempt-timeout" in done.stderr
+    assert "lease_ttl=31 exceeds the policy's 30" in done.stderr
+
+
+def test_policy_show_prints_a_document_of_ones_own_and_refuses_a_bad_one(
+    cli: Cli, tmp_path: Path
+) -> None:
+    built_in = json.loads(cli.run("policy", "show", "--json").stdout)
+    assert built_in == policy_document()
+    path = write(tmp_path / "mine.json", tightened(deadline={"seconds": 60}))
+    mine = json.loads(cli.run("policy", "show", "--json", "--policy", str(path)).stdout)
+    assert mine["revision"] == "short-leases"
+    assert mine["classes"]["durable-leased-work"]["deadline"]["seconds"] == 60
+    bad = write(tmp_path / "bad.json", tightened(deadline={"seconds": 901}))
+    refused = cli.run("policy", "show", "--policy", str(bad), ok=False)
+    assert refused.returncode == 1
+    assert "durable-leased-work/deadline" in refused.stderr
