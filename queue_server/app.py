@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse, Response
 
 from queue_server import __version__, errors
 from queue_server.api import dead_letters, ledgers, problems, queues, receipts, routes, runs
+from queue_server.api import schedules as schedule_routes
 from queue_server.api import watchers as watcher_routes
 from queue_server.api.middleware import BodyLimitAndMetrics
 from queue_server.api.schemas import Problem
@@ -26,6 +27,7 @@ from queue_server.services.keys import Keys
 from queue_server.settings import Settings
 from queue_server.store import reads
 from queue_server.workers.notifier import Notifier
+from queue_server.workers.scheduler import run_schedules_forever
 from queue_server.workers.sweeper import sweep_receipts_forever
 
 log = logging.getLogger("queue_server")
@@ -56,13 +58,22 @@ def create_app(
         log.info("queue-server %s under policy %s", __version__, policy.describe())
         await db.open()
         await notifier.start()
-        sweeper = asyncio.create_task(sweep_receipts_forever(db))
+        loops = [
+            asyncio.create_task(sweep_receipts_forever(db)),
+            asyncio.create_task(
+                run_schedules_forever(
+                    services.schedules, poll_interval=settings.schedule_poll_interval
+                )
+            ),
+        ]
         try:
             yield
         finally:
-            sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeper
+            for loop in loops:
+                loop.cancel()
+            for loop in loops:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await loop
             await notifier.stop()
             await db.close()
 
@@ -86,6 +97,7 @@ def create_app(
     app.include_router(receipts.router)
     app.include_router(runs.router)
     app.include_router(watcher_routes.router)
+    app.include_router(schedule_routes.router)
     install_console(app)
 
     @app.get("/healthz", tags=["service"])

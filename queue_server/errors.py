@@ -16,7 +16,7 @@ Every error class of the project, by family (status, code):
     ├── NotFoundError                       404 not-found
     │   ├── TenantNotFoundError, ItemNotFoundError, KeyNotFoundError,
     │   ├── DeadLetterNotFoundError, WatcherNotFoundError, DeliveryNotFoundError,
-    │   └── ReceiptNotFoundError, VerificationRunNotFoundError
+    │   └── ReceiptNotFoundError, VerificationRunNotFoundError, ScheduleNotFoundError
     ├── ConflictError                       409 conflict: the resource's state refuses it
     │   ├── LeaseRefusedError               the lease grants no authority:
     │   │   └── StaleFenceError, NotLeaseHolderError, LeaseExpiredError, ItemNotLeasedError
@@ -265,6 +265,13 @@ class VerificationRunNotFoundError(NotFoundError):
 
     code = "verification-run-not-found"
     title = "Verification run not found"
+
+
+class ScheduleNotFoundError(NotFoundError):
+    """No schedule with this name in this tenant."""
+
+    code = "schedule-not-found"
+    title = "Schedule not found"
 
 
 class TargetRefusedError(InvalidRequestError):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import time
 import uuid
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -40,3 +42,17 @@ def uuid7() -> str:
     rand = os.urandom(10).hex()
     variant = "89ab"[int(rand[3], 16) & 3]  # the two top bits of the variant field: 10
     return f"{stamp[:8]}-{stamp[8:]}-7{rand[:3]}-{variant}{rand[4:7]}-{rand[7:19]}"
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def uuid7_at(at: datetime, name: str) -> str:
+    """The version-7 UUID of `name` at the instant `at`: its time is `at`, its other bits a
+    hash of both, so the same (name, instant) always gives the same id (a schedule's tick
+    names its item this way)."""
+    millis = (at - _EPOCH) // timedelta(milliseconds=1)
+    stamp = f"{millis & 0xFFFF_FFFF_FFFF:012x}"
+    digest = hashlib.sha256(f"{name}@{at.astimezone(UTC).isoformat()}".encode()).hexdigest()
+    variant = "89ab"[int(digest[3], 16) & 3]
+    return f"{stamp[:8]}-{stamp[8:]}-7{digest[:3]}-{variant}{digest[4:7]}-{digest[7:19]}"

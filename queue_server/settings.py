@@ -84,6 +84,12 @@ class Settings(BaseSettings):
     delivery_max_response_bytes: int = Field(default=4 * 1024 * 1024, ge=0)
     # After a secret rotation the previous secret also signs for this long.
     watcher_secret_grace: timedelta = timedelta(hours=24)
+    # Every API process runs a scheduler loop: it wakes when the next schedule is due, and
+    # at least this often to see schedules created or changed meanwhile.
+    schedule_poll_interval: float = Field(default=1.0, gt=0, le=60)
+    # A tick at most this many seconds old is on time and always fires; an older one was
+    # missed (the servers were down) and its schedule's catch-up rule decides.
+    schedule_grace: float = Field(default=15.0, ge=0)
 
     @model_validator(mode="after")
     def _listener_needs_a_session(self) -> Settings:

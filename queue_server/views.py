@@ -194,3 +194,39 @@ def verification_run(row: Row, checkpoints: list[Row]) -> dict[str, Any]:
         "created_at": row["created_at"],
         "completed_at": row["completed_at"],
     }
+
+
+def schedule(row: Row, next_fires: list[Any]) -> dict[str, Any]:
+    return {
+        "schedule": row["name"],
+        "tenant": row["tenant_id"],
+        "schedule_id": str(row["schedule_id"]),
+        "queue": row["queue"],
+        "payload": row["payload"],
+        "priority": row["priority"],
+        "max_acquisitions": row["max_acquisitions"],
+        "cron": row["cron"],
+        "every": row["every_seconds"],
+        "timezone": row["timezone"],
+        "catch_up": row["catch_up"],
+        "catch_up_limit": row["catch_up_limit"],
+        "paused": row["paused"],
+        "next_fires": next_fires,
+        "fires": row["fires"],
+        "refusals": row["refusals"],
+        "skipped": row["skipped"],
+        "created_at": row["created_at"],
+        "updated_at": row["updated_at"],
+    }
+
+
+def schedule_fire(row: Row) -> dict[str, Any]:
+    return {
+        "tick_at": row["tick_at"],
+        "kind": row["kind"],
+        "outcome": row["outcome"],
+        "item_id": str(row["item_id"]) if row["item_id"] is not None else None,
+        "attempts": row["attempts"],
+        "at": row["at"],
+        "detail": row["detail"],
+    }

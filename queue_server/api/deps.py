@@ -19,6 +19,7 @@ from queue_server.services import (
     Keys,
     Ledgers,
     Queues,
+    Schedules,
     Tenants,
     VerificationRuns,
     Watchers,
@@ -67,6 +68,7 @@ LedgersService = Annotated[Ledgers, Depends(_service("ledgers"))]
 WatchersService = Annotated[Watchers, Depends(_service("watchers"))]
 ReceiptsService = Annotated[ConfirmationReceipts, Depends(_service("receipts"))]
 RunsService = Annotated[VerificationRuns, Depends(_service("runs"))]
+SchedulesService = Annotated[Schedules, Depends(_service("schedules"))]
 
 
 async def principal(

@@ -69,5 +69,30 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.schedule_fires = Counter(
+            "queue_server_schedule_fires",
+            "Items enqueued by schedules (ticks and manual triggers), by tenant and schedule",
+            ["tenant", "schedule"],
+            registry=self.registry,
+        )
+        self.schedule_refusals = Counter(
+            "queue_server_schedule_refusals",
+            "Schedule fires refused at the tenant's backlog cap, by tenant and schedule",
+            ["tenant", "schedule"],
+            registry=self.registry,
+        )
+        self.schedule_skipped = Counter(
+            "queue_server_schedule_skipped_ticks",
+            "Missed ticks dropped by the catch-up rule, by tenant and schedule",
+            ["tenant", "schedule"],
+            registry=self.registry,
+        )
+        self.schedule_lag_seconds = Histogram(
+            "queue_server_schedule_lag_seconds",
+            "From a tick's instant to its item's enqueue (database clock)",
+            buckets=(*LATENCY_BUCKETS, 60.0, 300.0, 3600.0),
+            registry=self.registry,
+        )
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -9,6 +9,7 @@
     watchers      webhook subscriptions and their deliveries
     receipts      confirmation receipts of confirmed mutations
     runs          artifact verification runs and their checkpoints
+    schedules     periodic enqueues and the scheduler pass that fires them
 
 A service takes the `Database` (and, for effecting requests, the idempotency
 `Effects`) it was built with; the statements are in `queue_server.store`.
@@ -29,6 +30,7 @@ from queue_server.services.ledgers import Ledgers
 from queue_server.services.queues import Queues
 from queue_server.services.receipts import ConfirmationReceipts
 from queue_server.services.runs import VerificationRuns
+from queue_server.services.schedules import Schedules
 from queue_server.services.tenants import Tenants
 from queue_server.services.watchers import Watchers
 from queue_server.settings import Settings
@@ -40,6 +42,7 @@ __all__ = [
     "Keys",
     "Ledgers",
     "Queues",
+    "Schedules",
     "Services",
     "Tenants",
     "VerificationRuns",
@@ -60,6 +63,7 @@ class Services:
     watchers: Watchers
     receipts: ConfirmationReceipts
     runs: VerificationRuns
+    schedules: Schedules
 
     @classmethod
     def build(
@@ -79,14 +83,16 @@ class Services:
             retention=settings.idempotency_retention,
             problem_base_uri=settings.problem_base_uri,
         )
+        items = Items(db, effects, settings, wakeups=wakeups, metrics=metrics, policy=policy)
         return cls(
             keys=keys,
             tenants=Tenants(db),
-            items=Items(db, effects, settings, wakeups=wakeups, metrics=metrics, policy=policy),
+            items=items,
             queues=Queues(db, effects),
             dead_letters=DeadLetters(db, effects),
             ledgers=Ledgers(db),
             watchers=Watchers(db, effects, settings),
             receipts=ConfirmationReceipts(db),
             runs=VerificationRuns(db),
+            schedules=Schedules(db, effects, items, settings, metrics),
         )

@@ -37,6 +37,8 @@ class NewItem:
     priority: int = 0
     delay: float = 0.0
     max_acquisitions: int | None = None
+    # Default: a new time-ordered id. A schedule's fire names its item (schedule, tick).
+    item_id: str | None = None
 
 
 class Wakeups(Protocol):
@@ -89,36 +91,42 @@ class Items:
         await self._refuse_early_at_cap(tenant, idem, len(items))
 
         async def operation(conn: Conn) -> Answer:
-            row, backlog = await tenants.admit(conn, tenant)
-            if row is None:
-                raise errors.TenantNotFoundError(tenant=tenant)
-            cap = row["backlog_cap"]
-            if backlog + len(items) > cap:
-                raise errors.BacklogCapReachedError(
-                    f"Backlog {backlog} + {len(items)} new would exceed the cap of {cap}.",
-                    backlog=backlog,
-                    backlog_cap=cap,
-                    requested=len(items),
-                )
-            default_budget = row["default_max_acquisitions"]
-            specs = [
-                {
-                    "item_id": uuid7(),
-                    "payload": item.payload,
-                    "priority": item.priority,
-                    "delay": item.delay,
-                    "max_acquisitions": item.max_acquisitions or default_budget,
-                }
-                for item in items
-            ]
-            rows = await transitions.enqueue(
-                conn, tenant=tenant, queue=queue, items=specs, actor=principal.actor
-            )
+            rows = await self.admit(conn, tenant, queue, items, actor=principal.actor)
             if batch:
                 return Answer.of(201, {"items": [views.item(r) for r in rows]})
             return Answer.of(201, views.item(rows[0]))
 
         return await self.effects.run(tenant, idem, instance, operation)
+
+    async def admit(
+        self, conn: Conn, tenant: str, queue: str, items: list[NewItem], *, actor: str
+    ) -> list[Row]:
+        """Enqueue `items` in the caller's transaction, under the tenant's admission lock and
+        backlog cap (all or nothing). Every enqueue comes through here: the API's, and each
+        fire of a schedule."""
+        row, backlog = await tenants.admit(conn, tenant)
+        if row is None:
+            raise errors.TenantNotFoundError(tenant=tenant)
+        cap = row["backlog_cap"]
+        if backlog + len(items) > cap:
+            raise errors.BacklogCapReachedError(
+                f"Backlog {backlog} + {len(items)} new would exceed the cap of {cap}.",
+                backlog=backlog,
+                backlog_cap=cap,
+                requested=len(items),
+            )
+        default_budget = row["default_max_acquisitions"]
+        specs = [
+            {
+                "item_id": item.item_id or uuid7(),
+                "payload": item.payload,
+                "priority": item.priority,
+                "delay": item.delay,
+                "max_acquisitions": item.max_acquisitions or default_budget,
+            }
+            for item in items
+        ]
+        return await transitions.enqueue(conn, tenant=tenant, queue=queue, items=specs, actor=actor)
 
     async def _refuse_early_at_cap(self, tenant: str, idem: Idempotency, adding: int) -> None:
         """A tenant flooding a full backlog is refused with one read, no lock and no receipt,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     DateTime,
@@ -393,4 +394,71 @@ backlog_releases = Table(
     Column("tenant_id", Text, primary_key=True),
     Column("shard", Integer, primary_key=True),
     Column("released", BigInteger, nullable=False, server_default=text("0")),
+)
+
+# -- schedules (0005) -----------------------------------------------------------------
+
+# A tenant's periodic enqueue. `next_tick_at` is the cursor: every tick before it is
+# settled (enqueued, or dropped by the catch-up rule); `due_at` is when a scheduler
+# loop should look at it next (the cursor, or a later retry after a refusal at the cap).
+schedules = Table(
+    "schedules",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("name", Text, primary_key=True),
+    # The schedule's identity in its items' ids: a schedule deleted and created again
+    # under the same name is another schedule.
+    Column("schedule_id", UUID(as_uuid=False), nullable=False),
+    Column("queue", Text, nullable=False),
+    Column("payload", JSONB, nullable=False),
+    Column("priority", Integer, nullable=False, server_default=text("0")),
+    Column("max_acquisitions", Integer, nullable=True),
+    Column("cron", Text, nullable=True),
+    Column("every_seconds", Integer, nullable=True),
+    Column("timezone", Text, nullable=False, server_default=text("'UTC'")),
+    Column("catch_up", Text, nullable=False),
+    Column("catch_up_limit", Integer, nullable=False),
+    Column("paused", Boolean, nullable=False, server_default=text("false")),
+    _ts("next_tick_at", nullable=False),
+    _ts("due_at", nullable=False),
+    Column("fires", BigInteger, nullable=False, server_default=text("0")),
+    Column("refusals", BigInteger, nullable=False, server_default=text("0")),
+    Column("skipped", BigInteger, nullable=False, server_default=text("0")),
+    _ts("created_at", nullable=False, server_default=func.now()),
+    _ts("updated_at", nullable=False, server_default=func.now()),
+    ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
+    CheckConstraint("(cron IS NULL) <> (every_seconds IS NULL)", name="cron_or_every"),
+    CheckConstraint("every_seconds >= 1", name="every_positive"),
+    CheckConstraint("catch_up IN ('skip', 'latest', 'all-bounded')", name="catch_up_known"),
+    CheckConstraint("catch_up_limit BETWEEN 1 AND 1000", name="catch_up_limit_range"),
+    CheckConstraint("max_acquisitions BETWEEN 1 AND 100", name="max_acquisitions_range"),
+    Index("uq_schedules_schedule_id", "tenant_id", "schedule_id", unique=True),
+    # The scheduler loops' scan: schedules that run, in due order.
+    Index("ix_schedules_due", "due_at", postgresql_where=text("NOT paused")),
+)
+
+# What became of each tick a loop acted on (and of each manual trigger): enqueued with
+# its item, refused at the backlog cap (retried per the catch-up rule), or dropped after
+# a refusal. The newest rows of each schedule are kept (`store.schedules.KEEP_FIRES`).
+schedule_fires = Table(
+    "schedule_fires",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("schedule_id", UUID(as_uuid=False), primary_key=True),
+    _ts("tick_at", primary_key=True),
+    Column("kind", Text, primary_key=True),
+    Column("outcome", Text, nullable=False),
+    Column("item_id", UUID(as_uuid=False), nullable=True),
+    Column("attempts", Integer, nullable=False, server_default=text("1")),
+    # When the outcome was decided (the database clock).
+    _ts("at", nullable=False),
+    Column("detail", JSONB, nullable=True),
+    ForeignKeyConstraint(
+        ["tenant_id", "schedule_id"],
+        ["schedules.tenant_id", "schedules.schedule_id"],
+        ondelete="CASCADE",
+    ),
+    CheckConstraint("kind IN ('tick', 'trigger')", name="kind_known"),
+    CheckConstraint("outcome IN ('enqueued', 'refused', 'dropped')", name="outcome_known"),
+    CheckConstraint("(outcome = 'enqueued') = (item_id IS NOT NULL)", name="item_iff_enqueued"),
 )

@@ -536,6 +536,55 @@ async def record_triage_rejected(
     await conn.execute(_TRIAGE_REJECTED, params)
 
 
+_SCHEDULED_EVENT = _ledger_insert(
+    _event(
+        "upd",
+        "scheduled",
+        "%(actor)s",
+        "jsonb_build_object('schedule', %(schedule)s::text, 'schedule_id', %(schedule_id)s::text,\n"
+        "                          'tick_at', %(tick_at)s::timestamptz,\n"
+        "                          'trigger', %(trigger)s::boolean)",
+        at="statement_timestamp()",
+    )
+)
+_SCHEDULED = _SQL(
+    "record_scheduled",
+    f"""
+WITH upd AS (
+    UPDATE work_items SET event_seq = event_seq + 1
+    WHERE tenant_id = %(tenant)s AND item_id = %(item_id)s
+    RETURNING tenant_id, item_id, event_seq, fence
+)
+{_SCHEDULED_EVENT}
+""",
+)
+
+
+async def record_scheduled(
+    conn: Conn,
+    *,
+    tenant: str,
+    item_id: str,
+    actor: str,
+    schedule: str,
+    schedule_id: str,
+    tick_at: Any,
+    trigger: bool,
+) -> None:
+    """No state change: the item just enqueued is a schedule's fire of the tick `tick_at`
+    (or its manual trigger); the ledger says which."""
+    params = {
+        "tenant": tenant,
+        "item_id": item_id,
+        "actor": actor,
+        "schedule": schedule,
+        "schedule_id": schedule_id,
+        "tick_at": tick_at,
+        "trigger": trigger,
+    }
+    await conn.execute(_SCHEDULED, params)
+
+
 _EXPLAIN = _SQL(
     "explain_rejections",
     """

@@ -34,6 +34,7 @@ MODULES = (
     "idempotency_receipts",
     "outbox",
     "reads",
+    "schedules",
     "sessions",
     "tenants",
     "transitions",

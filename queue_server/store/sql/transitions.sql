@@ -368,6 +368,19 @@ INSERT INTO item_events (tenant_id, item_id, seq, at, kind, fence, actor, data)
                           'reason', %(reason)s::text)
     FROM upd;
 
+-- name: record_scheduled
+WITH upd AS (
+    UPDATE work_items SET event_seq = event_seq + 1
+    WHERE tenant_id = %(tenant)s AND item_id = %(item_id)s
+    RETURNING tenant_id, item_id, event_seq, fence
+)
+INSERT INTO item_events (tenant_id, item_id, seq, at, kind, fence, actor, data)
+    SELECT tenant_id, item_id, event_seq - 1, statement_timestamp(), 'scheduled', fence, %(actor)s,
+           jsonb_build_object('schedule', %(schedule)s::text, 'schedule_id', %(schedule_id)s::text,
+                          'tick_at', %(tick_at)s::timestamptz,
+                          'trigger', %(trigger)s::boolean)
+    FROM upd;
+
 -- name: explain_rejections
 SELECT item_id::text AS item_id, state, fence, lease_holder, lease_expires_at,
        lease_expires_at <= statement_timestamp() AS expired
