@@ -15,6 +15,7 @@ from reliability.fuzz import schema_fuzz
 from reliability.hostile import hostile_input
 from reliability.scenarios import SCENARIOS as FAULT_SCENARIOS
 from reliability.scenarios import ScenarioOutcome
+from reliability.schedules import schedules_under_kills
 
 __all__ = ["SCENARIOS"]
 
@@ -26,4 +27,5 @@ SCENARIOS: dict[str, Callable[[], ScenarioOutcome]] = {
     "long-transaction": long_transaction,
     "clock-skew": clock_skew,
     "claim-storm-pg15": claim_storm_pg15,
+    "schedules-kill": schedules_under_kills,
 }

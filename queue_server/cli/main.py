@@ -18,6 +18,7 @@ from queue_server.cli import (
     keys,
     ledger,
     policy,
+    schedules,
     spend,
     status,
     tenants,
@@ -47,6 +48,7 @@ app.add_typer(items.app, name="items")
 app.add_typer(dead_letters.app, name="dead-letters")
 app.add_typer(spend.app, name="spend")
 app.add_typer(ledger.app, name="ledger")
+app.add_typer(schedules.app, name="schedules")
 enqueue.register(app)
 work.register(app)
 watchers.register(app)

@@ -22,13 +22,23 @@ from queue_server.console.pages import (
     items,
     queues,
     runs,
+    schedules,
     session,
     spend,
     watchers,
 )
 
 # In navigation order.
-PAGES: list[ModuleType] = [session, queues, items, dead_letters, watchers, spend, runs]
+PAGES: list[ModuleType] = [
+    session,
+    queues,
+    items,
+    dead_letters,
+    watchers,
+    schedules,
+    spend,
+    runs,
+]
 
 
 def install(app: FastAPI) -> None:
