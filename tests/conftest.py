@@ -29,6 +29,19 @@ from queue_server.settings import Settings
 TEMPLATE_DB = "qs_template"
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Give each run a temporary root of its own.
+
+    pytest's default root (`/tmp/pytest-of-<user>/pytest-N`) keeps only the last three
+    runs and deletes older ones, so a second test run on the same machine can delete the
+    directories of a run still in progress. With `--basetemp` given, that is left as is.
+    """
+    if config.option.basetemp is None and not hasattr(config, "workerinput"):
+        config.option.basetemp = tempfile.mkdtemp(prefix="qs-pytest-")
+        config.add_cleanup(lambda: shutil.rmtree(config.option.basetemp, ignore_errors=True))
+
+
 @pytest.fixture(scope="session")
 def pg() -> Iterator[EmbeddedPostgres]:
     # Not under pytest's basetemp: another pytest run on the machine may prune that.
