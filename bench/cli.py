@@ -17,7 +17,8 @@ from typing import Any, TypeVar
 import psycopg
 
 from bench import loadgen, peer, profile, reference, report
-from bench.env import HOST, Environment, environment
+from bench import workers as user_workers
+from bench.env import HOST, Environment, environment, venv_bin
 from bench.progress import say
 from bench.stats import CpuSplit, Figure, percentile
 
@@ -47,6 +48,8 @@ class Plan:
     churn_s: float
     churn_window: float
     churn_items: int
+    worker_s: float
+    worker_reps: int
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
@@ -56,18 +59,20 @@ def make_plan(args: argparse.Namespace) -> Plan:
             reps=1, pgbench_s=1, cycle_s=1.5, enqueue_s=1.5, wake_s=3.0, peer_s=1.5,
             profile_s=0, history=(10_000, 100_000), cost_s=1.0,
             churn_s=4.0, churn_window=1.0, churn_items=HOUR_EQUIVALENT_ITEMS // 10,
+            worker_s=1.5, worker_reps=1,
         )  # fmt: skip
     else:
         plan = Plan(
             reps=3, pgbench_s=3, cycle_s=3.0, enqueue_s=3.0, wake_s=4.0, peer_s=3.0,
             profile_s=8, history=(10_000, 1_000_000), cost_s=2.5,
             churn_s=35.0, churn_window=5.0, churn_items=HOUR_EQUIVALENT_ITEMS,
+            worker_s=2.5, worker_reps=2,
         )  # fmt: skip
     if big:
         plan.history = (*plan.history, 10_000_000)
         plan.churn_s = max(plan.churn_s, 240.0)
     if args.reps is not None:
-        plan.reps = args.reps
+        plan.reps = plan.worker_reps = args.reps
     if args.no_profile:
         plan.profile_s = 0
     return plan
@@ -335,25 +340,32 @@ def phase_wake(run: Run) -> None:
 
 
 def phase_peer(run: Run) -> None:
+    """pgqueuer: its consumer with 1 and 5 queue managers (drain mode), and batch enqueue."""
     with psycopg.connect(run.env.pg.url(), autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {peer.DATABASE}")
     url = run.env.pg.url(peer.DATABASE)
     peer.install(url)
     for rep in range(run.plan.reps):
-        rate = run.rates.get("peer", 6000.0)
-        peer.reset(url, int(max(10_000, rate * run.plan.peer_s * 1.6)))
-        say(f"pgqueuer dequeue+ack, 1 consumer, rep {rep + 1}/{run.plan.reps}")
-        start_at = time.time() + START_MARGIN
-        spec = peer.PeerSpec(url=url, start_at=start_at, end_at=start_at + run.plan.peer_s)
-        (result,) = run.measure(
-            "pgqueuer dequeue+ack", [run.pool.submit(peer.run_dequeue, spec)], start_at
-        )
-        jobs_s = result.jobs / result.elapsed if result.elapsed > 0 else 0.0
-        run.rates["peer"] = jobs_s
-        run.figure(
-            "peer_dequeue_ack", "pgqueuer dequeue+ack, 1 consumer (batch 10)", "jobs/s", jobs_s
-        )
-        say(f"  {jobs_s:,.0f} jobs/s")
+        for managers in (1, 5):
+            family = f"pgqueuer dequeue+ack m{managers}"
+            rate = run.rates.get(family, 6000.0)
+            peer.reset(url, int(max(10_000, rate * run.plan.peer_s * 1.3)))
+            say(f"pgqueuer dequeue+ack, {managers} queue manager(s), rep {rep + 1}/{run.plan.reps}")
+            start_at = time.time() + START_MARGIN
+            spec = peer.PeerSpec(
+                url=url, start_at=start_at, end_at=start_at + run.plan.peer_s + 4.0,
+                managers=managers,
+            )  # fmt: skip
+            (result,) = run.measure(family, [run.pool.submit(peer.run_dequeue, spec)], start_at)
+            jobs_s = result.jobs / result.elapsed if result.elapsed > 0 else 0.0
+            run.rates[family] = jobs_s
+            suffix = "" if managers == 1 else f"_m{managers}"
+            label = f"pgqueuer dequeue+ack, {managers} queue manager{'s' if managers > 1 else ''}"
+            run.figure(f"peer_dequeue_ack{suffix}", f"{label}, steady (first to last job)",
+                       "jobs/s", jobs_s)  # fmt: skip
+            run.figure(f"peer_dequeue_ack{suffix}_wall", f"{label}, wall (start to drained exit)",
+                       "jobs/s", result.wall)  # fmt: skip
+            say(f"  steady {jobs_s:,.0f} jobs/s, wall {result.wall:,.0f} jobs/s")
         say(
             f"pgqueuer batch enqueue ({ENQUEUE_BATCH}/call, 4 producers), rep {rep + 1}/{run.plan.reps}"
         )
@@ -372,6 +384,52 @@ def phase_peer(run: Run) -> None:
         )
         say(f"  {jobs_s:,.0f} jobs/s")
     peer.reset(url, 0)
+
+
+# (figure key, label, kind, slots, first guess of items/s for the prefill)
+WORKER_ROWS = (
+    ("sdk_thread_c1", "SDK Worker (threads), no-op, 1 slot", "thread", 1, 4000.0),
+    ("sdk_thread_c16", "SDK Worker (threads), no-op, 16 slots", "thread", 16, 5000.0),
+    ("sdk_async_c1", "SDK AsyncWorker, no-op, 1 slot", "async", 1, 4000.0),
+    ("sdk_async_c16", "SDK AsyncWorker, no-op, 16 slots", "async", 16, 5000.0),
+    ("work_c1", "queue-server work -- true, 1 slot", "cli", 1, 400.0),
+    ("work_c16", "queue-server work -- true, 16 slots", "cli", 16, 1500.0),
+    ("bare_loop_c1", "bare loop: acquire, spawn true, complete", "loop", 1, 200.0),
+    ("procrastinate_c1", "procrastinate worker, concurrency 1", "procrastinate", 1, 500.0),
+    ("procrastinate_c10", "procrastinate worker, concurrency 10", "procrastinate", 10, 1000.0),
+)
+
+
+def phase_workers(run: Run) -> None:
+    """What users run, each from its own process over a prefilled queue: steady and wall."""
+    with psycopg.connect(run.env.pg.url(), autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {user_workers.PROCRASTINATE_DATABASE}")
+    procrastinate_url = run.env.pg.url(user_workers.PROCRASTINATE_DATABASE)
+    seconds = run.plan.worker_s
+    for rep in range(run.plan.worker_reps):
+        for key, label, kind, slots, guess in WORKER_ROWS:
+            rate = run.rates.get(key, guess)
+            items = int(max(200, rate * seconds * 1.5))
+            if kind == "procrastinate":
+                user_workers.procrastinate_reset(procrastinate_url, items)
+                tenant = None
+            else:
+                tenant = run.new_tenant("wk")
+                prefill(run, tenant, "q", items)
+            say(f"{label}, rep {rep + 1}/{run.plan.worker_reps}")
+            start_at = time.time() + START_MARGIN
+            spec = user_workers.WorkerSpec(
+                kind=kind, slots=slots, start_at=start_at, end_at=start_at + seconds + 2.0,
+                base_url=run.env.base_url, key=tenant.worker_key if tenant else "",
+                cli=venv_bin("queue-server"), database_url=procrastinate_url,
+            )  # fmt: skip
+            (result,) = run.measure(key, [run.pool.submit(user_workers.run_worker, spec)], start_at)
+            run.error(key, result.error_samples, result.errors)
+            steady, wall = result.steady(), result.wall(start_at)
+            run.rates[key] = max(steady, run.rates.get(key, 0.0))
+            run.figure(key, f"{label}, steady", "items/s", steady)
+            run.figure(f"{key}_wall", f"{label}, wall", "items/s", wall)
+            say(f"  {result.items:,} items: steady {steady:,.0f}/s, wall {wall:,.0f}/s")
 
 
 def phase_profile(run: Run) -> None:
@@ -600,7 +658,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-profile", action="store_true", help="skip the py-spy phases")
     parser.add_argument(
         "--only",
-        default="pgbench,cycles,enqueue,wake,peer,profile,cost,churn",
+        default="pgbench,cycles,enqueue,wake,peer,workers,profile,cost,churn",
         help="comma-separated phases to run",
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "latest", help="results path stem")
@@ -625,6 +683,7 @@ def main(argv: list[str] | None = None) -> int:
             ("pgbench", phase_pgbench),
             ("cycles", phase_rest_cycles),
             ("peer", phase_peer),
+            ("workers", phase_workers),
             ("enqueue", phase_enqueue),
             ("wake", phase_wake),
             ("profile", phase_profile),

@@ -18,6 +18,7 @@ from pgqueuer.db import PsycopgDriver
 from pgqueuer.models import Job
 from pgqueuer.qm import QueueManager
 from pgqueuer.queries import Queries
+from pgqueuer.types import QueueExecutionMode
 
 DATABASE = "pgqueuer_peer"
 ENTRYPOINT = "bench"
@@ -64,6 +65,7 @@ class PeerSpec:
     start_at: float
     end_at: float
     batch_size: int = 10
+    managers: int = 1
     producers: int = 4
     enqueue_batch: int = 500
 
@@ -73,15 +75,18 @@ class PeerResult:
     jobs: int
     elapsed: float
     cpu: float
+    wall: float = 0.0  # from the agreed start until every consumer returned (or the deadline)
 
 
 async def _dequeue(spec: PeerSpec) -> PeerResult:
+    """`managers` QueueManagers, each on its own connection, in drain mode, in one process."""
     logging.getLogger("pgqueuer").setLevel(logging.WARNING)
-    async with await _connect(spec.url) as conn:
-        qm = QueueManager(Queries(PsycopgDriver(conn)))
-        done = 0
-        first = 0.0
-        last = 0.0
+    done = 0
+    first = 0.0
+    last = 0.0
+    conns = [await _connect(spec.url) for _ in range(spec.managers)]
+    managers = [QueueManager(Queries(PsycopgDriver(conn))) for conn in conns]
+    for qm in managers:
 
         @qm.entrypoint(ENTRYPOINT)
         async def handle(job: Job) -> None:
@@ -91,24 +96,36 @@ async def _dequeue(spec: PeerSpec) -> PeerResult:
             if not first:
                 first = last
 
-        async def stop() -> None:
-            await asyncio.sleep(max(0.0, spec.end_at - time.time()))
+    async def stop() -> None:
+        await asyncio.sleep(max(0.0, spec.end_at - time.time()))
+        for qm in managers:
             qm.shutdown.set()
 
-        delay = spec.start_at - time.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        cpu0 = _cpu_self()
-        stopper = asyncio.create_task(stop())
-        await qm.run(batch_size=spec.batch_size)
-        await stopper
-        # From the first job on: QueueManager's own start-up (schema checks) is not dequeue time.
-        elapsed = min(spec.end_at, max(last, first)) - first if first else 0.0
-        return PeerResult(jobs=max(0, done - 1), elapsed=elapsed, cpu=_cpu_self() - cpu0)
+    delay = spec.start_at - time.time()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    cpu0 = _cpu_self()
+    stopper = asyncio.create_task(stop())
+    await asyncio.gather(
+        *(qm.run(batch_size=spec.batch_size, mode=QueueExecutionMode.drain) for qm in managers)
+    )
+    finished = min(time.time(), spec.end_at)
+    stopper.cancel()
+    for conn in conns:
+        await conn.close()
+    # Steady state: from the first job to the last; QueueManager's own start-up (schema
+    # checks) and its drain-mode exit are not dequeue time. Wall time includes both.
+    elapsed = last - first if first else 0.0
+    return PeerResult(
+        jobs=max(0, done - 1),
+        elapsed=elapsed,
+        cpu=_cpu_self() - cpu0,
+        wall=done / (finished - spec.start_at) if finished > spec.start_at else 0.0,
+    )
 
 
 def run_dequeue(spec: PeerSpec) -> PeerResult:
-    """One QueueManager consumer (dequeue + ack), no-op job, until the deadline."""
+    """QueueManager consumers (dequeue + ack), no-op job, until the queue is empty or the deadline."""
     return uvloop.run(_dequeue(spec))
 
 

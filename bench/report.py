@@ -6,12 +6,13 @@ from typing import Any
 
 from bench.stats import CpuSplit, Figure
 
-# The figures of issue 6, measured once on this kind of machine: context, not targets.
+# Figures quoted in the issues, measured once on this kind of machine: context, not targets.
 ISSUE_REFERENCES = {
     "pgbench lease cycle, 16 clients": "about 5,500 cycles/s (1,800 at 1 client)",
-    "pgqueuer 1.6 dequeue+ack": "about 3,400 jobs/s",
+    "pgqueuer 1.6 dequeue+ack": "about 3,400 jobs/s; steady state ~4,300 (1 manager) / ~6,700 (5)",
     "pgqueuer batch enqueue": "about 45,000 jobs/s",
-    "procrastinate 3.10 worker, concurrency 10": "about 650 jobs/s (not run here)",
+    "procrastinate 3.10 worker": "384 jobs/s at concurrency 1, 771 at 10",
+    "before the worker rewrite": "SDK Worker 16 slots 279 items/s; queue-server work -- true 17 (1 slot) / 225 (16)",
 }
 
 
@@ -36,21 +37,92 @@ def _ratio(
     }
 
 
+def _best(figs: dict[str, Figure], *keys: str) -> Figure | None:
+    found = [figs[k] for k in keys if k in figs]
+    return max(found, key=lambda f: f.median) if found else None
+
+
+def _at_most(name: str, fig: Figure | None, threshold: float, detail: str) -> dict[str, Any]:
+    return {
+        "target": name,
+        "value": round(fig.median, 2) if fig else None,
+        "threshold": threshold,
+        "met": (fig.median <= threshold) if fig else None,
+        "detail": detail,
+    }
+
+
+def _worker_ratios(figs: dict[str, Figure]) -> list[dict[str, Any]]:
+    """The targets of the worker rewrite: what users run against each peer at its best."""
+    out: list[dict[str, Any]] = []
+    pgq = _best(figs, "peer_dequeue_ack", "peer_dequeue_ack_m5")
+    for kind, label in (("thread", "SDK Worker (threads)"), ("async", "SDK AsyncWorker")):
+        out.append(
+            _ratio(
+                f"{label}, 16 slots >= 1.0x pgqueuer's best steady state",
+                figs.get(f"sdk_{kind}_c16"),
+                pgq,
+                1.0,
+                f"steady items/s / {pgq.label if pgq else 'pgqueuer'}",
+            )
+        )
+        out.append(
+            _ratio(
+                f"{label}, 1 slot >= 2.0x procrastinate at concurrency 1",
+                figs.get(f"sdk_{kind}_c1"),
+                figs.get("procrastinate_c1"),
+                2.0,
+                "steady items/s / procrastinate steady jobs/s",
+            )
+        )
+    out.append(
+        _ratio(
+            "queue-server work -- true, 16 slots >= 3.0x procrastinate at concurrency 10",
+            figs.get("work_c16"),
+            figs.get("procrastinate_c10"),
+            3.0,
+            "steady items/s / procrastinate steady jobs/s",
+        )
+    )
+    out.append(
+        _ratio(
+            "queue-server work -- true, 1 slot >= 0.5x a bare loop (acquire, true, complete)",
+            figs.get("work_c1"),
+            figs.get("bare_loop_c1"),
+            0.5,
+            "steady items/s / bare loop items/s",
+        )
+    )
+    for op in ("acquire", "complete"):
+        fig = _best(figs, f"{op}_p50_ms_h10000")
+        out.append(
+            _at_most(
+                f"{op} p50 at one worker <= 1.5 ms",
+                fig,
+                1.5,
+                "1 unbatched worker, 10,000 history rows (the cost-growth phase)",
+            )
+        )
+    return out
+
+
 def _ratios(figs: dict[str, Figure], peak_rss: int) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     batched = [
         figs[k] for k in ("rest_batched_c1", "rest_batched_c4", "rest_batched_c16") if k in figs
     ]
     best_batched = max(batched, key=lambda f: f.median) if batched else None
+    pgq = _best(figs, "peer_dequeue_ack", "peer_dequeue_ack_m5")
     out.append(
         _ratio(
-            "batched REST >= 1.0x pgqueuer dequeue+ack",
+            "batched REST >= 1.0x pgqueuer dequeue+ack (its best steady state)",
             best_batched,
-            figs.get("peer_dequeue_ack"),
+            pgq,
             1.0,
             f"best batched REST ({best_batched.label if best_batched else '-'}) / pgqueuer",
         )
     )
+    out += _worker_ratios(figs)
     for mode, threshold in (("batched", 0.6), ("unbatched", 0.25)):
         for c in (16, 4, 1):
             out.append(
@@ -234,7 +306,7 @@ def markdown(doc: dict[str, Any]) -> str:
             lines += [f"| `{n}` | {v} |" for n, v in p["top_inclusive_queue_server_pct"][:20]]
     lines += [
         "",
-        "## References quoted in issue 6 (context only; ratios use this run's figures)",
+        "## References quoted in the issues (context only; ratios use this run's figures)",
         "",
     ]
     lines += [f"- {k}: {v}" for k, v in doc["issue_references"].items()]
