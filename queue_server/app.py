@@ -119,11 +119,10 @@ def create_app(
     async def metrics_text(request: Request) -> Response:
         """Prometheus text format: requests by route and status, acquire latency, items by state."""
         metrics.listener_connected.set(int(notifier.listening))
+        rows: list[dict[str, object]] = []
         with contextlib.suppress(errors.QueueServerError):
-            metrics.items.clear()
-            for row in await services.queues.state_counts():
-                metrics.items.labels(row["tenant_id"], row["state"]).set(row["n"])
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+            rows = list(await services.queues.state_counts())
+        return Response(metrics.render(rows), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     app.add_middleware(
         BodyLimitAndMetrics,

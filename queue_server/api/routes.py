@@ -264,6 +264,32 @@ async def complete(
 
 
 @router.post(
+    "/tenants/{tenant}/leases:heartbeat", response_model=schemas.HeartbeatsOut, tags=["leases"]
+)
+async def heartbeat_many(
+    request: Request,
+    tenant: TenantName,
+    body: schemas.HeartbeatsIn,
+    items: ItemsService,
+    caller: Caller,
+) -> Response:
+    """Extend up to 500 leases of one worker at once, each guarded by its own fence.
+
+    Answers 200 with one result per entry: the new `lease_expires_at`, or the
+    problem a single heartbeat would have answered (stale-fence, lease-expired, ...).
+    """
+    answer = await items.heartbeat_many(
+        caller,
+        tenant,
+        worker=body.worker,
+        leases=[entry.model_dump() for entry in body.leases],
+        lease_ttl=body.lease_ttl,
+        instance=request.url.path,
+    )
+    return respond(answer)
+
+
+@router.post(
     "/tenants/{tenant}/completions", response_model=schemas.CompletionsOut, tags=["leases"]
 )
 async def complete_many(

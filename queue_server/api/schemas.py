@@ -184,6 +184,30 @@ class HeartbeatOut(BaseModel):
     lease_expires_at: datetime
 
 
+class HeartbeatEntryIn(Body):
+    item_id: Annotated[str, Field(max_length=64)]
+    fence: Fence
+
+
+class HeartbeatsIn(Body):
+    worker: Name
+    lease_ttl: LeaseTtl | None = None
+    leases: list[HeartbeatEntryIn] = Field(min_length=1, max_length=500)
+
+
+class HeartbeatResult(BaseModel):
+    item_id: str
+    status: int
+    fence: int | None = None
+    lease_expires_at: datetime | None = None
+    problem: Problem | None = None
+
+
+class HeartbeatsOut(BaseModel):
+    extended: int
+    results: list[HeartbeatResult]
+
+
 class CompleteIn(Body):
     worker: Name
     fence: Fence

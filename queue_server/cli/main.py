@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -78,7 +79,14 @@ def version() -> None:
 def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
-    workers: Annotated[int, typer.Option(min=1, help="uvicorn worker processes.")] = 1,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Worker processes (default: one per CPU core); /metrics adds up all of them.",
+            show_default=False,
+        ),
+    ] = None,
     data_dir: DataDir = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
     policy_file: PolicyFile = None,
@@ -125,7 +133,9 @@ def serve(
             typer.echo(f"policy {policy.describe()}")
             os.environ["QUEUE_SERVER_DATABASE_URL"] = db.url
             os.environ["QUEUE_SERVER_DATA_DIR"] = str(settings.data_dir)
-            _run_uvicorn(host=host, port=port, workers=workers, log_level=log_level)
+            _run_uvicorn(
+                host=host, port=port, workers=workers or os.cpu_count() or 1, log_level=log_level
+            )
     except (SchemaNotAtHeadError, NoDatabaseError) as exc:
         raise _fail(str(exc)) from None
 
@@ -144,16 +154,20 @@ def _run_uvicorn(*, host: str, port: int, workers: int, log_level: str) -> None:
         http="queue_server.infra.http_protocol:ProblemHttpToolsProtocol",
     )
     if workers > 1:
-        uvicorn.run(
-            "queue_server.app:app_from_env",
-            factory=True,
-            host=host,
-            port=port,
-            workers=workers,
-            log_level=log_level,
-            access_log=False,
-            http="queue_server.infra.http_protocol:ProblemHttpToolsProtocol",
-        )
+        from queue_server.infra.metrics import prepare_multiprocess
+
+        with tempfile.TemporaryDirectory(prefix="queue-server-metrics-") as directory:
+            prepare_multiprocess(Path(directory))
+            uvicorn.run(
+                "queue_server.app:app_from_env",
+                factory=True,
+                host=host,
+                port=port,
+                workers=workers,
+                log_level=log_level,
+                access_log=False,
+                http="queue_server.infra.http_protocol:ProblemHttpToolsProtocol",
+            )
         return
     # uvicorn re-raises the signal that stopped it once it has shut down; by then
     # there is nothing left to interrupt, and the embedded database still has to stop.

@@ -304,6 +304,63 @@ class Items:
             200, {"item_id": item_id, "fence": fence, "lease_expires_at": row["lease_expires_at"]}
         )
 
+    async def heartbeat_many(
+        self,
+        principal: auth.Principal,
+        tenant: str,
+        *,
+        worker: str,
+        leases: list[dict[str, Any]],
+        lease_ttl: float | None,
+        instance: str,
+    ) -> Answer:
+        """Extend many leases of one worker in one transaction, each under its own fence.
+
+        Each entry gets its own answer: the new expiry, or the refusal a single
+        heartbeat would have given.
+        """
+        principal.require(tenant, Role.WORKER)
+        ids = [entry["item_id"] for entry in leases]
+        if len(set(ids)) != len(ids):
+            raise errors.InvalidRequestError("Each item may appear once in a batch of heartbeats.")
+        ttl = await self._lease_ttl(tenant, lease_ttl)
+        valid = [entry for entry in leases if is_uuid(entry["item_id"])]
+        async with self.db.tx() as conn:
+            extended = (
+                await transitions.heartbeat_many(
+                    conn, tenant=tenant, worker=worker, leases=valid, ttl=ttl
+                )
+                if valid
+                else {}
+            )
+            refused = {e["item_id"]: e["fence"] for e in valid if e["item_id"] not in extended}
+            refusals = (
+                await transitions.explain_rejections(
+                    conn, tenant=tenant, worker=worker, fences=refused
+                )
+                if refused
+                else {}
+            )
+        results: list[dict[str, Any]] = []
+        for entry in leases:
+            item_id = entry["item_id"]
+            if item_id in extended:
+                results.append(
+                    {
+                        "item_id": item_id,
+                        "status": 200,
+                        "fence": entry["fence"],
+                        "lease_expires_at": extended[item_id]["lease_expires_at"],
+                    }
+                )
+                continue
+            refusal = refusals.get(item_id) or errors.ItemNotFoundError(item_id=item_id)
+            problem = errors.problem(
+                refusal, base_uri=self.settings.problem_base_uri, instance=instance
+            )
+            results.append({"item_id": item_id, "status": refusal.status, "problem": problem})
+        return Answer.of(200, {"extended": len(extended), "results": results})
+
     async def _holder_effect(
         self,
         principal: auth.Principal,

@@ -634,6 +634,45 @@ async def explain_rejection(
     return refusals[item_id]
 
 
+_HEARTBEAT_MANY = _SQL(
+    "heartbeat_many",
+    f"""
+WITH input AS (
+    SELECT * FROM jsonb_to_recordset(%(leases)s::jsonb) AS x(item_id uuid, fence bigint)
+), upd AS (
+    UPDATE work_items w
+    SET lease_expires_at = statement_timestamp() + %(ttl)s, updated_at = statement_timestamp(),
+        event_seq = w.event_seq + 1
+    FROM input i
+    WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(%(ids)s::uuid[]) AND w.item_id = i.item_id
+      AND {_holder_guard("w", fence="i.fence")}
+    RETURNING w.*
+), {_ledger(_event("upd", "heartbeat", "%(worker)s", "jsonb_build_object('lease_expires_at', lease_expires_at)"))}
+SELECT item_id::text AS item_id, lease_expires_at FROM upd
+""",
+)
+
+
+async def heartbeat_many(
+    conn: Conn, *, tenant: str, worker: str, leases: list[dict[str, Any]], ttl: timedelta
+) -> dict[str, Row]:
+    """leased -> leased for each lease whose own fence, holder and expiry pass the guard.
+
+    Returns the extended leases by item id; the others changed nothing.
+    """
+    cur = await conn.execute(
+        _HEARTBEAT_MANY,
+        {
+            "leases": Jsonb(leases),
+            "ids": [entry["item_id"] for entry in leases],
+            "tenant": tenant,
+            "worker": worker,
+            "ttl": ttl,
+        },
+    )
+    return {row["item_id"]: row for row in await cur.fetchall()}
+
+
 _COMPLETE_MANY = _SQL(
     "complete_many",
     f"""

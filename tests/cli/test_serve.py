@@ -168,6 +168,13 @@ def test_the_image_commands_run_on_an_external_database_without_embedded_postgre
     port = _free_port()  # the api service
     proc = subprocess.Popen(
         _without_embedded("serve", "--port", str(port)),
+
+@pytest.mark.slow
+def test_metrics_add_up_every_worker_process(tmp_path: Path) -> None:
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "QUEUE_SERVER_DATABASE_URL"}
+    proc = subprocess.Popen(
+        [str(BIN), "serve", "--port", str(port), "--data-dir", str(tmp_path), "--workers", "2"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -178,4 +185,25 @@ def test_the_image_commands_run_on_an_external_database_without_embedded_postgre
     assert proc.returncode == 0, out
     assert "external database" in out
     assert "Created the admin key" in out
+
+    try:
+        _wait_ready(port, proc)
+        for _ in range(30):
+            # A new connection each time, so the kernel spreads them over both processes.
+            assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+        seen = set()
+        for _ in range(6):
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+            (line,) = [
+                line
+                for line in text.splitlines()
+                if line.startswith("queue_server_requests_total{") and 'route="/healthz"' in line
+            ]
+            seen.add(float(line.rsplit(" ", 1)[1]))
+        # Whichever process answers the scrape counts the requests of both.
+        assert seen == {30.0}
+        assert "queue_server_items" in text
+    finally:
+        out = _stop(proc)
+    assert proc.returncode == 0, out
     assert "Traceback" not in out

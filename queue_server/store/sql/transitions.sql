@@ -386,6 +386,26 @@ SELECT item_id::text AS item_id, state, fence, lease_holder, lease_expires_at,
        lease_expires_at <= statement_timestamp() AS expired
 FROM work_items WHERE tenant_id = %(tenant)s AND item_id = ANY(%(item_ids)s::uuid[]);
 
+-- name: heartbeat_many
+WITH input AS (
+    SELECT * FROM jsonb_to_recordset(%(leases)s::jsonb) AS x(item_id uuid, fence bigint)
+), upd AS (
+    UPDATE work_items w
+    SET lease_expires_at = statement_timestamp() + %(ttl)s, updated_at = statement_timestamp(),
+        event_seq = w.event_seq + 1
+    FROM input i
+    WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(%(ids)s::uuid[]) AND w.item_id = i.item_id
+      AND w.state = 'leased' AND w.fence = i.fence AND w.lease_holder = %(worker)s
+      AND w.lease_expires_at > statement_timestamp()
+    RETURNING w.*
+), ev AS (
+    INSERT INTO item_events (tenant_id, item_id, seq, at, kind, fence, actor, data)
+    SELECT tenant_id, item_id, event_seq - 1, updated_at, 'heartbeat', fence, %(worker)s,
+           jsonb_build_object('lease_expires_at', lease_expires_at)
+    FROM upd
+)
+SELECT item_id::text AS item_id, lease_expires_at FROM upd;
+
 -- name: complete_many
 WITH input AS (
     SELECT * FROM jsonb_to_recordset(%(items)s::jsonb) AS x(item_id uuid, fence bigint, result jsonb)
