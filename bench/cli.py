@@ -63,10 +63,10 @@ def make_plan(args: argparse.Namespace) -> Plan:
         )  # fmt: skip
     else:
         plan = Plan(
-            reps=3, pgbench_s=3, cycle_s=3.0, enqueue_s=3.0, wake_s=4.0, peer_s=3.0,
-            profile_s=8, history=(10_000, 1_000_000), cost_s=2.5,
-            churn_s=35.0, churn_window=5.0, churn_items=HOUR_EQUIVALENT_ITEMS,
-            worker_s=2.5, worker_reps=2,
+            reps=2, pgbench_s=2, cycle_s=2.5, enqueue_s=2.5, wake_s=3.0, peer_s=2.0,
+            profile_s=6, history=(10_000, 1_000_000), cost_s=2.0,
+            churn_s=30.0, churn_window=5.0, churn_items=HOUR_EQUIVALENT_ITEMS,
+            worker_s=1.5, worker_reps=2,
         )  # fmt: skip
     if big:
         plan.history = (*plan.history, 10_000_000)
@@ -650,8 +650,13 @@ def _warm(seconds: float) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a smoke run, under a minute")
-    parser.add_argument("--reps", type=int, default=None, help="repetitions (default 3, quick 1)")
-    parser.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    parser.add_argument("--reps", type=int, default=None, help="repetitions (default 2, quick 1)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="server worker processes (serve's own default is one per core)",
+    )
     parser.add_argument(
         "--client-procs", type=int, default=2, help="load-generator processes for 4+ workers"
     )

@@ -25,6 +25,8 @@ class BodyLimitAndMetrics:
         self.max_body = max_body
         self.metrics = metrics
         self.base_uri = base_uri
+        # The labelled series of each (route, method, status), looked up once per process.
+        self._series: dict[tuple[str, str, int], tuple[Any, Any]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -73,8 +75,16 @@ class BodyLimitAndMetrics:
         finally:
             route = scope.get("route")
             template = getattr(route, "path", "unmatched")
-            self.metrics.requests.labels(template, scope["method"], str(status[0])).inc()
-            self.metrics.request_seconds.labels(template).observe(time.perf_counter() - started)
+            key = (template, scope["method"], status[0])
+            series = self._series.get(key)
+            if series is None:
+                series = (
+                    self.metrics.requests.labels(template, scope["method"], str(status[0])),
+                    self.metrics.request_seconds.labels(template),
+                )
+                self._series[key] = series
+            series[0].inc()
+            series[1].observe(time.perf_counter() - started)
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
         for name, value in scope["headers"]:

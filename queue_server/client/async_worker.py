@@ -122,7 +122,7 @@ class AsyncWorker:
         self.pace = Pace(prefetch)
         self.stopping = asyncio.Event()
         self._room = asyncio.Event()  # the acquirer waits for room
-        self._work = asyncio.Event()  # slots wait for a waiting lease
+        self._idle: deque[asyncio.Future[None]] = deque()  # slots waiting for a lease
         self._held: dict[str, AsyncJob] = {}
         self._waiting: deque[AsyncJob] = deque()
         self._running = 0
@@ -148,7 +148,7 @@ class AsyncWorker:
         self._held[job.item_id] = job
         if stage is Stage.WAITING:
             self._waiting.append(job)
-            self._work.set()
+            self._wake()
         return job
 
     def _settle(self, job: AsyncJob, result: Result, *, report: bool = True) -> None:
@@ -179,6 +179,14 @@ class AsyncWorker:
     def queue_limit(self) -> int:
         """The queue's concurrency limit as last read: no more leases than this are held."""
         return max(1, self._limit)
+
+    def _wake(self, n: int = 1) -> None:
+        """Wake up to `n` idle slots: one per lease that arrived, not all of them."""
+        while n > 0 and self._idle:
+            idle = self._idle.popleft()
+            if not idle.done():
+                idle.set_result(None)
+                n -= 1
 
     def running(self) -> list[AsyncJob]:
         """The jobs whose handler is running now."""
@@ -266,8 +274,9 @@ class AsyncWorker:
             while not (self._waiting and self._running < self._slots):
                 if self._closing or self.stopping.is_set():
                     return
-                self._work.clear()
-                await self._work.wait()
+                idle = asyncio.get_running_loop().create_future()
+                self._idle.append(idle)
+                await idle
             if self.stopping.is_set():
                 return  # a stopping worker starts nothing new; waiting leases go back
             job = self._waiting.popleft()
@@ -283,7 +292,7 @@ class AsyncWorker:
                 self._running -= 1
                 self._room.set()
                 if self._waiting:
-                    self._work.set()
+                    self._wake()
 
     async def _acquire_loop(self, max_items: int | None, drain: bool) -> None:
         taken = 0
@@ -292,7 +301,7 @@ class AsyncWorker:
             cap = self.queue_limit
             if limit != self._slots:
                 self._slots = limit
-                self._work.set()
+                self._wake(len(self._idle))
             remaining = None if max_items is None else max_items - taken
             if remaining == 0:
                 break
@@ -354,7 +363,7 @@ class AsyncWorker:
             job.stage = Stage.SETTLING
             self._put(job, give_back(), report=False)
         self._closing = True
-        self._work.set()
+        self._wake(len(self._idle))
         _, pending = await asyncio.wait(slots, timeout=grace)
         if pending:
             for job in self.running():
@@ -416,7 +425,7 @@ class AsyncWorker:
         """Take no new work; `run` then lets running handlers finish within its grace."""
         self.stopping.set()
         self._room.set()
-        self._work.set()
+        self._wake(len(self._idle))
 
     def abort(self) -> None:
         """Tell every running handler to stop now."""

@@ -388,7 +388,7 @@ class Items:
                 raise refusal
             return Answer.of(200, views.item(row))
 
-        return await self.effects.run(tenant, idem, instance, operation)
+        return await self.effects.run_pipelined(tenant, idem, instance, operation)
 
     async def complete(
         self,
@@ -461,7 +461,7 @@ class Items:
                 results.append({"item_id": item_id, "status": refusal.status, "problem": problem})
             return Answer.of(200, {"completed": len(done), "results": results})
 
-        return await self.effects.run(tenant, idem, instance, operation)
+        return await self.effects.run_pipelined(tenant, idem, instance, operation)
 
     async def requeue(
         self,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from psycopg import AsyncCursor
+
 from queue_server.store.sql import Statements
 from queue_server.store.types import Conn, Row
 
@@ -31,6 +33,20 @@ async def claim(
         _CLAIM, {"tenant": tenant, "key": key, "fingerprint": fingerprint, "retention": retention}
     )
     return await cur.fetchone() is not None
+
+
+async def start_claim(
+    conn: Conn, *, tenant: str, key: str, fingerprint: str, retention: timedelta
+) -> AsyncCursor[Row]:
+    """Send the claim without waiting for its answer (pipeline mode); see `was_claimed`."""
+    return await conn.execute(
+        _CLAIM, {"tenant": tenant, "key": key, "fingerprint": fingerprint, "retention": retention}
+    )
+
+
+async def was_claimed(cursor: AsyncCursor[Row]) -> bool:
+    """The answer of a claim sent by `start_claim`."""
+    return await cursor.fetchone() is not None
 
 
 _GET = _SQL(
