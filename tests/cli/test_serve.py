@@ -197,18 +197,24 @@ def test_metrics_add_up_every_worker_process(tmp_path: Path) -> None:
         for _ in range(30):
             # A new connection each time, so the kernel spreads them over both processes.
             assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
-        seen = set()
-        for _ in range(6):
+
+        def healthz_count() -> float:
             text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
             (line,) = [
                 line
                 for line in text.splitlines()
                 if line.startswith("queue_server_requests_total{") and 'route="/healthz"' in line
             ]
-            seen.add(float(line.rsplit(" ", 1)[1]))
+            assert "queue_server_items" in text
+            return float(line.rsplit(" ", 1)[1])
+
+        # A request is counted just after its answer is sent: let the last one land.
+        deadline = time.monotonic() + 10
+        while healthz_count() != 30.0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        seen = {healthz_count() for _ in range(6)}
         # Whichever process answers the scrape counts the requests of both.
         assert seen == {30.0}
-        assert "queue_server_items" in text
     finally:
         out = _stop(proc)
     assert proc.returncode == 0, out
