@@ -20,8 +20,8 @@ $(STAMP): pyproject.toml requirements.lock
 
 install: $(STAMP) ## Create .venv and install the project with its dev tools
 
-serve: $(STAMP) ## Serve on 127.0.0.1:8080 (embedded PostgreSQL unless QUEUE_SERVER_DATABASE_URL is set)
-	$(BIN)/queue-server serve
+serve: $(STAMP) ## Serve on 127.0.0.1:8080 (embedded PostgreSQL unless QUEUE_SERVER_DATABASE_URL is set); ARGS="--port 9000 --data-dir DIR"
+	$(BIN)/queue-server serve $(ARGS)
 
 lint: $(STAMP) ## ruff and mypy
 	$(BIN)/ruff check $(SOURCES)

@@ -178,6 +178,13 @@ class IdempotencyKeyReuseError(QueueServerError):
     title = "Idempotency-Key reused"
 
 
+class AmbiguousIdError(ConflictError):
+    """The id prefix names more than one item; give more of it."""
+
+    code = "ambiguous-id"
+    title = "Ambiguous id"
+
+
 class IdempotencyKeyInFlightError(ConflictError):
     """A request with this Idempotency-Key is still being processed; retry shortly."""
 

@@ -76,6 +76,16 @@ def tenant(row: Row, counts: dict[str, int] | None = None) -> dict[str, Any]:
     return body
 
 
+def api_key(row: Row) -> dict[str, Any]:
+    return {
+        "key_id": row["key_id"],
+        "tenant": row["tenant_id"],
+        "role": row["role"],
+        "created_at": row["created_at"],
+        "revoked_at": row["revoked_at"],
+    }
+
+
 def spend_approval(row: Row) -> dict[str, Any]:
     return {
         "approval_id": str(row["approval_id"]),

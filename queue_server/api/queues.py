@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from fastapi import APIRouter, Request
 from pydantic import BaseModel
 from starlette.responses import Response
@@ -27,9 +29,20 @@ class QueueStatusOut(BaseModel):
     due: int
     leased: int
     quarantined: int
+    completed: int
+    cancelled: int
     oldest_ready_age: float | None
     concurrency_limit: int
     active_leases: int
+
+
+class LeaseStatusOut(BaseModel):
+    queue: str
+    item_id: str
+    worker: str
+    fence: int
+    acquired_at: datetime | None
+    lease_expires_at: datetime
 
 
 class StatusOut(BaseModel):
@@ -38,6 +51,7 @@ class StatusOut(BaseModel):
     backlog_cap: int
     open_dead_letters: int
     queues: list[QueueStatusOut]
+    leases: list[LeaseStatusOut]
 
 
 @router.post(

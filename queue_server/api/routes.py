@@ -80,6 +80,17 @@ async def create_key(
     return respond(await tenants.create_key(caller, tenant, Role(body.role)))
 
 
+@router.get("/tenants/{tenant}/keys", response_model=schemas.KeysOut, tags=["tenants"])
+async def list_keys(
+    tenant: TenantName,
+    tenants: KeysService,
+    caller: Caller,
+    revoked: Annotated[bool, Query(description="Also the revoked keys.")] = False,
+) -> Response:
+    """The tenant's API keys, oldest first: id, role, created, revoked; never a secret (admin)."""
+    return respond(await tenants.list_keys(caller, tenant, revoked=revoked))
+
+
 @router.delete("/tenants/{tenant}/keys/{key_id}", status_code=204, tags=["tenants"])
 async def revoke_key(
     tenant: TenantName,

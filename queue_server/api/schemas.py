@@ -92,6 +92,18 @@ class TenantPage(BaseModel):
     next_cursor: str | None
 
 
+class KeyInfoOut(BaseModel):
+    key_id: str
+    tenant: str
+    role: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+class KeysOut(BaseModel):
+    keys: list[KeyInfoOut]
+
+
 class KeyIn(Body):
     role: Literal["worker", "operator"]
 

@@ -4,30 +4,37 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
 import typer
+import typer.main
 from pydantic import BaseModel
 from rich.console import Console
 from rich.table import Table
 
-from queue_server.client import QueueClient, QueueClientError
+from queue_server.client import DEFAULT_URL, QueueClient, QueueClientError
+from queue_server.client.errors import ConnectionFailedError, NoTenantError, ProblemError
 from queue_server.policy import PolicyError, ReliabilityPolicy
+
+# Where `queue-server serve` writes the address it listens on, beside admin.key.
+ADDRESS_FILE = "server.url"
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
 
 Url = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--url",
         envvar="QUEUE_SERVER_URL",
-        help="The server's base URL.",
+        help="The server's base URL. Default: the address a local `queue-server serve` wrote"
+        f" to <data-dir>/{ADDRESS_FILE}, else {DEFAULT_URL}.",
         rich_help_panel="Connection",
+        show_default=False,
     ),
 ]
 Key = Annotated[
@@ -74,19 +81,62 @@ PolicyFile = Annotated[
         dir_okay=False,
     ),
 ]
+Wide = Annotated[
+    bool, typer.Option("--wide", "-w", help="Every column in full, however wide the terminal.")
+]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print only the ids, one per line.")]
+
+# The exit status of every command, and the sentence every command's help ends with.
+EXIT_OK = 0
+EXIT_FAILURES = 1  # the command ran, and some of what it did failed (or was declined)
+EXIT_USAGE = 2  # bad arguments or options (Click's own code for usage errors)
+EXIT_UNAVAILABLE = 3  # the server could not be reached, or answered that it is unavailable
+EXIT_REFUSED = 4  # the server refused: authentication, permission, validation, not found, conflict
+EXIT_CODES_HELP = (
+    "Exit status: 0 done; 1 failures (some of the work failed, or a question was declined);"
+    " 2 usage (bad arguments); 3 the server unreachable or unavailable;"
+    " 4 refused (authentication, permission, validation, not found, conflict)."
+)
 
 
 class CommandError(Exception):
-    """A CLI-side refusal: printed as `error: title: detail`, exit 1."""
+    """A CLI-side refusal: printed as `error: title: detail`, exit `code` (default: usage)."""
 
-    def __init__(self, title: str, detail: str = "") -> None:
+    def __init__(self, title: str, detail: str = "", code: int = EXIT_USAGE) -> None:
         self.title = title
         self.detail = detail
+        self.code = code
         super().__init__(f"{title}: {detail}" if detail else title)
 
 
-def fail(title: str, detail: str = "") -> NoReturn:
-    raise CommandError(title, detail)
+def fail(title: str, detail: str = "", code: int = EXIT_USAGE) -> NoReturn:
+    raise CommandError(title, detail, code)
+
+
+def exit_code(exc: QueueClientError) -> int:
+    """The exit status for an error of the client: unavailable (3), refused (4), usage (2)."""
+    if isinstance(exc, ConnectionFailedError):
+        return EXIT_UNAVAILABLE
+    if isinstance(exc, NoTenantError):
+        return EXIT_USAGE
+    if isinstance(exc, ProblemError):
+        return EXIT_UNAVAILABLE if exc.status >= 500 else EXIT_REFUSED
+    return EXIT_FAILURES
+
+
+def problem_detail(exc: QueueClientError) -> str:
+    """The server's detail, with the reason it gave for each invalid field."""
+    detail = exc.detail
+    body = exc.body if isinstance(exc, ProblemError) else {}
+    reasons = []
+    for error in body.get("errors") or ():
+        if not isinstance(error, dict):
+            continue
+        where = ".".join(str(part) for part in error.get("loc") or ())
+        reasons.append(f"{where}: {error.get('msg')}" if where else str(error.get("msg")))
+    if reasons:
+        detail = (detail + " " if detail else "") + "; ".join(reasons)
+    return detail
 
 
 def report_error(title: str, detail: str, code: str | None = None) -> None:
@@ -105,17 +155,20 @@ def _escape(text: str) -> str:
 
 
 class CLI(typer.Typer):
-    """Typer, with client and CLI errors printed as one line and a non-zero exit."""
+    """Typer, with client and CLI errors printed as one line and their exit status, the exit
+    statuses at the end of every command's help, and flags shown without a value hint."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        command = typer.main.get_command(self)
+        _finish_help(command)
         try:
-            return super().__call__(*args, **kwargs)
+            return command(*args, **kwargs)
         except QueueClientError as exc:
-            report_error(exc.title, exc.detail, exc.code)
-            sys.exit(1)
+            report_error(exc.title, problem_detail(exc), exc.code)
+            sys.exit(exit_code(exc))
         except CommandError as exc:
             report_error(exc.title, exc.detail)
-            sys.exit(1)
+            sys.exit(exc.code)
         except PolicyError as exc:
             report_error("Reliability policy refused", str(exc))
             sys.exit(1)
@@ -131,28 +184,49 @@ def process_policy(path: Path | None) -> ReliabilityPolicy:
     return runtime_policy(path)
 
 
-def _key_from_data_dir(data_dir: Path | None) -> str | None:
+def _finish_help(command: Any) -> None:
+    """Every command and group: the exit statuses as the help's last paragraph; flags
+    (--json, --yes, --help...) take no value, so their help shows none.
+
+    Duck-typed: Typer builds its commands on its own copy of Click.
+    """
+    if not command.epilog:
+        command.epilog = EXIT_CODES_HELP
+    help_option = command.get_help_option(command.context_class(command))  # built once, kept
+    for param in [*command.params, help_option]:
+        if getattr(param, "is_flag", False):
+            param.metavar = ""
+    for sub in getattr(command, "commands", {}).values():
+        _finish_help(sub)
+
+
+def _from_data_dir(data_dir: Path | None, name: str) -> str | None:
     from queue_server.settings import default_data_dir
 
-    # queue_server.infra.serve.ADMIN_KEY_FILE; not imported, it would pull in the database stack.
-    path = (data_dir or default_data_dir()) / "admin.key"
     try:
-        return path.read_text().strip() or None
+        return ((data_dir or default_data_dir()) / name).read_text().strip() or None
     except OSError:
         return None
 
 
-def connect(url: str, key: str | None, data_dir: Path | None = None) -> QueueClient:
+def server_url(url: str | None, data_dir: Path | None = None) -> str:
+    """--url or QUEUE_SERVER_URL, else the address a local server wrote, else the default."""
+    return url or _from_data_dir(data_dir, ADDRESS_FILE) or DEFAULT_URL
+
+
+def connect(url: str | None, key: str | None, data_dir: Path | None = None) -> QueueClient:
     """The one client factory of the CLI."""
-    key = key or _key_from_data_dir(data_dir)
+    # queue_server.infra.serve.ADMIN_KEY_FILE; not imported, it would pull in the database stack.
+    key = key or _from_data_dir(data_dir, "admin.key")
     if not key:
         fail(
             "No API key",
             "pass --key, set QUEUE_SERVER_KEY, or run where the embedded server's"
             " <data-dir>/admin.key is readable",
+            EXIT_REFUSED,
         )
     # A person is waiting: retry transient failures briefly, then say what went wrong.
-    return QueueClient(url, key, attempts=3, max_wait=2.0)
+    return QueueClient(server_url(url, data_dir), key, attempts=3, max_wait=2.0)
 
 
 def tenant_of(client: QueueClient, tenant: str | None) -> str:
@@ -169,7 +243,7 @@ def tenant_of(client: QueueClient, tenant: str | None) -> str:
 
 @contextmanager
 def tenant_session(
-    url: str, key: str | None, data_dir: Path | None, tenant: str | None
+    url: str | None, key: str | None, data_dir: Path | None, tenant: str | None
 ) -> Iterator[QueueClient]:
     client = connect(url, key, data_dir)
     try:
@@ -177,6 +251,24 @@ def tenant_session(
         yield client
     finally:
         client.close()
+
+
+def resolve_id(given: str, what: str, candidates: Callable[[], Iterable[str]]) -> str:
+    """A whole id as given; a prefix of exactly one of `candidates` as that id."""
+    if len(given) >= 32:  # a whole uuid (or a key id); the server says if it exists
+        return given
+    prefix = given.lower()
+    matches = sorted({c for c in candidates() if c.lower().startswith(prefix)})
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        fail(f"No {what} id starts with {given!r}", code=EXIT_REFUSED)
+    shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
+    fail(
+        f"Ambiguous {what} id {given!r}",
+        f"{len(matches)} start with it ({shown}); give more of it",
+        code=EXIT_REFUSED,
+    )
 
 
 # -- output ----------------------------------------------------------------------
@@ -201,27 +293,74 @@ def cell(value: Any) -> str:
     if value is None:
         return "-"
     if isinstance(value, datetime):
-        return value.strftime("%Y-%m-%d %H:%M:%S")
+        return when(value)
     if isinstance(value, dict | list):
         text = json.dumps(value, ensure_ascii=False)
         return text if len(text) <= 60 else text[:57] + "..."
     return str(value)
 
 
-ID_COLUMNS = frozenset({"dead letter", "item"})
+def when(value: datetime) -> str:
+    """A time in the local zone, with the zone: `2025-03-01 14:02:11 CET`."""
+    local = value.astimezone()
+    return local.strftime("%Y-%m-%d %H:%M:%S ") + (local.tzname() or local.strftime("%z"))
 
 
-def table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+# Ids are copied into the next command: never cut, never wrapped.
+ID_COLUMNS = frozenset({"dead letter", "item", "watcher", "delivery key", "key", "tenant"})
+NARROWEST = 10  # a column other than an id is wrapped down to this width, never below
+
+
+def table(
+    title: str | None,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    *,
+    drop: Sequence[str] = (),
+    wide: bool = False,
+) -> None:
+    """A table whose id columns stay whole. When the terminal is too narrow, the other
+    columns wrap, then the columns in `drop` go, in that order (the title says which);
+    `wide` prints every column in full whatever the terminal's width."""
+    texts = [[cell(v) for v in row] for row in rows]
+    natural = [max([len(c), *(len(r[i]) for r in texts)]) for i, c in enumerate(columns)]
+    keep = list(range(len(columns)))
+
+    def needed(indexes: list[int], full: bool) -> int:
+        widths = [
+            natural[i] if full or columns[i] in ID_COLUMNS else min(natural[i], NARROWEST)
+            for i in indexes
+        ]
+        return sum(widths) + 3 * len(widths) + 1  # the box's borders and padding
+
+    out = console
+    if wide:
+        out = Console(highlight=False, width=max(console.width, needed(keep, full=True)))
+    else:
+        for name in drop:
+            if needed(keep, full=False) <= console.width:
+                break
+            keep.remove(columns.index(name))
+    dropped = [c for i, c in enumerate(columns) if i not in keep]
+    if dropped:
+        note = f"(not shown: {', '.join(dropped)}; --wide shows every column)"
+        title = f"{title} {note}" if title else note
     grid = Table(title=title, title_justify="left", header_style="bold")
-    for column in columns:
-        if column in ID_COLUMNS:
-            # Ids are copied into the next command: never cut or wrapped.
-            grid.add_column(column, no_wrap=True, min_width=36)
+    for i in keep:
+        if columns[i] in ID_COLUMNS:
+            grid.add_column(columns[i], no_wrap=True, min_width=natural[i])
         else:
-            grid.add_column(column)
-    for row in rows:
-        grid.add_row(*(_escape(cell(v)) for v in row))
-    console.print(grid)
+            grid.add_column(columns[i], overflow="fold", min_width=min(natural[i], NARROWEST))
+    for row in texts:
+        grid.add_row(*(_escape(row[i]) for i in keep))
+    out.print(grid)
+
+
+def ids(values: Sequence[str]) -> None:
+    """--quiet: the ids alone, one per line, for the next command or a shell variable."""
+    for value in values:
+        sys.stdout.write(value + "\n")
+    sys.stdout.flush()
 
 
 def fields(title: str | None, pairs: Sequence[tuple[str, Any]]) -> None:
@@ -234,6 +373,27 @@ def fields(title: str | None, pairs: Sequence[tuple[str, Any]]) -> None:
         )
         grid.add_row(name, _escape(text))
     console.print(grid)
+
+
+def failure_text(failure: Any) -> str | None:
+    """An item's failure ({"class", "message"}) or a delivery's last outcome
+    ({"outcome", "status", "detail"...}) as one short line."""
+    if not isinstance(failure, dict) or not failure:
+        return None
+    if "outcome" in failure:
+        status = failure.get("status")
+        parts = [str(failure["outcome"]) + (f" (HTTP {status})" if status else "")]
+        extra = failure.get("detail") or failure.get("error") or failure.get("response_prefix")
+        if extra:
+            parts.append(str(extra))
+        if failure.get("attempt"):
+            parts.append(f"attempt {failure['attempt']}")
+        return ": ".join(parts[:2]) + (f", {parts[2]}" if len(parts) > 2 else "")
+    message = failure.get("message")
+    kind = failure.get("class")
+    if kind and message:
+        return f"{kind}: {message}"
+    return str(message or kind or json.dumps(failure, ensure_ascii=False))
 
 
 def age(seconds: float | None) -> str:

@@ -9,22 +9,28 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from queue_server.cli.common import (
     CLI,
+    CommandError,
     DataDir,
     Json,
     Key,
+    Quiet,
     Tenant,
     Url,
+    Wide,
     confirm,
     console,
     err_console,
     fail,
+    failure_text,
     fields,
+    ids,
     print_json,
+    resolve_id,
     table,
     tenant_session,
 )
 from queue_server.cli.items import item_fields, ledger_table
-from queue_server.client import DEFAULT_URL, QueueClient, new_idempotency_key
+from queue_server.client import QueueClient, new_idempotency_key
 from queue_server.client.models import DeadLetter, Item
 from queue_server.client.watchers import Delivery, WatcherClient
 
@@ -41,7 +47,7 @@ def _dead_letter_rows(rows: list[DeadLetter]) -> list[tuple[object, ...]]:
             d.dead_letter_id,
             d.queue,
             d.reason,
-            (d.last_failure or {}).get("message") if isinstance(d.last_failure, dict) else None,
+            failure_text(d.last_failure),
             d.created_at,
             d.resolution or "open",
         )
@@ -55,11 +61,13 @@ def dead_list(
     kind: Annotated[str | None, typer.Option(help="item or delivery.")] = None,
     state: Annotated[str, typer.Option("--status", help="open, closed or all.")] = "open",
     limit: Annotated[int, typer.Option(help="At most this many (0: all).")] = 50,
-    url: Url = DEFAULT_URL,
+    url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
     data_dir: DataDir = None,
     json: Json = False,
+    quiet: Quiet = False,
+    wide: Wide = False,
 ) -> None:
     """Dead letters, oldest first.
 
@@ -81,17 +89,24 @@ def dead_list(
     if json:
         print_json(rows)
         return
+    if quiet:
+        ids([d.dead_letter_id for d in rows])
+        return
     table(
         f"{len(rows)} dead letters",
         ["dead letter", "queue", "reason", "last failure", "created", "status"],
         _dead_letter_rows(rows),
+        drop=["status", "created", "reason"],
+        wide=wide,
     )
 
 
 @app.command("show")
 def dead_show(
-    dead_letter_id: Annotated[str, typer.Argument(help="Dead letter id.")],
-    url: Url = DEFAULT_URL,
+    dead_letter_id: Annotated[
+        str, typer.Argument(help="Dead letter id, or a prefix of exactly one.")
+    ],
+    url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
     data_dir: DataDir = None,
@@ -102,7 +117,7 @@ def dead_show(
     Example: [bold]queue-server dead-letters show 0190f3c2-...[/bold]
     """
     with tenant_session(url, key, data_dir, tenant) as qs:
-        detail = qs.show_dead_letter(dead_letter_id)
+        detail = qs.show_dead_letter(dead_letter_of(qs, dead_letter_id))
     if json:
         print_json(detail)
         return
@@ -113,7 +128,7 @@ def dead_show(
             ("kind", d.kind),
             ("queue", d.queue),
             ("reason", d.reason),
-            ("last failure", d.last_failure),
+            ("last failure", failure_text(d.last_failure)),
             ("created", d.created_at),
             ("status", d.resolution or "open"),
         ],
@@ -140,6 +155,18 @@ def _ids_or_queue(ids: list[str], queue: str | None, everything: bool) -> None:
         fail("Nothing chosen", "name dead letters by id, or use --queue Q or --all")
 
 
+def dead_letter_of(qs: QueueClient, given: str) -> str:
+    """A dead letter id, or a prefix of exactly one (open ones first, then all)."""
+
+    def candidates(status: str) -> list[str]:
+        return [d.dead_letter_id for d in qs.iter_dead_letters(status=status)]  # type: ignore[arg-type]
+
+    try:
+        return resolve_id(given, "dead letter", lambda: candidates("open"))
+    except CommandError:
+        return resolve_id(given, "dead letter", lambda: candidates("all"))
+
+
 def _collect(qs: QueueClient, queue: str | None) -> list[DeadLetter]:
     return [d for d in qs.iter_dead_letters(queue=queue, kind="item")]
 
@@ -155,14 +182,14 @@ def _replay_one(
 
 @app.command("replay")
 def dead_replay(
-    ids: Annotated[list[str] | None, typer.Argument(help="Dead letter ids.")] = None,
+    ids: Annotated[list[str] | None, typer.Argument(help="Dead letter ids (or prefixes).")] = None,
     queue: Queue = None,
     everything: Annotated[bool, typer.Option("--all", help="Every open item dead letter.")] = False,
     max_acquisitions: Annotated[
         int | None, typer.Option(help="The renewed acquisition budget (default: the item's).")
     ] = None,
     yes: Yes = False,
-    url: Url = DEFAULT_URL,
+    url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
     data_dir: DataDir = None,
@@ -185,7 +212,8 @@ def dead_replay(
             answers: list[Item | Delivery] = []
             with _progress() as progress:
                 task = progress.add_task("replaying", total=len(ids))
-                for dead_letter_id in ids:
+                for given in ids:
+                    dead_letter_id = dead_letter_of(qs, given)
                     answers.append(_replay_one(qs, dead_letter_id, max_acquisitions))
                     progress.advance(task)
             if json:
@@ -229,12 +257,12 @@ def dead_replay(
 
 @app.command("discard")
 def dead_discard(
-    ids: Annotated[list[str] | None, typer.Argument(help="Dead letter ids.")] = None,
+    ids: Annotated[list[str] | None, typer.Argument(help="Dead letter ids (or prefixes).")] = None,
     queue: Queue = None,
     everything: Annotated[bool, typer.Option("--all", help="Every open item dead letter.")] = False,
     reason: Annotated[str, typer.Option(help="Why; kept in the item's ledger.")] = "",
     yes: Yes = False,
-    url: Url = DEFAULT_URL,
+    url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
     data_dir: DataDir = None,
@@ -262,8 +290,8 @@ def dead_discard(
         items = []
         with _progress() as progress:
             task = progress.add_task("discarding", total=len(ids))
-            for dead_letter_id in ids:
-                items.append(qs.discard(dead_letter_id, reason=reason))
+            for given in ids:
+                items.append(qs.discard(dead_letter_of(qs, given), reason=reason))
                 progress.advance(task)
     if json:
         print_json(items)

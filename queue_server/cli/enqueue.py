@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json as jsonlib
+import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -11,6 +13,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from queue_server.cli.common import (
+    EXIT_REFUSED,
     DataDir,
     Json,
     Key,
@@ -22,7 +25,7 @@ from queue_server.cli.common import (
     print_json,
     tenant_session,
 )
-from queue_server.client import DEFAULT_URL, NewItem
+from queue_server.client import NewItem
 
 MAX_BATCH = 500
 
@@ -35,11 +38,11 @@ def _parse(text: str, where: str) -> Any:
     try:
         return jsonlib.loads(text)
     except ValueError as exc:
-        fail("Invalid JSON", f"{where}: {exc}")
+        fail("Invalid JSON", f"{where}: {exc}", EXIT_REFUSED)
 
 
-def read_lines(path: Path) -> tuple[bytes, list[tuple[int, NewItem]]]:
-    """The file's bytes and its items with 1-based line numbers; blank lines are skipped.
+def read_lines(path: Path) -> list[tuple[str, NewItem]]:
+    """Each non-blank line's key (its number and a hash of its text) and its item.
 
     A line is a payload, or an object {"payload": ..., "priority", "delay",
     "max_acquisitions"} when it has a "payload" key and only those keys.
@@ -55,16 +58,81 @@ def read_lines(path: Path) -> tuple[bytes, list[tuple[int, NewItem]]]:
         value = _parse(raw, f"{path}:{number}")
         known = {"payload", "priority", "delay", "max_acquisitions"}
         if isinstance(value, dict) and "payload" in value and set(value) <= known:
-            items.append((number, NewItem(**value)))
+            item = NewItem(**value)
         else:
-            items.append((number, NewItem(payload=value)))
-    return data, items
+            item = NewItem(payload=value)
+        items.append((line_key(number, raw), item))
+    return items
 
 
-def batch_key(tenant: str, queue: str, digest: str, batch_size: int, index: int) -> str:
-    """The same file, queue and batch size give the same keys: a re-run replays, never duplicates."""
-    seed = f"{tenant}\n{queue}\n{digest}\n{batch_size}\n{index}".encode()
-    return f"qs-file-{hashlib.sha256(seed).hexdigest()[:48]}"
+def line_key(number: int, text: str) -> str:
+    """A line of a file: its number and its content. An edited line is a new line."""
+    return f"{number}:{hashlib.sha256(text.encode()).hexdigest()[:20]}"
+
+
+def batch_key(tenant: str, queue: str, lines: Sequence[str]) -> str:
+    """The same lines of the same file to the same queue: the same key, whatever batch
+    they are sent in, so a batch re-sent after a crash is replayed, never enqueued twice."""
+    seed = "\n".join([tenant, queue, *lines]).encode()
+    return f"qs-lines-{hashlib.sha256(seed).hexdigest()[:48]}"
+
+
+def journal_dir() -> Path:
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "queue-server" / "loads"
+
+
+class Journal:
+    """Which lines of a file a queue already holds: one JSON line per batch, written
+    `sending` (before the request) and `done` (after). A batch left `sending` by a
+    crash is re-sent as it was, under its own key, so the server replays it."""
+
+    def __init__(self, url: str, tenant: str, queue: str, path: Path) -> None:
+        seed = "\n".join([url, tenant, queue, str(path.resolve())]).encode()
+        self.path = journal_dir() / f"{hashlib.sha256(seed).hexdigest()[:32]}.jsonl"
+        self.done: set[str] = set()
+        self.sending: dict[str, list[str]] = {}
+        try:
+            text = self.path.read_text()
+        except FileNotFoundError:
+            return
+        for raw in text.splitlines():
+            try:
+                record = jsonlib.loads(raw)
+                lines = [str(k) for k in record["lines"]]
+                state = record["state"]
+            except (ValueError, KeyError, TypeError):
+                continue  # a record torn by a crash: its batch is still `sending`
+            key = "\n".join(lines)
+            if state == "done":
+                self.done.update(lines)
+                self.sending.pop(key, None)
+            else:
+                self.sending[key] = lines
+
+    def write(self, state: str, lines: Sequence[str]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as handle:
+            handle.write(jsonlib.dumps({"state": state, "lines": list(lines)}) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+
+def _batches(
+    lines: list[tuple[str, NewItem]], journal: Journal, batch_size: int
+) -> tuple[list[list[tuple[str, NewItem]]], int]:
+    """The batches still to send (interrupted ones first, as they were) and the count of
+    lines an earlier run already loaded."""
+    by_key = dict(lines)
+    batches = [
+        [(k, by_key[k]) for k in keys]
+        for keys in journal.sending.values()
+        if all(k in by_key and k not in journal.done for k in keys)
+    ]
+    queued = {k for batch in batches for k, _ in batch}
+    rest = [(k, item) for k, item in lines if k not in journal.done and k not in queued]
+    batches += [rest[i : i + batch_size] for i in range(0, len(rest), batch_size)]
+    return batches, sum(1 for k, _ in lines if k in journal.done)
 
 
 def enqueue(
@@ -85,7 +153,7 @@ def enqueue(
     idempotency_key: Annotated[
         str | None, typer.Option(help="Key of a single enqueue (default: a new one).")
     ] = None,
-    url: Url = DEFAULT_URL,
+    url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
     data_dir: DataDir = None,
@@ -93,10 +161,13 @@ def enqueue(
 ) -> None:
     """Enqueue one item (--payload) or every line of a JSONL file (--file).
 
-    A file is sent in batches with a progress bar. Each batch's Idempotency-Key is
-    derived from the file's content and the batch's line numbers, so re-running the
-    same file (with the same --batch-size, within the server's receipt retention of
-    at least 24 hours) enqueues nothing twice: an interrupted run just resumes.
+    A file is sent in batches with a progress bar. The load is resumable, line by
+    line: a journal (under $XDG_STATE_HOME/queue-server/loads) records which lines
+    (number and content) of the file the queue already holds, so re-running the same
+    file, with any --batch-size, sends only the lines not yet loaded; a batch cut off
+    by a crash is re-sent under its own Idempotency-Key and the server replays it
+    (within its receipt retention of at least 24 hours). Lines appended to the file
+    since are loaded; an edited line counts as a new one.
 
     Examples: [bold]queue-server enqueue emails --payload '{"to": "a@example.com"}'[/bold]
               [bold]queue-server enqueue emails --file emails.jsonl[/bold]
@@ -119,10 +190,12 @@ def enqueue(
                 console.print(f"enqueued {item.item_id} on {item.queue}")
             return
         assert file is not None
-        data, lines = read_lines(file)
-        digest = hashlib.sha256(data).hexdigest()
+        lines = read_lines(file)
         chosen_tenant = qs.tenant or ""
+        journal = Journal(qs.url, chosen_tenant, queue, file)
+        batches, already = _batches(lines, journal, batch_size)
         ids: list[str] = []
+        replayed = 0
         progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -132,26 +205,46 @@ def enqueue(
             disable=json,
         )
         with progress:
-            task = progress.add_task(f"enqueue {file.name}", total=len(lines))
-            for index, start in enumerate(range(0, len(lines), batch_size)):
-                batch = lines[start : start + batch_size]
-                items = [
-                    NewItem(
-                        payload=item.payload,
-                        priority=item.priority if "priority" in item.model_fields_set else priority,
-                        delay=item.delay if "delay" in item.model_fields_set else delay,
-                        max_acquisitions=item.max_acquisitions or max_acquisitions,
-                    )
-                    for _, item in batch
-                ]
-                created = qs.enqueue_batch(
-                    queue,
-                    items,
-                    idempotency_key=batch_key(chosen_tenant, queue, digest, batch_size, index),
+            task = progress.add_task(f"enqueue {file.name}", total=len(lines), completed=already)
+            for batch in batches:
+                keys = [k for k, _ in batch]
+                body = {
+                    "items": [
+                        _item_body(item, priority=priority, delay=delay, budget=max_acquisitions)
+                        for _, item in batch
+                    ]
+                }
+                journal.write("sending", keys)
+                response = qs.request(
+                    "POST",
+                    f"/v1/tenants/{chosen_tenant}/queues/{queue}/items:batch",
+                    json=body,
+                    idempotency_key=batch_key(chosen_tenant, queue, keys),
                 )
-                ids += [c.item_id for c in created]
+                journal.write("done", keys)
+                created = [str(i["item_id"]) for i in response.json()["items"]]
+                if response.headers.get("Idempotent-Replayed") == "true":
+                    replayed += len(created)  # sent by the run that was interrupted
+                else:
+                    ids += created
                 progress.advance(task, len(batch))
+    skipped = already + replayed
     if json:
-        print_json({"queue": queue, "count": len(ids), "item_ids": ids})
+        print_json({"queue": queue, "count": len(ids), "already_loaded": skipped, "item_ids": ids})
     else:
-        console.print(f"{len(ids)} items on {queue} from {file}")
+        console.print(
+            f"{len(ids)} items enqueued on {queue} from {file}"
+            + (f"; {skipped} lines were already loaded by an earlier run" if skipped else "")
+        )
+
+
+def _item_body(item: NewItem, *, priority: int, delay: float, budget: int | None) -> dict[str, Any]:
+    """A line's own options win over the command's."""
+    body: dict[str, Any] = {
+        "payload": item.payload,
+        "priority": item.priority if "priority" in item.model_fields_set else priority,
+        "delay": item.delay if "delay" in item.model_fields_set else delay,
+    }
+    if item.max_acquisitions or budget:
+        body["max_acquisitions"] = item.max_acquisitions or budget
+    return body

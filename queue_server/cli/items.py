@@ -18,7 +18,6 @@ from queue_server.cli.common import (
     table,
     tenant_session,
 )
-from queue_server.client import DEFAULT_URL
 from queue_server.client.models import Item, LedgerEvent
 
 app = CLI(help="Inspect work items.", no_args_is_help=True)
@@ -58,7 +57,7 @@ def ledger_table(item_id: str, events: list[LedgerEvent]) -> None:
 @app.command("show")
 def items_show(
     item_id: Annotated[str, typer.Argument(help="Item id.")],
-    url: Url = DEFAULT_URL,
+    url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
     data_dir: DataDir = None,
@@ -79,7 +78,7 @@ def items_show(
 @app.command("ledger")
 def items_ledger(
     item_id: Annotated[str, typer.Argument(help="Item id.")],
-    url: Url = DEFAULT_URL,
+    url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
     data_dir: DataDir = None,

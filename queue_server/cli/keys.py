@@ -11,13 +11,16 @@ from queue_server.cli.common import (
     DataDir,
     Json,
     Key,
+    Quiet,
     Url,
+    Wide,
     connect,
     console,
     fail,
+    ids,
     print_json,
+    table,
 )
-from queue_server.client import DEFAULT_URL
 
 app = CLI(help="Create and revoke API keys (admin).", no_args_is_help=True)
 
@@ -26,10 +29,14 @@ app = CLI(help="Create and revoke API keys (admin).", no_args_is_help=True)
 def keys_create(
     tenant: Annotated[str, typer.Argument(help="Tenant the key belongs to.")],
     role: Annotated[str, typer.Option(help="worker or operator.")] = "worker",
-    url: Url = DEFAULT_URL,
+    url: Url = None,
     key: Key = None,
     data_dir: DataDir = None,
     json: Json = False,
+    quiet: Annotated[
+        bool,
+        typer.Option("--quiet", "-q", help="Print only the secret (e.g. WORKER=$(...)))."),
+    ] = False,
 ) -> None:
     """Create an API key; its secret is printed once.
 
@@ -42,16 +49,50 @@ def keys_create(
     if json:
         print_json(created)
         return
+    if quiet:
+        ids([created.secret])
+        return
     console.print(f"{created.role} key [bold]{created.key_id}[/bold] for {created.tenant}")
     console.print("secret (shown once; store it now):")
     console.print(created.secret, soft_wrap=True)
+
+
+@app.command("list")
+def keys_list(
+    tenant: Annotated[str, typer.Argument(help="Tenant the keys belong to.")],
+    revoked: Annotated[bool, typer.Option("--revoked", help="Also the revoked keys.")] = False,
+    url: Url = None,
+    key: Key = None,
+    data_dir: DataDir = None,
+    json: Json = False,
+    quiet: Quiet = False,
+    wide: Wide = False,
+) -> None:
+    """A tenant's API keys: id, role, created (never a secret).
+
+    Example: [bold]queue-server keys list acme[/bold]
+    """
+    with connect(url, key, data_dir) as qs:
+        found = qs.list_keys(tenant, revoked=revoked)
+    if json:
+        print_json(found)
+    elif quiet:
+        ids([k.key_id for k in found])
+    else:
+        table(
+            f"{len(found)} key(s) of {tenant}",
+            ["key", "role", "created", "revoked"],
+            [(k.key_id, k.role, k.created_at, k.revoked_at) for k in found],
+            drop=["revoked", "created"],
+            wide=wide,
+        )
 
 
 @app.command("revoke")
 def keys_revoke(
     tenant: Annotated[str, typer.Argument(help="Tenant the key belongs to.")],
     key_id: Annotated[str, typer.Argument(help="The key id (not the secret).")],
-    url: Url = DEFAULT_URL,
+    url: Url = None,
     key: Key = None,
     data_dir: DataDir = None,
 ) -> None:

@@ -17,14 +17,13 @@ from queue_server.cli.common import (
     print_json,
     table,
 )
-from queue_server.client import DEFAULT_URL
 
 app = CLI(help="Ledger checks.", no_args_is_help=True)
 
 
 @app.command("verify")
 def ledger_verify(
-    url: Url = DEFAULT_URL,
+    url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
     data_dir: DataDir = None,

@@ -26,7 +26,7 @@ from queue_server.cli import (
     watchers,
     work,
 )
-from queue_server.cli.common import CLI, PolicyFile, process_policy
+from queue_server.cli.common import CLI, EXIT_FAILURES, EXIT_USAGE, PolicyFile, process_policy
 
 app = CLI(
     name="queue-server",
@@ -39,7 +39,7 @@ app = CLI(
     rich_markup_mode="rich",
     pretty_exceptions_enable=False,
 )
-db_app = typer.Typer(help="Database schema: migrate and inspect.", no_args_is_help=True)
+db_app = CLI(help="Database schema: migrate and inspect.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(policy.app, name="policy")
 app.add_typer(tenants.app, name="tenants")
@@ -64,9 +64,27 @@ DataDir = Annotated[
 ]
 
 
-def _fail(message: str) -> typer.Exit:
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"queue-server {__version__}")
+        raise typer.Exit
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """A durable work-queue and lease server on PostgreSQL."""
+
+
+def _fail(message: str, code: int = EXIT_FAILURES) -> typer.Exit:
     typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
-    return typer.Exit(code=1)
+    return typer.Exit(code=code)
 
 
 @app.command()
@@ -105,6 +123,7 @@ def serve(
         admin_key_path,
         database,
         ensure_admin_key,
+        write_address,
     )
     from queue_server.settings import Settings
 
@@ -131,6 +150,8 @@ def serve(
             )
             typer.echo(f"queue-server {__version__} on http://{host}:{port} ({where} database)")
             typer.echo(f"policy {policy.describe()}")
+            # The CLI on this machine reads it, as it reads admin.key: no --url needed.
+            write_address(settings.data_dir, host, port)
             os.environ["QUEUE_SERVER_DATABASE_URL"] = db.url
             os.environ["QUEUE_SERVER_DATA_DIR"] = str(settings.data_dir)
             _run_uvicorn(
@@ -181,7 +202,7 @@ def _database_url() -> str:
 
     url = Settings().database_url
     if not url:
-        raise _fail("set QUEUE_SERVER_DATABASE_URL to the database to migrate")
+        raise _fail("set QUEUE_SERVER_DATABASE_URL to the database to migrate", EXIT_USAGE)
     return url
 
 

@@ -19,7 +19,6 @@ from queue_server.cli.common import (
     process_policy,
     table,
 )
-from queue_server.client import DEFAULT_URL
 
 app = CLI(
     help="The operation-reliability policy: show it, verify its contract.", no_args_is_help=True
@@ -31,7 +30,7 @@ def show(
     from_server: Annotated[
         bool, typer.Option("--from-server", help="Print the server's GET /v1/policy instead.")
     ] = False,
-    url: Url = DEFAULT_URL,
+    url: Url = None,
     key: Key = None,
     data_dir: DataDir = None,
     as_json: Json = False,

@@ -20,7 +20,6 @@ from queue_server.cli.common import (
     print_json,
     tenant_session,
 )
-from queue_server.client import DEFAULT_URL
 
 app = CLI(help="Spend approvals: the concurrency a queue may use.", no_args_is_help=True)
 
@@ -46,7 +45,7 @@ def spend_approve(
     expires: Annotated[str, typer.Option(help="Duration (2h, 7d) or RFC 3339 time.")],
     approved_by: Annotated[str, typer.Option(help="Who approves the spend.")],
     reason: Annotated[str, typer.Option(help="Why.")],
-    url: Url = DEFAULT_URL,
+    url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
     data_dir: DataDir = None,
@@ -78,7 +77,7 @@ def spend_approve(
 @app.command("show")
 def spend_show(
     queue: Annotated[str, typer.Argument(help="Queue name.")],
-    url: Url = DEFAULT_URL,
+    url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
     data_dir: DataDir = None,

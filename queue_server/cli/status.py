@@ -8,22 +8,24 @@ from queue_server.cli.common import (
     Key,
     Tenant,
     Url,
+    Wide,
     age,
     print_json,
     table,
     tenant_session,
 )
-from queue_server.client import DEFAULT_URL
 
 
 def status(
-    url: Url = DEFAULT_URL,
+    url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
     data_dir: DataDir = None,
     json: Json = False,
+    wide: Wide = False,
 ) -> None:
-    """Per queue: ready, leased, quarantined, oldest ready age; the backlog against its cap.
+    """Per queue: its items by state, the oldest ready age, the concurrency in use;
+    the backlog against its cap; and who holds each lease, since when.
 
     Example: [bold]queue-server status --tenant acme[/bold]
     """
@@ -35,7 +37,17 @@ def status(
     table(
         f"tenant {snapshot.tenant}: backlog {snapshot.backlog} of {snapshot.backlog_cap},"
         f" {snapshot.open_dead_letters} open dead letters",
-        ["queue", "ready", "due", "leased", "quarantined", "oldest ready", "concurrency"],
+        [
+            "queue",
+            "ready",
+            "due",
+            "leased",
+            "quarantined",
+            "completed",
+            "cancelled",
+            "oldest ready",
+            "concurrency",
+        ],
         [
             (
                 q.queue,
@@ -43,9 +55,31 @@ def status(
                 q.due,
                 q.leased,
                 q.quarantined,
+                q.completed,
+                q.cancelled,
                 age(q.oldest_ready_age),
                 f"{q.active_leases}/{q.concurrency_limit}",
             )
             for q in snapshot.queues
         ],
+        drop=["cancelled", "due", "oldest ready"],
+        wide=wide,
     )
+    if snapshot.leases:
+        table(
+            "leases (oldest first)",
+            ["item", "queue", "worker", "since", "expires", "fence"],
+            [
+                (
+                    lease.item_id,
+                    lease.queue,
+                    lease.worker,
+                    lease.acquired_at,
+                    lease.lease_expires_at,
+                    lease.fence,
+                )
+                for lease in snapshot.leases
+            ],
+            drop=["fence", "expires", "queue"],
+            wide=wide,
+        )

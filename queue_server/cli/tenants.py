@@ -11,14 +11,26 @@ from queue_server.cli.common import (
     DataDir,
     Json,
     Key,
+    Quiet,
     Url,
+    Wide,
+    confirm,
     connect,
     console,
+    fail,
     fields,
+    ids,
     print_json,
+    table,
     tenant_session,
 )
-from queue_server.client import DEFAULT_URL, QueueClient
+from queue_server.client import QueueClient
+from queue_server.client.errors import NotFoundError
+from queue_server.client.models import Tenant
+
+# A new tenant's settings when not given (the server's defaults too).
+NEW_MAX_ACQUISITIONS = 5
+NEW_LEASE_TTL = 30.0
 
 app = CLI(help="Create and inspect tenants (admin).", no_args_is_help=True)
 
@@ -26,39 +38,159 @@ app = CLI(help="Create and inspect tenants (admin).", no_args_is_help=True)
 @app.command("put")
 def tenants_put(
     tenant: Annotated[str, typer.Argument(help="Tenant name.")],
-    backlog_cap: Annotated[int, typer.Option(help="Most ready + leased items at once.")],
+    backlog_cap: Annotated[
+        int | None,
+        typer.Option(
+            help="Most ready + leased items at once (needed for a new tenant).", show_default=False
+        ),
+    ] = None,
     default_max_acquisitions: Annotated[
-        int, typer.Option(help="Acquisition budget of a new item.")
-    ] = 5,
-    default_lease_ttl: Annotated[float, typer.Option(help="Lease TTL in seconds.")] = 30.0,
-    url: Url = DEFAULT_URL,
+        int | None,
+        typer.Option(
+            help=f"Acquisition budget of a new item [new tenant: {NEW_MAX_ACQUISITIONS}].",
+            show_default=False,
+        ),
+    ] = None,
+    default_lease_ttl: Annotated[
+        float | None,
+        typer.Option(
+            help=f"Lease TTL in seconds [new tenant: {NEW_LEASE_TTL:g}].", show_default=False
+        ),
+    ] = None,
+    replace: Annotated[
+        bool,
+        typer.Option(
+            "--replace",
+            help="Replace every setting: those not given go back to a new tenant's defaults.",
+        ),
+    ] = False,
+    yes: Annotated[
+        bool, typer.Option("--yes", "-y", help="Lower the cap below the backlog without asking.")
+    ] = False,
+    url: Url = None,
     key: Key = None,
     data_dir: DataDir = None,
     json: Json = False,
 ) -> None:
-    """Create a tenant or change its settings.
+    """Create a tenant, or change only the settings given.
 
-    Example: [bold]queue-server tenants put acme --backlog-cap 10000[/bold]
+    A new tenant needs --backlog-cap; the other settings start at their defaults.
+    On an existing tenant the settings not given keep their values (--replace resets
+    them to the defaults). A cap below the tenant's current backlog refuses every
+    enqueue until the backlog falls under it: that asks first (--yes does not).
+
+    Examples: [bold]queue-server tenants put acme --backlog-cap 10000[/bold]
+              [bold]queue-server tenants put acme --default-max-acquisitions 3[/bold]
     """
     with connect(url, key, data_dir) as qs:
+        try:
+            current: Tenant | None = qs.get_tenant(tenant)
+        except NotFoundError:
+            current = None
+        if current is None or replace:
+            if backlog_cap is None:
+                which = "--replace" if current is not None else "a new tenant"
+                fail("Missing option", f"{which} needs --backlog-cap")
+            cap, budget, ttl = (
+                backlog_cap,
+                default_max_acquisitions or NEW_MAX_ACQUISITIONS,
+                default_lease_ttl or NEW_LEASE_TTL,
+            )
+        else:
+            if (
+                backlog_cap is None
+                and default_max_acquisitions is None
+                and default_lease_ttl is None
+            ):
+                fail(
+                    "Nothing to change",
+                    "give --backlog-cap, --default-max-acquisitions or --default-lease-ttl",
+                )
+            cap = current.backlog_cap if backlog_cap is None else backlog_cap
+            budget = default_max_acquisitions or current.default_max_acquisitions
+            ttl = default_lease_ttl or current.default_lease_ttl
+        backlog = (current.backlog or 0) if current is not None else 0
+        if current is not None and cap < backlog and cap < current.backlog_cap:
+            confirm(
+                f"Tenant {tenant} has {backlog:,} items in its backlog: a cap of {cap:,} refuses"
+                " every enqueue until it falls below. Lower the cap?",
+                yes,
+            )
         row = qs.put_tenant(
-            tenant,
-            backlog_cap=backlog_cap,
-            default_max_acquisitions=default_max_acquisitions,
-            default_lease_ttl=default_lease_ttl,
+            tenant, backlog_cap=cap, default_max_acquisitions=budget, default_lease_ttl=ttl
         )
     if json:
         print_json(row)
         return
-    console.print(f"tenant [bold]{row.tenant}[/bold] saved")
+    console.print(f"tenant [bold]{row.tenant}[/bold] {'saved' if current else 'created'}")
     fields(
         None,
         [
-            ("backlog cap", row.backlog_cap),
-            ("default max acquisitions", row.default_max_acquisitions),
-            ("default lease TTL", f"{row.default_lease_ttl:g}s"),
+            ("backlog cap", _changed(row.backlog_cap, current and current.backlog_cap)),
+            (
+                "default max acquisitions",
+                _changed(
+                    row.default_max_acquisitions, current and current.default_max_acquisitions
+                ),
+            ),
+            (
+                "default lease TTL",
+                _changed(
+                    f"{row.default_lease_ttl:g}s", current and f"{current.default_lease_ttl:g}s"
+                ),
+            ),
         ],
     )
+
+
+def _changed(new: object, old: object) -> str:
+    return f"{new} (was {old})" if old is not None and old != new else str(new)
+
+
+@app.command("list")
+def tenants_list(
+    url: Url = None,
+    key: Key = None,
+    data_dir: DataDir = None,
+    json: Json = False,
+    quiet: Quiet = False,
+    wide: Wide = False,
+) -> None:
+    """Every tenant with its backlog cap and defaults (admin).
+
+    Example: [bold]queue-server tenants list[/bold]
+    """
+    with connect(url, key, data_dir) as qs:
+        rows = qs.list_tenants()
+    if json:
+        print_json(rows)
+    elif quiet:
+        ids([row.tenant for row in rows])
+    else:
+        table(
+            f"{len(rows)} tenant(s)",
+            [
+                "tenant",
+                "backlog",
+                "cap",
+                "default max acquisitions",
+                "default lease TTL",
+                "created",
+            ],
+            [
+                (
+                    t.tenant,
+                    t.backlog,
+                    t.backlog_cap,
+                    t.default_max_acquisitions,
+                    f"{t.default_lease_ttl:g}s",
+                    t.created_at,
+                )
+                for t in rows
+            ],
+            drop=["created", "default lease TTL", "default max acquisitions"],
+            wide=wide,
+        )
 
 
 def _tenant_fields(qs: QueueClient, tenant: str) -> None:
@@ -82,7 +214,7 @@ def _tenant_fields(qs: QueueClient, tenant: str) -> None:
 @app.command("show")
 def tenants_show(
     tenant: Annotated[str | None, typer.Argument(help="Tenant name (default: the key's).")] = None,
-    url: Url = DEFAULT_URL,
+    url: Url = None,
     key: Key = None,
     data_dir: DataDir = None,
     json: Json = False,

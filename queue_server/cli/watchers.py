@@ -13,21 +13,26 @@ import typer
 
 from queue_server.cli.common import (
     CLI,
+    EXIT_UNAVAILABLE,
     DataDir,
     Json,
     Key,
     PolicyFile,
+    Quiet,
     Tenant,
     Url,
+    Wide,
     console,
     fail,
+    failure_text,
     fields,
+    ids,
     print_json,
     process_policy,
+    resolve_id,
     table,
     tenant_session,
 )
-from queue_server.client import DEFAULT_URL
 from queue_server.client.watchers import Delivery, Watcher, WatcherClient
 
 watchers_app = CLI(
@@ -43,7 +48,11 @@ EVENTS = (
     "item.replayed",
     "item.cancelled",
 )
-WatcherId = Annotated[str, typer.Argument(help="Watcher id.")]
+WatcherId = Annotated[str, typer.Argument(help="Watcher id, or a prefix of exactly one.")]
+
+
+def watcher_of(hooks: WatcherClient, given: str) -> str:
+    return resolve_id(given, "watcher", lambda: [w.watcher_id for w in hooks.list_watchers()])
 
 
 def register(app: typer.Typer) -> None:
@@ -93,7 +102,7 @@ def create(
     queue: Annotated[
         list[str] | None, typer.Option("--queue", "-q", help="Only these queues (repeat).")
     ] = None,
-    url: Url = DEFAULT_URL,
+    url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
     data_dir: DataDir = None,
@@ -118,17 +127,22 @@ def create(
 
 @watchers_app.command("list")
 def list_watchers(
-    url: Url = DEFAULT_URL,
+    url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
     data_dir: DataDir = None,
     json: Json = False,
+    quiet: Quiet = False,
+    wide: Wide = False,
 ) -> None:
     """The tenant's watchers with their deliveries by state."""
     with tenant_session(url, key, data_dir, tenant) as qs:
         found = WatcherClient(qs).list_watchers()
     if json:
         print_json(found)
+        return
+    if quiet:
+        ids([w.watcher_id for w in found])
         return
     table(
         "watchers",
@@ -145,13 +159,15 @@ def list_watchers(
             )
             for w in found
         ],
+        drop=["events", "pending", "delivered", "dead", "url"],
+        wide=wide,
     )
 
 
 @watchers_app.command("show")
 def show(
     watcher_id: WatcherId,
-    url: Url = DEFAULT_URL,
+    url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
     data_dir: DataDir = None,
@@ -159,7 +175,8 @@ def show(
 ) -> None:
     """One watcher."""
     with tenant_session(url, key, data_dir, tenant) as qs:
-        found = WatcherClient(qs).get(watcher_id)
+        hooks = WatcherClient(qs)
+        found = hooks.get(watcher_of(hooks, watcher_id))
     if json:
         print_json(found)
     else:
@@ -169,7 +186,7 @@ def show(
 def _act(
     action: Literal["pause", "resume", "cancel", "rotate-secret"],
     watcher_id: str,
-    url: str,
+    url: str | None,
     key: str | None,
     tenant: str | None,
     data_dir: Path | None,
@@ -177,6 +194,7 @@ def _act(
 ) -> None:
     with tenant_session(url, key, data_dir, tenant) as qs:
         hooks = WatcherClient(qs)
+        watcher_id = watcher_of(hooks, watcher_id)
         done = {
             "pause": hooks.pause,
             "resume": hooks.resume,
@@ -193,7 +211,7 @@ def _act(
 @watchers_app.command("pause")
 def pause(
     watcher_id: WatcherId,
-    url: Url = DEFAULT_URL,
+    url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
     data_dir: DataDir = None,
@@ -206,7 +224,7 @@ def pause(
 @watchers_app.command("resume")
 def resume(
     watcher_id: WatcherId,
-    url: Url = DEFAULT_URL,
+    url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
     data_dir: DataDir = None,
@@ -219,7 +237,7 @@ def resume(
 @watchers_app.command("cancel")
 def cancel(
     watcher_id: WatcherId,
-    url: Url = DEFAULT_URL,
+    url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
     data_dir: DataDir = None,
@@ -232,7 +250,7 @@ def cancel(
 @watchers_app.command("rotate-secret")
 def rotate_secret(
     watcher_id: WatcherId,
-    url: Url = DEFAULT_URL,
+    url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
     data_dir: DataDir = None,
@@ -243,11 +261,7 @@ def rotate_secret(
 
 
 def _last(d: Delivery) -> str:
-    outcome = d.last_outcome or {}
-    if not outcome:
-        return "-"
-    status = outcome.get("status")
-    return f"{outcome.get('outcome')}" + (f" ({status})" if status else "")
+    return failure_text(d.last_outcome) or "-"
 
 
 @watchers_app.command("deliveries")
@@ -257,18 +271,20 @@ def deliveries(
         str | None, typer.Option(help="pending, delivered, dead or cancelled.")
     ] = None,
     limit: Annotated[int, typer.Option(min=1, max=500)] = 50,
-    url: Url = DEFAULT_URL,
+    url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
     data_dir: DataDir = None,
     json: Json = False,
+    wide: Wide = False,
 ) -> None:
     """The watcher's deliveries: key, attempts, next attempt, last outcome, receipts."""
     if state not in (None, "pending", "delivered", "dead", "cancelled"):
         fail("Unknown state", str(state))
     with tenant_session(url, key, data_dir, tenant) as qs:
-        page = WatcherClient(qs).deliveries(
-            watcher_id,
+        hooks = WatcherClient(qs)
+        page = hooks.deliveries(
+            watcher_of(hooks, watcher_id),
             state=state,  # type: ignore[arg-type]
             limit=limit,
         )
@@ -290,13 +306,17 @@ def deliveries(
             )
             for d in page.deliveries
         ],
+        drop=["receipts", "event", "next attempt"],
+        wide=wide,
     )
 
 
 @watchers_app.command("replay")
 def replay(
-    dead_letter_id: Annotated[str, typer.Argument(help="Dead letter id (kind delivery).")],
-    url: Url = DEFAULT_URL,
+    dead_letter_id: Annotated[
+        str, typer.Argument(help="Dead letter id (kind delivery), or a prefix of one.")
+    ],
+    url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
     data_dir: DataDir = None,
@@ -304,7 +324,9 @@ def replay(
 ) -> None:
     """Send a dead delivery again: same delivery key, a fresh budget of attempts."""
     with tenant_session(url, key, data_dir, tenant) as qs:
-        delivery = WatcherClient(qs).replay(dead_letter_id)
+        from queue_server.cli.dead_letters import dead_letter_of
+
+        delivery = WatcherClient(qs).replay(dead_letter_of(qs, dead_letter_id))
     if json:
         print_json(delivery)
     else:
@@ -396,10 +418,11 @@ def _embedded_url(data_dir: Path) -> str:
     try:
         pg = embedded_postgres(data_dir / "pgdata")
     except NoDatabaseError as exc:
-        fail("No database", str(exc))
+        fail("No database", str(exc), EXIT_UNAVAILABLE)
     if not (data_dir / "pgdata").exists() or not pg.is_running():
         fail(
             "No database",
             "set QUEUE_SERVER_DATABASE_URL, or start `queue-server serve` (embedded) first",
+            EXIT_UNAVAILABLE,
         )
     return pg.url(DATABASE_NAME)

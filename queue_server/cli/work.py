@@ -22,6 +22,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from queue_server.cli.common import (
+    EXIT_FAILURES,
     DataDir,
     Key,
     PolicyFile,
@@ -32,7 +33,7 @@ from queue_server.cli.common import (
     process_policy,
     tenant_session,
 )
-from queue_server.client import DEFAULT_URL, Job, Outcome, Requeue, Result, TransientError, Worker
+from queue_server.client import Job, Outcome, Requeue, Result, TransientError, Worker
 from queue_server.client.worker import default_worker_name
 
 EXIT_TEMPFAIL = 75  # sysexits.h EX_TEMPFAIL: the failure is transient
@@ -154,7 +155,7 @@ def work(
     max_items: Annotated[
         int | None, typer.Option(min=1, help="Exit after handling this many items.")
     ] = None,
-    url: Url = DEFAULT_URL,
+    url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
     data_dir: DataDir = None,
@@ -172,6 +173,9 @@ def work(
     nothing is submitted. SIGTERM or Ctrl-C: take no more work, give running
     commands --grace seconds, then stop them and requeue their items; a second
     signal stops them at once.
+
+    With --drain or --max-items the exit status is 1 when any item failed (its
+    command failed, or its lease was lost), 0 when every one completed.
 
     Example: [bold]queue-server work emails --concurrency 4 -- ./send-email.sh[/bold]
     """
@@ -234,6 +238,8 @@ def work(
                 signal.signal(signum, handler)
         if not json:
             err_console.print(progress.summary(worker.name), highlight=False)
+        if (drain or max_items) and progress.failed:
+            raise typer.Exit(code=EXIT_FAILURES)
 
 
 STYLES = {
@@ -263,6 +269,10 @@ class Progress:
     @property
     def handled(self) -> int:
         return sum(self.counts.values())
+
+    @property
+    def failed(self) -> int:
+        return sum(n for outcome, n in self.counts.items() if outcome in FAILED)
 
     def json_line(self, result: Result) -> None:
         line = {
@@ -305,7 +315,7 @@ class Progress:
 
     def status(self, in_flight: int) -> Text:
         done = self.counts[Outcome.COMPLETED]
-        failed = sum(n for outcome, n in self.counts.items() if outcome in FAILED)
+        failed = self.failed
         line = Text()
         line.append(f"done {done:,}", style="green")
         line.append(" · ")

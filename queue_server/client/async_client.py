@@ -34,6 +34,7 @@ from queue_server.client.client import (
 from queue_server.client.durable import Checkpoint, ReceiptRecord, VerificationRun
 from queue_server.client.models import (
     ApiKey,
+    ApiKeyInfo,
     BatchEntry,
     BulkReplay,
     Completion,
@@ -196,6 +197,29 @@ class AsyncQueueClient:
             "POST", f"/v1/tenants/{await self._tenant(tenant)}/keys", json={"role": role}
         )
         return ApiKey.model_validate_json(response.content)
+
+    async def list_tenants(self) -> list[Tenant]:
+        """Every tenant, by name (admin)."""
+        found: list[Tenant] = []
+        cursor: str | None = None
+        while True:
+            params = {"limit": 500, **({"cursor": cursor} if cursor else {})}
+            page = (await self.request("GET", "/v1/tenants", params=params)).json()
+            found += [Tenant.model_validate(t) for t in page["tenants"]]
+            cursor = page["next_cursor"]
+            if not cursor:
+                return found
+
+    async def list_keys(
+        self, tenant: str | None = None, *, revoked: bool = False
+    ) -> list[ApiKeyInfo]:
+        """The tenant's keys, oldest first (admin); revoked ones too with `revoked=True`."""
+        response = await self.request(
+            "GET",
+            f"/v1/tenants/{await self._tenant(tenant)}/keys",
+            params={"revoked": "true"} if revoked else None,
+        )
+        return [ApiKeyInfo.model_validate(k) for k in response.json()["keys"]]
 
     async def revoke_key(self, key_id: str, tenant: str | None = None) -> None:
         await self.request("DELETE", f"/v1/tenants/{await self._tenant(tenant)}/keys/{key_id}")

@@ -27,6 +27,7 @@ from queue_server.client import errors
 from queue_server.client.durable import Checkpoint, ReceiptRecord, VerificationRun
 from queue_server.client.models import (
     ApiKey,
+    ApiKeyInfo,
     BatchEntry,
     BulkReplay,
     Completion,
@@ -220,6 +221,27 @@ class QueueClient:
             "POST", f"/v1/tenants/{self._tenant(tenant)}/keys", json={"role": role}
         )
         return ApiKey.model_validate_json(response.content)
+
+    def list_tenants(self) -> list[Tenant]:
+        """Every tenant, by name (admin)."""
+        found: list[Tenant] = []
+        cursor: str | None = None
+        while True:
+            params = {"limit": 500, **({"cursor": cursor} if cursor else {})}
+            page = self.request("GET", "/v1/tenants", params=params).json()
+            found += [Tenant.model_validate(t) for t in page["tenants"]]
+            cursor = page["next_cursor"]
+            if not cursor:
+                return found
+
+    def list_keys(self, tenant: str | None = None, *, revoked: bool = False) -> list[ApiKeyInfo]:
+        """The tenant's keys, oldest first (admin); revoked ones too with `revoked=True`."""
+        response = self.request(
+            "GET",
+            f"/v1/tenants/{self._tenant(tenant)}/keys",
+            params={"revoked": "true"} if revoked else None,
+        )
+        return [ApiKeyInfo.model_validate(k) for k in response.json()["keys"]]
 
     def revoke_key(self, key_id: str, tenant: str | None = None) -> None:
         self.request("DELETE", f"/v1/tenants/{self._tenant(tenant)}/keys/{key_id}")

@@ -44,6 +44,16 @@ class ApiKey(Model):
     secret: str
 
 
+class ApiKeyInfo(Model):
+    """A key as listed: never its secret."""
+
+    key_id: str
+    tenant: str
+    role: str
+    created_at: datetime
+    revoked_at: datetime | None = None
+
+
 class Item(Model):
     item_id: str
     tenant: str
@@ -182,9 +192,20 @@ class QueueStatus(Model):
     due: int
     leased: int
     quarantined: int
+    completed: int = 0
+    cancelled: int = 0
     oldest_ready_age: float | None = None
     concurrency_limit: int
     active_leases: int
+
+
+class LeaseStatus(Model):
+    queue: str
+    item_id: str
+    worker: str
+    fence: int
+    acquired_at: datetime | None = None
+    lease_expires_at: datetime
 
 
 class Status(Model):
@@ -193,6 +214,7 @@ class Status(Model):
     backlog_cap: int
     open_dead_letters: int
     queues: list[QueueStatus]
+    leases: list[LeaseStatus] = []
 
 
 class Mismatch(Model):

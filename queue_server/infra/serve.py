@@ -113,3 +113,18 @@ def ensure_admin_key(settings: Settings, url: str) -> str | None:
             handle.write(secret + "\n")
         path.chmod(0o600)
     return secret
+
+
+ADDRESS_FILE = "server.url"  # queue_server.cli.common.ADDRESS_FILE
+
+
+def write_address(data_dir: Path, host: str, port: int) -> Path:
+    """Write the URL clients on this machine reach the server at, beside the admin key."""
+    reachable = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    netloc = f"[{reachable}]" if ":" in reachable else reachable
+    path = data_dir / ADDRESS_FILE
+    data_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(f"http://{netloc}:{port}\n")
+    tmp.replace(path)
+    return path

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import base64
+import re
+import uuid
 
 import orjson
 
@@ -31,6 +33,22 @@ def require_item_id(item_id: str) -> None:
 def foreign_cursor() -> errors.InvalidRequestError:
     """The refusal of a page cursor this server did not issue (422)."""
     return errors.InvalidRequestError("The cursor is not one this server issued.")
+
+
+_HEX_PREFIX = re.compile(r"[0-9a-f]{4,31}")
+
+
+def uuid_range(prefix: str) -> tuple[str, str] | None:
+    """The lowest and highest UUID starting with `prefix` (4 to 31 hex digits, dashes
+    ignored), or None when it is no such prefix."""
+    digits = prefix.lower().replace("-", "")
+    if not _HEX_PREFIX.fullmatch(digits):
+        return None
+
+    def as_uuid(hex32: str) -> str:
+        return str(uuid.UUID(hex32))
+
+    return as_uuid(digits.ljust(32, "0")), as_uuid(digits.ljust(32, "f"))
 
 
 def encode_cursor(parts: list[str]) -> str:

@@ -18,7 +18,7 @@ from queue_server.idempotency import Answer, Effects, Idempotency
 from queue_server.infra.metrics import Metrics
 from queue_server.models import Role, is_uuid, uuid7
 from queue_server.policy import ReliabilityPolicy
-from queue_server.services.common import WORKER_OR_OPERATOR, require_item_id
+from queue_server.services.common import WORKER_OR_OPERATOR, require_item_id, uuid_range
 from queue_server.settings import Settings
 from queue_server.store import reads, tenants, transitions
 from queue_server.store.types import Conn, Row
@@ -157,9 +157,22 @@ class Items:
         return Answer.of(200, views.item(row))
 
     async def _item_row(self, tenant: str, item_id: str) -> Row:
-        require_item_id(item_id)
+        """The item by its id, or by a prefix of exactly one item's id (a person typing)."""
+        span = None if is_uuid(item_id) else uuid_range(item_id)
+        if span is None:
+            require_item_id(item_id)
         async with self.db.conn() as conn:
-            row = await reads.get_item(conn, tenant=tenant, item_id=item_id)
+            if span is None:
+                row = await reads.get_item(conn, tenant=tenant, item_id=item_id)
+            else:
+                rows = await reads.items_in_id_range(conn, tenant=tenant, span=span, limit=5)
+                if len(rows) > 1:
+                    raise errors.AmbiguousIdError(
+                        f"{len(rows)}{'+' if len(rows) == 5 else ''} items have an id starting"
+                        f" with {item_id!r}; give more of it.",
+                        item_ids=[str(r["item_id"]) for r in rows],
+                    )
+                row = rows[0] if rows else None
         if row is None:
             raise errors.ItemNotFoundError(item_id=item_id)
         return row

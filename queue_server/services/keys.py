@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from queue_server import auth, errors
+from queue_server import auth, errors, views
 from queue_server.db import Database
 from queue_server.idempotency import Answer
 from queue_server.infra.keycache import KeyCache
@@ -78,6 +78,14 @@ class Keys:
         return Answer.of(
             201, {"key_id": key.key_id, "tenant": tenant, "role": role, "secret": key.secret}
         )
+
+    async def list_keys(self, principal: auth.Principal, tenant: str, *, revoked: bool) -> Answer:
+        """The tenant's keys (admin): id, role, created, revoked; never a secret or its hash."""
+        principal.require_admin(tenant)
+        async with self.db.conn() as conn:
+            await require_tenant(conn, tenant)
+            rows = await tenants.list_keys(conn, tenant=tenant, revoked=revoked)
+        return Answer.of(200, {"keys": [views.api_key(row) for row in rows]})
 
     async def revoke_key(self, principal: auth.Principal, tenant: str, key_id: str) -> None:
         principal.require_admin(tenant)

@@ -12,6 +12,8 @@ from queue_server.services.common import WORKER_OR_OPERATOR, require_tenant
 from queue_server.store import dead_letters, reads, tenants
 from queue_server.store.types import Conn, Row
 
+STATUS_LEASES = 100  # the status shows at most this many leases, the oldest first
+
 
 class Queues:
     """Spend approvals, concurrency and status of a tenant's queues."""
@@ -73,12 +75,15 @@ class Queues:
                         "due": q["due"],
                         "leased": q["leased"],
                         "quarantined": q["quarantined"],
+                        "completed": q["completed"],
+                        "cancelled": q["cancelled"],
                         "oldest_ready_age": float(age) if age is not None else None,
                         "concurrency_limit": limits["limit"],
                         "active_leases": limits["active_leases"],
                     }
                 )
             open_dead_letters = await dead_letters.count_open(conn, tenant=tenant)
+            leases = await reads.leases(conn, tenant=tenant, limit=STATUS_LEASES)
         return Answer.of(
             200,
             {
@@ -87,6 +92,17 @@ class Queues:
                 "backlog_cap": row["backlog_cap"],
                 "open_dead_letters": open_dead_letters,
                 "queues": queues,
+                "leases": [
+                    {
+                        "queue": r["queue"],
+                        "item_id": str(r["item_id"]),
+                        "worker": r["lease_holder"],
+                        "fence": r["fence"],
+                        "acquired_at": r["acquired_at"],
+                        "lease_expires_at": r["lease_expires_at"],
+                    }
+                    for r in leases
+                ],
             },
         )
 

@@ -35,6 +35,18 @@ async def get_item(conn: Conn, *, tenant: str, item_id: str) -> Row | None:
     return await cur.fetchone()
 
 
+async def items_in_id_range(
+    conn: Conn, *, tenant: str, span: tuple[str, str], limit: int
+) -> list[Row]:
+    """Items whose id lies in [low, high]: the ids sharing a prefix (the primary key's order)."""
+    cur = await conn.execute(
+        "SELECT * FROM work_items WHERE tenant_id = %s AND item_id BETWEEN %s AND %s"
+        " ORDER BY item_id LIMIT %s",
+        (tenant, span[0], span[1], limit),
+    )
+    return await cur.fetchall()
+
+
 async def ledger(conn: Conn, *, tenant: str, item_id: str) -> list[Row]:
     cur = await conn.execute(_LEDGER, (tenant, item_id))
     return await cur.fetchall()
@@ -74,12 +86,14 @@ SELECT queue,
        count(*) FILTER (WHERE state = 'ready' AND available_at <= statement_timestamp()) AS due,
        count(*) FILTER (WHERE state = 'leased') AS leased,
        count(*) FILTER (WHERE state = 'quarantined') AS quarantined,
+       count(*) FILTER (WHERE state = 'completed') AS completed,
+       count(*) FILTER (WHERE state = 'cancelled') AS cancelled,
        extract(epoch FROM statement_timestamp()
                - min(available_at) FILTER (WHERE state = 'ready'
                                            AND available_at <= statement_timestamp()))
            AS oldest_ready_age
 FROM work_items
-WHERE tenant_id = %(tenant)s AND state IN ('ready', 'leased', 'quarantined')
+WHERE tenant_id = %(tenant)s
 GROUP BY queue
 ORDER BY queue
 """,
@@ -87,8 +101,28 @@ ORDER BY queue
 
 
 async def queue_status(conn: Conn, *, tenant: str) -> list[Row]:
-    """Per queue: ready (and due), leased, quarantined, and the age of the oldest due item."""
+    """Per queue that ever held an item: its items by state, and the age of the oldest due one."""
     cur = await conn.execute(_QUEUE_STATUS, {"tenant": tenant})
+    return await cur.fetchall()
+
+
+# The leased rows come from ix_work_items_leased; each one's acquisition time is its
+# last `acquired` event (a heartbeat moves the expiry, not the start).
+_LEASES = """
+SELECT w.queue, w.item_id, w.lease_holder, w.fence, w.lease_expires_at,
+       (SELECT e.at FROM item_events e
+        WHERE e.tenant_id = w.tenant_id AND e.item_id = w.item_id AND e.kind = 'acquired'
+        ORDER BY e.seq DESC LIMIT 1) AS acquired_at
+FROM work_items w
+WHERE w.tenant_id = %(tenant)s AND w.state = 'leased'
+ORDER BY w.queue, acquired_at, w.item_id
+LIMIT %(limit)s
+"""
+
+
+async def leases(conn: Conn, *, tenant: str, limit: int) -> list[Row]:
+    """The tenant's leased items: who holds each, since when, until when (oldest first)."""
+    cur = await conn.execute(_LEASES, {"tenant": tenant, "limit": limit})
     return await cur.fetchall()
 
 

@@ -72,6 +72,19 @@ async def list_tenants(conn: Conn, *, after: str | None, limit: int) -> list[Row
     return await cur.fetchall()
 
 
+_LIST_KEYS = """
+SELECT key_id, tenant_id, role, created_at, revoked_at FROM api_keys
+WHERE tenant_id = %(tenant)s AND (%(revoked)s OR revoked_at IS NULL)
+ORDER BY created_at, key_id
+"""
+
+
+async def list_keys(conn: Conn, *, tenant: str, revoked: bool) -> list[Row]:
+    """The tenant's keys, oldest first, without their secrets' hashes."""
+    cur = await conn.execute(_LIST_KEYS, {"tenant": tenant, "revoked": revoked})
+    return await cur.fetchall()
+
+
 # The backlog of tenant row `t`: admitted minus the releases on all its shards.
 _BACKLOG_OF_T = """(t.admitted - coalesce((SELECT sum(released) FROM backlog_releases r
                                  WHERE r.tenant_id = t.tenant_id), 0))::bigint"""

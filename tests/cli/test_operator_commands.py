@@ -47,26 +47,26 @@ def test_admin_manages_tenants_and_keys(cli: Cli) -> None:
 
     cli.run("keys", "revoke", "globex", created["key_id"], role="admin")
     refused = cli.run("status", "--key", created["secret"], ok=False)
-    assert refused.returncode == 1
+    assert refused.returncode == 4  # refused: authentication
     assert "Unauthorized" in refused.stderr
 
 
 def test_errors_print_the_problem_and_exit_non_zero(cli: Cli) -> None:
     forbidden = cli.run("dead-letters", "list", role="worker", ok=False)
-    assert forbidden.returncode == 1
+    assert forbidden.returncode == 4
     assert "Forbidden for this role" in forbidden.stderr
     assert "forbidden-role" in forbidden.stderr
 
     missing = cli.run("items", "show", str(uuid.uuid4()), ok=False)
-    assert missing.returncode == 1
+    assert missing.returncode == 4
     assert "Item not found" in missing.stderr
 
     admin_without_tenant = cli.run("status", role="admin", ok=False)
-    assert admin_without_tenant.returncode == 1
+    assert admin_without_tenant.returncode == 2  # usage: the tenant is missing
     assert "pass --tenant" in admin_without_tenant.stderr
 
     unreachable = cli.run("status", "--url", "http://127.0.0.1:9", ok=False)
-    assert unreachable.returncode == 1
+    assert unreachable.returncode == 3
     assert "Cannot reach the queue server" in unreachable.stderr
 
 
@@ -80,7 +80,7 @@ def test_enqueue_a_file_in_batches_and_a_rerun_adds_nothing(cli: Cli, db: DB) ->
     first = cli.json("enqueue", "jobs", "--file", str(path), "--batch-size", "100")
     assert first["count"] == 231
     again = cli.json("enqueue", "jobs", "--file", str(path), "--batch-size", "100")
-    assert again["item_ids"] == first["item_ids"]
+    assert (again["count"], again["already_loaded"]) == (0, 231)
     count = db.execute("SELECT count(*) AS n FROM work_items").fetchone()
     assert count is not None
     assert count["n"] == 231
@@ -104,7 +104,7 @@ def test_enqueue_a_file_in_batches_and_a_rerun_adds_nothing(cli: Cli, db: DB) ->
     bad = cli.cwd / "bad.jsonl"
     bad.write_text('{"ok": 1}\n{not json\n')
     refused = cli.run("enqueue", "jobs", "--file", str(bad), ok=False)
-    assert refused.returncode == 1
+    assert refused.returncode == 4  # refused: validation
     assert "bad.jsonl:2" in refused.stderr
 
 
@@ -125,7 +125,7 @@ def test_dead_letters_list_show_replay_and_discard(cli: Cli, api: Api) -> None:
 
     # Many at once needs a yes: without a terminal to ask on, it refuses.
     unconfirmed = cli.run("dead-letters", "discard", "--queue", "mail", ok=False)
-    assert unconfirmed.returncode == 1
+    assert unconfirmed.returncode == 2  # usage: --yes is needed without a terminal
     assert "--yes" in unconfirmed.stderr
     discarded = cli.json(
         "dead-letters", "discard", listed[1]["dead_letter_id"], "--reason", "bad data"

@@ -1,0 +1,169 @@
+"""The README's quick start and every guide's shell blocks, run as written.
+
+A newcomer's first hour: a fresh HOME, `make serve ARGS="--port N"` on a port
+that is not the default, and each document's shell blocks pasted in order into
+one shell (a second terminal), with `set -e`: a command that fails fails the
+test. A block that must not run (a server that runs until Ctrl-C) says so
+right above its fence: `<!-- not run: why -->`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+GUIDES = sorted((REPO / "docs").glob("*.md"))
+FENCE = re.compile(r"(<!-- not run: ([^>]*)-->\n)?```(\w*)\n(.*?)```", re.DOTALL)
+SHELL = {"", "sh", "bash", "shell"}
+# What a fresh machine has on PATH: not the project's .venv/bin (the README says how).
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+DEBIAN = ["curl", "make"]
+
+
+def shell_blocks(path: Path) -> list[str]:
+    """The shell blocks to run, in order; a block marked not to run must say why."""
+    blocks = []
+    for marker, reason, language, body in FENCE.findall(path.read_text()):
+        if language not in SHELL:
+            continue
+        if marker:
+            assert reason.strip(), f"{path.name}: a block marked not to run must say why"
+            continue
+        blocks.append(body)
+    return blocks
+
+
+@dataclass
+class Served:
+    home: Path
+    port: int
+    env: dict[str, str]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """`make serve ARGS="--port N"` in a fresh HOME: the data directory is its default."""
+    subprocess.run([str(REPO / "deploy" / "ensure-debian-packages.sh"), *DEBIAN], check=True)
+    home = tmp_path_factory.mktemp("home")
+    port = _free_port()
+    assert port != 8080
+    env = {
+        "HOME": str(home),
+        "PATH": SYSTEM_PATH,
+        "LANG": "C.UTF-8",
+        "COLUMNS": "100",
+        "NO_COLOR": "1",
+        # The webhooks guide starts its server so; the others do not mind.
+        "QUEUE_SERVER_TRANSPORT_ALLOW": '["127.0.0.1"]',
+    }
+    proc = subprocess.Popen(
+        ["make", "--no-print-directory", "serve", f"ARGS=--port {port}"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    while True:
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.monotonic() < deadline, "make serve did not become ready"
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        time.sleep(0.3)
+    try:
+        yield Served(home=home, port=port, env=env)
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+
+
+def run_document(served: Served, document: Path, cwd: Path, path: str, logs: Path) -> str:
+    """Every shell block of the document, in order, in one shell, as pasted."""
+    blocks = shell_blocks(document)
+    assert blocks, f"{document.name} has no shell block to run"
+    script = "set -euo pipefail\n" + "\n".join(blocks)
+    log = logs / f"{document.stem}.log"  # a file: what runs in the background keeps a pipe open
+    with log.open("w") as handle:
+        proc = subprocess.Popen(
+            ["bash", "-c", script],
+            cwd=cwd,
+            env={**served.env, "PATH": path},
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # what the guide leaves in the background goes with it
+        )
+        try:
+            proc.wait(timeout=100)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    out = log.read_text()
+    assert proc.returncode == 0, f"{document.name} failed (exit {proc.returncode}):\n{out}"
+    assert "Traceback" not in out, out
+    return out
+
+
+@pytest.mark.timeout(400)
+def test_the_readme_and_every_guide_run_as_written(served: Served, tmp_path: Path) -> None:
+    # The README's second terminal: the repository's directory, a PATH without .venv/bin.
+    out = run_document(served, REPO / "README.md", REPO, SYSTEM_PATH, tmp_path)
+    data_dir = served.home / ".local" / "share" / "queue-server"
+    assert (data_dir / "server.url").read_text().strip() == f"http://127.0.0.1:{served.port}"
+    assert '"kind":"completed"' in out.replace(" ", "")  # the curl walk-through's ledger
+    assert "1 completed" in out  # queue-server work --drain -- cat
+
+    on_path = f"{REPO / '.venv' / 'bin'}:{SYSTEM_PATH}"  # as the README says
+    outputs = {}
+    for guide in GUIDES:
+        cwd = tmp_path / guide.stem
+        cwd.mkdir()
+        outputs[guide.name] = run_document(served, guide, cwd, on_path, cwd)
+    assert "exit 1: an item failed" in outputs["operators.md"]
+    assert "replayed" in outputs["operators.md"]
+    assert "quarantined" in outputs["operators.md"]
+    assert "HTTP 500" in outputs["watchers.md"]  # the dead delivery's last failure
+    assert "delivered" in outputs["watchers.md"]
+
+
+def test_a_block_marked_not_to_run_is_skipped_and_must_say_why(tmp_path: Path) -> None:
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        "<!-- not run: serves forever -->\n```\nmake serve\n```\n"
+        "```sh\necho one\n```\n```python\nprint(2)\n```\n```\necho three\n```\n"
+    )
+    assert shell_blocks(doc) == ["echo one\n", "echo three\n"]
+    doc.write_text("<!-- not run: -->\n```\nmake serve\n```\n")
+    with pytest.raises(AssertionError, match="must say why"):
+        shell_blocks(doc)
