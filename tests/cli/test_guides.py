@@ -9,6 +9,7 @@ right above its fence: `<!-- not run: why -->`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -124,10 +125,8 @@ def run_document(served: Served, document: Path, cwd: Path, path: str, logs: Pat
         except subprocess.TimeoutExpired:
             pass
         finally:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             proc.wait()
     out = log.read_text()
     assert proc.returncode == 0, f"{document.name} failed (exit {proc.returncode}):\n{out}"

@@ -48,8 +48,10 @@ def test_work_completes_retries_and_quarantines_then_a_replay_completes(cli: Cli
     broken = api.enqueue("jobs", "broken", priority=1, max_acquisitions=2)
 
     done = cli.run(
-        "work", "jobs", "--drain", "--json", "--lease-ttl", "5", "--", script, role="worker"
-    )
+        "work", "jobs", "--drain", "--json", "--lease-ttl", "5", "--", script, role="worker",
+        ok=False,
+    )  # fmt: skip
+    assert done.returncode == 1  # --drain with failed items: exit 1, not 0
     outcomes = [(r["item_id"], r["outcome"]) for r in lines(done.stdout)]
     assert outcomes.count((ok["item_id"], "completed")) == 1
     assert outcomes.count((flaky["item_id"], "triaged")) == 1
@@ -77,6 +79,7 @@ def test_work_completes_retries_and_quarantines_then_a_replay_completes(cli: Cli
         "work", "jobs", "--drain", "--json", "--lease-ttl", "5", "--", script, role="worker"
     )
     assert [r["outcome"] for r in lines(again.stdout)] == ["completed"]
+    assert again.returncode == 0  # every item completed
     final = cli.json("items", "show", str(broken["item_id"]))
     assert final["state"] == "completed"
     assert final["fence"] == 3  # two failed acquisitions, then the one after the replay
@@ -245,7 +248,7 @@ def test_on_a_terminal_one_status_line_tracks_the_work_and_a_summary_ends_it(
             screen += chunk
     finally:
         os.close(primary)
-    assert done.returncode == 0
+    assert done.returncode == 1  # some items failed
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen.decode(errors="replace"))
     # The live line: done, failed, in flight, items/s.
     assert re.search(r"done \d+ · failed \d+ · in flight \d+ · [\d,]+ items/s", text), text
