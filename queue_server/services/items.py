@@ -179,7 +179,7 @@ class Items:
 
     async def ledger(self, principal: auth.Principal, tenant: str, item_id: str) -> Answer:
         principal.require(tenant, *WORKER_OR_OPERATOR)
-        await self._item_row(tenant, item_id)
+        item_id = str((await self._item_row(tenant, item_id))["item_id"])  # a prefix, resolved
         async with self.db.conn() as conn:
             events = await reads.ledger(conn, tenant=tenant, item_id=item_id)
         return Answer.of(200, {"item_id": item_id, "events": [views.event(e) for e in events]})

@@ -1,0 +1,222 @@
+"""The stumbles of a newcomer's first hour with the CLI, each held by a test."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import psycopg
+
+from queue_server.cli.common import ADDRESS_FILE
+from queue_server.infra import serve
+from tests.cli.conftest import Cli
+from tests.conftest import Api
+
+DB = psycopg.Connection[dict[str, object]]
+UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+def test_help_shows_no_value_hint_on_flags_and_every_command_documents_its_exit_codes(
+    cli: Cli,
+) -> None:
+    version = cli.run("--version").stdout
+    assert re.fullmatch(r"queue-server \d+\.\d+\.\d+\S*\n", version)
+    commands = [
+        ["status"], ["enqueue"], ["work"], ["tenants", "put"], ["tenants", "list"],
+        ["keys", "list"], ["keys", "create"], ["dead-letters", "list"], ["watchers", "list"],
+        ["items", "show"], ["ledger", "verify"], ["db", "upgrade"], ["serve"], ["tenants"], [],
+    ]  # fmt: skip
+    for command in commands:
+        text = " ".join(cli.run(*command, "--help").stdout.split())
+        assert "<bool>" not in text, command
+        assert "Exit status: 0 done; 1 failures" in text, command
+        assert "3 the server unreachable or unavailable; 4 refused" in text, command
+    assert "--json Print JSON" in " ".join(cli.run("status", "--help").stdout.split())
+
+
+def test_the_cli_finds_the_address_a_local_server_wrote_beside_its_key(cli: Cli, api: Api) -> None:
+    assert ADDRESS_FILE == serve.ADDRESS_FILE
+    data_dir = cli.cwd / "data"
+    port = int(api.url.rsplit(":", 1)[1])
+    serve.write_address(data_dir, "0.0.0.0", port)  # what `serve --host 0.0.0.0` writes
+    assert (data_dir / ADDRESS_FILE).read_text() == f"http://127.0.0.1:{port}\n"
+    env = {k: v for k, v in cli.env.items() if k != "QUEUE_SERVER_URL"}
+    cli.env = env
+    assert cli.json("status")["tenant"] == "acme"
+    (data_dir / ADDRESS_FILE).unlink()  # no address: the default port, where nobody listens
+    gone = cli.run("status", ok=False)
+    assert gone.returncode == 3
+    assert "127.0.0.1:8080" in gone.stderr
+
+
+def test_tenants_put_changes_only_the_given_fields_and_asks_before_a_cap_below_the_backlog(
+    cli: Cli, api: Api
+) -> None:
+    # setup_tenant made acme with a default budget of 3
+    changed = cli.json("tenants", "put", "acme", "--backlog-cap", "500", role="admin")
+    assert (changed["backlog_cap"], changed["default_max_acquisitions"]) == (500, 3)
+    shown = cli.run("tenants", "put", "acme", "--default-lease-ttl", "20", role="admin").stdout
+    assert "20s (was 30s)" in shown
+    replaced = cli.json("tenants", "put", "acme", "--backlog-cap", "400", "--replace", role="admin")
+    assert (replaced["default_max_acquisitions"], replaced["default_lease_ttl"]) == (5, 30.0)
+    nothing = cli.run("tenants", "put", "acme", role="admin", ok=False)
+    assert nothing.returncode == 2
+    new_without_cap = cli.run("tenants", "put", "initech", role="admin", ok=False)
+    assert new_without_cap.returncode == 2
+    assert "--backlog-cap" in new_without_cap.stderr
+
+    for n in range(3):
+        api.enqueue("q", n)
+    refused = cli.run("tenants", "put", "acme", "--backlog-cap", "2", role="admin", ok=False)
+    assert refused.returncode == 2
+    assert "3 items in its backlog" in refused.stderr
+    assert cli.json("tenants", "show", "acme", role="admin")["backlog_cap"] == 400
+    declined = cli.run(
+        "tenants", "put", "acme", "--backlog-cap", "2", role="admin", input="n\n", ok=False
+    )
+    assert declined.returncode in (1, 2)  # asked only on a terminal; never lowered
+    assert cli.json("tenants", "show", "acme", role="admin")["backlog_cap"] == 400
+    lowered = cli.json("tenants", "put", "acme", "--backlog-cap", "2", "--yes", role="admin")
+    assert lowered["backlog_cap"] == 2
+
+
+def test_a_reload_with_another_batch_size_adds_nothing_and_says_so(cli: Cli, db: DB) -> None:
+    path = cli.cwd / "load.jsonl"
+    path.write_text("".join(f'{{"n": {n}}}\n' for n in range(300)))
+    first = cli.json("enqueue", "jobs", "--file", str(path), "--batch-size", "100")
+    assert (first["count"], first["already_loaded"]) == (300, 0)
+    again = cli.run("enqueue", "jobs", "--file", str(path), "--batch-size", "7")
+    assert "0 items enqueued" in again.stdout
+    assert "300 lines were already loaded" in again.stdout
+    with path.open("a") as handle:
+        handle.write('{"n": 300}\n{"n": 301}\n')
+    more = cli.json("enqueue", "jobs", "--file", str(path), "--batch-size", "500")
+    assert (more["count"], more["already_loaded"]) == (2, 300)
+    row = db.execute("SELECT count(*) AS n FROM work_items").fetchone()
+    assert row is not None
+    assert row["n"] == 302
+
+
+def test_a_batch_cut_off_by_a_crash_is_replayed_not_enqueued_twice(cli: Cli, db: DB) -> None:
+    path = cli.cwd / "load.jsonl"
+    path.write_text("".join(f'{{"n": {n}}}\n' for n in range(10)))
+    first = cli.json("enqueue", "jobs", "--file", str(path), "--batch-size", "4")
+    assert first["count"] == 10
+    # The journal as a crash between the request and its `done` record leaves it.
+    (journal,) = (cli.cwd / ".local" / "state" / "queue-server" / "loads").iterdir()
+    records = journal.read_text().splitlines()
+    journal.write_text("\n".join(records[:-1]) + "\n")
+    again = cli.json("enqueue", "jobs", "--file", str(path), "--batch-size", "3")
+    assert (again["count"], again["already_loaded"]) == (0, 10)
+    row = db.execute("SELECT count(*) AS n FROM work_items").fetchone()
+    assert row is not None
+    assert row["n"] == 10
+
+
+def test_validation_errors_keep_the_servers_reason_and_exit_4(cli: Cli) -> None:
+    refused = cli.run(
+        "enqueue", "jobs", "--payload", "1", "--priority", "99999999", role="worker", ok=False
+    )
+    assert refused.returncode == 4
+    message = " ".join(refused.stderr.split())
+    assert "body.priority" in message
+    assert "less than or equal to 1000000" in message
+
+
+def test_tables_keep_ids_whole_at_80_columns_and_times_carry_their_zone(cli: Cli, api: Api) -> None:
+    cli.env["COLUMNS"] = "80"
+    item = api.enqueue("mail", {"to": "a@example.com"})
+    (lease,) = api.acquire("mail")
+    api.holder(
+        "triage",
+        item["item_id"],
+        worker="w1",
+        fence=lease["fence"],
+        failure={"class": "SMTPError", "message": "mailbox unavailable", "transient": False},
+        decision="quarantine",
+    )
+    (dead,) = cli.json("dead-letters", "list")
+    listed = cli.run("dead-letters", "list").stdout
+    assert dead["dead_letter_id"] in listed
+    assert all(len(line) <= 80 for line in listed.splitlines())
+    assert "SMTPError:" in listed
+    assert "unavailable" in listed  # the failure, wrapped
+    assert "--wide" in listed  # it says which columns it left out
+    wide = cli.run("dead-letters", "list", "--wide").stdout
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d (UTC|[A-Z]{3,5}|[+-]\d{4})", wide)
+    assert cli.run("dead-letters", "list", "--quiet").stdout == dead["dead_letter_id"] + "\n"
+
+    hook = cli.json(
+        "watchers", "create", "https://8.8.8.8/hooks/queue/receive/events", "-e",
+        "item.completed",
+    )  # fmt: skip
+    watchers = cli.run("watchers", "list").stdout
+    assert hook["watcher_id"] in watchers
+    assert all(len(line) <= 80 for line in watchers.splitlines())
+
+
+def test_an_unambiguous_id_prefix_names_the_item_dead_letter_or_watcher(cli: Cli, api: Api) -> None:
+    item = api.enqueue("mail", "x")
+    item_id = str(item["item_id"])
+    assert cli.json("items", "show", item_id[:18])["item_id"] == item_id
+    assert cli.json("items", "ledger", item_id[:18])[0]["kind"] == "enqueued"
+    other = api.enqueue("mail", "y")
+    common = 0
+    while item_id[common] == str(other["item_id"])[common]:
+        common += 1
+    ambiguous = cli.run("items", "show", item_id[: max(common, 4)], ok=False)
+    assert ambiguous.returncode == 4
+    assert "ambiguous-id" in ambiguous.stderr or "not found" in ambiguous.stderr.lower()
+    missing = cli.run("items", "show", "ffffffff-ff", ok=False)
+    assert missing.returncode == 4
+
+    hook = cli.json("watchers", "create", "https://8.8.8.8/a", "-e", "item.completed")
+    shown = cli.json("watchers", "show", hook["watcher_id"][:8])
+    assert shown["watcher_id"] == hook["watcher_id"]
+    (lease,) = api.acquire("mail")
+    api.holder(
+        "triage", lease["item_id"], worker="w1", fence=lease["fence"],
+        failure={"class": "E", "message": "m", "transient": False}, decision="quarantine",
+    )  # fmt: skip
+    (dead,) = cli.json("dead-letters", "list")
+    detail = cli.json("dead-letters", "show", dead["dead_letter_id"][:10])
+    assert detail["dead_letter"]["dead_letter_id"] == dead["dead_letter_id"]
+    assert cli.run("dead-letters", "show", str(uuid.uuid4())[:8], ok=False).returncode == 4
+
+
+def test_status_shows_completed_only_queues_and_who_holds_each_lease_since_when(
+    cli: Cli, api: Api
+) -> None:
+    done = api.enqueue("finished", "x")
+    (lease,) = api.acquire("finished")
+    response = api.holder("complete", done["item_id"], worker="w1", fence=lease["fence"])
+    assert response.status_code == 200, response.text
+    held = api.enqueue("busy", "y")
+    api.acquire("busy", worker="worker-7")
+    status = cli.json("status")
+    by_queue = {q["queue"]: q for q in status["queues"]}
+    assert by_queue["finished"]["completed"] == 1
+    (holder,) = status["leases"]
+    assert (holder["item_id"], holder["worker"]) == (held["item_id"], "worker-7")
+    assert holder["acquired_at"] is not None
+    text = cli.run("status", "--wide").stdout
+    assert "finished" in text
+    assert "worker-7" in text
+    assert str(held["item_id"]) in text
+
+
+def test_tenants_list_and_keys_list(cli: Cli, api: Api) -> None:
+    cli.run("tenants", "put", "globex", "--backlog-cap", "5", role="admin")
+    assert cli.run("tenants", "list", "--quiet", role="admin").stdout.split() == ["acme", "globex"]
+    assert "globex" in cli.run("tenants", "list", role="admin").stdout
+    keys = cli.json("keys", "list", "acme", role="admin")
+    assert sorted(k["role"] for k in keys) == ["operator", "worker"]
+    assert all("secret" not in k for k in keys)
+    listed = cli.run("keys", "list", "acme", role="admin").stdout
+    assert all(k["key_id"] in listed for k in keys)
+    cli.run("keys", "revoke", "acme", keys[0]["key_id"], role="admin")
+    assert len(cli.json("keys", "list", "acme", role="admin")) == 1
+    assert len(cli.json("keys", "list", "acme", "--revoked", role="admin")) == 2
+    assert cli.run("keys", "list", "acme", role="operator", ok=False).returncode == 4
+    secret = cli.run("keys", "create", "acme", "--quiet", role="admin").stdout
+    assert re.fullmatch(r"qsk_\S+\n", secret)
