@@ -35,15 +35,18 @@ async def get_item(conn: Conn, *, tenant: str, item_id: str) -> Row | None:
     return await cur.fetchone()
 
 
+_ITEMS_IN_ID_RANGE = _SQL(
+    "items_in_id_range",
+    "SELECT * FROM work_items WHERE tenant_id = %s AND item_id BETWEEN %s AND %s"
+    " ORDER BY item_id LIMIT %s",
+)
+
+
 async def items_in_id_range(
     conn: Conn, *, tenant: str, span: tuple[str, str], limit: int
 ) -> list[Row]:
     """Items whose id lies in [low, high]: the ids sharing a prefix (the primary key's order)."""
-    cur = await conn.execute(
-        "SELECT * FROM work_items WHERE tenant_id = %s AND item_id BETWEEN %s AND %s"
-        " ORDER BY item_id LIMIT %s",
-        (tenant, span[0], span[1], limit),
-    )
+    cur = await conn.execute(_ITEMS_IN_ID_RANGE, (tenant, span[0], span[1], limit))
     return await cur.fetchall()
 
 
@@ -76,8 +79,8 @@ async def schema_revisions(conn: Conn) -> set[str]:
     return {row["version_num"] for row in await cur.fetchall()}
 
 
-# Only unfinished states: each reads its partial index, and finished history
-# (completed, cancelled) never slows the status page down.
+# Every state, so a queue whose items all completed is still listed: this reads the
+# tenant's finished history too (a status call, not a hot path).
 _QUEUE_STATUS = _SQL(
     "queue_status",
     """
@@ -108,7 +111,9 @@ async def queue_status(conn: Conn, *, tenant: str) -> list[Row]:
 
 # The leased rows come from ix_work_items_leased; each one's acquisition time is its
 # last `acquired` event (a heartbeat moves the expiry, not the start).
-_LEASES = """
+_LEASES = _SQL(
+    "leases",
+    """
 SELECT w.queue, w.item_id, w.lease_holder, w.fence, w.lease_expires_at,
        (SELECT e.at FROM item_events e
         WHERE e.tenant_id = w.tenant_id AND e.item_id = w.item_id AND e.kind = 'acquired'
@@ -117,7 +122,8 @@ FROM work_items w
 WHERE w.tenant_id = %(tenant)s AND w.state = 'leased'
 ORDER BY w.queue, acquired_at, w.item_id
 LIMIT %(limit)s
-"""
+""",
+)
 
 
 async def leases(conn: Conn, *, tenant: str, limit: int) -> list[Row]:

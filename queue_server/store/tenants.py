@@ -72,11 +72,14 @@ async def list_tenants(conn: Conn, *, after: str | None, limit: int) -> list[Row
     return await cur.fetchall()
 
 
-_LIST_KEYS = """
+_LIST_KEYS = _SQL(
+    "list_keys",
+    """
 SELECT key_id, tenant_id, role, created_at, revoked_at FROM api_keys
 WHERE tenant_id = %(tenant)s AND (%(revoked)s OR revoked_at IS NULL)
 ORDER BY created_at, key_id
-"""
+""",
+)
 
 
 async def list_keys(conn: Conn, *, tenant: str, revoked: bool) -> list[Row]:

@@ -21,20 +21,35 @@ SELECT current_setting('max_connections')::int AS n;
 -- name: schema_revisions
 SELECT version_num FROM alembic_version;
 
+-- name: items_in_id_range
+SELECT * FROM work_items WHERE tenant_id = %s AND item_id BETWEEN %s AND %s ORDER BY item_id LIMIT %s;
+
 -- name: queue_status
 SELECT queue,
        count(*) FILTER (WHERE state = 'ready') AS ready,
        count(*) FILTER (WHERE state = 'ready' AND available_at <= statement_timestamp()) AS due,
        count(*) FILTER (WHERE state = 'leased') AS leased,
        count(*) FILTER (WHERE state = 'quarantined') AS quarantined,
+       count(*) FILTER (WHERE state = 'completed') AS completed,
+       count(*) FILTER (WHERE state = 'cancelled') AS cancelled,
        extract(epoch FROM statement_timestamp()
                - min(available_at) FILTER (WHERE state = 'ready'
                                            AND available_at <= statement_timestamp()))
            AS oldest_ready_age
 FROM work_items
-WHERE tenant_id = %(tenant)s AND state IN ('ready', 'leased', 'quarantined')
+WHERE tenant_id = %(tenant)s
 GROUP BY queue
 ORDER BY queue;
+
+-- name: leases
+SELECT w.queue, w.item_id, w.lease_holder, w.fence, w.lease_expires_at,
+       (SELECT e.at FROM item_events e
+        WHERE e.tenant_id = w.tenant_id AND e.item_id = w.item_id AND e.kind = 'acquired'
+        ORDER BY e.seq DESC LIMIT 1) AS acquired_at
+FROM work_items w
+WHERE w.tenant_id = %(tenant)s AND w.state = 'leased'
+ORDER BY w.queue, acquired_at, w.item_id
+LIMIT %(limit)s;
 
 -- name: ledger_page
 WITH page AS (

@@ -18,6 +18,11 @@ SELECT * FROM tenants WHERE tenant_id = %s;
 SELECT * FROM tenants WHERE %(after)s::text IS NULL OR tenant_id > %(after)s
 ORDER BY tenant_id LIMIT %(limit)s;
 
+-- name: list_keys
+SELECT key_id, tenant_id, role, created_at, revoked_at FROM api_keys
+WHERE tenant_id = %(tenant)s AND (%(revoked)s OR revoked_at IS NULL)
+ORDER BY created_at, key_id;
+
 -- name: released
 SELECT coalesce(sum(released), 0) AS released FROM backlog_releases WHERE tenant_id = %(tenant)s;
 
