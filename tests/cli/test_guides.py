@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -60,10 +62,12 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def served() -> Iterator[Served]:
     """`make serve ARGS="--port N"` in a fresh HOME: the data directory is its default."""
     subprocess.run([str(REPO / "deploy" / "ensure-debian-packages.sh"), *DEBIAN], check=True)
-    home = tmp_path_factory.mktemp("home")
+    # Not under pytest's basetemp, whose 0700 parents the database's own user cannot cross
+    # (the session database in tests/conftest.py lives in a mkdtemp directory too).
+    home = Path(tempfile.mkdtemp(prefix="qs-guide-home-"))
     port = _free_port()
     assert port != 8080
     env = {
@@ -103,6 +107,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def run_document(served: Served, document: Path, cwd: Path, path: str, logs: Path) -> str:
