@@ -3,7 +3,7 @@
 A newcomer's first hour: a fresh HOME, `make serve ARGS="--port N"` on a port
 that is not the default, and each document's shell blocks pasted in order into
 one shell (a second terminal), with `set -e`: a command that fails fails the
-test. A block that must not run (a server that runs until Ctrl-C) says so
+test. Shell blocks are the fences labelled sh, bash or shell. A block that must not run (a server that runs until Ctrl-C) says so
 right above its fence: `<!-- not run: why -->`.
 """
 
@@ -28,7 +28,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 GUIDES = sorted((REPO / "docs").glob("*.md"))
 FENCE = re.compile(r"(<!-- not run: ([^>]*)-->\n)?```(\w*)\n(.*?)```", re.DOTALL)
-SHELL = {"", "sh", "bash", "shell"}
+SHELL = {"sh", "bash", "shell"}  # an unlabelled block (a diagram, a listing) is not run
 # What a fresh machine has on PATH: not the project's .venv/bin (the README says how).
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEBIAN = ["curl", "make"]
@@ -167,9 +167,10 @@ def test_a_block_marked_not_to_run_is_skipped_and_must_say_why(tmp_path: Path) -
     doc = tmp_path / "doc.md"
     doc.write_text(
         "<!-- not run: serves forever -->\n```\nmake serve\n```\n"
-        "```sh\necho one\n```\n```python\nprint(2)\n```\n```\necho three\n```\n"
+        "```sh\necho one\n```\n```python\nprint(2)\n```\n```bash\necho three\n```\n"
+        "```\na diagram\n```\n"
     )
     assert shell_blocks(doc) == ["echo one\n", "echo three\n"]
-    doc.write_text("<!-- not run: -->\n```\nmake serve\n```\n")
+    doc.write_text("<!-- not run: -->\n```sh\nmake serve\n```\n")
     with pytest.raises(AssertionError, match="must say why"):
         shell_blocks(doc)
