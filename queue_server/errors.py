@@ -21,6 +21,7 @@ Every error class of the project, by family (status, code):
     │   ├── LeaseRefusedError               the lease grants no authority:
     │   │   └── StaleFenceError, NotLeaseHolderError, LeaseExpiredError, ItemNotLeasedError
     │   ├── IdempotencyKeyInFlightError, InvalidStateError, DeadLetterClosedError
+    │   ├── AmbiguousIdError            ambiguous-id: an id prefix naming several items
     │   └── VerificationRunBusyError, RunKeyConflictError, CheckpointConflictError,
     │       VerificationIncompleteError
     ├── BacklogCapReachedError              429
