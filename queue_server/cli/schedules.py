@@ -10,6 +10,7 @@ import typer
 
 from queue_server.cli.common import (
     CLI,
+    EXIT_REFUSED,
     DataDir,
     Json,
     Key,
@@ -22,7 +23,6 @@ from queue_server.cli.common import (
     table,
     tenant_session,
 )
-from queue_server.client import DEFAULT_URL
 from queue_server.client.schedules import Schedule, ScheduleClient
 
 app = CLI(
@@ -67,7 +67,7 @@ def _schedule_fields(s: Schedule) -> None:
 
 @app.command("list")
 def list_schedules(
-    url: Url = DEFAULT_URL,
+    url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
     data_dir: DataDir = None,
@@ -109,7 +109,7 @@ def list_schedules(
 @app.command("show")
 def show(
     name: Name,
-    url: Url = DEFAULT_URL,
+    url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
     data_dir: DataDir = None,
@@ -155,7 +155,7 @@ def put(
         int | None, typer.Option(min=1, help="Each item's acquisition budget.")
     ] = None,
     paused: Annotated[bool, typer.Option("--paused", help="Create it paused.")] = False,
-    url: Url = DEFAULT_URL,
+    url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
     data_dir: DataDir = None,
@@ -207,13 +207,13 @@ def _payload(text: str | None, path: Path | None) -> Any:
     try:
         return jsonlib.loads(text)
     except ValueError as exc:
-        fail("Invalid payload", f"not JSON: {exc}")
+        fail("Invalid payload", f"not JSON: {exc}", EXIT_REFUSED)
 
 
 def _act(
     action: Literal["pause", "resume"],
     name: str,
-    url: str,
+    url: str | None,
     key: str | None,
     tenant: str | None,
     data_dir: Path | None,
@@ -231,7 +231,7 @@ def _act(
 @app.command("pause")
 def pause(
     name: Name,
-    url: Url = DEFAULT_URL,
+    url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
     data_dir: DataDir = None,
@@ -244,7 +244,7 @@ def pause(
 @app.command("resume")
 def resume(
     name: Name,
-    url: Url = DEFAULT_URL,
+    url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
     data_dir: DataDir = None,
@@ -257,7 +257,7 @@ def resume(
 @app.command("trigger")
 def trigger(
     name: Name,
-    url: Url = DEFAULT_URL,
+    url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
     data_dir: DataDir = None,
@@ -275,7 +275,7 @@ def trigger(
 @app.command("delete")
 def delete(
     name: Name,
-    url: Url = DEFAULT_URL,
+    url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
     data_dir: DataDir = None,

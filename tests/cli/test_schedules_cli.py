@@ -53,32 +53,32 @@ def test_schedules_put_list_show_pause_resume_trigger_delete(cli: Cli) -> None:
 
     assert "deleted" in cli.run("schedules", "delete", "nightly").stdout
     gone = cli.run("schedules", "show", "nightly", ok=False)
-    assert gone.returncode == 1
+    assert gone.returncode == 4  # refused: not found
     assert "Schedule not found" in gone.stderr
     assert "schedule-not-found" in gone.stderr
 
 
-def test_schedules_refusals_exit_1_with_the_reason(cli: Cli) -> None:
+def test_schedules_refusals_exit_with_their_status_and_the_reason(cli: Cli) -> None:
     both = cli.run(
         "schedules", "put", "s", "-q", "q", "--cron", "* * * * *", "--every", "5", ok=False
     )
-    assert both.returncode == 1
+    assert both.returncode == 2  # usage
     assert "exactly one of --cron and --every" in both.stderr
     bad_json = cli.run(
         "schedules", "put", "s", "-q", "q", "--every", "5", "--payload", "{", ok=False
     )
-    assert bad_json.returncode == 1
+    assert bad_json.returncode == 4  # validation
     assert "Invalid payload" in bad_json.stderr
     bad_cron = cli.run("schedules", "put", "s", "-q", "q", "--cron", "0 0 30 2 *", ok=False)
-    assert bad_cron.returncode == 1
+    assert bad_cron.returncode == 4
     assert "never fires" in bad_cron.stderr
     bad_zone = cli.run(
         "schedules", "put", "s", "-q", "q", "--every", "5", "--tz", "Nowhere", ok=False
     )
-    assert bad_zone.returncode == 1
+    assert bad_zone.returncode == 4
     assert "Unknown time zone" in bad_zone.stderr
     worker = cli.run("schedules", "list", role="worker", ok=False)
-    assert worker.returncode == 1
+    assert worker.returncode == 4
     assert "forbidden-role" in worker.stderr
     usage = cli.run("schedules", "put", "s", ok=False)
     assert usage.returncode == 2
