@@ -72,7 +72,7 @@ class Settings(BaseSettings):
     delivery_backoff_scale: float = Field(default=1.0, gt=0)
     # How often an idle `queue-server deliver` looks for due outbox rows.
     delivery_poll_interval: float = Field(default=1.0, gt=0)
-    # Rows claimed per delivery run; one transport broker (one budget) per run.
+    # Rows claimed at once; each attempt is a transport broker run of its own.
     delivery_batch_size: int = Field(default=32, ge=1, le=1000)
     # Dispatches in flight at once; unset: the policy's watcher-delivery/concurrency (4).
     # May lower the policy's value, never raise it.
@@ -80,7 +80,7 @@ class Settings(BaseSettings):
     # Per-attempt timeout; unset: the policy's watcher-delivery/attempt-timeout (10 s).
     # May lower the policy's value, never raise it.
     delivery_attempt_timeout: float | None = Field(default=None, gt=0)
-    # Response-body bytes one delivery run may read in total.
+    # Response-body bytes one delivery attempt (one broker run) may read.
     delivery_max_response_bytes: int = Field(default=4 * 1024 * 1024, ge=0)
     # After a secret rotation the previous secret also signs for this long.
     watcher_secret_grace: timedelta = timedelta(hours=24)

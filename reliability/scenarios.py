@@ -29,10 +29,11 @@ import httpx
 
 from reliability.checkers import CheckReport, DatabaseSnapshot, Violation, run_all_checks
 from reliability.client import RecordingClient, WorkerStats, run_worker
-from reliability.cluster import Cluster, SystemUnderTest, say
+from reliability.cluster import HOST, Cluster, SystemUnderTest, say
 from reliability.flood import flood
 from reliability.history import History, HistoryRecorder, JSONValue, OpKind
 from reliability.proxy import ProxyMode, TcpProxy
+from reliability.webhooks import WebhookRun
 
 __all__ = [
     "SCENARIOS",
@@ -544,14 +545,25 @@ def _load_scenario(
     extra_checks: Callable[[Cluster, History, dict[str, JSONValue]], list[Violation]] | None = None,
     api_env: dict[str, str] | None = None,
     client_timeout: float = 5.0,
+    webhooks: bool = False,
 ) -> ScenarioOutcome:
-    """Producers and workers in this process; ``fault`` runs meanwhile and returns metrics."""
+    """Producers and workers in this process; ``fault`` runs meanwhile and returns metrics.
+
+    With ``webhooks``, a watcher of the load's completions and a `queue-server deliver`
+    process run through it too, and every completion must reach the receiver."""
     began = time.monotonic()
-    with Cluster(
-        name=name.replace(" ", "-"), api_env={**FAST_API_ENV, **(api_env or {})}
-    ) as cluster:
+    # The receiver listens on loopback: the server must let a watcher register it.
+    hooks_env = {"QUEUE_SERVER_TRANSPORT_ALLOW": f'["{HOST}"]'} if webhooks else {}
+    env = {**FAST_API_ENV, **hooks_env, **(api_env or {})}
+    with (
+        Cluster(name=name.replace(" ", "-"), api_env=env) as cluster,
+        contextlib.ExitStack() as cleanup,
+    ):
         tenant = "load"
         keys = cluster.create_tenant(tenant, max_concurrency=16)
+        hooks = WebhookRun(cluster, tenant, keys.operator) if webhooks else None
+        if hooks is not None:
+            cleanup.callback(hooks.stop)
         recorder = HistoryRecorder(source="harness")
         stop = threading.Event()
         client = RecordingClient(
@@ -576,6 +588,8 @@ def _load_scenario(
         extras = receipt_violations(cluster, history)
         if extra_checks is not None:
             extras += extra_checks(cluster, history, metrics)
+        if hooks is not None:
+            extras += hooks.check(metrics, expect_outage=True)
         statuses = Counter(op.status for op in history.operations)
         metrics["answers"] = {
             str(k): v for k, v in sorted(statuses.items(), key=lambda kv: kv[0] or 0)
@@ -620,7 +634,8 @@ def kill_api(
 def pg_crash(
     *, outage: float = 12.0, duration: float = 32.0, name: str = "PostgreSQL crash"
 ) -> ScenarioOutcome:
-    """pg_ctl stop -m immediate mid-load, then start: 503 during the outage, recovery without restart."""
+    """pg_ctl stop -m immediate mid-load, then start: 503 during the outage, recovery without
+    restart, of the API and of a deliverer sending every completion to a receiver."""
     marks: dict[str, float] = {}
     probes: list[ReadyProbe] = []
 
@@ -713,7 +728,9 @@ def pg_crash(
         metrics["items_leased_before_and_after"] = sum(1 for k in after_fences if k in before)
         return out
 
-    return _load_scenario(name, fault, duration=duration, extra_checks=checks, client_timeout=20.0)
+    return _load_scenario(
+        name, fault, duration=duration, extra_checks=checks, client_timeout=20.0, webhooks=True
+    )
 
 
 # ------------------------------------------------ 5. pg_terminate_backend

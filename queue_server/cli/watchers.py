@@ -364,7 +364,9 @@ def deliver(
     """Send due webhook deliveries from the outbox (run as many as you like).
 
     Uses QUEUE_SERVER_DATABASE_URL, or the running embedded server's database in the
-    data directory. Settings: QUEUE_SERVER_TRANSPORT_ALLOW (JSON list),
+    data directory. Keeps running while the database is away (logging each retry) and
+    resumes by itself. SIGTERM or Ctrl-C lets the deliveries in flight finish; a second
+    one returns them to the outbox. Settings: QUEUE_SERVER_TRANSPORT_ALLOW (JSON list),
     QUEUE_SERVER_DELIVERY_BACKOFF_SCALE, QUEUE_SERVER_DELIVERY_ATTEMPT_TIMEOUT, ...
 
     Example: [bold]queue-server deliver --allow 127.0.0.1[/bold]
@@ -394,21 +396,38 @@ def deliver(
     async def run() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        main = asyncio.current_task()
+
+        def on_signal() -> None:
+            # The first signal lets the deliveries in flight finish (each is bounded by the
+            # attempt timeout); a second one stops them: back to the outbox, due at once.
+            if stop.is_set() and main is not None:
+                main.cancel()
+            stop.set()
+
         for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
-        async with Deliverer(settings, database_url, policy=policy) as deliverer:
+            loop.add_signal_handler(signum, on_signal)
+        deliverer = Deliverer(settings, database_url, policy=policy)
+        # A long-running deliverer starts even while the database is away, and waits for it.
+        await deliverer.open(wait=once)
+        try:
             if once:
                 report = await deliverer.run_once()
                 typer.echo(
                     f"claimed {report.claimed}: delivered {report.delivered},"
                     f" failed {report.failed}, dead {report.dead}, gone {report.gone},"
-                    f" released {report.released}"
+                    f" released {report.released}, expired {report.expired}"
                 )
                 return
             typer.echo("delivering; Ctrl-C stops")
             await deliverer.run_forever(stop)
+        finally:
+            await deliverer.close()
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    except asyncio.CancelledError:
+        typer.echo("stopped; the deliveries in flight are back in the outbox")
 
 
 def _embedded_url(data_dir: Path) -> str:

@@ -12,7 +12,6 @@ from datetime import datetime
 from typing import Any, Literal, TypeVar
 from urllib.parse import quote
 
-import httpx
 from pydantic import BaseModel
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 from tenacity.wait import wait_exponential_jitter
@@ -53,6 +52,12 @@ from queue_server.client.models import (
     Verification,
     WhoAmI,
 )
+from queue_server.client.transport import (
+    AsyncHttpClient,
+    Response,
+    TransportFailure,
+    connect_async,
+)
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -75,7 +80,7 @@ class AsyncQueueClient:
         timeout: float = 30.0,
         attempts: int = 5,
         max_wait: float = 10.0,
-        http: httpx.AsyncClient | None = None,
+        http: AsyncHttpClient | None = None,
     ) -> None:
         self.url, key, self.tenant = from_environment(url, key, tenant)
         self._tenant_lock = asyncio.Lock()
@@ -86,7 +91,7 @@ class AsyncQueueClient:
         if key:
             headers["Authorization"] = f"Bearer {key}"
         self._owns_http = http is None
-        self._http = http or httpx.AsyncClient(base_url=self.url, timeout=timeout)
+        self._http = http or connect_async(self.url, timeout=timeout)
         self._http.headers.update(headers)
         self._backoff = wait_exponential_jitter(initial=0.2, max=max_wait)
 
@@ -126,7 +131,7 @@ class AsyncQueueClient:
         params: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
         timeout: float | None = None,
-    ) -> httpx.Response:
+    ) -> Response:
         """One logical request: retried on transient failures with the same key; errors raised."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         query = {k: v for k, v in (params or {}).items() if v is not None}
@@ -149,7 +154,7 @@ class AsyncQueueClient:
                     )
                     if response.status_code >= 400:
                         raise errors.from_response(response)
-        except httpx.TransportError as exc:
+        except TransportFailure as exc:
             raise errors.ConnectionFailedError(self.url, exc) from exc
         return response
 

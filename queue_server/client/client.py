@@ -17,7 +17,6 @@ from datetime import datetime
 from typing import Any, Literal, TypeVar
 from urllib.parse import quote
 
-import httpx
 from pydantic import BaseModel
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
 from tenacity.wait import wait_exponential_jitter
@@ -46,6 +45,7 @@ from queue_server.client.models import (
     Verification,
     WhoAmI,
 )
+from queue_server.client.transport import HttpClient, Response, TransportFailure, connect
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -72,7 +72,7 @@ def new_idempotency_key() -> str:
 
 def is_transient(exc: BaseException) -> bool:
     """Failures worth retrying with the same request and key."""
-    if isinstance(exc, httpx.TransportError):
+    if isinstance(exc, TransportFailure):
         return True
     if isinstance(exc, errors.ProblemError):
         if exc.status == 503 or isinstance(exc, errors.IdempotencyKeyInFlightError):
@@ -103,7 +103,7 @@ class QueueClient:
         timeout: float = 30.0,
         attempts: int = 5,
         max_wait: float = 10.0,
-        http: httpx.Client | None = None,
+        http: HttpClient | None = None,
     ) -> None:
         self.url, key, self.tenant = from_environment(url, key, tenant)
         self._tenant_lock = threading.Lock()
@@ -114,7 +114,7 @@ class QueueClient:
         if key:
             headers["Authorization"] = f"Bearer {key}"
         self._owns_http = http is None
-        self._http = http or httpx.Client(base_url=self.url, timeout=timeout)
+        self._http = http or connect(self.url, timeout=timeout)
         self._http.headers.update(headers)
         self._backoff = wait_exponential_jitter(initial=0.2, max=max_wait)
 
@@ -154,7 +154,7 @@ class QueueClient:
         params: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
         timeout: float | None = None,
-    ) -> httpx.Response:
+    ) -> Response:
         """One logical request: retried on transient failures with the same key; errors raised."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         query = {k: v for k, v in (params or {}).items() if v is not None}
@@ -177,7 +177,7 @@ class QueueClient:
                     )
                     if response.status_code >= 400:
                         raise errors.from_response(response)
-        except httpx.TransportError as exc:
+        except TransportFailure as exc:
             raise errors.ConnectionFailedError(self.url, exc) from exc
         return response
 

@@ -2,28 +2,36 @@
 
 Policy ADR Decision 7 for `read-only-dependency`: admission (a read never has
 effects, so an effecting call is refused), finite capacity (the class's permit
-gate rejects beyond its limit instead of queueing), a per-attempt timeout
-(`asyncio.timeout`) inside the whole-operation deadline, retries of the named
-failure classes with capped exponential backoff and full jitter
-(`async_retrying_for`), and the canonical circuit breaker. Every request goes
-through a `TransportBroker`, the one owner of outbound HTTP.
+gate rejects beyond its limit instead of queueing), retries of the named failure
+classes with capped exponential backoff and full jitter (`async_retrying_for`),
+and the canonical circuit breaker.
+
+Each read is one `TransportBroker` run, the one owner of outbound HTTP: the
+class's attempt timeout is its request timeout (expiry: `RequestTimeoutError`,
+receipt `timeout`, retryable) and the class's deadline its wall deadline (expiry:
+`WallDeadlineExceededError`, receipt `wall_deadline`, never retried); a read the
+caller cancels leaves a `cancelled` receipt. The run goes through the broker's
+guard, so an unexpected error after it started is a `RunFailedError` carrying the
+receipts. `last_run` is the broker of the latest read, for its receipts.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 
 from queue_server.policy import (
     CircuitBreaker,
+    CircuitOpenError,
     OperationClass,
     PermitGate,
     ReliabilityPolicy,
     admit_operation,
     async_retrying_for,
     classify_failure,
+    default_policy,
 )
-from queue_server.transport import DispatchRequest, DispatchResult, TransportBroker
+from queue_server.transport import Budget, DispatchRequest, DispatchResult, TransportBroker
+from queue_server.transport.policy import AllowSpec, Resolver
 
 RO = OperationClass.READ_ONLY_DEPENDENCY
 _RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
@@ -44,20 +52,26 @@ class ReadOnlyDependencyClient:
 
     Example::
 
-        reads = ReadOnlyDependencyClient(TransportBroker(allow=["10.0.0.0/8"]))
+        reads = ReadOnlyDependencyClient(allow=["10.0.0.0/8"])
         result = await reads.get("https://search.internal/v1/q?term=lease")
     """
 
     def __init__(
         self,
-        broker: TransportBroker,
         *,
+        allow: AllowSpec = None,
+        resolver: Resolver | None = None,
+        budget: Budget | None = None,
         policy: ReliabilityPolicy | None = None,
         breaker: CircuitBreaker | None = None,
         gate: PermitGate | None = None,
         sleep: Callable[[float], Awaitable[None]] | None = None,
     ) -> None:
-        self.broker = broker
+        self.allow = allow
+        self.resolver = resolver
+        # Per read: at most the class's attempts; a response body of up to 1 MiB each.
+        self.budget = budget
+        self.last_run: TransportBroker | None = None
         self.policy = policy
         self.breaker = breaker or CircuitBreaker.for_class(
             RO, policy=policy, is_failure=_counts_toward_circuit
@@ -89,20 +103,27 @@ class ReadOnlyDependencyClient:
             label=label,
             timeout=admission.attempt_timeout_seconds,
         )
+        retrying = async_retrying_for(RO, policy=self.policy, sleep=self.sleep)
+        attempts = (self.policy or default_policy()).dependency.max_attempts
+        broker = TransportBroker(
+            budget=self.budget or Budget(max_requests=attempts),
+            allow=self.allow,
+            request_timeout=admission.attempt_timeout_seconds,
+            wall_deadline=admission.deadline_seconds,
+            resolver=self.resolver,
+        )
+        self.last_run = broker
 
         async def attempt() -> DispatchResult:
-            async with asyncio.timeout(admission.attempt_timeout_seconds):
-                result = await self.broker.dispatch(request)
+            result = await broker.dispatch(request)
             if result.status in _RETRYABLE_STATUS:
                 raise DependencyStatusError(result)
             return result
 
-        with self.gate.permit():
-            async with asyncio.timeout(admission.deadline_seconds):
-                retrying = async_retrying_for(RO, policy=self.policy, sleep=self.sleep)
-                async for tried in retrying:
-                    with tried:
-                        return await self.breaker.call_async(attempt)
+        with self.gate.permit(), broker.guard(DependencyStatusError, CircuitOpenError):
+            async for tried in retrying:
+                with tried:
+                    return await self.breaker.call_async(attempt)
         raise AssertionError("tenacity re-raises the last failure")  # pragma: no cover
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import httpx
+from queue_server.client.transport import Response
 
 
 class QueueClientError(Exception):
@@ -182,7 +182,7 @@ BY_STATUS: dict[int, type[ProblemError]] = {
 }
 
 
-def _retry_after(response: httpx.Response) -> float | None:
+def _retry_after(response: Response) -> float | None:
     value = response.headers.get("Retry-After")
     if value is None:
         return None
@@ -203,7 +203,7 @@ def problem_error(
     return cls(status, body, retry_after=retry_after)
 
 
-def from_response(response: httpx.Response) -> ProblemError:
+def from_response(response: Response) -> ProblemError:
     """The typed exception for an error answer (problem+json or not)."""
     try:
         body = response.json()

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
-import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -95,7 +95,7 @@ class LeaseFacts:
 
 def default_worker_name() -> str:
     """hostname-pid, cut to the API's name pattern."""
-    host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname()) or "host"
+    host = re.sub(r"[^A-Za-z0-9._-]", "-", platform.node()) or "host"
     return f"{host[:50]}-{os.getpid()}".lstrip("._-") or f"worker-{os.getpid()}"
 
 

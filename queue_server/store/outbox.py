@@ -3,15 +3,21 @@
     transition --(same statement: outbox CTE)--> pending
     pending --claim (attempt n; the next attempt's instant persisted first)--> pending, claimed
     claimed --2xx--> delivered
-    claimed --failure, attempts left--> pending, due at the persisted instant
-    claimed --failure, last attempt--> dead (+ a dead letter of kind 'delivery')
+    claimed --retryable failure, attempts left--> pending, due at the persisted instant
+    claimed --retryable failure on the last attempt, or any other failure--> dead
+                                                  (+ a dead letter of kind 'delivery')
     claimed --410 Gone--> cancelled; the watcher is disabled and its pending rows cancelled
     claimed --budget refused before the socket--> pending, as it was (no attempt counted)
-    dead --operator replay--> pending, attempts 0, same delivery key
-    watcher cancel: pending -> cancelled.  watcher paused: pending rows are not claimed.
+    claimed --deliverer stopped mid-dispatch--> pending, due now (the attempt counted)
+    pending, past its deadline --expire--> dead (deadline-exceeded)
+    dead --operator replay--> pending, attempts 0, same delivery key, its deadline anew
+    watcher cancel: pending -> cancelled.  watcher paused: pending rows are not claimed,
+    and their deadline does not run (resume moves `deadline_from` on by the pause).
 
 A claim is fenced by a random token: an outcome is recorded only by the deliverer
 that holds the claim, and a claim lost with its deliverer expires at `claimed_until`.
+A delivery's deadline is `deadline_from` plus the class deadline the deliverer's
+loaded policy gives (`%(deadline)s`, seconds).
 """
 
 from __future__ import annotations
@@ -97,7 +103,7 @@ async def delivery_counts(conn: Conn, *, tenant: str) -> dict[str, dict[str, int
 _DELIVERY_COLUMNS = (
     "tenant_id, delivery_id, seq, watcher_id, delivery_key, event, item_id, queue, state,"
     " attempts, next_attempt_at, due_at, last_attempt_at, last_outcome, receipts,"
-    " receipts_omitted, created_at, updated_at, delivered_at"
+    " receipts_omitted, created_at, updated_at, delivered_at, deadline_from"
 )
 
 
@@ -158,6 +164,7 @@ WITH due AS (
     SELECT o.tenant_id, o.delivery_id, o.next_attempt_at, o.due_at, o.last_attempt_at
     FROM outbox_deliveries o
     WHERE o.state = 'pending' AND o.due_at <= statement_timestamp()
+      AND o.deadline_from > statement_timestamp() - make_interval(secs => %(deadline)s)
       AND EXISTS (SELECT 1 FROM watchers w
                   WHERE w.tenant_id = o.tenant_id AND w.watcher_id = o.watcher_id
                     AND w.state = 'active')
@@ -183,7 +190,10 @@ WITH due AS (
 SELECT c.*, w.url, w.secret,
        CASE WHEN w.previous_secret_expires_at > statement_timestamp()
             THEN w.previous_secret END AS previous_secret,
-       statement_timestamp() AS claimed_at
+       statement_timestamp() AS claimed_at,
+       -- The wall deadline of this attempt's broker run: what is left of the delivery's.
+       extract(epoch FROM c.deadline_from + make_interval(secs => %(deadline)s)
+                          - statement_timestamp())::float8 AS deadline_in
 FROM claimed c
 JOIN watchers w ON w.tenant_id = c.tenant_id AND w.watcher_id = c.watcher_id
 ORDER BY c.seq
@@ -192,10 +202,23 @@ ORDER BY c.seq
 
 
 async def claim(
-    conn: Conn, *, limit: int, token: str, lease: timedelta, delays: list[float]
+    conn: Conn,
+    *,
+    limit: int,
+    token: str,
+    lease: timedelta,
+    delays: list[float],
+    deadline: float,
 ) -> list[Row]:
-    """pending and due, watcher active -> claimed as attempt n + 1, next instant persisted."""
-    params = {"limit": limit, "token": token, "lease": lease, "delays": delays}
+    """pending, due and within its deadline, watcher active -> claimed as attempt n + 1,
+    next instant persisted; each row carries `deadline_in`, the seconds its deadline leaves."""
+    params = {
+        "limit": limit,
+        "token": token,
+        "lease": lease,
+        "delays": delays,
+        "deadline": deadline,
+    }
     return await fetch_all(conn, _CLAIM, params)
 
 
@@ -223,6 +246,42 @@ async def release(conn: Conn, *, row: Row, token: str) -> bool:
         "last_attempt_at": row["prev_last_attempt_at"],
     }
     return await fetch_one(conn, _RELEASE, params) is not None
+
+
+_RETURN = _SQL(
+    "return_to_outbox",
+    """
+UPDATE outbox_deliveries
+SET last_outcome = %(outcome)s, receipts = %(receipts)s, receipts_omitted = %(omitted)s,
+    claim_token = NULL, claimed_until = NULL, due_at = statement_timestamp(),
+    updated_at = statement_timestamp()
+WHERE tenant_id = %(tenant)s AND delivery_id = %(delivery_id)s AND claim_token = %(token)s
+  AND state = 'pending'
+RETURNING delivery_id
+""",
+)
+
+
+async def return_to_outbox(
+    conn: Conn,
+    *,
+    row: Row,
+    token: str,
+    outcome: dict[str, Any],
+    receipts: list[dict[str, Any]],
+    omitted: int,
+) -> bool:
+    """claimed -> pending, due now: the deliverer stopped mid-dispatch (the attempt counts,
+    its cancelled receipt is kept); the next deliverer sends it again under the same key."""
+    params = {
+        "tenant": row["tenant_id"],
+        "delivery_id": row["delivery_id"],
+        "token": token,
+        "outcome": Jsonb(outcome),
+        "receipts": Jsonb(receipts),
+        "omitted": omitted,
+    }
+    return await fetch_one(conn, _RETURN, params) is not None
 
 
 _RECORD = _SQL(
@@ -277,6 +336,51 @@ async def record(
     return await fetch_one(conn, _RECORD, params)
 
 
+_EXPIRE = _SQL(
+    "expire",
+    """
+WITH overdue AS (
+    -- Only an active watcher's deadlines run (a paused one's wait), and a row in flight
+    -- ends by its own broker's wall deadline instead.
+    SELECT o.tenant_id, o.delivery_id
+    FROM outbox_deliveries o
+    JOIN watchers w ON w.tenant_id = o.tenant_id AND w.watcher_id = o.watcher_id
+     AND w.state = 'active'
+    WHERE o.state = 'pending'
+      AND o.deadline_from <= statement_timestamp() - make_interval(secs => %(deadline)s)
+      AND (o.claim_token IS NULL OR o.claimed_until <= statement_timestamp())
+    ORDER BY o.deadline_from
+    LIMIT %(limit)s
+    FOR UPDATE OF o SKIP LOCKED
+), upd AS (
+    UPDATE outbox_deliveries o
+    SET state = 'dead', claim_token = NULL, claimed_until = NULL, next_attempt_at = NULL,
+        last_outcome = jsonb_build_object(
+            'attempt', o.attempts, 'outcome', 'deadline_exceeded', 'status', NULL,
+            'detail', 'not delivered within ' || %(deadline)s || ' s of its event'),
+        updated_at = statement_timestamp()
+    FROM overdue d
+    WHERE o.tenant_id = d.tenant_id AND o.delivery_id = d.delivery_id AND o.state = 'pending'
+    RETURNING o.*
+), dead AS (
+    INSERT INTO dead_letters (tenant_id, kind, item_id, delivery_id, queue, reason,
+                              last_failure, created_at)
+    SELECT tenant_id, 'delivery', item_id, delivery_id, queue,
+           'deadline-exceeded: not delivered within ' || %(deadline)s || ' s of its event',
+           last_outcome, statement_timestamp()
+    FROM upd
+)
+SELECT count(*) AS expired FROM upd
+""",
+)
+
+
+async def expire(conn: Conn, *, deadline: float, limit: int) -> int:
+    """pending past its deadline (watcher active, not in flight) -> dead + a dead letter."""
+    row = await fetch_one(conn, _EXPIRE, {"deadline": deadline, "limit": limit})
+    return int(row["expired"]) if row else 0
+
+
 _REPLAY_DEAD = _SQL(
     "resolve_dead_letter",
     """
@@ -291,6 +395,8 @@ WITH dl AS (
 UPDATE outbox_deliveries o
 SET state = %(state)s, attempts = CASE WHEN %(state)s = 'pending' THEN 0 ELSE o.attempts END,
     next_attempt_at = CASE WHEN %(state)s = 'pending' THEN statement_timestamp() END,
+    deadline_from = CASE WHEN %(state)s = 'pending' THEN statement_timestamp()
+                         ELSE o.deadline_from END,
     due_at = statement_timestamp(), updated_at = statement_timestamp()
 FROM dl
 WHERE o.tenant_id = %(tenant)s AND o.delivery_id = dl.delivery_id AND o.state = 'dead'
@@ -302,7 +408,8 @@ RETURNING o.*
 async def resolve_dead_letter(
     conn: Conn, *, tenant: str, dead_letter_id: str, replay: bool
 ) -> Row | None:
-    """dead -> pending with a fresh budget (replay; same delivery key) or cancelled (discard)."""
+    """dead -> pending with a fresh budget and deadline (replay; same delivery key) or
+    cancelled (discard)."""
     params = {
         "tenant": tenant,
         "dead_letter_id": dead_letter_id,

@@ -323,8 +323,11 @@ watchers = Table(
     Column("disabled_reason", Text, nullable=True),
     _ts("created_at", nullable=False, server_default=func.now()),
     _ts("updated_at", nullable=False, server_default=func.now()),
+    # Since when it is paused (0006): resuming moves its deliveries' deadlines on by the pause.
+    _ts("paused_at", nullable=True),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
     CheckConstraint("state IN ('active', 'paused', 'cancelled', 'disabled')", name="state_known"),
+    CheckConstraint("(state = 'paused') = (paused_at IS NOT NULL)", name="paused_since"),
     CheckConstraint("cardinality(events) >= 1", name="has_events"),
     CheckConstraint(
         "(previous_secret IS NULL) = (previous_secret_expires_at IS NULL)",
@@ -367,6 +370,9 @@ outbox_deliveries = Table(
     _ts("created_at", nullable=False, server_default=func.now()),
     _ts("updated_at", nullable=False, server_default=func.now()),
     _ts("delivered_at", nullable=True),
+    # The delivery's deadline counts from here (0006): its event, moved on by the time its
+    # watcher spent paused, restarted by a replay.
+    _ts("deadline_from", nullable=False, server_default=func.statement_timestamp()),
     ForeignKeyConstraint(
         ["tenant_id", "watcher_id"],
         ["watchers.tenant_id", "watchers.watcher_id"],
@@ -384,6 +390,12 @@ outbox_deliveries = Table(
         postgresql_where=text("state = 'pending'"),
     ),
     Index("ix_outbox_deliveries_watcher", "tenant_id", "watcher_id", "seq"),
+    # The deliverer's deadline sweep: pending rows by the instant their deadline counts from.
+    Index(
+        "ix_outbox_deliveries_deadline",
+        "deadline_from",
+        postgresql_where=text("state = 'pending'"),
+    ),
 )
 
 # Items that left the backlog (completed or quarantined), spread over shards so that

@@ -3,6 +3,9 @@
 (nothing) --create--> active <--pause/resume--> paused
 active | paused --cancel--> cancelled (its pending outbox rows cancelled too)
 active | paused --410 Gone from the receiver--> disabled (same)
+
+A pause stops its deliveries' deadline clock: `paused_at` records when, and the
+resume moves each pending row's `deadline_from` on by the time spent paused.
 """
 
 from __future__ import annotations
@@ -81,9 +84,27 @@ async def list_watchers(conn: Conn, *, tenant: str) -> list[Row]:
 _CHANGE_STATE = _SQL(
     "change_state",
     f"""
-UPDATE watchers SET state = %(target)s, updated_at = statement_timestamp()
-WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s AND state = ANY(%(source)s)
-RETURNING {_WATCHER_COLUMNS}
+WITH before AS (
+    SELECT tenant_id, watcher_id, paused_at FROM watchers
+    WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s AND state = ANY(%(source)s)
+    FOR UPDATE
+), w AS (
+    UPDATE watchers w SET state = %(target)s, updated_at = statement_timestamp(),
+        -- Pausing a paused watcher keeps the instant its pause began.
+        paused_at = CASE WHEN %(target)s = 'paused'
+                         THEN coalesce(w.paused_at, statement_timestamp()) END
+    FROM before b
+    WHERE w.tenant_id = b.tenant_id AND w.watcher_id = b.watcher_id
+    RETURNING {", ".join("w." + c.strip() for c in _WATCHER_COLUMNS.split(","))}
+), resumed AS (
+    -- The pause did not count toward the deadline of the rows that waited through it.
+    UPDATE outbox_deliveries o
+    SET deadline_from = o.deadline_from + (statement_timestamp() - b.paused_at)
+    FROM before b
+    WHERE %(target)s = 'active' AND b.paused_at IS NOT NULL
+      AND o.tenant_id = b.tenant_id AND o.watcher_id = b.watcher_id AND o.state = 'pending'
+)
+SELECT * FROM w
 """,
 )
 
@@ -91,7 +112,8 @@ RETURNING {_WATCHER_COLUMNS}
 async def change_state(
     conn: Conn, *, tenant: str, watcher_id: str, source: tuple[str, ...], target: str
 ) -> Row | None:
-    """source -> target (pause: active -> paused; resume: paused -> active)."""
+    """source -> target (pause: active -> paused; resume: paused -> active, each pending
+    row's deadline moved on by the pause)."""
     params = {"tenant": tenant, "watcher_id": watcher_id, "source": list(source), "target": target}
     return await fetch_one(conn, _CHANGE_STATE, params)
 
@@ -100,7 +122,7 @@ _CANCEL = _SQL(
     "cancel_watcher",
     f"""
 WITH w AS (
-    UPDATE watchers SET state = %(target)s, disabled_reason = %(reason)s,
+    UPDATE watchers SET state = %(target)s, disabled_reason = %(reason)s, paused_at = NULL,
         updated_at = statement_timestamp()
     WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s
       AND state IN ('active', 'paused')

@@ -9,6 +9,7 @@ policy check + request construction (free, no receipt)
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import re
 import ssl
@@ -146,10 +147,9 @@ class TransportBroker:
         self._retain = retain_bytes
         self._max_body = max_body_bytes
         self._resolver = resolver
-        # Built once: loading the CA bundle per dispatch would cost more than the dispatch.
-        self._ssl = (
-            verify if isinstance(verify, ssl.SSLContext) else httpx.create_ssl_context(verify)
-        )
+        # Built once per process: loading the CA bundle per run would cost more than the
+        # dispatch (a deliverer starts a run per attempt).
+        self._ssl = verify if isinstance(verify, ssl.SSLContext) else _ssl_context(verify)
 
     def usage(self) -> Usage:
         """What the run has consumed so far."""
@@ -173,11 +173,17 @@ class TransportBroker:
             raise
 
     @contextmanager
-    def guard(self) -> Iterator[None]:
-        """Turn an unexpected error of the run into RunFailedError carrying the receipts."""
+    def guard(self, *expected: type[Exception]) -> Iterator[None]:
+        """Turn an unexpected error of the run into RunFailedError carrying the receipts.
+
+        Transport errors (which carry their receipts already) and the caller's `expected`
+        cause-specific errors pass through unchanged.
+        """
         try:
             yield
         except TransportError:
+            raise
+        except expected:
             raise
         except Exception as exc:
             raise RunFailedError(
@@ -355,6 +361,12 @@ class TransportBroker:
         """Give an error the committed receipts so a failure cannot erase them."""
         error.snapshot = self.snapshot()
         return error
+
+
+@functools.cache
+def _ssl_context(verify: bool) -> ssl.SSLContext:
+    """The TLS context of every run that does not bring its own (shared: it is read-only)."""
+    return httpx.create_ssl_context(verify)
 
 
 def _classify(status: int) -> Outcome:

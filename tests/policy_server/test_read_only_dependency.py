@@ -19,11 +19,12 @@ from queue_server.policy import (
     PermitUnavailableError,
     admit_operation,
 )
-from queue_server.transport import TransportBroker
+from queue_server.transport import Outcome, WallDeadlineExceededError
 
 
 class Dependency(ThreadingHTTPServer):
-    """/ok 200; /flaky 503 for the first `fail_first` requests; /down 503; /slow stalls 1 s."""
+    """/ok 200; /flaky 503 for the first `fail_first` requests; /down 503; /slow stalls 1 s
+    the first time; /stall stalls 1.5 s every time."""
 
     daemon_threads = True
 
@@ -48,6 +49,8 @@ class _Handler(BaseHTTPRequestHandler):
             n = self.server.hits[self.path] = self.server.hits.get(self.path, 0) + 1
         if self.path == "/slow" and n == 1:
             time.sleep(1.0)
+        if self.path == "/stall":
+            time.sleep(1.5)
         status = 200
         if self.path == "/down" or (self.path == "/flaky" and n <= self.server.fail_first):
             status = 503
@@ -76,8 +79,12 @@ async def _no_sleep(_: float) -> None:
 
 
 def _client(**kw: object) -> ReadOnlyDependencyClient:
-    broker = TransportBroker(allow=["127.0.0.1"])
-    return ReadOnlyDependencyClient(broker, sleep=_no_sleep, **kw)  # type: ignore[arg-type]
+    return ReadOnlyDependencyClient(allow=["127.0.0.1"], sleep=_no_sleep, **kw)  # type: ignore[arg-type]
+
+
+def _outcomes(reads: ReadOnlyDependencyClient) -> list[Outcome]:
+    assert reads.last_run is not None
+    return [r.outcome for r in reads.last_run.snapshot().receipts]
 
 
 def test_read_only_dependency_client_retries_unavailable_then_succeeds(
@@ -99,10 +106,57 @@ def test_read_only_dependency_client_times_out_an_attempt_and_retries(
     dependency: Dependency,
 ) -> None:
     started = time.monotonic()
-    result = asyncio.run(_client().get(dependency.url("/slow"), attempt_timeout=0.2))
+    reads = _client()
+    result = asyncio.run(reads.get(dependency.url("/slow"), attempt_timeout=0.2))
     assert result.status == 200
     assert dependency.hits["/slow"] == 2
     assert time.monotonic() - started < 1.0
+    # The request timeout is its own typed outcome, and it is retried.
+    assert _outcomes(reads) == [Outcome.TIMEOUT, Outcome.SUCCEEDED]
+
+
+def test_read_only_dependency_client_wall_deadline_is_its_own_outcome_never_retried(
+    dependency: Dependency,
+) -> None:
+    reads = _client()
+    started = time.monotonic()
+    with pytest.raises(WallDeadlineExceededError) as info:
+        asyncio.run(reads.get(dependency.url("/stall"), attempt_timeout=0.3, deadline=0.5))
+    # The first attempt hit its own timeout (retryable); the second ran into the read's
+    # deadline, the broker run's wall deadline: a different outcome, and the end.
+    assert _outcomes(reads) == [Outcome.TIMEOUT, Outcome.WALL_DEADLINE]
+    assert [r.outcome for r in info.value.receipts] == [Outcome.TIMEOUT, Outcome.WALL_DEADLINE]
+    assert dependency.hits["/stall"] == 2
+    assert time.monotonic() - started < 1.0
+
+
+def test_read_only_dependency_client_cancelled_by_its_caller_leaves_a_cancelled_receipt(
+    dependency: Dependency,
+) -> None:
+    reads = _client()
+
+    async def scenario() -> None:
+        read = asyncio.create_task(reads.get(dependency.url("/stall")))
+        while "/stall" not in dependency.hits:
+            await asyncio.sleep(0.01)
+        read.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await read
+
+    asyncio.run(scenario())
+    assert _outcomes(reads) == [Outcome.CANCELLED]
+
+
+def test_read_only_dependency_client_every_run_carries_the_class_deadline(
+    dependency: Dependency,
+) -> None:
+    reads = _client()
+    asyncio.run(reads.get(dependency.url("/ok")))
+    assert reads.last_run is not None
+    left = reads.last_run.remaining()
+    # The class deadline (10 s) is the run's wall deadline, not an unbounded run.
+    assert left is not None
+    assert 9.0 < left <= 10.0
 
 
 def test_read_only_dependency_client_circuit_opens_after_repeated_failures(

@@ -25,7 +25,7 @@ class Seen:
 class Receiver:
     """Accepts real TCP connections and answers by path; counts every connection it accepts.
 
-    /ok 200, /fail 500, /gone 410, /redirect 302, /slow (stall before headers),
+    /ok 200, /fail 500, /gone 410, /status?code=N, /redirect 302, /slow (stall before headers),
     /reset (RST), /huge?n= (chunked body), /drip?n= (n bytes of a longer body, then stall).
     """
 
@@ -106,6 +106,8 @@ class Receiver:
                 conn.sendall(_response(500, b"boom"))
             case "/gone":
                 conn.sendall(_response(410, b"gone"))
+            case "/status":
+                conn.sendall(_response(int(query.get("code", "200")), b"status"))
             case "/redirect":
                 conn.sendall(_response(302, b"", [("Location", self.url("/ok"))]))
             case "/slow":

@@ -110,15 +110,16 @@ def test_unscaled_schedule_is_persisted_at_the_policy_instants(
 
 
 @pytest.mark.parametrize(
-    ("mode", "outcome", "status"),
+    ("mode", "outcome", "status", "failure_class"),
     [
-        ("fail", "http_error", 500),
-        ("redirect", "redirect_refused", 302),
-        ("reset", "transport_error", None),
-        ("slow", "timeout", None),
+        ("fail", "http_error", 500, "dependency-unavailable"),
+        ("status?code=503", "http_error", 503, "dependency-unavailable"),
+        ("status?code=429", "http_error", 429, "rate-limited"),
+        ("reset", "transport_error", None, "transport-error"),
+        ("slow", "timeout", None, "attempt-timeout"),
     ],
 )
-def test_each_failure_is_a_failed_attempt_with_its_receipt(
+def test_a_retryable_failure_is_a_failed_attempt_with_its_receipt(
     api: Api,
     db: Db,
     receiver: ModeReceiver,
@@ -127,6 +128,7 @@ def test_each_failure_is_a_failed_attempt_with_its_receipt(
     mode: str,
     outcome: str,
     status: int | None,
+    failure_class: str,
 ) -> None:
     receiver.mode = mode
     register(api, receiver.url("/hook"))
@@ -137,10 +139,48 @@ def test_each_failure_is_a_failed_attempt_with_its_receipt(
     assert row["state"] == "pending"
     assert row["last_outcome"]["outcome"] == outcome
     assert row["last_outcome"]["status"] == status
+    assert row["last_outcome"]["failure_class"] == failure_class
     [receipt] = row["receipts"]
     assert receipt["outcome"] == outcome
-    # A redirect is never followed.
     assert len(receiver.hook_requests()) == 1
+
+
+@pytest.mark.parametrize(
+    ("mode", "outcome", "status"),
+    [
+        ("notfound", "http_error", 404),
+        ("status?code=400", "http_error", 400),
+        ("status?code=401", "http_error", 401),
+        ("redirect", "redirect_refused", 302),
+    ],
+)
+def test_any_other_answer_is_a_dead_delivery_after_one_attempt(
+    api: Api,
+    db: Db,
+    receiver: ModeReceiver,
+    settings: Settings,
+    database_url: str,
+    mode: str,
+    outcome: str,
+    status: int,
+) -> None:
+    receiver.mode = mode
+    register(api, receiver.url("/hook"))
+    complete_one(api)
+    report = deliver(settings, database_url)
+    assert report.dead == 1
+    [row] = rows(db)
+    assert (row["state"], row["attempts"]) == ("dead", 1)
+    assert row["last_outcome"]["outcome"] == outcome
+    assert row["last_outcome"]["failure_class"] is None
+    [receipt] = row["receipts"]
+    assert (receipt["outcome"], receipt["status"]) == (outcome, status)
+    letters = api.operator.get("/v1/tenants/acme/dead-letters", params={"kind": "delivery"})
+    [letter] = letters.json()["dead_letters"]
+    assert letter["reason"] == f"not-retryable: the receiver answered {status}"
+    # A redirect is never followed, and nothing is sent again.
+    make_due(db)
+    assert deliver(settings, database_url).claimed == 0
     assert [r.target for r in receiver.requests] == ["/hook"]
 
 
@@ -182,43 +222,55 @@ def test_request_budget_refuses_before_the_socket_and_releases_the_row(
     api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
 ) -> None:
     register(api, receiver.url("/hook"))
+    complete_one(api)
+    report = deliver(settings, database_url, budget=Budget(max_requests=0))
+    assert report.released == 1
+    [run] = report.runs.values()
+    # Refused before the lease: no receipt, nothing used.
+    assert run.receipts == ()
+    assert run.usage.requests == 0
+    assert receiver.connections == 0
+    [row] = rows(db)
+    # Not an attempt: nothing counted, no receipt, due as before.
+    assert row["state"] == "pending"
+    assert row["attempts"] == 0
+    assert row["receipts"] == []
+    assert row["claim_token"] is None
+    assert deliver(settings, database_url).delivered == 1
+
+
+def test_each_attempt_is_its_own_broker_run_with_its_own_budget(
+    api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
+) -> None:
+    register(api, receiver.url("/hook"))
     for _ in range(3):
         complete_one(api)
-    report = deliver(settings, database_url, budget=Budget(max_requests=2))
-    assert report.delivered == 2
-    assert report.released == 1
-    assert report.snapshot is not None
-    assert len(report.snapshot.receipts) == 2
-    assert report.snapshot.usage.requests == 2
-    assert receiver.connections == 2
-    third = rows(db)[2]
-    # Not an attempt: nothing counted, no receipt, due as before.
-    assert third["state"] == "pending"
-    assert third["attempts"] == 0
-    assert third["receipts"] == []
-    assert third["claim_token"] is None
-    assert deliver(settings, database_url).delivered == 1
-    assert [r["state"] for r in rows(db)] == ["delivered"] * 3
+    report = deliver(settings, database_url)
+    assert report.delivered == 3
+    runs = list(report.runs.values())
+    assert [len(run.receipts) for run in runs] == [1, 1, 1]
+    assert all(run.usage.requests == 1 and run.usage.max_requests == 1 for run in runs)
+    assert all(run.receipts[0].seq == 1 for run in runs)
 
 
-def test_response_byte_budget_charges_the_crossing_dispatch_and_refuses_the_next(
+def test_a_response_over_the_byte_budget_is_charged_and_dead(
     api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
 ) -> None:
     receiver.mode = "huge?n=100000"
     register(api, receiver.url("/hook"))
     complete_one(api)
-    complete_one(api)
-    budget = Budget(max_requests=10, max_response_bytes=1000)
+    budget = Budget(max_requests=1, max_response_bytes=1000)
     report = deliver(settings, database_url, budget=budget)
     assert receiver.connections == 1
-    first, second = rows(db)
-    assert first["attempts"] == 1
-    assert first["last_outcome"]["outcome"] == "response_budget_exhausted"
-    [receipt] = first["receipts"]
+    assert report.dead == 1
+    [row] = rows(db)
+    assert row["attempts"] == 1
+    assert row["last_outcome"]["outcome"] == "response_budget_exhausted"
+    [receipt] = row["receipts"]
+    # The chunk that crossed the budget was charged in full.
     assert receipt["response_bytes"] > 1000
-    assert second["attempts"] == 0
-    assert second["receipts"] == []
-    assert report.released == 1
+    [run] = report.runs.values()
+    assert run.usage.response_bytes > 1000
 
 
 def test_paused_watcher_holds_its_rows_and_resume_sends_them_in_order(
@@ -306,10 +358,15 @@ def test_dispatch_rechecks_the_target_and_the_canary_sees_no_connection(
     complete_one(api)
     # The deliverer's own policy no longer allows loopback: refused before any socket.
     report = deliver(settings, database_url, transport_allow=[])
-    assert report.failed == 1
+    # A refusal is not a retryable failure: dead at once, with its reason.
+    assert report.dead == 1
     assert receiver.connections == 0
     [row] = rows(db)
-    assert row["attempts"] == 1
+    assert (row["state"], row["attempts"]) == ("dead", 1)
     assert row["last_outcome"]["outcome"] == "policy_refused"
     assert "loopback" in row["last_outcome"]["detail"]
     assert row["receipts"] == []
+    letters = api.operator.get("/v1/tenants/acme/dead-letters", params={"kind": "delivery"})
+    [letter] = letters.json()["dead_letters"]
+    assert letter["reason"].startswith("policy-refused: ")
+    assert "loopback" in letter["reason"]

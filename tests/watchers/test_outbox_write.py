@@ -41,7 +41,9 @@ def test_transitions_write_one_row_per_matching_active_watcher(api: Api, db: Db)
     only_q = _watcher(db, "acme", ["item.completed"], queues=["q"])
     _watcher(db, "acme", ["item.completed"], queues=["elsewhere"])
     paused = _watcher(db, "acme", ["item.completed"])
-    db.execute("UPDATE watchers SET state = 'paused' WHERE watcher_id = %s", (paused,))
+    db.execute(
+        "UPDATE watchers SET state = 'paused', paused_at = now() WHERE watcher_id = %s", (paused,)
+    )
 
     item = api.enqueue("q", {"n": 1})
     [lease] = api.acquire("q")

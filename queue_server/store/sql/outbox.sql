@@ -6,7 +6,7 @@ SELECT watcher_id::text AS watcher_id, state, count(*) AS n FROM outbox_deliveri
 WHERE tenant_id = %(tenant)s GROUP BY watcher_id, state;
 
 -- name: list_deliveries
-SELECT tenant_id, delivery_id, seq, watcher_id, delivery_key, event, item_id, queue, state, attempts, next_attempt_at, due_at, last_attempt_at, last_outcome, receipts, receipts_omitted, created_at, updated_at, delivered_at FROM outbox_deliveries
+SELECT tenant_id, delivery_id, seq, watcher_id, delivery_key, event, item_id, queue, state, attempts, next_attempt_at, due_at, last_attempt_at, last_outcome, receipts, receipts_omitted, created_at, updated_at, delivered_at, deadline_from FROM outbox_deliveries
 WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s
   AND (%(state)s::text IS NULL OR state = %(state)s)
   AND (%(after)s::bigint IS NULL OR seq > %(after)s)
@@ -14,7 +14,7 @@ ORDER BY seq
 LIMIT %(limit)s;
 
 -- name: get_delivery
-SELECT tenant_id, delivery_id, seq, watcher_id, delivery_key, event, item_id, queue, state, attempts, next_attempt_at, due_at, last_attempt_at, last_outcome, receipts, receipts_omitted, created_at, updated_at, delivered_at FROM outbox_deliveries
+SELECT tenant_id, delivery_id, seq, watcher_id, delivery_key, event, item_id, queue, state, attempts, next_attempt_at, due_at, last_attempt_at, last_outcome, receipts, receipts_omitted, created_at, updated_at, delivered_at, deadline_from FROM outbox_deliveries
 WHERE tenant_id = %(tenant)s AND delivery_id = %(delivery_id)s;
 
 -- name: claim
@@ -23,6 +23,7 @@ WITH due AS (
     SELECT o.tenant_id, o.delivery_id, o.next_attempt_at, o.due_at, o.last_attempt_at
     FROM outbox_deliveries o
     WHERE o.state = 'pending' AND o.due_at <= statement_timestamp()
+      AND o.deadline_from > statement_timestamp() - make_interval(secs => %(deadline)s)
       AND EXISTS (SELECT 1 FROM watchers w
                   WHERE w.tenant_id = o.tenant_id AND w.watcher_id = o.watcher_id
                     AND w.state = 'active')
@@ -48,7 +49,10 @@ WITH due AS (
 SELECT c.*, w.url, w.secret,
        CASE WHEN w.previous_secret_expires_at > statement_timestamp()
             THEN w.previous_secret END AS previous_secret,
-       statement_timestamp() AS claimed_at
+       statement_timestamp() AS claimed_at,
+       -- The wall deadline of this attempt's broker run: what is left of the delivery's.
+       extract(epoch FROM c.deadline_from + make_interval(secs => %(deadline)s)
+                          - statement_timestamp())::float8 AS deadline_in
 FROM claimed c
 JOIN watchers w ON w.tenant_id = c.tenant_id AND w.watcher_id = c.watcher_id
 ORDER BY c.seq;
@@ -59,6 +63,15 @@ SET attempts = attempts - 1, next_attempt_at = %(next_attempt_at)s, due_at = %(d
     last_attempt_at = %(last_attempt_at)s, claim_token = NULL, claimed_until = NULL,
     updated_at = statement_timestamp()
 WHERE tenant_id = %(tenant)s AND delivery_id = %(delivery_id)s AND claim_token = %(token)s
+RETURNING delivery_id;
+
+-- name: return_to_outbox
+UPDATE outbox_deliveries
+SET last_outcome = %(outcome)s, receipts = %(receipts)s, receipts_omitted = %(omitted)s,
+    claim_token = NULL, claimed_until = NULL, due_at = statement_timestamp(),
+    updated_at = statement_timestamp()
+WHERE tenant_id = %(tenant)s AND delivery_id = %(delivery_id)s AND claim_token = %(token)s
+  AND state = 'pending'
 RETURNING delivery_id;
 
 -- name: record
@@ -83,6 +96,40 @@ WITH upd AS (
 )
 SELECT * FROM upd;
 
+-- name: expire
+WITH overdue AS (
+    -- Only an active watcher's deadlines run (a paused one's wait), and a row in flight
+    -- ends by its own broker's wall deadline instead.
+    SELECT o.tenant_id, o.delivery_id
+    FROM outbox_deliveries o
+    JOIN watchers w ON w.tenant_id = o.tenant_id AND w.watcher_id = o.watcher_id
+     AND w.state = 'active'
+    WHERE o.state = 'pending'
+      AND o.deadline_from <= statement_timestamp() - make_interval(secs => %(deadline)s)
+      AND (o.claim_token IS NULL OR o.claimed_until <= statement_timestamp())
+    ORDER BY o.deadline_from
+    LIMIT %(limit)s
+    FOR UPDATE OF o SKIP LOCKED
+), upd AS (
+    UPDATE outbox_deliveries o
+    SET state = 'dead', claim_token = NULL, claimed_until = NULL, next_attempt_at = NULL,
+        last_outcome = jsonb_build_object(
+            'attempt', o.attempts, 'outcome', 'deadline_exceeded', 'status', NULL,
+            'detail', 'not delivered within ' || %(deadline)s || ' s of its event'),
+        updated_at = statement_timestamp()
+    FROM overdue d
+    WHERE o.tenant_id = d.tenant_id AND o.delivery_id = d.delivery_id AND o.state = 'pending'
+    RETURNING o.*
+), dead AS (
+    INSERT INTO dead_letters (tenant_id, kind, item_id, delivery_id, queue, reason,
+                              last_failure, created_at)
+    SELECT tenant_id, 'delivery', item_id, delivery_id, queue,
+           'deadline-exceeded: not delivered within ' || %(deadline)s || ' s of its event',
+           last_outcome, statement_timestamp()
+    FROM upd
+)
+SELECT count(*) AS expired FROM upd;
+
 -- name: resolve_dead_letter
 WITH dl AS (
     UPDATE dead_letters d SET closed_at = statement_timestamp(), resolution = %(resolution)s
@@ -95,6 +142,8 @@ WITH dl AS (
 UPDATE outbox_deliveries o
 SET state = %(state)s, attempts = CASE WHEN %(state)s = 'pending' THEN 0 ELSE o.attempts END,
     next_attempt_at = CASE WHEN %(state)s = 'pending' THEN statement_timestamp() END,
+    deadline_from = CASE WHEN %(state)s = 'pending' THEN statement_timestamp()
+                         ELSE o.deadline_from END,
     due_at = statement_timestamp(), updated_at = statement_timestamp()
 FROM dl
 WHERE o.tenant_id = %(tenant)s AND o.delivery_id = dl.delivery_id AND o.state = 'dead'

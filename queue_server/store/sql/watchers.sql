@@ -20,13 +20,31 @@ SELECT tenant_id, watcher_id, url, events, queues, state, disabled_reason, creat
 ORDER BY created_at, watcher_id;
 
 -- name: change_state
-UPDATE watchers SET state = %(target)s, updated_at = statement_timestamp()
-WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s AND state = ANY(%(source)s)
-RETURNING tenant_id, watcher_id, url, events, queues, state, disabled_reason, created_at, updated_at, previous_secret_expires_at;
+WITH before AS (
+    SELECT tenant_id, watcher_id, paused_at FROM watchers
+    WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s AND state = ANY(%(source)s)
+    FOR UPDATE
+), w AS (
+    UPDATE watchers w SET state = %(target)s, updated_at = statement_timestamp(),
+        -- Pausing a paused watcher keeps the instant its pause began.
+        paused_at = CASE WHEN %(target)s = 'paused'
+                         THEN coalesce(w.paused_at, statement_timestamp()) END
+    FROM before b
+    WHERE w.tenant_id = b.tenant_id AND w.watcher_id = b.watcher_id
+    RETURNING w.tenant_id, w.watcher_id, w.url, w.events, w.queues, w.state, w.disabled_reason, w.created_at, w.updated_at, w.previous_secret_expires_at
+), resumed AS (
+    -- The pause did not count toward the deadline of the rows that waited through it.
+    UPDATE outbox_deliveries o
+    SET deadline_from = o.deadline_from + (statement_timestamp() - b.paused_at)
+    FROM before b
+    WHERE %(target)s = 'active' AND b.paused_at IS NOT NULL
+      AND o.tenant_id = b.tenant_id AND o.watcher_id = b.watcher_id AND o.state = 'pending'
+)
+SELECT * FROM w;
 
 -- name: cancel_watcher
 WITH w AS (
-    UPDATE watchers SET state = %(target)s, disabled_reason = %(reason)s,
+    UPDATE watchers SET state = %(target)s, disabled_reason = %(reason)s, paused_at = NULL,
         updated_at = statement_timestamp()
     WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s
       AND state IN ('active', 'paused')
