@@ -73,6 +73,8 @@ def tenant(row: Row, counts: dict[str, int] | None = None) -> dict[str, Any]:
         states = ("ready", "leased", "completed", "quarantined", "cancelled")
         body.update({state: counts.get(state, 0) for state in states})
         body["backlog"] = body["ready"] + body["leased"]
+    elif "backlog" in row:  # a listing: the admission counters' backlog, no count by state
+        body["backlog"] = row["backlog"]
     return body
 
 

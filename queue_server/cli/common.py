@@ -307,7 +307,9 @@ def when(value: datetime) -> str:
 
 
 # Ids are copied into the next command: never cut, never wrapped.
-ID_COLUMNS = frozenset({"dead letter", "item", "watcher", "delivery key", "key", "tenant"})
+ID_COLUMNS = frozenset(
+    {"dead letter", "item", "watcher", "delivery key", "key", "tenant", "queue", "schedule"}
+)
 NARROWEST = 10  # a column other than an id is wrapped down to this width, never below
 
 
@@ -324,13 +326,15 @@ def table(
     `wide` prints every column in full whatever the terminal's width."""
     texts = [[cell(v) for v in row] for row in rows]
     natural = [max([len(c), *(len(r[i]) for r in texts)]) for i, c in enumerate(columns)]
+    # A column wraps down to NARROWEST, never cutting a word of its heading.
+    narrowest = [
+        min(natural[i], max(NARROWEST, *(len(word) for word in c.split())))
+        for i, c in enumerate(columns)
+    ]
     keep = list(range(len(columns)))
 
     def needed(indexes: list[int], full: bool) -> int:
-        widths = [
-            natural[i] if full or columns[i] in ID_COLUMNS else min(natural[i], NARROWEST)
-            for i in indexes
-        ]
+        widths = [natural[i] if full or columns[i] in ID_COLUMNS else narrowest[i] for i in indexes]
         return sum(widths) + 3 * len(widths) + 1  # the box's borders and padding
 
     out = console
@@ -345,15 +349,28 @@ def table(
     if dropped:
         note = f"(not shown: {', '.join(dropped)}; --wide shows every column)"
         title = f"{title} {note}" if title else note
+    # The widths, chosen here rather than by rich (whose collapse can take a column below
+    # its minimum and then overflow): the widest column that may wrap gives a character
+    # at a time until the table fits or every such column is at its narrowest.
+    widths = {i: natural[i] for i in keep}
+    room = out.width - (3 * len(keep) + 1)
+    while sum(widths.values()) > room:
+        shrinkable = [i for i in keep if widths[i] > narrowest[i] and columns[i] not in ID_COLUMNS]
+        if not shrinkable:
+            break
+        widths[max(shrinkable, key=lambda i: widths[i])] -= 1
     grid = Table(title=title, title_justify="left", header_style="bold")
     for i in keep:
-        if columns[i] in ID_COLUMNS:
-            grid.add_column(columns[i], no_wrap=True, min_width=natural[i])
-        else:
-            grid.add_column(columns[i], overflow="fold", min_width=min(natural[i], NARROWEST))
+        no_wrap = columns[i] in ID_COLUMNS
+        grid.add_column(columns[i], no_wrap=no_wrap, overflow="fold", width=widths[i])
     for row in texts:
         grid.add_row(*(_escape(row[i]) for i in keep))
     out.print(grid)
+
+
+def counted(n: int, noun: str) -> str:
+    """`1 tenant`, `2 tenants`."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def ids(values: Sequence[str]) -> None:

@@ -19,6 +19,7 @@ from queue_server.cli.common import (
     Wide,
     confirm,
     console,
+    counted,
     err_console,
     fail,
     failure_text,
@@ -93,7 +94,7 @@ def dead_list(
         ids([d.dead_letter_id for d in rows])
         return
     table(
-        f"{len(rows)} dead letters",
+        counted(len(rows), "dead letter"),
         ["dead letter", "queue", "reason", "last failure", "created", "status"],
         _dead_letter_rows(rows),
         drop=["status", "created", "reason"],

@@ -16,11 +16,15 @@ from queue_server.cli.common import (
     Wide,
     connect,
     console,
+    counted,
     fail,
     ids,
     print_json,
+    resolve_id,
     table,
 )
+
+KEY_ID_LENGTH = 16  # queue_server.auth.new_key: 8 random bytes, in hex
 
 app = CLI(help="Create and revoke API keys (admin).", no_args_is_help=True)
 
@@ -80,7 +84,7 @@ def keys_list(
         ids([k.key_id for k in found])
     else:
         table(
-            f"{len(found)} key(s) of {tenant}",
+            f"{counted(len(found), 'key')} of {tenant}",
             ["key", "role", "created", "revoked"],
             [(k.key_id, k.role, k.created_at, k.revoked_at) for k in found],
             drop=["revoked", "created"],
@@ -91,7 +95,9 @@ def keys_list(
 @app.command("revoke")
 def keys_revoke(
     tenant: Annotated[str, typer.Argument(help="Tenant the key belongs to.")],
-    key_id: Annotated[str, typer.Argument(help="The key id (not the secret).")],
+    key_id: Annotated[
+        str, typer.Argument(help="The key id (not the secret), or a prefix of exactly one.")
+    ],
     url: Url = None,
     key: Key = None,
     data_dir: DataDir = None,
@@ -101,5 +107,7 @@ def keys_revoke(
     Example: [bold]queue-server keys revoke acme 3f2a9c0d1e4b5a6f[/bold]
     """
     with connect(url, key, data_dir) as qs:
+        if len(key_id) < KEY_ID_LENGTH:  # a prefix: the one live key of the tenant it names
+            key_id = resolve_id(key_id, "key", lambda: [k.key_id for k in qs.list_keys(tenant)])
         qs.revoke_key(key_id, tenant=tenant)
     console.print(f"key {key_id} revoked")

@@ -17,6 +17,7 @@ from queue_server.cli.common import (
     confirm,
     connect,
     console,
+    counted,
     fail,
     fields,
     ids,
@@ -168,7 +169,7 @@ def tenants_list(
         ids([row.tenant for row in rows])
     else:
         table(
-            f"{len(rows)} tenant(s)",
+            counted(len(rows), "tenant"),
             [
                 "tenant",
                 "backlog",

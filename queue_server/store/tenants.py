@@ -57,17 +57,22 @@ async def get_tenant(conn: Conn, tenant: str) -> Row | None:
     return await cur.fetchone()
 
 
+# The backlog of tenant row `t`: admitted minus the releases on all its shards.
+_BACKLOG_OF_T = """(t.admitted - coalesce((SELECT sum(released) FROM backlog_releases r
+                                 WHERE r.tenant_id = t.tenant_id), 0))::bigint"""
+
 _LIST_TENANTS = _SQL(
     "list_tenants",
-    """
-SELECT * FROM tenants WHERE %(after)s::text IS NULL OR tenant_id > %(after)s
-ORDER BY tenant_id LIMIT %(limit)s
+    f"""
+SELECT t.*, {_BACKLOG_OF_T} AS backlog FROM tenants t
+WHERE %(after)s::text IS NULL OR t.tenant_id > %(after)s
+ORDER BY t.tenant_id LIMIT %(limit)s
 """,
 )
 
 
 async def list_tenants(conn: Conn, *, after: str | None, limit: int) -> list[Row]:
-    """Tenants in name order after `after` (the primary key serves it)."""
+    """Tenants in name order after `after` (the primary key serves it), with their backlog."""
     cur = await conn.execute(_LIST_TENANTS, {"after": after, "limit": limit})
     return await cur.fetchall()
 
@@ -87,10 +92,6 @@ async def list_keys(conn: Conn, *, tenant: str, revoked: bool) -> list[Row]:
     cur = await conn.execute(_LIST_KEYS, {"tenant": tenant, "revoked": revoked})
     return await cur.fetchall()
 
-
-# The backlog of tenant row `t`: admitted minus the releases on all its shards.
-_BACKLOG_OF_T = """(t.admitted - coalesce((SELECT sum(released) FROM backlog_releases r
-                                 WHERE r.tenant_id = t.tenant_id), 0))::bigint"""
 
 _RELEASED = _SQL(
     "released",

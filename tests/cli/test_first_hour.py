@@ -146,6 +146,11 @@ def test_tables_keep_ids_whole_at_80_columns_and_times_carry_their_zone(cli: Cli
     assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d (UTC|[A-Z]{3,5}|[+-]\d{4})", wide)
     assert cli.run("dead-letters", "list", "--quiet").stdout == dead["dead_letter_id"] + "\n"
 
+    api.enqueue("emails", 1)
+    status = cli.run("status").stdout
+    assert "concurrency" in status  # a heading wraps between words, never inside one
+    assert all(len(line) <= 80 for line in status.splitlines())
+
     hook = cli.json(
         "watchers", "create", "https://8.8.8.8/hooks/queue/receive/events", "-e",
         "item.completed",
@@ -208,15 +213,20 @@ def test_status_shows_completed_only_queues_and_who_holds_each_lease_since_when(
 def test_tenants_list_and_keys_list(cli: Cli, api: Api) -> None:
     cli.run("tenants", "put", "globex", "--backlog-cap", "5", role="admin")
     assert cli.run("tenants", "list", "--quiet", role="admin").stdout.split() == ["acme", "globex"]
+    for n in range(2):
+        api.enqueue("q", n)
+    listed_tenants = {t["tenant"]: t for t in cli.json("tenants", "list", role="admin")}
+    assert (listed_tenants["acme"]["backlog"], listed_tenants["globex"]["backlog"]) == (2, 0)
     assert "globex" in cli.run("tenants", "list", role="admin").stdout
     keys = cli.json("keys", "list", "acme", role="admin")
     assert sorted(k["role"] for k in keys) == ["operator", "worker"]
     assert all("secret" not in k for k in keys)
     listed = cli.run("keys", "list", "acme", role="admin").stdout
     assert all(k["key_id"] in listed for k in keys)
-    cli.run("keys", "revoke", "acme", keys[0]["key_id"], role="admin")
+    cli.run("keys", "revoke", "acme", keys[0]["key_id"][:6], role="admin")  # a prefix
     assert len(cli.json("keys", "list", "acme", role="admin")) == 1
     assert len(cli.json("keys", "list", "acme", "--revoked", role="admin")) == 2
+    assert cli.run("keys", "revoke", "acme", "zz", role="admin", ok=False).returncode == 4
     assert cli.run("keys", "list", "acme", role="operator", ok=False).returncode == 4
     secret = cli.run("keys", "create", "acme", "--quiet", role="admin").stdout
     assert re.fullmatch(r"qsk_\S+\n", secret)

@@ -32,6 +32,8 @@ SHELL = {"sh", "bash", "shell"}  # an unlabelled block (a diagram, a listing) is
 # What a fresh machine has on PATH: not the project's .venv/bin (the README says how).
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEBIAN = ["curl", "make"]
+COLUMNS = 80  # a newcomer's terminal: every table fits it, ids whole
+TABLE_LINE = re.compile(r"^[┏┃┡│└]")
 
 
 def shell_blocks(path: Path) -> list[str]:
@@ -74,7 +76,7 @@ def served() -> Iterator[Served]:
         "HOME": str(home),
         "PATH": SYSTEM_PATH,
         "LANG": "C.UTF-8",
-        "COLUMNS": "100",
+        "COLUMNS": str(COLUMNS),
         "NO_COLOR": "1",
         # The webhooks guide starts its server so; the others do not mind.
         "QUEUE_SERVER_TRANSPORT_ALLOW": '["127.0.0.1"]',
@@ -136,6 +138,10 @@ def run_document(served: Served, document: Path, cwd: Path, path: str, logs: Pat
     out = log.read_text()
     assert proc.returncode == 0, f"{document.name} failed (exit {proc.returncode}):\n{out}"
     assert "Traceback" not in out, out
+    too_wide = [line for line in out.splitlines() if TABLE_LINE.match(line) and len(line) > COLUMNS]
+    assert not too_wide, f"{document.name}: tables wider than {COLUMNS} columns:\n" + "\n".join(
+        too_wide
+    )
     return out
 
 
@@ -161,6 +167,9 @@ def test_the_readme_and_every_guide_run_as_written(served: Served, tmp_path: Pat
     assert "quarantined" in outputs["operators.md"]
     assert "HTTP 500" in outputs["watchers.md"]  # the dead delivery's last failure
     assert "delivered" in outputs["watchers.md"]
+    # the deliveries table keeps the delivery key whole at 80 columns
+    assert re.search(r"^│ msg_[0-9a-f]{32} │", outputs["watchers.md"], re.MULTILINE)
+    assert "nightly" in outputs["schedules.md"]
 
 
 def test_a_block_marked_not_to_run_is_skipped_and_must_say_why(tmp_path: Path) -> None:

@@ -15,8 +15,10 @@ RETURNING *;
 SELECT * FROM tenants WHERE tenant_id = %s;
 
 -- name: list_tenants
-SELECT * FROM tenants WHERE %(after)s::text IS NULL OR tenant_id > %(after)s
-ORDER BY tenant_id LIMIT %(limit)s;
+SELECT t.*, (t.admitted - coalesce((SELECT sum(released) FROM backlog_releases r
+                                 WHERE r.tenant_id = t.tenant_id), 0))::bigint AS backlog FROM tenants t
+WHERE %(after)s::text IS NULL OR t.tenant_id > %(after)s
+ORDER BY t.tenant_id LIMIT %(limit)s;
 
 -- name: list_keys
 SELECT key_id, tenant_id, role, created_at, revoked_at FROM api_keys
