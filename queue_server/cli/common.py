@@ -134,6 +134,8 @@ def problem_detail(exc: QueueClientError) -> str:
             continue
         where = ".".join(str(part) for part in error.get("loc") or ())
         reasons.append(f"{where}: {error.get('msg')}" if where else str(error.get("msg")))
+    if reasons and detail.startswith("Invalid fields:"):
+        return "; ".join(reasons)  # the same fields, each with its reason
     if reasons:
         detail = (detail + " " if detail else "") + "; ".join(reasons)
     return detail

@@ -25,7 +25,7 @@ from queue_server.cli.common import (
     print_json,
     tenant_session,
 )
-from queue_server.client import NewItem
+from queue_server.client import NewItem, QueueClientError
 
 MAX_BATCH = 500
 
@@ -215,12 +215,21 @@ def enqueue(
                     ]
                 }
                 journal.write("sending", keys)
-                response = qs.request(
-                    "POST",
-                    f"/v1/tenants/{chosen_tenant}/queues/{queue}/items:batch",
-                    json=body,
-                    idempotency_key=batch_key(chosen_tenant, queue, keys),
-                )
+                try:
+                    response = qs.request(
+                        "POST",
+                        f"/v1/tenants/{chosen_tenant}/queues/{queue}/items:batch",
+                        json=body,
+                        idempotency_key=batch_key(chosen_tenant, queue, keys),
+                    )
+                except QueueClientError:
+                    progress.stop()
+                    loaded = already + replayed + len(ids)
+                    err_console.print(
+                        f"{loaded} of {len(lines)} lines of {file} are loaded; once the cause"
+                        " is fixed, the same command loads the rest."
+                    )
+                    raise
                 journal.write("done", keys)
                 created = [str(i["item_id"]) for i in response.json()["items"]]
                 if response.headers.get("Idempotent-Replayed") == "true":

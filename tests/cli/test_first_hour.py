@@ -3,35 +3,55 @@
 from __future__ import annotations
 
 import re
+import subprocess
 import uuid
+from collections.abc import Iterator
+from typing import Any
 
 import psycopg
+import pytest
+import typer.main
 
-from queue_server.cli.common import ADDRESS_FILE
+from queue_server.cli.common import ADDRESS_FILE, EXIT_CODES_HELP
+from queue_server.cli.main import app
 from queue_server.infra import serve
-from tests.cli.conftest import Cli
+from tests.cli.conftest import BIN, Cli
 from tests.conftest import Api
 
 DB = psycopg.Connection[dict[str, object]]
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
+def _command_paths(command: Any, prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    yield prefix
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from _command_paths(sub, (*prefix, name))
+
+
 def test_help_shows_no_value_hint_on_flags_and_every_command_documents_its_exit_codes(
-    cli: Cli,
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    version = cli.run("--version").stdout
-    assert re.fullmatch(r"queue-server \d+\.\d+\.\d+\S*\n", version)
-    commands = [
-        ["status"], ["enqueue"], ["work"], ["tenants", "put"], ["tenants", "list"],
-        ["keys", "list"], ["keys", "create"], ["dead-letters", "list"], ["watchers", "list"],
-        ["items", "show"], ["ledger", "verify"], ["db", "upgrade"], ["serve"], ["tenants"], [],
-    ]  # fmt: skip
+    def run(*args: str) -> str:
+        done = subprocess.run([str(BIN), *args], capture_output=True, text=True, check=True)
+        return done.stdout
+
+    assert re.fullmatch(r"queue-server \d+\.\d+\.\d+\S*\n", run("--version"))
+    assert EXIT_CODES_HELP.split(";")[0] in " ".join(run("--help").split())
+    # Every command and group of the tree, through the same entry point, in this process.
+    monkeypatch.setenv("COLUMNS", "200")
+    commands = list(_command_paths(typer.main.get_command(app)))
+    assert len(commands) > 40
     for command in commands:
-        text = " ".join(cli.run(*command, "--help").stdout.split())
+        with pytest.raises(SystemExit) as exited:
+            app([*command, "--help"], prog_name="queue-server")
+        assert exited.value.code == 0, command
+        text = " ".join(capsys.readouterr().out.split())
         assert "<bool>" not in text, command
         assert "Exit status: 0 done; 1 failures" in text, command
         assert "3 the server unreachable or unavailable; 4 refused" in text, command
-    assert "--json Print JSON" in " ".join(cli.run("status", "--help").stdout.split())
+    with pytest.raises(SystemExit):
+        app(["status", "--help"], prog_name="queue-server")
+    assert "--json Print JSON" in " ".join(capsys.readouterr().out.split())
 
 
 def test_the_cli_finds_the_address_a_local_server_wrote_beside_its_key(cli: Cli, api: Api) -> None:
@@ -113,6 +133,21 @@ def test_a_batch_cut_off_by_a_crash_is_replayed_not_enqueued_twice(cli: Cli, db:
     assert row["n"] == 10
 
 
+def test_a_load_refused_at_the_cap_says_how_far_it_got_and_the_same_command_finishes_it(
+    cli: Cli,
+) -> None:
+    cli.run("tenants", "put", "acme", "--backlog-cap", "5", "--yes", role="admin")
+    path = cli.cwd / "load.jsonl"
+    path.write_text("".join(f'{{"n": {n}}}\n' for n in range(8)))
+    refused = cli.run("enqueue", "jobs", "--file", str(path), "--batch-size", "3", ok=False)
+    assert refused.returncode == 4
+    assert "3 of 8 lines of" in refused.stderr
+    assert "backlog-cap-reached" in refused.stderr
+    cli.run("tenants", "put", "acme", "--backlog-cap", "100", role="admin")
+    rest = cli.json("enqueue", "jobs", "--file", str(path), "--batch-size", "3")
+    assert (rest["count"], rest["already_loaded"]) == (5, 3)
+
+
 def test_validation_errors_keep_the_servers_reason_and_exit_4(cli: Cli) -> None:
     refused = cli.run(
         "enqueue", "jobs", "--payload", "1", "--priority", "99999999", role="worker", ok=False
@@ -120,7 +155,8 @@ def test_validation_errors_keep_the_servers_reason_and_exit_4(cli: Cli) -> None:
     assert refused.returncode == 4
     message = " ".join(refused.stderr.split())
     assert "body.priority" in message
-    assert "less than or equal to 1000000" in message
+    assert "body.priority: Input should be less than or equal to 1000000" in message
+    assert message.count("body.priority") == 1  # the reason, not the field named twice
 
 
 def test_tables_keep_ids_whole_at_80_columns_and_times_carry_their_zone(cli: Cli, api: Api) -> None:
