@@ -59,6 +59,11 @@ def new_key() -> NewKey:
     return NewKey(key_id=key_id, secret=secret, secret_hash=hash_secret(secret))
 
 
+def is_key_id(value: str) -> bool:
+    """Key ids are 16 lowercase hex digits (`new_key`); anything else names no key."""
+    return len(value) == 16 and all(c in "0123456789abcdef" for c in value)
+
+
 def hash_secret(secret: str) -> str:
     # The secret has 256 random bits: a fast hash is enough, a slow one would only cost latency.
     return hashlib.sha256(secret.encode()).hexdigest()

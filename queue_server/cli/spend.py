@@ -27,7 +27,7 @@ app = CLI(help="Spend approvals: the concurrency a queue may use.", no_args_is_h
 def parse_expiry(text: str) -> datetime:
     """`2h`, `30m`, `7d`, `90s`, or an RFC 3339 time with a zone."""
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    if text and text[-1] in units and text[:-1].replace(".", "", 1).isdigit():
+    if text and text[-1] in units and text[:-1].replace(".", "", 1).isdigit() and text.isascii():
         return datetime.now(UTC) + timedelta(seconds=float(text[:-1]) * units[text[-1]])
     try:
         when = datetime.fromisoformat(text.replace("Z", "+00:00"))

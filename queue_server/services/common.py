@@ -65,7 +65,7 @@ def decode_cursor(cursor: str, size: int) -> list[str]:
     if (
         not isinstance(parts, list)
         or len(parts) != size
-        or not all(isinstance(p, str) for p in parts)
+        or not all(isinstance(p, str) and "\x00" not in p for p in parts)
     ):
         raise foreign_cursor()
     return parts

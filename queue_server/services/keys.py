@@ -89,6 +89,8 @@ class Keys:
 
     async def revoke_key(self, principal: auth.Principal, tenant: str, key_id: str) -> None:
         principal.require_admin(tenant)
+        if not auth.is_key_id(key_id):
+            raise errors.KeyNotFoundError(key_id=key_id)
         async with self.db.tx() as conn:
             if not await tenants.revoke_key(conn, tenant=tenant, key_id=key_id):
                 raise errors.KeyNotFoundError(key_id=key_id)

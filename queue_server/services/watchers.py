@@ -214,7 +214,8 @@ class Watchers:
         principal.require(tenant, *WORKER_OR_OPERATOR)
         after: int | None = None
         if cursor:
-            if not cursor.isdigit():
+            # ASCII digits only: "²".isdigit() is true, and int("²") raises.
+            if not (cursor.isascii() and cursor.isdigit() and len(cursor) <= 18):
                 raise foreign_cursor()
             after = int(cursor)
         async with self.db.conn() as conn:

@@ -151,6 +151,8 @@ def _parse(url: str | httpx.URL) -> tuple[httpx.URL, str, str, int]:
     """Parse and check the URL's shape: scheme, host, no credentials."""
     try:
         parsed = url if isinstance(url, httpx.URL) else httpx.URL(url)
+        # `host` decodes IDNA: a malformed A-label ("xn--") raises here, not above.
+        host = parsed.host.lower().rstrip(".")
     except (httpx.InvalidURL, ValueError, TypeError) as exc:
         raise PolicyRefusedError("the URL is not valid") from exc
     scheme = parsed.scheme
@@ -159,7 +161,6 @@ def _parse(url: str | httpx.URL) -> tuple[httpx.URL, str, str, int]:
     if parsed.userinfo:
         # Credentials in a URL are a classic parser-confusion vector and would leak into logs.
         raise PolicyRefusedError("URLs with credentials are not allowed")
-    host = parsed.host.lower().rstrip(".")
     if not host:
         raise PolicyRefusedError("the URL has no host")
     return parsed, scheme, host, parsed.port or _SCHEMES[scheme]

@@ -51,7 +51,9 @@ async def approve(request: Request, tenant: str) -> Response:
     body = web.body_of(
         schemas.SpendApprovalIn,
         approved_by=web.form_text(form, "approved_by"),
-        max_concurrency=int(max_concurrency) if max_concurrency.isdigit() else max_concurrency,
+        max_concurrency=int(max_concurrency)
+        if max_concurrency.isascii() and max_concurrency.isdigit()
+        else max_concurrency,
         expires_at=expires,
         reason=web.form_text(form, "reason"),
     )
