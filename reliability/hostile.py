@@ -4,13 +4,15 @@ surrogates, bytes that are not UTF-8, 100 KB headers, absurd page sizes, cursors
 and numbers.
 
 Every case must get a fast 4xx ``application/problem+json`` answer (never a
-5xx, never a hang), change no table (a digest of every table before and after
+5xx, never a hang; a body that never fully arrived may get no answer at all),
+change no table (a digest of every table before and after
 each case), and the API's resident memory must stay bounded (sampled every
 20 ms while the cases run). The API must still answer afterwards.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 import time
@@ -31,13 +33,15 @@ MB = 1024 * 1024
 FAST_SECONDS = 2.0
 #: The API's resident memory may grow by at most this much over its starting size.
 RSS_BOUND = 64 * MB
+#: After a truncated body, how long to wait before comparing the tables.
+TRUNCATED_SETTLE = 0.5
 
 
 @dataclass(frozen=True)
 class HostileCase:
     name: str
     method: str
-    #: May contain {tenant} and {item}.
+    #: May contain {tenant}, {item} and {watcher}.
     path: str
     body: bytes | None = None
     #: Wire pieces of a streamed body (chunked or with ``content_length``); built lazily.
@@ -51,6 +55,9 @@ class HostileCase:
     idempotent: bool = True
     #: Acceptable statuses (default: any 4xx).
     expect: frozenset[int] | None = None
+    #: The client closes its side after the body, which is shorter than it announced:
+    #: no answer is acceptable (nobody is left to answer), and so is a 400 problem.
+    truncated: bool = False
 
     def pieces(self) -> bytes | Iterable[bytes]:
         if self.stream is None:
@@ -70,6 +77,11 @@ def _nested(depth: int) -> bytes:
 
 def _nested_objects(depth: int) -> bytes:
     return b'{"payload": ' + b'{"a": ' * depth + b"1" + b"}" * depth + b"}"
+
+
+def _cursor(parts: list[str]) -> str:
+    """A page cursor as the server makes them (base64url of a JSON list), of any parts."""
+    return base64.urlsafe_b64encode(json.dumps(parts).encode()).decode().rstrip("=")
 
 
 def hostile_cases() -> list[HostileCase]:
@@ -210,6 +222,31 @@ def hostile_cases() -> list[HostileCase]:
             body=b'{"payload": 1}',
             content_type="text/plain",
         ),
+        # -- bodies that never fully arrive: valid JSON, then the client closes its side
+        HostileCase(
+            "valid JSON, Content-Length 500 bytes past it, then closed",
+            "POST",
+            enqueue,
+            body=b'{"payload": {"order": 42}}',
+            content_length=len(b'{"payload": {"order": 42}}') + 500,
+            truncated=True,
+        ),
+        HostileCase(
+            "valid JSON in chunks, the last chunk never sent, then closed",
+            "POST",
+            enqueue,
+            body=b"".join(chunked([b'{"payload": {"order": 42}}']))[: -len(b"0\r\n\r\n")],
+            is_chunked=True,
+            truncated=True,
+        ),
+        HostileCase(
+            "a completion cut short after its fence",
+            "POST",
+            complete,
+            body=b'{"worker": "w-held", "fence": 1}',
+            content_length=len(b'{"worker": "w-held", "fence": 1}') + 500,
+            truncated=True,
+        ),
         # -- huge headers
         HostileCase(
             "100 KB custom header",
@@ -325,6 +362,46 @@ def hostile_cases() -> list[HostileCase]:
             "POST",
             batch,
             body=b'{"items": [' + b",".join([b"{}"] * 100_000) + b"]}",
+        ),
+        # -- text the database cannot store or a parser cannot read, where ids and cursors go
+        HostileCase(
+            "ledger-verification cursor decoding to a NUL",
+            "GET",
+            "/v1/tenants/{tenant}/ledger-verification?cursor="
+            + _cursor(["\x00", "00000000-0000-0000-0000-000000000000"]),
+            role="operator",
+            idempotent=False,
+        ),
+        HostileCase(
+            "all-tenants ledger-verification cursor decoding to a NUL",
+            "GET",
+            "/v1/ledger-verification?cursor="
+            + _cursor(["\x00", "00000000-0000-0000-0000-000000000000"]),
+            role="admin",
+            idempotent=False,
+        ),
+        HostileCase(
+            "deliveries cursor of a superscript digit",
+            "GET",
+            "/v1/tenants/{tenant}/watchers/{watcher}/deliveries?cursor=%C2%B2",
+            role="operator",
+            idempotent=False,
+        ),
+        HostileCase(
+            "a key id with a NUL",
+            "DELETE",
+            "/v1/tenants/{tenant}/keys/abc%00",
+            role="admin",
+            idempotent=False,
+            expect=frozenset({404}),
+        ),
+        HostileCase(
+            "a watcher URL whose host IDNA cannot decode",
+            "POST",
+            "/v1/tenants/{tenant}/watchers",
+            role="operator",
+            body=_json({"url": "http://xn--/", "events": ["item.enqueued"]}),
+            expect=frozenset({422}),
         ),
         # -- absurd numbers
         HostileCase(
@@ -466,7 +543,9 @@ def _send_case(
         headers["Idempotency-Key"] = uuid.uuid4().hex
     for name, value in case.headers.items():
         headers[name] = value.encode("utf-8")
-    path = case.path.replace("{tenant}", ids["tenant"]).replace("{item}", ids["item"])
+    path = case.path
+    for name, value in ids.items():
+        path = path.replace("{" + name + "}", value)
     return raw_request(
         HOST,
         cluster.api_port,
@@ -476,11 +555,16 @@ def _send_case(
         body=case.pieces(),
         content_length=case.content_length,
         is_chunked=case.is_chunked,
+        half_close=case.truncated,
     )
 
 
 def _verdict(case: HostileCase, answer: RawAnswer) -> str | None:
     """Why this answer fails the case, or None."""
+    if answer.status is None and case.truncated:
+        return None
+    if case.truncated and answer.status != 400:
+        return f"status {answer.status} for a body that never fully arrived (want 400 or none)"
     if answer.status is None:
         return f"no answer ({answer.stopped or ''} {answer.error or ''})".strip()
     expected = case.expect or frozenset(range(400, 500))
@@ -504,7 +588,9 @@ def hostile_input(
     answers: dict[str, JSONValue] = {}
     failures: dict[str, list[str]] = {}
     operations = 0
-    with Cluster(name="hostile", api_env=FAST_API_ENV) as cluster:
+    # A watcher on a loopback receiver (nothing listens there: its deliveries only wait).
+    api_env = {**FAST_API_ENV, "QUEUE_SERVER_TRANSPORT_ALLOW": '["127.0.0.1"]'}
+    with Cluster(name="hostile", api_env=api_env) as cluster:
         keys = cluster.create_tenant("hostile", max_concurrency=4)
         roles = {"worker": keys.worker, "operator": keys.operator, "admin": cluster.admin_key}
         with cluster.admin_client() as admin:
@@ -522,7 +608,13 @@ def hostile_input(
             )
             held.raise_for_status()
             item = str(held.json()["leases"][0]["item_id"])
-        ids = {"tenant": "hostile", "item": item}
+            watcher = admin.post(
+                "/v1/tenants/hostile/watchers",
+                json={"url": "http://127.0.0.1:9/hook", "events": ["item.completed"]},
+                headers={"Idempotency-Key": uuid.uuid4().hex},
+            )
+            watcher.raise_for_status()
+        ids = {"tenant": "hostile", "item": item, "watcher": str(watcher.json()["watcher_id"])}
         time.sleep(0.3)
         rss = RssSampler(cluster)
         say(f"{name}: {len(cases)} cases x {rounds} rounds; API RSS {rss.start / MB:.0f} MB")
@@ -531,6 +623,9 @@ def hostile_input(
             for case in cases:
                 before = cluster.table_digest()
                 answer = _send_case(cluster, case, roles, ids)
+                if case.truncated:
+                    # No answer to wait for: give a server that acted on the prefix time to.
+                    time.sleep(TRUNCATED_SETTLE)
                 after = cluster.table_digest()
                 operations += 1
                 slowest = max(slowest, answer.seconds)

@@ -9,6 +9,7 @@ answer. Loopback only; one connection per request, ``Connection: close``.
 
 from __future__ import annotations
 
+import contextlib
 import select
 import socket
 import time
@@ -70,13 +71,16 @@ def raw_request(
     body: bytes | Iterable[bytes] = b"",
     content_length: int | None = None,
     is_chunked: bool = False,
+    half_close: bool = False,
     timeout: float = 15.0,
 ) -> RawAnswer:
     """Send one request (``body`` as bytes or an iterable of wire pieces) and read the answer.
 
     With ``is_chunked`` the pieces must already be chunk-coded (see :func:`chunked`)
     and ``Transfer-Encoding: chunked`` is sent; otherwise ``Content-Length`` is
-    ``content_length`` or the length of a bytes body.
+    ``content_length`` or the length of a bytes body. With ``half_close`` the client
+    shuts its sending side once the pieces are sent (a body announced longer than it is
+    then never arrives in full), and reads what comes back.
     """
     lines = [f"{method} {path} HTTP/1.1".encode(), f"Host: {host}:{port}".encode()]
     lines.append(b"Connection: close")
@@ -121,6 +125,9 @@ def raw_request(
             answer.stopped = "ECONNRESET"
         except TimeoutError:
             answer.stopped = "timeout"
+        if half_close:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_WR)
         _read_answer(sock, answer, deadline)
     answer.seconds = time.monotonic() - start
     return answer

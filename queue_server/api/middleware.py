@@ -1,4 +1,5 @@
-"""ASGI middleware: the request-body limit (also for chunked bodies) and request metrics."""
+"""ASGI middleware: the request-body limit (also for chunked bodies), bodies that never
+fully arrived, and request metrics."""
 
 from __future__ import annotations
 
@@ -16,9 +17,21 @@ MAX_HEADER_BYTES = 32 * 1024
 MAX_HEADERS = 100
 
 
+class _Truncated:
+    """The client went away before its body was complete."""
+
+
+TRUNCATED = _Truncated()
+
+
 class BodyLimitAndMetrics:
     """Reads the whole body first (at most `max_body` bytes), so an oversized one is refused
-    with 413 before any handler runs, whether or not it declared a Content-Length."""
+    with 413 before any handler runs, whether or not it declared a Content-Length.
+
+    A body that never fully arrived (the connection ended before its last byte) reaches
+    no handler: a prefix of it may well be valid JSON, and acting on it would store what
+    the client never finished sending. Nobody is left to answer; nothing is written.
+    """
 
     def __init__(self, app: ASGIApp, *, max_body: int, metrics: Metrics, base_uri: str) -> None:
         self.app = app
@@ -53,6 +66,9 @@ class BodyLimitAndMetrics:
                 )
                 return
             body = await self._read_body(scope, receive)
+            if isinstance(body, _Truncated):
+                status[0] = errors.ClientDisconnectedError.status
+                return
             if body is None:
                 await self._refuse(
                     scope,
@@ -86,7 +102,8 @@ class BodyLimitAndMetrics:
             series[0].inc()
             series[1].observe(time.perf_counter() - started)
 
-    async def _read_body(self, scope: Scope, receive: Receive) -> bytes | None:
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes | _Truncated | None:
+        """The whole body; None past the limit; TRUNCATED if the client left before its end."""
         for name, value in scope["headers"]:
             if name == b"content-length":
                 try:
@@ -99,7 +116,7 @@ class BodyLimitAndMetrics:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                break
+                return TRUNCATED
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body:
