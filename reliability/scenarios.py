@@ -29,7 +29,7 @@ import httpx
 
 from reliability.checkers import CheckReport, DatabaseSnapshot, Violation, run_all_checks
 from reliability.client import RecordingClient, WorkerStats, run_worker
-from reliability.cluster import HOST, Cluster, SystemUnderTest, say
+from reliability.cluster import HOST, Cluster, SystemUnderTest, TenantKeys, say
 from reliability.flood import flood
 from reliability.history import History, HistoryRecorder, JSONValue, OpKind
 from reliability.proxy import ProxyMode, TcpProxy
@@ -824,6 +824,40 @@ def _fill_path(path: str, ids: dict[str, str]) -> str:
     return out
 
 
+def _replay_at_the_cap(
+    cluster: Cluster, recorder: HistoryRecorder, keys: TenantKeys, dead_letter_id: str | None
+) -> list[Violation]:
+    """A replay puts an item back in the backlog: at the cap, neither a single replay nor a
+    bulk one may push it over (probe samples before and after feed the cap checker)."""
+    if dead_letter_id is None:
+        return [Violation("backlog-cap", "no dead letter to replay at the cap")]
+    out: list[Violation] = []
+    tenant = keys.tenant
+    with cluster.admin_client() as admin:
+        backlog = int(admin.get(f"/v1/tenants/{tenant}").json()["backlog"])
+        admin.put(f"/v1/tenants/{tenant}", json={"backlog_cap": max(backlog, 1)}).raise_for_status()
+        operator = {"Authorization": f"Bearer {keys.operator}"}
+        attempts = [
+            ("single replay", f"/v1/tenants/{tenant}/dead-letters/{dead_letter_id}/replay"),
+            ("bulk replay", f"/v1/tenants/{tenant}/queues/dlq/dead-letters:replay"),
+        ]
+        for what, path in attempts:
+            response = admin.post(
+                path, json={}, headers={**operator, "Idempotency-Key": uuid.uuid4().hex}
+            )
+            state = admin.get(f"/v1/tenants/{tenant}").json()
+            recorder.record_backlog(tenant, int(state["backlog"]), int(state["backlog_cap"]))
+            if response.status_code != 429 or int(state["backlog"]) > int(state["backlog_cap"]):
+                out.append(
+                    Violation(
+                        "backlog-cap",
+                        f"{what} at the cap: {response.status_code}, backlog"
+                        f" {state['backlog']} of {state['backlog_cap']}",
+                    )
+                )
+    return out
+
+
 def isolation_matrix(*, name: str = "isolation and auth") -> ScenarioOutcome:
     """Every route of /openapi.json: another tenant's keys get 404, bad keys 401, nothing written."""
     began = time.monotonic()
@@ -928,6 +962,7 @@ def isolation_matrix(*, name: str = "isolation and auth") -> ScenarioOutcome:
         changed = sorted(t for t in before if before[t] != after.get(t))
         if changed:
             extras.append(Violation("isolation", f"the matrix changed tables: {changed}"))
+        extras += _replay_at_the_cap(cluster, recorder, a, dead_letter_id if letters else None)
         # Keys are scoped to the tenant: bravo reusing alpha's key is an unrelated request.
         bravo = RecordingClient(cluster.base_url, b.worker, "bravo", recorder)
         reuse = bravo.enqueue("q", {"secret": "alpha"}, key=shared_key)

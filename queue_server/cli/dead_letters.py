@@ -32,6 +32,7 @@ from queue_server.cli.common import (
 )
 from queue_server.cli.items import item_fields, ledger_table
 from queue_server.client import QueueClient, new_idempotency_key
+from queue_server.client.errors import BacklogCapReachedError
 from queue_server.client.models import DeadLetter, Item
 from queue_server.client.watchers import Delivery, WatcherClient
 
@@ -200,6 +201,8 @@ def dead_replay(
 
     Name dead letters by id, or replay a whole queue's (in bounded batches, each item
     atomically) with --queue. Asks before replaying more than one unless --yes.
+    Replayed items count in the backlog: at the tenant's cap, what does not fit is
+    left open and reported, and the command exits 1.
 
     Examples: [bold]queue-server dead-letters replay 0190f3c2-...[/bold]
               [bold]queue-server dead-letters replay --queue emails --yes[/bold]
@@ -237,23 +240,38 @@ def dead_replay(
             return
         confirm(f"Replay {total} dead letters in {', '.join(queues)}?", yes or total == 1)
         replayed = skipped = 0
+        at_cap = False
         with _progress() as progress:
             task = progress.add_task("replaying", total=total)
             for q in queues:
                 base = new_idempotency_key()
                 for call in range(10_000):
-                    batch = qs.replay_queue(
-                        q, max_acquisitions=max_acquisitions, idempotency_key=f"{base}-{call}"
-                    )
+                    try:
+                        batch = qs.replay_queue(
+                            q, max_acquisitions=max_acquisitions, idempotency_key=f"{base}-{call}"
+                        )
+                    except BacklogCapReachedError:
+                        at_cap = True
+                        break
                     replayed += batch.replayed
                     skipped += batch.skipped
                     progress.advance(task, batch.replayed + batch.skipped)
-                    if batch.replayed == 0 or batch.remaining == 0:
+                    at_cap = batch.over_cap > 0
+                    if at_cap or batch.replayed == 0 or batch.remaining == 0:
                         break
+                if at_cap:  # the cap is the tenant's: no other queue fits either
+                    break
+    left = total - replayed - skipped if at_cap else 0
     if json:
-        print_json({"replayed": replayed, "skipped": skipped})
+        print_json({"replayed": replayed, "skipped": skipped, "over_cap": left})
     else:
         console.print(f"replayed {replayed}, skipped {skipped}")
+    if at_cap:
+        err_console.print(
+            f"{left} left open: the tenant's backlog cap is reached"
+            " (complete or discard work, or raise the cap, then replay again)"
+        )
+        raise typer.Exit(code=1)
 
 
 @app.command("discard")

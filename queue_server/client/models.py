@@ -182,8 +182,12 @@ class BulkReplay(Model):
     replayed: int
     skipped: int
     remaining: int
+    #: Left open: the backlog cap had no room for them.
+    over_cap: int = 0
+    backlog_cap: int | None = None
     item_ids: list[str] = Field(default_factory=list)
     skipped_dead_letter_ids: list[str] = Field(default_factory=list)
+    over_cap_dead_letter_ids: list[str] = Field(default_factory=list)
 
 
 class QueueStatus(Model):

@@ -2,6 +2,8 @@
 
 An item's letter is resolved by `store.transitions` (replay, discard) under the
 letter's row lock; a dead webhook delivery's letter by the watchers service.
+A replayed item is back in the backlog: replay is admitted like an enqueue, under
+the tenant's admission lock and within its backlog cap (`_admit`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from queue_server.idempotency import Answer, Effects, Idempotency
 from queue_server.models import ItemState, Role, is_uuid
 from queue_server.services import common, watchers
 from queue_server.services.common import require_tenant
-from queue_server.store import dead_letters, outbox, reads, transitions
+from queue_server.store import dead_letters, outbox, reads, tenants, transitions
 from queue_server.store.types import Conn, Row
 
 MAX_BULK_REPLAY = 100
@@ -22,6 +24,25 @@ MAX_BULK_REPLAY = 100
 
 class _SkipItemError(Exception):
     """Rolls one item's savepoint back during a bulk replay."""
+
+
+async def _admit(conn: Conn, tenant: str, wanted: int) -> tuple[int, int]:
+    """Take the tenant's admission lock (until the transaction ends), as enqueue does, and
+    return (room, cap): how many items the backlog still takes. Leased items count in the
+    backlog, so the room kept for active leases is never handed to a replay."""
+    row, backlog = await tenants.admit(conn, tenant)
+    if row is None:
+        raise errors.TenantNotFoundError(tenant=tenant)
+    cap = int(row["backlog_cap"])
+    room = max(0, cap - backlog)
+    if room == 0 and wanted > 0:
+        raise errors.BacklogCapReachedError(
+            f"Backlog {backlog} + {wanted} replayed would exceed the cap of {cap}.",
+            backlog=backlog,
+            backlog_cap=cap,
+            requested=wanted,
+        )
+    return room, cap
 
 
 class DeadLetters:
@@ -174,6 +195,7 @@ class DeadLetters:
                     item_id=str(row["item_id"]),
                     state=row["item_state"],
                 )
+            await _admit(conn, tenant, 1)
             item = await transitions.replay(
                 conn,
                 tenant=tenant,
@@ -242,10 +264,12 @@ class DeadLetters:
         limit: int,
         max_acquisitions: int | None,
     ) -> Answer:
-        """Replay up to `limit` of the queue's oldest open item dead letters, each in a savepoint.
+        """Replay up to `limit` of the queue's oldest open item dead letters, each in a savepoint,
+        as many as the backlog cap has room for.
 
         A dead letter whose item is no longer quarantined is skipped and left as it was;
-        `remaining` says how many open ones the queue still has.
+        those past the cap's room are left open and listed in `over_cap_dead_letter_ids`
+        (a 429 when none fits at all); `remaining` says how many open ones the queue still has.
         """
         principal.require(tenant, Role.OPERATOR)
 
@@ -253,10 +277,16 @@ class DeadLetters:
             await require_tenant(conn, tenant)
             replayed: list[str] = []
             skipped: list[str] = []
-            for row in await dead_letters.open_for_queue(
+            over_cap: list[str] = []
+            letters = await dead_letters.open_for_queue(
                 conn, tenant=tenant, queue=queue, limit=limit
-            ):
+            )
+            room, cap = await _admit(conn, tenant, len(letters))
+            for row in letters:
                 dead_letter_id = str(row["dead_letter_id"])
+                if len(replayed) >= room:
+                    over_cap.append(dead_letter_id)
+                    continue
                 try:
                     async with conn.transaction():
                         locked = await dead_letters.lock_for_resolution(
@@ -283,9 +313,12 @@ class DeadLetters:
                     "queue": queue,
                     "replayed": len(replayed),
                     "skipped": len(skipped),
+                    "over_cap": len(over_cap),
                     "remaining": remaining,
+                    "backlog_cap": cap,
                     "item_ids": replayed,
                     "skipped_dead_letter_ids": skipped,
+                    "over_cap_dead_letter_ids": over_cap,
                 },
             )
 

@@ -743,7 +743,7 @@ WITH dl AS (
     WHERE w.tenant_id = %(tenant)s AND w.item_id = dl.item_id AND w.state = 'quarantined'
     RETURNING w.*
 ), {_REPLAYED}, admitted AS (
-    -- Back in the backlog. Replay is not refused at the cap: the operator decided.
+    -- Back in the backlog: the caller holds the admission lock and checked the cap.
     UPDATE tenants SET admitted = admitted + (SELECT count(*) FROM upd)
     WHERE tenant_id = %(tenant)s AND EXISTS (SELECT 1 FROM upd)
 ), {outbox_cte("item.replayed", "upd")}
@@ -755,7 +755,11 @@ SELECT upd.* FROM upd, {_notify("upd")}
 async def replay(
     conn: Conn, *, tenant: str, dead_letter_id: str, max_acquisitions: int | None, actor: str
 ) -> Row | None:
-    """quarantined -> ready with a renewed budget; the dead letter is closed. Fence unchanged."""
+    """quarantined -> ready with a renewed budget; the dead letter is closed. Fence unchanged.
+
+    The item re-enters the backlog: the caller holds the tenant's admission lock
+    (`tenants.admit`) and has checked the cap, as for an enqueue.
+    """
     params = {
         "tenant": tenant,
         "dead_letter_id": dead_letter_id,

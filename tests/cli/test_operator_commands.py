@@ -135,7 +135,7 @@ def test_dead_letters_list_show_replay_and_discard(cli: Cli, api: Api) -> None:
     unconfirmed = cli.run("dead-letters", "replay", "--queue", "mail", ok=False)
     assert "Confirmation needed" in unconfirmed.stderr
     bulk = cli.json("dead-letters", "replay", "--queue", "mail", "--yes")
-    assert bulk == {"replayed": 2, "skipped": 0}
+    assert bulk == {"replayed": 2, "skipped": 0, "over_cap": 0}
     assert cli.json("dead-letters", "list") == []
     closed = cli.json("dead-letters", "list", "--status", "all")
     assert sorted(d["resolution"] for d in closed) == [

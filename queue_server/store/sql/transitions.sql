@@ -477,7 +477,7 @@ WITH dl AS (
                               'available_at', available_at)
     FROM upd
 ), admitted AS (
-    -- Back in the backlog. Replay is not refused at the cap: the operator decided.
+    -- Back in the backlog: the caller holds the admission lock and checked the cap.
     UPDATE tenants SET admitted = admitted + (SELECT count(*) FROM upd)
     WHERE tenant_id = %(tenant)s AND EXISTS (SELECT 1 FROM upd)
 ), outbox AS (
