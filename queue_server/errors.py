@@ -20,7 +20,8 @@ Every error class of the project, by family (status, code):
     ├── ConflictError                       409 conflict: the resource's state refuses it
     │   ├── LeaseRefusedError               the lease grants no authority:
     │   │   └── StaleFenceError, NotLeaseHolderError, LeaseExpiredError, ItemNotLeasedError
-    │   ├── IdempotencyKeyInFlightError, InvalidStateError, DeadLetterClosedError
+    │   ├── IdempotencyKeyInFlightError, InvalidStateError, DeadLetterClosedError,
+    │   ├── LastAdminKeyError
     │   ├── AmbiguousIdError            ambiguous-id: an id prefix naming several items
     │   └── VerificationRunBusyError, RunKeyConflictError, CheckpointConflictError,
     │       VerificationIncompleteError
@@ -233,6 +234,15 @@ class ItemNotLeasedError(LeaseRefusedError):
 
     code = "item-not-leased"
     title = "Item not leased"
+
+
+class LastAdminKeyError(ConflictError):
+    """This is the last active admin key: revoking it would leave nobody to administer the
+    server. Create another first (POST /v1/admin-keys), or rotate it on the server's machine
+    (`queue-server keys rotate-admin`)."""
+
+    code = "last-admin-key"
+    title = "Last admin key"
 
 
 class InvalidStateError(ConflictError):

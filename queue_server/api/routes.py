@@ -6,6 +6,7 @@ ledger verification in `api/ledgers.py`, watchers, receipts and runs in theirs.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request
@@ -100,6 +101,45 @@ async def revoke_key(
 ) -> Response:
     """Revoke a key; it is refused from the next request on (admin)."""
     await tenants.revoke_key(caller, tenant, key_id)
+    return Response(status_code=204)
+
+
+class AdminKeyOut(BaseModel):
+    key_id: str
+    tenant: None
+    role: str
+    secret: str
+
+
+class AdminKeyInfo(BaseModel):
+    key_id: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+class AdminKeysOut(BaseModel):
+    admin_keys: list[AdminKeyInfo]
+
+
+@router.post("/admin-keys", status_code=201, response_model=AdminKeyOut, tags=["tenants"])
+async def create_admin_key(keys: KeysService, caller: Caller) -> Response:
+    """Create another admin key (admin). The secret is shown once."""
+    return respond(await keys.create_admin_key(caller))
+
+
+@router.get("/admin-keys", response_model=AdminKeysOut, tags=["tenants"])
+async def list_admin_keys(keys: KeysService, caller: Caller) -> Response:
+    """Every admin key: id, creation and revocation times (admin). No secrets."""
+    return respond(await keys.list_admin_keys(caller))
+
+
+@router.delete("/admin-keys/{key_id}", status_code=204, tags=["tenants"])
+async def revoke_admin_key(
+    key_id: Annotated[str, Path(max_length=64)], keys: KeysService, caller: Caller
+) -> Response:
+    """Revoke an admin key, at once in every API process (admin; another admin's or one's
+    own). The last active admin key cannot be revoked: 409 `last-admin-key`."""
+    await keys.revoke_admin_key(caller, key_id)
     return Response(status_code=204)
 
 

@@ -108,12 +108,21 @@ def serve(
     data_dir: DataDir = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
     policy_file: PolicyFile = None,
+    print_admin_key: Annotated[
+        bool,
+        typer.Option(
+            "--print-admin-key",
+            help="On first start, also print the admin key's secret (default: only where"
+            " its file is, so no log keeps it).",
+        ),
+    ] = False,
 ) -> None:
     """Serve the REST API.
 
     With no QUEUE_SERVER_DATABASE_URL, starts an embedded PostgreSQL in the data
-    directory, migrates it, and creates an admin key on first start. Ctrl-C stops
-    both. With a URL, the schema must already be at head (`queue-server db upgrade`).
+    directory, migrates it, and creates an admin key on first start, written readable
+    only by you to <data-dir>/admin.key. Ctrl-C stops both. With a URL, the schema
+    must already be at head (`queue-server db upgrade`).
 
     Example: [bold]queue-server serve --port 9000[/bold]
     """
@@ -140,11 +149,14 @@ def serve(
         with database(settings) as db:
             secret = ensure_admin_key(settings, db.url)
             if secret is not None:
-                typer.secho("Created the admin key (shown once):", fg=typer.colors.YELLOW)
-                typer.echo(f"  {secret}")
-                typer.echo(
-                    f"It is saved, readable only by you, in {admin_key_path(settings.data_dir)}"
+                path = admin_key_path(settings.data_dir)
+                typer.secho(
+                    f"Created the admin key: {path} (readable only by you)",
+                    fg=typer.colors.YELLOW,
                 )
+                if print_admin_key:
+                    typer.echo(f"  {secret}")
+                typer.echo("  Rotate it with `queue-server keys rotate-admin`.")
             where = (
                 "embedded PostgreSQL in " + str(db.embedded.pgdata) if db.embedded else "external"
             )

@@ -25,6 +25,7 @@ from queue_server import __version__
 from queue_server.client import errors
 from queue_server.client.durable import Checkpoint, ReceiptRecord, VerificationRun
 from queue_server.client.models import (
+    AdminKey,
     ApiKey,
     ApiKeyInfo,
     BatchEntry,
@@ -245,6 +246,14 @@ class QueueClient:
 
     def revoke_key(self, key_id: str, tenant: str | None = None) -> None:
         self.request("DELETE", f"/v1/tenants/{self._tenant(tenant)}/keys/{key_id}")
+
+    def create_admin_key(self) -> AdminKey:
+        """Another admin key (admin); the secret is shown once."""
+        return AdminKey.model_validate_json(self.request("POST", "/v1/admin-keys").content)
+
+    def revoke_admin_key(self, key_id: str) -> None:
+        """Revoke an admin key at once (admin); the last active one cannot be."""
+        self.request("DELETE", f"/v1/admin-keys/{key_id}")
 
     # -- work items ----------------------------------------------------------
 

@@ -54,6 +54,12 @@ class ApiKeyInfo(Model):
     revoked_at: datetime | None = None
 
 
+class AdminKey(Model):
+    key_id: str
+    role: str
+    secret: str
+
+
 class Item(Model):
     item_id: str
     tenant: str

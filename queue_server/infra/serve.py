@@ -1,4 +1,9 @@
-"""Running the server: the embedded database, migrations, the first admin key, uvicorn."""
+"""Running the server: the embedded database, migrations, the admin key file, uvicorn.
+
+The admin key's secret is written, readable only by the server's user, to
+`<data-dir>/admin.key`, and never printed unless asked (`--print-admin-key`): a log
+that keeps it (docker compose keeps every line) would be a second copy to guard.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from queue_server import db
+from queue_server import auth, db, errors
 from queue_server.infra import migrate
 from queue_server.services.keys import Keys
 from queue_server.settings import Settings
@@ -106,13 +111,77 @@ def ensure_admin_key(settings: Settings, url: str) -> str | None:
     """Create the first admin key; write it 0600 into the data directory. None if one exists."""
     secret = create_admin_key(settings, url)
     if secret is not None:
-        path = admin_key_path(settings.data_dir)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        write_secret(admin_key_path(settings.data_dir), secret)
+    return secret
+
+
+def write_secret(path: Path, secret: str) -> None:
+    """Write `secret` to `path`, readable and writable by this user only (0600), atomically:
+    a reader sees the old file or the new one, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staged = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
         with os.fdopen(fd, "w") as handle:
             handle.write(secret + "\n")
-        path.chmod(0o600)
-    return secret
+            handle.flush()
+            os.fsync(handle.fileno())
+        staged.chmod(0o600)
+        os.replace(staged, path)
+    finally:
+        staged.unlink(missing_ok=True)
+
+
+@dataclass
+class Rotation:
+    key_id: str
+    secret: str
+    revoked: list[str]
+    path: Path
+
+
+def rotate_admin_key(settings: Settings, url: str, *, revoke_all: bool) -> Rotation:
+    """A new admin key in `<data-dir>/admin.key`; the key that file held (or, with
+    `revoke_all`, every other admin key) revoked in the same transaction."""
+    path = admin_key_path(settings.data_dir)
+    old: str | None = None
+    if path.exists():
+        with contextlib.suppress(errors.UnauthorizedError):
+            old = auth.parse_bearer("Bearer " + path.read_text().strip())
+    key = auth.new_key()
+
+    async def rotate() -> list[str]:
+        pool = db.Database.for_api(settings, url)
+        await pool.open(wait=True)
+        try:
+            return await Keys(pool).rotate_admin_key(key, revoke=old, revoke_all=revoke_all)
+        finally:
+            await pool.close()
+
+    revoked = asyncio.run(rotate())
+    # Committed: the old key is refused everywhere now; the file gets the new one.
+    write_secret(path, key.secret)
+    return Rotation(key_id=key.key_id, secret=key.secret, revoked=revoked, path=path)
+
+
+@contextlib.contextmanager
+def database_for_admin(settings: Settings) -> Iterator[str]:
+    """The server's database for an administrative command on its machine: the URL, or the
+    embedded one in the data directory (used as it runs, else started and stopped again)."""
+    if settings.database_url:
+        yield settings.database_url
+        return
+    pg = embedded_postgres(settings.data_dir / "pgdata")
+    if not (pg.pgdata / "PG_VERSION").exists():
+        raise NoDatabaseError(
+            f"No embedded database in {settings.data_dir} (and QUEUE_SERVER_DATABASE_URL is"
+            " not set): run this where `queue-server serve` keeps its data (--data-dir)."
+        )
+    if pg.is_running():
+        yield pg.url(DATABASE_NAME)
+        return
+    with database(settings) as served:
+        yield served.url
 
 
 ADDRESS_FILE = "server.url"  # queue_server.cli.common.ADDRESS_FILE

@@ -1,5 +1,9 @@
 """API keys: who is calling (with a per-process cache), creating and revoking keys, and the
-first admin key."""
+admin keys: the first one, more of them, their revocation and rotation.
+
+Every revocation notifies the keys channel in its transaction, so each API process
+drops its cache of keys when it commits: a revoked key is refused at once everywhere.
+"""
 
 from __future__ import annotations
 
@@ -66,6 +70,56 @@ class Keys:
                 conn, key_id=key.key_id, tenant=None, role=Role.ADMIN, secret_hash=key.secret_hash
             )
             return key.secret
+
+    async def create_admin_key(self, principal: auth.Principal) -> Answer:
+        """Another admin key (admin); its secret is shown once."""
+        principal.require_admin()
+        key = auth.new_key()
+        async with self.db.tx() as conn:
+            await tenants.create_key(
+                conn, key_id=key.key_id, tenant=None, role=Role.ADMIN, secret_hash=key.secret_hash
+            )
+        return Answer.of(
+            201, {"key_id": key.key_id, "tenant": None, "role": Role.ADMIN, "secret": key.secret}
+        )
+
+    async def list_admin_keys(self, principal: auth.Principal) -> Answer:
+        principal.require_admin()
+        async with self.db.conn() as conn:
+            rows = await tenants.list_admin_keys(conn)
+        return Answer.of(200, {"admin_keys": rows})
+
+    async def revoke_admin_key(self, principal: auth.Principal, key_id: str) -> None:
+        """Revoke an admin key (admin; also one's own), unless it is the last active one."""
+        principal.require_admin()
+        if not auth.is_key_id(key_id):
+            raise errors.KeyNotFoundError(key_id=key_id)
+        async with self.db.tx() as conn:
+            await tenants.lock_admin_keys(conn)
+            row = await tenants.get_key(conn, key_id)
+            if row is None or row["role"] != Role.ADMIN:
+                raise errors.KeyNotFoundError("No such admin key.", key_id=key_id)
+            if row["revoked_at"] is None and await tenants.count_admin_keys(conn) <= 1:
+                raise errors.LastAdminKeyError(key_id=key_id)
+            await tenants.revoke_admin_key(conn, key_id)
+        self.cache.clear()
+
+    async def rotate_admin_key(
+        self, key: auth.NewKey, *, revoke: str | None, revoke_all: bool
+    ) -> list[str]:
+        """Add admin key `key` and revoke `revoke` (or, with `revoke_all`, every other admin
+        key) in one transaction; returns the ids revoked. For the server's own machine: it
+        needs the database, not a key."""
+        async with self.db.tx() as conn:
+            await tenants.lock_admin_keys(conn)
+            await tenants.create_key(
+                conn, key_id=key.key_id, tenant=None, role=Role.ADMIN, secret_hash=key.secret_hash
+            )
+            if revoke_all:
+                return await tenants.revoke_other_admin_keys(conn, keep=key.key_id)
+            if revoke is not None and await tenants.revoke_admin_key(conn, revoke):
+                return [revoke]
+            return []
 
     async def create_key(self, principal: auth.Principal, tenant: str, role: Role) -> Answer:
         principal.require_admin(tenant)

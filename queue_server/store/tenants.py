@@ -194,6 +194,45 @@ async def revoke_key(conn: Conn, *, tenant: str, key_id: str) -> bool:
     return await cur.fetchone() is not None
 
 
+_REVOKE_ADMIN_KEY = _SQL(
+    "revoke_admin_key",
+    "UPDATE api_keys SET revoked_at = coalesce(revoked_at, statement_timestamp())"
+    f" WHERE role = 'admin' AND key_id = %s RETURNING pg_notify('{KEYS_CHANNEL}', key_id)",
+)
+
+
+async def revoke_admin_key(conn: Conn, key_id: str) -> bool:
+    """Revoke one admin key, at once in every API process (the keys channel)."""
+    cur = await conn.execute(_REVOKE_ADMIN_KEY, (key_id,))
+    return await cur.fetchone() is not None
+
+
+_REVOKE_OTHER_ADMIN_KEYS = _SQL(
+    "revoke_other_admin_keys",
+    "UPDATE api_keys SET revoked_at = statement_timestamp()"
+    " WHERE role = 'admin' AND revoked_at IS NULL AND key_id <> %s"
+    f" RETURNING key_id, pg_notify('{KEYS_CHANNEL}', key_id)",
+)
+
+
+async def revoke_other_admin_keys(conn: Conn, *, keep: str) -> list[str]:
+    """Revoke every active admin key but `keep`; returns the ids revoked."""
+    cur = await conn.execute(_REVOKE_OTHER_ADMIN_KEYS, (keep,))
+    return sorted(str(row["key_id"]) for row in await cur.fetchall())
+
+
+_LIST_ADMIN_KEYS = _SQL(
+    "list_admin_keys",
+    "SELECT key_id, created_at, revoked_at FROM api_keys WHERE role = 'admin'"
+    " ORDER BY created_at, key_id",
+)
+
+
+async def list_admin_keys(conn: Conn) -> list[Row]:
+    cur = await conn.execute(_LIST_ADMIN_KEYS)
+    return await cur.fetchall()
+
+
 _LOCK_ADMIN_KEYS = _SQL(
     "lock_admin_keys",
     "SELECT pg_advisory_xact_lock(hashtext('queue-server-admin-key'))",
@@ -201,7 +240,8 @@ _LOCK_ADMIN_KEYS = _SQL(
 
 
 async def lock_admin_keys(conn: Conn) -> None:
-    """Serialise the creation of the first admin key (held until the transaction ends)."""
+    """Serialise changes to the admin keys: the first one's creation, rotation and revocation
+    (so two admins revoking each other cannot leave none). Held until the transaction ends."""
     await conn.execute(_LOCK_ADMIN_KEYS)
 
 

@@ -74,7 +74,8 @@ def test_serve_starts_embedded_database_creates_admin_key_and_reuses_data(tmp_pa
     assert put.status_code == 200
     out = _stop(proc)
     assert proc.returncode == 0
-    assert key in out  # printed once, on first start
+    assert key not in out  # never in the log: only where the file is
+    assert f"Created the admin key: {key_file}" in out
     assert "Traceback" not in out
     assert not EmbeddedPostgres(data_dir / "pgdata").is_running()
 
@@ -167,7 +168,7 @@ def test_the_image_commands_run_on_an_external_database_without_embedded_postgre
     assert "claimed 0" in run("deliver", "--once").stdout  # the deliver service
     port = _free_port()  # the api service
     proc = subprocess.Popen(
-        _without_embedded("serve", "--port", str(port)),
+        _without_embedded("serve", "--port", str(port), "--print-admin-key"),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -178,6 +179,8 @@ def test_the_image_commands_run_on_an_external_database_without_embedded_postgre
     assert proc.returncode == 0, out
     assert "external database" in out
     assert "Created the admin key" in out
+    # Asked for, the secret is printed too (default: only the file's path).
+    assert (tmp_path / "admin.key").read_text().strip() in out
     assert "Traceback" not in out
 
 

@@ -52,6 +52,15 @@ SELECT * FROM api_keys WHERE key_id = %s;
 -- name: revoke_key
 UPDATE api_keys SET revoked_at = coalesce(revoked_at, statement_timestamp()) WHERE tenant_id = %s AND key_id = %s RETURNING pg_notify('queue_server_keys', key_id);
 
+-- name: revoke_admin_key
+UPDATE api_keys SET revoked_at = coalesce(revoked_at, statement_timestamp()) WHERE role = 'admin' AND key_id = %s RETURNING pg_notify('queue_server_keys', key_id);
+
+-- name: revoke_other_admin_keys
+UPDATE api_keys SET revoked_at = statement_timestamp() WHERE role = 'admin' AND revoked_at IS NULL AND key_id <> %s RETURNING key_id, pg_notify('queue_server_keys', key_id);
+
+-- name: list_admin_keys
+SELECT key_id, created_at, revoked_at FROM api_keys WHERE role = 'admin' ORDER BY created_at, key_id;
+
 -- name: lock_admin_keys
 SELECT pg_advisory_xact_lock(hashtext('queue-server-admin-key'));
 
