@@ -19,7 +19,8 @@ Every error class of the project, by family (status, code):
     │   └── ReceiptNotFoundError, VerificationRunNotFoundError, ScheduleNotFoundError
     ├── ConflictError                       409 conflict: the resource's state refuses it
     │   ├── LeaseRefusedError               the lease grants no authority:
-    │   │   └── StaleFenceError, NotLeaseHolderError, LeaseExpiredError, ItemNotLeasedError
+    │   │   └── StaleFenceError, FenceAheadError, NotLeaseHolderError, LeaseExpiredError,
+    │   │       ItemNotLeasedError
     │   ├── IdempotencyKeyInFlightError, InvalidStateError, DeadLetterClosedError,
     │   ├── LastAdminKeyError
     │   ├── AmbiguousIdError            ambiguous-id: an id prefix naming several items
@@ -213,6 +214,13 @@ class StaleFenceError(LeaseRefusedError):
 
     code = "stale-fence"
     title = "Stale fence"
+
+
+class FenceAheadError(LeaseRefusedError):
+    """The fence is higher than the item's current fence: no lease with it was handed out."""
+
+    code = "fence-ahead"
+    title = "Fence ahead"
 
 
 class NotLeaseHolderError(LeaseRefusedError):

@@ -112,6 +112,10 @@ class StaleFenceError(LeaseLostError):
     pass
 
 
+class FenceAheadError(LeaseLostError):
+    """The fence given is higher than the item's: no lease with it was ever handed out."""
+
+
 class NotLeaseHolderError(LeaseLostError):
     pass
 
@@ -157,6 +161,7 @@ BY_CODE: dict[str, type[ProblemError]] = {
     "item-not-found": ItemNotFoundError,
     "dead-letter-not-found": DeadLetterNotFoundError,
     "stale-fence": StaleFenceError,
+    "fence-ahead": FenceAheadError,
     "not-lease-holder": NotLeaseHolderError,
     "lease-expired": LeaseExpiredError,
     "item-not-leased": ItemNotLeasedError,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -25,6 +26,43 @@ from queue_server.store.types import Conn, Row
 
 # How long a queue found near its concurrency limit skips the shared-lock attempt.
 NEAR_LIMIT_MEMORY = 5.0
+# How many such queues one process remembers (the least recently found go first).
+NEAR_LIMIT_ENTRIES = 10_000
+
+
+class NearLimit:
+    """Queues lately found near their concurrency limit, each remembered `memory` seconds.
+
+    At most `max_entries` of them: a client acquiring on ever new queue names must not
+    grow a process's memory without end. Forgetting a queue costs its next acquire one
+    shared-lock attempt, nothing else.
+    """
+
+    def __init__(
+        self, *, memory: float = NEAR_LIMIT_MEMORY, max_entries: int = NEAR_LIMIT_ENTRIES
+    ) -> None:
+        self.memory = memory
+        self.max_entries = max_entries
+        self._since: OrderedDict[tuple[str, str], float] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._since)
+
+    def mark(self, tenant: str, queue: str) -> None:
+        key = (tenant, queue)
+        self._since[key] = time.monotonic()
+        self._since.move_to_end(key)
+        while len(self._since) > self.max_entries:
+            self._since.popitem(last=False)
+
+    def recent(self, tenant: str, queue: str) -> bool:
+        since = self._since.get((tenant, queue))
+        if since is None:
+            return False
+        if time.monotonic() - since < self.memory:
+            return True
+        del self._since[(tenant, queue)]
+        return False
 
 # While the listener is down, a waiting acquire looks at its queue this often, so it
 # still wakes within a second of an enqueue.
@@ -74,7 +112,7 @@ class Items:
         self.wakeups = wakeups
         self.metrics = metrics
         self._slack: int | None = None
-        self._near_limit: dict[tuple[str, str], float] = {}
+        self.near_limit = NearLimit()
 
     async def enqueue(
         self,
@@ -270,7 +308,7 @@ class Items:
                     )
                     leased, quarantined = acquired.leased, acquired.quarantined
                     if acquired.contended:
-                        self._near_limit[(tenant, queue)] = time.monotonic()
+                        self.near_limit.mark(tenant, queue)
                     if leased and await client_gone():
                         async with conn.transaction():
                             await transitions.release_unsent(
@@ -283,8 +321,7 @@ class Items:
     async def _slack_for(self, conn: Conn, tenant: str, queue: str) -> int | None:
         """The slack for a shared-lock acquire, or None where the queue was lately near its
         limit (a default queue, limit 1, always is): then acquire goes exclusive at once."""
-        since = self._near_limit.get((tenant, queue))
-        if since is not None and time.monotonic() - since < NEAR_LIMIT_MEMORY:
+        if self.near_limit.recent(tenant, queue):
             return None
         if self._slack is None:
             # Every acquire in flight holds a database connection and leases at most 100.

@@ -1,14 +1,17 @@
 """Watchers (webhook subscriptions) and their outbox: registration, state changes, secret
 rotation, delivery listings, and the resolution of dead deliveries. The SQL is in
-`store/watchers.py` and `store/outbox.py`; sending is `queue_server.workers.deliverer`."""
+`store/watchers.py` and `store/outbox.py`; sending is `queue_server.workers.deliverer`.
+
+Watchers are configuration, like every other: an operator's (or admin's) business; a
+worker key gets 403."""
 
 from __future__ import annotations
 
 from queue_server import auth, errors, views
 from queue_server.db import Database
 from queue_server.idempotency import Answer, Effects, Idempotency
-from queue_server.models import is_uuid
-from queue_server.services.common import WORKER_OR_OPERATOR, foreign_cursor, require_tenant
+from queue_server.models import Role, is_uuid
+from queue_server.services.common import foreign_cursor, require_tenant
 from queue_server.settings import Settings
 from queue_server.store import outbox, watchers
 from queue_server.store.outbox import EVENTS
@@ -86,7 +89,7 @@ class Watchers:
         queues: list[str] | None,
     ) -> Answer:
         """(nothing) -> active; the signing secret is in this answer only."""
-        principal.require(tenant, *WORKER_OR_OPERATOR)
+        principal.require(tenant, Role.OPERATOR)
         unknown = sorted(set(events) - set(EVENTS))
         if unknown:
             raise errors.InvalidRequestError(f"Unknown events: {', '.join(unknown)}.")
@@ -108,7 +111,7 @@ class Watchers:
         return await self.effects.run(tenant, idem, instance, operation)
 
     async def list(self, principal: auth.Principal, tenant: str) -> Answer:
-        principal.require(tenant, *WORKER_OR_OPERATOR)
+        principal.require(tenant, Role.OPERATOR)
         async with self.db.conn() as conn:
             await require_tenant(conn, tenant)
             rows = await watchers.list_watchers(conn, tenant=tenant)
@@ -119,7 +122,7 @@ class Watchers:
         )
 
     async def get(self, principal: auth.Principal, tenant: str, watcher_id: str) -> Answer:
-        principal.require(tenant, *WORKER_OR_OPERATOR)
+        principal.require(tenant, Role.OPERATOR)
         async with self.db.conn() as conn:
             row = await self._watcher(conn, tenant, watcher_id)
             counts = await outbox.delivery_counts(conn, tenant=tenant)
@@ -140,7 +143,7 @@ class Watchers:
         Pausing a paused watcher or resuming an active one changes nothing and succeeds.
         Cancelling cancels the watcher's pending deliveries in the same statement.
         """
-        principal.require(tenant, *WORKER_OR_OPERATOR)
+        principal.require(tenant, Role.OPERATOR)
 
         async def operation(conn: Conn) -> Answer:
             current = await self._watcher(conn, tenant, watcher_id, lock=True)
@@ -178,7 +181,7 @@ class Watchers:
         instance: str,
     ) -> Answer:
         """A new signing secret (shown once); the old one also signs until the grace ends."""
-        principal.require(tenant, *WORKER_OR_OPERATOR)
+        principal.require(tenant, Role.OPERATOR)
 
         async def operation(conn: Conn) -> Answer:
             current = await self._watcher(conn, tenant, watcher_id, lock=True)
@@ -211,7 +214,7 @@ class Watchers:
         cursor: str | None,
     ) -> Answer:
         """The watcher's outbox rows in creation order, with attempts, schedule and receipts."""
-        principal.require(tenant, *WORKER_OR_OPERATOR)
+        principal.require(tenant, Role.OPERATOR)
         after: int | None = None
         if cursor:
             # ASCII digits only: "²".isdigit() is true, and int("²") raises.
@@ -237,7 +240,7 @@ class Watchers:
         )
 
     async def delivery(self, principal: auth.Principal, tenant: str, delivery_id: str) -> Answer:
-        principal.require(tenant, *WORKER_OR_OPERATOR)
+        principal.require(tenant, Role.OPERATOR)
         if not is_uuid(delivery_id):
             raise errors.DeliveryNotFoundError(delivery_id=delivery_id)
         async with self.db.conn() as conn:

@@ -304,9 +304,10 @@ async def acquire(
             await conn.execute(_LOCK_QUEUE_SHARED if shared else _LOCK_QUEUE, params)
             cur = await conn.execute(_ACQUIRE, params)
         rows = await cur.fetchall()
-        contended = any(row["leased"] is None for row in rows)
-        if not contended:
+        if not any(row["leased"] is None for row in rows):
             break
+        # The shared attempt found too little room; the exclusive one follows.
+        contended = True
     leased: list[Row] = []
     quarantined: list[Row] = []
     for row in rows:
@@ -602,8 +603,11 @@ def _refusal(row: Row | None, *, item_id: str, worker: str, fence: int) -> error
         return errors.ItemNotLeasedError(
             f"The item is {row['state']}, not leased.", item_id=item_id, state=row["state"]
         )
-    if fence != row["fence"]:
+    if fence < row["fence"]:
         return errors.StaleFenceError(item_id=item_id, current_fence=row["fence"])
+    if fence > row["fence"]:
+        # API.md's stale-fence is a lower fence; a higher one was never handed out.
+        return errors.FenceAheadError(item_id=item_id, current_fence=row["fence"])
     if row["lease_holder"] != worker:
         return errors.NotLeaseHolderError(item_id=item_id)
     if row["expired"]:

@@ -279,14 +279,14 @@ def test_paused_watcher_holds_its_rows_and_resume_sends_them_in_order(
     watcher = register(api, receiver.url("/hook"))
     path = f"/v1/tenants/acme/watchers/{watcher['watcher_id']}"
     items = [complete_one(api, payload=n) for n in range(4)]
-    paused = api.worker.post(f"{path}/pause", headers={"Idempotency-Key": "p1"})
+    paused = api.operator.post(f"{path}/pause", headers={"Idempotency-Key": "p1"})
     assert paused.json()["state"] == "paused"
     # Only active watchers subscribe: a transition during the pause records nothing for it.
     complete_one(api, payload="during the pause")
     assert len(rows(db)) == 4
     assert deliver(settings, database_url).claimed == 0
     assert receiver.hook_requests() == []
-    resumed = api.worker.post(f"{path}/resume", headers={"Idempotency-Key": "r1"})
+    resumed = api.operator.post(f"{path}/resume", headers={"Idempotency-Key": "r1"})
     assert resumed.json()["state"] == "active"
     assert deliver(settings, database_url).delivered == 4
     sent = [json.loads(r.body)["item"]["item_id"] for r in receiver.hook_requests()]

@@ -22,27 +22,27 @@ def test_registration_answers_the_secret_once_and_never_again(
     assert created["secret"].startswith("whsec_")
     assert created["events"] == ["item.completed", "item.enqueued"]
     assert created["queues"] == ["q"]
-    shown = api.worker.get(f"/v1/tenants/acme/watchers/{created['watcher_id']}").json()
+    shown = api.operator.get(f"/v1/tenants/acme/watchers/{created['watcher_id']}").json()
     assert "secret" not in shown
     assert shown["deliveries"] == {"pending": 0, "delivered": 0, "dead": 0, "cancelled": 0}
-    listed = api.worker.get("/v1/tenants/acme/watchers").json()["watchers"]
+    listed = api.operator.get("/v1/tenants/acme/watchers").json()["watchers"]
     assert [w["watcher_id"] for w in listed] == [created["watcher_id"]]
     assert all("secret" not in w for w in listed)
 
 
 def test_registration_is_idempotent_by_key(api: Api, receiver: ModeReceiver) -> None:
     body = {"url": receiver.url("/hook"), "events": ["item.completed"]}
-    first = api.worker.post(
+    first = api.operator.post(
         "/v1/tenants/acme/watchers", json=body, headers={"Idempotency-Key": "k"}
     )
-    again = api.worker.post(
+    again = api.operator.post(
         "/v1/tenants/acme/watchers", json=body, headers={"Idempotency-Key": "k"}
     )
     assert first.status_code == again.status_code == 201
     assert again.headers["Idempotent-Replayed"] == "true"
     assert again.json()["watcher_id"] == first.json()["watcher_id"]
-    assert len(api.worker.get("/v1/tenants/acme/watchers").json()["watchers"]) == 1
-    missing = api.worker.post("/v1/tenants/acme/watchers", json=body)
+    assert len(api.operator.get("/v1/tenants/acme/watchers").json()["watchers"]) == 1
+    missing = api.operator.post("/v1/tenants/acme/watchers", json=body)
     assert missing.status_code == 400
     assert missing.json()["code"] == "idempotency-key-required"
 
@@ -131,7 +131,7 @@ def test_deliveries_list_shows_key_attempts_schedule_outcome_and_receipts(
     complete_one(api)
     deliver(settings, database_url)
     path = f"/v1/tenants/acme/watchers/{watcher['watcher_id']}/deliveries"
-    page = api.worker.get(path, params={"limit": 1}).json()
+    page = api.operator.get(path, params={"limit": 1}).json()
     [first] = page["deliveries"]
     assert first["delivery_key"].startswith("msg_")
     assert first["attempts"] == 1
@@ -139,11 +139,11 @@ def test_deliveries_list_shows_key_attempts_schedule_outcome_and_receipts(
     assert first["next_attempt_at"] is not None
     assert first["last_outcome"]["status"] == 500
     assert first["receipts"][0]["status"] == 500
-    rest = api.worker.get(path, params={"cursor": page["next_cursor"]}).json()
+    rest = api.operator.get(path, params={"cursor": page["next_cursor"]}).json()
     assert len(rest["deliveries"]) == 1
     assert rest["next_cursor"] is None
-    assert api.worker.get(path, params={"state": "delivered"}).json()["deliveries"] == []
-    one = api.worker.get(f"/v1/tenants/acme/deliveries/{first['delivery_id']}").json()
+    assert api.operator.get(path, params={"state": "delivered"}).json()["deliveries"] == []
+    one = api.operator.get(f"/v1/tenants/acme/deliveries/{first['delivery_id']}").json()
     assert one["delivery_key"] == first["delivery_key"]
 
 

@@ -1,0 +1,23 @@
+"""The per-process memory of queues near their concurrency limit is bounded."""
+
+from __future__ import annotations
+
+from queue_server.services.items import Items
+from tests.conftest import Api, LiveServer
+
+
+def test_queues_near_their_limit_are_remembered_but_only_so_many(
+    api: Api, live: LiveServer
+) -> None:
+    items: Items = live.app.state.services.items
+    items.near_limit.max_entries = 8
+    for n in range(20):
+        # A queue without a spend approval (limit 1) is always near its limit.
+        api.enqueue(f"q{n}")
+        assert len(api.acquire(f"q{n}")) == 1
+    assert len(items.near_limit) == 8
+    assert items.near_limit.recent("acme", "q19")
+    assert not items.near_limit.recent("acme", "q0")
+    # Forgotten or remembered, the limit holds: the queue's one lease is taken.
+    api.enqueue("q0")
+    assert api.acquire("q0") == []
