@@ -123,21 +123,27 @@ async def replay_queue(request: Request, tenant: str, queue: str) -> Response:
     body = BulkReplayIn()
     rest_path = f"/v1/tenants/{tenant}/queues/{queue}/dead-letters:replay"
     idem = web.idempotency_for(form, rest_path=rest_path, body=body.model_dump(mode="json"))
-    answer = await web.services(request).dead_letters.replay_queue(
-        session.principal,
-        tenant,
-        queue,
-        idem,
-        instance=rest_path,
-        limit=body.limit,
-        max_acquisitions=body.max_acquisitions,
-    )
     target = web.back(request, form, web.tenant_path(tenant, "dead-letters", queue=queue))
+    try:
+        answer = await web.services(request).dead_letters.replay_queue(
+            session.principal,
+            tenant,
+            queue,
+            idem,
+            instance=rest_path,
+            limit=body.limit,
+            max_acquisitions=body.max_acquisitions,
+        )
+    except errors.BacklogCapReachedError as exc:
+        return web.redirect(request, target, f"Nothing replayed: {exc.detail}", "error")
     if answer.problem:
         return web.redirect(request, target, web.problem_text(answer), "error")
     done = web.answer_body(answer)
     text = f"Replayed {done['replayed']} of {queue}'s dead letters"
     text += f", skipped {done['skipped']}; {done['remaining']} still open."
+    if done["over_cap"]:
+        text += f" {done['over_cap']} did not fit: the tenant's backlog cap is reached."
+        return web.redirect(request, target, text, "error")
     return web.redirect(request, target, text)
 
 
@@ -161,14 +167,18 @@ async def act(request: Request, tenant: str, action: Literal["replay", "discard"
                 body=replay_body.model_dump(mode="json"),
                 suffix=dead_letter_id,
             )
-            answer = await operators.replay(
-                session.principal,
-                tenant,
-                dead_letter_id,
-                idem,
-                instance=rest_path,
-                max_acquisitions=replay_body.max_acquisitions,
-            )
+            try:
+                answer = await operators.replay(
+                    session.principal,
+                    tenant,
+                    dead_letter_id,
+                    idem,
+                    instance=rest_path,
+                    max_acquisitions=replay_body.max_acquisitions,
+                )
+            except errors.BacklogCapReachedError as exc:
+                refused.append(f"{dead_letter_id[:8]}… {exc.detail}")
+                continue
         else:
             discard_body = web.body_of(DiscardIn, reason=web.form_text(form, "reason"))
             idem = web.idempotency_for(
