@@ -122,6 +122,7 @@ class Environment:
         self.server_workers = server_workers
         self.keep = keep
         self.root = Path(tempfile.mkdtemp(prefix="qs-bench-"))
+        self.root.chmod(0o711)  # as root, PostgreSQL's system user traverses to its data
         self.pg = EmbeddedPostgres(self.root / "pgdata")
         self.port = free_port()
         self.base_url = f"http://{HOST}:{self.port}"

@@ -7,6 +7,7 @@ complete it guarded by state, holder, fence and lease expiry.
 
 from __future__ import annotations
 
+import os
 import re
 import resource
 import subprocess
@@ -111,6 +112,7 @@ def run(pg: EmbeddedPostgres, *, clients: int, seconds: int, workdir: Path) -> P
         text=True,
         check=False,
         timeout=seconds + 60,
+        env={**os.environ, "PGPASSFILE": str(pg.password_file)},
     )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     output = completed.stdout + completed.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from pathlib import Path
 from typing import Literal
@@ -14,10 +15,18 @@ from queue_server.policy.errors import PolicyError
 from queue_server.policy.model import ReliabilityPolicy
 from queue_server.policy.runtime import at_most
 
+# As root, PostgreSQL runs as a system user, which cannot reach into root's home.
+ROOT_DATA_DIR = Path("/var/lib/queue-server")
+
 
 def default_data_dir() -> Path:
-    """Where the embedded PostgreSQL and the admin key live unless told otherwise."""
-    return Path(platformdirs.user_data_dir("queue-server"))
+    """Where the embedded PostgreSQL and the admin key live unless told otherwise: the user's
+    data directory, or /var/lib/queue-server as root (one made by an older version under
+    root's home is still used while it is there)."""
+    home = Path(platformdirs.user_data_dir("queue-server"))
+    if os.geteuid() != 0 or ((home / "pgdata").exists() and not ROOT_DATA_DIR.exists()):
+        return home
+    return ROOT_DATA_DIR
 
 
 class Settings(BaseSettings):

@@ -108,6 +108,7 @@ class Cluster:
         of the embedded one's; ``api_prefix``: a command the API runs under (``faketime``)."""
         self.name = name
         self.root = Path(tempfile.mkdtemp(prefix=f"qs-rel-{name}-"))
+        self.root.chmod(0o711)  # as root, PostgreSQL's system user traverses to its data
         settings = {"fsync": "off", "max_connections": "200", **(pg_settings or {})}
         self.pg = EmbeddedPostgres(
             self.root / "pgdata", tcp_port=free_port(), server_settings=settings
@@ -117,7 +118,8 @@ class Cluster:
         self.api_prefix = list(api_prefix)
         self.api_port = free_port()
         self.base_url = f"http://{HOST}:{self.api_port}"
-        self.db_url = f"postgresql://postgres@{HOST}:{self.pg.port}/{DATABASE_NAME}"
+        # Over TCP, with the password from the cluster's own passfile.
+        self.db_url = self.pg.tcp_url(DATABASE_NAME, HOST)
         self.api_env = dict(api_env or {})
         self.api_log = self.root / "api.log"
         self.api_proc: subprocess.Popen[bytes] | None = None

