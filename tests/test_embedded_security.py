@@ -237,3 +237,18 @@ def test_programs_the_server_user_cannot_reach_are_copied_beside_the_data_direct
         assert len(copies) == 1
     finally:
         pg.stop("immediate")
+
+
+def test_as_root_the_default_data_directory_is_one_the_server_user_can_reach(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from queue_server import settings
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(settings, "ROOT_DATA_DIR", tmp_path / "var-lib")
+    assert settings.default_data_dir() == tmp_path / "var-lib"
+    # An older version's data directory under root's home is kept while it is there.
+    (tmp_path / "home" / "queue-server" / "pgdata").mkdir(parents=True)
+    assert settings.default_data_dir() == tmp_path / "home" / "queue-server"
+    (tmp_path / "var-lib").mkdir()
+    assert settings.default_data_dir() == tmp_path / "var-lib"
