@@ -136,7 +136,8 @@ class Bed:
     def _start_pgbouncer(self) -> None:
         conf = self.root / "pgbouncer"
         conf.mkdir(mode=0o755)
-        (conf / "userlist.txt").write_text('"postgres" ""\n')
+        # PgBouncer proves the password to PostgreSQL (SCRAM): it keeps it, like the passfile.
+        (conf / "userlist.txt").write_text(f'"postgres" "{self.pg.password}"\n')
         (conf / "pgbouncer.ini").write_text(
             f"""[databases]
 {DATABASE_NAME} = host={self.pg.socket_dir} port={self.pg.port} dbname={DATABASE_NAME}
@@ -152,9 +153,11 @@ default_pool_size = 40
 max_client_conn = 1000
 """
         )
-        for path in conf.iterdir():
-            path.chmod(0o644)
         user = pwd.getpwnam(SYSTEM_USER) if os.geteuid() == 0 else None
+        for path in conf.iterdir():
+            path.chmod(0o600)
+            if user is not None:
+                os.chown(path, user.pw_uid, user.pw_gid)
         with (self.root / "pgbouncer.log").open("wb") as log:
             self.bouncer = subprocess.Popen(
                 [shutil.which("pgbouncer") or "/usr/sbin/pgbouncer", str(conf / "pgbouncer.ini")],

@@ -64,6 +64,7 @@ class NearLimit:
         del self._since[(tenant, queue)]
         return False
 
+
 # While the listener is down, a waiting acquire looks at its queue this often, so it
 # still wakes within a second of an enqueue.
 LISTENER_DOWN_POLL_INTERVAL = 0.5
