@@ -43,11 +43,14 @@ def create_app(
     metrics = Metrics()
     db = Database.for_api(settings, database_url)
     db.on_unavailable = lambda cause: metrics.database_unavailable.labels(cause).inc()
-    keys = Keys(db)
+    keys = Keys(db, trust_window=settings.key_cache_trust)
     notifier = Notifier(
         settings.listen_url(database_url),
+        # Probes come often enough that a healthy listener always vouches for the key cache.
+        probe_interval=settings.key_cache_trust / 3,
         on_keys_changed=keys.keys_changed,
         on_disconnect=metrics.listener_disconnects.inc,
+        on_alive=keys.listener_alive,
     )
     services = Services.build(
         settings, db, keys=keys, wakeups=notifier, metrics=metrics, policy=policy

@@ -48,6 +48,11 @@ class Settings(BaseSettings):
     # A direct session to the primary for LISTEN (wake-ups, key revocation); through
     # HAProxy in a Patroni setup. Empty: DATABASE_URL (not allowed through a pooler).
     listen_database_url: str = ""
+    # Seconds the notification listener's last sign of life (a notification or an
+    # answered probe, sent every third of this) vouches for the per-process key cache:
+    # with the listener half-open, a key revoked elsewhere is refused here after at
+    # most this long.
+    key_cache_trust: float = Field(default=5.0, gt=0, le=30)
     # Prepare every statement (generic plans). Default: on, unless through a transaction
     # pooler (PgBouncer before 1.21 cannot keep prepared statements).
     prepared_statements: bool | None = None

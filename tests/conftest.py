@@ -48,8 +48,14 @@ def pg() -> Iterator[EmbeddedPostgres]:
     root = Path(tempfile.mkdtemp(prefix="qs-test-pg-"))
     # As root, PostgreSQL runs as a system user that must traverse to its data directory.
     root.chmod(0o711)
+    # A TCP port too (loopback, password required): for tests that put a proxy in between.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        tcp_port = probe.getsockname()[1]
     server = EmbeddedPostgres(
-        root / "data", server_settings={"max_connections": "300", "fsync": "off"}
+        root / "data",
+        tcp_port=tcp_port,
+        server_settings={"max_connections": "300", "fsync": "off"},
     )
     server.start()
     yield server

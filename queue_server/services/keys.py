@@ -12,7 +12,7 @@ from typing import Any
 from queue_server import auth, errors, views
 from queue_server.db import Database
 from queue_server.idempotency import Answer
-from queue_server.infra.keycache import KeyCache
+from queue_server.infra.keycache import TRUST_WINDOW, KeyCache
 from queue_server.models import Role
 from queue_server.services.common import require_tenant
 from queue_server.store import tenants
@@ -21,18 +21,25 @@ from queue_server.store import tenants
 class Keys:
     """Authenticates every request; creates and revokes the keys it checks."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, *, trust_window: float = TRUST_WINDOW) -> None:
         self.db = db
-        self.cache = KeyCache()
+        self.cache = KeyCache(trust_window)
 
     def keys_changed(self, listening: bool) -> None:
         """A key was revoked somewhere, or the notification listener (dis)connected.
 
-        The cache is only used while the listener is connected: without it a
-        revocation in another process could go unseen.
+        The cache is only used while the listener is connected (and lately heard
+        from, see `listener_alive`): without it a revocation in another process
+        could go unseen.
         """
         self.cache.clear()
         self.cache.enabled = listening
+        if listening:
+            self.cache.alive()
+
+    def listener_alive(self) -> None:
+        """The listener delivered a notification or answered a probe just now."""
+        self.cache.alive()
 
     async def authenticate(self, authorization: str | None) -> auth.Principal:
         key_id = auth.parse_bearer(authorization)

@@ -10,7 +10,9 @@ capped exponential backoff and jitter, LISTENs again, and wakes every waiter so 
 re-reads its queue (notifications sent while nobody listened are lost). While it is
 down, waiters poll instead and the key cache is off, so a revocation still takes
 effect at once. A session gone silent (a host lost without a FIN) is found by a probe
-after `probe_interval` of quiet, and by TCP keepalives.
+every `probe_interval`, and by TCP keepalives; each notification and each answered
+probe is reported to `on_alive`, which is what the key cache's trust rests on (see
+`infra/keycache.py`): a half-open session stops vouching for it within its trust window.
 """
 
 from __future__ import annotations
@@ -41,9 +43,11 @@ class Notifier:
         probe_interval: float = 10.0,
         on_keys_changed: Callable[[bool], None] | None = None,
         on_disconnect: Callable[[], None] | None = None,
+        on_alive: Callable[[], None] | None = None,
     ) -> None:
         self._conninfo = conninfo
         self._on_keys_changed = on_keys_changed or (lambda listening: None)
+        self._on_alive = on_alive or (lambda: None)
         self._on_disconnect = on_disconnect or (lambda: None)
         self._min_backoff = min_backoff
         self._max_backoff = max_backoff
@@ -101,6 +105,8 @@ class Notifier:
                     keepalives=1,
                     keepalives_idle=10,
                     keepalives_interval=3,
+                    keepalives_count=3,
+                    connect_timeout=5,
                 )
                 async with conn:
                     await conn.execute(LISTEN_READY)
@@ -128,12 +134,31 @@ class Notifier:
             backoff = min(backoff * 2, self._max_backoff)
 
     async def _listen(self, conn: psycopg.AsyncConnection[object]) -> None:
-        """Dispatch notifications; after each quiet `probe_interval`, check the session."""
+        """Dispatch notifications; every `probe_interval`, check the session answers."""
         while True:
             async for notification in conn.notifies(timeout=self._probe_interval):
                 if notification.channel == KEYS_CHANNEL:
                     self._on_keys_changed(True)
                 else:
                     self._wake(notification.payload)
-            # Quiet for a while: a session whose server vanished would stay quiet forever.
-            await asyncio.wait_for(conn.execute(LISTENER_PROBE), self._probe_interval)
+                self._on_alive()
+            # A session whose server vanished would stay quiet forever: it must answer.
+            await self._probe(conn)
+            self._on_alive()
+
+    async def _probe(self, conn: psycopg.AsyncConnection[object]) -> None:
+        """The session answers a probe within `probe_interval`, or is closed (TimeoutError).
+
+        Not `wait_for(execute)`: cancelling a query makes psycopg cancel it on the server
+        too, over a new connection to the same unreachable place, for up to 10 s more.
+        """
+        probe = asyncio.ensure_future(conn.execute(LISTENER_PROBE))
+        done, _ = await asyncio.wait({probe}, timeout=self._probe_interval)
+        if probe in done:
+            probe.result()
+            return
+        await conn.close()  # the socket first: the pending probe then has nothing to cancel
+        probe.cancel()
+        with contextlib.suppress(asyncio.CancelledError, psycopg.Error):
+            await probe
+        raise TimeoutError(f"the listener's probe got no answer in {self._probe_interval:.1f}s")
