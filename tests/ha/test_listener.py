@@ -26,7 +26,7 @@ def listener_role(pg: EmbeddedPostgres) -> Iterator[str]:
     """A role of its own for the listener, so its logins can be refused."""
     role = f"qs_listener_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(pg.url(), autocommit=True, row_factory=dict_row) as conn:
-        conn.execute(f"CREATE ROLE {role} LOGIN")
+        conn.execute(f"CREATE ROLE {role} LOGIN PASSWORD '{role}'")
         yield role
         conn.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (role,)
@@ -36,7 +36,9 @@ def listener_role(pg: EmbeddedPostgres) -> Iterator[str]:
 
 @pytest.fixture
 def settings(tmp_path: object, database_url: str, listener_role: str) -> Settings:
-    listen = database_url.replace("postgresql://postgres@", f"postgresql://{listener_role}@", 1)
+    listen = database_url.replace(
+        "postgresql://postgres@", f"postgresql://{listener_role}:{listener_role}@", 1
+    )
     # The default poll interval: the bound a waiting acquire must meet without the listener.
     return Settings(data_dir=tmp_path, listen_database_url=listen, lock_timeout_ms=2000)
 

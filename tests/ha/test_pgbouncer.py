@@ -53,7 +53,8 @@ def pgbouncer(pgbouncer_bin: str, pg: EmbeddedPostgres) -> Iterator[int]:
     port = _free_port()
     # Not under pytest's tmp_path: PgBouncer's user must be able to read its config.
     root = Path(tempfile.mkdtemp(prefix="qs-pgbouncer-"))
-    (root / "userlist.txt").write_text('"postgres" ""\n')
+    # PgBouncer proves the server's password (SCRAM) on the clients' behalf.
+    (root / "userlist.txt").write_text(f'"postgres" "{pg.password}"\n')
     (root / "pgbouncer.ini").write_text(
         f"""[databases]
 * = host={pg.socket_dir} port={pg.port}
@@ -69,10 +70,12 @@ default_pool_size = 2
 max_client_conn = 200
 """
     )
-    for path in (root, *root.iterdir()):
-        path.chmod(0o755 if path.is_dir() else 0o644)
     # PgBouncer refuses to run as root: as root, run it as the embedded server's user.
     user = pwd.getpwnam(SYSTEM_USER) if os.geteuid() == 0 else None
+    for path in (root, *root.iterdir()):
+        path.chmod(0o755 if path.is_dir() else 0o600)
+        if user is not None:
+            os.chown(path, user.pw_uid, user.pw_gid)
     with (root / "log").open("wb") as log:
         proc = subprocess.Popen(
             [pgbouncer_bin, str(root / "pgbouncer.ini")],
