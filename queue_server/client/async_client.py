@@ -32,6 +32,7 @@ from queue_server.client.client import (
 )
 from queue_server.client.durable import Checkpoint, ReceiptRecord, VerificationRun
 from queue_server.client.models import (
+    AdminKey,
     ApiKey,
     ApiKeyInfo,
     BatchEntry,
@@ -228,6 +229,15 @@ class AsyncQueueClient:
 
     async def revoke_key(self, key_id: str, tenant: str | None = None) -> None:
         await self.request("DELETE", f"/v1/tenants/{await self._tenant(tenant)}/keys/{key_id}")
+
+    async def create_admin_key(self) -> AdminKey:
+        """Another admin key (admin); the secret is shown once."""
+        response = await self.request("POST", "/v1/admin-keys")
+        return AdminKey.model_validate_json(response.content)
+
+    async def revoke_admin_key(self, key_id: str) -> None:
+        """Revoke an admin key at once (admin); the last active one cannot be."""
+        await self.request("DELETE", f"/v1/admin-keys/{key_id}")
 
     # -- work items ----------------------------------------------------------
 

@@ -3,6 +3,7 @@ never the last one; and `queue-server keys rotate-admin` on the server's machine
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from queue_server.client import AsyncQueueClient, QueueClient
 from queue_server.settings import Settings
 from tests.conftest import Api, LiveServer, client_for
 
@@ -135,3 +137,20 @@ def test_rotate_admin_writes_a_new_secret_0600_and_revokes_the_old_in_every_proc
         assert api.client(old).get("/v1/tenants/acme").status_code == 401
     assert api.client(newest).get("/v1/tenants/acme").status_code == 200
     assert sorted(p.name for p in data_dir.iterdir()) == ["admin.key"]
+
+
+def test_the_sdk_creates_and_revokes_admin_keys_sync_and_async(api: Api, admin_key: str) -> None:
+    with QueueClient(api.url, admin_key) as admin:
+        created = admin.create_admin_key()
+        assert created.role == "admin"
+        assert api.client(created.secret).get("/v1/tenants/acme").status_code == 200
+        admin.revoke_admin_key(created.key_id)
+        assert api.client(created.secret).get("/v1/tenants/acme").status_code == 401
+
+    async def twin() -> str:
+        async with AsyncQueueClient(api.url, admin_key) as admin:
+            made = await admin.create_admin_key()
+            await admin.revoke_admin_key(made.key_id)
+            return made.secret
+
+    assert api.client(asyncio.run(twin())).get("/v1/tenants/acme").status_code == 401
