@@ -30,7 +30,7 @@ def second(settings: Settings, database_url: str) -> Iterator[LiveServer]:
     server.stop()
 
 
-def _refused_within(client: httpx.Client, seconds: float = 0.5) -> bool:
+def _refused_within(client: httpx.Client, seconds: float = 2.0) -> bool:
     """The key is refused (401) on this server within `seconds` (a notification's trip)."""
     deadline = time.monotonic() + seconds
     while client.get("/v1/tenants/acme").status_code != 401:
