@@ -29,8 +29,8 @@ from queue_server import auth, errors, views
 from queue_server.db import Database
 from queue_server.idempotency import Answer, Effects, Idempotency
 from queue_server.infra.metrics import Metrics
-from queue_server.models import Role, uuid7_at
-from queue_server.services.common import require_tenant
+from queue_server.models import NAME_RE, Role, uuid7_at
+from queue_server.services.common import foreign_cursor, require_tenant
 from queue_server.services.items import Items, NewItem
 from queue_server.services.ticks import CatchUp, Timing, plan
 from queue_server.settings import Settings
@@ -162,6 +162,9 @@ class Schedules:
     ) -> Answer:
         """The tenant's schedules by name, each with its next fire times."""
         principal.require(tenant, Role.OPERATOR)
+        # The cursor is the last name of a page: anything else was not handed out here.
+        if cursor and NAME_RE.fullmatch(cursor) is None:
+            raise foreign_cursor()
         async with self.db.conn() as conn:
             await require_tenant(conn, tenant)
             rows = await schedules.list_schedules(
