@@ -36,6 +36,45 @@ from tests.conftest import Api
 Db = psycopg.Connection[dict[str, object]]
 
 
+def commit_waits(pg: EmbeddedPostgres, server: psycopg.Connection[tuple[object, ...]]) -> bool:
+    """Whether a COMMIT now waits for a standby: a probe transaction that writes WAL is
+    watched from `server` for its SyncRep wait, which is then cancelled (it commits locally)."""
+    with psycopg.connect(pg.url(), autocommit=True) as probe:
+        (pid,) = probe.execute("SELECT pg_backend_pid()").fetchone() or (0,)
+        probe.execute("BEGIN")
+        probe.execute("SELECT pg_logical_emit_message(true, 'qs-probe', '')")
+        commit = threading.Thread(target=probe.execute, args=("COMMIT",))
+        commit.start()
+        waited = False
+        deadline = time.monotonic() + 1.0
+        while commit.is_alive() and time.monotonic() < deadline:
+            row = server.execute(
+                "SELECT wait_event FROM pg_stat_activity WHERE pid = %s", (pid,)
+            ).fetchone()
+            if row is not None and row[0] == "SyncRep":
+                waited = True
+                break
+            time.sleep(0.02)
+        while commit.is_alive():
+            server.execute("SELECT pg_cancel_backend(%s)", (pid,))
+            commit.join(0.2)
+    return waited
+
+
+def until_commit_waits(
+    pg: EmbeddedPostgres,
+    server: psycopg.Connection[tuple[object, ...]],
+    expected: bool,
+    timeout: float = 30.0,
+) -> None:
+    """pg_reload_conf only signals: the checkpointer turns the standby wait on or off when it
+    gets to the signal, which takes a while on a loaded machine. Wait until it has."""
+    deadline = time.monotonic() + timeout
+    while commit_waits(pg, server) != expected:
+        assert time.monotonic() < deadline, f"COMMITs still {'do not ' if expected else ''}wait"
+        time.sleep(0.05)
+
+
 @contextlib.contextmanager
 def standby_missing(pg: EmbeddedPostgres) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
     """Every COMMIT with a transaction id waits for a standby until the block ends."""
@@ -43,10 +82,12 @@ def standby_missing(pg: EmbeddedPostgres) -> Iterator[psycopg.Connection[tuple[o
         server.execute("ALTER SYSTEM SET synchronous_standby_names = 'qs_missing_standby'")
         server.execute("SELECT pg_reload_conf()")
         try:
+            until_commit_waits(pg, server, True)
             yield server
         finally:
             server.execute("ALTER SYSTEM RESET synchronous_standby_names")
             server.execute("SELECT pg_reload_conf()")
+            until_commit_waits(pg, server, False)
 
 
 def waiting_for_standby(db: Db) -> set[int]:
