@@ -70,6 +70,8 @@ def served() -> Iterator[Served]:
     # Not under pytest's basetemp, whose 0700 parents the database's own user cannot cross
     # (the session database in tests/conftest.py lives in a mkdtemp directory too).
     home = Path(tempfile.mkdtemp(prefix="qs-guide-home-"))
+    # As root, PostgreSQL runs as a system user that must traverse to its data directory.
+    home.chmod(0o711)
     port = _free_port()
     assert port != 8080
     env = {
@@ -81,6 +83,10 @@ def served() -> Iterator[Served]:
         # The webhooks guide starts its server so; the others do not mind.
         "QUEUE_SERVER_TRANSPORT_ALLOW": '["127.0.0.1"]',
     }
+    if os.geteuid() == 0:
+        # Root's default is /var/lib/queue-server (shared by every run on the machine); the
+        # README says to read it wherever the guides say ~/.local/share/queue-server.
+        env["QUEUE_SERVER_DATA_DIR"] = str(home / ".local" / "share" / "queue-server")
     proc = subprocess.Popen(
         ["make", "--no-print-directory", "serve", f"ARGS=--port {port}"],
         cwd=REPO,

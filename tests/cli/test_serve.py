@@ -198,11 +198,11 @@ def test_the_image_commands_run_on_an_external_database_without_embedded_postgre
 
 
 @pytest.mark.slow
-def test_metrics_add_up_every_worker_process(tmp_path: Path) -> None:
+def test_metrics_add_up_every_worker_process(open_dir: Path) -> None:
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "QUEUE_SERVER_DATABASE_URL"}
     proc = subprocess.Popen(
-        [str(BIN), "serve", "--port", str(port), "--data-dir", str(tmp_path), "--workers", "2"],
+        [str(BIN), "serve", "--port", str(port), "--data-dir", str(open_dir), "--workers", "2"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
