@@ -85,6 +85,7 @@ def _payloads(receiver: ModeReceiver) -> list[object]:
 def own_pg() -> Iterator[EmbeddedPostgres]:
     """A PostgreSQL of this test's own, to kill and start again."""
     root = Path(tempfile.mkdtemp(prefix="qs-test-own-pg-"))
+    root.chmod(0o711)  # as root, PostgreSQL's system user traverses to its data
     server = EmbeddedPostgres(root / "data", server_settings={"fsync": "off"})
     server.start()
     yield server
