@@ -153,27 +153,58 @@ async def get_delivery(conn: Conn, *, tenant: str, delivery_id: str) -> Row | No
     return await fetch_one(conn, _GET_DELIVERY, {"tenant": tenant, "delivery_id": delivery_id})
 
 
+# Claims are taken one deliverer at a time (this lock, held to the claim's commit), so
+# the claim statement's count of the deliveries in flight includes every other claim.
+_LOCK_CLAIMS = _SQL(
+    "lock_claims",
+    "SELECT pg_advisory_xact_lock(hashtext('queue-server-deliveries-in-flight'))",
+)
+
 # The attempt's number and the instant of the next one are committed before the
 # request is sent: a deliverer that dies mid-attempt leaves the row due again at the
 # persisted instant (or at its claim's expiry, whichever is later), never earlier.
+# One watcher's claimed rows go out one at a time, and a watcher with a claimed row gets
+# no other claim until it is recorded; so the requests in flight are the watchers with
+# claimed rows (claim not expired), of every deliverer: a claim keeps them at most
+# %(concurrency)s, taking the due rows of the first watchers in due order.
 _CLAIM = _SQL(
     "claim",
     """
-WITH due AS (
-    -- SKIP LOCKED: a row another deliverer is claiming right now is not ours.
-    SELECT o.tenant_id, o.delivery_id, o.next_attempt_at, o.due_at, o.last_attempt_at
+WITH in_flight AS MATERIALIZED (
+    SELECT DISTINCT tenant_id, watcher_id FROM outbox_deliveries
+    WHERE state = 'pending' AND claim_token IS NOT NULL
+      AND claimed_until > statement_timestamp()
+), candidates AS (
+    SELECT o.tenant_id, o.delivery_id, o.watcher_id,
+           row_number() OVER (ORDER BY o.due_at, o.seq) AS pos
     FROM outbox_deliveries o
     WHERE o.state = 'pending' AND o.due_at <= statement_timestamp()
       AND o.deadline_from > statement_timestamp() - make_interval(secs => %(deadline)s)
       AND EXISTS (SELECT 1 FROM watchers w
                   WHERE w.tenant_id = o.tenant_id AND w.watcher_id = o.watcher_id
                     AND w.state = 'active')
+      AND NOT EXISTS (SELECT 1 FROM in_flight f
+                      WHERE f.tenant_id = o.tenant_id AND f.watcher_id = o.watcher_id)
+      AND o.delivery_id <> ALL(%(exclude)s::uuid[])
     ORDER BY o.due_at, o.seq
     LIMIT %(limit)s
+), ranked AS (
+    -- watcher_rank: the watcher's rank among the claim's watchers, in due order.
+    SELECT r.tenant_id, r.delivery_id, dense_rank() OVER (ORDER BY r.first_pos) AS watcher_rank
+    FROM (SELECT c.*, min(c.pos) OVER (PARTITION BY c.tenant_id, c.watcher_id) AS first_pos
+          FROM candidates c) r
+), due AS (
+    -- SKIP LOCKED: a row being recorded or cancelled right now is not ours.
+    SELECT o.tenant_id, o.delivery_id, o.next_attempt_at, o.due_at, o.last_attempt_at
+    FROM outbox_deliveries o
+    JOIN ranked r ON r.tenant_id = o.tenant_id AND r.delivery_id = o.delivery_id
+    WHERE r.watcher_rank <= %(concurrency)s - (SELECT count(*) FROM in_flight)
+      AND o.state = 'pending' AND o.due_at <= statement_timestamp()
     FOR UPDATE OF o SKIP LOCKED
 ), claimed AS (
     UPDATE outbox_deliveries o
     SET attempts = o.attempts + 1,
+        -- A watcher's rows go out one after another: recording one renews the next ones'.
         claim_token = %(token)s, claimed_until = statement_timestamp() + %(lease)s,
         last_attempt_at = statement_timestamp(),
         next_attempt_at = statement_timestamp()
@@ -205,15 +236,26 @@ async def claim(
     conn: Conn,
     *,
     limit: int,
+    concurrency: int,
     token: str,
     lease: timedelta,
     delays: list[float],
     deadline: float,
+    exclude: list[str] | None = None,
 ) -> list[Row]:
     """pending, due and within its deadline, watcher active -> claimed as attempt n + 1,
-    next instant persisted; each row carries `deadline_in`, the seconds its deadline leaves."""
+    next instant persisted; each row carries `deadline_in`, the seconds its deadline leaves.
+
+    At most `limit` rows, none of a watcher that has one in flight (claimed by any
+    deliverer, not yet recorded, claim not expired), none in `exclude` (delivery ids),
+    and of so many watchers that at most `concurrency` have rows in flight. Run inside a
+    transaction: the claims of all deliverers are serialized by an advisory lock.
+    """
+    await conn.execute(_LOCK_CLAIMS)
     params = {
+        "exclude": exclude or [],
         "limit": limit,
+        "concurrency": concurrency,
         "token": token,
         "lease": lease,
         "delays": delays,
@@ -305,6 +347,15 @@ WITH upd AS (
     SELECT tenant_id, 'delivery', item_id, delivery_id, queue, %(reason)s, last_outcome,
            statement_timestamp()
     FROM upd WHERE state = 'dead'
+), renewed AS (
+    -- The watcher's next rows of this claim go out after this one: their claims run on.
+    UPDATE outbox_deliveries o
+    SET claimed_until = statement_timestamp() + %(lease)s,
+        due_at = greatest(o.due_at, statement_timestamp() + %(lease)s)
+    FROM upd
+    WHERE o.tenant_id = upd.tenant_id AND o.watcher_id = upd.watcher_id
+      AND o.claim_token = %(token)s AND o.state = 'pending'
+      AND o.delivery_id <> upd.delivery_id
 )
 SELECT * FROM upd
 """,
@@ -320,10 +371,13 @@ async def record(
     outcome: dict[str, Any],
     receipts: list[dict[str, Any]],
     omitted: int,
+    lease: timedelta,
     reason: str = "",
 ) -> Row | None:
-    """claimed -> delivered, pending (due at the persisted instant) or dead (+ dead letter)."""
+    """claimed -> delivered, pending (due at the persisted instant) or dead (+ dead letter);
+    the watcher's other rows of the claim, sent after it, keep their claims `lease` more."""
     params = {
+        "lease": lease,
         "tenant": row["tenant_id"],
         "delivery_id": row["delivery_id"],
         "token": token,

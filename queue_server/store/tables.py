@@ -396,6 +396,12 @@ outbox_deliveries = Table(
         "deadline_from",
         postgresql_where=text("state = 'pending'"),
     ),
+    # The deliveries in flight (claimed, not yet recorded), counted by every claim (0007).
+    Index(
+        "ix_outbox_deliveries_in_flight",
+        "claimed_until",
+        postgresql_where=text("state = 'pending' AND claim_token IS NOT NULL"),
+    ),
 )
 
 # Items that left the backlog (completed or quarantined), spread over shards so that

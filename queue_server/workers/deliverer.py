@@ -6,6 +6,14 @@ the attempt and persists the instant of the next one; only then does it send. So
 deliverer killed after sending leaves the row due again at the persisted instant
 (or when its claim expires), and the resend carries the same delivery key.
 
+Together, all deliverers keep at most the class's concurrency of requests in flight
+(`watcher-delivery/concurrency` of the loaded policy, or a lower
+QUEUE_SERVER_DELIVERY_CONCURRENCY). One watcher's claimed rows go out one at a time and
+a watcher with a claimed row gets no other claim, so a claim (serialized with every
+other deliverer's by an advisory lock) takes the rows of only so many watchers that the
+watchers with claimed rows stay within the bound. A row claimed by a deliverer that
+died counts until its claim expires.
+
 Each attempt is one broker run (`TransportBroker`): its own request and byte
 budget, the class's attempt timeout as the request timeout, and as its wall
 deadline what is left of the delivery's deadline (the class deadline counted from
@@ -37,11 +45,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import psycopg
@@ -189,6 +198,7 @@ class Deliverer:
         # Resolution and the request each get the attempt timeout; a claim outlives both.
         self.claim_lease = timedelta(seconds=2 * self.attempt_timeout + 1)
         self.db = Database.for_deliverer(settings, conninfo, concurrency=self.concurrency)
+        self._swept_at: float | None = None
 
     async def open(self, *, wait: bool = True) -> None:
         """Open the pool; with `wait`, fail unless the database answers now."""
@@ -245,28 +255,23 @@ class Deliverer:
                 await asyncio.wait_for(stop.wait(), pause)
 
     async def run_once(self) -> RunReport:
-        """Move overdue rows to dead, claim a batch of due rows and send each one."""
+        """Move overdue rows to dead (at most once per poll interval), then claim due rows
+        within the bound on deliveries in flight and send them: each time a watcher's rows
+        are done, claim again, until the run has claimed `delivery_batch_size` rows."""
         token = str(uuid.uuid4())
         report = RunReport()
-        async with self.db.conn() as conn:
-            report.expired = await outbox.expire(conn, deadline=self.deadline, limit=EXPIRE_BATCH)
-            rows = await outbox.claim(
-                conn,
-                limit=self.settings.delivery_batch_size,
-                token=token,
-                lease=self.claim_lease,
-                delays=self.delays,
-                deadline=self.deadline,
-            )
-        report.claimed = len(rows)
-        if self.on_claimed is not None:
-            self.on_claimed(rows)
-        # One watcher's rows go out one after another, in creation order.
-        groups: dict[tuple[str, str], list[Row]] = {}
-        for row in rows:
-            groups.setdefault((row["tenant_id"], str(row["watcher_id"])), []).append(row)
+        now = time.monotonic()
+        if self._swept_at is None or now - self._swept_at >= self.settings.delivery_poll_interval:
+            # Overdue rows are swept once per poll interval, not by every busy run.
+            async with self.db.conn() as conn:
+                report.expired = await outbox.expire(
+                    conn, deadline=self.deadline, limit=EXPIRE_BATCH
+                )
+            self._swept_at = now
         gate = asyncio.Semaphore(self.concurrency)
-        away: list[DatabaseAwayError] = []
+        away: list[Exception] = []
+        sending: set[asyncio.Task[None]] = set()
+        claimed: list[str] = []
 
         async def send_group(group: list[Row]) -> None:
             async with gate:
@@ -292,7 +297,52 @@ class Deliverer:
                         # The watcher is disabled and its other rows were cancelled.
                         return
 
-        await asyncio.gather(*(send_group(g) for g in groups.values()))
+        async def claim(limit: int) -> None:
+            async with self._tx() as conn:
+                rows = await outbox.claim(
+                    conn,
+                    limit=limit,
+                    concurrency=self.concurrency,
+                    token=token,
+                    lease=self.claim_lease,
+                    delays=self.delays,
+                    deadline=self.deadline,
+                    # A run sends each row at most once.
+                    exclude=claimed,
+                )
+            report.claimed += len(rows)
+            claimed.extend(str(row["delivery_id"]) for row in rows)
+            if self.on_claimed is not None:
+                self.on_claimed(rows)
+            # One watcher's rows go out one after another, in creation order (and a claim
+            # never takes a row of a watcher that has one in flight).
+            groups: dict[tuple[str, str], list[Row]] = {}
+            for row in rows:
+                groups.setdefault((row["tenant_id"], str(row["watcher_id"])), []).append(row)
+            for group in groups.values():
+                sending.add(asyncio.create_task(send_group(group)))
+
+        await claim(self.settings.delivery_batch_size)
+        try:
+            while sending:
+                done, _ = await asyncio.wait(sending, return_when=asyncio.FIRST_COMPLETED)
+                sending.difference_update(done)
+                for task in done:
+                    if task.exception() is not None:
+                        away.append(cast(Exception, task.exception()))
+                room = self.settings.delivery_batch_size - report.claimed
+                if room > 0 and not away and not report.released:
+                    try:
+                        await claim(room)
+                    except DatabaseAwayError as exc:
+                        away.append(exc)
+        finally:
+            # Cancelled (the deliverer stops at once): each delivery in flight returns its
+            # row to the outbox before the run ends.
+            for task in sending:
+                task.cancel()
+            if sending:
+                await asyncio.wait(sending)
         if away:
             raise away[0]
         return report
@@ -477,6 +527,7 @@ class Deliverer:
                 outcome=outcome,
                 receipts=kept,
                 omitted=omitted,
+                lease=self.claim_lease,
                 reason=reason,
             )
         if recorded is None:
@@ -512,6 +563,7 @@ class Deliverer:
                 outcome=outcome,
                 receipts=kept,
                 omitted=omitted,
+                lease=self.claim_lease,
             )
             if recorded is None:
                 report.lost += 1

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import psycopg
 import pytest
@@ -20,6 +25,7 @@ from tests.transport.receiver import Receiver, Seen
 Db = psycopg.Connection[dict[str, Any]]
 # The real schedule's shape, a thousand times faster: 0.03 s, 0.12 s, 0.48 s, 1.92 s.
 SCALE = 0.001
+BIN = Path(sys.executable).parent / "queue-server"
 
 
 class ModeReceiver(Receiver):
@@ -107,3 +113,47 @@ def rows(db: Db) -> list[dict[str, Any]]:
 def make_due(db: Db) -> None:
     """Let the clock jump: every pending row is due now."""
     db.execute("UPDATE outbox_deliveries SET due_at = now() WHERE state = 'pending'")
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+class DeliverProcess:
+    """`queue-server deliver` as a child process, its log in a file."""
+
+    def __init__(self, database_url: str, log: Path, **settings: str) -> None:
+        """`settings`: more QUEUE_SERVER_* variables, e.g. DELIVERY_BATCH_SIZE="4"."""
+        self.log = log
+        env = {
+            **os.environ,
+            "QUEUE_SERVER_DATABASE_URL": database_url,
+            "QUEUE_SERVER_TRANSPORT_ALLOW": '["127.0.0.1"]',
+            "QUEUE_SERVER_DELIVERY_BACKOFF_SCALE": str(SCALE),
+            "QUEUE_SERVER_DELIVERY_ATTEMPT_TIMEOUT": "1",
+            "QUEUE_SERVER_DELIVERY_POLL_INTERVAL": "0.1",
+            **{f"QUEUE_SERVER_{name}": value for name, value in settings.items()},
+        }
+        self._out: IO[bytes] = log.open("wb")
+        self.proc = subprocess.Popen(
+            [str(BIN), "deliver"], env=env, stdout=self._out, stderr=subprocess.STDOUT
+        )
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        self._out.close()

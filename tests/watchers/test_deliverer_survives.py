@@ -4,17 +4,12 @@ events without a restart."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
 
 import httpx
 import psycopg
@@ -25,51 +20,15 @@ from queue_server.infra.embedded import EmbeddedPostgres
 from queue_server.settings import Settings
 from tests.conftest import Api, LiveServer, client_for, make_admin_key, setup_tenant
 
-from .conftest import SCALE, Db, ModeReceiver, complete_one, register, rows
-
-BIN = Path(sys.executable).parent / "queue-server"
-
-
-def _wait(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
-class Deliver:
-    """`queue-server deliver` as a child process, its log in a file."""
-
-    def __init__(self, database_url: str, log: Path) -> None:
-        self.log = log
-        env = {
-            **os.environ,
-            "QUEUE_SERVER_DATABASE_URL": database_url,
-            "QUEUE_SERVER_TRANSPORT_ALLOW": '["127.0.0.1"]',
-            "QUEUE_SERVER_DELIVERY_BACKOFF_SCALE": str(SCALE),
-            "QUEUE_SERVER_DELIVERY_ATTEMPT_TIMEOUT": "1",
-            "QUEUE_SERVER_DELIVERY_POLL_INTERVAL": "0.1",
-        }
-        self._out: IO[bytes] = log.open("wb")
-        self.proc = subprocess.Popen(
-            [str(BIN), "deliver"], env=env, stdout=self._out, stderr=subprocess.STDOUT
-        )
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def stop(self) -> None:
-        if self.alive():
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-        self._out.close()
+from .conftest import (
+    Db,
+    DeliverProcess,
+    ModeReceiver,
+    complete_one,
+    register,
+    rows,
+    wait_until,
+)
 
 
 def _payloads(receiver: ModeReceiver) -> list[object]:
@@ -145,24 +104,24 @@ def test_deliverer_outlives_a_killed_database_and_resumes_by_itself(
     settings = Settings(data_dir=tmp_path, poll_interval=0.2, transport_allow=["127.0.0.1"])
     server = LiveServer(settings, url)
     server.start()
-    deliverer = Deliver(url, tmp_path / "deliver.log")
+    deliverer = DeliverProcess(url, tmp_path / "deliver.log")
     try:
         with client_for(server.url, make_admin_key(settings, url)) as admin:
             api = setup_tenant(server.url, admin, "acme")
             register(api, receiver.url("/hook"))
             _complete(api, "before")
-            _wait(lambda: _payloads(receiver) == ["before"], "the first delivery")
+            wait_until(lambda: _payloads(receiver) == ["before"], "the first delivery")
 
             own_pg.stop("immediate")
-            _wait(lambda: "the database is" in deliverer.text(), "the deliverer's outage log")
+            wait_until(lambda: "the database is" in deliverer.text(), "the deliverer's outage log")
             time.sleep(1.0)
             assert deliverer.alive(), deliverer.text()
             own_pg.start()
 
             _complete(api, "after")
-            _wait(lambda: _payloads(receiver) == ["before", "after"], "the next delivery")
+            wait_until(lambda: _payloads(receiver) == ["before", "after"], "the next delivery")
             # The run that sent it logs the recovery once it has recorded the outcome.
-            _wait(lambda: "the database is back" in deliverer.text(), "the recovery log")
+            wait_until(lambda: "the database is back" in deliverer.text(), "the recovery log")
             assert deliverer.alive(), deliverer.text()
             log = deliverer.text()
             assert "retrying in" in log
@@ -188,17 +147,19 @@ def test_deliverer_outlives_reset_connections_and_an_error_in_one_delivery(
 ) -> None:
     broken = register(api, receiver.url("/hook?watcher=broken"))
     healthy = register(api, receiver.url("/hook?watcher=healthy"))
-    deliverer = Deliver(database_url, tmp_path / "deliver.log")
+    deliverer = DeliverProcess(database_url, tmp_path / "deliver.log")
     try:
         complete_one(api, payload=1)
-        _wait(lambda: sorted(map(str, _payloads(receiver))) == ["1", "1"], "the first deliveries")
+        wait_until(
+            lambda: sorted(map(str, _payloads(receiver))) == ["1", "1"], "the first deliveries"
+        )
 
         # Every connection of the deliverer reset under it.
-        _wait(lambda: bool(_deliverer_backends(db)), "the deliverer's connections")
+        wait_until(lambda: bool(_deliverer_backends(db)), "the deliverer's connections")
         for pid in _deliverer_backends(db):
             db.execute("SELECT pg_terminate_backend(%s)", (pid,))
         complete_one(api, payload=2)
-        _wait(lambda: _payloads(receiver).count(2) == 2, "the deliveries after the reset")
+        wait_until(lambda: _payloads(receiver).count(2) == 2, "the deliveries after the reset")
 
         # A signing secret that cannot be decoded makes signing raise inside the run.
         db.execute(
@@ -207,8 +168,8 @@ def test_deliverer_outlives_reset_connections_and_an_error_in_one_delivery(
         )
         complete_one(api, payload=3)
         complete_one(api, payload=4)
-        _wait(lambda: _payloads(receiver).count(4) == 1, "the healthy watcher's deliveries")
-        _wait(
+        wait_until(lambda: _payloads(receiver).count(4) == 1, "the healthy watcher's deliveries")
+        wait_until(
             lambda: (
                 [r["state"] for r in rows(db) if str(r["watcher_id"]) == broken["watcher_id"]][-2:]
                 == ["dead", "dead"]
@@ -246,7 +207,7 @@ def test_deliverer_outlives_reset_connections_and_an_error_in_one_delivery(
             (broken["watcher_id"],),
         )
         complete_one(api, payload=5)
-        _wait(lambda: _payloads(receiver).count(5) == 2, "both deliveries of the next event")
+        wait_until(lambda: _payloads(receiver).count(5) == 2, "both deliveries of the next event")
         assert deliverer.alive(), deliverer.text()
     finally:
         deliverer.stop()

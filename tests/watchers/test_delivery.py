@@ -313,8 +313,13 @@ def test_two_deliverers_never_send_one_row_at_once(
     async def race() -> list[RunReport]:
         async with Deliverer(small, database_url) as a, Deliverer(small, database_url) as b:
             reports: list[RunReport] = []
-            for _ in range(6):
-                reports += await asyncio.gather(a.run_once(), b.run_once())
+            for _ in range(20):
+                both = await asyncio.gather(a.run_once(), b.run_once())
+                # Together, never more in flight than the class's concurrency.
+                assert sum(r.claimed for r in both) <= a.policy.delivery.concurrency
+                reports += both
+                if not any(r.claimed for r in both):
+                    break
             return reports
 
     reports = asyncio.run(race())

@@ -17,22 +17,45 @@ LIMIT %(limit)s;
 SELECT tenant_id, delivery_id, seq, watcher_id, delivery_key, event, item_id, queue, state, attempts, next_attempt_at, due_at, last_attempt_at, last_outcome, receipts, receipts_omitted, created_at, updated_at, delivered_at, deadline_from FROM outbox_deliveries
 WHERE tenant_id = %(tenant)s AND delivery_id = %(delivery_id)s;
 
+-- name: lock_claims
+SELECT pg_advisory_xact_lock(hashtext('queue-server-deliveries-in-flight'));
+
 -- name: claim
-WITH due AS (
-    -- SKIP LOCKED: a row another deliverer is claiming right now is not ours.
-    SELECT o.tenant_id, o.delivery_id, o.next_attempt_at, o.due_at, o.last_attempt_at
+WITH in_flight AS MATERIALIZED (
+    SELECT DISTINCT tenant_id, watcher_id FROM outbox_deliveries
+    WHERE state = 'pending' AND claim_token IS NOT NULL
+      AND claimed_until > statement_timestamp()
+), candidates AS (
+    SELECT o.tenant_id, o.delivery_id, o.watcher_id,
+           row_number() OVER (ORDER BY o.due_at, o.seq) AS pos
     FROM outbox_deliveries o
     WHERE o.state = 'pending' AND o.due_at <= statement_timestamp()
       AND o.deadline_from > statement_timestamp() - make_interval(secs => %(deadline)s)
       AND EXISTS (SELECT 1 FROM watchers w
                   WHERE w.tenant_id = o.tenant_id AND w.watcher_id = o.watcher_id
                     AND w.state = 'active')
+      AND NOT EXISTS (SELECT 1 FROM in_flight f
+                      WHERE f.tenant_id = o.tenant_id AND f.watcher_id = o.watcher_id)
+      AND o.delivery_id <> ALL(%(exclude)s::uuid[])
     ORDER BY o.due_at, o.seq
     LIMIT %(limit)s
+), ranked AS (
+    -- watcher_rank: the watcher's rank among the claim's watchers, in due order.
+    SELECT r.tenant_id, r.delivery_id, dense_rank() OVER (ORDER BY r.first_pos) AS watcher_rank
+    FROM (SELECT c.*, min(c.pos) OVER (PARTITION BY c.tenant_id, c.watcher_id) AS first_pos
+          FROM candidates c) r
+), due AS (
+    -- SKIP LOCKED: a row being recorded or cancelled right now is not ours.
+    SELECT o.tenant_id, o.delivery_id, o.next_attempt_at, o.due_at, o.last_attempt_at
+    FROM outbox_deliveries o
+    JOIN ranked r ON r.tenant_id = o.tenant_id AND r.delivery_id = o.delivery_id
+    WHERE r.watcher_rank <= %(concurrency)s - (SELECT count(*) FROM in_flight)
+      AND o.state = 'pending' AND o.due_at <= statement_timestamp()
     FOR UPDATE OF o SKIP LOCKED
 ), claimed AS (
     UPDATE outbox_deliveries o
     SET attempts = o.attempts + 1,
+        -- A watcher's rows go out one after another: recording one renews the next ones'.
         claim_token = %(token)s, claimed_until = statement_timestamp() + %(lease)s,
         last_attempt_at = statement_timestamp(),
         next_attempt_at = statement_timestamp()
@@ -93,6 +116,15 @@ WITH upd AS (
     SELECT tenant_id, 'delivery', item_id, delivery_id, queue, %(reason)s, last_outcome,
            statement_timestamp()
     FROM upd WHERE state = 'dead'
+), renewed AS (
+    -- The watcher's next rows of this claim go out after this one: their claims run on.
+    UPDATE outbox_deliveries o
+    SET claimed_until = statement_timestamp() + %(lease)s,
+        due_at = greatest(o.due_at, statement_timestamp() + %(lease)s)
+    FROM upd
+    WHERE o.tenant_id = upd.tenant_id AND o.watcher_id = upd.watcher_id
+      AND o.claim_token = %(token)s AND o.state = 'pending'
+      AND o.delivery_id <> upd.delivery_id
 )
 SELECT * FROM upd;
 
