@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import json
+import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -194,12 +196,24 @@ def _finish_help(command: Any) -> None:
     """
     if not command.epilog:
         command.epilog = EXIT_CODES_HELP
+    if command.help:
+        command.help = unwrap(command.help)
     help_option = command.get_help_option(command.context_class(command))  # built once, kept
     for param in [*command.params, help_option]:
         if getattr(param, "is_flag", False):
             param.metavar = ""
     for sub in getattr(command, "commands", {}).values():
         _finish_help(sub)
+
+
+def unwrap(text: str) -> str:
+    """A docstring's paragraphs as flowing text: the terminal wraps them at its own width.
+
+    A line that starts with a space or a dash (an example's second line, a list item)
+    keeps its line break; paragraphs stay apart.
+    """
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(re.sub(r"\n(?=[^\s-])", " ", p) for p in paragraphs)
 
 
 def _from_data_dir(data_dir: Path | None, name: str) -> str | None:

@@ -28,7 +28,8 @@ from queue_server.cli.common import (
 KEY_ID_LENGTH = 16  # queue_server.auth.new_key: 8 random bytes, in hex
 
 app = CLI(
-    help="Create and revoke API keys (admin); rotate the admin key (on the server's machine).",
+    help="Create, list and revoke API keys (admin); rotate the admin key (on the server's"
+    " machine).",
     no_args_is_help=True,
 )
 

@@ -32,8 +32,9 @@ app = CLI(
     name="queue-server",
     help="""A durable work-queue and lease server on PostgreSQL.
 
-    Client commands connect with --url/--key, or QUEUE_SERVER_URL/QUEUE_SERVER_KEY,
-    or (on the server's machine) the embedded server's <data-dir>/admin.key.
+    Client commands connect with --url/--key, or QUEUE_SERVER_URL/QUEUE_SERVER_KEY;
+    on the server's machine, without either, they read the address and the admin key
+    that `queue-server serve` wrote to its data directory (server.url, admin.key).
     """,
     no_args_is_help=True,
     rich_markup_mode="rich",

@@ -24,8 +24,10 @@ def status(
     json: Json = False,
     wide: Wide = False,
 ) -> None:
-    """Per queue: its items by state, the oldest ready age, the concurrency in use;
-    the backlog against its cap; and who holds each lease, since when.
+    """Per queue: items by state, oldest ready age, concurrency; who holds each lease.
+
+    Also the tenant's backlog against its cap and its open dead letters; each lease
+    with its holder, since when and until when.
 
     Example: [bold]queue-server status --tenant acme[/bold]
     """

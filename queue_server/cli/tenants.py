@@ -33,7 +33,7 @@ from queue_server.client.models import Tenant
 NEW_MAX_ACQUISITIONS = 5
 NEW_LEASE_TTL = 30.0
 
-app = CLI(help="Create and inspect tenants (admin).", no_args_is_help=True)
+app = CLI(help="Create, update, list and show tenants (admin).", no_args_is_help=True)
 
 
 @app.command("put")

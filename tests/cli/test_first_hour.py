@@ -36,19 +36,26 @@ def test_help_shows_no_value_hint_on_flags_and_every_command_documents_its_exit_
         return done.stdout
 
     assert re.fullmatch(r"queue-server \d+\.\d+\.\d+\S*\n", run("--version"))
-    assert EXIT_CODES_HELP.split(";")[0] in " ".join(run("--help").split())
+    top = " ".join(run("--help").split())
+    assert EXIT_CODES_HELP.split(";")[0] in top
+    assert "(server.url, admin.key)" in top  # how the CLI finds a local server
     # Every command and group of the tree, through the same entry point, in this process.
     monkeypatch.setenv("COLUMNS", "200")
     commands = list(_command_paths(typer.main.get_command(app)))
     assert len(commands) > 40
+    helps = {}
     for command in commands:
         with pytest.raises(SystemExit) as exited:
             app([*command, "--help"], prog_name="queue-server")
         assert exited.value.code == 0, command
-        text = " ".join(capsys.readouterr().out.split())
+        raw = capsys.readouterr().out
+        helps[command] = raw
+        text = " ".join(raw.split())
         assert "<bool>" not in text, command
         assert "Exit status: 0 done; 1 failures" in text, command
         assert "3 the server unreachable or unavailable; 4 refused" in text, command
+    # a docstring's line breaks are not the terminal's: its paragraphs flow
+    assert "so re-running the same file, with any --batch-size, sends" in helps[("enqueue",)]
     with pytest.raises(SystemExit):
         app(["status", "--help"], prog_name="queue-server")
     assert "--json Print JSON" in " ".join(capsys.readouterr().out.split())
