@@ -94,6 +94,21 @@ def version() -> None:
     typer.echo(__version__)
 
 
+@app.command("data-dir")
+def data_dir_command(data_dir: DataDir = None) -> None:
+    """Print the data directory the local server uses: its address (server.url) and the
+    admin key (admin.key) are there.
+
+    ~/.local/share/queue-server, or /var/lib/queue-server as root, unless --data-dir or
+    QUEUE_SERVER_DATA_DIR say otherwise (as for `serve`).
+
+    Example: [bold]cat "$(queue-server data-dir)/server.url"[/bold]
+    """
+    from queue_server.settings import default_data_dir
+
+    typer.echo(data_dir or default_data_dir())
+
+
 @app.command()
 def serve(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -74,6 +76,24 @@ def test_the_cli_finds_the_address_a_local_server_wrote_beside_its_key(cli: Cli,
     gone = cli.run("status", ok=False)
     assert gone.returncode == 3
     assert "127.0.0.1:8080" in gone.stderr
+
+
+def test_data_dir_names_where_serve_writes_the_address_and_the_key(tmp_path: Path) -> None:
+    """The guides read server.url and admin.key from `queue-server data-dir`, which must be
+    where `serve` puts them for the same user and environment (root's default differs)."""
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+
+    def data_dir(extra: dict[str, str]) -> str:
+        done = subprocess.run(
+            [str(BIN), "data-dir"], env={**env, **extra}, capture_output=True, text=True, check=True
+        )
+        return done.stdout.strip()
+
+    expected = (
+        "/var/lib/queue-server" if os.geteuid() == 0 else f"{tmp_path}/.local/share/queue-server"
+    )
+    assert data_dir({}) == expected
+    assert data_dir({"QUEUE_SERVER_DATA_DIR": str(tmp_path / "qs")}) == str(tmp_path / "qs")
 
 
 def test_tenants_put_changes_only_the_given_fields_and_asks_before_a_cap_below_the_backlog(

@@ -85,7 +85,7 @@ def served() -> Iterator[Served]:
     }
     if os.geteuid() == 0:
         # Root's default is /var/lib/queue-server (shared by every run on the machine); the
-        # README says to read it wherever the guides say ~/.local/share/queue-server.
+        # guides find the data directory with `queue-server data-dir`, which reads this too.
         env["QUEUE_SERVER_DATA_DIR"] = str(home / ".local" / "share" / "queue-server")
     proc = subprocess.Popen(
         ["make", "--no-print-directory", "serve", f"ARGS=--port {port}"],
