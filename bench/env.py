@@ -248,7 +248,7 @@ class Environment:
             json={
                 "backlog_cap": backlog_cap,
                 "default_max_acquisitions": 5,
-                "default_lease_ttl": 60,
+                "default_lease_ttl": 30,
             },
         )
         response.raise_for_status()

@@ -73,7 +73,7 @@ class CycleResult:
 async def _cycle_worker(spec: CycleSpec, index: int, result: CycleResult) -> None:
     worker = f"w{spec.worker_offset + index}"
     acquire_path = f"/v1/tenants/{spec.tenant}/queues/{spec.queue}/leases"
-    acquire_body = {"worker": worker, "lease_ttl": 120, "max_items": spec.batch, "wait": 0}
+    acquire_body = {"worker": worker, "lease_ttl": 30, "max_items": spec.batch, "wait": 0}
     conn = HttpConnection(spec.host, spec.port, spec.key)
     extra = [
         HttpConnection(spec.host, spec.port, spec.key)
@@ -326,7 +326,7 @@ async def _run_wake(spec: WakeSpec) -> WakeResult:
 
     async def worker() -> None:
         conn = HttpConnection(spec.host, spec.port, spec.key)
-        body = {"worker": "waker", "lease_ttl": 60, "max_items": 100, "wait": 30}
+        body = {"worker": "waker", "lease_ttl": 30, "max_items": 100, "wait": 30}
         try:
             while not done.is_set():
                 status, content = await conn.request("POST", lease_path, body)

@@ -19,8 +19,9 @@ Every error class of the project, by family (status, code):
     │   └── ReceiptNotFoundError, VerificationRunNotFoundError, ScheduleNotFoundError
     ├── ConflictError                       409 conflict: the resource's state refuses it
     │   ├── LeaseRefusedError               the lease grants no authority:
-    │   │   └── StaleFenceError, FenceAheadError, NotLeaseHolderError, LeaseExpiredError,
-    │   │       ItemNotLeasedError
+    │   │   ├── StaleFenceError, FenceAheadError, NotLeaseHolderError, ItemNotLeasedError
+    │   │   └── LeaseExpiredError
+    │   │       └── LeaseDeadlineExceededError  409 lease-deadline-exceeded
     │   ├── IdempotencyKeyInFlightError, InvalidStateError, DeadLetterClosedError,
     │   ├── LastAdminKeyError
     │   ├── AmbiguousIdError            ambiguous-id: an id prefix naming several items
@@ -235,6 +236,15 @@ class LeaseExpiredError(LeaseRefusedError):
 
     code = "lease-expired"
     title = "Lease expired"
+
+
+class LeaseDeadlineExceededError(LeaseExpiredError):
+    """The lease reached its deadline (the policy's durable-leased-work deadline from its
+    acquisition, or the queue's shorter one): no heartbeat extends it, and the item is
+    handled as an expired lease."""
+
+    code = "lease-deadline-exceeded"
+    title = "Lease deadline exceeded"
 
 
 class ItemNotLeasedError(LeaseRefusedError):

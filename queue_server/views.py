@@ -30,6 +30,8 @@ def item(row: Row) -> dict[str, Any]:
         "max_acquisitions": row["max_acquisitions"],
         "lease_holder": row["lease_holder"],
         "lease_expires_at": row["lease_expires_at"],
+        # Only while leased: the column keeps the latest lease's deadline afterwards.
+        "lease_deadline_at": row["lease_deadline_at"] if row["state"] == "leased" else None,
         "result": row["result"],
         "last_failure": row["last_failure"],
         "created_at": row["created_at"],
@@ -43,6 +45,7 @@ def lease(row: Row) -> dict[str, Any]:
         "fence": row["fence"],
         "acquisition_count": row["acquisition_count"],
         "lease_expires_at": row["lease_expires_at"],
+        "lease_deadline_at": row["lease_deadline_at"],
         "payload": row["payload"],
         "priority": row["priority"],
         "queue": row["queue"],

@@ -394,7 +394,7 @@ class Cluster:
         tenant: str,
         *,
         backlog_cap: int = 100_000,
-        max_acquisitions: int = 20,
+        max_acquisitions: int = 5,
         max_concurrency: int | None = None,
         queues: tuple[str, ...] = ("q",),
     ) -> TenantKeys:

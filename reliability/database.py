@@ -165,7 +165,7 @@ def lock_timeouts(*, name: str = "lock and statement timeouts") -> ScenarioOutco
                 )
                 made.raise_for_status()
                 lease = http.post(
-                    f"{base}/queues/q/leases", json={"worker": "w", "lease_ttl": 600}
+                    f"{base}/queues/q/leases", json={"worker": "w", "lease_ttl": 30}
                 ).json()["leases"][0]
                 item, fence = str(lease["item_id"]), int(lease["fence"])
                 checks: list[tuple[str, str, tuple[Any, ...], str, str, JSONValue, bool]] = [
@@ -184,7 +184,7 @@ def lock_timeouts(*, name: str = "lock and statement timeouts") -> ScenarioOutco
                         (item,),
                         "POST",
                         f"{base}/items/{item}/heartbeat",
-                        {"worker": "w", "fence": fence, "lease_ttl": 600},
+                        {"worker": "w", "fence": fence, "lease_ttl": 30},
                         False,
                     ),
                     (

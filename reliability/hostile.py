@@ -603,7 +603,7 @@ def hostile_input(
             enq.raise_for_status()
             held = admin.post(
                 "/v1/tenants/hostile/queues/q/leases",
-                json={"worker": "w-held", "lease_ttl": 3600},
+                json={"worker": "w-held", "lease_ttl": 30},
                 headers=worker,
             )
             held.raise_for_status()

@@ -305,7 +305,7 @@ def claim_storm(
         pg_version = cluster.pg_version()
         tenant = "storm"
         keys = cluster.create_tenant(
-            tenant, max_acquisitions=100, max_concurrency=processes * threads * 2 + 8
+            tenant, max_acquisitions=5, max_concurrency=processes * threads * 2 + 8
         )
         recorder = HistoryRecorder(source="harness")
         stop = threading.Event()
@@ -873,7 +873,7 @@ def isolation_matrix(*, name: str = "isolation and auth") -> ScenarioOutcome:
         dead_item = dead_op.enqueued_item_ids()[0]
         # Hold the first item; let the doomed one (budget 1) expire and come back
         # past its budget: a dead letter.
-        alpha.acquire("q", "w-alpha", ttl=3600)
+        alpha.acquire("q", "w-alpha", ttl=30)
         alpha.acquire("dlq", "w-alpha", ttl=1)
         time.sleep(1.3)
         alpha.acquire("dlq", "w-alpha", ttl=1)

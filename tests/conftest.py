@@ -219,7 +219,7 @@ def client_for(url: str, key: str | None) -> httpx.Client:
 def setup_tenant(url: str, admin: httpx.Client, tenant: str, backlog_cap: int = 1000) -> Api:
     response = admin.put(
         f"/v1/tenants/{tenant}",
-        json={"backlog_cap": backlog_cap, "default_max_acquisitions": 3, "default_lease_ttl": 30},
+        json={"backlog_cap": backlog_cap, "default_max_acquisitions": 3},
     )
     assert response.status_code == 200, response.text
     keys = {}

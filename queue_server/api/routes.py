@@ -380,7 +380,8 @@ async def requeue(
     caller: Caller,
     idempotency_key: IdempotencyKey,
 ) -> Response:
-    """Give the item back to the queue now; the next acquire raises its fence."""
+    """Give the item back to the queue, due now or after `delay` seconds (at most the policy's
+    backoff cap); the next acquire raises its fence."""
     idem = idempotency(request, idempotency_key, body)
     answer = await items.requeue(
         caller,
@@ -391,6 +392,7 @@ async def requeue(
         worker=body.worker,
         fence=body.fence,
         reason=body.reason,
+        delay=body.delay,
     )
     return respond(answer)
 
@@ -419,5 +421,6 @@ async def triage(
         fence=body.fence,
         failure=body.failure.model_dump(by_alias=True),
         quarantine=body.decision == "quarantine",
+        delay=body.delay,
     )
     return respond(answer)

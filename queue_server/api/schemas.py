@@ -68,8 +68,9 @@ class Body(BaseModel):
 
 class TenantIn(Body):
     backlog_cap: int = Field(ge=1, le=1_000_000_000, strict=True)
-    default_max_acquisitions: int = Field(default=5, ge=1, le=100, strict=True)
-    default_lease_ttl: LeaseTtl = 30.0
+    # Unset: the policy's attempt cap and attempt timeout; above them: 422.
+    default_max_acquisitions: int | None = Field(default=None, ge=1, le=100, strict=True)
+    default_lease_ttl: LeaseTtl | None = None
 
 
 class TenantOut(BaseModel):
@@ -139,6 +140,9 @@ class ItemOut(BaseModel):
     max_acquisitions: int
     lease_holder: str | None
     lease_expires_at: datetime | None
+    lease_deadline_at: datetime | None = Field(
+        default=None, description="While leased: the lease's deadline; no heartbeat passes it."
+    )
     result: Any
     last_failure: Any
     created_at: datetime
@@ -175,6 +179,10 @@ class LeaseOut(BaseModel):
     fence: int
     acquisition_count: int
     lease_expires_at: datetime
+    lease_deadline_at: datetime = Field(
+        description="The lease lives at most until then (the policy's deadline from its"
+        " acquisition); a heartbeat never extends it further."
+    )
     payload: Any
     priority: int
     queue: str
@@ -194,6 +202,7 @@ class HeartbeatOut(BaseModel):
     item_id: str
     fence: int
     lease_expires_at: datetime
+    lease_deadline_at: datetime
 
 
 class HeartbeatEntryIn(Body):
@@ -249,10 +258,23 @@ class CompletionsOut(BaseModel):
     results: list[CompletionResult]
 
 
+# At most the policy's durable-leased-work backoff cap (checked against the loaded policy).
+Delay = Annotated[
+    float,
+    Field(
+        ge=0,
+        le=24 * 3600,
+        strict=True,
+        description="Seconds before the item is due again (at most the policy's backoff cap).",
+    ),
+]
+
+
 class RequeueIn(Body):
     worker: Name
     fence: Fence
     reason: Text = ""
+    delay: Delay = 0
 
 
 class Failure(Body):
@@ -268,6 +290,7 @@ class TriageIn(Body):
     fence: Fence
     failure: Failure
     decision: Literal["requeue", "quarantine"]
+    delay: Delay = 0
 
 
 class SpendApprovalIn(Body):

@@ -339,10 +339,13 @@ class AsyncQueueClient:
         worker: str,
         fence: int,
         reason: str = "",
+        delay: float = 0.0,
         idempotency_key: str | None = None,
         tenant: str | None = None,
     ) -> Item:
-        body = {"worker": worker, "fence": fence, "reason": reason}
+        body: dict[str, Any] = {"worker": worker, "fence": fence, "reason": reason}
+        if delay:
+            body["delay"] = delay
         path = f"/v1/tenants/{await self._tenant(tenant)}/items/{item_id}/requeue"
         return await self._effect(Item, "POST", path, body, idempotency_key)
 
@@ -356,6 +359,7 @@ class AsyncQueueClient:
         message: str = "",
         transient: bool = False,
         decision: Literal["requeue", "quarantine"] = "requeue",
+        delay: float = 0.0,
         idempotency_key: str | None = None,
         tenant: str | None = None,
     ) -> Item:
@@ -365,6 +369,8 @@ class AsyncQueueClient:
             "failure": {"class": failure_class, "message": message, "transient": transient},
             "decision": decision,
         }
+        if delay:
+            body["delay"] = delay
         path = f"/v1/tenants/{await self._tenant(tenant)}/items/{item_id}/triage"
         return await self._effect(Item, "POST", path, body, idempotency_key)
 

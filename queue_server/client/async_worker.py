@@ -496,6 +496,7 @@ class AsyncWorker:
                     reason=sub.reason,
                     worker=name,
                     fence=job.fence,
+                    delay=sub.delay,
                     idempotency_key=sub.key,
                 )
             else:
@@ -507,6 +508,7 @@ class AsyncWorker:
                     decision="quarantine" if sub.quarantine else "requeue",
                     worker=name,
                     fence=job.fence,
+                    delay=sub.delay,
                     idempotency_key=sub.key,
                 )
         except errors.QueueClientError as exc:

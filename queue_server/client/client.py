@@ -355,10 +355,13 @@ class QueueClient:
         worker: str,
         fence: int,
         reason: str = "",
+        delay: float = 0.0,
         idempotency_key: str | None = None,
         tenant: str | None = None,
     ) -> Item:
-        body = {"worker": worker, "fence": fence, "reason": reason}
+        body: dict[str, Any] = {"worker": worker, "fence": fence, "reason": reason}
+        if delay:
+            body["delay"] = delay
         path = f"/v1/tenants/{self._tenant(tenant)}/items/{item_id}/requeue"
         return self._effect(Item, "POST", path, body, idempotency_key)
 
@@ -372,6 +375,7 @@ class QueueClient:
         message: str = "",
         transient: bool = False,
         decision: Literal["requeue", "quarantine"] = "requeue",
+        delay: float = 0.0,
         idempotency_key: str | None = None,
         tenant: str | None = None,
     ) -> Item:
@@ -381,6 +385,8 @@ class QueueClient:
             "failure": {"class": failure_class, "message": message, "transient": transient},
             "decision": decision,
         }
+        if delay:
+            body["delay"] = delay
         path = f"/v1/tenants/{self._tenant(tenant)}/items/{item_id}/triage"
         return self._effect(Item, "POST", path, body, idempotency_key)
 

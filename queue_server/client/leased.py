@@ -88,6 +88,7 @@ class LeasedWorkClient(QueueClient):
         worker: str,
         fence: int,
         reason: str = "",
+        delay: float = 0.0,
         idempotency_key: str | None = None,
         tenant: str | None = None,
     ) -> Item:
@@ -98,6 +99,7 @@ class LeasedWorkClient(QueueClient):
             worker=worker,
             fence=fence,
             reason=reason,
+            delay=delay,
             idempotency_key=key,
             tenant=tenant,
         )
@@ -112,6 +114,7 @@ class LeasedWorkClient(QueueClient):
         message: str = "",
         transient: bool = False,
         decision: Literal["requeue", "quarantine"] = "requeue",
+        delay: float = 0.0,
         idempotency_key: str | None = None,
         tenant: str | None = None,
     ) -> Item:
@@ -125,6 +128,7 @@ class LeasedWorkClient(QueueClient):
             message=message,
             transient=transient,
             decision=decision,
+            delay=delay,
             idempotency_key=key,
             tenant=tenant,
         )

@@ -102,6 +102,8 @@ class Lease(Model):
     fence: int
     acquisition_count: int
     lease_expires_at: datetime
+    # The lease lives at most until then (the policy's deadline from its acquisition).
+    lease_deadline_at: datetime | None = None
     payload: Any = None
     priority: int
     queue: str

@@ -554,6 +554,7 @@ class _Outbox:
                     reason=sub.reason,
                     worker=name,
                     fence=job.fence,
+                    delay=sub.delay,
                     idempotency_key=sub.key,
                 )
             else:
@@ -565,6 +566,7 @@ class _Outbox:
                     decision="quarantine" if sub.quarantine else "requeue",
                     worker=name,
                     fence=job.fence,
+                    delay=sub.delay,
                     idempotency_key=sub.key,
                 )
         except errors.QueueClientError as exc:

@@ -30,7 +30,12 @@ MAX_BATCH_BYTES = 512 * 1024
 
 
 class TransientError(Exception):
-    """Raise from a handler: the failure is transient; the item is requeued."""
+    """Raise from a handler: the failure is transient; the item is requeued, due again after
+    `delay` seconds (at most the policy's durable-leased-work backoff cap)."""
+
+    def __init__(self, *args: object, delay: float = 0.0) -> None:
+        super().__init__(*args)
+        self.delay = delay
 
 
 class Quarantine(Exception):  # noqa: N818 - an instruction, not an error condition
@@ -38,7 +43,12 @@ class Quarantine(Exception):  # noqa: N818 - an instruction, not an error condit
 
 
 class Requeue(Exception):  # noqa: N818 - an instruction, not an error condition
-    """Raise from a handler: give the item back untouched (no failure is recorded)."""
+    """Raise from a handler: give the item back untouched (no failure is recorded), due again
+    after `delay` seconds (at most the policy's durable-leased-work backoff cap)."""
+
+    def __init__(self, *args: object, delay: float = 0.0) -> None:
+        super().__init__(*args)
+        self.delay = delay
 
 
 class Outcome(StrEnum):
@@ -113,6 +123,7 @@ class Submission:
     message: str = ""
     transient: bool = False
     quarantine: bool = False
+    delay: float = 0.0
     key: str = field(default_factory=new_idempotency_key)
 
     def completion(self, item_id: str, fence: int) -> Completion:
@@ -131,7 +142,9 @@ def verdict(value: Any, failure: BaseException | None) -> Submission:
         else:
             return Submission("complete", Outcome.COMPLETED, result=value, size=size)
     if isinstance(failure, Requeue):
-        return Submission("requeue", Outcome.REQUEUED, str(failure), reason=str(failure))
+        return Submission(
+            "requeue", Outcome.REQUEUED, str(failure), reason=str(failure), delay=failure.delay
+        )
     quarantine = isinstance(failure, Quarantine)
     return Submission(
         "triage",
@@ -141,6 +154,7 @@ def verdict(value: Any, failure: BaseException | None) -> Submission:
         message=str(failure)[:4000],
         transient=isinstance(failure, TransientError),
         quarantine=quarantine,
+        delay=failure.delay if isinstance(failure, TransientError) else 0.0,
     )
 
 

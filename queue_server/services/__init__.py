@@ -86,10 +86,10 @@ class Services:
         items = Items(db, effects, settings, wakeups=wakeups, metrics=metrics, policy=policy)
         return cls(
             keys=keys,
-            tenants=Tenants(db),
+            tenants=Tenants(db, policy),
             items=items,
             queues=Queues(db, effects),
-            dead_letters=DeadLetters(db, effects),
+            dead_letters=DeadLetters(db, effects, policy),
             ledgers=Ledgers(db),
             watchers=Watchers(db, effects, settings),
             receipts=ConfirmationReceipts(db),

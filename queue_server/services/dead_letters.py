@@ -14,8 +14,10 @@ from queue_server import auth, errors, views
 from queue_server.db import Database
 from queue_server.idempotency import Answer, Effects, Idempotency
 from queue_server.models import ItemState, Role, is_uuid
+from queue_server.policy import ReliabilityPolicy
 from queue_server.services import common, watchers
 from queue_server.services.common import require_tenant
+from queue_server.services.envelope import LeaseEnvelope, refuse_above
 from queue_server.store import dead_letters, outbox, reads, tenants, transitions
 from queue_server.store.types import Conn, Row
 
@@ -48,9 +50,10 @@ async def _admit(conn: Conn, tenant: str, wanted: int) -> tuple[int, int]:
 class DeadLetters:
     """List, show, replay and discard dead letters; replay a queue's dead letters in bulk."""
 
-    def __init__(self, db: Database, effects: Effects) -> None:
+    def __init__(self, db: Database, effects: Effects, policy: ReliabilityPolicy) -> None:
         self.db = db
         self.effects = effects
+        self.envelope = LeaseEnvelope(policy)
 
     async def list_dead_letters(
         self,
@@ -176,6 +179,7 @@ class DeadLetters:
     ) -> Answer:
         """quarantined -> ready with a renewed budget; the dead letter is closed."""
         principal.require(tenant, Role.OPERATOR)
+        refuse_above([self.envelope.budget(max_acquisitions, "body", "max_acquisitions")])
         if not is_uuid(dead_letter_id):
             raise errors.DeadLetterNotFoundError(dead_letter_id=dead_letter_id)
 
@@ -272,6 +276,7 @@ class DeadLetters:
         (a 429 when none fits at all); `remaining` says how many open ones the queue still has.
         """
         principal.require(tenant, Role.OPERATOR)
+        refuse_above([self.envelope.budget(max_acquisitions, "body", "max_acquisitions")])
 
         async def operation(conn: Conn) -> Answer:
             await require_tenant(conn, tenant)

@@ -20,6 +20,7 @@ from queue_server.infra.metrics import Metrics
 from queue_server.models import Role, is_uuid, uuid7
 from queue_server.policy import ReliabilityPolicy
 from queue_server.services.common import WORKER_OR_OPERATOR, require_item_id, uuid_range
+from queue_server.services.envelope import LeaseEnvelope, refuse_above
 from queue_server.settings import Settings
 from queue_server.store import reads, tenants, transitions
 from queue_server.store.types import Conn, Row
@@ -108,6 +109,7 @@ class Items:
     ) -> None:
         self.db = db
         self.policy = policy
+        self.envelope = LeaseEnvelope(policy)
         self.effects = effects
         self.settings = settings
         self.wakeups = wakeups
@@ -127,6 +129,17 @@ class Items:
         batch: bool,
     ) -> Answer:
         principal.require(tenant, *WORKER_OR_OPERATOR)
+        refuse_above(
+            [
+                self.envelope.budget(
+                    item.max_acquisitions,
+                    "body",
+                    *(("items", i) if batch else ()),
+                    "max_acquisitions",
+                )
+                for i, item in enumerate(items)
+            ]
+        )
         await self._refuse_early_at_cap(tenant, idem, len(items))
 
         async def operation(conn: Conn) -> Answer:
@@ -154,14 +167,18 @@ class Items:
                 backlog_cap=cap,
                 requested=len(items),
             )
-        default_budget = row["default_max_acquisitions"]
+        # A default stored under a looser policy is held to the loaded one.
+        default_budget = min(row["default_max_acquisitions"], self.envelope.leased.attempt_cap)
         specs = [
             {
                 "item_id": item.item_id or uuid7(),
                 "payload": item.payload,
                 "priority": item.priority,
                 "delay": item.delay,
-                "max_acquisitions": item.max_acquisitions or default_budget,
+                # A schedule stored under a looser policy fires within the loaded one.
+                "max_acquisitions": min(
+                    item.max_acquisitions or default_budget, self.envelope.leased.attempt_cap
+                ),
             }
             for item in items
         ]
@@ -250,14 +267,16 @@ class Items:
         long-poll whose client went away hands nothing out.
         """
         principal.require(tenant, Role.WORKER)
+        refuse_above([self.envelope.lease_ttl(lease_ttl, "body", "lease_ttl")])
         ttl = await self._lease_ttl(tenant, lease_ttl)
+        lease_deadline = timedelta(seconds=self.envelope.leased.deadline)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         while True:
             wakeup = self.wakeups.subscribe(tenant, queue)
             try:
                 leased = await self._acquire_once(
-                    tenant, queue, worker, ttl, max_items, client_gone
+                    tenant, queue, worker, ttl, lease_deadline, max_items, client_gone
                 )
                 remaining = deadline - loop.time()
                 if leased or remaining <= 0:
@@ -276,7 +295,10 @@ class Items:
             row = await tenants.get_tenant(conn, tenant)
         if row is None:
             raise errors.TenantNotFoundError(tenant=tenant)
-        ttl: timedelta = row["default_lease_ttl"]
+        # A default stored under a looser policy is held to the loaded one.
+        ttl: timedelta = min(
+            row["default_lease_ttl"], timedelta(seconds=self.envelope.leased.attempt_timeout)
+        )
         return ttl
 
     async def _acquire_once(
@@ -285,6 +307,7 @@ class Items:
         queue: str,
         worker: str,
         ttl: timedelta,
+        deadline: timedelta,
         max_items: int,
         client_gone: Callable[[], Awaitable[bool]],
     ) -> list[Row]:
@@ -304,6 +327,7 @@ class Items:
                         queue=queue,
                         worker=worker,
                         ttl=ttl,
+                        deadline=deadline,
                         max_items=max_items,
                         slack=await self._slack_for(conn, tenant, queue),
                     )
@@ -341,6 +365,7 @@ class Items:
         lease_ttl: float | None,
     ) -> Answer:
         principal.require(tenant, Role.WORKER)
+        refuse_above([self.envelope.lease_ttl(lease_ttl, "body", "lease_ttl")])
         ttl = await self._lease_ttl(tenant, lease_ttl)
         require_item_id(item_id)
         async with self.db.tx() as conn:
@@ -352,7 +377,13 @@ class Items:
                     conn, tenant=tenant, item_id=item_id, worker=worker, fence=fence
                 )
         return Answer.of(
-            200, {"item_id": item_id, "fence": fence, "lease_expires_at": row["lease_expires_at"]}
+            200,
+            {
+                "item_id": item_id,
+                "fence": fence,
+                "lease_expires_at": row["lease_expires_at"],
+                "lease_deadline_at": row["lease_deadline_at"],
+            },
         )
 
     async def heartbeat_many(
@@ -525,10 +556,20 @@ class Items:
         worker: str,
         fence: int,
         reason: str,
+        delay: float = 0.0,
     ) -> Answer:
+        """leased -> ready, due after `delay` seconds (at most the policy's backoff cap)."""
+        refuse_above([self.envelope.delay(delay, "body", "delay")])
+
         async def change(conn: Conn) -> Row | None:
             return await transitions.requeue(
-                conn, tenant=tenant, item_id=item_id, worker=worker, fence=fence, reason=reason
+                conn,
+                tenant=tenant,
+                item_id=item_id,
+                worker=worker,
+                fence=fence,
+                reason=reason,
+                delay=delay,
             )
 
         return await self._holder_effect(
@@ -547,7 +588,16 @@ class Items:
         fence: int,
         failure: dict[str, Any],
         quarantine: bool,
+        delay: float = 0.0,
     ) -> Answer:
+        """leased -> ready after `delay` (decision requeue) or quarantined, failure recorded."""
+        if quarantine and delay:
+            raise errors.InvalidRequestError(
+                "A delay applies to decision requeue only.",
+                errors=[{"loc": ["body", "delay"], "msg": "only with decision requeue"}],
+            )
+        refuse_above([self.envelope.delay(delay, "body", "delay")])
+
         async def change(conn: Conn) -> Row | None:
             return await transitions.triage(
                 conn,
@@ -557,6 +607,7 @@ class Items:
                 fence=fence,
                 failure=failure,
                 quarantine=quarantine,
+                delay=delay,
             )
 
         async def record(conn: Conn, refusal: errors.QueueServerError) -> None:

@@ -108,7 +108,7 @@ def fold(events: list[Row]) -> Row:
             )
         elif kind == "cancelled":
             _release(item, "cancelled")
-        elif kind not in ("triage_rejected", "scheduled"):
+        elif kind not in ("triage_rejected", "scheduled", "deadline_exceeded"):
             raise ValueError(f"unknown ledger event kind {kind!r} at seq {event['seq']}")
     return item
 

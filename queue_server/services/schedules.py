@@ -31,6 +31,7 @@ from queue_server.idempotency import Answer, Effects, Idempotency
 from queue_server.infra.metrics import Metrics
 from queue_server.models import NAME_RE, Role, uuid7_at
 from queue_server.services.common import foreign_cursor, require_tenant
+from queue_server.services.envelope import refuse_above
 from queue_server.services.items import Items, NewItem
 from queue_server.services.ticks import CatchUp, Timing, plan
 from queue_server.settings import Settings
@@ -110,6 +111,9 @@ class Schedules:
         """Create (201) or replace (200). A change of timing, or a resume, starts from the
         first tick after now; any other change keeps the cursor (no tick fired twice or lost)."""
         principal.require(tenant, Role.OPERATOR)
+        refuse_above(
+            [self.items.envelope.budget(spec.max_acquisitions, "body", "max_acquisitions")]
+        )
         timing = Timing.checked(cron=spec.cron, every=spec.every, timezone=spec.timezone)
         fields = {
             "queue": spec.queue,

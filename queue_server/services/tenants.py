@@ -8,15 +8,18 @@ from queue_server import auth, views
 from queue_server.db import Database
 from queue_server.idempotency import Answer
 from queue_server.models import Role
+from queue_server.policy import ReliabilityPolicy
 from queue_server.services.common import require_tenant
+from queue_server.services.envelope import LeaseEnvelope, refuse_above
 from queue_server.store import reads, tenants
 
 
 class Tenants:
     """Create, change and show tenants."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, policy: ReliabilityPolicy) -> None:
         self.db = db
+        self.envelope = LeaseEnvelope(policy)
 
     async def put_tenant(
         self,
@@ -24,17 +27,27 @@ class Tenants:
         tenant: str,
         *,
         backlog_cap: int,
-        default_max_acquisitions: int,
-        default_lease_ttl: float,
+        default_max_acquisitions: int | None,
+        default_lease_ttl: float | None,
     ) -> Answer:
+        """Unset defaults are the policy's attempt cap and attempt timeout; above them: 422."""
         principal.require_admin(tenant)
+        envelope = self.envelope
+        refuse_above(
+            [
+                envelope.budget(default_max_acquisitions, "body", "default_max_acquisitions"),
+                envelope.lease_ttl(default_lease_ttl, "body", "default_lease_ttl"),
+            ]
+        )
+        budget = default_max_acquisitions or envelope.leased.attempt_cap
+        ttl = default_lease_ttl or envelope.leased.attempt_timeout
         async with self.db.tx() as conn:
             row = await tenants.put_tenant(
                 conn,
                 tenant=tenant,
                 backlog_cap=backlog_cap,
-                default_max_acquisitions=default_max_acquisitions,
-                default_lease_ttl=timedelta(seconds=default_lease_ttl),
+                default_max_acquisitions=budget,
+                default_lease_ttl=timedelta(seconds=ttl),
             )
         return Answer.of(200, views.tenant(row))
 

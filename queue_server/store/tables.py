@@ -89,6 +89,9 @@ work_items = Table(
     Column("max_acquisitions", Integer, nullable=False),
     Column("lease_holder", Text, nullable=True),
     _ts("lease_expires_at", nullable=True),
+    # The end of the latest lease's life: its acquisition plus the durable-leased-work
+    # deadline (or the queue's shorter one). A heartbeat never extends past it.
+    _ts("lease_deadline_at", nullable=True),
     Column("result", JSONB, nullable=True),
     Column("last_failure", JSONB, nullable=True),
     # Number of ledger events written for this item: the next event's seq.
@@ -108,6 +111,10 @@ work_items = Table(
         name="lease_iff_leased",
     ),
     CheckConstraint("state <> 'completed' OR fence > 0", name="completed_was_leased"),
+    CheckConstraint(
+        "lease_expires_at IS NULL OR lease_expires_at <= lease_deadline_at",
+        name="lease_within_deadline",
+    ),
     # Acquire reads this index in acquire order; finished rows are not in it,
     # so its cost does not grow with completed history.
     Index(

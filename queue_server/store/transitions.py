@@ -175,12 +175,22 @@ _LOCK_QUEUE_SHARED = _SQL(
 MAX_ITEMS_PER_ACQUIRE = 100
 
 _ACQUIRED = _ledger(
+    # A lease that ran to its deadline is recorded before its takeover (or quarantine).
+    "SELECT o.tenant_id, o.item_id, o.event_seq - 2, o.updated_at, 'deadline_exceeded',\n"
+    "           o.overdue_fence, 'server',\n"
+    "           jsonb_build_object('lease_holder', o.holder, 'lease_deadline_at', o.deadline_at)\n"
+    "    FROM (SELECT l.*, l.fence - 1 AS overdue_fence, d.holder, d.deadline_at\n"
+    "          FROM leased l JOIN overdue d USING (item_id)\n"
+    "          UNION ALL\n"
+    "          SELECT q.*, q.fence AS overdue_fence, d.holder, d.deadline_at\n"
+    "          FROM quarantined q JOIN overdue d USING (item_id)) AS o",
     _event(
         "leased",
         "acquired",
         "%(worker)s",
         "jsonb_build_object('lease_holder', lease_holder,\n"
         "                              'lease_expires_at', lease_expires_at,\n"
+        "                              'lease_deadline_at', lease_deadline_at,\n"
         "                              'acquisition_count', acquisition_count)",
     ),
     _event(
@@ -193,6 +203,8 @@ _ACQUIRED = _ledger(
 
 # Runs after the lock in its own statement, so its snapshot sees every lease
 # committed by the acquires that held the lock exclusively before us.
+# A lease lives at most %(deadline)s from this acquisition (`lease_deadline_at`);
+# its expiry never passes that instant (a CHECK constraint holds it).
 _ACQUIRE = _SQL(
     "acquire",
     f"""
@@ -210,7 +222,9 @@ WITH counts AS (
           FROM counts) AS c
 ), expired AS (
     -- SKIP LOCKED: a row locked by a holder operation in flight is not ours to take.
-    SELECT item_id, 0 AS src, 0 AS priority, lease_expires_at AS since
+    SELECT item_id, 0 AS src, 0 AS priority, lease_expires_at AS since,
+           lease_expires_at >= lease_deadline_at AS at_deadline, lease_holder AS holder,
+           lease_deadline_at AS deadline_at
     FROM work_items
     WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
       AND lease_expires_at <= statement_timestamp()
@@ -226,14 +240,22 @@ WITH counts AS (
     LIMIT (SELECT n FROM room)
     FOR UPDATE SKIP LOCKED
 ), picked AS (
-    SELECT item_id FROM (SELECT * FROM expired UNION ALL SELECT * FROM due) AS c
+    SELECT item_id FROM (SELECT item_id, src, priority, since FROM expired
+                         UNION ALL SELECT * FROM due) AS c
     ORDER BY src, priority DESC, since, item_id
     LIMIT (SELECT n FROM room)
+), overdue AS (
+    -- Picked leases that ran to their deadline: each gets a deadline_exceeded event.
+    SELECT item_id, holder, deadline_at FROM expired
+    WHERE at_deadline AND item_id = ANY(ARRAY(SELECT item_id FROM picked))
 ), leased AS (
     UPDATE work_items w
     SET state = 'leased', fence = w.fence + 1, acquisition_count = w.acquisition_count + 1,
-        lease_holder = %(worker)s, lease_expires_at = statement_timestamp() + %(ttl)s,
-        updated_at = statement_timestamp(), event_seq = w.event_seq + 1
+        lease_holder = %(worker)s,
+        lease_expires_at = statement_timestamp() + least(%(ttl)s, %(deadline)s),
+        lease_deadline_at = statement_timestamp() + %(deadline)s,
+        updated_at = statement_timestamp(),
+        event_seq = w.event_seq + 1 + (w.item_id = ANY(ARRAY(SELECT item_id FROM overdue)))::int
     -- An array, not a join: the planner cannot tell how few rows `picked` has, and a
     -- join would hash the whole table; `= ANY(array)` probes the primary key per item.
     WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(ARRAY(SELECT item_id FROM picked))
@@ -242,7 +264,8 @@ WITH counts AS (
 ), quarantined AS (
     UPDATE work_items w
     SET state = 'quarantined', lease_holder = NULL, lease_expires_at = NULL,
-        updated_at = statement_timestamp(), event_seq = w.event_seq + 1
+        updated_at = statement_timestamp(),
+        event_seq = w.event_seq + 1 + (w.item_id = ANY(ARRAY(SELECT item_id FROM overdue)))::int
     -- An array, not a join: the planner cannot tell how few rows `picked` has, and a
     -- join would hash the whole table; `= ANY(array)` probes the primary key per item.
     WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(ARRAY(SELECT item_id FROM picked))
@@ -275,10 +298,15 @@ async def acquire(
     queue: str,
     worker: str,
     ttl: timedelta,
+    deadline: timedelta,
     max_items: int,
     slack: int | None = None,
 ) -> Acquired:
     """ready (due) or leased (expired) -> leased, fence + 1; past the budget -> quarantined.
+
+    The lease expires after `ttl` and lives at most `deadline` from now: no
+    heartbeat extends it past that instant. A taken-over lease that ran to its
+    deadline is ledgered `deadline_exceeded` before its `acquired` (or `quarantined`).
 
     The spend-gated concurrency limit holds when many acquires race: see the queue
     lock above. With `slack` (the most leases in-flight acquires can hold), the
@@ -295,6 +323,7 @@ async def acquire(
             "queue": queue,
             "worker": worker,
             "ttl": ttl,
+            "deadline": deadline,
             "max_items": max_items,
             "shard": _shard(),
             "shared": shared,
@@ -400,9 +429,11 @@ SELECT upd.* FROM upd{tail}
     )
 
 
+# Never past the lease's deadline: once there, the lease has expired for good and the
+# holder guard refuses every holder operation (explain_rejection: lease-deadline-exceeded).
 _HEARTBEAT = _holder_update(
     "heartbeat",
-    "lease_expires_at = statement_timestamp() + %(ttl)s",
+    "lease_expires_at = least(statement_timestamp() + %(ttl)s, lease_deadline_at)",
     "heartbeat",
     "jsonb_build_object('lease_expires_at', lease_expires_at)",
 )
@@ -416,8 +447,8 @@ _COMPLETE = _holder_update(
 )
 _REQUEUE = _holder_update(
     "requeue",
-    "state = 'ready', available_at = statement_timestamp(), lease_holder = NULL,"
-    " lease_expires_at = NULL",
+    "state = 'ready', available_at = statement_timestamp() + make_interval(secs => %(delay)s),"
+    " lease_holder = NULL, lease_expires_at = NULL",
     "requeued",
     "jsonb_build_object('reason', %(reason)s::text, 'available_at', available_at)",
     notify=True,
@@ -425,8 +456,8 @@ _REQUEUE = _holder_update(
 )
 _TRIAGE_REQUEUE = _holder_update(
     "triage_requeue",
-    "state = 'ready', available_at = statement_timestamp(), last_failure = %(failure)s,"
-    " lease_holder = NULL, lease_expires_at = NULL",
+    "state = 'ready', available_at = statement_timestamp() + make_interval(secs => %(delay)s),"
+    " last_failure = %(failure)s, lease_holder = NULL, lease_expires_at = NULL",
     "triaged",
     "jsonb_build_object('decision', 'requeue', 'failure', last_failure,"
     " 'available_at', available_at)",
@@ -458,7 +489,8 @@ def _holder_params(tenant: str, item_id: str, worker: str, fence: int) -> dict[s
 async def heartbeat(
     conn: Conn, *, tenant: str, item_id: str, worker: str, fence: int, ttl: timedelta
 ) -> Row | None:
-    """leased -> leased: the holder, with its fence, extends a lease that has not expired."""
+    """leased -> leased: the holder, with its fence, extends a lease that has not expired,
+    up to the lease's deadline and never past it."""
     return await fetch_one(
         conn, _HEARTBEAT, {**_holder_params(tenant, item_id, worker, fence), "ttl": ttl}
     )
@@ -473,10 +505,18 @@ async def complete(
 
 
 async def requeue(
-    conn: Conn, *, tenant: str, item_id: str, worker: str, fence: int, reason: str
+    conn: Conn,
+    *,
+    tenant: str,
+    item_id: str,
+    worker: str,
+    fence: int,
+    reason: str,
+    delay: float = 0.0,
 ) -> Row | None:
-    """leased -> ready now: the holder gives the item back; the next acquire raises the fence."""
-    params = {**_holder_params(tenant, item_id, worker, fence), "reason": reason}
+    """leased -> ready, due after `delay` seconds: the holder gives the item back; the next
+    acquire raises the fence."""
+    params = {**_holder_params(tenant, item_id, worker, fence), "reason": reason, "delay": delay}
     return await fetch_one(conn, _REQUEUE, params)
 
 
@@ -489,9 +529,15 @@ async def triage(
     fence: int,
     failure: dict[str, Any],
     quarantine: bool,
+    delay: float = 0.0,
 ) -> Row | None:
-    """leased -> ready (decision requeue) or quarantined (+ dead letter), failure recorded."""
-    params = {**_holder_params(tenant, item_id, worker, fence), "failure": Jsonb(failure)}
+    """leased -> ready after `delay` (decision requeue) or quarantined (+ dead letter),
+    failure recorded."""
+    params = {
+        **_holder_params(tenant, item_id, worker, fence),
+        "failure": Jsonb(failure),
+        "delay": delay,
+    }
     return await fetch_one(conn, _TRIAGE_QUARANTINE if quarantine else _TRIAGE_REQUEUE, params)
 
 
@@ -590,7 +636,7 @@ _EXPLAIN = _SQL(
     "explain_rejections",
     """
 SELECT item_id::text AS item_id, state, fence, lease_holder, lease_expires_at,
-       lease_expires_at <= statement_timestamp() AS expired
+       lease_deadline_at, lease_expires_at <= statement_timestamp() AS expired
 FROM work_items WHERE tenant_id = %(tenant)s AND item_id = ANY(%(item_ids)s::uuid[])
 """,
 )
@@ -610,6 +656,10 @@ def _refusal(row: Row | None, *, item_id: str, worker: str, fence: int) -> error
         return errors.FenceAheadError(item_id=item_id, current_fence=row["fence"])
     if row["lease_holder"] != worker:
         return errors.NotLeaseHolderError(item_id=item_id)
+    if row["expired"] and row["lease_expires_at"] >= row["lease_deadline_at"]:
+        return errors.LeaseDeadlineExceededError(
+            item_id=item_id, lease_deadline_at=row["lease_deadline_at"].isoformat()
+        )
     if row["expired"]:
         return errors.LeaseExpiredError(
             item_id=item_id, expired_at=row["lease_expires_at"].isoformat()

@@ -142,7 +142,7 @@ def test_concurrency_limit_holds_when_many_acquires_race(api: Api, db: Db) -> No
             barrier.wait()
             got = client.post(
                 "/v1/tenants/acme/queues/q/leases",
-                json={"worker": f"w{n}", "lease_ttl": 60, "max_items": 2},
+                json={"worker": f"w{n}", "lease_ttl": 30, "max_items": 2},
             ).json()["leases"]
             handed.extend(lease["item_id"] for lease in got)
 
@@ -249,7 +249,7 @@ def test_shared_lock_acquires_never_exceed_a_high_limit(api: Api, db: Db, live: 
                 while True:
                     got = client.post(
                         "/v1/tenants/acme/queues/q/leases",
-                        json={"worker": f"w{n}", "lease_ttl": 60, "max_items": 2},
+                        json={"worker": f"w{n}", "lease_ttl": 30, "max_items": 2},
                     ).json()["leases"]
                     if not got:
                         return

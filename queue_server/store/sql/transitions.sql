@@ -70,7 +70,9 @@ WITH counts AS (
           FROM counts) AS c
 ), expired AS (
     -- SKIP LOCKED: a row locked by a holder operation in flight is not ours to take.
-    SELECT item_id, 0 AS src, 0 AS priority, lease_expires_at AS since
+    SELECT item_id, 0 AS src, 0 AS priority, lease_expires_at AS since,
+           lease_expires_at >= lease_deadline_at AS at_deadline, lease_holder AS holder,
+           lease_deadline_at AS deadline_at
     FROM work_items
     WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
       AND lease_expires_at <= statement_timestamp()
@@ -86,14 +88,22 @@ WITH counts AS (
     LIMIT (SELECT n FROM room)
     FOR UPDATE SKIP LOCKED
 ), picked AS (
-    SELECT item_id FROM (SELECT * FROM expired UNION ALL SELECT * FROM due) AS c
+    SELECT item_id FROM (SELECT item_id, src, priority, since FROM expired
+                         UNION ALL SELECT * FROM due) AS c
     ORDER BY src, priority DESC, since, item_id
     LIMIT (SELECT n FROM room)
+), overdue AS (
+    -- Picked leases that ran to their deadline: each gets a deadline_exceeded event.
+    SELECT item_id, holder, deadline_at FROM expired
+    WHERE at_deadline AND item_id = ANY(ARRAY(SELECT item_id FROM picked))
 ), leased AS (
     UPDATE work_items w
     SET state = 'leased', fence = w.fence + 1, acquisition_count = w.acquisition_count + 1,
-        lease_holder = %(worker)s, lease_expires_at = statement_timestamp() + %(ttl)s,
-        updated_at = statement_timestamp(), event_seq = w.event_seq + 1
+        lease_holder = %(worker)s,
+        lease_expires_at = statement_timestamp() + least(%(ttl)s, %(deadline)s),
+        lease_deadline_at = statement_timestamp() + %(deadline)s,
+        updated_at = statement_timestamp(),
+        event_seq = w.event_seq + 1 + (w.item_id = ANY(ARRAY(SELECT item_id FROM overdue)))::int
     -- An array, not a join: the planner cannot tell how few rows `picked` has, and a
     -- join would hash the whole table; `= ANY(array)` probes the primary key per item.
     WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(ARRAY(SELECT item_id FROM picked))
@@ -102,7 +112,8 @@ WITH counts AS (
 ), quarantined AS (
     UPDATE work_items w
     SET state = 'quarantined', lease_holder = NULL, lease_expires_at = NULL,
-        updated_at = statement_timestamp(), event_seq = w.event_seq + 1
+        updated_at = statement_timestamp(),
+        event_seq = w.event_seq + 1 + (w.item_id = ANY(ARRAY(SELECT item_id FROM overdue)))::int
     -- An array, not a join: the planner cannot tell how few rows `picked` has, and a
     -- join would hash the whole table; `= ANY(array)` probes the primary key per item.
     WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(ARRAY(SELECT item_id FROM picked))
@@ -115,9 +126,19 @@ WITH counts AS (
     FROM quarantined
 ), ev AS (
     INSERT INTO item_events (tenant_id, item_id, seq, at, kind, fence, actor, data)
+    SELECT o.tenant_id, o.item_id, o.event_seq - 2, o.updated_at, 'deadline_exceeded',
+           o.overdue_fence, 'server',
+           jsonb_build_object('lease_holder', o.holder, 'lease_deadline_at', o.deadline_at)
+    FROM (SELECT l.*, l.fence - 1 AS overdue_fence, d.holder, d.deadline_at
+          FROM leased l JOIN overdue d USING (item_id)
+          UNION ALL
+          SELECT q.*, q.fence AS overdue_fence, d.holder, d.deadline_at
+          FROM quarantined q JOIN overdue d USING (item_id)) AS o
+    UNION ALL
     SELECT tenant_id, item_id, event_seq - 1, updated_at, 'acquired', fence, %(worker)s,
            jsonb_build_object('lease_holder', lease_holder,
                               'lease_expires_at', lease_expires_at,
+                              'lease_deadline_at', lease_deadline_at,
                               'acquisition_count', acquisition_count)
     FROM leased
     UNION ALL
@@ -184,7 +205,7 @@ SELECT upd.item_id FROM upd, (SELECT pg_notify('queue_server_ready', %(tenant)s 
 -- name: heartbeat
 WITH upd AS (
     UPDATE work_items
-    SET lease_expires_at = statement_timestamp() + %(ttl)s, updated_at = statement_timestamp(), event_seq = event_seq + 1
+    SET lease_expires_at = least(statement_timestamp() + %(ttl)s, lease_deadline_at), updated_at = statement_timestamp(), event_seq = event_seq + 1
     WHERE tenant_id = %(tenant)s AND item_id = %(item_id)s
       AND state = 'leased' AND fence = %(fence)s AND lease_holder = %(worker)s
       AND lease_expires_at > statement_timestamp()
@@ -241,7 +262,7 @@ SELECT upd.* FROM upd;
 -- name: requeue
 WITH upd AS (
     UPDATE work_items
-    SET state = 'ready', available_at = statement_timestamp(), lease_holder = NULL, lease_expires_at = NULL, updated_at = statement_timestamp(), event_seq = event_seq + 1
+    SET state = 'ready', available_at = statement_timestamp() + make_interval(secs => %(delay)s), lease_holder = NULL, lease_expires_at = NULL, updated_at = statement_timestamp(), event_seq = event_seq + 1
     WHERE tenant_id = %(tenant)s AND item_id = %(item_id)s
       AND state = 'leased' AND fence = %(fence)s AND lease_holder = %(worker)s
       AND lease_expires_at > statement_timestamp()
@@ -277,7 +298,7 @@ SELECT upd.* FROM upd, (SELECT pg_notify('queue_server_ready', %(tenant)s || '/'
 -- name: triage_requeue
 WITH upd AS (
     UPDATE work_items
-    SET state = 'ready', available_at = statement_timestamp(), last_failure = %(failure)s, lease_holder = NULL, lease_expires_at = NULL, updated_at = statement_timestamp(), event_seq = event_seq + 1
+    SET state = 'ready', available_at = statement_timestamp() + make_interval(secs => %(delay)s), last_failure = %(failure)s, lease_holder = NULL, lease_expires_at = NULL, updated_at = statement_timestamp(), event_seq = event_seq + 1
     WHERE tenant_id = %(tenant)s AND item_id = %(item_id)s
       AND state = 'leased' AND fence = %(fence)s AND lease_holder = %(worker)s
       AND lease_expires_at > statement_timestamp()
@@ -383,7 +404,7 @@ INSERT INTO item_events (tenant_id, item_id, seq, at, kind, fence, actor, data)
 
 -- name: explain_rejections
 SELECT item_id::text AS item_id, state, fence, lease_holder, lease_expires_at,
-       lease_expires_at <= statement_timestamp() AS expired
+       lease_deadline_at, lease_expires_at <= statement_timestamp() AS expired
 FROM work_items WHERE tenant_id = %(tenant)s AND item_id = ANY(%(item_ids)s::uuid[]);
 
 -- name: heartbeat_many
