@@ -25,8 +25,9 @@ Every error class of the project, by family (status, code):
     │   ├── IdempotencyKeyInFlightError, InvalidStateError, DeadLetterClosedError,
     │   ├── LastAdminKeyError
     │   ├── AmbiguousIdError            ambiguous-id: an id prefix naming several items
-    │   └── VerificationRunBusyError, RunKeyConflictError, CheckpointConflictError,
-    │       VerificationIncompleteError
+    │   ├── VerificationRunBusyError, RunKeyConflictError, CheckpointConflictError,
+    │   │   VerificationIncompleteError, VerificationRunEndedError
+    │   └── ReceiptNotStaleError
     ├── BacklogCapReachedError              429
     ├── ServiceUnavailableError             503 (the database is unreachable)
     ├── TimeoutExceededError                503 (a statement or lock wait timed out)
@@ -346,6 +347,21 @@ class CheckpointConflictError(ConflictError):
 
     code = "checkpoint-conflict"
     title = "Checkpoint conflict"
+
+
+class VerificationRunEndedError(ConflictError):
+    """The verification run has ended (failed past its deadline, abandoned, or complete)."""
+
+    code = "verification-run-ended"
+    title = "Verification run ended"
+
+
+class ReceiptNotStaleError(ConflictError):
+    """Only a receipt still pending past the confirmed-mutation deadline is settled by an
+    operator; a younger one may still be settled by its claimant."""
+
+    code = "receipt-not-stale"
+    title = "Receipt not stale"
 
 
 class VerificationIncompleteError(ConflictError):

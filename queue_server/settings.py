@@ -96,6 +96,8 @@ class Settings(BaseSettings):
     delivery_attempt_timeout: float | None = Field(default=None, gt=0)
     # Response-body bytes one delivery attempt (one broker run) may read.
     delivery_max_response_bytes: int = Field(default=4 * 1024 * 1024, ge=0)
+    # How often the server ends verification runs past their deadline (artifact-verification).
+    run_sweep_interval: float = Field(default=10.0, gt=0)
     # After a secret rotation the previous secret also signs for this long.
     watcher_secret_grace: timedelta = timedelta(hours=24)
     # Every API process runs a scheduler loop: it wakes when the next schedule is due, and

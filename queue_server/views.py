@@ -168,6 +168,9 @@ def confirmation_receipt(row: Row) -> dict[str, Any]:
         "outcome": row["outcome"],
         "created_at": row["created_at"],
         "settled_at": row["settled_at"],
+        # An operator's settlement of a receipt left pending past the class deadline.
+        "settled_by": row["settled_by"],
+        "settle_reason": row["settle_reason"],
     }
 
 
@@ -192,7 +195,16 @@ def verification_run_summary(row: Row) -> dict[str, Any]:
         "checkpoints": row["checkpoint_count"],
         "created_at": row["created_at"],
         "completed_at": row["completed_at"],
+        "deadline_at": row["deadline_at"],
+        "ended": _ended(row),
     }
+
+
+def _ended(row: Row) -> dict[str, Any] | None:
+    """Who ended a run that did not complete, when and why."""
+    if row["ended_at"] is None:
+        return None
+    return {"at": row["ended_at"], "by": row["ended_by"], "reason": row["end_reason"]}
 
 
 def verification_run(row: Row, checkpoints: list[Row]) -> dict[str, Any]:
@@ -208,6 +220,8 @@ def verification_run(row: Row, checkpoints: list[Row]) -> dict[str, Any]:
         "remaining": [i for i in row["items"] if i not in done],
         "created_at": row["created_at"],
         "completed_at": row["completed_at"],
+        "deadline_at": row["deadline_at"],
+        "ended": _ended(row),
     }
 
 

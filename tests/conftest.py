@@ -3,6 +3,7 @@ and the real API served by uvicorn on a loopback port."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import tempfile
@@ -251,3 +252,31 @@ def admin(live: LiveServer, admin_key: str) -> Iterator[httpx.Client]:
 @pytest.fixture
 def api(live: LiveServer, admin: httpx.Client) -> Api:
     return setup_tenant(live.url, admin, "acme")
+
+
+def policy_file(path: Path, cells: dict[str, dict[str, object]], revision: str = "test") -> Path:
+    """A policy document of one's own: the built-in one with `cells` ({class: {dimension:
+    cell}}) replaced, written to `path` for --policy / QUEUE_SERVER_POLICY / Settings.policy."""
+    import copy
+    import json
+
+    from queue_server.policy.v2 import OPERATION_RELIABILITY_V2
+
+    doc = copy.deepcopy(OPERATION_RELIABILITY_V2)
+    doc["revision"] = revision
+    for cls, replaced in cells.items():
+        doc["classes"][cls].update(replaced)
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@contextlib.contextmanager
+def live_api(settings: Settings, database_url: str, tenant: str = "acme") -> Iterator[Api]:
+    """A live server with `settings` (e.g. a policy file) and one tenant with its keys."""
+    server = LiveServer(settings, database_url)
+    server.start()
+    try:
+        with client_for(server.url, make_admin_key(settings, database_url)) as admin:
+            yield setup_tenant(server.url, admin, tenant)
+    finally:
+        server.stop()

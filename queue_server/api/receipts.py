@@ -11,13 +11,21 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, Field
 from starlette.responses import Response
 
 from queue_server import views
 from queue_server.api import schemas
-from queue_server.api.deps import PROBLEMS, Caller, ReceiptsService, TenantName, respond
+from queue_server.api.deps import (
+    PROBLEMS,
+    Caller,
+    IdempotencyKey,
+    ReceiptsService,
+    TenantName,
+    idempotency,
+    respond,
+)
 from queue_server.policy import ReliabilityPolicy
 
 router = APIRouter(prefix="/v1", responses=PROBLEMS)
@@ -56,6 +64,28 @@ class ReceiptOut(BaseModel):
     outcome: Any
     created_at: datetime
     settled_at: datetime | None
+    settled_by: str | None = Field(
+        default=None, description="The operator who settled it, when its claimant did not"
+    )
+    settle_reason: str | None = None
+
+
+class StaleReceiptOut(ReceiptOut):
+    stale: bool = Field(description="Pending past the confirmed-mutation deadline")
+
+
+class ReceiptPage(BaseModel):
+    receipts: list[StaleReceiptOut]
+    stale_after: float = Field(description="The confirmed-mutation deadline, seconds")
+    next_cursor: str | None
+
+
+class ResolveIn(schemas.Body):
+    status: Literal["succeeded", "failed"] = Field(
+        description="What the mutation did: a dispatched effect is never reported cancelled"
+    )
+    outcome: schemas.Json = Field(description="What the operator found it did, or why it failed")
+    reason: Annotated[schemas.Text, Field(min_length=1, max_length=1000)]
 
 
 @router.post(
@@ -90,6 +120,62 @@ async def settle_receipt(
     """Settle a pending receipt once as `succeeded` or `failed` with its outcome; the same
     settlement again replays, a different one is 409 `receipt-conflict`."""
     answer = await receipts.settle(caller, tenant, ref, status=body.status, outcome=body.outcome)
+    return respond(answer)
+
+
+@router.get("/tenants/{tenant}/receipts", response_model=ReceiptPage, tags=["receipts"])
+async def list_receipts(
+    tenant: TenantName,
+    receipts: ReceiptsService,
+    caller: Caller,
+    state: Annotated[Literal["pending"], Query(description="Only pending receipts are listed")],
+    older_than: Annotated[
+        float | None,
+        Query(
+            ge=0,
+            le=10 * 365 * 86400,
+            description="Seconds since the claim; default: the"
+            " confirmed-mutation deadline (stale receipts)",
+        ),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    cursor: Annotated[str | None, Query(max_length=512)] = None,
+) -> Response:
+    """Pending receipts claimed at least `older_than` seconds ago, oldest first (operator):
+    those past the class deadline are `stale`, their claimant gone, and an operator may
+    settle them (`:resolve`)."""
+    return respond(
+        await receipts.list_pending(
+            caller, tenant, older_than=older_than, limit=limit, cursor=cursor
+        )
+    )
+
+
+@router.post(
+    "/tenants/{tenant}/receipts/{ref}:resolve", response_model=ReceiptOut, tags=["receipts"]
+)
+async def resolve_receipt(
+    request: Request,
+    tenant: TenantName,
+    ref: OutcomeRef,
+    body: ResolveIn,
+    receipts: ReceiptsService,
+    caller: Caller,
+    idempotency_key: IdempotencyKey,
+) -> Response:
+    """Settle a stale pending receipt as an operator (with what happened and why; both are
+    recorded). 409 `receipt-not-stale` before the confirmed-mutation deadline, and
+    `receipt-conflict` once settled."""
+    answer = await receipts.resolve(
+        caller,
+        tenant,
+        ref,
+        idempotency(request, idempotency_key, body),
+        instance=request.url.path,
+        status=body.status,
+        outcome=body.outcome,
+        reason=body.reason,
+    )
     return respond(answer)
 
 

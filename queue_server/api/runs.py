@@ -1,8 +1,8 @@
 """Artifact verification runs: start by run key, checkpoint items, write the terminal marker.
 
-Every route is idempotent by its resource identity (run key, run + item), so
-none takes an `Idempotency-Key` header; a repeat answers 200 with
-`Idempotent-Replayed: true`.
+Every route but abandon is idempotent by its resource identity (run key, run +
+item), so it takes no `Idempotency-Key` header; a repeat answers 200 with
+`Idempotent-Replayed: true`. Abandon (an operator's decision) takes one.
 """
 
 from __future__ import annotations
@@ -10,12 +10,20 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Request
 from pydantic import AfterValidator, BaseModel, Field
 from starlette.responses import Response
 
 from queue_server.api import schemas
-from queue_server.api.deps import PROBLEMS, Caller, RunsService, TenantName, respond
+from queue_server.api.deps import (
+    PROBLEMS,
+    Caller,
+    IdempotencyKey,
+    RunsService,
+    TenantName,
+    idempotency,
+    respond,
+)
 
 router = APIRouter(prefix="/v1", responses=PROBLEMS)
 
@@ -51,17 +59,28 @@ class CheckpointOut(BaseModel):
     recorded_at: datetime
 
 
+RunState = Literal["running", "complete", "failed", "abandoned"]
+
+
+class EndedOut(BaseModel):
+    at: datetime
+    by: str = Field(description="`server` (its deadline) or the operator who abandoned it")
+    reason: str = Field(description="`deadline-exceeded`, or the operator's reason")
+
+
 class RunOut(BaseModel):
     run_id: str
     run_key: str
     artifact_version: str
     verifier_version: str
-    state: Literal["running", "complete"]
+    state: RunState
     items: list[str]
     checkpoints: list[CheckpointOut]
     remaining: list[str]
     created_at: datetime
     completed_at: datetime | None
+    deadline_at: datetime = Field(description="A run still running then ends `failed`")
+    ended: EndedOut | None = Field(description="Who ended a run that did not complete, and why")
 
 
 @router.post(
@@ -73,7 +92,8 @@ class RunOut(BaseModel):
 async def start_run(tenant: TenantName, body: RunIn, runs: RunsService, caller: Caller) -> Response:
     """Start the run of (artifact version, verifier version), 201; the same pair again
     returns that run with its checkpoints, 200. While another run of the tenant is
-    running: 409 `verification-run-busy`."""
+    running: 409 `verification-run-busy`. A failed or abandoned run blocks nothing: the
+    same pair starts a new run that carries its checkpoints over."""
     answer = await runs.start(
         caller,
         tenant,
@@ -89,11 +109,13 @@ class RunSummaryOut(BaseModel):
     run_key: str
     artifact_version: str
     verifier_version: str
-    state: Literal["running", "complete"]
+    state: RunState
     items: int = Field(description="How many items the run declared")
     checkpoints: int = Field(description="How many of them are checkpointed")
     created_at: datetime
     completed_at: datetime | None
+    deadline_at: datetime
+    ended: EndedOut | None
 
 
 class RunPage(BaseModel):
@@ -149,3 +171,35 @@ async def complete_run(
     """Write the terminal run-complete marker; 409 `verification-incomplete` (naming the
     missing items) until every declared item has a checkpoint."""
     return respond(await runs.complete(caller, tenant, run_id))
+
+
+class AbandonIn(schemas.Body):
+    reason: Annotated[schemas.Text, Field(min_length=1, max_length=1000)]
+
+
+@router.post(
+    "/tenants/{tenant}/verification-runs/{run_id}:abandon",
+    response_model=RunOut,
+    tags=["verification"],
+)
+async def abandon_run(
+    request: Request,
+    tenant: TenantName,
+    run_id: RunId,
+    body: AbandonIn,
+    runs: RunsService,
+    caller: Caller,
+    idempotency_key: IdempotencyKey,
+) -> Response:
+    """Abandon a running run (operator): it ends `abandoned`, with who and why recorded,
+    and no longer holds the tenant's one running run. 409 `verification-run-ended` once
+    it has ended."""
+    answer = await runs.abandon(
+        caller,
+        tenant,
+        run_id,
+        idempotency(request, idempotency_key, body),
+        instance=request.url.path,
+        reason=body.reason,
+    )
+    return respond(answer)

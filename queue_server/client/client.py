@@ -610,6 +610,33 @@ class QueueClient:
             ReceiptRecord, f"/v1/tenants/{self._tenant(tenant)}/receipts/{outcome_ref}"
         )
 
+    def pending_receipts(
+        self, *, older_than: float | None = None, limit: int = 100, tenant: str | None = None
+    ) -> list[ReceiptRecord]:
+        """Pending receipts claimed at least `older_than` seconds ago (default: the
+        confirmed-mutation deadline: the stale ones), oldest first (operator)."""
+        params: dict[str, Any] = {"state": "pending", "limit": limit}
+        if older_than is not None:
+            params["older_than"] = older_than
+        path = f"/v1/tenants/{self._tenant(tenant)}/receipts"
+        page = self.request("GET", path, params=params).json()
+        return [ReceiptRecord.model_validate(r) for r in page["receipts"]]
+
+    def resolve_receipt(
+        self,
+        outcome_ref: str,
+        status: Literal["succeeded", "failed"],
+        outcome: Any,
+        *,
+        reason: str,
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> ReceiptRecord:
+        """Settle a stale pending receipt as an operator, with what happened and why."""
+        path = f"/v1/tenants/{self._tenant(tenant)}/receipts/{outcome_ref}:resolve"
+        body = {"status": status, "outcome": outcome, "reason": reason}
+        return self._effect(ReceiptRecord, "POST", path, body, idempotency_key)
+
     def start_verification_run(
         self,
         artifact_version: str,
@@ -630,6 +657,18 @@ class QueueClient:
     def get_verification_run(self, run_id: str, *, tenant: str | None = None) -> VerificationRun:
         path = f"/v1/tenants/{self._tenant(tenant)}/verification-runs/{run_id}"
         return self._get(VerificationRun, path)
+
+    def abandon_verification_run(
+        self,
+        run_id: str,
+        *,
+        reason: str,
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> VerificationRun:
+        """End a running run as abandoned (operator); who and why are recorded."""
+        path = f"/v1/tenants/{self._tenant(tenant)}/verification-runs/{run_id}:abandon"
+        return self._effect(VerificationRun, "POST", path, {"reason": reason}, idempotency_key)
 
     def checkpoint(
         self, run_id: str, item: str, result: Any, *, tenant: str | None = None

@@ -92,7 +92,7 @@ class Services:
             dead_letters=DeadLetters(db, effects, policy),
             ledgers=Ledgers(db),
             watchers=Watchers(db, effects, settings),
-            receipts=ConfirmationReceipts(db),
-            runs=VerificationRuns(db),
+            receipts=ConfirmationReceipts(db, effects, policy),
+            runs=VerificationRuns(db, effects, policy),
             schedules=Schedules(db, effects, items, settings, metrics),
         )

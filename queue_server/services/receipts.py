@@ -10,15 +10,23 @@ the client that claimed them.
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from queue_server import auth, errors, views
 from queue_server.db import Database
-from queue_server.idempotency import Answer
-from queue_server.policy import OperationClass, ReceiptConflictError, admit_operation
+from queue_server.idempotency import Answer, Effects, Idempotency
+from queue_server.models import Role
+from queue_server.policy import (
+    OperationClass,
+    ReceiptConflictError,
+    ReliabilityPolicy,
+    admit_operation,
+)
+from queue_server.services import common
 from queue_server.services.common import WORKER_OR_OPERATOR, require_tenant
 from queue_server.store import confirmation_receipts
-from queue_server.store.types import Row
+from queue_server.store.types import Conn, Row
 
 Settlement = Literal["succeeded", "failed"]
 
@@ -28,10 +36,14 @@ def _answer(status: int, row: Row, *, replayed: bool = False) -> Answer:
 
 
 class ConfirmationReceipts:
-    """Claim, settle and read the receipts of confirmed mutations."""
+    """Claim, settle and read the receipts of confirmed mutations; list the stale ones and let
+    an operator settle them."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, effects: Effects, policy: ReliabilityPolicy) -> None:
         self.db = db
+        self.effects = effects
+        # A receipt still pending this long after its claim is stale: its claimant is gone.
+        self.stale_after = timedelta(seconds=policy.mutation.deadline)
 
     async def claim(
         self,
@@ -121,3 +133,98 @@ class ConfirmationReceipts:
         if row is None:
             raise errors.ReceiptNotFoundError(outcome_ref=outcome_ref)
         return _answer(200, row)
+
+    async def list_pending(
+        self,
+        principal: auth.Principal,
+        tenant: str,
+        *,
+        older_than: float | None,
+        limit: int,
+        cursor: str | None,
+    ) -> Answer:
+        """Pending receipts claimed at least `older_than` seconds ago (default: the class
+        deadline), oldest first; each says whether it is past the deadline (`stale`)."""
+        principal.require(tenant, Role.OPERATOR)
+        after: tuple[datetime, str] | None = None
+        if cursor:
+            at, ref = common.decode_cursor(cursor, 2)
+            try:
+                after = (datetime.fromisoformat(at), ref)
+            except ValueError:
+                raise errors.InvalidRequestError(
+                    "The cursor is not one this server issued."
+                ) from None
+        age = self.stale_after if older_than is None else timedelta(seconds=older_than)
+        async with self.db.conn() as conn:
+            await require_tenant(conn, tenant)
+            rows = await confirmation_receipts.list_pending(
+                conn,
+                tenant=tenant,
+                older_than=age,
+                stale_after=self.stale_after,
+                after=after,
+                limit=limit,
+            )
+        next_cursor = (
+            common.encode_cursor([rows[-1]["created_at"].isoformat(), rows[-1]["outcome_ref"]])
+            if len(rows) == limit
+            else None
+        )
+        receipts = [{**views.confirmation_receipt(r), "stale": r["stale"]} for r in rows]
+        return Answer.of(
+            200,
+            {
+                "receipts": receipts,
+                "stale_after": self.stale_after.total_seconds(),
+                "next_cursor": next_cursor,
+            },
+        )
+
+    async def resolve(
+        self,
+        principal: auth.Principal,
+        tenant: str,
+        outcome_ref: str,
+        idem: Idempotency,
+        *,
+        instance: str,
+        status: Settlement,
+        outcome: Any,
+        reason: str,
+    ) -> Answer:
+        """An operator settles a receipt left pending past the class deadline: with what
+        happened (succeeded or failed, never cancelled), and why; recorded on the receipt."""
+        principal.require(tenant, Role.OPERATOR)
+
+        async def operation(conn: Conn) -> Answer:
+            await require_tenant(conn, tenant)
+            row = await confirmation_receipts.resolve(
+                conn,
+                tenant=tenant,
+                ref=outcome_ref,
+                status=status,
+                outcome=outcome,
+                actor=principal.actor,
+                reason=reason,
+                stale_after=self.stale_after,
+            )
+            if row is not None:
+                return _answer(200, row)
+            existing = await confirmation_receipts.get(conn, tenant=tenant, ref=outcome_ref)
+            if existing is None:
+                raise errors.ReceiptNotFoundError(outcome_ref=outcome_ref)
+            if existing["status"] != "pending":
+                raise ReceiptConflictError(
+                    f"The receipt is already settled as {existing['status']};"
+                    " a receipt settles once.",
+                    outcome_ref=outcome_ref,
+                    status=existing["status"],
+                )
+            raise errors.ReceiptNotStaleError(
+                outcome_ref=outcome_ref,
+                stale_after=self.stale_after.total_seconds(),
+                created_at=existing["created_at"].isoformat(),
+            )
+
+        return await self.effects.run(tenant, idem, instance, operation)

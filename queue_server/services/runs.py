@@ -7,27 +7,37 @@ tenant runs at most one verification at a time (concurrency one, rejected at
 capacity); a checkpoint is recorded once and replays; the marker is refused
 while any declared item lacks a checkpoint. A restarted verifier reads the run
 back and resumes from its checkpoints.
+
+The policy's artifact-verification deadline bounds a run from its start: past
+it, the run ends `failed` (deadline-exceeded) at its next checkpoint or complete,
+when the tenant starts another run, or by the server's sweeper. An operator may
+abandon a running run (who and why are recorded). A failed or abandoned run
+holds nothing: the tenant's next run starts, and the same key starts anew,
+carrying the ended run's checkpoints over.
 """
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from queue_server import auth, errors, views
 from queue_server.db import Database
-from queue_server.idempotency import Answer
-from queue_server.models import is_uuid, uuid7
-from queue_server.policy import OperationClass, admit_operation, run_key
+from queue_server.idempotency import Answer, Effects, Idempotency
+from queue_server.models import Role, is_uuid, uuid7
+from queue_server.policy import OperationClass, ReliabilityPolicy, admit_operation, run_key
 from queue_server.services.common import WORKER_OR_OPERATOR, require_tenant
 from queue_server.store import verification_runs
 from queue_server.store.types import Conn, Row
 
 
 class VerificationRuns:
-    """Start, read, checkpoint and complete artifact verification runs."""
+    """Start, read, checkpoint, complete and abandon artifact verification runs."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, effects: Effects, policy: ReliabilityPolicy) -> None:
         self.db = db
+        self.effects = effects
+        self.deadline = timedelta(seconds=policy.verification.deadline)
 
     @staticmethod
     async def _run(conn: Conn, tenant: str, run_id: str, *, lock: bool = False) -> Row:
@@ -60,6 +70,8 @@ class VerificationRuns:
         declared = list(dict.fromkeys(items))
         async with self.db.tx() as conn:
             await require_tenant(conn, tenant)
+            # A running run past its deadline fails here rather than blocking this one.
+            await verification_runs.fail_overdue(conn, tenant=tenant)
             row = await verification_runs.start(
                 conn,
                 tenant=tenant,
@@ -67,6 +79,7 @@ class VerificationRuns:
                 artifact=artifact_version,
                 verifier=verifier_version,
                 items=declared,
+                deadline=self.deadline,
             )
             if row is not None:
                 return await self._answer(conn, 201, row)
@@ -111,9 +124,11 @@ class VerificationRuns:
     ) -> Answer:
         """Record the item's result once, 201; the same result again, 200; another result, 409."""
         principal.require(tenant, *WORKER_OR_OPERATOR)
+        await self._end_if_overdue(tenant, run_id)
         async with self.db.tx() as conn:
             await require_tenant(conn, tenant)
             run = await self._run(conn, tenant, run_id, lock=True)
+            _refuse_ended(run)
             if item not in run["items"]:
                 raise errors.ItemNotDeclaredError(run_id=run_id, item=item)
             row = await verification_runs.record(
@@ -132,9 +147,11 @@ class VerificationRuns:
     async def complete(self, principal: auth.Principal, tenant: str, run_id: str) -> Answer:
         """running -> complete once every declared item is checkpointed; complete again: 200."""
         principal.require(tenant, *WORKER_OR_OPERATOR)
+        await self._end_if_overdue(tenant, run_id)
         async with self.db.tx() as conn:
             await require_tenant(conn, tenant)
             run = await self._run(conn, tenant, run_id)
+            _refuse_ended(run)
             row = await verification_runs.complete(conn, tenant=tenant, run_id=run_id)
             if row is not None:
                 return await self._answer(conn, 200, row)
@@ -149,4 +166,52 @@ class VerificationRuns:
             f"{len(missing)} declared item(s) have no checkpoint yet.",
             run_id=run_id,
             missing=missing[:100],
+        )
+
+    async def _end_if_overdue(self, tenant: str, run_id: str) -> None:
+        """The deadline at a checkpoint boundary: a running run past it fails, committed."""
+        if not is_uuid(run_id):
+            return
+        async with self.db.tx() as conn:
+            await verification_runs.fail_overdue(conn, tenant=tenant, run_id=run_id)
+
+    async def abandon(
+        self,
+        principal: auth.Principal,
+        tenant: str,
+        run_id: str,
+        idem: Idempotency,
+        *,
+        instance: str,
+        reason: str,
+    ) -> Answer:
+        """running -> abandoned by an operator, who and why recorded; 409 if it has ended."""
+        principal.require(tenant, Role.OPERATOR)
+
+        async def operation(conn: Conn) -> Answer:
+            await require_tenant(conn, tenant)
+            await self._run(conn, tenant, run_id)
+            row = await verification_runs.abandon(
+                conn, tenant=tenant, run_id=run_id, actor=principal.actor, reason=reason
+            )
+            if row is None:
+                _refuse_ended(await self._run(conn, tenant, run_id))
+                raise errors.VerificationRunEndedError(
+                    "The run is complete; only a running run is abandoned.",
+                    run_id=run_id,
+                    state="complete",
+                )
+            return await self._answer(conn, 200, row)
+
+        return await self.effects.run(tenant, idem, instance, operation)
+
+
+def _refuse_ended(run: Row) -> None:
+    """A failed or abandoned run takes no more checkpoints and no terminal marker."""
+    if run["state"] in ("failed", "abandoned"):
+        raise errors.VerificationRunEndedError(
+            f"The run has ended: {run['state']} ({run['end_reason']}).",
+            run_id=str(run["run_id"]),
+            state=run["state"],
+            reason=run["end_reason"],
         )

@@ -1,6 +1,7 @@
 """SQL of confirmed-mutation receipts: a one-shot claim (-> pending) and one settlement.
 
     (none) --claim--> pending --settle--> succeeded | failed
+                         '--(past the class deadline) an operator settles, with a reason-->
 
 The claim is the mutation's exclusive grant (policy ADR Decision 5): a second
 claim of the same (idempotency key, outcome reference) finds the first receipt.
@@ -9,6 +10,7 @@ Each function takes the caller's connection and never commits.
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -19,7 +21,8 @@ from queue_server.store.types import Conn, Row
 _SQL = Statements(__name__)
 
 _COLUMNS = (
-    "tenant_id, outcome_ref, idempotency_key, claim_token, status, outcome, created_at, settled_at"
+    "tenant_id, outcome_ref, idempotency_key, claim_token, status, outcome, created_at, settled_at,"
+    " settled_by, settle_reason"
 )
 
 # ON CONFLICT covers both identities: the outcome reference (primary key) and the
@@ -79,4 +82,83 @@ async def settle(conn: Conn, *, tenant: str, ref: str, status: str, outcome: Any
     cur = await conn.execute(
         _SETTLE, {"tenant": tenant, "ref": ref, "status": status, "outcome": Jsonb(outcome)}
     )
+    return await cur.fetchone()
+
+
+# Stale: still pending `older_than` after its claim. Oldest first (the partial index).
+_LIST_PENDING = _SQL(
+    "list_pending",
+    f"""
+SELECT {_COLUMNS}, created_at <= statement_timestamp() - %(stale_after)s AS stale
+FROM confirmation_receipts
+WHERE tenant_id = %(tenant)s AND status = 'pending'
+  AND created_at <= statement_timestamp() - %(older_than)s
+  AND (%(after_at)s::timestamptz IS NULL
+       OR (created_at, outcome_ref) > (%(after_at)s::timestamptz, %(after_ref)s::text))
+ORDER BY created_at, outcome_ref
+LIMIT %(limit)s
+""",
+)
+
+
+async def list_pending(
+    conn: Conn,
+    *,
+    tenant: str,
+    older_than: timedelta,
+    stale_after: timedelta,
+    after: tuple[datetime, str] | None,
+    limit: int,
+) -> list[Row]:
+    """Pending receipts claimed at least `older_than` ago, oldest first, after the cursor;
+    `stale` says whether each is past `stale_after`."""
+    params = {
+        "tenant": tenant,
+        "older_than": older_than,
+        "stale_after": stale_after,
+        "after_at": after[0] if after else None,
+        "after_ref": after[1] if after else None,
+        "limit": limit,
+    }
+    cur = await conn.execute(_LIST_PENDING, params)
+    return await cur.fetchall()
+
+
+# An operator's settlement, only of a receipt pending past `stale_after`: a dispatched
+# mutation settles as what happened (succeeded or failed), never as cancelled.
+_RESOLVE = _SQL(
+    "resolve",
+    f"""
+UPDATE confirmation_receipts
+SET status = %(status)s, outcome = %(outcome)s, settled_at = statement_timestamp(),
+    settled_by = %(actor)s, settle_reason = %(reason)s
+WHERE tenant_id = %(tenant)s AND outcome_ref = %(ref)s AND status = 'pending'
+  AND created_at <= statement_timestamp() - %(stale_after)s
+RETURNING {_COLUMNS}
+""",
+)
+
+
+async def resolve(
+    conn: Conn,
+    *,
+    tenant: str,
+    ref: str,
+    status: str,
+    outcome: Any,
+    actor: str,
+    reason: str,
+    stale_after: timedelta,
+) -> Row | None:
+    """pending (stale) -> succeeded | failed by an operator; None when not pending or not stale."""
+    params = {
+        "tenant": tenant,
+        "ref": ref,
+        "status": status,
+        "outcome": Jsonb(outcome),
+        "actor": actor,
+        "reason": reason,
+        "stale_after": stale_after,
+    }
+    cur = await conn.execute(_RESOLVE, params)
     return await cur.fetchone()

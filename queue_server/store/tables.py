@@ -241,8 +241,23 @@ confirmation_receipts = Table(
     Column("outcome", JSONB, nullable=True),
     _ts("created_at", nullable=False, server_default=func.now()),
     _ts("settled_at", nullable=True),
+    # Set when an operator settled a receipt left pending past the class deadline.
+    Column("settled_by", Text, nullable=True),
+    Column("settle_reason", Text, nullable=True),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
     CheckConstraint("status IN ('pending', 'succeeded', 'failed')", name="status_known"),
+    CheckConstraint(
+        "(settled_by IS NULL) = (settle_reason IS NULL)"
+        " AND (settled_by IS NULL OR status <> 'pending')",
+        name="operator_settlement_recorded",
+    ),
+    # Operators list the stale pending receipts of a tenant, oldest first.
+    Index(
+        "ix_confirmation_receipts_pending",
+        "tenant_id",
+        "created_at",
+        postgresql_where=text("status = 'pending'"),
+    ),
     CheckConstraint(
         "(status = 'pending') = (settled_at IS NULL) AND (status = 'pending') = (outcome IS NULL)",
         name="settled_iff_outcome",
@@ -256,7 +271,8 @@ confirmation_receipts = Table(
     ),
 )
 
-# A run is keyed by (artifact version, verifier version): the same pair is the same run.
+# A run is keyed by (artifact version, verifier version): the same pair is the same run
+# while it runs or once complete; a failed or abandoned run leaves its key free again.
 verification_runs = Table(
     "verification_runs",
     metadata,
@@ -269,9 +285,21 @@ verification_runs = Table(
     Column("state", Text, nullable=False, server_default=text("'running'")),
     _ts("created_at", nullable=False, server_default=func.now()),
     _ts("completed_at", nullable=True),
+    # Start plus the policy's artifact-verification deadline: a run still running then fails.
+    _ts("deadline_at", nullable=False),
+    # Who ended a run that did not complete (the server at its deadline, or an operator), and why.
+    _ts("ended_at", nullable=True),
+    Column("ended_by", Text, nullable=True),
+    Column("end_reason", Text, nullable=True),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
-    CheckConstraint("state IN ('running', 'complete')", name="state_known"),
+    CheckConstraint("state IN ('running', 'complete', 'failed', 'abandoned')", name="state_known"),
     CheckConstraint("(state = 'complete') = (completed_at IS NOT NULL)", name="complete_has_time"),
+    CheckConstraint(
+        "(state IN ('failed', 'abandoned')) = (ended_at IS NOT NULL)"
+        " AND (ended_at IS NULL) = (ended_by IS NULL)"
+        " AND (ended_at IS NULL) = (end_reason IS NULL)",
+        name="ended_has_record",
+    ),
     CheckConstraint(
         "jsonb_typeof(items) = 'array' AND jsonb_array_length(items) >= 1", name="declares_items"
     ),
@@ -281,6 +309,7 @@ verification_runs = Table(
         "artifact_version",
         "verifier_version",
         unique=True,
+        postgresql_where=text("state IN ('running', 'complete')"),
     ),
     # At most one running run per tenant: verification concurrency is one.
     Index(

@@ -3,8 +3,6 @@ a lease's deadline from its acquisition, and the requeue/triage delay cap."""
 
 from __future__ import annotations
 
-import copy
-import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -15,9 +13,8 @@ from typing import Any
 import httpx
 import pytest
 
-from queue_server.policy.v2 import OPERATION_RELIABILITY_V2
 from queue_server.settings import Settings
-from tests.conftest import Api, LiveServer, make_admin_key, setup_tenant
+from tests.conftest import Api, live_api, policy_file
 
 DEADLINE = 4.0  # seconds: the short lease deadline of the `short` server's policy
 
@@ -131,26 +128,18 @@ def test_lease_ttl_above_the_attempt_timeout_is_refused_naming_the_field_and_the
 @pytest.fixture
 def short(tmp_path: Path, database_url: str) -> Iterator[Api]:
     """A live server whose policy gives a lease at most DEADLINE seconds (a policy file)."""
-    doc = copy.deepcopy(OPERATION_RELIABILITY_V2)
-    doc["classes"]["durable-leased-work"]["deadline"] = {"seconds": DEADLINE}
-    doc["classes"]["durable-leased-work"]["attempt-timeout"] = {
-        "seconds": 2,
-        "on-timeout": "lease-expires",
-    }
-    path = tmp_path / "short.json"
-    path.write_text(json.dumps(doc))
+    path = policy_file(
+        tmp_path / "short.json",
+        {
+            "durable-leased-work": {
+                "deadline": {"seconds": DEADLINE},
+                "attempt-timeout": {"seconds": 2, "on-timeout": "lease-expires"},
+            }
+        },
+    )
     settings = Settings(data_dir=tmp_path, poll_interval=0.2, policy=str(path))
-    server = LiveServer(settings, database_url)
-    server.start()
-    try:
-        admin = httpx.Client(
-            base_url=server.url,
-            headers={"Authorization": f"Bearer {make_admin_key(settings, database_url)}"},
-            timeout=30,
-        )
-        yield setup_tenant(server.url, admin, "acme")
-    finally:
-        server.stop()
+    with live_api(settings, database_url) as api:
+        yield api
 
 
 def _at(value: object) -> datetime:
