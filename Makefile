@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 SOURCES := queue_server tests reliability bench deploy
 TYPED := queue_server tests reliability bench deploy/local-ha/ha.py
 
-.PHONY: help install serve test lint unit browser console-screenshots fmt sql clean bench bench-quick \
+.PHONY: help install serve test lint unit contract browser console-screenshots fmt sql clean bench bench-quick \
 	reliability lock ha-up ha-down ha-status ha-check failover bench-scale bench-sync
 
 help: ## Show the targets
@@ -37,7 +37,10 @@ browser: ## Debian's chromium for the console's browser tests (apt-get when miss
 console-screenshots: $(STAMP) browser ## Screenshots of the console's main pages into docs/console/
 	QUEUE_SERVER_CONSOLE_SCREENSHOTS=docs/console $(BIN)/pytest -q tests/console/test_console_browser.py
 
-test: lint unit ## Lint, then the whole test suite
+contract: $(STAMP) ## Prove each policy binding: its test fails under its weakening (~1 min)
+	$(BIN)/python -m tests.contract
+
+test: lint unit contract ## Lint, the whole test suite, then the policy contract
 
 fmt: $(STAMP) ## Format and fix what ruff can
 	$(BIN)/ruff format $(SOURCES)

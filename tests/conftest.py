@@ -4,6 +4,7 @@ and the real API served by uvicorn on a loopback port."""
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import socket
 import tempfile
@@ -43,8 +44,18 @@ def pytest_configure(config: pytest.Config) -> None:
         config.add_cleanup(lambda: shutil.rmtree(config.option.basetemp, ignore_errors=True))
 
 
+# A running embedded PostgreSQL to share, and a migrated template on it (the contract
+# verifier runs many short sessions).
+SHARED_PGDATA_ENV = "QUEUE_SERVER_TEST_PGDATA"
+SHARED_TEMPLATE_ENV = "QUEUE_SERVER_TEST_TEMPLATE"
+
+
 @pytest.fixture(scope="session")
 def pg() -> Iterator[EmbeddedPostgres]:
+    shared = os.environ.get(SHARED_PGDATA_ENV)
+    if shared:
+        yield EmbeddedPostgres(Path(shared))
+        return
     # Not under pytest's basetemp: another pytest run on the machine may prune that.
     root = Path(tempfile.mkdtemp(prefix="qs-test-pg-"))
     # As root, PostgreSQL runs as a system user that must traverse to its data directory.
@@ -65,20 +76,27 @@ def pg() -> Iterator[EmbeddedPostgres]:
 
 
 @pytest.fixture(scope="session")
-def template_db(pg: EmbeddedPostgres) -> str:
-    """A database migrated to head once; each test clones it."""
+def template_db(pg: EmbeddedPostgres) -> Iterator[str]:
+    """A database migrated to head once; each test clones it (its own, on a shared server)."""
+    shared_template = os.environ.get(SHARED_TEMPLATE_ENV)
+    if shared_template:
+        yield shared_template
+        return
+    name = f"{TEMPLATE_DB}_{os.getpid()}" if os.environ.get(SHARED_PGDATA_ENV) else TEMPLATE_DB
     janitor = DatabaseJanitor(
         user="postgres",
         password=pg.password,
         host=str(pg.socket_dir),
         port=pg.port,
-        dbname=TEMPLATE_DB,
+        dbname=name,
         version=18,
         as_template=True,
     )
     janitor.init()
-    migrate.upgrade(pg.url(TEMPLATE_DB))
-    return TEMPLATE_DB
+    migrate.upgrade(pg.url(name))
+    yield name
+    if os.environ.get(SHARED_PGDATA_ENV):
+        janitor.drop()
 
 
 @pytest.fixture

@@ -86,8 +86,8 @@ def verify(
         print_json(report.as_dict())
     else:
         console.print(
-            f"cells: {report.cells_checked}  bindings: {report.bindings_checked}"
-            f"  decision points: {report.decisions_checked}"
+            f"cells: {report.cells_checked}: {report.bound} bound to code, a test and a"
+            f" weakening; {report.not_applicable} not-applicable; {report.declared} declared only"
         )
         if report.real_path is not None:
             verdict = "keeps" if report.real_path.passed else "BREAKS"

@@ -10,7 +10,13 @@ their retries, circuits and gates from the cells through this package.
 """
 
 from queue_server.policy.admission import Admission, admit_backlog, admit_operation
-from queue_server.policy.bindings import BINDINGS, DECISIONS, Binding, DecisionBinding
+from queue_server.policy.bindings import (
+    BINDINGS,
+    DECLARED,
+    NEGATIVE_CONTROLS,
+    Binding,
+    NegativeControl,
+)
 from queue_server.policy.breaker import CallTicket, CircuitBreaker, CircuitState
 from queue_server.policy.cancellation import DisconnectAuthority, DisconnectOutcome
 from queue_server.policy.errors import (
@@ -81,8 +87,9 @@ from queue_server.policy.verifier import (
 
 __all__ = [
     "BINDINGS",
-    "DECISIONS",
+    "DECLARED",
     "MAX_ATTEMPTS",
+    "NEGATIVE_CONTROLS",
     "POLICY_ENV",
     "POLICY_NAME",
     "Admission",
@@ -99,7 +106,6 @@ __all__ = [
     "ConfirmedMutationPath",
     "ContractFailure",
     "ContractReport",
-    "DecisionBinding",
     "Delivery",
     "Dependency",
     "Dimension",
@@ -111,6 +117,7 @@ __all__ = [
     "Mutation",
     "MutationReport",
     "MutationStatus",
+    "NegativeControl",
     "NotApplicable",
     "OperationClass",
     "OperationStoppedError",

@@ -88,7 +88,7 @@ class Services:
             keys=keys,
             tenants=Tenants(db, policy),
             items=items,
-            queues=Queues(db, effects),
+            queues=Queues(db, effects, policy),
             dead_letters=DeadLetters(db, effects, policy),
             ledgers=Ledgers(db),
             watchers=Watchers(db, effects, settings),

@@ -329,6 +329,7 @@ class Items:
                         ttl=ttl,
                         deadline=deadline,
                         max_items=max_items,
+                        base_limit=self.envelope.leased.concurrency,
                         slack=await self._slack_for(conn, tenant, queue),
                     )
                     leased, quarantined = acquired.leased, acquired.quarantined

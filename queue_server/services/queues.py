@@ -8,6 +8,7 @@ from queue_server import auth, views
 from queue_server.db import Database
 from queue_server.idempotency import Answer, Effects, Idempotency
 from queue_server.models import Role
+from queue_server.policy import ReliabilityPolicy
 from queue_server.services.common import WORKER_OR_OPERATOR, require_tenant
 from queue_server.store import dead_letters, reads, tenants
 from queue_server.store.types import Conn, Row
@@ -18,9 +19,11 @@ STATUS_LEASES = 100  # the status shows at most this many leases, the oldest fir
 class Queues:
     """Spend approvals, concurrency and status of a tenant's queues."""
 
-    def __init__(self, db: Database, effects: Effects) -> None:
+    def __init__(self, db: Database, effects: Effects, policy: ReliabilityPolicy) -> None:
         self.db = db
         self.effects = effects
+        # Without a live spend approval: the policy's local leased-work concurrency (one).
+        self.base_limit = policy.leased_work.concurrency
 
     async def approve_spend(
         self,
@@ -55,7 +58,9 @@ class Queues:
     async def concurrency(self, principal: auth.Principal, tenant: str, queue: str) -> Answer:
         principal.require(tenant, *WORKER_OR_OPERATOR)
         async with self.db.conn() as conn:
-            info = await tenants.concurrency(conn, tenant=tenant, queue=queue)
+            info = await tenants.concurrency(
+                conn, tenant=tenant, queue=queue, base_limit=self.base_limit
+            )
         return Answer.of(200, {"tenant": tenant, "queue": queue, **info})
 
     async def status(self, principal: auth.Principal, tenant: str) -> Answer:
@@ -66,7 +71,9 @@ class Queues:
             backlog = await tenants.backlog(conn, tenant)
             queues = []
             for q in await reads.queue_status(conn, tenant=tenant):
-                limits = await tenants.concurrency(conn, tenant=tenant, queue=q["queue"])
+                limits = await tenants.concurrency(
+                    conn, tenant=tenant, queue=q["queue"], base_limit=self.base_limit
+                )
                 age = q["oldest_ready_age"]
                 queues.append(
                     {

@@ -298,14 +298,17 @@ SELECT (SELECT count(*) FROM work_items
 )
 
 
-async def concurrency(conn: Conn, *, tenant: str, queue: str) -> dict[str, Any]:
-    """The queue's limit (1 without a live spend approval) and its active leases."""
+async def concurrency(
+    conn: Conn, *, tenant: str, queue: str, base_limit: int = 1
+) -> dict[str, Any]:
+    """The queue's limit (`base_limit`, the policy's local concurrency, without a live spend
+    approval) and its active leases."""
     cur = await conn.execute(_CONCURRENCY, {"tenant": tenant, "queue": queue})
     row = await cur.fetchone()
     assert row is not None
     approval = row["approval"]
     return {
-        "limit": approval["max_concurrency"] if approval else 1,
+        "limit": approval["max_concurrency"] if approval else base_limit,
         "active_leases": row["active_leases"],
         "approval": approval,
     }

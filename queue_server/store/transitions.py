@@ -159,7 +159,8 @@ async def enqueue(
     return rows
 
 
-# The queue's concurrency limit is enforced under an advisory lock on the queue.
+# The queue's concurrency limit (the policy's local concurrency, one, unless a live spend
+# approval raises it: %(base_limit)s) is enforced under an advisory lock on the queue.
 # Exclusive: the acquire counts active leases exactly, with every earlier acquire
 # committed. Shared (many acquires at once): only while the room left is at least
 # `slack`, the most leases that acquires still in flight can hold (one per database
@@ -211,7 +212,7 @@ _ACQUIRE = _SQL(
 WITH counts AS (
     SELECT coalesce((SELECT max(max_concurrency) FROM spend_approvals
                      WHERE tenant_id = %(tenant)s AND queue = %(queue)s
-                       AND expires_at > statement_timestamp()), 1)
+                       AND expires_at > statement_timestamp()), %(base_limit)s)
            - (SELECT count(*) FROM work_items
               WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
                 AND lease_expires_at > statement_timestamp()) AS free
@@ -300,6 +301,7 @@ async def acquire(
     ttl: timedelta,
     deadline: timedelta,
     max_items: int,
+    base_limit: int = 1,
     slack: int | None = None,
 ) -> Acquired:
     """ready (due) or leased (expired) -> leased, fence + 1; past the budget -> quarantined.
@@ -324,6 +326,7 @@ async def acquire(
             "worker": worker,
             "ttl": ttl,
             "deadline": deadline,
+            "base_limit": base_limit,
             "max_items": max_items,
             "shard": _shard(),
             "shared": shared,

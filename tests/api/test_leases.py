@@ -71,6 +71,19 @@ def test_complete_rejects_stale_fence(api: Api, db: Db) -> None:
     assert accepted.json()["fence"] == second["fence"]
 
 
+def test_a_superseded_fence_is_refused_even_for_the_same_worker(api: Api, db: Db) -> None:
+    api.enqueue()
+    (first,) = api.acquire(worker="w1")
+    expire(db, first["item_id"])
+    (second,) = api.acquire(worker="w1")  # the same worker name, a new lease
+    assert second["fence"] == int(str(first["fence"])) + 1
+    for action in ("heartbeat", "complete", "requeue"):
+        refused = api.holder(action, first["item_id"], worker="w1", fence=first["fence"])
+        assert (refused.status_code, refused.json()["code"]) == (409, "stale-fence"), action
+    done = api.holder("complete", second["item_id"], worker="w1", fence=second["fence"])
+    assert done.status_code == 200
+
+
 def test_complete_rejects_another_worker(api: Api) -> None:
     api.enqueue()
     (lease,) = api.acquire(worker="w1")

@@ -1,4 +1,5 @@
-"""The contract verifier: totality, bindings, named tests, and the cancel-after-dispatch negative control."""
+"""The contract verifier's registry: totality, well-formed bindings, the cancellation rule and
+its negative control; and the docs table it writes, which must not drift."""
 
 from __future__ import annotations
 
@@ -8,14 +9,18 @@ from pathlib import Path
 
 from queue_server.policy import (
     BINDINGS,
-    DECISIONS,
     CancelAfterDispatchMutationPath,
     ConfirmedMutationPath,
     Dimension,
     OperationClass,
+    load_policy,
     verify_cancellation_rule,
     verify_contract,
 )
+from queue_server.policy.bindings import DECLARED, NEGATIVE_CONTROLS
+from queue_server.policy.verifier import render_table
+from tests.contract import BEGIN, DOCS, END
+from tests.weakenings import WEAKENINGS
 
 
 def test_cancellation_rule_passes_on_real_mutation_path() -> None:
@@ -36,7 +41,8 @@ def test_verify_contract_passes_on_the_real_policy() -> None:
     report = verify_contract()
     assert report.passed, report.failures
     assert report.cells_checked == 60
-    assert report.bindings_checked == 60
+    assert report.bound == len(BINDINGS)
+    assert report.bound + report.not_applicable + report.declared == 60
     assert report.real_path is not None
     assert report.real_path.passed
     assert report.negative_control is not None
@@ -44,10 +50,52 @@ def test_verify_contract_passes_on_the_real_policy() -> None:
     assert json.loads(json.dumps(report.as_dict()))["passed"] is True
 
 
-def test_every_cell_has_exactly_one_binding() -> None:
-    cells = [(b.operation_class, b.dimension) for b in BINDINGS]
-    assert len(cells) == len(set(cells)) == len(OperationClass) * len(Dimension)
-    assert all(b.moves_to for b in BINDINGS)
+def test_every_cell_is_bound_not_applicable_or_declared_once() -> None:
+    policy = load_policy()
+    bound = [(b.operation_class, b.dimension) for b in BINDINGS]
+    assert len(bound) == len(set(bound))
+    assert not set(bound) & set(DECLARED)
+    for cls in OperationClass:
+        for dim in Dimension:
+            ways = (cls, dim) in bound, (cls, dim) in DECLARED, policy.cell(cls, dim).__class__
+            assert ways[0] or ways[1] or ways[2].__name__ == "NotApplicable", (cls, dim)
+
+
+def test_every_class_has_a_binding_proven_by_a_weakening_except_watcher_delivery() -> None:
+    classes = {b.operation_class for b in BINDINGS}
+    assert classes == set(OperationClass) - {OperationClass.WATCHER_DELIVERY}
+    assert all(b.weakening in WEAKENINGS for b in BINDINGS)
+    assert {c.weakening for c in NEGATIVE_CONTROLS} <= set(WEAKENINGS)
+    assert len({c.path for c in NEGATIVE_CONTROLS}) == 2
+
+
+def test_verify_contract_fails_when_a_cell_is_neither_bound_nor_declared() -> None:
+    report = verify_contract(bindings=BINDINGS[1:])
+    assert not report.passed
+    assert [f.cell for f in report.failures] == [BINDINGS[0].cell]
+
+
+def test_verify_contract_fails_when_a_bound_cell_is_also_declared() -> None:
+    first = BINDINGS[0]
+    report = verify_contract(
+        declared={**DECLARED, (first.operation_class, first.dimension): "twice"}
+    )
+    assert [f.cell for f in report.failures] == [first.cell]
+
+
+def test_verify_contract_fails_on_unresolvable_code_or_a_missing_weakening() -> None:
+    broken = replace(BINDINGS[0], enforced_by="queue_server.services.envelope.NoSuchThing")
+    report = verify_contract(bindings=(broken, *BINDINGS[1:]))
+    assert [f.cell for f in report.failures] == [BINDINGS[0].cell]
+    assert "does not resolve" in report.failures[0].message
+    unweakened = replace(BINDINGS[0], weakening="")
+    report = verify_contract(bindings=(unweakened, *BINDINGS[1:]))
+    assert "weakening" in report.failures[0].message
+
+
+def test_verify_contract_needs_the_negative_control_on_both_mutation_paths() -> None:
+    report = verify_contract(controls=NEGATIVE_CONTROLS[:1])
+    assert any("REST-backed bridge" in f.message for f in report.failures)
 
 
 def test_verify_contract_fails_when_negative_control_passes() -> None:
@@ -59,58 +107,11 @@ def test_verify_contract_fails_when_negative_control_passes() -> None:
 def test_verify_contract_fails_on_weakened_mutation_path() -> None:
     report = verify_contract(mutation_path=CancelAfterDispatchMutationPath())
     assert not report.passed
-    assert {f.cell for f in report.failures} == {"confirmed-mutation/cancellation"}
+    assert report.real_path is not None
+    assert not report.real_path.passed
 
 
-def test_verify_contract_reports_missing_binding() -> None:
-    report = verify_contract(bindings=BINDINGS[1:])
-    assert not report.passed
-    assert [f.cell for f in report.failures] == [BINDINGS[0].cell]
-    assert "found 0" in report.failures[0].message
-
-
-def test_verify_contract_reports_unresolvable_binding() -> None:
-    broken = replace(BINDINGS[0], enforced_by="queue_server.policy.admission.no_such_gate")
-    report = verify_contract(bindings=(broken, *BINDINGS[1:]))
-    assert [f.cell for f in report.failures] == [broken.cell]
-    assert "does not resolve" in report.failures[0].message
-
-
-def test_verify_contract_reports_missing_test() -> None:
-    broken = replace(BINDINGS[0], test="tests/policy/test_policy_admission.py::test_nothing_here")
-    report = verify_contract(bindings=(broken, *BINDINGS[1:]))
-    assert [f.cell for f in report.failures] == [broken.cell]
-    assert "not found" in report.failures[0].message
-
-
-def test_verify_contract_reports_test_that_does_not_exercise_binding() -> None:
-    broken = replace(
-        BINDINGS[0],
-        test="tests/policy/test_policy_verifier.py::test_every_cell_has_exactly_one_binding",
-    )
-    report = verify_contract(bindings=(broken, *BINDINGS[1:]))
-    assert [f.cell for f in report.failures] == [broken.cell]
-    assert "does not exercise" in report.failures[0].message
-
-
-def test_verify_contract_reports_missing_tests_tree(tmp_path: Path) -> None:
-    report = verify_contract(tests_root=tmp_path)
-    tests_named = sum(len(d.tests) for d in DECISIONS)
-    assert len(report.failures) == len(BINDINGS) + tests_named
-    assert all("not found" in f.message for f in report.failures)
-
-
-def test_every_adr_decision_point_is_bound_to_code_and_tests() -> None:
-    assert [d.point for d in DECISIONS] == list(range(1, 9))
-    assert all(d.enforced_by and d.tests for d in DECISIONS)
-
-
-def test_verify_contract_reports_decision_point_without_its_test() -> None:
-    broken = replace(DECISIONS[5], tests=("tests/policy/test_policy_gates.py::test_gone",))
-    report = verify_contract(decisions=(*DECISIONS[:5], broken, *DECISIONS[6:]))
-    assert [f.cell for f in report.failures] == ["decision-6"]
-
-
-def test_verify_contract_reports_missing_decision_point() -> None:
-    report = verify_contract(decisions=DECISIONS[:-1])
-    assert [f.cell for f in report.failures] == ["decisions"]
+def test_the_docs_table_is_the_one_the_verifier_writes() -> None:
+    text = Path(DOCS).read_text()
+    written = text[text.index(BEGIN) + len(BEGIN) : text.index(END)].strip()
+    assert written == render_table().strip(), "run: python -m tests.contract --write-docs"

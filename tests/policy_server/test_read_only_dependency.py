@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import threading
 import time
 from collections.abc import Iterator
@@ -18,7 +19,9 @@ from queue_server.policy import (
     PermitGate,
     PermitUnavailableError,
     admit_operation,
+    load_policy,
 )
+from queue_server.policy.v2 import OPERATION_RELIABILITY_V2
 from queue_server.transport import Outcome, WallDeadlineExceededError
 
 
@@ -105,9 +108,12 @@ def test_read_only_dependency_client_stops_after_three_attempts(dependency: Depe
 def test_read_only_dependency_client_times_out_an_attempt_and_retries(
     dependency: Dependency,
 ) -> None:
+    # The attempt timeout comes from the loaded policy: here a tighter document's 0.2 s.
+    doc = copy.deepcopy(OPERATION_RELIABILITY_V2)
+    doc["classes"]["read-only-dependency"]["attempt-timeout"]["seconds"] = 0.2
     started = time.monotonic()
-    reads = _client()
-    result = asyncio.run(reads.get(dependency.url("/slow"), attempt_timeout=0.2))
+    reads = _client(policy=load_policy(doc))
+    result = asyncio.run(reads.get(dependency.url("/slow")))
     assert result.status == 200
     assert dependency.hits["/slow"] == 2
     assert time.monotonic() - started < 1.0

@@ -59,7 +59,7 @@ SELECT pg_advisory_xact_lock_shared(hashtextextended(%(tenant)s || '/' || %(queu
 WITH counts AS (
     SELECT coalesce((SELECT max(max_concurrency) FROM spend_approvals
                      WHERE tenant_id = %(tenant)s AND queue = %(queue)s
-                       AND expires_at > statement_timestamp()), 1)
+                       AND expires_at > statement_timestamp()), %(base_limit)s)
            - (SELECT count(*) FROM work_items
               WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
                 AND lease_expires_at > statement_timestamp()) AS free

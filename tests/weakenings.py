@@ -1,0 +1,347 @@
+"""Named weakenings of the runtime, applied by a pytest plugin inside the test process only.
+
+    pytest -p tests.weakenings --weaken lift-attempt-cap tests/api/test_lease_envelope.py
+
+The contract verifier (`python -m tests.contract`) runs each binding's test under its
+weakening and requires that it fails: a test that still passes when the value it
+guards is lifted, or the mechanism removed, does not prove the cell is enforced.
+
+Nothing here is reachable from the installed package: the production runtime has no
+switch, setting or environment variable that weakens it. A weakening patches the
+runtime in this test process (the live server of a test runs in it, in a thread):
+
+- `lift(...)` lifts a cell's value where every enforcement point reads it
+  (`ReliabilityPolicy.for_class`, under the typed views and the policy helpers), so a
+  lifted test proves the runtime reads that value from the loaded policy;
+- `replace_sql(...)` edits one registered statement, as a wrong edit of the store would;
+- `after_migrate(...)` changes the test databases' schema (e.g. drops an index);
+- plain `monkeypatch.setattr` swaps a mechanism (e.g. the negative control's
+  cancel-after-dispatch mutation path into the REST-backed bridge).
+
+Add one with `@weakening("name", "what it breaks")` on a function taking the
+`pytest.MonkeyPatch`; bind it to a cell in `queue_server/policy/bindings.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from queue_server.policy.model import ClassPolicy, OperationClass, ReliabilityPolicy
+
+Apply = Callable[[pytest.MonkeyPatch], None]
+
+
+@dataclass(frozen=True)
+class Weakening:
+    name: str
+    description: str
+    apply: Apply
+    # It changes the schema (`after_migrate`): its tests need a template of their own.
+    own_schema: bool = False
+
+
+WEAKENINGS: dict[str, Weakening] = {}
+
+
+def weakening(name: str, description: str, *, own_schema: bool = False) -> Callable[[Apply], Apply]:
+    def register(apply: Apply) -> Apply:
+        if name in WEAKENINGS:
+            raise ValueError(f"weakening {name!r} is registered twice")
+        WEAKENINGS[name] = Weakening(name, description, apply, own_schema)
+        return apply
+
+    return register
+
+
+# -- the tools ------------------------------------------------------------------------------
+
+
+def lift(mp: pytest.MonkeyPatch, operation_class: str, dimension: str, **changes: Any) -> None:
+    """Every reader of the class's cell sees it with `changes` (the loader is bypassed)."""
+    target = OperationClass(operation_class)
+    attribute = dimension.replace("-", "_")
+    original = ReliabilityPolicy.for_class
+
+    def for_class(self: ReliabilityPolicy, cls: OperationClass | str) -> ClassPolicy:
+        policy = original(self, cls)
+        if OperationClass(cls) is not target:
+            return policy
+        cell = getattr(policy, attribute)
+        return policy.model_copy(update={attribute: cell.model_copy(update=changes)})
+
+    mp.setattr(ReliabilityPolicy, "for_class", for_class)
+
+
+def replace_sql(mp: pytest.MonkeyPatch, module: Any, name: str, old: str, new: str) -> None:
+    """Edit the registered statement `module.name`; `old` must occur in it."""
+    sql: str = getattr(module, name)
+    if old not in sql:
+        raise AssertionError(f"{module.__name__}.{name} does not contain {old!r}")
+    mp.setattr(module, name, sql.replace(old, new))
+
+
+_AFTER_MIGRATE: list[str] = []
+
+
+def after_migrate(mp: pytest.MonkeyPatch, *statements: str) -> None:
+    """Run `statements` on every database the tests migrate (the template each test clones);
+    register the weakening with `own_schema=True`."""
+    from queue_server.infra import migrate
+
+    _AFTER_MIGRATE.extend(statements)
+    original = migrate.upgrade
+
+    def upgrade(url: str, revision: str = "heads") -> None:
+        original(url, revision)
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True) as conn:
+            for statement in _AFTER_MIGRATE:
+                conn.execute(statement.encode())
+
+    mp.setattr(migrate, "upgrade", upgrade)
+
+
+# -- durable-leased-work -----------------------------------------------------------------------
+
+LW = "durable-leased-work"
+
+
+@weakening("lift-attempt-cap", "durable-leased-work/retry max-acquisitions 5 -> 100")
+def _lift_attempt_cap(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, LW, "retry", max_acquisitions=100)
+
+
+@weakening("lift-lease-ttl-bound", "durable-leased-work/attempt-timeout 30 s -> 3600 s")
+def _lift_lease_ttl_bound(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, LW, "attempt-timeout", seconds=3600)
+
+
+@weakening("drop-lease-deadline", "durable-leased-work/deadline -> a million seconds")
+def _drop_lease_deadline(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, LW, "deadline", seconds=1_000_000)
+
+
+@weakening("lift-requeue-delay-cap", "durable-leased-work/backoff-and-jitter max 300 s -> a day")
+def _lift_requeue_delay_cap(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, LW, "backoff-and-jitter", max_seconds=86_400)
+
+
+@weakening("lift-leased-concurrency", "durable-leased-work/concurrency 1 -> 8 without approval")
+def _lift_leased_concurrency(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, LW, "concurrency", limit=8)
+
+
+@weakening("no-quarantine-at-budget", "acquire hands out an item past its acquisition budget")
+def _no_quarantine_at_budget(mp: pytest.MonkeyPatch) -> None:
+    from queue_server.store import transitions
+
+    replace_sql(
+        mp,
+        transitions,
+        "_ACQUIRE",
+        "AND w.acquisition_count < w.max_acquisitions",
+        "AND w.acquisition_count <= w.max_acquisitions",
+    )
+
+
+@weakening("no-expired-takeover", "acquire never takes over an expired lease")
+def _no_expired_takeover(mp: pytest.MonkeyPatch) -> None:
+    from queue_server.store import transitions
+
+    replace_sql(
+        mp,
+        transitions,
+        "_ACQUIRE",
+        "AND lease_expires_at <= statement_timestamp()\n    ORDER BY lease_expires_at",
+        "AND false\n    ORDER BY lease_expires_at",
+    )
+
+
+@weakening("drop-fence-guard", "holder operations stop checking the fence presented")
+def _drop_fence_guard(mp: pytest.MonkeyPatch) -> None:
+    from queue_server.store import transitions
+
+    for name in ("_HEARTBEAT", "_COMPLETE", "_REQUEUE", "_TRIAGE_REQUEUE", "_TRIAGE_QUARANTINE"):
+        replace_sql(mp, transitions, name, "fence = %(fence)s AND ", "")
+
+
+@weakening("drop-backlog-cap", "enqueue admits past the tenant's backlog cap")
+def _drop_backlog_cap(mp: pytest.MonkeyPatch) -> None:
+    from queue_server.services.items import Items
+    from queue_server.store import tenants
+
+    original = tenants.admit
+
+    async def admit(conn: Any, tenant: str) -> Any:
+        row, _ = await original(conn, tenant)
+        return row, 0
+
+    async def no_early_refusal(*_: Any) -> None:
+        return None
+
+    mp.setattr(tenants, "admit", admit)
+    mp.setattr(Items, "_refuse_early_at_cap", no_early_refusal)
+
+
+# -- artifact-verification -------------------------------------------------------------------
+
+AV = "artifact-verification"
+
+
+@weakening("drop-run-deadline", "artifact-verification/deadline -> a million seconds")
+def _drop_run_deadline(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, AV, "deadline", seconds=1_000_000)
+
+
+@weakening(
+    "let-a-second-run-in",
+    "the index that keeps one running run per tenant is dropped",
+    own_schema=True,
+)
+def _let_a_second_run_in(mp: pytest.MonkeyPatch) -> None:
+    after_migrate(mp, "DROP INDEX uq_verification_runs_running")
+
+
+@weakening("lift-verification-concurrency", "artifact-verification/concurrency 1 -> 2")
+def _lift_verification_concurrency(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, AV, "concurrency", limit=2)
+
+
+@weakening("single-attempt-verification", "artifact-verification/retry 3 attempts -> 1")
+def _single_attempt_verification(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, AV, "retry", max_attempts=1)
+
+
+# -- confirmed-mutation ----------------------------------------------------------------------
+
+CM = "confirmed-mutation"
+
+
+def _cancel_after_dispatch(mp: pytest.MonkeyPatch, target: type[Any]) -> None:
+    from queue_server.policy.mutation import CancelAfterDispatchMutationPath
+
+    for name in ("_leave_running", "_caller_cancelled", "_abandon"):
+        mp.setattr(target, name, getattr(CancelAfterDispatchMutationPath, name), raising=False)
+
+
+@weakening(
+    "cancel-dispatched-mutation-in-rest-bridge",
+    "the REST-backed bridge cancels a dispatched mutation (the seed's negative control)",
+)
+def _cancel_in_rest_bridge(mp: pytest.MonkeyPatch) -> None:
+    from queue_server.client import mutations
+    from queue_server.policy.mutation import CancelAfterDispatchMutationPath
+
+    mp.setattr(mutations, "ConfirmedMutationPath", CancelAfterDispatchMutationPath)
+
+
+@weakening(
+    "cancel-dispatched-mutation-in-process",
+    "the in-process mutation path cancels a dispatched mutation (the seed's negative control)",
+)
+def _cancel_in_process(mp: pytest.MonkeyPatch) -> None:
+    from queue_server.policy.mutation import ConfirmedMutationPath
+
+    _cancel_after_dispatch(mp, ConfirmedMutationPath)
+
+
+@weakening("drop-receipt-deadline", "confirmed-mutation/deadline -> a million seconds")
+def _drop_receipt_deadline(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, CM, "deadline", seconds=1_000_000)
+
+
+@weakening("lift-mutation-permits", "confirmed-mutation/concurrency 8 -> 16")
+def _lift_mutation_permits(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, CM, "concurrency", limit=16)
+
+
+@weakening("lift-mutation-circuit", "confirmed-mutation/circuit-breaking threshold 3 -> 1000")
+def _lift_mutation_circuit(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, CM, "circuit-breaking", failure_threshold=1000)
+
+
+# -- read-only-dependency ---------------------------------------------------------------------
+
+RO = "read-only-dependency"
+
+
+@weakening("lift-read-attempts", "read-only-dependency/retry 3 attempts -> 5")
+def _lift_read_attempts(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, RO, "retry", max_attempts=5)
+
+
+@weakening("lift-read-attempt-timeout", "read-only-dependency/attempt-timeout 2 s -> 9 s")
+def _lift_read_attempt_timeout(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, RO, "attempt-timeout", seconds=9)
+
+
+@weakening("lift-read-deadline", "read-only-dependency/deadline 10 s -> 1000 s")
+def _lift_read_deadline(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, RO, "deadline", seconds=1000)
+
+
+@weakening("lift-read-circuit", "read-only-dependency/circuit-breaking threshold 5 -> 1000")
+def _lift_read_circuit(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, RO, "circuit-breaking", failure_threshold=1000)
+
+
+@weakening("lift-read-concurrency", "read-only-dependency/concurrency 16 -> 64")
+def _lift_read_concurrency(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, RO, "concurrency", limit=64)
+
+
+# -- interactive-turn ---------------------------------------------------------------------------
+
+IT = "interactive-turn"
+
+
+@weakening("lift-turn-concurrency", "interactive-turn/concurrency 4 -> 64")
+def _lift_turn_concurrency(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, IT, "concurrency", limit=64)
+
+
+@weakening("lift-turn-deadline", "interactive-turn/deadline 120 s -> 100000 s")
+def _lift_turn_deadline(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, IT, "deadline", seconds=100_000)
+
+
+# -- the plugin -------------------------------------------------------------------------------
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--weaken",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="Apply the named weakening of the runtime (tests.weakenings) for this session.",
+    )
+
+
+_ACTIVE: list[pytest.MonkeyPatch] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    names: list[str] = config.getoption("--weaken")
+    unknown = [n for n in names if n not in WEAKENINGS]
+    if unknown:
+        raise pytest.UsageError(f"unknown weakening(s): {', '.join(unknown)}")
+    for name in names:
+        mp = pytest.MonkeyPatch()
+        WEAKENINGS[name].apply(mp)
+        _ACTIVE.append(mp)
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    names: list[str] = config.getoption("--weaken")
+    return f"WEAKENED runtime: {', '.join(names)}" if names else None
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    while _ACTIVE:
+        _ACTIVE.pop().undo()
