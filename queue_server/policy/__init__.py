@@ -9,7 +9,7 @@ GET /v1/policy and calls `admit_operation` before dispatch; the clients build
 their retries, circuits and gates from the cells through this package.
 """
 
-from queue_server.policy.admission import Admission, admit_backlog, admit_operation
+from queue_server.policy.admission import Admission, admit_operation, run_key
 from queue_server.policy.bindings import (
     BINDINGS,
     DECLARED,
@@ -52,19 +52,11 @@ from queue_server.policy.mutation import (
     ReceiptStore,
 )
 from queue_server.policy.permits import PermitGate
-from queue_server.policy.queue_decisions import (
-    Quarantine,
-    Reacquire,
-    RunCheckpoints,
-    decide_reacquisition,
-    run_key,
-)
 from queue_server.policy.retry import (
     ClassifiedError,
     async_retrying_for,
     backoff_schedule,
     classify_failure,
-    next_delivery_at,
     retrying_for,
     wait_for,
 )
@@ -124,30 +116,24 @@ __all__ = [
     "PermitGate",
     "PermitUnavailableError",
     "PolicyError",
-    "Quarantine",
-    "Reacquire",
     "Receipt",
     "ReceiptConflictError",
     "ReceiptStatus",
     "ReceiptStore",
     "RefusalReason",
     "ReliabilityPolicy",
-    "RunCheckpoints",
     "Turn",
     "Verification",
-    "admit_backlog",
     "admit_operation",
     "async_retrying_for",
     "at_most",
     "backoff_schedule",
     "cell_name",
     "classify_failure",
-    "decide_reacquisition",
     "default_policy",
     "describe_cell",
     "load_policy",
     "load_policy_file",
-    "next_delivery_at",
     "policy_document",
     "retrying_for",
     "run_key",

@@ -193,30 +193,8 @@ def admit_operation(
     )
 
 
-def admit_backlog(
-    operation_class: OperationClass | str,
-    *,
-    backlog: int,
-    active: int = 0,
-    requeue: bool = False,
-    policy: ReliabilityPolicy | None = None,
-) -> None:
-    """Refuse new work at the class's durable cap, reserving requeue capacity for active work.
-
-    `backlog` counts waiting work (ready items, undelivered outbox rows) and
-    `active` the work already leased. A requeue of active work is always
-    admitted when the cell reserves capacity for it: that capacity was
-    counted when the work was admitted.
-    """
-    cls = _classify(operation_class)
-    bp = (policy or default_policy()).for_class(cls).backpressure
-    if requeue and bp.reserve_for_active:
-        return
-    reserved = active if bp.reserve_for_active else 0
-    if bp.mechanism == "reject-at-capacity" or backlog + reserved >= bp.max_queued:
-        raise AdmissionRefused(
-            R.BACKLOG_FULL,
-            cls,
-            f"{bp.mechanism} at {bp.max_queued}: {backlog} waiting and {reserved} reserved for "
-            "active work",
-        )
+def run_key(artifact_version: str, verifier_version: str) -> str:
+    """The run key of artifact verification: the immutable artifact and verifier versions."""
+    if not artifact_version.strip() or not verifier_version.strip():
+        raise ValueError("a run key needs both an artifact version and a verifier version")
+    return f"{artifact_version}+{verifier_version}"

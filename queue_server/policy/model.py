@@ -74,7 +74,6 @@ class RefusalReason(StrEnum):
     ATTEMPT_TIMEOUT_EXCEEDS_DEADLINE = "attempt-timeout-exceeds-deadline"
     ATTEMPTS_EXCEED_POLICY = "attempts-exceed-policy"
     CONCURRENCY_EXCEEDS_POLICY = "concurrency-exceeds-policy"
-    BACKLOG_FULL = "backlog-full"
 
 
 def as_operation_class(value: OperationClass | str) -> OperationClass:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timedelta
 from typing import Any
 
 from tenacity import (
@@ -170,21 +169,3 @@ def backoff_schedule(
         state.attempt_number = attempt
         delays.append(float(wait(state)))
     return delays
-
-
-def next_delivery_at(
-    *,
-    failed_attempt: int,
-    failed_at: datetime,
-    operation_class: OperationClass | str = OperationClass.WATCHER_DELIVERY,
-    policy: ReliabilityPolicy | None = None,
-) -> datetime | None:
-    """The persisted instant of the next attempt after `failed_attempt` failed; None: dead-letter."""
-    if failed_at.tzinfo is None:
-        raise ValueError("failed_at must be timezone-aware")
-    if failed_attempt < 1:
-        raise ValueError("attempts are numbered from 1")
-    schedule = backoff_schedule(operation_class, policy=policy)
-    if failed_attempt > len(schedule):
-        return None
-    return failed_at + timedelta(seconds=schedule[failed_attempt - 1])

@@ -1,4 +1,4 @@
-"""admit_operation and admit_backlog: fail closed before dispatch, naming the reason."""
+"""admit_operation: fail closed before dispatch, naming the reason."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from queue_server.policy import (
     AdmissionRefused,
     OperationClass,
     RefusalReason,
-    admit_backlog,
     admit_operation,
     default_policy,
 )
@@ -193,21 +192,3 @@ def test_admission_refusal_is_a_problem_with_reason() -> None:
         "operation_class": "confirmed-mutation",
     }
     assert str(error).startswith("confirmed-mutation: missing-idempotency-key")
-
-
-def test_backlog_cap_refuses_new_work_but_admits_requeue() -> None:
-    admit_backlog("durable-leased-work", backlog=9_000, active=999)
-    with pytest.raises(AdmissionRefused) as info:
-        admit_backlog("durable-leased-work", backlog=9_000, active=1_000)
-    assert info.value.reason is RefusalReason.BACKLOG_FULL
-    # requeue capacity for active leases is reserved: a requeue is admitted at the cap
-    admit_backlog("durable-leased-work", backlog=9_000, active=1_000, requeue=True)
-
-
-def test_outbox_cap_refuses_new_delivery_at_cap() -> None:
-    admit_backlog("watcher-delivery", backlog=999)
-    with pytest.raises(AdmissionRefused) as info:
-        admit_backlog("watcher-delivery", backlog=1_000)
-    assert info.value.reason is RefusalReason.BACKLOG_FULL
-    with pytest.raises(AdmissionRefused):
-        admit_backlog("watcher-delivery", backlog=1_000, requeue=True)

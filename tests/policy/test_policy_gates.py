@@ -12,11 +12,6 @@ from queue_server.policy import (
     OperationStoppedError,
     PermitGate,
     PermitUnavailableError,
-    Quarantine,
-    Reacquire,
-    ReceiptConflictError,
-    RunCheckpoints,
-    decide_reacquisition,
     default_policy,
     run_key,
 )
@@ -161,57 +156,7 @@ def test_disconnect_racing_dispatch_has_exactly_one_winner() -> None:
         assert authority.outcome() == expected
 
 
-def test_reacquisition_advances_fence_and_acquisition_count() -> None:
-    decision = decide_reacquisition(fence=7, acquisition_count=2)
-    assert decision == Reacquire(fence=8, acquisition_count=3, delay_seconds=0.0)
-
-
-def test_reacquisition_quarantines_when_budget_spent() -> None:
-    assert decide_reacquisition(fence=5, acquisition_count=4) == Reacquire(
-        fence=6, acquisition_count=5
-    )
-    assert decide_reacquisition(fence=6, acquisition_count=5) == Quarantine(acquisition_count=5)
-    assert decide_reacquisition(fence=1, acquisition_count=1, max_acquisitions=1) == Quarantine(1)
-
-
-def test_item_budget_cannot_exceed_policy_budget() -> None:
-    assert decide_reacquisition(fence=9, acquisition_count=5, max_acquisitions=50) == Quarantine(5)
-    with pytest.raises(ValueError, match="negative"):
-        decide_reacquisition(fence=-1, acquisition_count=0)
-
-
 def test_run_key_is_artifact_version_plus_verifier_version() -> None:
     assert run_key("artifact@3", "verifier@1.2") == "artifact@3+verifier@1.2"
     with pytest.raises(ValueError, match="both"):
         run_key("artifact@3", " ")
-
-
-def test_checkpoint_is_idempotent_and_refuses_conflicting_result() -> None:
-    run = RunCheckpoints(artifact_version="a1", verifier_version="v1", items=["x", "y"])
-    assert run.checkpoint("x", "pass")
-    assert not run.checkpoint("x", "pass")
-    with pytest.raises(ReceiptConflictError):
-        run.checkpoint("x", "fail")
-    with pytest.raises(ValueError, match="not declared"):
-        run.checkpoint("z", "pass")
-
-
-def test_run_complete_marker_refused_until_every_item_checkpointed() -> None:
-    run = RunCheckpoints(artifact_version="a1", verifier_version="v1", items=["x", "y"])
-    run.checkpoint("x", "pass")
-    with pytest.raises(ValueError, match="missing checkpoints"):
-        run.mark_complete()
-    assert not run.complete
-    run.checkpoint("y", "pass")
-    run.mark_complete()
-    assert run.complete
-
-
-def test_restarted_run_resumes_from_checkpoints() -> None:
-    first = RunCheckpoints(artifact_version="a1", verifier_version="v1", items=["x", "y", "z"])
-    first.checkpoint("x", "pass")
-    restarted = RunCheckpoints(
-        artifact_version="a1", verifier_version="v1", items=["x", "y", "z"], done={"x": "pass"}
-    )
-    assert restarted.key == first.key
-    assert restarted.remaining() == ("y", "z")

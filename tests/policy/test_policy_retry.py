@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import errno
 import random
-from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -19,7 +18,6 @@ from queue_server.policy import (
     async_retrying_for,
     backoff_schedule,
     classify_failure,
-    next_delivery_at,
     retrying_for,
     wait_for,
 )
@@ -181,23 +179,6 @@ def test_backoff_schedule_refuses_jittered_class() -> None:
     assert info.value.cells == ("read-only-dependency/backoff-and-jitter",)
     with pytest.raises(PolicyError):
         backoff_schedule("confirmed-mutation")
-
-
-def test_watcher_next_delivery_instant_is_replay_stable() -> None:
-    failed_at = datetime(2026, 9, 14, 12, 0, tzinfo=UTC)
-    first = next_delivery_at(failed_attempt=2, failed_at=failed_at)
-    assert first == failed_at + timedelta(seconds=120)
-    assert all(next_delivery_at(failed_attempt=2, failed_at=failed_at) == first for _ in range(10))
-    with pytest.raises(ValueError, match="timezone-aware"):
-        next_delivery_at(failed_attempt=1, failed_at=datetime(2026, 9, 14, 12, 0))  # noqa: DTZ001
-
-
-def test_watcher_delivery_dead_letters_after_final_attempt() -> None:
-    failed_at = datetime(2026, 9, 14, 12, 0, tzinfo=UTC)
-    assert next_delivery_at(failed_attempt=4, failed_at=failed_at) == failed_at + timedelta(
-        seconds=1920
-    )
-    assert next_delivery_at(failed_attempt=5, failed_at=failed_at) is None
 
 
 def test_classify_failure_maps_known_transient_failures() -> None:
