@@ -54,6 +54,14 @@ async def put_tenant(
     )
 
 
+@router.delete("/tenants/{tenant}", status_code=204, tags=["tenants"])
+async def delete_tenant(tenant: TenantName, tenants: TenantsService, caller: Caller) -> Response:
+    """Delete a tenant and all of its data: items, ledgers, receipts, runs, watchers and
+    keys (admin). Irreversible."""
+    await tenants.delete_tenant(caller, tenant)
+    return Response(status_code=204)
+
+
 @router.get("/tenants", response_model=schemas.TenantPage, tags=["tenants"])
 async def list_tenants(
     tenants: TenantsService,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -15,6 +16,7 @@ from queue_server.cli.common import (
     Url,
     connect,
     console,
+    fail,
     print_json,
     process_policy,
     table,
@@ -61,6 +63,17 @@ def show(
 
 @app.command("verify")
 def verify(
+    server: Annotated[
+        str | None,
+        typer.Option(
+            "--server",
+            help="Probe this live server's envelope instead (an admin key: --key, QUEUE_SERVER_KEY"
+            " or <data-dir>/admin.key); a scratch tenant is created and deleted.",
+            show_default=False,
+        ),
+    ] = None,
+    key: Key = None,
+    data_dir: DataDir = None,
     weaken_mutation: Annotated[
         bool,
         typer.Option(
@@ -68,19 +81,27 @@ def verify(
             help="Verify with the cancel-after-dispatch mutation path as the real one: must fail.",
         ),
     ] = False,
+    policy_file: PolicyFile = None,
     as_json: Json = False,
 ) -> None:
-    """Check the contract: the matrix is total, every cell and ADR Decision point is bound to
-    code and to a named test that exercises it, the confirmed-mutation path keeps the
-    cancellation rule, and the cancel-after-dispatch negative control fails. Exits 1 on
+    """Check the contract from this installation: the loaded policy is total and inside the
+    envelope; every cell is bound (code, test, weakening), not-applicable or declared; the
+    confirmed-mutation path keeps the cancellation rule and the cancel-after-dispatch
+    negative control breaks it. With --server, probe a live deployment instead: each cell
+    of its envelope is asked for just above its value and must be refused, naming the
+    cell. In a checkout, `make contract` proves every binding by its weakening. Exits 1 on
     any failure.
 
-    Example: [bold]queue-server policy verify[/bold]
+    Example: [bold]queue-server policy verify --server https://queue.example.com[/bold]
     """
+    if server is not None:
+        _verify_server(server, key, data_dir, as_json)
+        return
     from queue_server.policy import CancelAfterDispatchMutationPath, verify_contract
 
     report = verify_contract(
-        mutation_path=CancelAfterDispatchMutationPath() if weaken_mutation else None
+        policy=process_policy(policy_file),
+        mutation_path=CancelAfterDispatchMutationPath() if weaken_mutation else None,
     )
     if as_json:
         print_json(report.as_dict())
@@ -112,6 +133,32 @@ def verify(
             )
         console.print(
             "[bold green]contract verified[/]" if report.passed else "[bold red]contract FAILED[/]"
+        )
+    if not report.passed:
+        raise typer.Exit(code=1)
+
+
+def _verify_server(url: str, key: str | None, data_dir: Path | None, as_json: bool) -> None:
+    from queue_server.cli.common import _key_from_data_dir
+    from queue_server.client.probes import probe_server
+
+    admin_key = key or _key_from_data_dir(data_dir)
+    if not admin_key:
+        fail("No API key", "probing needs an admin key: pass --key or set QUEUE_SERVER_KEY")
+    report = probe_server(url, admin_key)
+    if as_json:
+        print_json(report.as_dict())
+    else:
+        console.print(f"server {report.server}: policy {report.version} ({report.digest[:19]})")
+        table(
+            "envelope probes",
+            ["", "probe", "cell", "detail"],
+            [("ok" if p.ok else "FAILED", p.name, p.cell, p.detail) for p in report.probes],
+        )
+        cleanup = "deleted" if report.cleaned_up else "NOT deleted"
+        console.print(f"scratch tenant {report.tenant}: {cleanup}")
+        console.print(
+            "[bold green]envelope verified[/]" if report.passed else "[bold red]envelope FAILED[/]"
         )
     if not report.passed:
         raise typer.Exit(code=1)

@@ -86,8 +86,7 @@ class Services:
         items = Items(db, effects, settings, wakeups=wakeups, metrics=metrics, policy=policy)
         return cls(
             keys=keys,
-            tenants=Tenants(db, policy),
-            items=items,
+            tenants=Tenants(db, policy, on_keys_deleted=keys.cache.clear),
             queues=Queues(db, effects, policy),
             dead_letters=DeadLetters(db, effects, policy),
             ledgers=Ledgers(db),

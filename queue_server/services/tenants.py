@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 
-from queue_server import auth, views
+from queue_server import auth, errors, views
 from queue_server.db import Database
 from queue_server.idempotency import Answer
 from queue_server.models import Role
@@ -17,9 +18,22 @@ from queue_server.store import reads, tenants
 class Tenants:
     """Create, change and show tenants."""
 
-    def __init__(self, db: Database, policy: ReliabilityPolicy) -> None:
+    def __init__(
+        self, db: Database, policy: ReliabilityPolicy, *, on_keys_deleted: Callable[[], None]
+    ) -> None:
         self.db = db
         self.envelope = LeaseEnvelope(policy)
+        self.on_keys_deleted = on_keys_deleted
+
+    async def delete_tenant(self, principal: auth.Principal, tenant: str) -> None:
+        """The tenant and all of its data, at once (admin): items, ledgers, receipts, runs,
+        watchers and keys. `queue-server policy verify --server` cleans up its scratch
+        tenant with it."""
+        principal.require_admin()
+        async with self.db.tx() as conn:
+            if not await tenants.delete_tenant(conn, tenant=tenant):
+                raise errors.TenantNotFoundError(tenant=tenant)
+        self.on_keys_deleted()
 
     async def put_tenant(
         self,

@@ -312,3 +312,31 @@ async def concurrency(
         "active_leases": row["active_leases"],
         "approval": approval,
     }
+
+
+# The tables without a foreign key to the tenant first; the rest cascade from `tenants`.
+# Its keys stop at once (every process's key cache hears the notification).
+_DELETE_TENANT = _SQL(
+    "delete_tenant",
+    f"""
+WITH events AS (
+    DELETE FROM item_events WHERE tenant_id = %(tenant)s
+), receipts AS (
+    DELETE FROM idempotency_receipts WHERE tenant_id = %(tenant)s
+), letters AS (
+    DELETE FROM dead_letters WHERE tenant_id = %(tenant)s
+), releases AS (
+    DELETE FROM backlog_releases WHERE tenant_id = %(tenant)s
+), keys AS (
+    SELECT pg_notify('{KEYS_CHANNEL}', key_id) FROM api_keys WHERE tenant_id = %(tenant)s
+)
+DELETE FROM tenants WHERE tenant_id = %(tenant)s
+RETURNING tenant_id, (SELECT count(*) FROM keys) AS keys
+""",
+)
+
+
+async def delete_tenant(conn: Conn, *, tenant: str) -> bool:
+    """The tenant and everything of it: items, ledgers, receipts, runs, watchers, keys."""
+    cur = await conn.execute(_DELETE_TENANT, {"tenant": tenant})
+    return await cur.fetchone() is not None

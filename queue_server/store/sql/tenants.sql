@@ -78,3 +78,18 @@ SELECT (SELECT count(*) FROM work_items
         WHERE tenant_id = %(tenant)s AND queue = %(queue)s
           AND expires_at > statement_timestamp()
         ORDER BY max_concurrency DESC, created_at DESC LIMIT 1) AS approval;
+
+-- name: delete_tenant
+WITH events AS (
+    DELETE FROM item_events WHERE tenant_id = %(tenant)s
+), receipts AS (
+    DELETE FROM idempotency_receipts WHERE tenant_id = %(tenant)s
+), letters AS (
+    DELETE FROM dead_letters WHERE tenant_id = %(tenant)s
+), releases AS (
+    DELETE FROM backlog_releases WHERE tenant_id = %(tenant)s
+), keys AS (
+    SELECT pg_notify('queue_server_keys', key_id) FROM api_keys WHERE tenant_id = %(tenant)s
+)
+DELETE FROM tenants WHERE tenant_id = %(tenant)s
+RETURNING tenant_id, (SELECT count(*) FROM keys) AS keys;
