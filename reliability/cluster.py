@@ -415,7 +415,7 @@ def create_tenant(
     tenant: str,
     *,
     backlog_cap: int = 100_000,
-    max_acquisitions: int = 20,
+    max_acquisitions: int = 5,
     max_concurrency: int | None = None,
     queues: tuple[str, ...] = ("q",),
 ) -> TenantKeys:
@@ -426,11 +426,8 @@ def create_tenant(
     with admin_client as admin:
         response = admin.put(
             f"/v1/tenants/{tenant}",
-            json={
-                "backlog_cap": backlog_cap,
-                "default_max_acquisitions": max_acquisitions,
-                "default_lease_ttl": 30,
-            },
+            # The default lease TTL is the policy's attempt timeout (30 s in v2).
+            json={"backlog_cap": backlog_cap, "default_max_acquisitions": max_acquisitions},
         )
         response.raise_for_status()
         keys: dict[str, str] = {}

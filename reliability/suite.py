@@ -13,6 +13,7 @@ from reliability.clock import clock_skew
 from reliability.database import claim_storm_pg15, lock_timeouts, long_transaction
 from reliability.fuzz import schema_fuzz
 from reliability.hostile import hostile_input
+from reliability.hung_worker import hung_worker
 from reliability.scenarios import SCENARIOS as FAULT_SCENARIOS
 from reliability.scenarios import ScenarioOutcome
 from reliability.schedules import schedules_under_kills
@@ -28,4 +29,5 @@ SCENARIOS: dict[str, Callable[[], ScenarioOutcome]] = {
     "clock-skew": clock_skew,
     "claim-storm-pg15": claim_storm_pg15,
     "schedules-kill": schedules_under_kills,
+    "hung-worker": hung_worker,
 }

@@ -230,10 +230,21 @@ def server_url(url: str | None, data_dir: Path | None = None) -> str:
     return url or _from_data_dir(data_dir, ADDRESS_FILE) or DEFAULT_URL
 
 
-def connect(url: str | None, key: str | None, data_dir: Path | None = None) -> QueueClient:
-    """The one client factory of the CLI."""
+def admin_key(key: str | None, data_dir: Path | None = None) -> str | None:
+    """--key or QUEUE_SERVER_KEY, else the admin key a local embedded server wrote."""
     # queue_server.infra.serve.ADMIN_KEY_FILE; not imported, it would pull in the database stack.
-    key = key or _from_data_dir(data_dir, "admin.key")
+    return key or _from_data_dir(data_dir, "admin.key")
+
+
+def connect(
+    url: str | None,
+    key: str | None,
+    data_dir: Path | None = None,
+    policy: ReliabilityPolicy | None = None,
+) -> QueueClient:
+    """The one client factory of the CLI (its calls classified under `policy`, default: the
+    one QUEUE_SERVER_POLICY names, else the built-in one)."""
+    key = admin_key(key, data_dir)
     if not key:
         fail(
             "No API key",
@@ -242,7 +253,7 @@ def connect(url: str | None, key: str | None, data_dir: Path | None = None) -> Q
             EXIT_REFUSED,
         )
     # A person is waiting: retry transient failures briefly, then say what went wrong.
-    return QueueClient(server_url(url, data_dir), key, attempts=3, max_wait=2.0)
+    return QueueClient(server_url(url, data_dir), key, attempts=3, max_wait=2.0, policy=policy)
 
 
 def tenant_of(client: QueueClient, tenant: str | None) -> str:
@@ -259,9 +270,13 @@ def tenant_of(client: QueueClient, tenant: str | None) -> str:
 
 @contextmanager
 def tenant_session(
-    url: str | None, key: str | None, data_dir: Path | None, tenant: str | None
+    url: str | None,
+    key: str | None,
+    data_dir: Path | None,
+    tenant: str | None,
+    policy: ReliabilityPolicy | None = None,
 ) -> Iterator[QueueClient]:
-    client = connect(url, key, data_dir)
+    client = connect(url, key, data_dir, policy)
     try:
         tenant_of(client, tenant)
         yield client

@@ -139,13 +139,17 @@ def verify(
 
 
 def _verify_server(url: str, key: str | None, data_dir: Path | None, as_json: bool) -> None:
-    from queue_server.cli.common import _key_from_data_dir
+    from queue_server.cli.common import EXIT_REFUSED, admin_key
     from queue_server.client.probes import probe_server
 
-    admin_key = key or _key_from_data_dir(data_dir)
-    if not admin_key:
-        fail("No API key", "probing needs an admin key: pass --key or set QUEUE_SERVER_KEY")
-    report = probe_server(url, admin_key)
+    found = admin_key(key, data_dir)
+    if not found:
+        fail(
+            "No API key",
+            "probing needs an admin key: pass --key or set QUEUE_SERVER_KEY",
+            EXIT_REFUSED,
+        )
+    report = probe_server(url, found)
     if as_json:
         print_json(report.as_dict())
     else:

@@ -35,6 +35,7 @@ from queue_server.cli.common import (
 )
 from queue_server.client import Job, Outcome, Requeue, Result, TransientError, Worker
 from queue_server.client.worker import default_worker_name
+from queue_server.policy import at_most
 
 EXIT_TEMPFAIL = 75  # sysexits.h EX_TEMPFAIL: the failure is transient
 KILL_AFTER = 3.0  # seconds between SIGTERM and SIGKILL when a command must stop
@@ -70,10 +71,13 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 class CommandHandler:
     """Runs the command once per item: payload on stdin, lease facts in the environment."""
 
-    def __init__(self, command: list[str], *, tenant: str, queue: str) -> None:
+    def __init__(
+        self, command: list[str], *, tenant: str, queue: str, retry_delay: float = 0.0
+    ) -> None:
         self.command = command
         self.tenant = tenant
         self.queue = queue
+        self.retry_delay = retry_delay
 
     def __call__(self, job: Job) -> Any:
         env = {
@@ -116,7 +120,7 @@ class CommandHandler:
         tail = stderr.decode("utf-8", errors="replace")[-STDERR_TAIL:].strip()
         message = f"exit {code}" + (f": {tail}" if tail else "")
         if code == EXIT_TEMPFAIL:
-            raise CommandTransientError(message)
+            raise CommandTransientError(message, delay=self.retry_delay)
         raise CommandFailedError(message)
 
 
@@ -160,6 +164,14 @@ def work(
     tenant: Tenant = None,
     data_dir: DataDir = None,
     json: Annotated[bool, typer.Option("--json", help="One JSON line per item.")] = False,
+    retry_delay: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="After exit 75 (transient), the item is due again after this many seconds"
+            " (at most the policy's durable-leased-work backoff cap, 300 s in v2).",
+        ),
+    ] = 0.0,
     policy_file: PolicyFile = None,
 ) -> None:
     """Run COMMAND for every item of QUEUE, with leases, heartbeats and fences.
@@ -183,13 +195,20 @@ def work(
     if shutil.which(program) is None:
         fail("Command not found", f"{program!r} is not an executable file or on PATH")
     policy = process_policy(policy_file)
+    leased = policy.leased_work
+    at_most(
+        retry_delay,
+        leased.backoff_cap,
+        setting="--retry-delay",
+        cell=leased.cell("backoff_cap"),
+    )
     err_console.print(f"policy {policy.describe()}", highlight=False)
-    with tenant_session(url, key, data_dir, tenant) as qs:
+    with tenant_session(url, key, data_dir, tenant, policy) as qs:
         progress = Progress()
         worker = Worker(
             qs,
             queue,
-            CommandHandler(command, tenant=qs.tenant or "", queue=queue),
+            CommandHandler(command, tenant=qs.tenant or "", queue=queue, retry_delay=retry_delay),
             name=name or default_worker_name(),
             lease_ttl=lease_ttl,
             wait=wait,

@@ -13,11 +13,11 @@ from typing import Any, Literal, TypeVar
 from urllib.parse import quote
 
 from pydantic import BaseModel
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
-from tenacity.wait import wait_exponential_jitter
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_before_delay
 
 from queue_server import __version__
 from queue_server.client import errors
+from queue_server.client.classes import AV, CM, LW, RO, call_classes
 from queue_server.client.client import (
     _Batch,
     _Entries,
@@ -26,7 +26,6 @@ from queue_server.client.client import (
     _Ledger,
     batch_key,
     from_environment,
-    is_transient,
     new_idempotency_key,
     own_tenant,
 )
@@ -59,6 +58,7 @@ from queue_server.client.transport import (
     TransportFailure,
     connect_async,
 )
+from queue_server.policy import OperationClass, ReliabilityPolicy, admit_operation, runtime_policy
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -78,23 +78,26 @@ class AsyncQueueClient:
         key: str | None = None,
         *,
         tenant: str | None = None,
-        timeout: float = 30.0,
-        attempts: int = 5,
-        max_wait: float = 10.0,
+        timeout: float | None = None,
+        attempts: int | None = None,
+        max_wait: float | None = None,
+        policy: ReliabilityPolicy | None = None,
         http: AsyncHttpClient | None = None,
     ) -> None:
         self.url, key, self.tenant = from_environment(url, key, tenant)
         self._tenant_lock = asyncio.Lock()
-        self.timeout = timeout
-        self.attempts = attempts
-        self.max_wait = max_wait
+        # Every call is classified; its class's cells (from the loaded policy) give its
+        # timeout and retries; `timeout`, `attempts` and `max_wait` may only lower them.
+        self.reliability_policy = policy or runtime_policy()
+        self.calls = call_classes(
+            self.reliability_policy, attempts=attempts, timeout=timeout, max_wait=max_wait
+        )
         headers = {"User-Agent": f"queue-server-client/{__version__}"}
         if key:
             headers["Authorization"] = f"Bearer {key}"
         self._owns_http = http is None
-        self._http = http or connect_async(self.url, timeout=timeout)
+        self._http = http or connect_async(self.url, timeout=30.0)
         self._http.headers.update(headers)
-        self._backoff = wait_exponential_jitter(initial=0.2, max=max_wait)
 
     async def __aenter__(self) -> AsyncQueueClient:
         return self
@@ -117,12 +120,6 @@ class AsyncQueueClient:
                 self.tenant = own_tenant(await self.whoami())
             return self.tenant
 
-    def _wait(self, state: RetryCallState) -> float:
-        exc = state.outcome.exception() if state.outcome else None
-        if isinstance(exc, errors.ProblemError) and exc.retry_after is not None:
-            return min(exc.retry_after, self.max_wait)
-        return float(self._backoff(state))
-
     async def request(
         self,
         method: str,
@@ -131,15 +128,19 @@ class AsyncQueueClient:
         json: Any = None,
         params: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
-        timeout: float | None = None,
+        operation: OperationClass = RO,
+        long_poll: float = 0.0,
     ) -> Response:
-        """One logical request: retried on transient failures with the same key; errors raised."""
+        """One logical request of class `operation` (reads by default): each attempt within the
+        class's attempt timeout (plus `long_poll`), retried only as the class allows and
+        always with the same key; errors raised."""
+        call = self.calls[operation]
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         query = {k: v for k, v in (params or {}).items() if v is not None}
         retrying = AsyncRetrying(
-            retry=retry_if_exception(is_transient),
-            stop=stop_after_attempt(self.attempts),
-            wait=self._wait,
+            retry=retry_if_exception(call.retries),
+            stop=stop_after_attempt(call.attempts) | stop_before_delay(call.deadline),
+            wait=call.wait,
             reraise=True,
         )
         try:
@@ -151,7 +152,7 @@ class AsyncQueueClient:
                         json=json,
                         params=query or None,
                         headers=headers,
-                        timeout=timeout if timeout is not None else self.timeout,
+                        timeout=call.attempt_timeout + long_poll,
                     )
                     if response.status_code >= 400:
                         raise errors.from_response(response)
@@ -163,12 +164,32 @@ class AsyncQueueClient:
         return model.model_validate_json((await self.request("GET", path, params=params)).content)
 
     async def _effect(
-        self, model: type[M], method: str, path: str, body: Any, key: str | None
+        self,
+        model: type[M],
+        method: str,
+        path: str,
+        body: Any,
+        key: str | None,
+        operation: OperationClass = CM,
     ) -> M:
         response = await self.request(
-            method, path, json=body, idempotency_key=key or new_idempotency_key()
+            method,
+            path,
+            json=body,
+            idempotency_key=key or new_idempotency_key(),
+            operation=operation,
         )
         return model.model_validate_json(response.content)
+
+    def _admit(self, item_id: str, fence: int, key: str) -> None:
+        """Leased work is admitted before dispatch: its key, its item and its current fence."""
+        admit_operation(
+            LW,
+            idempotency_key=key,
+            outcome_ref=item_id,
+            fence=fence,
+            policy=self.reliability_policy,
+        )
 
     # -- service -------------------------------------------------------------
 
@@ -190,7 +211,7 @@ class AsyncQueueClient:
             "default_max_acquisitions": default_max_acquisitions,
             "default_lease_ttl": default_lease_ttl,
         }
-        response = await self.request("PUT", f"/v1/tenants/{tenant}", json=body)
+        response = await self.request("PUT", f"/v1/tenants/{tenant}", json=body, operation=CM)
         return Tenant.model_validate_json(response.content)
 
     async def get_tenant(self, tenant: str | None = None) -> Tenant:
@@ -200,7 +221,10 @@ class AsyncQueueClient:
         self, role: Literal["worker", "operator"], tenant: str | None = None
     ) -> ApiKey:
         response = await self.request(
-            "POST", f"/v1/tenants/{await self._tenant(tenant)}/keys", json={"role": role}
+            "POST",
+            f"/v1/tenants/{await self._tenant(tenant)}/keys",
+            json={"role": role},
+            operation=CM,
         )
         return ApiKey.model_validate_json(response.content)
 
@@ -228,7 +252,9 @@ class AsyncQueueClient:
         return [ApiKeyInfo.model_validate(k) for k in response.json()["keys"]]
 
     async def revoke_key(self, key_id: str, tenant: str | None = None) -> None:
-        await self.request("DELETE", f"/v1/tenants/{await self._tenant(tenant)}/keys/{key_id}")
+        await self.request(
+            "DELETE", f"/v1/tenants/{await self._tenant(tenant)}/keys/{key_id}", operation=CM
+        )
 
     async def create_admin_key(self) -> AdminKey:
         """Another admin key (admin); the secret is shown once."""
@@ -299,7 +325,8 @@ class AsyncQueueClient:
             "POST",
             f"/v1/tenants/{await self._tenant(tenant)}/queues/{queue}/leases",
             json=body,
-            timeout=self.timeout + wait,
+            operation=LW,
+            long_poll=wait,
         )
         return _Leases.model_validate_json(response.content).leases
 
@@ -315,8 +342,10 @@ class AsyncQueueClient:
         body: dict[str, Any] = {"worker": worker, "fence": fence}
         if lease_ttl is not None:
             body["lease_ttl"] = lease_ttl
+        self._admit(item_id, fence, f"heartbeat:{item_id}:{fence}")
         path = f"/v1/tenants/{await self._tenant(tenant)}/items/{item_id}/heartbeat"
-        return Heartbeat.model_validate_json((await self.request("POST", path, json=body)).content)
+        response = await self.request("POST", path, json=body, operation=LW)
+        return Heartbeat.model_validate_json(response.content)
 
     async def complete(
         self,
@@ -329,8 +358,10 @@ class AsyncQueueClient:
         tenant: str | None = None,
     ) -> Item:
         body = {"worker": worker, "fence": fence, "result": result}
+        key = idempotency_key or new_idempotency_key()
+        self._admit(item_id, fence, key)
         path = f"/v1/tenants/{await self._tenant(tenant)}/items/{item_id}/complete"
-        return await self._effect(Item, "POST", path, body, idempotency_key)
+        return await self._effect(Item, "POST", path, body, key, LW)
 
     async def requeue(
         self,
@@ -346,8 +377,10 @@ class AsyncQueueClient:
         body: dict[str, Any] = {"worker": worker, "fence": fence, "reason": reason}
         if delay:
             body["delay"] = delay
+        key = idempotency_key or new_idempotency_key()
+        self._admit(item_id, fence, key)
         path = f"/v1/tenants/{await self._tenant(tenant)}/items/{item_id}/requeue"
-        return await self._effect(Item, "POST", path, body, idempotency_key)
+        return await self._effect(Item, "POST", path, body, key, LW)
 
     async def triage(
         self,
@@ -371,8 +404,10 @@ class AsyncQueueClient:
         }
         if delay:
             body["delay"] = delay
+        key = idempotency_key or new_idempotency_key()
+        self._admit(item_id, fence, key)
         path = f"/v1/tenants/{await self._tenant(tenant)}/items/{item_id}/triage"
-        return await self._effect(Item, "POST", path, body, idempotency_key)
+        return await self._effect(Item, "POST", path, body, key, LW)
 
     async def heartbeat_many(
         self,
@@ -413,9 +448,12 @@ class AsyncQueueClient:
                 {"item_id": c.item_id, "fence": c.fence, "result": c.result} for c in completions
             ],
         }
+        # Every entry is admitted on its own: its key, its item and its current fence.
+        for c in completions:
+            self._admit(c.item_id, c.fence, c.idempotency_key)
         key = idempotency_key or batch_key([c.idempotency_key for c in completions])
         path = f"/v1/tenants/{await self._tenant(tenant)}/completions"
-        return (await self._effect(_Entries, "POST", path, body, key)).results
+        return (await self._effect(_Entries, "POST", path, body, key, LW)).results
 
     # -- spend approvals -----------------------------------------------------
 
@@ -577,7 +615,7 @@ class AsyncQueueClient:
             "claim_token": claim_token or new_idempotency_key(),
         }
         response = await self.request(
-            "POST", f"/v1/tenants/{await self._tenant(tenant)}/receipts", json=body
+            "POST", f"/v1/tenants/{await self._tenant(tenant)}/receipts", json=body, operation=CM
         )
         return ReceiptRecord.model_validate_json(response.content), response.status_code == 201
 
@@ -593,13 +631,40 @@ class AsyncQueueClient:
         path = f"/v1/tenants/{await self._tenant(tenant)}/receipts/{outcome_ref}"
         body = {"status": status, "outcome": outcome}
         return ReceiptRecord.model_validate_json(
-            (await self.request("PUT", path, json=body)).content
+            (await self.request("PUT", path, json=body, operation=CM)).content
         )
 
     async def get_receipt(self, outcome_ref: str, *, tenant: str | None = None) -> ReceiptRecord:
         return await self._get(
             ReceiptRecord, f"/v1/tenants/{await self._tenant(tenant)}/receipts/{outcome_ref}"
         )
+
+    async def pending_receipts(
+        self, *, older_than: float | None = None, limit: int = 100, tenant: str | None = None
+    ) -> list[ReceiptRecord]:
+        """Pending receipts claimed at least `older_than` seconds ago (default: the
+        confirmed-mutation deadline: the stale ones), oldest first (operator)."""
+        params: dict[str, Any] = {"state": "pending", "limit": limit}
+        if older_than is not None:
+            params["older_than"] = older_than
+        path = f"/v1/tenants/{await self._tenant(tenant)}/receipts"
+        page = (await self.request("GET", path, params=params)).json()
+        return [ReceiptRecord.model_validate(r) for r in page["receipts"]]
+
+    async def resolve_receipt(
+        self,
+        outcome_ref: str,
+        status: Literal["succeeded", "failed"],
+        outcome: Any,
+        *,
+        reason: str,
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> ReceiptRecord:
+        """Settle a stale pending receipt as an operator, with what happened and why."""
+        path = f"/v1/tenants/{await self._tenant(tenant)}/receipts/{outcome_ref}:resolve"
+        body = {"status": status, "outcome": outcome, "reason": reason}
+        return await self._effect(ReceiptRecord, "POST", path, body, idempotency_key)
 
     async def start_verification_run(
         self,
@@ -617,7 +682,7 @@ class AsyncQueueClient:
         }
         path = f"/v1/tenants/{await self._tenant(tenant)}/verification-runs"
         return VerificationRun.model_validate_json(
-            (await self.request("POST", path, json=body)).content
+            (await self.request("POST", path, json=body, operation=AV)).content
         )
 
     async def get_verification_run(
@@ -625,6 +690,20 @@ class AsyncQueueClient:
     ) -> VerificationRun:
         path = f"/v1/tenants/{await self._tenant(tenant)}/verification-runs/{run_id}"
         return await self._get(VerificationRun, path)
+
+    async def abandon_verification_run(
+        self,
+        run_id: str,
+        *,
+        reason: str,
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> VerificationRun:
+        """End a running run as abandoned (operator); who and why are recorded."""
+        path = f"/v1/tenants/{await self._tenant(tenant)}/verification-runs/{run_id}:abandon"
+        return await self._effect(
+            VerificationRun, "POST", path, {"reason": reason}, idempotency_key
+        )
 
     async def checkpoint(
         self, run_id: str, item: str, result: Any, *, tenant: str | None = None
@@ -635,7 +714,7 @@ class AsyncQueueClient:
             f"/checkpoints/{quote(item, safe='/')}"
         )
         return Checkpoint.model_validate_json(
-            (await self.request("PUT", path, json={"result": result})).content
+            (await self.request("PUT", path, json={"result": result}, operation=AV)).content
         )
 
     async def complete_verification_run(
@@ -643,4 +722,6 @@ class AsyncQueueClient:
     ) -> VerificationRun:
         """Write the terminal run-complete marker; refused until every item is checkpointed."""
         path = f"/v1/tenants/{await self._tenant(tenant)}/verification-runs/{run_id}/complete"
-        return VerificationRun.model_validate_json((await self.request("PUT", path)).content)
+        return VerificationRun.model_validate_json(
+            (await self.request("PUT", path, operation=AV)).content
+        )

@@ -560,6 +560,7 @@ class AsyncWorker:
             error = answer.error()
             if is_lease_lost(error):
                 log.warning("lease on %s lost: %s", job.item_id, error)
+                job.lost_reason = error.code
                 self._lose(job)
             elif time.monotonic() >= job.expires_at:
                 self._lose(job)

@@ -18,11 +18,11 @@ from typing import Any, Literal, TypeVar
 from urllib.parse import quote
 
 from pydantic import BaseModel
-from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
-from tenacity.wait import wait_exponential_jitter
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_before_delay
 
 from queue_server import __version__
 from queue_server.client import errors
+from queue_server.client.classes import AV, CM, LW, RO, call_classes
 from queue_server.client.durable import Checkpoint, ReceiptRecord, VerificationRun
 from queue_server.client.models import (
     AdminKey,
@@ -47,6 +47,7 @@ from queue_server.client.models import (
     WhoAmI,
 )
 from queue_server.client.transport import HttpClient, Response, TransportFailure, connect
+from queue_server.policy import OperationClass, ReliabilityPolicy, admit_operation, runtime_policy
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -101,23 +102,26 @@ class QueueClient:
         key: str | None = None,
         *,
         tenant: str | None = None,
-        timeout: float = 30.0,
-        attempts: int = 5,
-        max_wait: float = 10.0,
+        timeout: float | None = None,
+        attempts: int | None = None,
+        max_wait: float | None = None,
+        policy: ReliabilityPolicy | None = None,
         http: HttpClient | None = None,
     ) -> None:
         self.url, key, self.tenant = from_environment(url, key, tenant)
         self._tenant_lock = threading.Lock()
-        self.timeout = timeout
-        self.attempts = attempts
-        self.max_wait = max_wait
+        # Every call is classified; its class's cells (from the loaded policy) give its
+        # timeout and retries; `timeout`, `attempts` and `max_wait` may only lower them.
+        self.reliability_policy = policy or runtime_policy()
+        self.calls = call_classes(
+            self.reliability_policy, attempts=attempts, timeout=timeout, max_wait=max_wait
+        )
         headers = {"User-Agent": f"queue-server-client/{__version__}"}
         if key:
             headers["Authorization"] = f"Bearer {key}"
         self._owns_http = http is None
-        self._http = http or connect(self.url, timeout=timeout)
+        self._http = http or connect(self.url, timeout=30.0)
         self._http.headers.update(headers)
-        self._backoff = wait_exponential_jitter(initial=0.2, max=max_wait)
 
     def __enter__(self) -> QueueClient:
         return self
@@ -140,12 +144,6 @@ class QueueClient:
                 self.tenant = own_tenant(self.whoami())
             return self.tenant
 
-    def _wait(self, state: RetryCallState) -> float:
-        exc = state.outcome.exception() if state.outcome else None
-        if isinstance(exc, errors.ProblemError) and exc.retry_after is not None:
-            return min(exc.retry_after, self.max_wait)
-        return float(self._backoff(state))
-
     def request(
         self,
         method: str,
@@ -154,15 +152,19 @@ class QueueClient:
         json: Any = None,
         params: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
-        timeout: float | None = None,
+        operation: OperationClass = RO,
+        long_poll: float = 0.0,
     ) -> Response:
-        """One logical request: retried on transient failures with the same key; errors raised."""
+        """One logical request of class `operation` (reads by default): each attempt within the
+        class's attempt timeout (plus `long_poll`), retried only as the class allows and
+        always with the same key; errors raised."""
+        call = self.calls[operation]
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         query = {k: v for k, v in (params or {}).items() if v is not None}
         retrying = Retrying(
-            retry=retry_if_exception(is_transient),
-            stop=stop_after_attempt(self.attempts),
-            wait=self._wait,
+            retry=retry_if_exception(call.retries),
+            stop=stop_after_attempt(call.attempts) | stop_before_delay(call.deadline),
+            wait=call.wait,
             reraise=True,
         )
         try:
@@ -174,7 +176,7 @@ class QueueClient:
                         json=json,
                         params=query or None,
                         headers=headers,
-                        timeout=timeout if timeout is not None else self.timeout,
+                        timeout=call.attempt_timeout + long_poll,
                     )
                     if response.status_code >= 400:
                         raise errors.from_response(response)
@@ -185,11 +187,33 @@ class QueueClient:
     def _get(self, model: type[M], path: str, **params: Any) -> M:
         return model.model_validate_json(self.request("GET", path, params=params).content)
 
-    def _effect(self, model: type[M], method: str, path: str, body: Any, key: str | None) -> M:
+    def _effect(
+        self,
+        model: type[M],
+        method: str,
+        path: str,
+        body: Any,
+        key: str | None,
+        operation: OperationClass = CM,
+    ) -> M:
         response = self.request(
-            method, path, json=body, idempotency_key=key or new_idempotency_key()
+            method,
+            path,
+            json=body,
+            idempotency_key=key or new_idempotency_key(),
+            operation=operation,
         )
         return model.model_validate_json(response.content)
+
+    def _admit(self, item_id: str, fence: int, key: str) -> None:
+        """Leased work is admitted before dispatch: its key, its item and its current fence."""
+        admit_operation(
+            LW,
+            idempotency_key=key,
+            outcome_ref=item_id,
+            fence=fence,
+            policy=self.reliability_policy,
+        )
 
     # -- service -------------------------------------------------------------
 
@@ -211,7 +235,7 @@ class QueueClient:
             "default_max_acquisitions": default_max_acquisitions,
             "default_lease_ttl": default_lease_ttl,
         }
-        response = self.request("PUT", f"/v1/tenants/{tenant}", json=body)
+        response = self.request("PUT", f"/v1/tenants/{tenant}", json=body, operation=CM)
         return Tenant.model_validate_json(response.content)
 
     def get_tenant(self, tenant: str | None = None) -> Tenant:
@@ -219,7 +243,7 @@ class QueueClient:
 
     def create_key(self, role: Literal["worker", "operator"], tenant: str | None = None) -> ApiKey:
         response = self.request(
-            "POST", f"/v1/tenants/{self._tenant(tenant)}/keys", json={"role": role}
+            "POST", f"/v1/tenants/{self._tenant(tenant)}/keys", json={"role": role}, operation=CM
         )
         return ApiKey.model_validate_json(response.content)
 
@@ -245,7 +269,7 @@ class QueueClient:
         return [ApiKeyInfo.model_validate(k) for k in response.json()["keys"]]
 
     def revoke_key(self, key_id: str, tenant: str | None = None) -> None:
-        self.request("DELETE", f"/v1/tenants/{self._tenant(tenant)}/keys/{key_id}")
+        self.request("DELETE", f"/v1/tenants/{self._tenant(tenant)}/keys/{key_id}", operation=CM)
 
     def create_admin_key(self) -> AdminKey:
         """Another admin key (admin); the secret is shown once."""
@@ -315,7 +339,8 @@ class QueueClient:
             "POST",
             f"/v1/tenants/{self._tenant(tenant)}/queues/{queue}/leases",
             json=body,
-            timeout=self.timeout + wait,
+            operation=LW,
+            long_poll=wait,
         )
         return _Leases.model_validate_json(response.content).leases
 
@@ -331,8 +356,10 @@ class QueueClient:
         body: dict[str, Any] = {"worker": worker, "fence": fence}
         if lease_ttl is not None:
             body["lease_ttl"] = lease_ttl
+        self._admit(item_id, fence, f"heartbeat:{item_id}:{fence}")
         path = f"/v1/tenants/{self._tenant(tenant)}/items/{item_id}/heartbeat"
-        return Heartbeat.model_validate_json(self.request("POST", path, json=body).content)
+        response = self.request("POST", path, json=body, operation=LW)
+        return Heartbeat.model_validate_json(response.content)
 
     def complete(
         self,
@@ -345,8 +372,10 @@ class QueueClient:
         tenant: str | None = None,
     ) -> Item:
         body = {"worker": worker, "fence": fence, "result": result}
+        key = idempotency_key or new_idempotency_key()
+        self._admit(item_id, fence, key)
         path = f"/v1/tenants/{self._tenant(tenant)}/items/{item_id}/complete"
-        return self._effect(Item, "POST", path, body, idempotency_key)
+        return self._effect(Item, "POST", path, body, key, LW)
 
     def requeue(
         self,
@@ -362,8 +391,10 @@ class QueueClient:
         body: dict[str, Any] = {"worker": worker, "fence": fence, "reason": reason}
         if delay:
             body["delay"] = delay
+        key = idempotency_key or new_idempotency_key()
+        self._admit(item_id, fence, key)
         path = f"/v1/tenants/{self._tenant(tenant)}/items/{item_id}/requeue"
-        return self._effect(Item, "POST", path, body, idempotency_key)
+        return self._effect(Item, "POST", path, body, key, LW)
 
     def triage(
         self,
@@ -387,8 +418,10 @@ class QueueClient:
         }
         if delay:
             body["delay"] = delay
+        key = idempotency_key or new_idempotency_key()
+        self._admit(item_id, fence, key)
         path = f"/v1/tenants/{self._tenant(tenant)}/items/{item_id}/triage"
-        return self._effect(Item, "POST", path, body, idempotency_key)
+        return self._effect(Item, "POST", path, body, key, LW)
 
     def heartbeat_many(
         self,
@@ -429,9 +462,12 @@ class QueueClient:
                 {"item_id": c.item_id, "fence": c.fence, "result": c.result} for c in completions
             ],
         }
+        # Every entry is admitted on its own: its key, its item and its current fence.
+        for c in completions:
+            self._admit(c.item_id, c.fence, c.idempotency_key)
         key = idempotency_key or batch_key([c.idempotency_key for c in completions])
         path = f"/v1/tenants/{self._tenant(tenant)}/completions"
-        return self._effect(_Entries, "POST", path, body, key).results
+        return (self._effect(_Entries, "POST", path, body, key, LW)).results
 
     # -- spend approvals -----------------------------------------------------
 
@@ -589,7 +625,9 @@ class QueueClient:
             "outcome_ref": outcome_ref,
             "claim_token": claim_token or new_idempotency_key(),
         }
-        response = self.request("POST", f"/v1/tenants/{self._tenant(tenant)}/receipts", json=body)
+        response = self.request(
+            "POST", f"/v1/tenants/{self._tenant(tenant)}/receipts", json=body, operation=CM
+        )
         return ReceiptRecord.model_validate_json(response.content), response.status_code == 201
 
     def settle_receipt(
@@ -603,7 +641,9 @@ class QueueClient:
         """Settle a pending receipt once; the same settlement again is a no-op."""
         path = f"/v1/tenants/{self._tenant(tenant)}/receipts/{outcome_ref}"
         body = {"status": status, "outcome": outcome}
-        return ReceiptRecord.model_validate_json(self.request("PUT", path, json=body).content)
+        return ReceiptRecord.model_validate_json(
+            self.request("PUT", path, json=body, operation=CM).content
+        )
 
     def get_receipt(self, outcome_ref: str, *, tenant: str | None = None) -> ReceiptRecord:
         return self._get(
@@ -652,7 +692,9 @@ class QueueClient:
             "items": list(items),
         }
         path = f"/v1/tenants/{self._tenant(tenant)}/verification-runs"
-        return VerificationRun.model_validate_json(self.request("POST", path, json=body).content)
+        return VerificationRun.model_validate_json(
+            self.request("POST", path, json=body, operation=AV).content
+        )
 
     def get_verification_run(self, run_id: str, *, tenant: str | None = None) -> VerificationRun:
         path = f"/v1/tenants/{self._tenant(tenant)}/verification-runs/{run_id}"
@@ -679,7 +721,7 @@ class QueueClient:
             f"/checkpoints/{quote(item, safe='/')}"
         )
         return Checkpoint.model_validate_json(
-            self.request("PUT", path, json={"result": result}).content
+            self.request("PUT", path, json={"result": result}, operation=AV).content
         )
 
     def complete_verification_run(
@@ -687,7 +729,7 @@ class QueueClient:
     ) -> VerificationRun:
         """Write the terminal run-complete marker; refused until every item is checkpointed."""
         path = f"/v1/tenants/{self._tenant(tenant)}/verification-runs/{run_id}/complete"
-        return VerificationRun.model_validate_json(self.request("PUT", path).content)
+        return VerificationRun.model_validate_json(self.request("PUT", path, operation=AV).content)
 
 
 def own_tenant(me: WhoAmI) -> str:

@@ -641,6 +641,7 @@ class _Heartbeats:
                 continue  # its outcome went out meanwhile; the refusal says nothing new
             if is_lease_lost(error):
                 log.warning("lease on %s lost: %s", job.item_id, error)
+                job.lost_reason = error.code
                 worker._lose(job)
             elif time.monotonic() >= job.expires_at:
                 worker._lose(job)

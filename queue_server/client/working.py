@@ -85,6 +85,8 @@ class LeaseFacts:
     beat_at: float = field(default=0.0, repr=False)  # monotonic: acquired or last extended
     expires_at: float = field(default=0.0, repr=False)  # monotonic: when the lease runs out
     result: Result | None = field(default=None, repr=False)
+    # Why the lease was lost (the server's refusal code), when it was.
+    lost_reason: str = field(default="", repr=False)
 
     @property
     def item_id(self) -> str:
@@ -178,8 +180,9 @@ def settled(facts: LeaseFacts, sub: Submission, error: errors.QueueClientError |
 
 
 def lost(facts: LeaseFacts) -> Result:
+    why = f" ({facts.lost_reason})" if facts.lost_reason else ""
     return Result(
-        facts.item_id, facts.fence, Outcome.LOST, "the lease was lost; nothing was submitted"
+        facts.item_id, facts.fence, Outcome.LOST, f"the lease was lost{why}; nothing was submitted"
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 
 import httpx
@@ -59,9 +60,11 @@ def test_typed_methods_cover_a_whole_item_life(api: Api, live: LiveServer) -> No
 def test_problems_are_raised_as_typed_exceptions_with_their_code(api: Api) -> None:
     with client(api, "worker") as worker, client(api, "operator") as operator:
         worker.enqueue("q", 1)
+        (first,) = worker.acquire("q", worker="w1", lease_ttl=30)
+        worker.requeue(first.item_id, worker="w1", fence=first.fence)
         (lease,) = worker.acquire("q", worker="w1", lease_ttl=30)
         with pytest.raises(errors.StaleFenceError) as stale:
-            worker.complete(lease.item_id, worker="w1", fence=lease.fence - 1)
+            worker.complete(lease.item_id, worker="w1", fence=first.fence)
         assert stale.value.code == "stale-fence"
         assert stale.value.status == 409
         assert isinstance(stale.value, errors.LeaseLostError)
@@ -102,16 +105,31 @@ class DropFirstResponse(httpx.HTTPTransport):
         return response
 
 
-def test_a_retry_after_a_lost_answer_reuses_the_key_and_makes_one_effect(api: Api, db: DB) -> None:
+def test_a_write_whose_answer_was_lost_is_not_retried_and_its_key_finds_the_outcome(
+    api: Api, db: DB
+) -> None:
+    # An enqueue is a confirmed mutation: one attempt (a timeout is not permission to retry
+    # a write). Sending the same Idempotency-Key again returns the retained outcome.
     transport = DropFirstResponse()
     http = httpx.Client(base_url=api.url, transport=transport)
     with QueueClient(api.url, api.keys["worker"], tenant="acme", http=http) as worker:
-        item = worker.enqueue("q", {"once": True})
+        with pytest.raises(errors.ConnectionFailedError):
+            worker.enqueue("q", {"once": True}, idempotency_key="lost-1")
+        assert len(transport.calls) == 1
+        item = worker.enqueue("q", {"once": True}, idempotency_key="lost-1")
     keys = [r.headers["Idempotency-Key"] for r in transport.calls]
-    assert len(keys) == 2
-    assert keys[0] == keys[1]
+    assert keys == ["lost-1", "lost-1"]
     rows = db.execute("SELECT item_id FROM work_items").fetchall()
     assert [str(r["item_id"]) for r in rows] == [item.item_id]
+    http.close()
+
+
+def test_a_read_is_retried_as_its_class_allows(api: Api) -> None:
+    transport = DropFirstResponse()
+    http = httpx.Client(base_url=api.url, transport=transport)
+    with QueueClient(api.url, api.keys["worker"], tenant="acme", http=http) as worker:
+        assert worker.status().queues == []
+    assert len(transport.calls) == 2  # read-only-dependency: transport errors are retried
     http.close()
 
 
@@ -124,12 +142,14 @@ def test_separate_operations_get_separate_keys(api: Api, db: DB) -> None:
     assert row["n"] == 2
 
 
-def test_backlog_cap_429_is_retried_after_retry_after_then_raised(api: Api) -> None:
+def test_backlog_cap_429_on_a_write_is_raised_at_once_with_its_retry_after(api: Api) -> None:
     api.admin.put("/v1/tenants/acme", json={"backlog_cap": 1})
-    with client(api, "worker", attempts=2, max_wait=0.05) as worker:
+    with client(api, "worker") as worker:
         worker.enqueue("q", 1)
+        started = time.monotonic()
         with pytest.raises(errors.BacklogCapReachedError) as capped:
             worker.enqueue("q", 2)
+        assert time.monotonic() - started < 1.0  # one attempt, no retry loop
     assert capped.value.retry_after is not None
     assert capped.value.code == "backlog-cap-reached"
 

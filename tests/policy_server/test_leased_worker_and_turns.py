@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Iterator
 
 import psycopg
 import pytest
 
 from queue_server.client import QueueClient
-from queue_server.client.leased import AdmittedWorker, LeasedWorkClient
 from queue_server.client.turns import Turn, TurnGate
-from queue_server.client.worker import Job, Outcome, Result
+from queue_server.client.worker import Job, Outcome, Result, Worker
 from queue_server.policy import (
     AdmissionRefused,
+    OperationClass,
     OperationStoppedError,
     PermitUnavailableError,
     RefusalReason,
@@ -24,22 +23,13 @@ from tests.conftest import Api
 Db = psycopg.Connection[dict[str, object]]
 
 
-@pytest.fixture
-def leased(api: Api) -> Iterator[LeasedWorkClient]:
-    client = LeasedWorkClient(api.url, api.keys["worker"], tenant="acme")
-    yield client
-    client.close()
-
-
 def _count(db: Db, sql: str) -> object:
     row = db.execute(sql).fetchone()
     assert row is not None
     return row["n"]
 
 
-def test_admitted_worker_completes_leased_work_under_its_fence(
-    api: Api, leased: LeasedWorkClient
-) -> None:
+def test_the_worker_completes_leased_work_as_one_attempt_under_its_fence(api: Api) -> None:
     api.enqueue(payload={"n": 1})
     seen: list[int] = []
 
@@ -47,34 +37,32 @@ def test_admitted_worker_completes_leased_work_under_its_fence(
         seen.append(job.fence)
         return {"done": job.payload["n"]}
 
-    worker = AdmittedWorker(leased, "q", handler, name="w1", wait=0)
-    assert worker.run(max_items=1, drain=True) == 1
+    with QueueClient(api.url, api.keys["worker"], tenant="acme") as client:
+        worker = Worker(client, "q", handler, name="w1", wait=0)
+        assert worker.run(max_items=1, drain=True) == 1
+        # No retry loop: a holder request is sent once; reads retry as their class allows.
+        leased = client.calls[OperationClass.DURABLE_LEASED_WORK]
+        assert (leased.attempts, leased.attempt_timeout) == (1, 30)
+        reads = client.calls[OperationClass.READ_ONLY_DEPENDENCY]
+        assert (reads.attempts, reads.attempt_timeout, reads.deadline) == (3, 2, 10)
+        writes = client.calls[OperationClass.CONFIRMED_MUTATION]
+        assert (writes.attempts, writes.attempt_timeout) == (1, 10)
     assert seen == [1]
-    assert leased.attempts == 1  # no retry loop: one attempt per holder request
 
 
-def test_leased_work_client_refuses_a_holder_operation_without_fence_before_dispatch(
-    api: Api, leased: LeasedWorkClient, db: Db
-) -> None:
+def test_a_holder_operation_without_its_fence_is_refused_before_dispatch(api: Api, db: Db) -> None:
     item = api.enqueue()
     (lease,) = api.acquire()
-    with pytest.raises(AdmissionRefused) as refused:
-        leased.complete(str(item["item_id"]), worker="w1", fence=0)
-    assert refused.value.reason is RefusalReason.MISSING_FENCE
-    assert _count(db, "SELECT count(*) AS n FROM item_events WHERE kind = 'completed'") == 0
-    leased.complete(str(item["item_id"]), worker="w1", fence=int(str(lease["fence"])))
+    with QueueClient(api.url, api.keys["worker"], tenant="acme") as client:
+        with pytest.raises(AdmissionRefused) as refused:
+            client.complete(str(item["item_id"]), worker="w1", fence=0)
+        assert refused.value.reason is RefusalReason.MISSING_FENCE
+        assert _count(db, "SELECT count(*) AS n FROM item_events WHERE kind = 'completed'") == 0
+        client.complete(str(item["item_id"]), worker="w1", fence=int(str(lease["fence"])))
     assert _count(db, "SELECT count(*) AS n FROM work_items WHERE state = 'completed'") == 1
 
 
-def test_admitted_worker_refuses_local_concurrency_above_one(leased: LeasedWorkClient) -> None:
-    with pytest.raises(AdmissionRefused) as refused:
-        AdmittedWorker(leased, "q", lambda job: None, concurrency=2)
-    assert refused.value.reason is RefusalReason.CONCURRENCY_EXCEEDS_POLICY
-
-
-def test_admitted_worker_requeues_a_failure_through_the_queue_not_a_retry_loop(
-    api: Api, leased: LeasedWorkClient
-) -> None:
+def test_the_worker_requeues_a_failure_through_the_queue_not_a_retry_loop(api: Api) -> None:
     api.enqueue()
     calls: list[int] = []
 
@@ -83,8 +71,9 @@ def test_admitted_worker_requeues_a_failure_through_the_queue_not_a_retry_loop(
         raise RuntimeError("boom")
 
     results: list[Result] = []
-    worker = AdmittedWorker(leased, "q", fails, name="w1", wait=0, on_result=results.append)
-    worker.run(max_items=1, drain=True)
+    with QueueClient(api.url, api.keys["worker"], tenant="acme") as client:
+        worker = Worker(client, "q", fails, name="w1", wait=0, on_result=results.append)
+        worker.run(max_items=1, drain=True)
     assert calls == [1]
     assert [r.outcome for r in results] == [Outcome.TRIAGED]
     (lease,) = api.acquire()
