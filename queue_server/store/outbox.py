@@ -54,6 +54,8 @@ _ITEM_JSON = f"""jsonb_build_object(
         'available_at', {_ts("s.available_at")}, 'fence', s.fence,
         'acquisition_count', s.acquisition_count, 'max_acquisitions', s.max_acquisitions,
         'lease_holder', s.lease_holder, 'lease_expires_at', {_ts("s.lease_expires_at")},
+        'lease_deadline_at', CASE WHEN s.state = 'leased'
+                                  THEN {_ts("s.lease_deadline_at")} END,
         'result', s.result, 'last_failure', s.last_failure,
         'created_at', {_ts("s.created_at")}, 'updated_at', {_ts("s.updated_at")})"""
 

@@ -38,6 +38,8 @@ WITH input AS (
         'available_at', to_char(s.available_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'fence', s.fence,
         'acquisition_count', s.acquisition_count, 'max_acquisitions', s.max_acquisitions,
         'lease_holder', s.lease_holder, 'lease_expires_at', to_char(s.lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        'lease_deadline_at', CASE WHEN s.state = 'leased'
+                                  THEN to_char(s.lease_deadline_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
         'result', s.result, 'last_failure', s.last_failure,
         'created_at', to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'updated_at', to_char(s.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))),
            'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
@@ -162,6 +164,8 @@ WITH counts AS (
         'available_at', to_char(s.available_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'fence', s.fence,
         'acquisition_count', s.acquisition_count, 'max_acquisitions', s.max_acquisitions,
         'lease_holder', s.lease_holder, 'lease_expires_at', to_char(s.lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        'lease_deadline_at', CASE WHEN s.state = 'leased'
+                                  THEN to_char(s.lease_deadline_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
         'result', s.result, 'last_failure', s.last_failure,
         'created_at', to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'updated_at', to_char(s.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))),
            'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
@@ -243,6 +247,8 @@ WITH upd AS (
         'available_at', to_char(s.available_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'fence', s.fence,
         'acquisition_count', s.acquisition_count, 'max_acquisitions', s.max_acquisitions,
         'lease_holder', s.lease_holder, 'lease_expires_at', to_char(s.lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        'lease_deadline_at', CASE WHEN s.state = 'leased'
+                                  THEN to_char(s.lease_deadline_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
         'result', s.result, 'last_failure', s.last_failure,
         'created_at', to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'updated_at', to_char(s.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))),
            'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
@@ -284,6 +290,8 @@ WITH upd AS (
         'available_at', to_char(s.available_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'fence', s.fence,
         'acquisition_count', s.acquisition_count, 'max_acquisitions', s.max_acquisitions,
         'lease_holder', s.lease_holder, 'lease_expires_at', to_char(s.lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        'lease_deadline_at', CASE WHEN s.state = 'leased'
+                                  THEN to_char(s.lease_deadline_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
         'result', s.result, 'last_failure', s.last_failure,
         'created_at', to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'updated_at', to_char(s.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))),
            'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
@@ -320,6 +328,8 @@ WITH upd AS (
         'available_at', to_char(s.available_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'fence', s.fence,
         'acquisition_count', s.acquisition_count, 'max_acquisitions', s.max_acquisitions,
         'lease_holder', s.lease_holder, 'lease_expires_at', to_char(s.lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        'lease_deadline_at', CASE WHEN s.state = 'leased'
+                                  THEN to_char(s.lease_deadline_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
         'result', s.result, 'last_failure', s.last_failure,
         'created_at', to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'updated_at', to_char(s.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))),
            'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
@@ -361,6 +371,8 @@ WITH upd AS (
         'available_at', to_char(s.available_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'fence', s.fence,
         'acquisition_count', s.acquisition_count, 'max_acquisitions', s.max_acquisitions,
         'lease_holder', s.lease_holder, 'lease_expires_at', to_char(s.lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        'lease_deadline_at', CASE WHEN s.state = 'leased'
+                                  THEN to_char(s.lease_deadline_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
         'result', s.result, 'last_failure', s.last_failure,
         'created_at', to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'updated_at', to_char(s.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))),
            'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
@@ -462,6 +474,8 @@ release AS (
         'available_at', to_char(s.available_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'fence', s.fence,
         'acquisition_count', s.acquisition_count, 'max_acquisitions', s.max_acquisitions,
         'lease_holder', s.lease_holder, 'lease_expires_at', to_char(s.lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        'lease_deadline_at', CASE WHEN s.state = 'leased'
+                                  THEN to_char(s.lease_deadline_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
         'result', s.result, 'last_failure', s.last_failure,
         'created_at', to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'updated_at', to_char(s.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))),
            'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
@@ -513,6 +527,8 @@ WITH dl AS (
         'available_at', to_char(s.available_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'fence', s.fence,
         'acquisition_count', s.acquisition_count, 'max_acquisitions', s.max_acquisitions,
         'lease_holder', s.lease_holder, 'lease_expires_at', to_char(s.lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        'lease_deadline_at', CASE WHEN s.state = 'leased'
+                                  THEN to_char(s.lease_deadline_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
         'result', s.result, 'last_failure', s.last_failure,
         'created_at', to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'updated_at', to_char(s.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))),
            'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
@@ -557,6 +573,8 @@ WITH dl AS (
         'available_at', to_char(s.available_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'fence', s.fence,
         'acquisition_count', s.acquisition_count, 'max_acquisitions', s.max_acquisitions,
         'lease_holder', s.lease_holder, 'lease_expires_at', to_char(s.lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        'lease_deadline_at', CASE WHEN s.state = 'leased'
+                                  THEN to_char(s.lease_deadline_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
         'result', s.result, 'last_failure', s.last_failure,
         'created_at', to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'updated_at', to_char(s.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))),
            'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
