@@ -188,6 +188,21 @@ def _drop_backlog_cap(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(Items, "_refuse_early_at_cap", no_early_refusal)
 
 
+@weakening("lease-to-a-gone-client", "a long poll whose client left still hands out a lease")
+def _lease_to_a_gone_client(mp: pytest.MonkeyPatch) -> None:
+    from queue_server.services.items import Items
+
+    original = Items.acquire
+
+    async def never() -> bool:
+        return False
+
+    async def acquire(self: Items, *args: Any, **kwargs: Any) -> Any:
+        return await original(self, *args, **{**kwargs, "client_gone": never})
+
+    mp.setattr(Items, "acquire", acquire)
+
+
 # -- artifact-verification -------------------------------------------------------------------
 
 AV = "artifact-verification"
@@ -205,6 +220,15 @@ def _drop_run_deadline(mp: pytest.MonkeyPatch) -> None:
 )
 def _let_a_second_run_in(mp: pytest.MonkeyPatch) -> None:
     after_migrate(mp, "DROP INDEX uq_verification_runs_running")
+
+
+@weakening(
+    "drop-run-key",
+    "the index that makes (artifact, verifier version) one run is dropped",
+    own_schema=True,
+)
+def _drop_run_key(mp: pytest.MonkeyPatch) -> None:
+    after_migrate(mp, "DROP INDEX uq_verification_runs_run_key")
 
 
 @weakening("lift-verification-concurrency", "artifact-verification/concurrency 1 -> 2")
@@ -248,6 +272,15 @@ def _cancel_in_process(mp: pytest.MonkeyPatch) -> None:
     from queue_server.policy.mutation import ConfirmedMutationPath
 
     _cancel_after_dispatch(mp, ConfirmedMutationPath)
+
+
+@weakening(
+    "drop-one-shot-claim",
+    "the index that binds an idempotency key to one outcome reference is dropped",
+    own_schema=True,
+)
+def _drop_one_shot_claim(mp: pytest.MonkeyPatch) -> None:
+    after_migrate(mp, "DROP INDEX uq_confirmation_receipts_tenant_id_idempotency_key")
 
 
 @weakening("drop-receipt-deadline", "confirmed-mutation/deadline -> a million seconds")

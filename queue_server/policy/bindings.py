@@ -143,6 +143,13 @@ BINDINGS: tuple[Binding, ...] = (
     ),
     Binding(
         LW,
+        D.CANCELLATION,
+        "queue_server.services.items.Items.acquire",
+        "tests/api/test_long_poll.py::test_a_long_poll_whose_client_disconnected_hands_out_no_lease",
+        "lease-to-a-gone-client",
+    ),
+    Binding(
+        LW,
         D.RESUMABILITY,
         ACQUIRE,
         _LEASES_T + "test_expired_lease_is_taken_over_with_a_higher_fence",
@@ -155,6 +162,14 @@ BINDINGS: tuple[Binding, ...] = (
         RUNS + ".checkpoint",
         _RUNS_T + "test_a_run_past_its_deadline_fails_at_its_next_checkpoint_and_blocks_nothing",
         "drop-run-deadline",
+    ),
+    Binding(
+        AV,
+        D.IDEMPOTENCY_AND_FENCING,
+        RUN_START,
+        "tests/verification/test_runs_api.py::"
+        "test_a_complete_run_is_found_again_by_its_key_and_never_run_twice",
+        "drop-run-key",
     ),
     Binding(
         AV,
@@ -184,6 +199,14 @@ BINDINGS: tuple[Binding, ...] = (
         RECEIPTS,
         _STALE_T + "test_an_operator_settles_a_stale_pending_receipt_with_a_recorded_reason",
         "drop-receipt-deadline",
+    ),
+    Binding(
+        CM,
+        D.IDEMPOTENCY_AND_FENCING,
+        "queue_server.store.confirmation_receipts.claim",
+        "tests/confirmations/test_receipts_api.py::"
+        "test_claim_refuses_a_key_bound_to_another_reference",
+        "drop-one-shot-claim",
     ),
     Binding(
         CM,
@@ -307,17 +330,11 @@ DECLARED: dict[tuple[OperationClass, Dimension], str] = {
     (CM, D.RETRY): "single attempt: the bridge replays the retained outcome instead of"
     " retrying; not yet proven by a weakening",
     (CM, D.BACKPRESSURE): "max-queued 0: the permit gate rejects at its limit (bound above)",
-    (CM, D.IDEMPOTENCY_AND_FENCING): "the one-shot claim is the receipts table's unique"
-    " identity; not yet proven by a weakening",
     (CM, D.RESUMABILITY): "receipts are rows of PostgreSQL and survive restarts; not yet"
-    " proven by a weakening",
-    (LW, D.CANCELLATION): "a lease whose client left is released uncharged (tested); not yet"
     " proven by a weakening",
     (AV, D.ATTEMPT_TIMEOUT): "the runner stops at a checkpoint boundary past its timeout"
     " (tested); not yet proven by a weakening",
     (AV, D.BACKOFF_AND_JITTER): "the runner's retries wait the class's capped backoff; not yet"
-    " proven by a weakening",
-    (AV, D.IDEMPOTENCY_AND_FENCING): "the run key is the runs table's unique identity; not yet"
     " proven by a weakening",
     (AV, D.CANCELLATION): "a stopped runner resumes at its checkpoints (tested); not yet proven"
     " by a weakening",

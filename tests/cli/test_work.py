@@ -8,12 +8,13 @@ import re
 import signal
 import subprocess
 import time
+from datetime import datetime
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from queue_server.client import QueueClient, errors
+from queue_server.client import Job, Outcome, QueueClient, Result, TransientError, Worker, errors
 from tests.cli.conftest import BIN, Cli, lines
 from tests.conftest import Api
 
@@ -259,3 +260,47 @@ def test_on_a_terminal_one_status_line_tracks_the_work_and_a_summary_ends_it(
         text
     )
     assert done.stdout == b""
+
+
+def test_an_exit_75_item_backs_off_through_the_queue_within_the_policy(cli: Cli, api: Api) -> None:
+    item = api.enqueue("q", {"n": 1}, max_acquisitions=5)
+    script = cli.script("busy.sh", "exit 75\n")
+    done = cli.run(
+        "work",
+        "q",
+        "--retry-delay",
+        "30",
+        "--max-items",
+        "1",
+        "--json",
+        "--",
+        script,
+        role="worker",
+    )
+    assert [line["outcome"] for line in lines(done.stdout)] == ["triaged"]
+    shown = api.worker.get(f"/v1/tenants/acme/items/{item['item_id']}").json()
+    due_in = datetime.fromisoformat(shown["available_at"]) - datetime.fromisoformat(
+        shown["updated_at"]
+    )
+    assert (shown["state"], due_in.total_seconds()) == ("ready", 30)
+    refused = cli.run("work", "q", "--retry-delay", "301", "--drain", "--", script, ok=False)
+    assert refused.returncode == 1
+    assert "durable-leased-work/backoff-and-jitter" in refused.stderr
+
+
+def test_a_handler_backs_off_an_item_with_a_delay_instead_of_a_retry_loop(api: Api) -> None:
+    api.enqueue("q", {"n": 1}, max_acquisitions=5)
+
+    def busy(job: Job) -> None:
+        raise TransientError("the dependency is busy", delay=12)
+
+    with QueueClient(api.url, api.keys["worker"], tenant="acme") as qs:
+        results: list[Result] = []
+        Worker(qs, "q", busy, wait=0, on_result=results.append).run(max_items=1)
+        assert [r.outcome for r in results] == [Outcome.TRIAGED]
+    shown = api.worker.get(f"/v1/tenants/acme/items/{results[0].item_id}").json()
+    due_in = datetime.fromisoformat(shown["available_at"]) - datetime.fromisoformat(
+        shown["updated_at"]
+    )
+    assert due_in.total_seconds() == 12
+    assert api.acquire() == []  # not due yet: no client retry loop ran it again

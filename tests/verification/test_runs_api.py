@@ -36,6 +36,16 @@ def test_same_artifact_and_verifier_version_return_the_same_run(api: Api) -> Non
     assert conflict["code"] == "run-key-conflict"
 
 
+def test_a_complete_run_is_found_again_by_its_key_and_never_run_twice(api: Api) -> None:
+    first = _start(api)
+    run = f"{BASE}/{first['run_id']}"
+    for item in ("x", "dir/y"):
+        assert api.worker.put(f"{run}/checkpoints/{item}", json={"result": "ok"}).status_code == 201
+    assert api.worker.put(f"{run}/complete").status_code == 200
+    again = _start(api)
+    assert (again["status"], again["run_id"], again["state"]) == (200, first["run_id"], "complete")
+
+
 def test_second_run_is_refused_while_another_runs_then_admitted_after_the_marker(api: Api) -> None:
     first = _start(api)
     busy = _start(api, artifact="a-2")
