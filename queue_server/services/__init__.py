@@ -87,6 +87,7 @@ class Services:
         return cls(
             keys=keys,
             tenants=Tenants(db, policy, on_keys_deleted=keys.cache.clear),
+            items=items,
             queues=Queues(db, effects, policy),
             dead_letters=DeadLetters(db, effects, policy),
             ledgers=Ledgers(db),
