@@ -221,6 +221,7 @@ class HeartbeatResult(BaseModel):
     status: int
     fence: int | None = None
     lease_expires_at: datetime | None = None
+    lease_deadline_at: datetime | None = None
     problem: Problem | None = None
 
 

@@ -406,6 +406,7 @@ class Items:
         ids = [entry["item_id"] for entry in leases]
         if len(set(ids)) != len(ids):
             raise errors.InvalidRequestError("Each item may appear once in a batch of heartbeats.")
+        refuse_above([self.envelope.lease_ttl(lease_ttl, "body", "lease_ttl")])
         ttl = await self._lease_ttl(tenant, lease_ttl)
         valid = [entry for entry in leases if is_uuid(entry["item_id"])]
         async with self.db.tx() as conn:
@@ -434,6 +435,7 @@ class Items:
                         "status": 200,
                         "fence": entry["fence"],
                         "lease_expires_at": extended[item_id]["lease_expires_at"],
+                        "lease_deadline_at": extended[item_id]["lease_deadline_at"],
                     }
                 )
                 continue

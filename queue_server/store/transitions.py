@@ -698,14 +698,14 @@ WITH input AS (
     SELECT * FROM jsonb_to_recordset(%(leases)s::jsonb) AS x(item_id uuid, fence bigint)
 ), upd AS (
     UPDATE work_items w
-    SET lease_expires_at = statement_timestamp() + %(ttl)s, updated_at = statement_timestamp(),
-        event_seq = w.event_seq + 1
+    SET lease_expires_at = least(statement_timestamp() + %(ttl)s, w.lease_deadline_at),
+        updated_at = statement_timestamp(), event_seq = w.event_seq + 1
     FROM input i
     WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(%(ids)s::uuid[]) AND w.item_id = i.item_id
       AND {_holder_guard("w", fence="i.fence")}
     RETURNING w.*
 ), {_ledger(_event("upd", "heartbeat", "%(worker)s", "jsonb_build_object('lease_expires_at', lease_expires_at)"))}
-SELECT item_id::text AS item_id, lease_expires_at FROM upd
+SELECT item_id::text AS item_id, lease_expires_at, lease_deadline_at FROM upd
 """,
 )
 
@@ -713,7 +713,8 @@ SELECT item_id::text AS item_id, lease_expires_at FROM upd
 async def heartbeat_many(
     conn: Conn, *, tenant: str, worker: str, leases: list[dict[str, Any]], ttl: timedelta
 ) -> dict[str, Row]:
-    """leased -> leased for each lease whose own fence, holder and expiry pass the guard.
+    """leased -> leased for each lease whose own fence, holder and expiry pass the guard,
+    each up to its lease's deadline and never past it (as `heartbeat`).
 
     Returns the extended leases by item id; the others changed nothing.
     """

@@ -274,3 +274,41 @@ def test_requeue_and_triage_delay_the_item_up_to_the_backoff_cap(api: Api) -> No
         300
     )
     assert api.acquire() == []
+
+
+def test_a_batch_heartbeat_never_extends_a_lease_past_its_deadline(short: Api) -> None:
+    api = short
+    route = f"/v1/tenants/{api.tenant}/leases:heartbeat"
+    items = [api.enqueue(queue) for queue in ("a", "b")]
+    leases = [api.acquire(queue, worker="hung", ttl=2)[0] for queue in ("a", "b")]
+    entries = [{"item_id": lease["item_id"], "fence": lease["fence"]} for lease in leases]
+    _refused(
+        api.worker.post(route, json={"worker": "hung", "lease_ttl": 3, "leases": entries}),
+        ["body", "lease_ttl"],
+        "durable-leased-work/attempt-timeout",
+    )
+    deadlines = {lease["item_id"]: _at(lease["lease_deadline_at"]) for lease in leases}
+    started = time.monotonic()
+    results: list[dict[str, Any]] = []
+    while time.monotonic() - started < DEADLINE + 3:
+        response = api.worker.post(
+            route, json={"worker": "hung", "lease_ttl": 2, "leases": entries}
+        )
+        assert response.status_code == 200, response.text
+        results = response.json()["results"]
+        if any(r["status"] != 200 for r in results):
+            break
+        for r in results:
+            assert _at(r["lease_deadline_at"]) == deadlines[r["item_id"]]
+            assert _at(r["lease_expires_at"]) <= deadlines[r["item_id"]]
+        time.sleep(0.3)
+    assert time.monotonic() - started >= DEADLINE - 0.5
+    time.sleep(0.3)  # the second lease was acquired a moment after the first
+    response = api.worker.post(route, json={"worker": "hung", "lease_ttl": 2, "leases": entries})
+    assert [(r["status"], r["problem"]["code"]) for r in response.json()["results"]] == [
+        (409, "lease-deadline-exceeded")
+    ] * 2
+    # Each is then taken over with a higher fence.
+    for item, lease, queue in zip(items, leases, ("a", "b"), strict=True):
+        (taken,) = api.acquire(queue, worker="other", ttl=2)
+        assert (taken["item_id"], taken["fence"]) == (item["item_id"], int(str(lease["fence"])) + 1)

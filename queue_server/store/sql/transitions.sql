@@ -424,8 +424,8 @@ WITH input AS (
     SELECT * FROM jsonb_to_recordset(%(leases)s::jsonb) AS x(item_id uuid, fence bigint)
 ), upd AS (
     UPDATE work_items w
-    SET lease_expires_at = statement_timestamp() + %(ttl)s, updated_at = statement_timestamp(),
-        event_seq = w.event_seq + 1
+    SET lease_expires_at = least(statement_timestamp() + %(ttl)s, w.lease_deadline_at),
+        updated_at = statement_timestamp(), event_seq = w.event_seq + 1
     FROM input i
     WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(%(ids)s::uuid[]) AND w.item_id = i.item_id
       AND w.state = 'leased' AND w.fence = i.fence AND w.lease_holder = %(worker)s
@@ -437,7 +437,7 @@ WITH input AS (
            jsonb_build_object('lease_expires_at', lease_expires_at)
     FROM upd
 )
-SELECT item_id::text AS item_id, lease_expires_at FROM upd;
+SELECT item_id::text AS item_id, lease_expires_at, lease_deadline_at FROM upd;
 
 -- name: complete_many
 WITH input AS (
