@@ -196,6 +196,24 @@ def test_trigger_enqueues_one_run_now_with_its_ledger_event_even_when_paused(
     )
 
 
+def test_a_schedule_holds_its_items_to_the_policys_attempt_cap(api: Api, db: Db) -> None:
+    refused = put(api.operator, "s", queue="q", every=3600, max_acquisitions=6)
+    assert refused.status_code == 422, refused.text
+    [error] = refused.json()["errors"]
+    assert (error["loc"], error["cell"]) == (
+        ["body", "max_acquisitions"],
+        "durable-leased-work/retry",
+    )
+    assert api.operator.get(f"{PATH}/s").status_code == 404
+    assert put(api.operator, "s", queue="q", every=3600, max_acquisitions=5).status_code == 201
+    # A schedule stored under a looser policy fires within the loaded one.
+    db.execute("UPDATE schedules SET max_acquisitions = 50 WHERE name = 's'")
+    assert act(api.operator, "s", "trigger").status_code == 201
+    [item] = scheduled_items(db, "s")
+    shown = api.worker.get(f"/v1/tenants/acme/items/{item['item_id']}").json()
+    assert shown["max_acquisitions"] == 5
+
+
 def test_trigger_at_the_backlog_cap_is_a_429_and_enqueues_nothing(api: Api, db: Db) -> None:
     api.admin.put(
         "/v1/tenants/acme",
