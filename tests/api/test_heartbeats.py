@@ -30,7 +30,7 @@ def test_batch_heartbeat_extends_each_lease_under_its_own_fence(api: Api, db: Db
         str(r["item_id"]): r["lease_expires_at"]
         for r in db.execute("SELECT item_id, lease_expires_at FROM work_items").fetchall()
     }
-    response = api.worker.post(ROUTE, json={"worker": "w1", "lease_ttl": 60, "leases": entries})
+    response = api.worker.post(ROUTE, json={"worker": "w1", "lease_ttl": 30, "leases": entries})
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["extended"] == 2
