@@ -276,7 +276,9 @@ def test_an_exit_75_item_backs_off_through_the_queue_within_the_policy(cli: Cli,
         "--",
         script,
         role="worker",
+        ok=False,
     )
+    assert done.returncode == 1  # with --max-items, an item not completed is a failure
     assert [line["outcome"] for line in lines(done.stdout)] == ["triaged"]
     shown = api.worker.get(f"/v1/tenants/acme/items/{item['item_id']}").json()
     due_in = datetime.fromisoformat(shown["available_at"]) - datetime.fromisoformat(
