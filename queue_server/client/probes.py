@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import secrets
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-import httpx
-
+from queue_server.client.transport import HttpClient, Response, connect
 from queue_server.policy import PolicyError, ReliabilityPolicy, load_policy
 
 # The server's and this machine's clocks may differ a little; deadlines are compared
@@ -63,7 +62,7 @@ def _time(value: Any) -> datetime:
 
 
 class _Session:
-    def __init__(self, http: httpx.Client, tenant: str, report: ProbeReport) -> None:
+    def __init__(self, http: HttpClient, tenant: str, report: ProbeReport) -> None:
         self.http = http
         self.tenant = tenant
         self.report = report
@@ -73,7 +72,7 @@ class _Session:
     def check(self, name: str, cell: str, ok: bool, detail: str) -> None:
         self.report.probes.append(Probe(name, cell, ok, detail))
 
-    def refused(self, name: str, cell: str, response: httpx.Response, field_name: str) -> None:
+    def refused(self, name: str, cell: str, response: Response, field_name: str) -> None:
         """A 422 invalid-request whose errors name `field_name` and `cell`."""
         try:
             body = response.json()
@@ -87,7 +86,7 @@ class _Session:
         got = f"{response.status_code} {body.get('code', '')}".strip()
         self.check(name, cell, ok, f"expected 422 invalid-request naming {cell}, got {got}")
 
-    def post(self, path: str, role: str, body: Any, *, key: bool = True) -> httpx.Response:
+    def post(self, path: str, role: str, body: Any, *, key: bool = True) -> Response:
         headers = dict(self.worker if role == "worker" else self.operator)
         if key:
             headers["Idempotency-Key"] = uuid.uuid4().hex
@@ -213,7 +212,7 @@ def _verification_probes(s: _Session, policy: ReliabilityPolicy) -> None:
 
 
 @contextmanager
-def _scratch_tenant(http: httpx.Client, report: ProbeReport) -> Iterator[_Session]:
+def _scratch_tenant(http: HttpClient, report: ProbeReport) -> Iterator[_Session]:
     tenant = f"policy-verify-{secrets.token_hex(4)}"
     report.tenant = tenant
     created = http.put(f"/v1/tenants/{tenant}", json={"backlog_cap": 10})
@@ -239,12 +238,13 @@ def probe_server(
     admin_key: str,
     *,
     timeout: float = 10.0,
-    http_factory: Callable[..., httpx.Client] = httpx.Client,
 ) -> ProbeReport:
     """Probe the server at `url` against the policy it serves; the scratch tenant is deleted."""
     report = ProbeReport(server=url)
     headers = {"Authorization": f"Bearer {admin_key}", "User-Agent": "queue-server-policy-verify"}
-    with http_factory(base_url=url.rstrip("/"), headers=headers, timeout=timeout) as http:
+    http = connect(url.rstrip("/"), timeout=timeout)
+    http.headers.update(headers)
+    with http:
         served = http.get("/v1/policy")
         served.raise_for_status()
         document = served.json()
