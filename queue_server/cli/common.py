@@ -359,7 +359,7 @@ def table(
     natural = [max([len(c), *(len(r[i]) for r in texts)]) for i, c in enumerate(columns)]
     # A column wraps down to NARROWEST, never cutting a word of its heading.
     narrowest = [
-        min(natural[i], max(NARROWEST, *(len(word) for word in c.split())))
+        min(natural[i], max([NARROWEST, *(len(word) for word in c.split())]))
         for i, c in enumerate(columns)
     ]
     keep = list(range(len(columns)))
