@@ -103,7 +103,7 @@ def test_every_example_of_the_sdk_guide_runs_as_written(api: Api, db: DB, tmp_pa
     out = run("errors.py")
     assert "refused: invalid-request" in out
     assert "missing: item-not-found" in out
-    assert "lease lost: stale-fence" in out
+    assert "lease lost: fence-ahead" in out
     assert count(db, "SELECT count(*) AS n FROM work_items WHERE state = 'leased'") == 0
 
     out = run("drain.py")
