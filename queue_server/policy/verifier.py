@@ -37,6 +37,7 @@ from queue_server.policy.model import (
     OperationClass,
     ReliabilityPolicy,
     cell_name,
+    describe_cell,
 )
 from queue_server.policy.mutation import (
     CancelAfterDispatchMutationPath,
@@ -195,26 +196,31 @@ def render_table(
     controls: Sequence[NegativeControl] = NEGATIVE_CONTROLS,
     policy: ReliabilityPolicy | None = None,
 ) -> str:
-    """The markdown table of every cell: its enforcing code, its test and the weakening that
-    test catches (or why it is not-applicable or only declared)."""
+    """The markdown table of every cell: its value, its enforcing code, its test and the
+    weakening that test catches (or why it is not-applicable or only declared)."""
     checked = policy or load_policy()
     by_cell = {(b.operation_class, b.dimension): b for b in bindings}
     lines = [
-        "| cell | enforced by | test | weakening caught |",
-        "|---|---|---|---|",
+        f"| cell | value ({checked.version}) | enforced by | test | weakening caught |",
+        "|---|---|---|---|---|",
     ]
     for cls, dim in itertools.product(OperationClass, Dimension):
         name = f"`{cell_name(cls, dim)}`"
         cell = checked.cell(cls, dim)
         binding = by_cell.get((cls, dim))
+        if isinstance(cell, NotApplicable):
+            lines.append(f"| {name} | not-applicable | {cell.not_applicable} | | |")
+            continue
+        value = describe_cell(cell)
         if binding is not None:
             lines.append(
-                f"| {name} | `{binding.enforced_by}` | `{binding.test}` | `{binding.weakening}` |"
+                f"| {name} | {value} | `{binding.enforced_by}` | `{binding.test}`"
+                f" | `{binding.weakening}` |"
             )
-        elif isinstance(cell, NotApplicable):
-            lines.append(f"| {name} | not-applicable: {cell.not_applicable} | | |")
         else:
-            lines.append(f"| {name} | declared only: {declared.get((cls, dim), '?')} | | |")
+            lines.append(
+                f"| {name} | {value} | declared only: {declared.get((cls, dim), '?')} | | |"
+            )
     lines += ["", "| negative control | path | test | weakening caught |", "|---|---|---|---|"]
     for control in controls:
         lines.append(

@@ -62,10 +62,6 @@ class LeaseEnvelope:
         """A requeue or triage delay above the backoff cap."""
         return self._above(value, "backoff_cap", "backoff cap", loc, self.leased.backoff_cap)
 
-    def deadline(self, value: float | None, *loc: str | int) -> Above | None:
-        """A queue's lease deadline above the class deadline (a queue may only tighten it)."""
-        return self._above(value, "deadline", "deadline", loc, self.leased.deadline)
-
 
 def refuse_above(found: Sequence[Above | None]) -> None:
     """422 invalid-request naming every field above its ceiling, and the cell; else nothing."""
