@@ -169,7 +169,7 @@ def _fill(template: str, ids: dict[str, str]) -> str:
 def _fixtures(api: Api, db: psycopg.Connection[dict[str, Any]]) -> dict[str, str]:
     """Real ids for every path parameter, so a hostile value in one reaches the handler."""
     item_id = str(api.enqueue(payload="held")["item_id"])
-    api.acquire(ttl=3600)
+    api.acquire(ttl=30)  # the policy's attempt timeout: the longest a lease may be asked for
     api.enqueue("dlq", payload="doomed")
     (doomed,) = api.acquire("dlq")
     api.holder(
