@@ -28,7 +28,7 @@ from queue_server.settings import Settings
 from queue_server.store import reads
 from queue_server.workers.notifier import Notifier
 from queue_server.workers.scheduler import run_schedules_forever
-from queue_server.workers.sweeper import sweep_receipts_forever, sweep_runs_forever
+from queue_server.workers.sweeper import sweep_forever, sweep_runs_forever
 
 log = logging.getLogger("queue_server")
 
@@ -62,7 +62,7 @@ def create_app(
         await db.open()
         await notifier.start()
         loops = [
-            asyncio.create_task(sweep_receipts_forever(db)),
+            asyncio.create_task(sweep_forever(db)),
             asyncio.create_task(sweep_runs_forever(db, settings.run_sweep_interval)),
             asyncio.create_task(
                 run_schedules_forever(

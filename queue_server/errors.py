@@ -19,7 +19,8 @@ Every error class of the project, by family (status, code):
     │   └── ReceiptNotFoundError, VerificationRunNotFoundError, ScheduleNotFoundError
     ├── ConflictError                       409 conflict: the resource's state refuses it
     │   ├── LeaseRefusedError               the lease grants no authority:
-    │   │   ├── StaleFenceError, FenceAheadError, NotLeaseHolderError, ItemNotLeasedError
+    │   │   ├── StaleFenceError, FenceAheadError, NotLeaseHolderError, ItemNotLeasedError,
+    │   │   │   ItemCancelledError          an operator cancelled the leased item
     │   │   └── LeaseExpiredError
     │   │       └── LeaseDeadlineExceededError  409 lease-deadline-exceeded
     │   ├── IdempotencyKeyInFlightError, InvalidStateError, DeadLetterClosedError,
@@ -262,6 +263,13 @@ class LastAdminKeyError(ConflictError):
 
     code = "last-admin-key"
     title = "Last admin key"
+
+
+class ItemCancelledError(LeaseRefusedError):
+    """An operator cancelled the item while it was leased; the lease grants no authority."""
+
+    code = "item-cancelled"
+    title = "Item cancelled"
 
 
 class InvalidStateError(ConflictError):

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from psycopg import sql as pgsql
 from psycopg.rows import dict_row
 from sqlalchemy import create_engine, pool
 
 from queue_server.infra import migrate
+from queue_server.store import reads
 from queue_server.store.tables import metadata
 from queue_server.store.transitions import _ACQUIRE
 
@@ -96,3 +100,80 @@ def test_prepared_acquire_plan_reads_the_ready_index_not_the_whole_table(
         # Neither the candidate scan nor the update of the picked rows may read the table.
         assert "Seq Scan on work_items" not in plan
         assert "Index Scan using pk_work_items on work_items w" in plan
+
+
+def _plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    nodes = [plan]
+    for child in plan.get("Plans", []):
+        nodes.extend(_plan_nodes(child))
+    return nodes
+
+
+def _explain_generic(
+    conn: psycopg.Connection[dict[str, Any]], sql: str, params: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The nodes of the executed generic plan of a registered statement (named parameters)."""
+    names: list[str] = []
+    for name in re.findall(r"%\((\w+)\)s", sql):
+        if name not in names:
+            names.append(name)
+    positional = re.sub(r"%\((\w+)\)s", lambda m: f"${names.index(m.group(1)) + 1}", sql)
+    conn.execute("DEALLOCATE ALL")
+    conn.execute(f"PREPARE page AS {positional}")
+    args = ", ".join(pgsql.Literal(params[n]).as_string(conn) for n in names)
+    row = conn.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE page({args})").fetchone()
+    assert row is not None
+    return _plan_nodes(row["QUERY PLAN"][0]["Plan"])
+
+
+def test_item_pages_read_their_state_from_an_index_not_the_finished_history(
+    database_url: str,
+) -> None:
+    """A page of ready items (of one queue or of all) reads a page's worth of index entries,
+    however many completed items the tenant has: generic plans, as the API runs them."""
+    with psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as conn:
+        conn.execute("INSERT INTO tenants VALUES ('t', 10, 5, '30 seconds', now(), now())")
+        for queue in ("a", "b", "c"):
+            conn.execute(
+                "INSERT INTO work_items (tenant_id, queue, payload, state, fence,"
+                " acquisition_count, max_acquisitions, created_at)"
+                " SELECT 't', %s, jsonb_build_object('n', i), 'completed', 1, 1, 5,"
+                "        now() - interval '1 day' + i * interval '1 ms'"
+                " FROM generate_series(1, 20000) AS i",
+                (queue,),
+            )
+            conn.execute(
+                "INSERT INTO work_items (tenant_id, queue, payload, max_acquisitions, created_at)"
+                " SELECT 't', %s, jsonb_build_object('n', i), 5, now() + i * interval '1 ms'"
+                " FROM generate_series(1, 300) AS i",
+                (queue,),
+            )
+        conn.execute("ANALYZE work_items")
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        base = {
+            "tenant": "t",
+            "created_after": "-infinity",
+            "created_before": "infinity",
+            "after_at": "-infinity",
+            "after_id": reads.FIRST_ITEM,
+            "payload": None,
+            "limit": 21,
+        }
+        pages: dict[str, tuple[str, dict[str, Any]]] = {
+            "one queue": (reads._LIST_ITEMS[("state", True)], {"state": "ready", "queue": "b"}),
+            "every queue": (reads._LIST_ITEMS[("state", False)], {"state": "ready"}),
+            "open, one queue": (reads._LIST_ITEMS[("open", True)], {"queue": "b"}),
+            "open, every queue": (reads._LIST_ITEMS[("open", False)], {"queue": None}),
+        }
+        for name, (sql, params) in pages.items():
+            nodes = _explain_generic(conn, sql, {**base, "state": None, **params})
+            items = [n for n in nodes if n.get("Relation Name") == "work_items"]
+            assert items, name
+            assert not [n for n in items if n["Node Type"] == "Seq Scan"], name
+            assert "ix_work_items_list" in {n.get("Index Name") for n in items}, name
+            # A page's worth per (state, queue) branch, and one probe per queue: not 60,000.
+            read = sum(
+                n["Actual Rows"] * n["Actual Loops"] + n.get("Rows Removed by Filter", 0)
+                for n in items
+            )
+            assert read <= 200, f"{name}: {read} rows read for a page of 21"

@@ -1,11 +1,9 @@
-"""Queue routes: spend approvals, the concurrency limit they raise, and each queue's status."""
+"""Queue routes: pause and resume, spend approvals and the concurrency limit they raise, and
+each queue's figures."""
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from fastapi import APIRouter, Request
-from pydantic import BaseModel
 from starlette.responses import Response
 
 from queue_server.api import schemas
@@ -21,37 +19,6 @@ from queue_server.api.deps import (
 )
 
 router = APIRouter(prefix="/v1", responses=PROBLEMS)
-
-
-class QueueStatusOut(BaseModel):
-    queue: str
-    ready: int
-    due: int
-    leased: int
-    quarantined: int
-    completed: int
-    cancelled: int
-    oldest_ready_age: float | None
-    concurrency_limit: int
-    active_leases: int
-
-
-class LeaseStatusOut(BaseModel):
-    queue: str
-    item_id: str
-    worker: str
-    fence: int
-    acquired_at: datetime | None
-    lease_expires_at: datetime
-
-
-class StatusOut(BaseModel):
-    tenant: str
-    backlog: int
-    backlog_cap: int
-    open_dead_letters: int
-    queues: list[QueueStatusOut]
-    leases: list[LeaseStatusOut]
 
 
 @router.post(
@@ -97,7 +64,61 @@ async def concurrency(
     return respond(await queues.concurrency(caller, tenant, queue))
 
 
-@router.get("/tenants/{tenant}/queues", response_model=StatusOut, tags=["operators"])
+@router.get("/tenants/{tenant}/queues", response_model=schemas.StatusOut, tags=["queues"])
 async def queue_status(tenant: TenantName, queues: QueuesService, caller: Caller) -> Response:
-    """Per queue: ready, due, leased, quarantined, oldest due age; the backlog against its cap."""
+    """Every queue: items by state, oldest ready and lease ages, active leases, open dead
+    letters, paused, completions and failures over the last minute and hour."""
     return respond(await queues.status(caller, tenant))
+
+
+@router.get(
+    "/tenants/{tenant}/queues/{queue}", response_model=schemas.QueueDetailOut, tags=["queues"]
+)
+async def get_queue(
+    tenant: TenantName, queue: QueueName, queues: QueuesService, caller: Caller
+) -> Response:
+    """One queue's figures and its latest pause and resume events (newest first)."""
+    return respond(await queues.get_queue(caller, tenant, queue))
+
+
+@router.post(
+    "/tenants/{tenant}/queues/{queue}/pause", response_model=schemas.QueueOut, tags=["queues"]
+)
+async def pause(
+    request: Request,
+    tenant: TenantName,
+    queue: QueueName,
+    queues: QueuesService,
+    caller: Caller,
+    idempotency_key: IdempotencyKey,
+    body: schemas.PauseIn | None = None,
+) -> Response:
+    """Stop handing out leases of the queue (operator); enqueues are still admitted and
+    long-polling acquires keep waiting. When this answers, no new lease is committed."""
+    body = body or schemas.PauseIn()
+    idem = idempotency(request, idempotency_key, body)
+    answer = await queues.pause(
+        caller, tenant, queue, idem, instance=request.url.path, reason=body.reason
+    )
+    return respond(answer)
+
+
+@router.post(
+    "/tenants/{tenant}/queues/{queue}/resume", response_model=schemas.QueueOut, tags=["queues"]
+)
+async def resume(
+    request: Request,
+    tenant: TenantName,
+    queue: QueueName,
+    queues: QueuesService,
+    caller: Caller,
+    idempotency_key: IdempotencyKey,
+    body: schemas.PauseIn | None = None,
+) -> Response:
+    """Hand out leases of the queue again (operator); waiting acquires wake up."""
+    body = body or schemas.PauseIn()
+    idem = idempotency(request, idempotency_key, body)
+    answer = await queues.resume(
+        caller, tenant, queue, idem, instance=request.url.path, reason=body.reason
+    )
+    return respond(answer)

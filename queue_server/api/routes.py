@@ -9,8 +9,9 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
+import orjson
 from fastapi import APIRouter, Path, Query, Request
-from pydantic import BaseModel
+from pydantic import AwareDatetime, BaseModel
 from starlette.responses import Response
 
 from queue_server import errors
@@ -18,6 +19,7 @@ from queue_server.api import schemas
 from queue_server.api.deps import (
     PROBLEMS,
     Caller,
+    Cursor,
     IdempotencyKey,
     ItemId,
     ItemsService,
@@ -30,7 +32,7 @@ from queue_server.api.deps import (
 )
 from queue_server.api.problems import problem_response
 from queue_server.models import NAME_PATTERN, Role
-from queue_server.services.items import NewItem
+from queue_server.services.items import ItemFilter, NewItem
 
 router = APIRouter(prefix="/v1", responses=PROBLEMS)
 
@@ -218,6 +220,102 @@ async def enqueue_batch(
     new = [_new_item(item) for item in body.items]
     answer = await items.enqueue(
         caller, tenant, queue, new, idem, instance=request.url.path, batch=True
+    )
+    return respond(answer)
+
+
+@router.get("/tenants/{tenant}/items", response_model=schemas.ItemPage, tags=["items"])
+async def list_items(
+    tenant: TenantName,
+    items: ItemsService,
+    caller: Caller,
+    queue: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
+    state: schemas.ItemStateName | None = None,
+    created_after: Annotated[
+        AwareDatetime | None, Query(description="Only items created after this time")
+    ] = None,
+    created_before: Annotated[
+        AwareDatetime | None, Query(description="Only items created before this time")
+    ] = None,
+    payload: Annotated[
+        str | None,
+        Query(
+            max_length=4096,
+            description='A JSON document the payload must contain, e.g. `{"customer": 42}`',
+        ),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Cursor = None,
+) -> Response:
+    """Items of the tenant, oldest first (created_at, item_id), filtered (operator).
+
+    Pass `next_cursor` for the next page. Each state and queue is read from an index in
+    this order, so a page costs the same with any amount of finished history.
+    """
+    match = ItemFilter(
+        queue=queue,
+        state=state,
+        created_after=created_after,
+        created_before=created_before,
+        payload=payload,
+    )
+    return respond(await items.list_items(caller, tenant, filter=match, limit=limit, cursor=cursor))
+
+
+@router.post("/tenants/{tenant}/items:cancel", response_model=schemas.CancelManyOut, tags=["items"])
+async def cancel_items(
+    request: Request,
+    tenant: TenantName,
+    body: schemas.CancelManyIn,
+    items: ItemsService,
+    caller: Caller,
+    idempotency_key: IdempotencyKey,
+) -> Response:
+    """Cancel the ready, leased and quarantined items of one page of the filter (operator).
+
+    At most `limit` items are examined per call, in list order; call again with
+    `next_cursor` (and a new Idempotency-Key) until it is null.
+    """
+    idem = idempotency(request, idempotency_key, body)
+    f = body.filter
+    match = ItemFilter(
+        queue=f.queue,
+        state=f.state,
+        created_after=f.created_after,
+        created_before=f.created_before,
+        payload=None if "payload" not in f.model_fields_set else orjson.dumps(f.payload).decode(),
+    )
+    answer = await items.cancel_many(
+        caller,
+        tenant,
+        idem,
+        instance=request.url.path,
+        filter=match,
+        reason=body.reason,
+        limit=body.limit,
+        cursor=body.cursor,
+    )
+    return respond(answer)
+
+
+@router.post(
+    "/tenants/{tenant}/items/{item_id}/cancel", response_model=schemas.ItemOut, tags=["items"]
+)
+async def cancel_item(
+    request: Request,
+    tenant: TenantName,
+    item_id: ItemId,
+    items: ItemsService,
+    caller: Caller,
+    idempotency_key: IdempotencyKey,
+    body: schemas.CancelIn | None = None,
+) -> Response:
+    """Cancel a ready, leased or quarantined item (operator). A leased item's holder is
+    refused with 409 `item-cancelled` at its next heartbeat or complete."""
+    body = body or schemas.CancelIn()
+    idem = idempotency(request, idempotency_key, body)
+    answer = await items.cancel(
+        caller, tenant, item_id, idem, instance=request.url.path, reason=body.reason
     )
     return respond(answer)
 

@@ -318,3 +318,117 @@ class ConcurrencyOut(BaseModel):
     limit: int
     active_leases: int
     approval: dict[str, Any] | None
+
+
+# -- items and queues (operators) ----------------------------------------------------
+
+ItemStateName = Literal["ready", "leased", "completed", "quarantined", "cancelled"]
+
+
+class ItemPage(BaseModel):
+    items: list[ItemOut]
+    next_cursor: str | None
+
+
+class CancelIn(Body):
+    reason: Text = ""
+
+
+class ItemFilterIn(Body):
+    """The filter of GET /items, as a body: every field optional."""
+
+    queue: Name | None = None
+    state: Literal["ready", "leased", "quarantined"] | None = None
+    created_after: AwareDatetime | None = None
+    created_before: AwareDatetime | None = None
+    payload: Json = Field(
+        default=None, description="A JSON document the payload must contain (jsonb `@>`)."
+    )
+
+
+class CancelManyIn(Body):
+    filter: ItemFilterIn = Field(default_factory=ItemFilterIn)
+    reason: Text = ""
+    limit: int = Field(default=100, ge=1, le=1000, strict=True)
+    cursor: Annotated[str | None, Field(max_length=512)] = Field(
+        default=None, description="`next_cursor` of the previous call: resume after it."
+    )
+
+
+class CancelManyOut(BaseModel):
+    cancelled: int
+    item_ids: list[str]
+    next_cursor: str | None
+
+
+class PauseIn(Body):
+    reason: Text = ""
+
+
+class Window(BaseModel):
+    last_minute: int
+    last_hour: int
+    total: int
+
+
+class QueueStates(BaseModel):
+    ready: int
+    leased: int
+    completed: int
+    quarantined: int
+    cancelled: int
+
+
+class QueueOut(BaseModel):
+    queue: str
+    paused: bool
+    paused_at: datetime | None
+    paused_by: str | None
+    pause_reason: str | None
+    states: QueueStates
+    ready: int
+    due: int
+    leased: int
+    quarantined: int
+    completed: int
+    cancelled: int
+    oldest_ready_age: float | None = Field(description="Seconds the oldest due item has waited")
+    active_leases: int
+    oldest_lease_age: float | None = Field(
+        description="Seconds since the oldest active lease began"
+    )
+    concurrency_limit: int
+    open_dead_letters: int
+    completions: Window
+    failures: Window
+    quarantines: int
+
+
+class QueueEventOut(BaseModel):
+    seq: int
+    at: datetime
+    kind: str
+    actor: str
+    data: Any
+
+
+class QueueDetailOut(QueueOut):
+    events: list[QueueEventOut]
+
+
+class LeaseStatusOut(BaseModel):
+    queue: str
+    item_id: str
+    worker: str
+    fence: int
+    acquired_at: datetime | None
+    lease_expires_at: datetime
+
+
+class StatusOut(BaseModel):
+    tenant: str
+    backlog: int
+    backlog_cap: int
+    open_dead_letters: int
+    queues: list[QueueOut]
+    leases: list[LeaseStatusOut]

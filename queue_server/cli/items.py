@@ -1,8 +1,10 @@
-"""`queue-server items`: one work item as it is now, and its ledger."""
+"""`queue-server items`: list and filter items, one item as it is now, its ledger, and cancel."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import json as jsonlib
+from datetime import datetime
+from typing import Annotated, Any
 
 import typer
 
@@ -11,16 +13,71 @@ from queue_server.cli.common import (
     DataDir,
     Json,
     Key,
+    Quiet,
     Tenant,
     Url,
+    Wide,
+    confirm,
+    err_console,
+    fail,
     fields,
+    ids,
     print_json,
     table,
     tenant_session,
 )
 from queue_server.client.models import Item, LedgerEvent
 
-app = CLI(help="Inspect work items.", no_args_is_help=True)
+app = CLI(help="List, inspect and cancel work items.", no_args_is_help=True)
+
+Queue = Annotated[str | None, typer.Option("--queue", "-q", help="Only this queue.")]
+State = Annotated[
+    str | None,
+    typer.Option(help="Only this state: ready, leased, completed, quarantined or cancelled."),
+]
+After = Annotated[
+    datetime | None,
+    typer.Option(
+        "--created-after",
+        formats=["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S.%f%z"],
+        help="Only items created after this time, e.g. 2026-12-01T09:00:00+00:00.",
+    ),
+]
+Before = Annotated[
+    datetime | None,
+    typer.Option(
+        "--created-before",
+        formats=["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S.%f%z"],
+        help="Only items created before this time.",
+    ),
+]
+Payload = Annotated[
+    str | None,
+    typer.Option(help="Only items whose payload contains this JSON, e.g. '{\"customer\": 42}'."),
+]
+Reason = Annotated[str, typer.Option(help="Why: kept in each item's ledger.")]
+Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+
+
+def _filters(
+    queue: str | None,
+    state: str | None,
+    created_after: datetime | None,
+    created_before: datetime | None,
+    payload: str | None,
+) -> dict[str, Any]:
+    chosen: dict[str, Any] = {
+        "queue": queue,
+        "state": state,
+        "created_after": created_after,
+        "created_before": created_before,
+    }
+    if payload is not None:
+        try:
+            chosen["payload"] = jsonlib.loads(payload)
+        except ValueError:
+            fail("Invalid --payload", "it must be JSON, e.g. '{\"customer\": 42}'")
+    return chosen
 
 
 def item_fields(item: Item) -> None:
@@ -94,3 +151,114 @@ def items_ledger(
         print_json(events)
     else:
         ledger_table(item_id, events)
+
+
+@app.command("list")
+def items_list(
+    queue: Queue = None,
+    state: State = None,
+    created_after: After = None,
+    created_before: Before = None,
+    payload: Payload = None,
+    limit: Annotated[int, typer.Option(help="At most this many (0: all).")] = 50,
+    url: Url = None,
+    key: Key = None,
+    tenant: Tenant = None,
+    data_dir: DataDir = None,
+    json: Json = False,
+    quiet: Quiet = False,
+    wide: Wide = False,
+) -> None:
+    """Items, oldest first, filtered (an operator or admin key).
+
+    Example: [bold]queue-server items list --queue emails --state ready --payload '{"customer": 42}'[/bold]
+    """
+    chosen = _filters(queue, state, created_after, created_before, payload)
+    rows: list[Item] = []
+    with tenant_session(url, key, data_dir, tenant) as qs:
+        for item in qs.iter_items(page_size=min(limit, 500) if limit else 500, **chosen):
+            rows.append(item)
+            if limit and len(rows) >= limit:
+                break
+    if json:
+        print_json(rows)
+        return
+    if quiet:
+        ids([i.item_id for i in rows])
+        return
+    table(
+        f"{len(rows)} items",
+        ["item", "queue", "state", "fence", "payload", "created"],
+        [(i.item_id, i.queue, i.state, i.fence, i.payload, i.created_at) for i in rows],
+        drop=["fence", "created", "payload"],
+        wide=wide,
+    )
+
+
+@app.command("cancel")
+def items_cancel(
+    item_ids: Annotated[list[str], typer.Argument(help="Item ids.")],
+    reason: Reason = "",
+    url: Url = None,
+    key: Key = None,
+    tenant: Tenant = None,
+    data_dir: DataDir = None,
+    json: Json = False,
+) -> None:
+    """Cancel ready, leased or quarantined items; a leased item's holder is refused from then on.
+
+    Example: [bold]queue-server items cancel 0190f3c2-... --reason "customer asked"[/bold]
+    """
+    done: list[Item] = []
+    with tenant_session(url, key, data_dir, tenant) as qs:
+        for item_id in item_ids:
+            done.append(qs.cancel_item(item_id, reason=reason))
+    if json:
+        print_json(done)
+        return
+    table(
+        f"{len(done)} cancelled",
+        ["item", "queue", "state"],
+        [(i.item_id, i.queue, i.state) for i in done],
+    )
+
+
+@app.command("cancel-matching")
+def items_cancel_matching(
+    queue: Queue = None,
+    state: Annotated[
+        str | None, typer.Option(help="Only ready, leased or quarantined items.")
+    ] = None,
+    created_after: After = None,
+    created_before: Before = None,
+    payload: Payload = None,
+    reason: Reason = "",
+    batch: Annotated[int, typer.Option(min=1, max=1000, help="Items per request.")] = 100,
+    yes: Yes = False,
+    url: Url = None,
+    key: Key = None,
+    tenant: Tenant = None,
+    data_dir: DataDir = None,
+    json: Json = False,
+) -> None:
+    """Cancel every ready, leased and quarantined item the filter matches, a batch at a time.
+
+    Example: [bold]queue-server items cancel-matching --queue emails --payload '{"batch": 7}' --yes[/bold]
+    """
+    chosen = _filters(queue, state, created_after, created_before, payload)
+    with tenant_session(url, key, data_dir, tenant) as qs:
+        confirm(f"Cancel every item of tenant {qs.tenant} matching this filter?", yes)
+        total = 0
+        cursor: str | None = None
+        while True:
+            page = qs.cancel_items(**chosen, reason=reason, limit=batch, cursor=cursor)
+            total += page.cancelled
+            if not json:
+                err_console.print(f"cancelled {total} so far")
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+    if json:
+        print_json({"cancelled": total})
+    else:
+        typer.echo(f"{total} items cancelled")

@@ -19,6 +19,7 @@ from queue_server.cli import (
     keys,
     ledger,
     policy,
+    queues,
     schedules,
     spend,
     status,
@@ -47,6 +48,7 @@ app.add_typer(tenants.app, name="tenants")
 app.add_typer(keys.app, name="keys")
 app.command()(status.status)
 app.add_typer(items.app, name="items")
+app.add_typer(queues.app, name="queues")
 app.add_typer(dead_letters.app, name="dead-letters")
 app.add_typer(spend.app, name="spend")
 app.add_typer(ledger.app, name="ledger")

@@ -49,6 +49,8 @@ def status(
             "cancelled",
             "oldest ready",
             "concurrency",
+            "done/min",
+            "paused",
         ],
         [
             (
@@ -61,10 +63,12 @@ def status(
                 q.cancelled,
                 age(q.oldest_ready_age),
                 f"{q.active_leases}/{q.concurrency_limit}",
+                q.completions.last_minute,
+                "yes" if q.paused else "",
             )
             for q in snapshot.queues
         ],
-        drop=["cancelled", "due", "oldest ready"],
+        drop=["cancelled", "done/min", "due", "oldest ready"],
         wide=wide,
     )
     if snapshot.leases:

@@ -26,6 +26,8 @@ from queue_server.client.client import (
     _Ledger,
     batch_key,
     from_environment,
+    item_filter,
+    item_query,
     new_idempotency_key,
     own_tenant,
 )
@@ -36,6 +38,7 @@ from queue_server.client.models import (
     ApiKeyInfo,
     BatchEntry,
     BulkReplay,
+    CancelledItems,
     Completion,
     Concurrency,
     DeadLetter,
@@ -43,9 +46,11 @@ from queue_server.client.models import (
     DeadLetterPage,
     Heartbeat,
     Item,
+    ItemPage,
     Lease,
     LedgerEvent,
     NewItem,
+    QueueStatus,
     SpendApproval,
     Status,
     Tenant,
@@ -486,6 +491,99 @@ class AsyncQueueClient:
 
     async def status(self, tenant: str | None = None) -> Status:
         return await self._get(Status, f"/v1/tenants/{await self._tenant(tenant)}/queues")
+
+    async def list_items(
+        self,
+        *,
+        queue: str | None = None,
+        state: str | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        payload: Any = None,
+        limit: int = 50,
+        cursor: str | None = None,
+        tenant: str | None = None,
+    ) -> ItemPage:
+        """One page of items, oldest first; `payload` is a document the payload must contain."""
+        query = item_query(queue, state, created_after, created_before, payload)
+        return await self._get(
+            ItemPage,
+            f"/v1/tenants/{await self._tenant(tenant)}/items",
+            **query,
+            limit=limit,
+            cursor=cursor,
+        )
+
+    async def iter_items(
+        self, *, page_size: int = 200, tenant: str | None = None, **filters: Any
+    ) -> AsyncIterator[Item]:
+        """Every matching item, oldest first, page by page (filters as `list_items`)."""
+        cursor: str | None = None
+        while True:
+            page = await self.list_items(limit=page_size, cursor=cursor, tenant=tenant, **filters)
+            for item in page.items:
+                yield item
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    async def cancel_item(
+        self,
+        item_id: str,
+        *,
+        reason: str = "",
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> Item:
+        """Cancel a ready, leased or quarantined item (its holder is refused from then on)."""
+        path = f"/v1/tenants/{await self._tenant(tenant)}/items/{item_id}/cancel"
+        return await self._effect(Item, "POST", path, {"reason": reason}, idempotency_key)
+
+    async def cancel_items(
+        self,
+        *,
+        queue: str | None = None,
+        state: str | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        payload: Any = None,
+        reason: str = "",
+        limit: int = 100,
+        cursor: str | None = None,
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> CancelledItems:
+        """Cancel the cancellable items of one page of the filter; resume with `next_cursor`."""
+        match = item_filter(queue, state, created_after, created_before, payload)
+        body: dict[str, Any] = {"filter": match, "reason": reason, "limit": limit}
+        if cursor is not None:
+            body["cursor"] = cursor
+        path = f"/v1/tenants/{await self._tenant(tenant)}/items:cancel"
+        return await self._effect(CancelledItems, "POST", path, body, idempotency_key)
+
+    async def pause_queue(
+        self,
+        queue: str,
+        *,
+        reason: str = "",
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> QueueStatus:
+        """Stop handing out leases of the queue; enqueues are still admitted."""
+        path = f"/v1/tenants/{await self._tenant(tenant)}/queues/{queue}/pause"
+        return await self._effect(QueueStatus, "POST", path, {"reason": reason}, idempotency_key)
+
+    async def resume_queue(
+        self,
+        queue: str,
+        *,
+        reason: str = "",
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> QueueStatus:
+        """Hand out leases of the queue again."""
+        path = f"/v1/tenants/{await self._tenant(tenant)}/queues/{queue}/resume"
+        return await self._effect(QueueStatus, "POST", path, {"reason": reason}, idempotency_key)
 
     async def list_dead_letters(
         self,

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any, Literal, TypeVar
 from urllib.parse import quote
 
+import orjson
 from pydantic import BaseModel
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_before_delay
 
@@ -30,6 +31,7 @@ from queue_server.client.models import (
     ApiKeyInfo,
     BatchEntry,
     BulkReplay,
+    CancelledItems,
     Completion,
     Concurrency,
     DeadLetter,
@@ -37,9 +39,11 @@ from queue_server.client.models import (
     DeadLetterPage,
     Heartbeat,
     Item,
+    ItemPage,
     Lease,
     LedgerEvent,
     NewItem,
+    QueueStatus,
     SpendApproval,
     Status,
     Tenant,
@@ -81,6 +85,37 @@ def is_transient(exc: BaseException) -> bool:
             return True
         return exc.status == 429 and exc.retry_after is not None
     return False
+
+
+def item_filter(
+    queue: str | None,
+    state: str | None,
+    created_after: datetime | None,
+    created_before: datetime | None,
+    payload: Any,
+) -> dict[str, Any]:
+    """The items filter as `POST .../items:cancel` takes it (only the fields given)."""
+    match: dict[str, Any] = {"queue": queue, "state": state}
+    match["created_after"] = created_after.isoformat() if created_after else None
+    match["created_before"] = created_before.isoformat() if created_before else None
+    match = {k: v for k, v in match.items() if v is not None}
+    if payload is not None:
+        match["payload"] = payload
+    return match
+
+
+def item_query(
+    queue: str | None,
+    state: str | None,
+    created_after: datetime | None,
+    created_before: datetime | None,
+    payload: Any,
+) -> dict[str, Any]:
+    """The items filter as `GET .../items` takes it: the payload as a JSON string."""
+    query = item_filter(queue, state, created_after, created_before, None)
+    if payload is not None:
+        query["payload"] = orjson.dumps(payload).decode()
+    return query
 
 
 class QueueClient:
@@ -500,6 +535,98 @@ class QueueClient:
 
     def status(self, tenant: str | None = None) -> Status:
         return self._get(Status, f"/v1/tenants/{self._tenant(tenant)}/queues")
+
+    def list_items(
+        self,
+        *,
+        queue: str | None = None,
+        state: str | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        payload: Any = None,
+        limit: int = 50,
+        cursor: str | None = None,
+        tenant: str | None = None,
+    ) -> ItemPage:
+        """One page of items, oldest first; `payload` is a document the payload must contain."""
+        query = item_query(queue, state, created_after, created_before, payload)
+        return self._get(
+            ItemPage,
+            f"/v1/tenants/{self._tenant(tenant)}/items",
+            **query,
+            limit=limit,
+            cursor=cursor,
+        )
+
+    def iter_items(
+        self, *, page_size: int = 200, tenant: str | None = None, **filters: Any
+    ) -> Iterator[Item]:
+        """Every matching item, oldest first, page by page (filters as `list_items`)."""
+        cursor: str | None = None
+        while True:
+            page = self.list_items(limit=page_size, cursor=cursor, tenant=tenant, **filters)
+            yield from page.items
+            if page.next_cursor is None:
+                return
+            cursor = page.next_cursor
+
+    def cancel_item(
+        self,
+        item_id: str,
+        *,
+        reason: str = "",
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> Item:
+        """Cancel a ready, leased or quarantined item (its holder is refused from then on)."""
+        path = f"/v1/tenants/{self._tenant(tenant)}/items/{item_id}/cancel"
+        return self._effect(Item, "POST", path, {"reason": reason}, idempotency_key)
+
+    def cancel_items(
+        self,
+        *,
+        queue: str | None = None,
+        state: str | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        payload: Any = None,
+        reason: str = "",
+        limit: int = 100,
+        cursor: str | None = None,
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> CancelledItems:
+        """Cancel the cancellable items of one page of the filter; resume with `next_cursor`."""
+        match = item_filter(queue, state, created_after, created_before, payload)
+        body: dict[str, Any] = {"filter": match, "reason": reason, "limit": limit}
+        if cursor is not None:
+            body["cursor"] = cursor
+        path = f"/v1/tenants/{self._tenant(tenant)}/items:cancel"
+        return self._effect(CancelledItems, "POST", path, body, idempotency_key)
+
+    def pause_queue(
+        self,
+        queue: str,
+        *,
+        reason: str = "",
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> QueueStatus:
+        """Stop handing out leases of the queue; enqueues are still admitted."""
+        path = f"/v1/tenants/{self._tenant(tenant)}/queues/{queue}/pause"
+        return self._effect(QueueStatus, "POST", path, {"reason": reason}, idempotency_key)
+
+    def resume_queue(
+        self,
+        queue: str,
+        *,
+        reason: str = "",
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> QueueStatus:
+        """Hand out leases of the queue again."""
+        path = f"/v1/tenants/{self._tenant(tenant)}/queues/{queue}/resume"
+        return self._effect(QueueStatus, "POST", path, {"reason": reason}, idempotency_key)
 
     def list_dead_letters(
         self,

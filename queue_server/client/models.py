@@ -198,6 +198,12 @@ class BulkReplay(Model):
     over_cap_dead_letter_ids: list[str] = Field(default_factory=list)
 
 
+class Window(Model):
+    last_minute: int = 0
+    last_hour: int = 0
+    total: int = 0
+
+
 class QueueStatus(Model):
     queue: str
     ready: int
@@ -209,6 +215,28 @@ class QueueStatus(Model):
     oldest_ready_age: float | None = None
     concurrency_limit: int
     active_leases: int
+    # Items by state, every state (zero as zero).
+    states: dict[str, int] = Field(default_factory=dict)
+    paused: bool = False
+    paused_at: datetime | None = None
+    paused_by: str | None = None
+    pause_reason: str | None = None
+    oldest_lease_age: float | None = None
+    open_dead_letters: int = 0
+    completions: Window = Field(default_factory=Window)
+    failures: Window = Field(default_factory=Window)
+    quarantines: int = 0
+
+
+class ItemPage(Model):
+    items: list[Item]
+    next_cursor: str | None = None
+
+
+class CancelledItems(Model):
+    cancelled: int
+    item_ids: list[str]
+    next_cursor: str | None = None
 
 
 class LeaseStatus(Model):

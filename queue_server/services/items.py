@@ -1,6 +1,7 @@
-"""Items and their leases: enqueue (under the backlog cap), reads, acquire (long-polled),
-heartbeat, and the holder's complete, requeue and triage. Transaction boundaries and
-checks; each state change is one statement of `store.transitions`."""
+"""Items and their leases: enqueue (under the backlog cap), reads and pages, acquire
+(long-polled), heartbeat, the holder's complete, requeue and triage, and an operator's
+cancel (one item, or a page of a filter). Transaction boundaries and checks; each state
+change is one statement of `store.transitions`."""
 
 from __future__ import annotations
 
@@ -10,16 +11,24 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Protocol
+
+import orjson
 
 from queue_server import auth, errors, views
 from queue_server.db import Database
 from queue_server.idempotency import Answer, Effects, Idempotency
 from queue_server.infra.metrics import Metrics
-from queue_server.models import Role, is_uuid, uuid7
+from queue_server.models import NAME_RE, ItemState, Role, is_uuid, uuid7
 from queue_server.policy import ReliabilityPolicy
-from queue_server.services.common import WORKER_OR_OPERATOR, require_item_id, uuid_range
+from queue_server.services import common
+from queue_server.services.common import (
+    WORKER_OR_OPERATOR,
+    require_item_id,
+    require_tenant,
+    uuid_range,
+)
 from queue_server.services.envelope import LeaseEnvelope, refuse_above
 from queue_server.settings import Settings
 from queue_server.store import reads, tenants, transitions
@@ -64,6 +73,63 @@ class NearLimit:
             return True
         del self._since[(tenant, queue)]
         return False
+
+
+# Items one bulk cancel examines at most (one transaction).
+MAX_BULK_CANCEL = 1000
+CANCELLABLE = (ItemState.READY, ItemState.LEASED, ItemState.QUARANTINED)
+
+
+@dataclass(frozen=True, slots=True)
+class ItemFilter:
+    """Which items a page (or a bulk cancel) covers; None is no condition."""
+
+    queue: str | None = None
+    state: str | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    # A JSON document the payload must contain (`@>`), as text.
+    payload: str | None = None
+
+    def checked(self) -> ItemFilter:
+        """The filter, or 422 `invalid-request` naming what is wrong with it."""
+        if self.queue is not None and not NAME_RE.match(self.queue):
+            raise errors.InvalidRequestError(f"No queue can be named {self.queue!r}.")
+        if self.state is not None and self.state not in set(ItemState):
+            states = ", ".join(ItemState)
+            raise errors.InvalidRequestError(f"state must be one of: {states}.")
+        for name, at in (
+            ("created_after", self.created_after),
+            ("created_before", self.created_before),
+        ):
+            if at is not None and at.tzinfo is None:
+                raise errors.InvalidRequestError(f"{name} needs a time zone (e.g. ...Z).")
+        if self.payload is not None:
+            try:
+                orjson.loads(self.payload)
+            except orjson.JSONDecodeError:
+                raise errors.InvalidRequestError(
+                    'payload must be a JSON document, e.g. {"customer": 42}.'
+                ) from None
+        return self
+
+
+def _item_cursor(cursor: str | None) -> tuple[str, str] | None:
+    """A page cursor back into its (created_at, item_id) position."""
+    if not cursor:
+        return None
+    at, item_id = common.decode_cursor(cursor, 2)
+    try:
+        datetime.fromisoformat(at)
+    except ValueError:
+        raise common.foreign_cursor() from None
+    if not is_uuid(item_id):
+        raise common.foreign_cursor()
+    return at, item_id
+
+
+def _position(row: Row) -> str:
+    return common.encode_cursor([row["created_at"].isoformat(), str(row["item_id"])])
 
 
 # While the listener is down, a waiting acquire looks at its queue this often, so it
@@ -232,6 +298,137 @@ class Items:
         if row is None:
             raise errors.ItemNotFoundError(item_id=item_id)
         return row
+
+    async def list_items(
+        self,
+        principal: auth.Principal,
+        tenant: str,
+        *,
+        filter: ItemFilter,
+        limit: int,
+        cursor: str | None,
+    ) -> Answer:
+        """A page of the tenant's items matching `filter`, oldest first (created_at, item_id);
+        `next_cursor` is null on the last page."""
+        principal.require(tenant, Role.OPERATOR)
+        filter = filter.checked()
+        after = _item_cursor(cursor)
+        async with self.db.conn() as conn:
+            await require_tenant(conn, tenant)
+            rows = await self._page(conn, tenant, filter, after, limit, open_only=False)
+        next_cursor = None
+        if len(rows) > limit:
+            rows = rows[:limit]
+            next_cursor = _position(rows[-1])
+        return Answer.of(200, {"items": [views.item(r) for r in rows], "next_cursor": next_cursor})
+
+    @staticmethod
+    async def _page(
+        conn: Conn,
+        tenant: str,
+        filter: ItemFilter,
+        after: tuple[str, str] | None,
+        limit: int,
+        *,
+        open_only: bool,
+    ) -> list[Row]:
+        """Up to `limit` + 1 items after `after`: one more tells whether a next page exists."""
+        return await reads.list_items(
+            conn,
+            tenant=tenant,
+            queue=filter.queue,
+            state=filter.state,
+            open_only=open_only,
+            created_after=filter.created_after.isoformat() if filter.created_after else None,
+            created_before=filter.created_before.isoformat() if filter.created_before else None,
+            payload_json=filter.payload,
+            after=after,
+            limit=limit + 1,
+        )
+
+    async def cancel(
+        self,
+        principal: auth.Principal,
+        tenant: str,
+        item_id: str,
+        idem: Idempotency,
+        *,
+        instance: str,
+        reason: str,
+    ) -> Answer:
+        """ready, leased or quarantined -> cancelled; the ledger keeps who and why."""
+        principal.require(tenant, Role.OPERATOR)
+        require_item_id(item_id)
+
+        async def operation(conn: Conn) -> Answer:
+            rows = await transitions.cancel(
+                conn, tenant=tenant, item_ids=[item_id], reason=reason, actor=principal.actor
+            )
+            if rows:
+                return Answer.of(200, views.item(rows[0]))
+            row = await reads.get_item(conn, tenant=tenant, item_id=item_id)
+            if row is None:
+                raise errors.ItemNotFoundError(item_id=item_id)
+            raise errors.InvalidStateError(
+                f"The item is {row['state']}; only ready, leased or quarantined items can be"
+                " cancelled.",
+                item_id=item_id,
+                state=row["state"],
+            )
+
+        return await self.effects.run(tenant, idem, instance, operation)
+
+    async def cancel_many(
+        self,
+        principal: auth.Principal,
+        tenant: str,
+        idem: Idempotency,
+        *,
+        instance: str,
+        filter: ItemFilter,
+        reason: str,
+        limit: int,
+        cursor: str | None,
+    ) -> Answer:
+        """Cancel the ready, leased and quarantined items of one page of `filter` (at most
+        `limit`), in one transaction. `next_cursor` resumes after the page; null when the
+        filter has no more items."""
+        principal.require(tenant, Role.OPERATOR)
+        filter = filter.checked()
+        if filter.state is not None and filter.state not in CANCELLABLE:
+            raise errors.InvalidRequestError(
+                f"{filter.state} items cannot be cancelled; filter on ready, leased or"
+                " quarantined items, or on none."
+            )
+        if not 1 <= limit <= MAX_BULK_CANCEL:
+            raise errors.InvalidRequestError(f"limit must be 1 to {MAX_BULK_CANCEL}.")
+        after = _item_cursor(cursor)
+
+        async def operation(conn: Conn) -> Answer:
+            await require_tenant(conn, tenant)
+            page = await self._page(conn, tenant, filter, after, limit, open_only=True)
+            next_cursor = None
+            if len(page) > limit:
+                page = page[:limit]
+                next_cursor = _position(page[-1])
+            cancelled = await transitions.cancel(
+                conn,
+                tenant=tenant,
+                item_ids=[str(row["item_id"]) for row in page],
+                reason=reason,
+                actor=principal.actor,
+                state=filter.state,
+            )
+            return Answer.of(
+                200,
+                {
+                    "cancelled": len(cancelled),
+                    "item_ids": [str(row["item_id"]) for row in cancelled],
+                    "next_cursor": next_cursor,
+                },
+            )
+
+        return await self.effects.run(tenant, idem, instance, operation)
 
     async def ledger(self, principal: auth.Principal, tenant: str, item_id: str) -> Answer:
         principal.require(tenant, *WORKER_OR_OPERATOR)

@@ -1,8 +1,11 @@
-"""Queues: spend approvals and the concurrency limit they raise, and each queue's status."""
+"""Queues: pause and resume, spend approvals and the concurrency limit they raise, and each
+queue's figures (items by state, ages, leases, dead letters, rates)."""
 
 from __future__ import annotations
 
 from datetime import datetime
+from decimal import Decimal
+from typing import Any
 
 from queue_server import auth, views
 from queue_server.db import Database
@@ -10,10 +13,69 @@ from queue_server.idempotency import Answer, Effects, Idempotency
 from queue_server.models import Role
 from queue_server.policy import ReliabilityPolicy
 from queue_server.services.common import WORKER_OR_OPERATOR, require_tenant
-from queue_server.store import dead_letters, reads, tenants
+from queue_server.store import dead_letters, reads, tenants, transitions
+from queue_server.store import queues as queue_store
 from queue_server.store.types import Conn, Row
 
 STATUS_LEASES = 100  # the status shows at most this many leases, the oldest first
+# The queue ledger events a queue's page shows, newest first.
+QUEUE_EVENTS = 50
+
+
+def _seconds(value: Decimal | float | None) -> float | None:
+    return round(float(value), 3) if value is not None else None
+
+
+def queue_figures(
+    queue: str,
+    *,
+    open_row: Row | None,
+    finished: Row | None,
+    setting: Row | None,
+    open_dead_letters: int,
+    limits: dict[str, Any],
+) -> dict[str, Any]:
+    """One queue as GET /queues shows it, from the bounded reads of `store.queues`."""
+    o = open_row or {}
+    f = finished or {}
+    paused = setting is not None and setting["paused_at"] is not None
+    return {
+        "queue": queue,
+        "paused": paused,
+        "paused_at": setting["paused_at"] if paused and setting else None,
+        "paused_by": setting["paused_by"] if paused and setting else None,
+        "pause_reason": setting["pause_reason"] if paused and setting else None,
+        "states": {
+            "ready": int(o.get("ready", 0)),
+            "leased": int(o.get("leased", 0)),
+            "completed": int(f.get("completed", 0)),
+            "quarantined": int(o.get("quarantined", 0)),
+            "cancelled": int(f.get("cancelled", 0)),
+        },
+        # The fields of the earlier status, kept for its readers.
+        "ready": int(o.get("ready", 0)),
+        "due": int(o.get("due", 0)),
+        "leased": int(o.get("leased", 0)),
+        "quarantined": int(o.get("quarantined", 0)),
+        "completed": int(f.get("completed", 0)),
+        "cancelled": int(f.get("cancelled", 0)),
+        "oldest_ready_age": _seconds(o.get("oldest_ready_age")),
+        "active_leases": int(o.get("active_leases", 0)),
+        "oldest_lease_age": _seconds(o.get("oldest_lease_age")),
+        "concurrency_limit": limits["limit"],
+        "open_dead_letters": open_dead_letters,
+        "completions": {
+            "last_minute": int(f.get("completions_last_minute", 0)),
+            "last_hour": int(f.get("completions_last_hour", 0)),
+            "total": int(f.get("completions", 0)),
+        },
+        "failures": {
+            "last_minute": int(f.get("failures_last_minute", 0)),
+            "last_hour": int(f.get("failures_last_hour", 0)),
+            "total": int(f.get("failures", 0)),
+        },
+        "quarantines": int(f.get("quarantines", 0)),
+    }
 
 
 class Queues:
@@ -64,31 +126,14 @@ class Queues:
         return Answer.of(200, {"tenant": tenant, "queue": queue, **info})
 
     async def status(self, principal: auth.Principal, tenant: str) -> Answer:
-        """Per queue: ready, due, leased, quarantined, oldest due age, concurrency limit."""
+        """Every queue of the tenant: items by state, oldest ready and lease ages, active
+        leases, open dead letters, paused, completions and failures over the last minute
+        and hour; the backlog against its cap."""
         principal.require(tenant, *WORKER_OR_OPERATOR)
         async with self.db.conn() as conn:
             row = await require_tenant(conn, tenant)
             backlog = await tenants.backlog(conn, tenant)
-            queues = []
-            for q in await reads.queue_status(conn, tenant=tenant):
-                limits = await tenants.concurrency(
-                    conn, tenant=tenant, queue=q["queue"], base_limit=self.base_limit
-                )
-                age = q["oldest_ready_age"]
-                queues.append(
-                    {
-                        "queue": q["queue"],
-                        "ready": q["ready"],
-                        "due": q["due"],
-                        "leased": q["leased"],
-                        "quarantined": q["quarantined"],
-                        "completed": q["completed"],
-                        "cancelled": q["cancelled"],
-                        "oldest_ready_age": float(age) if age is not None else None,
-                        "concurrency_limit": limits["limit"],
-                        "active_leases": limits["active_leases"],
-                    }
-                )
+            queues = await self._figures(conn, tenant)
             open_dead_letters = await dead_letters.count_open(conn, tenant=tenant)
             leases = await reads.leases(conn, tenant=tenant, limit=STATUS_LEASES)
         return Answer.of(
@@ -113,7 +158,106 @@ class Queues:
             },
         )
 
+    async def _figures(
+        self, conn: Conn, tenant: str, only: str | None = None
+    ) -> list[dict[str, Any]]:
+        """The figures of every queue that has items, counters or settings (or of `only`)."""
+        open_rows = {r["queue"]: r for r in await queue_store.open_counts(conn, tenant=tenant)}
+        finished = {r["queue"]: r for r in await queue_store.finished_counts(conn, tenant=tenant)}
+        settings = {r["queue"]: r for r in await queue_store.settings(conn, tenant=tenant)}
+        letters = await queue_store.open_dead_letters(conn, tenant=tenant)
+        names = sorted({*open_rows, *finished, *settings, *letters})
+        if only is not None:
+            names = [only]
+        figures = []
+        for name in names:
+            limits = await tenants.concurrency(
+                conn, tenant=tenant, queue=name, base_limit=self.base_limit
+            )
+            figures.append(
+                queue_figures(
+                    name,
+                    open_row=open_rows.get(name),
+                    finished=finished.get(name),
+                    setting=settings.get(name),
+                    open_dead_letters=letters.get(name, 0),
+                    limits=limits,
+                )
+            )
+        return figures
+
+    async def get_queue(self, principal: auth.Principal, tenant: str, queue: str) -> Answer:
+        """One queue's figures and its latest pause and resume events."""
+        principal.require(tenant, *WORKER_OR_OPERATOR)
+        async with self.db.conn() as conn:
+            await require_tenant(conn, tenant)
+            (figures,) = await self._figures(conn, tenant, only=queue)
+            events = await queue_store.events(conn, tenant=tenant, queue=queue, limit=QUEUE_EVENTS)
+        return Answer.of(200, {**figures, "events": [_queue_event(e) for e in events]})
+
+    async def pause(
+        self,
+        principal: auth.Principal,
+        tenant: str,
+        queue: str,
+        idem: Idempotency,
+        *,
+        instance: str,
+        reason: str,
+    ) -> Answer:
+        """The queue hands out no lease until resumed (enqueues are still admitted).
+
+        Pausing a paused queue changes nothing. When this answers, no acquire commits a
+        lease of the queue any more: pause waits for the queue's lock, which every
+        acquire holds while it leases.
+        """
+        principal.require(tenant, Role.OPERATOR)
+
+        async def operation(conn: Conn) -> Answer:
+            await require_tenant(conn, tenant)
+            await transitions.lock_queue(conn, tenant=tenant, queue=queue)
+            await queue_store.pause(
+                conn, tenant=tenant, queue=queue, actor=principal.actor, reason=reason
+            )
+            (figures,) = await self._figures(conn, tenant, only=queue)
+            return Answer.of(200, figures)
+
+        return await self.effects.run(tenant, idem, instance, operation)
+
+    async def resume(
+        self,
+        principal: auth.Principal,
+        tenant: str,
+        queue: str,
+        idem: Idempotency,
+        *,
+        instance: str,
+        reason: str,
+    ) -> Answer:
+        """The queue hands out leases again; its long-polling acquires wake up."""
+        principal.require(tenant, Role.OPERATOR)
+
+        async def operation(conn: Conn) -> Answer:
+            await require_tenant(conn, tenant)
+            await queue_store.resume(
+                conn, tenant=tenant, queue=queue, actor=principal.actor, reason=reason
+            )
+            (figures,) = await self._figures(conn, tenant, only=queue)
+            return Answer.of(200, figures)
+
+        return await self.effects.run(tenant, idem, instance, operation)
+
     async def state_counts(self) -> list[Row]:
         """Items by tenant and state, over every tenant (for the metrics scrape)."""
         async with self.db.conn() as conn:
             return await reads.all_state_counts(conn)
+
+
+def _queue_event(row: Row) -> dict[str, Any]:
+    return {
+        "seq": row["seq"],
+        "at": row["at"],
+        "kind": row["kind"],
+        "actor": row["actor"],
+        "data": row["data"],
+    }

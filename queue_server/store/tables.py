@@ -98,6 +98,8 @@ work_items = Table(
     Column("event_seq", Integer, nullable=False, server_default=text("0")),
     _ts("created_at", nullable=False, server_default=func.now()),
     _ts("updated_at", nullable=False, server_default=func.now()),
+    # When the item was last acquired: the age of a lease (kept after it ends).
+    _ts("leased_at", nullable=True),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
     CheckConstraint("fence >= 0", name="fence_not_negative"),
     CheckConstraint(
@@ -139,6 +141,18 @@ work_items = Table(
         "tenant_id",
         "queue",
         postgresql_where=text("state = 'quarantined'"),
+    ),
+    # The item list's pages, per state and queue in creation order (keyset pagination),
+    # and the retention sweeper's finished items. Leased rows stay out: every acquire
+    # and heartbeat would add an entry, and the leased list sorts the few there are.
+    Index(
+        "ix_work_items_list",
+        "tenant_id",
+        "state",
+        "queue",
+        "created_at",
+        "item_id",
+        postgresql_where=text("state <> 'leased'"),
     ),
 )
 
@@ -515,4 +529,74 @@ schedule_fires = Table(
     CheckConstraint("kind IN ('tick', 'trigger')", name="kind_known"),
     CheckConstraint("outcome IN ('enqueued', 'refused', 'dropped')", name="outcome_known"),
     CheckConstraint("(outcome = 'enqueued') = (item_id IS NOT NULL)", name="item_iff_enqueued"),
+)
+
+
+# -- queues: pause, counters of finished work, and their samples (0008) ----------------
+
+# A queue's own settings; a row exists once an operator paused (or resumed) the queue.
+queues = Table(
+    "queues",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("queue", Text, primary_key=True),
+    _ts("paused_at", nullable=True),
+    Column("paused_by", Text, nullable=True),
+    Column("pause_reason", Text, nullable=True),
+    # Number of queue ledger events written: the next event's seq.
+    Column("event_seq", Integer, nullable=False, server_default=text("0")),
+    _ts("updated_at", nullable=False, server_default=func.now()),
+    ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
+    CheckConstraint("(paused_at IS NULL) = (paused_by IS NULL)", name="paused_has_actor"),
+)
+
+# The queue's ledger: who paused or resumed it, when and why.
+queue_events = Table(
+    "queue_events",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("queue", Text, primary_key=True),
+    Column("seq", Integer, primary_key=True),
+    _ts("at", nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("actor", Text, nullable=False),
+    Column("data", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    ForeignKeyConstraint(
+        ["tenant_id", "queue"], ["queues.tenant_id", "queues.queue"], ondelete="CASCADE"
+    ),
+)
+
+# Monotonic totals per queue, added to by the statement of each transition they count
+# (in shards, as backlog_releases: completions do not queue on one row lock). Items
+# completed and cancelled now = completed - purged_completed, cancelled - purged_cancelled.
+queue_counters = Table(
+    "queue_counters",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("queue", Text, primary_key=True),
+    Column("shard", Integer, primary_key=True),
+    Column("completed", BigInteger, nullable=False, server_default=text("0")),
+    # Failures reported by triage (either decision).
+    Column("failed", BigInteger, nullable=False, server_default=text("0")),
+    # Items quarantined: by triage, or at acquire past their budget.
+    Column("quarantined", BigInteger, nullable=False, server_default=text("0")),
+    Column("cancelled", BigInteger, nullable=False, server_default=text("0")),
+    # Finished items deleted by the retention sweeper.
+    Column("purged_completed", BigInteger, nullable=False, server_default=text("0")),
+    Column("purged_cancelled", BigInteger, nullable=False, server_default=text("0")),
+    ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
+)
+
+# The counters' totals as the sweeper sampled them (a row when they changed), so that
+# completions and failures over the last minute and hour are two index probes per queue.
+queue_samples = Table(
+    "queue_samples",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("queue", Text, primary_key=True),
+    _ts("sampled_at", primary_key=True),
+    Column("completed", BigInteger, nullable=False),
+    Column("failed", BigInteger, nullable=False),
+    ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
+    Index("ix_queue_samples_sampled_at", "sampled_at"),
 )

@@ -6,12 +6,16 @@
       '--(expired lease: the next acquire takes it over, fence + 1)
     acquire past the budget -> quarantined (+ dead letter)
     operator replay: quarantined -> ready;  discard: any but completed -> cancelled
+    operator cancel: ready, leased or quarantined -> cancelled (the holder's next
+    heartbeat or complete is refused with item-cancelled)
+    a paused queue (`queues.paused_at`): acquire hands out nothing
 
 Each acquire increments `fence`. A holder presents the fence it was given, and
 every holder operation checks state, holder, fence and expiry in the same
 statement that changes the row (`_HOLDER_GUARD`, written once). Each function
 takes the caller's connection and appends its ledger events in the same statement
-(`_ledger`: the one INSERT into item_events). Every function but `acquire` runs in
+(`_ledger`: the one INSERT into item_events), and counts finished work on the queue's
+counters (`_count_cte`). Every function but `acquire` runs in
 the caller's transaction and never commits; `acquire` owns its transactions (see
 there). Time is `statement_timestamp()`: the database clock, fixed for one statement.
 """
@@ -104,6 +108,21 @@ def _release_cte(source: str) -> str:
 )"""
 
 
+def _count_cte(source: str, **columns: str) -> str:
+    """`counted AS (...)`: adds to the queue counters of `source`'s rows, on this statement's
+    shard. Written after `release` in every statement, so the two row locks are always
+    taken in one order, and in queue order (ORDER BY) when one statement counts several."""
+    names = ", ".join(columns)
+    updates = ",\n        ".join(f"{c} = queue_counters.{c} + excluded.{c}" for c in columns)
+    return f"""counted AS (
+    INSERT INTO queue_counters (tenant_id, queue, shard, {names})
+    SELECT tenant_id, queue, %(shard)s, {", ".join(columns.values())}
+    FROM {source} GROUP BY tenant_id, queue ORDER BY tenant_id, queue
+    ON CONFLICT (tenant_id, queue, shard) DO UPDATE
+    SET {updates}
+)"""
+
+
 def _shard() -> int:
     return random.randrange(RELEASE_SHARDS)
 
@@ -175,6 +194,13 @@ _LOCK_QUEUE_SHARED = _SQL(
 )
 MAX_ITEMS_PER_ACQUIRE = 100
 
+
+async def lock_queue(conn: Conn, *, tenant: str, queue: str) -> None:
+    """The queue's lock, exclusively, until the transaction ends: every acquire in flight
+    has committed, and every later one reads what this transaction commits (a pause)."""
+    await conn.execute(_LOCK_QUEUE, {"tenant": tenant, "queue": queue})
+
+
 _ACQUIRED = _ledger(
     # A lease that ran to its deadline is recorded before its takeover (or quarantine).
     "SELECT o.tenant_id, o.item_id, o.event_seq - 2, o.updated_at, 'deadline_exceeded',\n"
@@ -215,11 +241,16 @@ WITH counts AS (
                        AND expires_at > statement_timestamp()), %(base_limit)s)
            - (SELECT count(*) FROM work_items
               WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
-                AND lease_expires_at > statement_timestamp()) AS free
+                AND lease_expires_at > statement_timestamp()) AS free,
+           -- A paused queue hands out nothing; pause takes this queue's lock exclusively.
+           EXISTS (SELECT 1 FROM queues WHERE tenant_id = %(tenant)s AND queue = %(queue)s
+                   AND paused_at IS NOT NULL) AS paused
 ), room AS (
-    SELECT CASE WHEN contended THEN 0 ELSE greatest(0, least(%(max_items)s, free)) END AS n,
+    SELECT CASE WHEN contended OR paused THEN 0
+                ELSE greatest(0, least(%(max_items)s, free)) END AS n,
            contended
-    FROM (SELECT free, %(shared)s AND free < %(slack)s + %(max_items)s AS contended
+    FROM (SELECT free, paused,
+                 NOT paused AND %(shared)s AND free < %(slack)s + %(max_items)s AS contended
           FROM counts) AS c
 ), expired AS (
     -- SKIP LOCKED: a row locked by a holder operation in flight is not ours to take.
@@ -255,7 +286,7 @@ WITH counts AS (
         lease_holder = %(worker)s,
         lease_expires_at = statement_timestamp() + least(%(ttl)s, %(deadline)s),
         lease_deadline_at = statement_timestamp() + %(deadline)s,
-        updated_at = statement_timestamp(),
+        leased_at = statement_timestamp(), updated_at = statement_timestamp(),
         event_seq = w.event_seq + 1 + (w.item_id = ANY(ARRAY(SELECT item_id FROM overdue)))::int
     -- An array, not a join: the planner cannot tell how few rows `picked` has, and a
     -- join would hash the whole table; `= ANY(array)` probes the primary key per item.
@@ -272,7 +303,8 @@ WITH counts AS (
     WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(ARRAY(SELECT item_id FROM picked))
       AND w.acquisition_count >= w.max_acquisitions
     RETURNING w.*
-), {_dead_letter("quarantined", "acquisition budget exhausted")}, {_ACQUIRED}, {_release_cte("quarantined")}, {outbox_cte("item.quarantined", "quarantined")}
+), {_dead_letter("quarantined", "acquisition budget exhausted")}, {_ACQUIRED}, {_release_cte("quarantined")},
+{_count_cte("quarantined", quarantined="count(*)")}, {outbox_cte("item.quarantined", "quarantined")}
 SELECT true AS leased, * FROM leased
 UNION ALL
 SELECT false AS leased, * FROM quarantined
@@ -408,13 +440,15 @@ def _holder_update(
     event: str | None = None,
     release: bool = False,
     dead_letter: str | None = None,
+    counts: dict[str, str] | None = None,
 ) -> str:
     """A holder operation, registered as `name`: one guarded UPDATE plus its ledger row (and
     a dead letter with `dead_letter`, outbox rows of `event`; with `release`, the item
-    leaves the backlog), all in one statement."""
+    leaves the backlog; `counts` adds to the queue's counters), all in one statement."""
     extra = f", {_dead_letter('upd', dead_letter)}" if dead_letter else ""
     extra += f", {outbox_cte(event, 'upd')}" if event else ""
     extra += f", {_release_cte('upd')}" if release else ""
+    extra += f", {_count_cte('upd', **counts)}" if counts else ""
     tail = f", {_notify('upd')}" if notify else ""
     ledger = _ledger(_event("upd", kind, "%(worker)s", data_sql))
     return _SQL(
@@ -447,6 +481,7 @@ _COMPLETE = _holder_update(
     "jsonb_build_object('result', result)",
     event="item.completed",
     release=True,
+    counts={"completed": "count(*)"},
 )
 _REQUEUE = _holder_update(
     "requeue",
@@ -466,6 +501,7 @@ _TRIAGE_REQUEUE = _holder_update(
     " 'available_at', available_at)",
     notify=True,
     event="item.requeued",
+    counts={"failed": "count(*)"},
 )
 _TRIAGE_QUARANTINE = _holder_update(
     "triage_quarantine",
@@ -476,6 +512,7 @@ _TRIAGE_QUARANTINE = _holder_update(
     event="item.quarantined",
     release=True,
     dead_letter="quarantined by triage",
+    counts={"failed": "count(*)", "quarantined": "count(*)"},
 )
 
 
@@ -639,8 +676,15 @@ _EXPLAIN = _SQL(
     "explain_rejections",
     """
 SELECT item_id::text AS item_id, state, fence, lease_holder, lease_expires_at,
-       lease_deadline_at, lease_expires_at <= statement_timestamp() AS expired
-FROM work_items WHERE tenant_id = %(tenant)s AND item_id = ANY(%(item_ids)s::uuid[])
+       lease_deadline_at, lease_expires_at <= statement_timestamp() AS expired,
+       -- Who cancelled a cancelled item, when, and whose lease it ended.
+       CASE WHEN state = 'cancelled' THEN
+           (SELECT jsonb_build_object('actor', e.actor, 'at', e.at, 'data', e.data)
+            FROM item_events e
+            WHERE e.tenant_id = w.tenant_id AND e.item_id = w.item_id AND e.kind = 'cancelled'
+            ORDER BY e.seq DESC LIMIT 1)
+       END AS cancellation
+FROM work_items w WHERE tenant_id = %(tenant)s AND item_id = ANY(%(item_ids)s::uuid[])
 """,
 )
 
@@ -648,6 +692,15 @@ FROM work_items WHERE tenant_id = %(tenant)s AND item_id = ANY(%(item_ids)s::uui
 def _refusal(row: Row | None, *, item_id: str, worker: str, fence: int) -> errors.QueueServerError:
     if row is None:
         return errors.ItemNotFoundError(item_id=item_id)
+    cancelled = row["cancellation"] or {}
+    if cancelled.get("data", {}).get("lease_holder") == worker and fence == row["fence"]:
+        # This holder's own lease was ended by an operator's cancel.
+        return errors.ItemCancelledError(
+            item_id=item_id,
+            cancelled_by=cancelled["actor"],
+            cancelled_at=cancelled["at"],
+            reason=cancelled["data"].get("reason", ""),
+        )
     if row["state"] != ItemState.LEASED:
         return errors.ItemNotLeasedError(
             f"The item is {row['state']}, not leased.", item_id=item_id, state=row["state"]
@@ -745,7 +798,7 @@ WITH input AS (
       AND {_holder_guard("w", fence="i.fence")}
     RETURNING w.*
 ), {_ledger(_event("upd", "completed", "%(worker)s", "jsonb_build_object('result', result)"))},
-{_release_cte("upd")}, {outbox_cte("item.completed", "upd")}
+{_release_cte("upd")}, {_count_cte("upd", completed="count(*)")}, {outbox_cte("item.completed", "upd")}
 SELECT upd.* FROM upd
 """,
 )
@@ -853,7 +906,7 @@ WITH dl AS (
     FROM dl
     WHERE w.tenant_id = %(tenant)s AND w.item_id = dl.item_id AND w.state <> 'completed'
     RETURNING w.*
-), {_CANCELLED}, {outbox_cte("item.cancelled", "upd")}
+), {_CANCELLED}, {_count_cte("upd", cancelled="count(*)")}, {outbox_cte("item.cancelled", "upd")}
 SELECT upd.* FROM upd
 """,
 )
@@ -863,5 +916,81 @@ async def discard(
     conn: Conn, *, tenant: str, dead_letter_id: str, reason: str, actor: str
 ) -> Row | None:
     """quarantined (any state but completed) -> cancelled; the dead letter is closed."""
-    params = {"tenant": tenant, "dead_letter_id": dead_letter_id, "reason": reason, "actor": actor}
+    params = {
+        "tenant": tenant,
+        "dead_letter_id": dead_letter_id,
+        "reason": reason,
+        "actor": actor,
+        "shard": _shard(),
+    }
     return await fetch_one(conn, _DISCARD, params)
+
+
+_CANCELLED_BY_OPERATOR = _ledger(
+    _event(
+        "upd",
+        "cancelled",
+        "%(actor)s",
+        "jsonb_build_object('reason', %(reason)s::text, 'previous_state', previous_state,\n"
+        "                              'lease_holder', previous_holder)",
+    )
+)
+_CANCEL = _SQL(
+    "cancel",
+    f"""
+WITH prev AS (
+    -- Locked in id order (two bulk cancels never wait on each other in a cycle); a row
+    -- that a holder changed meanwhile is read again after its commit, and left out
+    -- when it is no longer ready, leased or quarantined.
+    SELECT item_id, state AS previous_state, lease_holder AS previous_holder
+    FROM work_items
+    WHERE tenant_id = %(tenant)s AND item_id = ANY(%(item_ids)s::uuid[])
+      AND state IN ('ready', 'leased', 'quarantined')
+      AND (%(state)s::item_state IS NULL OR state = %(state)s::item_state)
+    ORDER BY item_id
+    FOR UPDATE
+), upd AS (
+    UPDATE work_items w
+    SET state = 'cancelled', lease_holder = NULL, lease_expires_at = NULL,
+        updated_at = statement_timestamp(), event_seq = w.event_seq + 1
+    FROM prev
+    WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(%(item_ids)s::uuid[])
+      AND w.item_id = prev.item_id
+    RETURNING w.*, prev.previous_state, prev.previous_holder
+), {_CANCELLED_BY_OPERATOR}, dl AS (
+    -- A quarantined item's open dead letter is resolved with it.
+    UPDATE dead_letters d SET closed_at = statement_timestamp(), resolution = 'cancelled'
+    WHERE d.tenant_id = %(tenant)s AND d.kind = 'item' AND d.closed_at IS NULL
+      AND d.item_id IN (SELECT item_id FROM upd WHERE previous_state = 'quarantined')
+), {_release_cte("upd WHERE previous_state <> 'quarantined'")},
+{_count_cte("upd", cancelled="count(*)")}, {outbox_cte("item.cancelled", "upd")}
+SELECT upd.* FROM upd ORDER BY upd.item_id
+""",
+)
+
+
+async def cancel(
+    conn: Conn,
+    *,
+    tenant: str,
+    item_ids: list[str],
+    reason: str,
+    actor: str,
+    state: str | None = None,
+) -> list[Row]:
+    """ready, leased or quarantined (and `state`, when given) -> cancelled, by an operator.
+
+    A leased item's lease ends here: its holder's next heartbeat or complete is refused
+    with item-cancelled. Ready and leased items leave the backlog; a quarantined item's
+    dead letter is closed. Returns the cancelled rows (the others changed nothing).
+    """
+    params = {
+        "tenant": tenant,
+        "item_ids": item_ids,
+        "state": state,
+        "reason": reason,
+        "actor": actor,
+        "shard": _shard(),
+    }
+    cur = await conn.execute(_CANCEL, params)
+    return await cur.fetchall()

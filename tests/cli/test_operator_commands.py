@@ -174,3 +174,32 @@ def test_spend_approval_and_ledger_verification(cli: Cli, api: Api, db: DB) -> N
     assert broken.returncode == 1
     assert "priority" in broken.stdout
     assert str(item["item_id"]) in broken.stdout
+
+
+def test_operator_lists_and_cancels_items_and_pauses_a_queue(cli: Cli, db: DB) -> None:
+    api = cli.api
+    mine = [api.enqueue("emails", {"customer": 42, "n": i}) for i in range(3)]
+    other = api.enqueue("emails", {"customer": 7})
+    listed = cli.json("items", "list", "--queue", "emails", "--payload", '{"customer": 42}')
+    assert [i["item_id"] for i in listed] == [i["item_id"] for i in mine]
+    table = cli.run("items", "list", "--state", "ready").stdout
+    assert "4 items" in table
+
+    one = cli.json("items", "cancel", str(mine[0]["item_id"]), "--reason", "asked")
+    assert one[0]["state"] == "cancelled"
+    rest = cli.json(
+        "items", "cancel-matching", "--payload", '{"customer": 42}', "--batch", "1", "--yes"
+    )
+    assert rest == {"cancelled": 2}
+    states = db.execute(
+        "SELECT state::text AS s, count(*) AS n FROM work_items GROUP BY 1 ORDER BY 1"
+    ).fetchall()
+    assert states == [{"s": "cancelled", "n": 3}, {"s": "ready", "n": 1}]
+    assert str(other["item_id"]) in cli.run("items", "list", "--state", "ready").stdout
+
+    paused = cli.json("queues", "pause", "emails", "--reason", "provider outage")
+    assert paused["paused"] is True
+    assert api.acquire("emails") == []
+    assert "provider outage" in cli.run("queues", "show", "emails").stdout
+    assert cli.json("queues", "resume", "emails")["paused"] is False
+    assert len(api.acquire("emails")) == 1

@@ -44,8 +44,9 @@ def test_the_async_client_and_worker_have_the_same_api_as_the_thread_ones() -> N
     for name, sig in sync.items():
         if name != "close":
             assert _parameters(sig) == _parameters(asyncio_[name]), name
-            assert inspect.iscoroutinefunction(getattr(AsyncQueueClient, name)) or name == (
-                "iter_dead_letters"
+            assert inspect.iscoroutinefunction(getattr(AsyncQueueClient, name)) or name in (
+                "iter_dead_letters",
+                "iter_items",
             )
     workers = _public(Worker), _public(AsyncWorker)
     assert set(workers[0]) == set(workers[1])
@@ -124,3 +125,24 @@ def test_async_worker_stops_a_handler_whose_lease_is_lost(api: Api, db: DB) -> N
     assert result.outcome is Outcome.LOST
     row = db.execute("SELECT state, lease_holder, result FROM work_items").fetchone()
     assert row == {"state": "leased", "lease_holder": "w2", "result": None}
+
+
+def test_async_client_finds_cancels_and_pauses_as_an_operator(api: Api) -> None:
+    async def scenario() -> tuple[list[Any], Any, Any, Any, Any]:
+        async with AsyncQueueClient(api.url, api.keys["operator"]) as qs:
+            for n in range(3):
+                await qs.enqueue("mail", {"customer": n % 2})
+            found = [i async for i in qs.iter_items(page_size=1, payload={"customer": 1})]
+            one = await qs.cancel_item(found[0].item_id, reason="asked")
+            rest = await qs.cancel_items(queue="mail", reason="all", limit=10)
+            paused = await qs.pause_queue("mail", reason="maintenance")
+            resumed = await qs.resume_queue("mail")
+            return found, one, rest, paused, resumed
+
+    found, one, rest, paused, resumed = asyncio.run(scenario())
+    assert [i.payload for i in found] == [{"customer": 1}]
+    assert one.state == "cancelled"
+    assert rest.cancelled == 2
+    assert rest.next_cursor is None
+    assert (paused.paused, paused.pause_reason) == (True, "maintenance")
+    assert resumed.paused is False

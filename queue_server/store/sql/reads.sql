@@ -9,7 +9,15 @@ SELECT seq, at, kind, fence, actor, data FROM item_events
 WHERE tenant_id = %s AND item_id = %s ORDER BY seq;
 
 -- name: state_counts
-SELECT state::text AS state, count(*) AS n FROM work_items WHERE tenant_id = %s GROUP BY state;
+SELECT state::text AS state, count(*) AS n FROM work_items
+WHERE tenant_id = %(tenant)s AND state IN ('ready', 'leased', 'quarantined')
+GROUP BY state
+UNION ALL
+SELECT 'completed', coalesce(sum(completed - purged_completed), 0) FROM queue_counters
+WHERE tenant_id = %(tenant)s
+UNION ALL
+SELECT 'cancelled', coalesce(sum(cancelled - purged_cancelled), 0) FROM queue_counters
+WHERE tenant_id = %(tenant)s;
 
 -- name: all_state_counts
 SELECT tenant_id, state::text AS state, count(*) AS n FROM work_items
@@ -23,23 +31,6 @@ SELECT version_num FROM alembic_version;
 
 -- name: items_in_id_range
 SELECT * FROM work_items WHERE tenant_id = %s AND item_id BETWEEN %s AND %s ORDER BY item_id LIMIT %s;
-
--- name: queue_status
-SELECT queue,
-       count(*) FILTER (WHERE state = 'ready') AS ready,
-       count(*) FILTER (WHERE state = 'ready' AND available_at <= statement_timestamp()) AS due,
-       count(*) FILTER (WHERE state = 'leased') AS leased,
-       count(*) FILTER (WHERE state = 'quarantined') AS quarantined,
-       count(*) FILTER (WHERE state = 'completed') AS completed,
-       count(*) FILTER (WHERE state = 'cancelled') AS cancelled,
-       extract(epoch FROM statement_timestamp()
-               - min(available_at) FILTER (WHERE state = 'ready'
-                                           AND available_at <= statement_timestamp()))
-           AS oldest_ready_age
-FROM work_items
-WHERE tenant_id = %(tenant)s
-GROUP BY queue
-ORDER BY queue;
 
 -- name: leases
 SELECT w.queue, w.item_id, w.lease_holder, w.fence, w.lease_expires_at,
@@ -67,3 +58,302 @@ SELECT p.*,
         WHERE e.tenant_id = p.tenant_id AND e.item_id = p.item_id) AS events
 FROM page p
 ORDER BY tenant_id, item_id;
+
+-- name: list_items_state_queue
+SELECT w.* FROM work_items w
+    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = %(state)s::item_state
+      AND w.queue = %(queue)s
+      AND w.created_at > %(created_after)s::timestamptz
+      AND w.created_at < %(created_before)s::timestamptz
+      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
+    ORDER BY w.created_at, w.item_id
+    LIMIT %(limit)s;
+
+-- name: list_items_state
+WITH RECURSIVE q_state AS (
+    (SELECT w.queue FROM work_items w
+     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = %(state)s::item_state
+     ORDER BY w.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT w.queue FROM work_items w
+            WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = %(state)s::item_state
+              AND w.queue > q.queue
+            ORDER BY w.queue LIMIT 1)
+    FROM q_state q WHERE q.queue IS NOT NULL
+)
+SELECT u.* FROM (
+(SELECT p.* FROM q_state q CROSS JOIN LATERAL (
+    SELECT w.* FROM work_items w
+    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = %(state)s::item_state
+      AND w.queue = q.queue
+      AND w.created_at > %(created_after)s::timestamptz
+      AND w.created_at < %(created_before)s::timestamptz
+      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
+    ORDER BY w.created_at, w.item_id
+    LIMIT %(limit)s
+) p)
+) AS u
+ORDER BY u.created_at, u.item_id LIMIT %(limit)s;
+
+-- name: list_items_leased
+SELECT w.* FROM work_items w
+    WHERE w.tenant_id = %(tenant)s AND w.state = 'leased'
+      AND (%(queue)s::text IS NULL OR w.queue = %(queue)s)
+      AND w.created_at > %(created_after)s::timestamptz
+      AND w.created_at < %(created_before)s::timestamptz
+      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
+    ORDER BY w.created_at, w.item_id
+    LIMIT %(limit)s;
+
+-- name: list_items_all_queue
+SELECT u.* FROM (
+(SELECT w.* FROM work_items w
+    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'ready'
+      AND w.queue = %(queue)s
+      AND w.created_at > %(created_after)s::timestamptz
+      AND w.created_at < %(created_before)s::timestamptz
+      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
+    ORDER BY w.created_at, w.item_id
+    LIMIT %(limit)s)
+UNION ALL
+(SELECT w.* FROM work_items w
+    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'quarantined'
+      AND w.queue = %(queue)s
+      AND w.created_at > %(created_after)s::timestamptz
+      AND w.created_at < %(created_before)s::timestamptz
+      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
+    ORDER BY w.created_at, w.item_id
+    LIMIT %(limit)s)
+UNION ALL
+(SELECT w.* FROM work_items w
+    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'completed'
+      AND w.queue = %(queue)s
+      AND w.created_at > %(created_after)s::timestamptz
+      AND w.created_at < %(created_before)s::timestamptz
+      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
+    ORDER BY w.created_at, w.item_id
+    LIMIT %(limit)s)
+UNION ALL
+(SELECT w.* FROM work_items w
+    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'cancelled'
+      AND w.queue = %(queue)s
+      AND w.created_at > %(created_after)s::timestamptz
+      AND w.created_at < %(created_before)s::timestamptz
+      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
+    ORDER BY w.created_at, w.item_id
+    LIMIT %(limit)s)
+UNION ALL
+(SELECT w.* FROM work_items w
+    WHERE w.tenant_id = %(tenant)s AND w.state = 'leased'
+      AND (%(queue)s::text IS NULL OR w.queue = %(queue)s)
+      AND w.created_at > %(created_after)s::timestamptz
+      AND w.created_at < %(created_before)s::timestamptz
+      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
+    ORDER BY w.created_at, w.item_id
+    LIMIT %(limit)s)
+) AS u
+ORDER BY u.created_at, u.item_id LIMIT %(limit)s;
+
+-- name: list_items_all
+WITH RECURSIVE q_ready AS (
+    (SELECT w.queue FROM work_items w
+     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'ready'
+     ORDER BY w.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT w.queue FROM work_items w
+            WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'ready'
+              AND w.queue > q.queue
+            ORDER BY w.queue LIMIT 1)
+    FROM q_ready q WHERE q.queue IS NOT NULL
+), q_quarantined AS (
+    (SELECT w.queue FROM work_items w
+     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'quarantined'
+     ORDER BY w.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT w.queue FROM work_items w
+            WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'quarantined'
+              AND w.queue > q.queue
+            ORDER BY w.queue LIMIT 1)
+    FROM q_quarantined q WHERE q.queue IS NOT NULL
+), q_completed AS (
+    (SELECT w.queue FROM work_items w
+     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'completed'
+     ORDER BY w.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT w.queue FROM work_items w
+            WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'completed'
+              AND w.queue > q.queue
+            ORDER BY w.queue LIMIT 1)
+    FROM q_completed q WHERE q.queue IS NOT NULL
+), q_cancelled AS (
+    (SELECT w.queue FROM work_items w
+     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'cancelled'
+     ORDER BY w.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT w.queue FROM work_items w
+            WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'cancelled'
+              AND w.queue > q.queue
+            ORDER BY w.queue LIMIT 1)
+    FROM q_cancelled q WHERE q.queue IS NOT NULL
+)
+SELECT u.* FROM (
+(SELECT p.* FROM q_ready q CROSS JOIN LATERAL (
+    SELECT w.* FROM work_items w
+    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'ready'
+      AND w.queue = q.queue
+      AND w.created_at > %(created_after)s::timestamptz
+      AND w.created_at < %(created_before)s::timestamptz
+      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
+    ORDER BY w.created_at, w.item_id
+    LIMIT %(limit)s
+) p)
+UNION ALL
+(SELECT p.* FROM q_quarantined q CROSS JOIN LATERAL (
+    SELECT w.* FROM work_items w
+    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'quarantined'
+      AND w.queue = q.queue
+      AND w.created_at > %(created_after)s::timestamptz
+      AND w.created_at < %(created_before)s::timestamptz
+      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
+    ORDER BY w.created_at, w.item_id
+    LIMIT %(limit)s
+) p)
+UNION ALL
+(SELECT p.* FROM q_completed q CROSS JOIN LATERAL (
+    SELECT w.* FROM work_items w
+    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'completed'
+      AND w.queue = q.queue
+      AND w.created_at > %(created_after)s::timestamptz
+      AND w.created_at < %(created_before)s::timestamptz
+      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
+    ORDER BY w.created_at, w.item_id
+    LIMIT %(limit)s
+) p)
+UNION ALL
+(SELECT p.* FROM q_cancelled q CROSS JOIN LATERAL (
+    SELECT w.* FROM work_items w
+    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'cancelled'
+      AND w.queue = q.queue
+      AND w.created_at > %(created_after)s::timestamptz
+      AND w.created_at < %(created_before)s::timestamptz
+      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
+    ORDER BY w.created_at, w.item_id
+    LIMIT %(limit)s
+) p)
+UNION ALL
+(SELECT w.* FROM work_items w
+    WHERE w.tenant_id = %(tenant)s AND w.state = 'leased'
+      AND (%(queue)s::text IS NULL OR w.queue = %(queue)s)
+      AND w.created_at > %(created_after)s::timestamptz
+      AND w.created_at < %(created_before)s::timestamptz
+      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
+    ORDER BY w.created_at, w.item_id
+    LIMIT %(limit)s)
+) AS u
+ORDER BY u.created_at, u.item_id LIMIT %(limit)s;
+
+-- name: list_items_open_queue
+SELECT u.* FROM (
+(SELECT w.* FROM work_items w
+    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'ready'
+      AND w.queue = %(queue)s
+      AND w.created_at > %(created_after)s::timestamptz
+      AND w.created_at < %(created_before)s::timestamptz
+      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
+    ORDER BY w.created_at, w.item_id
+    LIMIT %(limit)s)
+UNION ALL
+(SELECT w.* FROM work_items w
+    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'quarantined'
+      AND w.queue = %(queue)s
+      AND w.created_at > %(created_after)s::timestamptz
+      AND w.created_at < %(created_before)s::timestamptz
+      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
+    ORDER BY w.created_at, w.item_id
+    LIMIT %(limit)s)
+UNION ALL
+(SELECT w.* FROM work_items w
+    WHERE w.tenant_id = %(tenant)s AND w.state = 'leased'
+      AND (%(queue)s::text IS NULL OR w.queue = %(queue)s)
+      AND w.created_at > %(created_after)s::timestamptz
+      AND w.created_at < %(created_before)s::timestamptz
+      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
+    ORDER BY w.created_at, w.item_id
+    LIMIT %(limit)s)
+) AS u
+ORDER BY u.created_at, u.item_id LIMIT %(limit)s;
+
+-- name: list_items_open
+WITH RECURSIVE q_ready AS (
+    (SELECT w.queue FROM work_items w
+     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'ready'
+     ORDER BY w.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT w.queue FROM work_items w
+            WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'ready'
+              AND w.queue > q.queue
+            ORDER BY w.queue LIMIT 1)
+    FROM q_ready q WHERE q.queue IS NOT NULL
+), q_quarantined AS (
+    (SELECT w.queue FROM work_items w
+     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'quarantined'
+     ORDER BY w.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT w.queue FROM work_items w
+            WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'quarantined'
+              AND w.queue > q.queue
+            ORDER BY w.queue LIMIT 1)
+    FROM q_quarantined q WHERE q.queue IS NOT NULL
+)
+SELECT u.* FROM (
+(SELECT p.* FROM q_ready q CROSS JOIN LATERAL (
+    SELECT w.* FROM work_items w
+    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'ready'
+      AND w.queue = q.queue
+      AND w.created_at > %(created_after)s::timestamptz
+      AND w.created_at < %(created_before)s::timestamptz
+      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
+    ORDER BY w.created_at, w.item_id
+    LIMIT %(limit)s
+) p)
+UNION ALL
+(SELECT p.* FROM q_quarantined q CROSS JOIN LATERAL (
+    SELECT w.* FROM work_items w
+    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'quarantined'
+      AND w.queue = q.queue
+      AND w.created_at > %(created_after)s::timestamptz
+      AND w.created_at < %(created_before)s::timestamptz
+      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
+    ORDER BY w.created_at, w.item_id
+    LIMIT %(limit)s
+) p)
+UNION ALL
+(SELECT w.* FROM work_items w
+    WHERE w.tenant_id = %(tenant)s AND w.state = 'leased'
+      AND (%(queue)s::text IS NULL OR w.queue = %(queue)s)
+      AND w.created_at > %(created_after)s::timestamptz
+      AND w.created_at < %(created_before)s::timestamptz
+      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
+    ORDER BY w.created_at, w.item_id
+    LIMIT %(limit)s)
+) AS u
+ORDER BY u.created_at, u.item_id LIMIT %(limit)s;

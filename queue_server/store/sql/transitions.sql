@@ -64,11 +64,16 @@ WITH counts AS (
                        AND expires_at > statement_timestamp()), %(base_limit)s)
            - (SELECT count(*) FROM work_items
               WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
-                AND lease_expires_at > statement_timestamp()) AS free
+                AND lease_expires_at > statement_timestamp()) AS free,
+           -- A paused queue hands out nothing; pause takes this queue's lock exclusively.
+           EXISTS (SELECT 1 FROM queues WHERE tenant_id = %(tenant)s AND queue = %(queue)s
+                   AND paused_at IS NOT NULL) AS paused
 ), room AS (
-    SELECT CASE WHEN contended THEN 0 ELSE greatest(0, least(%(max_items)s, free)) END AS n,
+    SELECT CASE WHEN contended OR paused THEN 0
+                ELSE greatest(0, least(%(max_items)s, free)) END AS n,
            contended
-    FROM (SELECT free, %(shared)s AND free < %(slack)s + %(max_items)s AS contended
+    FROM (SELECT free, paused,
+                 NOT paused AND %(shared)s AND free < %(slack)s + %(max_items)s AS contended
           FROM counts) AS c
 ), expired AS (
     -- SKIP LOCKED: a row locked by a holder operation in flight is not ours to take.
@@ -152,6 +157,13 @@ WITH counts AS (
     SELECT %(tenant)s, %(shard)s, count(*) FROM quarantined HAVING count(*) > 0
     ON CONFLICT (tenant_id, shard)
     DO UPDATE SET released = backlog_releases.released + excluded.released
+),
+counted AS (
+    INSERT INTO queue_counters (tenant_id, queue, shard, quarantined)
+    SELECT tenant_id, queue, %(shard)s, count(*)
+    FROM quarantined GROUP BY tenant_id, queue ORDER BY tenant_id, queue
+    ON CONFLICT (tenant_id, queue, shard) DO UPDATE
+    SET quarantined = queue_counters.quarantined + excluded.quarantined
 ), outbox AS (
     INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
@@ -262,6 +274,12 @@ WITH upd AS (
     SELECT %(tenant)s, %(shard)s, count(*) FROM upd HAVING count(*) > 0
     ON CONFLICT (tenant_id, shard)
     DO UPDATE SET released = backlog_releases.released + excluded.released
+), counted AS (
+    INSERT INTO queue_counters (tenant_id, queue, shard, completed)
+    SELECT tenant_id, queue, %(shard)s, count(*)
+    FROM upd GROUP BY tenant_id, queue ORDER BY tenant_id, queue
+    ON CONFLICT (tenant_id, queue, shard) DO UPDATE
+    SET completed = queue_counters.completed + excluded.completed
 )
 SELECT upd.* FROM upd;
 
@@ -338,6 +356,12 @@ WITH upd AS (
     JOIN watchers w ON w.tenant_id = s.tenant_id AND w.state = 'active'
      AND 'item.requeued' = ANY(w.events) AND (w.queues IS NULL OR s.queue = ANY(w.queues))
     ORDER BY s.item_id, w.watcher_id
+), counted AS (
+    INSERT INTO queue_counters (tenant_id, queue, shard, failed)
+    SELECT tenant_id, queue, %(shard)s, count(*)
+    FROM upd GROUP BY tenant_id, queue ORDER BY tenant_id, queue
+    ON CONFLICT (tenant_id, queue, shard) DO UPDATE
+    SET failed = queue_counters.failed + excluded.failed
 )
 SELECT upd.* FROM upd, (SELECT pg_notify('queue_server_ready', %(tenant)s || '/' || queue) FROM upd) AS n;
 
@@ -386,6 +410,13 @@ WITH upd AS (
     SELECT %(tenant)s, %(shard)s, count(*) FROM upd HAVING count(*) > 0
     ON CONFLICT (tenant_id, shard)
     DO UPDATE SET released = backlog_releases.released + excluded.released
+), counted AS (
+    INSERT INTO queue_counters (tenant_id, queue, shard, failed, quarantined)
+    SELECT tenant_id, queue, %(shard)s, count(*), count(*)
+    FROM upd GROUP BY tenant_id, queue ORDER BY tenant_id, queue
+    ON CONFLICT (tenant_id, queue, shard) DO UPDATE
+    SET failed = queue_counters.failed + excluded.failed,
+        quarantined = queue_counters.quarantined + excluded.quarantined
 )
 SELECT upd.* FROM upd;
 
@@ -462,6 +493,12 @@ release AS (
     SELECT %(tenant)s, %(shard)s, count(*) FROM upd HAVING count(*) > 0
     ON CONFLICT (tenant_id, shard)
     DO UPDATE SET released = backlog_releases.released + excluded.released
+), counted AS (
+    INSERT INTO queue_counters (tenant_id, queue, shard, completed)
+    SELECT tenant_id, queue, %(shard)s, count(*)
+    FROM upd GROUP BY tenant_id, queue ORDER BY tenant_id, queue
+    ON CONFLICT (tenant_id, queue, shard) DO UPDATE
+    SET completed = queue_counters.completed + excluded.completed
 ), outbox AS (
     INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
@@ -561,6 +598,12 @@ WITH dl AS (
            jsonb_build_object('dead_letter_id', %(dead_letter_id)s::text,
                               'reason', %(reason)s::text)
     FROM upd
+), counted AS (
+    INSERT INTO queue_counters (tenant_id, queue, shard, cancelled)
+    SELECT tenant_id, queue, %(shard)s, count(*)
+    FROM upd GROUP BY tenant_id, queue ORDER BY tenant_id, queue
+    ON CONFLICT (tenant_id, queue, shard) DO UPDATE
+    SET cancelled = queue_counters.cancelled + excluded.cancelled
 ), outbox AS (
     INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
@@ -585,3 +628,69 @@ WITH dl AS (
     ORDER BY s.item_id, w.watcher_id
 )
 SELECT upd.* FROM upd;
+
+-- name: cancel
+WITH prev AS (
+    -- Locked in id order (two bulk cancels never wait on each other in a cycle); a row
+    -- that a holder changed meanwhile is read again after its commit, and left out
+    -- when it is no longer ready, leased or quarantined.
+    SELECT item_id, state AS previous_state, lease_holder AS previous_holder
+    FROM work_items
+    WHERE tenant_id = %(tenant)s AND item_id = ANY(%(item_ids)s::uuid[])
+      AND state IN ('ready', 'leased', 'quarantined')
+      AND (%(state)s::item_state IS NULL OR state = %(state)s::item_state)
+    ORDER BY item_id
+    FOR UPDATE
+), upd AS (
+    UPDATE work_items w
+    SET state = 'cancelled', lease_holder = NULL, lease_expires_at = NULL,
+        updated_at = statement_timestamp(), event_seq = w.event_seq + 1
+    FROM prev
+    WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(%(item_ids)s::uuid[])
+      AND w.item_id = prev.item_id
+    RETURNING w.*, prev.previous_state, prev.previous_holder
+), ev AS (
+    INSERT INTO item_events (tenant_id, item_id, seq, at, kind, fence, actor, data)
+    SELECT tenant_id, item_id, event_seq - 1, updated_at, 'cancelled', fence, %(actor)s,
+           jsonb_build_object('reason', %(reason)s::text, 'previous_state', previous_state,
+                              'lease_holder', previous_holder)
+    FROM upd
+), dl AS (
+    -- A quarantined item's open dead letter is resolved with it.
+    UPDATE dead_letters d SET closed_at = statement_timestamp(), resolution = 'cancelled'
+    WHERE d.tenant_id = %(tenant)s AND d.kind = 'item' AND d.closed_at IS NULL
+      AND d.item_id IN (SELECT item_id FROM upd WHERE previous_state = 'quarantined')
+), release AS (
+    INSERT INTO backlog_releases (tenant_id, shard, released)
+    SELECT %(tenant)s, %(shard)s, count(*) FROM upd WHERE previous_state <> 'quarantined' HAVING count(*) > 0
+    ON CONFLICT (tenant_id, shard)
+    DO UPDATE SET released = backlog_releases.released + excluded.released
+),
+counted AS (
+    INSERT INTO queue_counters (tenant_id, queue, shard, cancelled)
+    SELECT tenant_id, queue, %(shard)s, count(*)
+    FROM upd GROUP BY tenant_id, queue ORDER BY tenant_id, queue
+    ON CONFLICT (tenant_id, queue, shard) DO UPDATE
+    SET cancelled = queue_counters.cancelled + excluded.cancelled
+), outbox AS (
+    INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
+                                   body, state, next_attempt_at, due_at, created_at, updated_at)
+    SELECT s.tenant_id, w.watcher_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''),
+           'item.cancelled', s.item_id, s.queue,
+           jsonb_build_object('event', 'item.cancelled', 'occurred_at', to_char(statement_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+                              'item', jsonb_build_object(
+        'item_id', s.item_id::text, 'tenant', s.tenant_id, 'queue', s.queue,
+        'state', s.state::text, 'payload', s.payload, 'priority', s.priority,
+        'available_at', to_char(s.available_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'fence', s.fence,
+        'acquisition_count', s.acquisition_count, 'max_acquisitions', s.max_acquisitions,
+        'lease_holder', s.lease_holder, 'lease_expires_at', to_char(s.lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        'result', s.result, 'last_failure', s.last_failure,
+        'created_at', to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'updated_at', to_char(s.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))),
+           'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
+           statement_timestamp()
+    FROM upd s
+    JOIN watchers w ON w.tenant_id = s.tenant_id AND w.state = 'active'
+     AND 'item.cancelled' = ANY(w.events) AND (w.queues IS NULL OR s.queue = ANY(w.queues))
+    ORDER BY s.item_id, w.watcher_id
+)
+SELECT upd.* FROM upd ORDER BY upd.item_id;
