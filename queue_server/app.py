@@ -62,7 +62,7 @@ def create_app(
         await db.open()
         await notifier.start()
         loops = [
-            asyncio.create_task(sweep_forever(db)),
+            asyncio.create_task(sweep_forever(db, settings)),
             asyncio.create_task(sweep_runs_forever(db, settings.run_sweep_interval)),
             asyncio.create_task(
                 run_schedules_forever(

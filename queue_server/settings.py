@@ -69,6 +69,10 @@ class Settings(BaseSettings):
     cap_refusal_delay: float = Field(default=0.1, ge=0)
     # Idempotency receipts are kept at least this long (the API promises 24 hours).
     idempotency_retention: timedelta = timedelta(hours=24)
+    # How often the retention sweeper deletes finished items past their tenant's retention
+    # (and receipts past theirs), and how many rows one of its transactions deletes at most.
+    retention_interval: float = Field(default=60.0, gt=0)
+    retention_batch: int = Field(default=1000, ge=1, le=100_000)
     problem_base_uri: str = "https://queue-server.dev/problems"
     # Upper bound on any one statement and on waiting for a row lock, so a
     # blocked request answers with a problem instead of hanging.

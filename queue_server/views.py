@@ -69,6 +69,7 @@ def tenant(row: Row, counts: dict[str, int] | None = None) -> dict[str, Any]:
         "backlog_cap": row["backlog_cap"],
         "default_max_acquisitions": row["default_max_acquisitions"],
         "default_lease_ttl": row["default_lease_ttl"].total_seconds(),
+        "retention": row["retention"].total_seconds(),
         "created_at": row["created_at"],
         "updated_at": row["updated_at"],
     }

@@ -52,6 +52,7 @@ async def put_tenant(
             backlog_cap=body.backlog_cap,
             default_max_acquisitions=body.default_max_acquisitions,
             default_lease_ttl=body.default_lease_ttl,
+            retention=body.retention,
         )
     )
 

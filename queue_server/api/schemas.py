@@ -71,6 +71,14 @@ class TenantIn(Body):
     # Unset: the policy's attempt cap and attempt timeout; above them: 422.
     default_max_acquisitions: int | None = Field(default=None, ge=1, le=100, strict=True)
     default_lease_ttl: LeaseTtl | None = None
+    retention: float = Field(
+        default=7 * 24 * 3600.0,
+        ge=1,
+        le=10 * 365 * 24 * 3600,
+        strict=True,
+        description="Seconds completed and cancelled items are kept after they finished"
+        " (default 7 days); then they are deleted with their ledgers.",
+    )
 
 
 class TenantOut(BaseModel):
@@ -78,6 +86,7 @@ class TenantOut(BaseModel):
     backlog_cap: int
     default_max_acquisitions: int
     default_lease_ttl: float
+    retention: float
     backlog: int | None = None
     ready: int | None = None
     leased: int | None = None

@@ -32,6 +32,7 @@ from queue_server.client.models import Tenant
 # A new tenant's settings when not given (the server's defaults too).
 NEW_MAX_ACQUISITIONS = 5
 NEW_LEASE_TTL = 30.0
+NEW_RETENTION = 7 * 24 * 3600.0
 
 app = CLI(help="Create, update, list and show tenants (admin).", no_args_is_help=True)
 
@@ -65,6 +66,14 @@ def tenants_put(
             help="Replace every setting: those not given go back to a new tenant's defaults.",
         ),
     ] = False,
+    retention: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds finished items are kept, then deleted with their ledgers"
+            f" [new tenant: {NEW_RETENTION:g}].",
+            show_default=False,
+        ),
+    ] = None,
     yes: Annotated[
         bool, typer.Option("--yes", "-y", help="Lower the cap below the backlog without asking.")
     ] = False,
@@ -97,19 +106,23 @@ def tenants_put(
                 default_max_acquisitions or NEW_MAX_ACQUISITIONS,
                 default_lease_ttl or NEW_LEASE_TTL,
             )
+            keep: float | None = retention or NEW_RETENTION
         else:
             if (
                 backlog_cap is None
                 and default_max_acquisitions is None
                 and default_lease_ttl is None
+                and retention is None
             ):
                 fail(
                     "Nothing to change",
-                    "give --backlog-cap, --default-max-acquisitions or --default-lease-ttl",
+                    "give --backlog-cap, --default-max-acquisitions, --default-lease-ttl"
+                    " or --retention",
                 )
             cap = current.backlog_cap if backlog_cap is None else backlog_cap
             budget = default_max_acquisitions or current.default_max_acquisitions
             ttl = default_lease_ttl or current.default_lease_ttl
+            keep = retention or current.retention
         backlog = (current.backlog or 0) if current is not None else 0
         if current is not None and cap < backlog and cap < current.backlog_cap:
             confirm(
@@ -118,7 +131,11 @@ def tenants_put(
                 yes,
             )
         row = qs.put_tenant(
-            tenant, backlog_cap=cap, default_max_acquisitions=budget, default_lease_ttl=ttl
+            tenant,
+            backlog_cap=cap,
+            default_max_acquisitions=budget,
+            default_lease_ttl=ttl,
+            retention=keep,
         )
     if json:
         print_json(row)
@@ -140,8 +157,16 @@ def tenants_put(
                     f"{row.default_lease_ttl:g}s", current and f"{current.default_lease_ttl:g}s"
                 ),
             ),
+            (
+                "retention",
+                _changed(_seconds(row.retention), current and _seconds(current.retention)),
+            ),
         ],
     )
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}s"
 
 
 def _changed(new: object, old: object) -> str:

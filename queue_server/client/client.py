@@ -264,12 +264,16 @@ class QueueClient:
         backlog_cap: int,
         default_max_acquisitions: int = 5,
         default_lease_ttl: float = 30.0,
+        retention: float | None = None,
     ) -> Tenant:
-        body = {
+        """Create the tenant or replace its settings; `retention` in seconds (default 7 days)."""
+        body: dict[str, Any] = {
             "backlog_cap": backlog_cap,
             "default_max_acquisitions": default_max_acquisitions,
             "default_lease_ttl": default_lease_ttl,
         }
+        if retention is not None:
+            body["retention"] = retention
         response = self.request("PUT", f"/v1/tenants/{tenant}", json=body, operation=CM)
         return Tenant.model_validate_json(response.content)
 

@@ -27,6 +27,7 @@ class Tenant(Model):
     backlog_cap: int
     default_max_acquisitions: int
     default_lease_ttl: float
+    retention: float | None = None
     backlog: int | None = None
     ready: int | None = None
     leased: int | None = None

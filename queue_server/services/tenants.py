@@ -1,4 +1,5 @@
-"""Tenants: their settings (backlog cap, default budget and lease TTL) and items by state."""
+"""Tenants: their settings (backlog cap, default budget and lease TTL, retention of finished
+items) and items by state."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from queue_server.policy import ReliabilityPolicy
 from queue_server.services.common import require_tenant
 from queue_server.services.envelope import LeaseEnvelope, refuse_above
 from queue_server.store import reads, tenants
+
+# How long finished items are kept unless the tenant says otherwise.
+DEFAULT_RETENTION = timedelta(days=7)
 
 
 class Tenants:
@@ -43,6 +47,7 @@ class Tenants:
         backlog_cap: int,
         default_max_acquisitions: int | None,
         default_lease_ttl: float | None,
+        retention: float = DEFAULT_RETENTION.total_seconds(),
     ) -> Answer:
         """Unset defaults are the policy's attempt cap and attempt timeout; above them: 422."""
         principal.require_admin(tenant)
@@ -62,6 +67,7 @@ class Tenants:
                 backlog_cap=backlog_cap,
                 default_max_acquisitions=budget,
                 default_lease_ttl=timedelta(seconds=ttl),
+                retention=timedelta(seconds=retention),
             )
         return Answer.of(200, views.tenant(row))
 

@@ -71,12 +71,20 @@ async def fill(conn: Conn, *, tenant: str, key: str, status: int, body: str) -> 
     await conn.execute(_FILL, (status, body, tenant, key))
 
 
+# Oldest first, a batch at a time (ix_idempotency_receipts_expires_at): short transactions.
 _PURGE_EXPIRED = _SQL(
     "purge_expired",
-    "DELETE FROM idempotency_receipts WHERE expires_at < statement_timestamp()",
+    """
+DELETE FROM idempotency_receipts r
+USING (SELECT tenant_id, idempotency_key FROM idempotency_receipts
+       WHERE expires_at < statement_timestamp()
+       ORDER BY expires_at LIMIT %(limit)s) AS spent
+WHERE r.tenant_id = spent.tenant_id AND r.idempotency_key = spent.idempotency_key
+""",
 )
 
 
-async def purge_expired(conn: Conn) -> int:
-    cur = await conn.execute(_PURGE_EXPIRED)
+async def purge_expired(conn: Conn, *, limit: int) -> int:
+    """Delete up to `limit` receipts past their retention, oldest first; returns how many."""
+    cur = await conn.execute(_PURGE_EXPIRED, {"limit": limit})
     return cur.rowcount

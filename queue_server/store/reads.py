@@ -184,7 +184,7 @@ def _in_state(state: str, queue: str) -> str:
       AND w.queue = {queue}{_PAGE_FILTER}"""
 
 
-def _queues_of(name: str, state: str) -> str:
+def queues_of(name: str, state: str) -> str:
     """`name AS (...)`: the tenant's queues with items in `state`, one index probe each."""
     return f"""{name} AS (
     (SELECT w.queue FROM work_items w
@@ -220,7 +220,7 @@ def _union(branches: list[str], ctes: list[str] | None = None) -> str:
 
 def _of_states(states: tuple[str, ...], *, queue: bool, leased: bool) -> str:
     """A page over several states (literals), of one queue or of every queue."""
-    ctes = [] if queue else [_queues_of(f"q_{s}", f"'{s}'") for s in states]
+    ctes = [] if queue else [queues_of(f"q_{s}", f"'{s}'") for s in states]
     branches = [
         _in_state(f"'{s}'", "%(queue)s") if queue else _every_queue(f"q_{s}", f"'{s}'")
         for s in states
@@ -239,7 +239,7 @@ _LIST_ITEMS = {
         "list_items_state",
         _union(
             [_every_queue("q_state", "%(state)s::item_state")],
-            [_queues_of("q_state", "%(state)s::item_state")],
+            [queues_of("q_state", "%(state)s::item_state")],
         ),
     ),
     ("leased", True): _SQL("list_items_leased", _LEASED),

@@ -53,7 +53,11 @@ tenants = Table(
     Column("admitted", BigInteger, nullable=False, server_default=text("0")),
     _ts("created_at", nullable=False, server_default=func.now()),
     _ts("updated_at", nullable=False, server_default=func.now()),
+    # Completed and cancelled items older than this (since they finished) are deleted
+    # with their ledgers by the retention sweeper.
+    Column("retention", Interval, nullable=False, server_default=text("'7 days'")),
     CheckConstraint("backlog_cap >= 1", name="backlog_cap_positive"),
+    CheckConstraint("retention >= interval '1 second'", name="retention_positive"),
     CheckConstraint(
         "default_max_acquisitions BETWEEN 1 AND 100", name="default_max_acquisitions_range"
     ),

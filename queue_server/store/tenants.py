@@ -14,12 +14,15 @@ _SQL = Statements(__name__)
 _PUT_TENANT = _SQL(
     "put_tenant",
     """
-INSERT INTO tenants (tenant_id, backlog_cap, default_max_acquisitions, default_lease_ttl)
-VALUES (%(tenant)s, %(backlog_cap)s, %(default_max_acquisitions)s, %(default_lease_ttl)s)
+INSERT INTO tenants (tenant_id, backlog_cap, default_max_acquisitions, default_lease_ttl,
+                     retention)
+VALUES (%(tenant)s, %(backlog_cap)s, %(default_max_acquisitions)s, %(default_lease_ttl)s,
+        %(retention)s)
 ON CONFLICT (tenant_id) DO UPDATE
 SET backlog_cap = excluded.backlog_cap,
     default_max_acquisitions = excluded.default_max_acquisitions,
     default_lease_ttl = excluded.default_lease_ttl,
+    retention = excluded.retention,
     updated_at = statement_timestamp()
 RETURNING *
 """,
@@ -33,6 +36,7 @@ async def put_tenant(
     backlog_cap: int,
     default_max_acquisitions: int,
     default_lease_ttl: timedelta,
+    retention: timedelta,
 ) -> Row:
     """Create the tenant or replace its settings."""
     cur = await conn.execute(
@@ -42,6 +46,7 @@ async def put_tenant(
             "backlog_cap": backlog_cap,
             "default_max_acquisitions": default_max_acquisitions,
             "default_lease_ttl": default_lease_ttl,
+            "retention": retention,
         },
     )
     row = await cur.fetchone()

@@ -8,6 +8,8 @@
     operator replay: quarantined -> ready;  discard: any but completed -> cancelled
     operator cancel: ready, leased or quarantined -> cancelled (the holder's next
     heartbeat or complete is refused with item-cancelled)
+    retention: completed or cancelled longer than the tenant's retention -> deleted,
+    with its ledger
     a paused queue (`queues.paused_at`): acquire hands out nothing
 
 Each acquire increments `fence`. A holder presents the fence it was given, and
@@ -33,7 +35,8 @@ from queue_server import errors
 from queue_server.models import ItemState
 from queue_server.store.channels import READY_CHANNEL
 from queue_server.store.outbox import outbox_cte
-from queue_server.store.sql import Statements, fetch_one
+from queue_server.store.reads import FIRST_ITEM, queues_of
+from queue_server.store.sql import Statements, fetch_all, fetch_one
 from queue_server.store.types import Conn, Row
 
 # Releases from the backlog are spread over this many rows per tenant.
@@ -994,3 +997,101 @@ async def cancel(
     }
     cur = await conn.execute(_CANCEL, params)
     return await cur.fetchall()
+
+
+# -- retention: finished items leave with their ledgers ----------------------------------
+
+_FINISHED_QUEUES = _SQL(
+    "finished_queues",
+    f"""
+WITH RECURSIVE {queues_of("q_completed", "'completed'")}, {queues_of("q_cancelled", "'cancelled'")}
+SELECT 'completed' AS state, queue FROM q_completed WHERE queue IS NOT NULL
+UNION ALL
+SELECT 'cancelled' AS state, queue FROM q_cancelled WHERE queue IS NOT NULL
+""",
+)
+
+
+async def finished_queues(conn: Conn, *, tenant: str) -> list[tuple[str, str]]:
+    """The (state, queue) pairs of the tenant that hold completed or cancelled items."""
+    rows = await fetch_all(conn, _FINISHED_QUEUES, {"tenant": tenant})
+    return [(row["state"], row["queue"]) for row in rows]
+
+
+# One (state, queue) range of the list index, from a position on, at most a batch: items
+# created before the cutoff are candidates; those that also finished before it go.
+_PURGE_FINISHED = _SQL(
+    "purge_finished",
+    f"""
+WITH cutoff AS (
+    SELECT statement_timestamp() - retention AS before FROM tenants WHERE tenant_id = %(tenant)s
+), scanned AS (
+    SELECT w.item_id, w.created_at, w.updated_at FROM work_items w
+    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = %(state)s::item_state
+      AND w.queue = %(queue)s
+      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+      AND w.created_at < (SELECT before FROM cutoff)
+    ORDER BY w.created_at, w.item_id
+    LIMIT %(limit)s
+), gone AS (
+    DELETE FROM work_items w
+    WHERE w.tenant_id = %(tenant)s
+      AND w.item_id = ANY(ARRAY(SELECT item_id FROM scanned
+                                WHERE updated_at < (SELECT before FROM cutoff)))
+      AND w.state IN ('completed', 'cancelled') AND w.updated_at < (SELECT before FROM cutoff)
+    RETURNING w.tenant_id, w.item_id, w.queue, w.state
+), ledger AS (
+    DELETE FROM item_events e
+    WHERE e.tenant_id = %(tenant)s AND e.item_id = ANY(ARRAY(SELECT item_id FROM gone))
+), {
+        _count_cte(
+            "gone",
+            purged_completed="count(*) FILTER (WHERE state = 'completed')",
+            purged_cancelled="count(*) FILTER (WHERE state = 'cancelled')",
+        )
+    }
+SELECT (SELECT count(*) FROM scanned) AS scanned, (SELECT count(*) FROM gone) AS deleted,
+       last.created_at AS last_at, last.item_id::text AS last_id
+FROM (SELECT 1) AS one
+LEFT JOIN (SELECT created_at, item_id FROM scanned
+           ORDER BY created_at DESC, item_id DESC LIMIT 1) AS last ON true
+""",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Purged:
+    scanned: int
+    deleted: int
+    # Where the next batch of the same (state, queue) starts; None when none was scanned.
+    last: tuple[str, str] | None
+
+
+async def purge_finished(
+    conn: Conn,
+    *,
+    tenant: str,
+    state: str,
+    queue: str,
+    after: tuple[str, str] | None,
+    limit: int,
+) -> Purged:
+    """completed or cancelled, finished longer than the tenant's retention ago -> deleted,
+    with every ledger event of the item; counted as purged on the queue's counters.
+
+    Reads at most `limit` entries of the list index after `after`; items created before
+    the cutoff but finished after it are passed over (a later round takes them).
+    """
+    params = {
+        "tenant": tenant,
+        "state": state,
+        "queue": queue,
+        "after_at": after[0] if after else "-infinity",
+        "after_id": after[1] if after else FIRST_ITEM,
+        "limit": limit,
+        "shard": _shard(),
+    }
+    row = await fetch_one(conn, _PURGE_FINISHED, params)
+    assert row is not None
+    last = (row["last_at"].isoformat(), row["last_id"]) if row["last_id"] else None
+    return Purged(scanned=int(row["scanned"]), deleted=int(row["deleted"]), last=last)

@@ -1,50 +1,63 @@
 """The sweeper: background upkeep that every API process runs, one process at a time.
 
-    every SAMPLE_INTERVAL   sample the queue counters (the last minute's and hour's rates)
-    every PRUNE_INTERVAL    drop samples older than the hour, in batches
-    every RECEIPT_PURGE_INTERVAL   drop idempotency receipts past their retention
+    every SAMPLE_INTERVAL      sample the queue counters (the last minute's and hour's rates)
+    every PRUNE_INTERVAL       drop counter samples older than the hour
+    every retention_interval   delete finished items past their tenant's retention, with
+                               their ledgers, and idempotency receipts past theirs
 
 and, in a loop of its own (`sweep_runs_forever`), verification runs past their deadline end
 failed.
 
-Each sweep runs in a transaction that first tries the sweep's advisory lock
-(`store.sweeps`): when another process holds it, this one skips the round. Nothing
-is kept in memory between rounds, so a restart resumes where the data stands.
+Each batch runs in a transaction that first tries its sweep's advisory lock
+(`store.sweeps`): when another process holds it, this one leaves the round to it.
+Batches are bounded (`retention_batch` rows), so no transaction holds many locks for
+long. Nothing is kept in memory between rounds: after a restart the next round
+starts from what the data says.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TypeVar
 
 from queue_server import errors
 from queue_server.db import Database
-from queue_server.store import idempotency_receipts, queues, sweeps, verification_runs
+from queue_server.settings import Settings
+from queue_server.store import (
+    idempotency_receipts,
+    queues,
+    sweeps,
+    tenants,
+    transitions,
+    verification_runs,
+)
 from queue_server.store.types import Conn
 
 log = logging.getLogger(__name__)
 
 SAMPLE_INTERVAL = 5.0
 PRUNE_INTERVAL = 60.0
-RECEIPT_PURGE_INTERVAL = 600.0
-# Rows one sweep transaction deletes at most: short transactions, short row locks.
-BATCH = 1000
+PRUNE_BATCH = 1000
+TENANT_PAGE = 100
 
 # The second key of each sweep's advisory lock.
 SAMPLE_LOCK = 1
 PRUNE_LOCK = 2
 RECEIPT_LOCK = 3
+RETENTION_LOCK = 4
+
+T = TypeVar("T")
 
 
-async def locked_round(
-    db: Database, lock: int, work: Callable[[Conn], Awaitable[int]]
-) -> int | None:
+async def locked_round(db: Database, lock: int, work: Callable[[Conn], Awaitable[T]]) -> T | None:
     """Run `work` in one transaction holding sweep lock `lock`; None when another process
-    holds it. Returns what `work` returned (rows handled)."""
+    holds it."""
     async with db.tx() as conn:
         if not await sweeps.try_lock(conn, lock):
             return None
@@ -61,16 +74,77 @@ async def prune_samples(db: Database) -> int:
     """Drop samples no rate needs any more, a batch per transaction, until none is left."""
     total = 0
     while True:
-        done = await locked_round(db, PRUNE_LOCK, lambda c: queues.prune_samples(c, limit=BATCH))
+        done = await locked_round(
+            db, PRUNE_LOCK, lambda c: queues.prune_samples(c, limit=PRUNE_BATCH)
+        )
         total += done or 0
-        if not done or done < BATCH:
+        if not done or done < PRUNE_BATCH:
             return total
 
 
-async def purge_receipts(db: Database) -> int:
-    """Delete every expired receipt; returns how many."""
-    async with db.tx() as conn:
-        return await idempotency_receipts.purge_expired(conn)
+async def purge_receipts(db: Database, *, batch: int) -> int | None:
+    """Delete the receipts past their retention, a batch per transaction; None when another
+    process is at it."""
+    total = 0
+    while True:
+        done = await locked_round(
+            db, RECEIPT_LOCK, lambda c: idempotency_receipts.purge_expired(c, limit=batch)
+        )
+        if done is None:
+            return None if total == 0 else total
+        total += done
+        if done < batch:
+            return total
+
+
+async def _purge_range(db: Database, tenant: str, state: str, queue: str, batch: int) -> int | None:
+    """Walk one (state, queue) range of the tenant from its start, a batch per transaction;
+    how many items went, or None as soon as another process holds the round."""
+    deleted = 0
+    position: tuple[str, str] | None = None
+    while True:
+        done = await locked_round(
+            db,
+            RETENTION_LOCK,
+            functools.partial(
+                transitions.purge_finished,
+                tenant=tenant,
+                state=state,
+                queue=queue,
+                after=position,
+                limit=batch,
+            ),
+        )
+        if done is None:
+            return None
+        deleted += done.deleted
+        if done.scanned < batch or done.last is None:
+            return deleted
+        position = done.last
+
+
+async def purge_finished(db: Database, *, batch: int) -> int | None:
+    """One retention round over every tenant: delete its completed and cancelled items
+    past its retention with their ledgers, at most `batch` index entries per transaction.
+    Returns how many items went; None when another process held the round from the start
+    (a process that finds it taken over midway leaves the rest to that one)."""
+    total = 0
+    after_tenant: str | None = None
+    while True:
+        async with db.conn() as conn:
+            page = await tenants.list_tenants(conn, after=after_tenant, limit=TENANT_PAGE)
+        for row in page:
+            tenant = row["tenant_id"]
+            async with db.conn() as conn:
+                ranges = await transitions.finished_queues(conn, tenant=tenant)
+            for state, queue in ranges:
+                deleted = await _purge_range(db, tenant, state, queue, batch)
+                if deleted is None:
+                    return total or None
+                total += deleted
+        if len(page) < TENANT_PAGE:
+            return total
+        after_tenant = page[-1]["tenant_id"]
 
 
 @dataclass
@@ -78,21 +152,28 @@ class _Job:
     name: str
     interval: float
     run: Callable[[], Awaitable[object]]
-    due: float = 0.0
+    due: float
 
 
-async def sweep_forever(db: Database, *, sample_interval: float = SAMPLE_INTERVAL) -> None:
-    """Run every sweep at its interval until cancelled; a failed round is logged and retried
-    at the next interval."""
+async def sweep_forever(db: Database, settings: Settings) -> None:
+    """Run every sweep at its interval until cancelled; a failed round is logged and tried
+    again at the next interval."""
     now = time.monotonic()
+    batch = settings.retention_batch
     jobs = [
-        _Job("sample queue counters", sample_interval, lambda: sample_counters(db), now),
+        _Job("sample queue counters", SAMPLE_INTERVAL, lambda: sample_counters(db), now),
         _Job("prune counter samples", PRUNE_INTERVAL, lambda: prune_samples(db), now),
         _Job(
-            "purge expired receipts",
-            RECEIPT_PURGE_INTERVAL,
-            lambda: purge_receipts(db),
-            now + RECEIPT_PURGE_INTERVAL,
+            "delete finished items past their retention",
+            settings.retention_interval,
+            lambda: purge_finished(db, batch=batch),
+            now,
+        ),
+        _Job(
+            "delete receipts past their retention",
+            settings.retention_interval,
+            lambda: purge_receipts(db, batch=batch),
+            now,
         ),
     ]
     while True:

@@ -15,4 +15,8 @@ SELECT * FROM idempotency_receipts WHERE tenant_id = %s AND idempotency_key = %s
 UPDATE idempotency_receipts SET response_status = %s, response_body = %s WHERE tenant_id = %s AND idempotency_key = %s;
 
 -- name: purge_expired
-DELETE FROM idempotency_receipts WHERE expires_at < statement_timestamp();
+DELETE FROM idempotency_receipts r
+USING (SELECT tenant_id, idempotency_key FROM idempotency_receipts
+       WHERE expires_at < statement_timestamp()
+       ORDER BY expires_at LIMIT %(limit)s) AS spent
+WHERE r.tenant_id = spent.tenant_id AND r.idempotency_key = spent.idempotency_key;

@@ -694,3 +694,64 @@ counted AS (
     ORDER BY s.item_id, w.watcher_id
 )
 SELECT upd.* FROM upd ORDER BY upd.item_id;
+
+-- name: finished_queues
+WITH RECURSIVE q_completed AS (
+    (SELECT w.queue FROM work_items w
+     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'completed'
+     ORDER BY w.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT w.queue FROM work_items w
+            WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'completed'
+              AND w.queue > q.queue
+            ORDER BY w.queue LIMIT 1)
+    FROM q_completed q WHERE q.queue IS NOT NULL
+), q_cancelled AS (
+    (SELECT w.queue FROM work_items w
+     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'cancelled'
+     ORDER BY w.queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT w.queue FROM work_items w
+            WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'cancelled'
+              AND w.queue > q.queue
+            ORDER BY w.queue LIMIT 1)
+    FROM q_cancelled q WHERE q.queue IS NOT NULL
+)
+SELECT 'completed' AS state, queue FROM q_completed WHERE queue IS NOT NULL
+UNION ALL
+SELECT 'cancelled' AS state, queue FROM q_cancelled WHERE queue IS NOT NULL;
+
+-- name: purge_finished
+WITH cutoff AS (
+    SELECT statement_timestamp() - retention AS before FROM tenants WHERE tenant_id = %(tenant)s
+), scanned AS (
+    SELECT w.item_id, w.created_at, w.updated_at FROM work_items w
+    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = %(state)s::item_state
+      AND w.queue = %(queue)s
+      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+      AND w.created_at < (SELECT before FROM cutoff)
+    ORDER BY w.created_at, w.item_id
+    LIMIT %(limit)s
+), gone AS (
+    DELETE FROM work_items w
+    WHERE w.tenant_id = %(tenant)s
+      AND w.item_id = ANY(ARRAY(SELECT item_id FROM scanned
+                                WHERE updated_at < (SELECT before FROM cutoff)))
+      AND w.state IN ('completed', 'cancelled') AND w.updated_at < (SELECT before FROM cutoff)
+    RETURNING w.tenant_id, w.item_id, w.queue, w.state
+), ledger AS (
+    DELETE FROM item_events e
+    WHERE e.tenant_id = %(tenant)s AND e.item_id = ANY(ARRAY(SELECT item_id FROM gone))
+), counted AS (
+    INSERT INTO queue_counters (tenant_id, queue, shard, purged_completed, purged_cancelled)
+    SELECT tenant_id, queue, %(shard)s, count(*) FILTER (WHERE state = 'completed'), count(*) FILTER (WHERE state = 'cancelled')
+    FROM gone GROUP BY tenant_id, queue ORDER BY tenant_id, queue
+    ON CONFLICT (tenant_id, queue, shard) DO UPDATE
+    SET purged_completed = queue_counters.purged_completed + excluded.purged_completed,
+        purged_cancelled = queue_counters.purged_cancelled + excluded.purged_cancelled
+)
+SELECT (SELECT count(*) FROM scanned) AS scanned, (SELECT count(*) FROM gone) AS deleted,
+       last.created_at AS last_at, last.item_id::text AS last_id
+FROM (SELECT 1) AS one
+LEFT JOIN (SELECT created_at, item_id FROM scanned
+           ORDER BY created_at DESC, item_id DESC LIMIT 1) AS last ON true;
