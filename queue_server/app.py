@@ -8,19 +8,21 @@ import logging
 from collections.abc import AsyncIterator
 
 import psycopg
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from starlette.responses import JSONResponse, Response
 
 from queue_server import __version__, errors
 from queue_server.api import dead_letters, ledgers, problems, queues, receipts, routes, runs
 from queue_server.api import schedules as schedule_routes
 from queue_server.api import watchers as watcher_routes
+from queue_server.api.deps import PROBLEMS, Caller
 from queue_server.api.middleware import BodyLimitAndMetrics
 from queue_server.api.schemas import Problem
 from queue_server.console import install as install_console
 from queue_server.db import Database
 from queue_server.infra import migrate
-from queue_server.infra.metrics import Metrics
+from queue_server.infra.metrics import CONTENT_TYPE, Metrics
+from queue_server.models import Role
 from queue_server.policy import ReliabilityPolicy, runtime_policy
 from queue_server.services import Services
 from queue_server.services.keys import Keys
@@ -119,14 +121,26 @@ def create_app(
             "The database is unreachable or its schema is not at the head revision."
         )
 
-    @app.get("/metrics", tags=["service"], response_class=Response)
-    async def metrics_text(request: Request) -> Response:
-        """Prometheus text format: requests by route and status, acquire latency, items by state."""
+    @app.get(
+        "/metrics",
+        tags=["service"],
+        response_class=Response,
+        responses={200: {"content": {CONTENT_TYPE: {}}}, **PROBLEMS},
+    )
+    async def metrics_text(caller: Caller) -> Response:
+        """Prometheus text format (an operator or admin key): requests and latency by route,
+        then per queue items by state, ages, leases, dead letters, pause and counters of
+        finished work, and per watcher its pending and dead deliveries. An operator key
+        reads its own tenant's figures, an admin key every tenant's. Without a key,
+        `serve --metrics-listen` publishes the same on an address of its own."""
+        if caller.role is not Role.ADMIN:
+            caller.require(caller.tenant or "", Role.OPERATOR)
         metrics.listener_connected.set(int(notifier.listening))
-        rows: list[dict[str, object]] = []
+        tenant = None if caller.role is Role.ADMIN else caller.tenant
+        snapshot = None
         with contextlib.suppress(errors.QueueServerError):
-            rows = list(await services.queues.state_counts())
-        return Response(metrics.render(rows), media_type="text/plain; version=0.0.4; charset=utf-8")
+            snapshot = await services.figures.snapshot(tenant)
+        return Response(metrics.render(snapshot, tenant=tenant), media_type=CONTENT_TYPE)
 
     app.add_middleware(
         BodyLimitAndMetrics,

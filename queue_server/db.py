@@ -296,6 +296,19 @@ async def ensure_role_defaults(
     return changed
 
 
+@contextlib.asynccontextmanager
+async def direct_session(conninfo: str) -> AsyncIterator[Conn]:
+    """One short session outside any pool (the metrics listener's scrape): autocommit,
+    rows as dicts, statements bounded to 10 s."""
+    async with await psycopg.AsyncConnection.connect(
+        conninfo,
+        autocommit=True,
+        row_factory=dict_row,
+        options="-c statement_timeout=10000 -c TimeZone=UTC",
+    ) as conn:
+        yield conn
+
+
 async def confirm_durable(conn: Conn) -> None:
     """Commit a transaction whose COMMIT waits until the synchronous standby has
     everything up to it: whatever this session saw committed before is replicated when

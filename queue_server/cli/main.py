@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -134,6 +136,15 @@ def serve(
             " its file is, so no log keeps it).",
         ),
     ] = False,
+    metrics_listen: Annotated[
+        str | None,
+        typer.Option(
+            envvar="QUEUE_SERVER_METRICS_LISTEN",
+            help="Also publish /metrics without a key on this HOST:PORT (one the monitoring"
+            " network reaches, not the public); on the API's port /metrics needs an operator"
+            " or admin key.",
+        ),
+    ] = None,
 ) -> None:
     """Serve the REST API.
 
@@ -163,6 +174,13 @@ def serve(
     settings.bounded_by(policy)
     if policy_file is not None:
         os.environ["QUEUE_SERVER_POLICY"] = str(policy_file.resolve())
+    if metrics_listen is not None:
+        from queue_server.infra.serve import parse_address
+
+        try:
+            parse_address(metrics_listen)
+        except ValueError as exc:
+            raise _fail(f"--metrics-listen: {exc}") from None
     try:
         with database(settings) as db:
             secret = ensure_admin_key(settings, db.url)
@@ -184,11 +202,32 @@ def serve(
             write_address(settings.data_dir, host, port)
             os.environ["QUEUE_SERVER_DATABASE_URL"] = db.url
             os.environ["QUEUE_SERVER_DATA_DIR"] = str(settings.data_dir)
-            _run_uvicorn(
-                host=host, port=port, workers=workers or os.cpu_count() or 1, log_level=log_level
-            )
+            processes = workers or os.cpu_count() or 1
+            with _process_metrics(processes, metrics_listen, db.url):
+                _run_uvicorn(host=host, port=port, workers=processes, log_level=log_level)
     except (SchemaNotAtHeadError, NoDatabaseError) as exc:
         raise _fail(str(exc)) from None
+
+
+@contextlib.contextmanager
+def _process_metrics(workers: int, listen: str | None, database_url: str) -> Iterator[None]:
+    """With several workers or a metrics listener, every process writes its metrics into one
+    directory (prometheus_client's multiprocess mode), so any scrape adds them all up."""
+    if workers == 1 and listen is None:
+        yield
+        return
+    from queue_server.infra.metrics import prepare_multiprocess
+    from queue_server.infra.serve import start_metrics_listener
+
+    with tempfile.TemporaryDirectory(prefix="queue-server-metrics-") as directory:
+        prepare_multiprocess(Path(directory))
+        if listen is not None:
+            try:
+                start_metrics_listener(listen, database_url)
+            except OSError as exc:
+                raise _fail(f"--metrics-listen {listen}: {exc.strerror or exc}") from None
+            typer.echo(f"metrics on http://{listen}/metrics")
+        yield
 
 
 def _run_uvicorn(*, host: str, port: int, workers: int, log_level: str) -> None:
@@ -205,20 +244,16 @@ def _run_uvicorn(*, host: str, port: int, workers: int, log_level: str) -> None:
         http="queue_server.infra.http_protocol:ProblemHttpToolsProtocol",
     )
     if workers > 1:
-        from queue_server.infra.metrics import prepare_multiprocess
-
-        with tempfile.TemporaryDirectory(prefix="queue-server-metrics-") as directory:
-            prepare_multiprocess(Path(directory))
-            uvicorn.run(
-                "queue_server.app:app_from_env",
-                factory=True,
-                host=host,
-                port=port,
-                workers=workers,
-                log_level=log_level,
-                access_log=False,
-                http="queue_server.infra.http_protocol:ProblemHttpToolsProtocol",
-            )
+        uvicorn.run(
+            "queue_server.app:app_from_env",
+            factory=True,
+            host=host,
+            port=port,
+            workers=workers,
+            log_level=log_level,
+            access_log=False,
+            http="queue_server.infra.http_protocol:ProblemHttpToolsProtocol",
+        )
         return
     # uvicorn re-raises the signal that stopped it once it has shut down; by then
     # there is nothing left to interrupt, and the embedded database still has to stop.

@@ -1,32 +1,28 @@
-"""Prometheus metrics of the API (a registry per app, so tests can build many apps).
+"""Prometheus metrics: each API process's request counters and latency histograms, and the
+figures of queues and watchers read from the database at scrape time.
 
-With several worker processes (`queue-server serve --workers N`), the server sets
-PROMETHEUS_MULTIPROC_DIR before starting them: every process writes its counters and
-histograms there (prometheus_client's multiprocess mode), and `/metrics`, whichever
-process answers it, adds up all of them. Items by state are read at scrape time.
+With several worker processes (`queue-server serve --workers N`, or `--metrics-listen`),
+PROMETHEUS_MULTIPROC_DIR is set before the workers start: every process writes its
+counters and histograms there (prometheus_client's multiprocess mode) and a scrape,
+whichever process answers it, adds them all up. The figures come from the database, so
+they are the same whichever process (or the metrics listener) reads them.
+
+A registry per app, so tests can build many apps in one process.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-
-
-def prepare_multiprocess(directory: Path) -> None:
-    """Point every worker process started after this at `directory`, emptied first."""
-    directory.mkdir(parents=True, exist_ok=True)
-    for stale in directory.glob("*.db"):
-        stale.unlink()
-    os.environ[MULTIPROC_ENV] = str(directory)
-
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 LATENCY_BUCKETS = (
     0.001,
@@ -44,6 +40,44 @@ LATENCY_BUCKETS = (
     10.0,
     30.0,
 )
+STATES = ("ready", "leased", "completed", "quarantined", "cancelled")
+
+
+def prepare_multiprocess(directory: Path) -> None:
+    """Point every worker process started after this at `directory`, emptied first."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob("*.db"):
+        stale.unlink()
+    os.environ[MULTIPROC_ENV] = str(directory)
+
+
+def multiprocess_dir() -> str | None:
+    return os.environ.get(MULTIPROC_ENV) or None
+
+
+def process_families(registry: CollectorRegistry, *, tenant: str | None = None) -> list[Metric]:
+    """The processes' own metrics (every process's in multiprocess mode); with `tenant`, a
+    series labelled with another tenant is left out."""
+    directory = multiprocess_dir()
+    if directory is not None:
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
+    families = list(registry.collect())
+    if tenant is not None:
+        for family in families:
+            family.samples = [s for s in family.samples if s.labels.get("tenant", tenant) == tenant]
+    return families
+
+
+def process_metrics(registry: CollectorRegistry) -> bytes:
+    """The text of the processes' own metrics: every process's in multiprocess mode."""
+    return _text(process_families(registry))
+
+
+def _text(families: list[Metric]) -> bytes:
+    registry = CollectorRegistry()
+    registry.register(_Families(families))
+    return generate_latest(registry)
 
 
 class Metrics:
@@ -68,7 +102,6 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
-
         self.database_unavailable = Counter(
             "queue_server_database_unavailable",
             "Requests answered 503 because the database connection failed, by cause"
@@ -114,32 +147,101 @@ class Metrics:
             registry=self.registry,
         )
 
-    def render(self, items: Iterable[dict[str, Any]] = ()) -> bytes:
-        """The text format: this process's metrics, or every process's in multiprocess mode,
-        then items by tenant and state as read now."""
-        directory = os.environ.get(MULTIPROC_ENV)
-        if directory:
-            merged = CollectorRegistry()
-            MultiProcessCollector(merged, path=directory)  # type: ignore[no-untyped-call]
-            text = generate_latest(merged)
-        else:
-            text = generate_latest(self.registry)
-        gauge = GaugeMetricFamily(
-            "queue_server_items", "Work items by tenant and state, read at scrape time",
-            labels=["tenant", "state"],
-        )  # fmt: skip
-        for row in items:
-            gauge.add_metric([row["tenant_id"], row["state"]], row["n"])
-        scrape = CollectorRegistry()
-        scrape.register(_Once(gauge))
-        return text + generate_latest(scrape)
+    def render(self, snapshot: Any | None = None, *, tenant: str | None = None) -> bytes:
+        """The processes' metrics, then the figures of `snapshot` (a `services.figures`
+        Snapshot: tenants, queues, watchers). With `tenant`, only series of that tenant
+        (and those of no tenant) are shown."""
+        families = process_families(self.registry, tenant=tenant)
+        if snapshot is not None:
+            families += figure_families(snapshot.tenants, snapshot.queues, snapshot.watchers)
+        return _text(families)
 
 
-class _Once:
-    """A collector of one metric family already read."""
+class _Families:
+    """A collector of metric families already read."""
 
-    def __init__(self, family: GaugeMetricFamily) -> None:
-        self.family = family
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
 
-    def collect(self) -> Iterable[GaugeMetricFamily]:
-        yield self.family
+    def collect(self) -> Iterator[Metric]:
+        yield from self.families
+
+
+def figure_families(
+    tenants: Iterable[str], queues: Sequence[dict[str, Any]], watchers: Sequence[dict[str, Any]]
+) -> list[Metric]:
+    """Prometheus families of the figures: every state of every known queue (zero as zero)."""
+    q = ["tenant", "queue"]
+    items = GaugeMetricFamily(
+        "queue_server_queue_items", "Work items of the queue by state", labels=[*q, "state"]
+    )
+    ready_age = GaugeMetricFamily(
+        "queue_server_queue_oldest_ready_age_seconds",
+        "How long the queue's oldest due item has waited (0 when none)",
+        labels=q,
+    )
+    lease_age = GaugeMetricFamily(
+        "queue_server_queue_oldest_lease_age_seconds",
+        "How long ago the queue's oldest active lease began (0 when none)",
+        labels=q,
+    )
+    active = GaugeMetricFamily(
+        "queue_server_queue_active_leases", "Leases not expired yet", labels=q
+    )
+    letters = GaugeMetricFamily(
+        "queue_server_queue_open_dead_letters", "Item dead letters not yet resolved", labels=q
+    )
+    paused = GaugeMetricFamily("queue_server_queue_paused", "1 while the queue is paused", labels=q)
+    completions = CounterMetricFamily(
+        "queue_server_queue_completions", "Items completed since the queue began", labels=q
+    )
+    failures = CounterMetricFamily(
+        "queue_server_queue_failures", "Failures reported by triage", labels=q
+    )
+    quarantines = CounterMetricFamily(
+        "queue_server_queue_quarantines",
+        "Items quarantined (by triage or past their acquisition budget)",
+        labels=q,
+    )
+    by_tenant: dict[str, dict[str, int]] = {t: dict.fromkeys(STATES, 0) for t in tenants}
+    for f in queues:
+        labels = [f["tenant"], f["queue"]]
+        for state in STATES:
+            n = f["states"][state]
+            items.add_metric([*labels, state], n)
+            by_tenant.setdefault(f["tenant"], dict.fromkeys(STATES, 0))[state] += n
+        ready_age.add_metric(labels, f["oldest_ready_age"] or 0.0)
+        lease_age.add_metric(labels, f["oldest_lease_age"] or 0.0)
+        active.add_metric(labels, f["active_leases"])
+        letters.add_metric(labels, f["open_dead_letters"])
+        paused.add_metric(labels, 1 if f["paused"] else 0)
+        completions.add_metric(labels, f["completions"]["total"])
+        failures.add_metric(labels, f["failures"]["total"])
+        quarantines.add_metric(labels, f["quarantines"])
+    tenant_items = GaugeMetricFamily(
+        "queue_server_items", "Work items by tenant and state", labels=["tenant", "state"]
+    )
+    for tenant, counts in sorted(by_tenant.items()):
+        for state in STATES:
+            tenant_items.add_metric([tenant, state], counts[state])
+    deliveries = GaugeMetricFamily(
+        "queue_server_watcher_deliveries",
+        "Webhook deliveries of the watcher waiting to be sent (pending) or given up (dead)",
+        labels=["tenant", "watcher", "state"],
+    )
+    for w in watchers:
+        for state in ("pending", "dead"):
+            deliveries.add_metric([w["tenant"], w["watcher_id"], state], w[state])
+    return [
+        items,
+        tenant_items,
+        ready_age,
+        lease_age,
+        active,
+        letters,
+        paused,
+        completions,
+        failures,
+        quarantines,
+        deliveries,
+    ]

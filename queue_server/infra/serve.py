@@ -1,4 +1,5 @@
-"""Running the server: the embedded database, migrations, the admin key file, uvicorn.
+"""Running the server: the embedded database, migrations, the admin key file, uvicorn,
+the metrics listener.
 
 The admin key's secret is written, readable only by the server's user, to
 `<data-dir>/admin.key`, and never printed unless asked (`--print-admin-key`): a log
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,9 +18,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psycopg
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from queue_server import auth, db, errors
 from queue_server.infra import migrate
+from queue_server.infra.metrics import figure_families, multiprocess_dir
+from queue_server.services import figures
 from queue_server.services.keys import Keys
 from queue_server.settings import Settings
 from queue_server.store.bootstrap import CREATE_DATABASE, DATABASE_EXISTS, DATABASE_NAME
@@ -26,6 +33,8 @@ from queue_server.store.bootstrap import CREATE_DATABASE, DATABASE_EXISTS, DATAB
 if TYPE_CHECKING:
     # Imported where it is used: the `embedded` extra is optional (the image leaves it out).
     from queue_server.infra.embedded import EmbeddedPostgres
+
+log = logging.getLogger(__name__)
 
 ADMIN_KEY_FILE = "admin.key"
 
@@ -197,3 +206,48 @@ def write_address(data_dir: Path, host: str, port: int) -> Path:
     tmp.write_text(f"http://{netloc}:{port}\n")
     tmp.replace(path)
     return path
+
+
+class _DatabaseFigures:
+    """A prometheus_client collector: the figures of every tenant, read at each scrape on a
+    connection of its own."""
+
+    def __init__(self, database_url: str) -> None:
+        self.database_url = database_url
+
+    async def _read(self) -> figures.Snapshot:
+        async with db.direct_session(self.database_url) as conn:
+            return await figures.snapshot(conn, tenant=None)
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            snapshot = asyncio.run(self._read())
+        except psycopg.Error as exc:
+            log.warning("metrics listener: could not read the figures: %s", exc)
+            return
+        yield from figure_families(snapshot.tenants, snapshot.queues, snapshot.watchers)
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """`HOST:PORT` (IPv6 in brackets) as (host, port); ValueError names what is wrong."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{address!r} is not HOST:PORT, e.g. 127.0.0.1:9100")
+    return host.strip("[]"), int(port)
+
+
+def start_metrics_listener(address: str, database_url: str) -> None:
+    """Publish every process's metrics and every tenant's figures, without a key, at
+    http://`address`/metrics (a daemon thread of this process).
+
+    The address should be one that only the monitoring network reaches: what it
+    publishes names tenants, queues and watchers.
+    """
+    host, port = parse_address(address)
+    registry = CollectorRegistry()
+    directory = multiprocess_dir()
+    if directory is None:
+        raise RuntimeError("the metrics listener needs the multiprocess directory set first")
+    MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
+    registry.register(_DatabaseFigures(database_url))
+    start_http_server(port, addr=host, registry=registry)

@@ -6,6 +6,7 @@
     queues        spend approvals, concurrency limits, queue status
     dead_letters  list, show, replay, discard, bulk replay
     ledgers       ledger verification: each item's events fold to its row
+    figures       what /metrics publishes of queues and watchers, read at scrape time
     watchers      webhook subscriptions and their deliveries
     receipts      confirmation receipts of confirmed mutations
     runs          artifact verification runs and their checkpoints
@@ -24,6 +25,7 @@ from queue_server.idempotency import Effects
 from queue_server.infra.metrics import Metrics
 from queue_server.policy import ReliabilityPolicy, runtime_policy
 from queue_server.services.dead_letters import DeadLetters
+from queue_server.services.figures import Figures
 from queue_server.services.items import Items, Wakeups
 from queue_server.services.keys import Keys
 from queue_server.services.ledgers import Ledgers
@@ -38,6 +40,7 @@ from queue_server.settings import Settings
 __all__ = [
     "ConfirmationReceipts",
     "DeadLetters",
+    "Figures",
     "Items",
     "Keys",
     "Ledgers",
@@ -64,6 +67,7 @@ class Services:
     receipts: ConfirmationReceipts
     runs: VerificationRuns
     schedules: Schedules
+    figures: Figures
 
     @classmethod
     def build(
@@ -95,4 +99,5 @@ class Services:
             receipts=ConfirmationReceipts(db, effects, policy),
             runs=VerificationRuns(db, effects, policy),
             schedules=Schedules(db, effects, items, settings, metrics),
+            figures=Figures(db),
         )

@@ -33,7 +33,7 @@ def queue_figures(
     finished: Row | None,
     setting: Row | None,
     open_dead_letters: int,
-    limits: dict[str, Any],
+    limits: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """One queue as GET /queues shows it, from the bounded reads of `store.queues`."""
     o = open_row or {}
@@ -62,7 +62,7 @@ def queue_figures(
         "oldest_ready_age": _seconds(o.get("oldest_ready_age")),
         "active_leases": int(o.get("active_leases", 0)),
         "oldest_lease_age": _seconds(o.get("oldest_lease_age")),
-        "concurrency_limit": limits["limit"],
+        "concurrency_limit": limits["limit"] if limits else None,
         "open_dead_letters": open_dead_letters,
         "completions": {
             "last_minute": int(f.get("completions_last_minute", 0)),
@@ -246,11 +246,6 @@ class Queues:
             return Answer.of(200, figures)
 
         return await self.effects.run(tenant, idem, instance, operation)
-
-    async def state_counts(self) -> list[Row]:
-        """Items by tenant and state, over every tenant (for the metrics scrape)."""
-        async with self.db.conn() as conn:
-            return await reads.all_state_counts(conn)
 
 
 def _queue_event(row: Row) -> dict[str, Any]:

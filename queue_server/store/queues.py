@@ -96,10 +96,16 @@ async def events(conn: Conn, *, tenant: str, queue: str, limit: int) -> list[Row
     return await fetch_all(conn, _EVENTS, {"tenant": tenant, "queue": queue, "limit": limit})
 
 
-# Each state reads its partial index; finished history is not read. A lease is active
-# while it has not expired; its age counts from its acquisition (`leased_at`).
-_OPEN = """
-SELECT queue,
+# Each state reads its own partial index (a branch per state: an IN list would be one
+# scan of the table); finished history is not read. A lease is active while it has not
+# expired; its age counts from its acquisition (`leased_at`).
+_UNFINISHED = "\n    UNION ALL\n".join(
+    f"""    SELECT tenant_id, queue, state, available_at, lease_expires_at, leased_at
+    FROM work_items WHERE {{tenant}}state = '{state}'"""
+    for state in ("ready", "leased", "quarantined")
+)
+_OPEN = f"""
+SELECT tenant_id, queue,
        count(*) FILTER (WHERE state = 'ready') AS ready,
        count(*) FILTER (WHERE state = 'ready' AND available_at <= statement_timestamp()) AS due,
        count(*) FILTER (WHERE state = 'leased') AS leased,
@@ -114,9 +120,10 @@ SELECT queue,
                - min(leased_at) FILTER (WHERE state = 'leased'
                                         AND lease_expires_at > statement_timestamp()))
            AS oldest_lease_age
-FROM work_items
-WHERE {tenant} state IN ('ready', 'leased', 'quarantined')
-GROUP BY {group}
+FROM (
+{_UNFINISHED}
+) AS w
+GROUP BY tenant_id, queue
 """
 
 # Completed and cancelled items now, and the totals that rates are taken from; with the
@@ -152,8 +159,39 @@ LEFT JOIN LATERAL (
 ) h ON true
 """
 
-_OPEN_COUNTS = _SQL("open_counts", _OPEN.format(tenant="tenant_id = %(tenant)s AND", group="queue"))
+_OPEN_COUNTS = _SQL("open_counts", _OPEN.format(tenant="tenant_id = %(tenant)s AND "))
 _FINISHED_COUNTS = _SQL("finished_counts", _FINISHED.format(where="WHERE tenant_id = %(tenant)s"))
+# The same over every tenant (the scrape of an admin or of the metrics listener).
+_ALL_OPEN_COUNTS = _SQL("all_open_counts", _OPEN.format(tenant=""))
+_ALL_FINISHED_COUNTS = _SQL("all_finished_counts", _FINISHED.format(where=""))
+_ALL_SETTINGS = _SQL("all_settings", "SELECT * FROM queues ORDER BY tenant_id, queue")
+_ALL_OPEN_DEAD_LETTERS = _SQL(
+    "all_open_dead_letters",
+    """
+SELECT tenant_id, queue, count(*) AS n FROM dead_letters
+WHERE closed_at IS NULL AND kind = 'item'
+GROUP BY tenant_id, queue
+""",
+)
+# Per watcher: deliveries waiting (the deliverer's partial index of pending rows) and dead
+# ones (each has its open dead letter until an operator replays or discards it).
+_ALL_WATCHER_DELIVERIES = _SQL(
+    "all_watcher_deliveries",
+    """
+SELECT tenant_id, watcher_id::text AS watcher_id, 'pending' AS state, count(*) AS n
+FROM outbox_deliveries WHERE state = 'pending'
+GROUP BY tenant_id, watcher_id
+UNION ALL
+SELECT o.tenant_id, o.watcher_id::text, 'dead', count(*)
+FROM dead_letters d
+JOIN outbox_deliveries o ON o.tenant_id = d.tenant_id AND o.delivery_id = d.delivery_id
+WHERE d.closed_at IS NULL AND d.kind = 'delivery' AND o.state = 'dead'
+GROUP BY o.tenant_id, o.watcher_id
+UNION ALL
+SELECT tenant_id, watcher_id::text, 'watching', 0 FROM watchers
+WHERE state IN ('active', 'paused')
+""",
+)
 _SETTINGS = _SQL(
     "settings",
     "SELECT * FROM queues WHERE tenant_id = %(tenant)s ORDER BY queue",
@@ -252,3 +290,28 @@ async def prune_samples(conn: Conn, *, limit: int) -> int:
     """Drop up to `limit` samples no longer needed for the last hour's rates."""
     cur = await conn.execute(_PRUNE_SAMPLES, {"limit": limit})
     return cur.rowcount
+
+
+async def all_open_counts(conn: Conn) -> list[Row]:
+    """`open_counts` of every tenant's queues (tenant_id in each row)."""
+    return await fetch_all(conn, _ALL_OPEN_COUNTS, {})
+
+
+async def all_finished_counts(conn: Conn) -> list[Row]:
+    """`finished_counts` of every tenant's queues (without the rates' samples)."""
+    return await fetch_all(conn, _ALL_FINISHED_COUNTS, {})
+
+
+async def all_settings(conn: Conn) -> list[Row]:
+    """Every queue's settings row, of every tenant."""
+    return await fetch_all(conn, _ALL_SETTINGS, {})
+
+
+async def all_open_dead_letters(conn: Conn) -> list[Row]:
+    return await fetch_all(conn, _ALL_OPEN_DEAD_LETTERS, {})
+
+
+async def all_watcher_deliveries(conn: Conn) -> list[Row]:
+    """(tenant_id, watcher_id, state, n): pending and dead deliveries of every watcher, and a
+    `watching` row of 0 for each active or paused watcher (so zero reads as zero)."""
+    return await fetch_all(conn, _ALL_WATCHER_DELIVERIES, {})

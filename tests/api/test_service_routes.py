@@ -31,7 +31,7 @@ def test_readyz_is_503_problem_when_the_database_is_unreachable(settings: Settin
 def test_metrics_count_requests_by_route_and_items_by_state(api: Api) -> None:
     api.enqueue()
     api.acquire()
-    text = httpx.get(f"{api.url}/metrics").text
+    text = api.admin.get("/metrics").text
     assert (
         'queue_server_requests_total{method="POST",route="/v1/tenants/{tenant}/queues/{queue}/items",status="201"} 1.0'
         in text

@@ -20,6 +20,7 @@ import psycopg
 import pytest
 
 from queue_server.infra.embedded import EmbeddedPostgres
+from queue_server.infra.serve import admin_key_path
 
 BIN = Path(sys.executable).parent / "queue-server"
 
@@ -214,8 +215,10 @@ def test_metrics_add_up_every_worker_process(open_dir: Path) -> None:
             # A new connection each time, so the kernel spreads them over both processes.
             assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
 
+        admin = {"Authorization": f"Bearer {admin_key_path(open_dir).read_text().strip()}"}
+
         def healthz_count() -> float:
-            text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", headers=admin).text
             (line,) = [
                 line
                 for line in text.splitlines()

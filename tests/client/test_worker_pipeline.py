@@ -10,7 +10,6 @@ import threading
 import time
 from typing import Any
 
-import httpx
 import psycopg
 
 from queue_server.client import Job, NewItem, Outcome, QueueClient, Result, Worker
@@ -21,7 +20,7 @@ DB = psycopg.Connection[dict[str, object]]
 
 def requests_to(api: Api, route: str) -> int:
     """Requests the server answered on `route` (a route template), summed over statuses."""
-    text = httpx.get(f"{api.url}/metrics").text
+    text = api.admin.get("/metrics").text
     pattern = re.compile(r"^queue_server_requests_total\{(.*)\} (\S+)$", flags=re.MULTILINE)
     total = 0.0
     for labels, value in pattern.findall(text):

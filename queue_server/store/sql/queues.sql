@@ -41,7 +41,7 @@ SELECT seq, at, kind, actor, data FROM queue_events
 WHERE tenant_id = %(tenant)s AND queue = %(queue)s ORDER BY seq DESC LIMIT %(limit)s;
 
 -- name: open_counts
-SELECT queue,
+SELECT tenant_id, queue,
        count(*) FILTER (WHERE state = 'ready') AS ready,
        count(*) FILTER (WHERE state = 'ready' AND available_at <= statement_timestamp()) AS due,
        count(*) FILTER (WHERE state = 'leased') AS leased,
@@ -56,9 +56,17 @@ SELECT queue,
                - min(leased_at) FILTER (WHERE state = 'leased'
                                         AND lease_expires_at > statement_timestamp()))
            AS oldest_lease_age
-FROM work_items
-WHERE tenant_id = %(tenant)s AND state IN ('ready', 'leased', 'quarantined')
-GROUP BY queue;
+FROM (
+    SELECT tenant_id, queue, state, available_at, lease_expires_at, leased_at
+    FROM work_items WHERE tenant_id = %(tenant)s AND state = 'ready'
+    UNION ALL
+    SELECT tenant_id, queue, state, available_at, lease_expires_at, leased_at
+    FROM work_items WHERE tenant_id = %(tenant)s AND state = 'leased'
+    UNION ALL
+    SELECT tenant_id, queue, state, available_at, lease_expires_at, leased_at
+    FROM work_items WHERE tenant_id = %(tenant)s AND state = 'quarantined'
+) AS w
+GROUP BY tenant_id, queue;
 
 -- name: finished_counts
 WITH totals AS (
@@ -89,6 +97,86 @@ LEFT JOIN LATERAL (
       AND s.sampled_at <= statement_timestamp() - interval '1 hour'
     ORDER BY s.sampled_at DESC LIMIT 1
 ) h ON true;
+
+-- name: all_open_counts
+SELECT tenant_id, queue,
+       count(*) FILTER (WHERE state = 'ready') AS ready,
+       count(*) FILTER (WHERE state = 'ready' AND available_at <= statement_timestamp()) AS due,
+       count(*) FILTER (WHERE state = 'leased') AS leased,
+       count(*) FILTER (WHERE state = 'leased' AND lease_expires_at > statement_timestamp())
+           AS active_leases,
+       count(*) FILTER (WHERE state = 'quarantined') AS quarantined,
+       extract(epoch FROM statement_timestamp()
+               - min(available_at) FILTER (WHERE state = 'ready'
+                                           AND available_at <= statement_timestamp()))
+           AS oldest_ready_age,
+       extract(epoch FROM statement_timestamp()
+               - min(leased_at) FILTER (WHERE state = 'leased'
+                                        AND lease_expires_at > statement_timestamp()))
+           AS oldest_lease_age
+FROM (
+    SELECT tenant_id, queue, state, available_at, lease_expires_at, leased_at
+    FROM work_items WHERE state = 'ready'
+    UNION ALL
+    SELECT tenant_id, queue, state, available_at, lease_expires_at, leased_at
+    FROM work_items WHERE state = 'leased'
+    UNION ALL
+    SELECT tenant_id, queue, state, available_at, lease_expires_at, leased_at
+    FROM work_items WHERE state = 'quarantined'
+) AS w
+GROUP BY tenant_id, queue;
+
+-- name: all_finished_counts
+WITH totals AS (
+    SELECT tenant_id, queue,
+           sum(completed)::bigint AS completions, sum(failed)::bigint AS failures,
+           sum(quarantined)::bigint AS quarantines, sum(cancelled)::bigint AS cancellations,
+           sum(completed - purged_completed)::bigint AS completed,
+           sum(cancelled - purged_cancelled)::bigint AS cancelled
+    FROM queue_counters
+
+    GROUP BY tenant_id, queue
+)
+SELECT t.*,
+       t.completions - coalesce(m.completed, 0) AS completions_last_minute,
+       t.failures - coalesce(m.failed, 0) AS failures_last_minute,
+       t.completions - coalesce(h.completed, 0) AS completions_last_hour,
+       t.failures - coalesce(h.failed, 0) AS failures_last_hour
+FROM totals t
+LEFT JOIN LATERAL (
+    SELECT completed, failed FROM queue_samples s
+    WHERE s.tenant_id = t.tenant_id AND s.queue = t.queue
+      AND s.sampled_at <= statement_timestamp() - interval '1 minute'
+    ORDER BY s.sampled_at DESC LIMIT 1
+) m ON true
+LEFT JOIN LATERAL (
+    SELECT completed, failed FROM queue_samples s
+    WHERE s.tenant_id = t.tenant_id AND s.queue = t.queue
+      AND s.sampled_at <= statement_timestamp() - interval '1 hour'
+    ORDER BY s.sampled_at DESC LIMIT 1
+) h ON true;
+
+-- name: all_settings
+SELECT * FROM queues ORDER BY tenant_id, queue;
+
+-- name: all_open_dead_letters
+SELECT tenant_id, queue, count(*) AS n FROM dead_letters
+WHERE closed_at IS NULL AND kind = 'item'
+GROUP BY tenant_id, queue;
+
+-- name: all_watcher_deliveries
+SELECT tenant_id, watcher_id::text AS watcher_id, 'pending' AS state, count(*) AS n
+FROM outbox_deliveries WHERE state = 'pending'
+GROUP BY tenant_id, watcher_id
+UNION ALL
+SELECT o.tenant_id, o.watcher_id::text, 'dead', count(*)
+FROM dead_letters d
+JOIN outbox_deliveries o ON o.tenant_id = d.tenant_id AND o.delivery_id = d.delivery_id
+WHERE d.closed_at IS NULL AND d.kind = 'delivery' AND o.state = 'dead'
+GROUP BY o.tenant_id, o.watcher_id
+UNION ALL
+SELECT tenant_id, watcher_id::text, 'watching', 0 FROM watchers
+WHERE state IN ('active', 'paused');
 
 -- name: settings
 SELECT * FROM queues WHERE tenant_id = %(tenant)s ORDER BY queue;

@@ -9,19 +9,19 @@ SELECT seq, at, kind, fence, actor, data FROM item_events
 WHERE tenant_id = %s AND item_id = %s ORDER BY seq;
 
 -- name: state_counts
-SELECT state::text AS state, count(*) AS n FROM work_items
-WHERE tenant_id = %(tenant)s AND state IN ('ready', 'leased', 'quarantined')
-GROUP BY state
+SELECT 'ready' AS state, count(*) AS n FROM work_items
+WHERE tenant_id = %(tenant)s AND state = 'ready'
+UNION ALL
+SELECT 'leased', count(*) FROM work_items WHERE tenant_id = %(tenant)s AND state = 'leased'
+UNION ALL
+SELECT 'quarantined', count(*) FROM work_items
+WHERE tenant_id = %(tenant)s AND state = 'quarantined'
 UNION ALL
 SELECT 'completed', coalesce(sum(completed - purged_completed), 0) FROM queue_counters
 WHERE tenant_id = %(tenant)s
 UNION ALL
 SELECT 'cancelled', coalesce(sum(cancelled - purged_cancelled), 0) FROM queue_counters
 WHERE tenant_id = %(tenant)s;
-
--- name: all_state_counts
-SELECT tenant_id, state::text AS state, count(*) AS n FROM work_items
-GROUP BY tenant_id, state;
 
 -- name: max_connections
 SELECT current_setting('max_connections')::int AS n;

@@ -1,0 +1,96 @@
+"""The figures `/metrics` publishes, read at scrape time from bounded queries only: per
+queue its items by state, ages, leases, dead letters, pause and the counters of finished
+work; per watcher its pending and dead deliveries; every tenant's items by state."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from queue_server.db import Database
+from queue_server.services.queues import queue_figures
+from queue_server.store import queues, tenants
+from queue_server.store.types import Conn, Row
+
+# Enough for every tenant of a deployment: one page of them per scrape.
+MAX_TENANTS = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What one scrape publishes, as plain values."""
+
+    tenants: list[str]
+    # One queue's figures (`queue_figures`) with its "tenant".
+    queues: list[dict[str, Any]]
+    # {"tenant", "watcher_id", "pending", "dead"} per active or paused watcher.
+    watchers: list[dict[str, Any]] = field(default_factory=list)
+
+
+async def snapshot(conn: Conn, *, tenant: str | None) -> Snapshot:
+    """Every tenant's figures (`tenant` None), or one tenant's."""
+    if tenant is None:
+        names = [
+            r["tenant_id"] for r in await tenants.list_tenants(conn, after=None, limit=MAX_TENANTS)
+        ]
+        open_rows = await queues.all_open_counts(conn)
+        finished = await queues.all_finished_counts(conn)
+        settings = await queues.all_settings(conn)
+        letters = {
+            (r["tenant_id"], r["queue"]): int(r["n"])
+            for r in await queues.all_open_dead_letters(conn)
+        }
+    else:
+        names = [tenant]
+        open_rows = await queues.open_counts(conn, tenant=tenant)
+        finished = await queues.finished_counts(conn, tenant=tenant)
+        settings = await queues.settings(conn, tenant=tenant)
+        letters = {
+            (tenant, name): n
+            for name, n in (await queues.open_dead_letters(conn, tenant=tenant)).items()
+        }
+    set_up: dict[tuple[str, str], Row] = {(r["tenant_id"], r["queue"]): r for r in settings}
+    opened = {(r["tenant_id"], r["queue"]): r for r in open_rows}
+    done = {(r["tenant_id"], r["queue"]): r for r in finished}
+    figures = []
+    for key in sorted({*opened, *done, *set_up, *letters}):
+        row = queue_figures(
+            key[1],
+            open_row=opened.get(key),
+            finished=done.get(key),
+            setting=set_up.get(key),
+            open_dead_letters=letters.get(key, 0),
+            limits=None,
+        )
+        figures.append({**row, "tenant": key[0]})
+    watchers: dict[tuple[str, str], dict[str, Any]] = defaultdict(dict)
+    for r in await queues.all_watcher_deliveries(conn):
+        if tenant is not None and r["tenant_id"] != tenant:
+            continue
+        counts = watchers[(r["tenant_id"], r["watcher_id"])]
+        counts[r["state"]] = int(r["n"])
+    return Snapshot(
+        tenants=names,
+        queues=figures,
+        watchers=[
+            {
+                "tenant": t,
+                "watcher_id": w,
+                "pending": counts.get("pending", 0),
+                "dead": counts.get("dead", 0),
+            }
+            for (t, w), counts in sorted(watchers.items())
+        ],
+    )
+
+
+class Figures:
+    """The scrape-time figures of the API's `/metrics`."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def snapshot(self, tenant: str | None) -> Snapshot:
+        async with self.db.conn() as conn:
+            return await snapshot(conn, tenant=tenant)

@@ -1,0 +1,198 @@
+"""/metrics: a key is needed (an operator reads its own tenant), per queue figures with zero
+as zero, and several worker processes added up, also on --metrics-listen."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import psycopg
+
+from queue_server.settings import Settings
+from tests.conftest import Api, make_admin_key, setup_tenant
+
+Db = psycopg.Connection[dict[str, object]]
+BIN = Path(sys.executable).parent / "queue-server"
+
+
+def _key() -> dict[str, str]:
+    return {"Idempotency-Key": uuid.uuid4().hex}
+
+
+def sample(text: str, name: str, **labels: str) -> float | None:
+    """The value of the series `name{labels}` in a scrape, or None when absent."""
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        series, _, value = line.rpartition(" ")
+        found = dict(re.findall(r'(\w+)="([^"]*)"', series))
+        if series.split("{")[0] == name and found == labels:
+            return float(value)
+    return None
+
+
+def test_metrics_need_an_operator_or_admin_key_and_show_only_the_own_tenant(api: Api) -> None:
+    other = setup_tenant(api.url, api.admin, "globex")
+    api.enqueue("q", 1)
+    other.enqueue("secret-queue", 2)
+
+    anonymous = httpx.get(f"{api.url}/metrics")
+    assert anonymous.status_code == 401
+    assert "acme" not in anonymous.text
+    assert "globex" not in anonymous.text
+    assert api.worker.get("/metrics").status_code == 403
+
+    mine = api.operator.get("/metrics")
+    assert mine.status_code == 200
+    assert mine.headers["content-type"].startswith("text/plain")
+    assert sample(mine.text, "queue_server_queue_items", tenant="acme", queue="q", state="ready")
+    assert "globex" not in mine.text
+    assert "secret-queue" not in mine.text
+    everyone = api.admin.get("/metrics").text
+    assert (
+        sample(
+            everyone,
+            "queue_server_queue_items",
+            tenant="globex",
+            queue="secret-queue",
+            state="ready",
+        )
+        == 1
+    )
+
+
+def test_metrics_show_each_queue_with_zero_as_zero(api: Api) -> None:
+    api.approve("q", 10)
+    for i in range(5):
+        api.enqueue("q", i, max_acquisitions=1)
+    leases = api.acquire("q", max_items=3)
+    api.holder("complete", leases[0]["item_id"], worker="w1", fence=leases[0]["fence"])
+    api.holder(
+        "triage",
+        leases[1]["item_id"],
+        worker="w1",
+        fence=leases[1]["fence"],
+        failure={"class": "Boom", "message": "m", "transient": False},
+        decision="quarantine",
+    )
+    api.operator.post("/v1/tenants/acme/queues/idle/pause", json={}, headers=_key())
+    api.holder("complete", leases[2]["item_id"], worker="w1", fence=leases[2]["fence"])
+
+    text = api.admin.get("/metrics").text
+    q = {"tenant": "acme", "queue": "q"}
+    assert {
+        state: sample(text, "queue_server_queue_items", **q, state=state)
+        for state in ("ready", "leased", "completed", "quarantined", "cancelled")
+    } == {"ready": 2, "leased": 0, "completed": 2, "quarantined": 1, "cancelled": 0}
+    assert sample(text, "queue_server_queue_completions_total", **q) == 2
+    assert sample(text, "queue_server_queue_failures_total", **q) == 1
+    assert sample(text, "queue_server_queue_quarantines_total", **q) == 1
+    assert sample(text, "queue_server_queue_open_dead_letters", **q) == 1
+    assert sample(text, "queue_server_queue_active_leases", **q) == 0
+    assert (sample(text, "queue_server_queue_oldest_ready_age_seconds", **q) or 0) > 0
+    assert sample(text, "queue_server_queue_oldest_lease_age_seconds", **q) == 0
+    assert sample(text, "queue_server_queue_paused", **q) == 0
+    # A paused queue without any item is reported, every state at zero.
+    idle = {"tenant": "acme", "queue": "idle"}
+    assert sample(text, "queue_server_queue_paused", **idle) == 1
+    assert sample(text, "queue_server_queue_items", **idle, state="ready") == 0
+    assert sample(text, "queue_server_items", tenant="acme", state="cancelled") == 0
+    # Latency by route, as histograms.
+    assert (
+        'queue_server_request_seconds_bucket{le="0.1",route="/v1/tenants/{tenant}/items/{item_id}/complete"}'
+        in text
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def test_two_worker_processes_are_added_up_on_both_ports(
+    tmp_path: Path, settings: Settings, database_url: str
+) -> None:
+    admin_key = make_admin_key(settings, database_url)
+    port, metrics_port = _free_port(), _free_port()
+    env = {**os.environ, "QUEUE_SERVER_DATABASE_URL": database_url}
+    proc = subprocess.Popen(
+        [
+            str(BIN),
+            "serve",
+            "--port",
+            str(port),
+            "--workers",
+            "2",
+            "--metrics-listen",
+            f"127.0.0.1:{metrics_port}",
+            "--data-dir",
+            str(tmp_path),
+            "--log-level",
+            "warning",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            try:
+                if httpx.get(f"{base}/readyz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the server did not become ready"
+            time.sleep(0.2)
+        admin = {"Authorization": f"Bearer {admin_key}"}
+        assert httpx.put(f"{base}/v1/tenants/acme", json={"backlog_cap": 100}, headers=admin)
+        worker = httpx.post(f"{base}/v1/tenants/acme/keys", json={"role": "worker"}, headers=admin)
+        auth = {"Authorization": f"Bearer {worker.json()['secret']}"}
+        sent = 24
+        for i in range(sent):
+            # A connection each: the two processes share the listening socket.
+            created = httpx.post(
+                f"{base}/v1/tenants/acme/queues/q/items",
+                json={"payload": i},
+                headers={**auth, **_key()},
+            )
+            assert created.status_code == 201
+        route = {"method": "POST", "route": "/v1/tenants/{tenant}/queues/{queue}/items"}
+        listener = f"http://127.0.0.1:{metrics_port}/metrics"
+        # A request is counted just after its answer is sent: let the last one land.
+        deadline = time.monotonic() + 10
+        while (
+            sample(httpx.get(listener).text, "queue_server_requests_total", **route, status="201")
+            != sent
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.1)
+        for _ in range(4):
+            on_listener = httpx.get(listener).text
+            assert sample(on_listener, "queue_server_requests_total", **route, status="201") == sent
+            assert (
+                sample(
+                    on_listener, "queue_server_queue_items", tenant="acme", queue="q", state="ready"
+                )
+                == sent
+            )
+            on_api = httpx.get(f"{base}/metrics", headers=admin).text
+            assert sample(on_api, "queue_server_requests_total", **route, status="201") == sent
+        assert httpx.get(f"{base}/metrics").status_code == 401
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    assert "Traceback" not in out

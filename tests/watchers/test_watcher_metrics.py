@@ -1,0 +1,35 @@
+"""/metrics counts each watcher's pending and dead deliveries."""
+
+from __future__ import annotations
+
+from queue_server.settings import Settings
+from tests.conftest import Api
+from tests.operators.test_metrics import sample
+from tests.watchers.conftest import (
+    Db,
+    ModeReceiver,
+    complete_one,
+    deliver,
+    make_due,
+    register,
+)
+
+
+def test_metrics_count_a_watchers_pending_and_dead_deliveries(
+    api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
+) -> None:
+    receiver.mode = "fail"
+    watcher = register(api, receiver.url("/hook"))
+    labels = {"tenant": "acme", "watcher": watcher["watcher_id"]}
+    text = api.admin.get("/metrics").text
+    assert sample(text, "queue_server_watcher_deliveries", **labels, state="pending") == 0
+    assert sample(text, "queue_server_watcher_deliveries", **labels, state="dead") == 0
+
+    complete_one(api)
+    for _ in range(5):  # every attempt fails: the delivery is dead-lettered
+        make_due(db)
+        deliver(settings, database_url)
+    complete_one(api)  # and one more waits
+    text = api.operator.get("/metrics").text
+    assert sample(text, "queue_server_watcher_deliveries", **labels, state="pending") == 1
+    assert sample(text, "queue_server_watcher_deliveries", **labels, state="dead") == 1
