@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 
 import psycopg
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 from starlette.responses import JSONResponse, Response
 
 from queue_server import __version__, errors
@@ -83,7 +84,8 @@ def create_app(
             await notifier.stop()
             await db.close()
 
-    app = FastAPI(
+    # Swagger UI (/docs) and ReDoc (/redoc) from the installed package's files: no CDN.
+    app = FastAPIOffline(
         title="queue-server",
         version=__version__,
         description="A durable work-queue and lease server on PostgreSQL.",

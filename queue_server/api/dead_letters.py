@@ -59,16 +59,22 @@ class DeadLetterDetail(BaseModel):
 
 
 class ReplayIn(schemas.Body):
+    model_config = schemas.example({"max_acquisitions": 3})
+
     max_acquisitions: Budget = Field(
         default=None, description="The renewed acquisition budget; default: the item's own"
     )
 
 
 class DiscardIn(schemas.Body):
+    model_config = schemas.example({"reason": "the input cannot be fixed"})
+
     reason: schemas.Text = ""
 
 
 class BulkReplayIn(schemas.Body):
+    model_config = schemas.example({"limit": 100, "max_acquisitions": 3})
+
     limit: int = Field(default=MAX_BULK_REPLAY, ge=1, le=MAX_BULK_REPLAY)
     max_acquisitions: Budget = None
 

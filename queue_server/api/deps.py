@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
-from fastapi import Depends, Header, Path, Query, Request
+from fastapi import Depends, Header, Path, Query, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.responses import Response
 
 from queue_server.api import schemas
@@ -71,11 +72,22 @@ RunsService = Annotated[VerificationRuns, Depends(_service("runs"))]
 SchedulesService = Annotated[Schedules, Depends(_service("schedules"))]
 
 
+# Declares the scheme in the OpenAPI document (Swagger UI's "Authorize"); the key itself is
+# checked by the keys service, which answers the precise 401.
+BEARER = HTTPBearer(
+    scheme_name="apiKey",
+    bearerFormat="qsk_<key id>_<secret>",
+    description="An API key: `Authorization: Bearer qsk_...`. A key belongs to one tenant with"
+    " the role worker or operator, or is an admin key (every tenant).",
+    auto_error=False,
+)
+
+
 async def principal(
-    request: Request, authorization: Annotated[str | None, Header()] = None
+    request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)]
 ) -> Principal:
     keys: Keys = request.app.state.services.keys
-    return await keys.authenticate(authorization)
+    return await keys.authenticate(request.headers.get("authorization"))
 
 
 Caller = Annotated[Principal, Depends(principal)]

@@ -39,6 +39,10 @@ OutcomeRef = Annotated[
 
 
 class ClaimIn(schemas.Body):
+    model_config = schemas.example(
+        {"idempotency_key": "refund-4711", "outcome_ref": "refund:4711", "claim_token": "c-81f2"}
+    )
+
     idempotency_key: str = Field(
         pattern=KEY_PATTERN, description="1 to 255 printable ASCII characters"
     )
@@ -53,6 +57,8 @@ class ClaimIn(schemas.Body):
 
 
 class SettleIn(schemas.Body):
+    model_config = schemas.example({"status": "succeeded", "outcome": {"refund_id": "re_123"}})
+
     status: Literal["succeeded", "failed"]
     outcome: schemas.Json = Field(description="What the mutation did, or why it failed")
 

@@ -43,12 +43,22 @@ ItemName = Annotated[schemas.Text, Field(max_length=1024), AfterValidator(_item_
 
 
 class RunIn(schemas.Body):
+    model_config = schemas.example(
+        {
+            "artifact_version": "build-2026.12.01",
+            "verifier_version": "v3",
+            "items": ["checksum", "signature"],
+        }
+    )
+
     artifact_version: Version
     verifier_version: Version
     items: list[ItemName] = Field(min_length=1, max_length=MAX_ITEMS)
 
 
 class CheckpointIn(schemas.Body):
+    model_config = schemas.example({"result": {"ok": True}})
+
     result: schemas.Json = Field(description="The item's verification result")
 
 

@@ -30,6 +30,15 @@ ScheduleName = Annotated[str, Path(pattern=NAME_PATTERN, description="Schedule n
 
 
 class ScheduleIn(schemas.Body):
+    model_config = schemas.example(
+        {
+            "queue": "reports",
+            "payload": {"report": "daily"},
+            "cron": "0 6 * * *",
+            "timezone": "Europe/Berlin",
+        }
+    )
+
     queue: schemas.Name
     payload: schemas.Json = None
     priority: int = Field(default=0, ge=-1_000_000, le=1_000_000, strict=True)

@@ -66,7 +66,22 @@ class Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def example(*examples: dict[str, Any]) -> ConfigDict:
+    """A request body's config: unknown fields refused, and examples for the OpenAPI document
+    (Swagger UI's "Try it out" starts from the first)."""
+    return ConfigDict(extra="forbid", json_schema_extra={"examples": list(examples)})
+
+
 class TenantIn(Body):
+    model_config = example(
+        {
+            "backlog_cap": 10000,
+            "default_max_acquisitions": 5,
+            "default_lease_ttl": 30,
+            "retention": 604800,
+        }
+    )
+
     backlog_cap: int = Field(ge=1, le=1_000_000_000, strict=True)
     # Unset: the policy's attempt cap and attempt timeout; above them: 422.
     default_max_acquisitions: int | None = Field(default=None, ge=1, le=100, strict=True)
@@ -115,6 +130,8 @@ class KeysOut(BaseModel):
 
 
 class KeyIn(Body):
+    model_config = example({"role": "worker"})
+
     role: Literal["worker", "operator"]
 
 
@@ -126,6 +143,10 @@ class KeyOut(BaseModel):
 
 
 class ItemIn(Body):
+    model_config = example(
+        {"payload": {"to": "ada@example.com", "template": "welcome"}, "priority": 0, "delay": 0}
+    )
+
     payload: Json = None
     priority: int = Field(default=0, ge=-1_000_000, le=1_000_000, strict=True)
     delay: float = Field(default=0, ge=0, le=365 * 24 * 3600, strict=True)
@@ -133,6 +154,8 @@ class ItemIn(Body):
 
 
 class BatchIn(Body):
+    model_config = example({"items": [{"payload": {"n": 1}}, {"payload": {"n": 2}, "priority": 5}]})
+
     items: list[ItemIn] = Field(min_length=1, max_length=500)
 
 
@@ -177,6 +200,8 @@ class LedgerOut(BaseModel):
 
 
 class AcquireIn(Body):
+    model_config = example({"worker": "worker-1", "lease_ttl": 30, "max_items": 10, "wait": 20})
+
     worker: Name
     lease_ttl: LeaseTtl | None = None
     max_items: int = Field(default=1, ge=1, le=100, strict=True)
@@ -202,6 +227,8 @@ class LeasesOut(BaseModel):
 
 
 class HeartbeatIn(Body):
+    model_config = example({"worker": "worker-1", "fence": 3, "lease_ttl": 30})
+
     worker: Name
     fence: Fence
     lease_ttl: LeaseTtl | None = None
@@ -220,6 +247,17 @@ class HeartbeatEntryIn(Body):
 
 
 class HeartbeatsIn(Body):
+    model_config = example(
+        {
+            "worker": "worker-1",
+            "lease_ttl": 30,
+            "leases": [
+                {"item_id": "0190f3c2-5b1e-7a44-9c1d-2f6e8a1b3c4d", "fence": 3},
+                {"item_id": "0190f3c2-6d2a-7b10-8e4f-1a2b3c4d5e6f", "fence": 1},
+            ],
+        }
+    )
+
     worker: Name
     lease_ttl: LeaseTtl | None = None
     leases: list[HeartbeatEntryIn] = Field(min_length=1, max_length=500)
@@ -240,6 +278,8 @@ class HeartbeatsOut(BaseModel):
 
 
 class CompleteIn(Body):
+    model_config = example({"worker": "worker-1", "fence": 3, "result": {"sent": True}})
+
     worker: Name
     fence: Fence
     result: Json = None
@@ -252,6 +292,19 @@ class CompletionIn(Body):
 
 
 class CompletionsIn(Body):
+    model_config = example(
+        {
+            "worker": "worker-1",
+            "completions": [
+                {
+                    "item_id": "0190f3c2-5b1e-7a44-9c1d-2f6e8a1b3c4d",
+                    "fence": 3,
+                    "result": {"sent": True},
+                }
+            ],
+        }
+    )
+
     worker: Name
     completions: list[CompletionIn] = Field(min_length=1, max_length=500)
 
@@ -281,6 +334,8 @@ Delay = Annotated[
 
 
 class RequeueIn(Body):
+    model_config = example({"worker": "worker-1", "fence": 3, "reason": "shutting down"})
+
     worker: Name
     fence: Fence
     reason: Text = ""
@@ -296,6 +351,15 @@ class Failure(Body):
 
 
 class TriageIn(Body):
+    model_config = example(
+        {
+            "worker": "worker-1",
+            "fence": 3,
+            "failure": {"class": "SMTPTimeout", "message": "no answer in 10 s", "transient": True},
+            "decision": "requeue",
+        }
+    )
+
     worker: Name
     fence: Fence
     failure: Failure
@@ -304,6 +368,15 @@ class TriageIn(Body):
 
 
 class SpendApprovalIn(Body):
+    model_config = example(
+        {
+            "approved_by": "ops@example.com",
+            "max_concurrency": 8,
+            "expires_at": "2030-01-01T00:00:00Z",
+            "reason": "campaign week",
+        }
+    )
+
     approved_by: Annotated[Text, Field(min_length=1, max_length=200)]
     max_concurrency: int = Field(ge=2, le=100_000, strict=True)
     expires_at: AwareDatetime
@@ -340,6 +413,8 @@ class ItemPage(BaseModel):
 
 
 class CancelIn(Body):
+    model_config = example({"reason": "the customer withdrew the order"})
+
     reason: Text = ""
 
 
@@ -356,6 +431,14 @@ class ItemFilterIn(Body):
 
 
 class CancelManyIn(Body):
+    model_config = example(
+        {
+            "filter": {"queue": "emails", "state": "ready", "payload": {"campaign": 7}},
+            "reason": "campaign 7 withdrawn",
+            "limit": 100,
+        }
+    )
+
     filter: ItemFilterIn = Field(default_factory=ItemFilterIn)
     reason: Text = ""
     limit: int = Field(default=100, ge=1, le=1000, strict=True)
@@ -371,6 +454,8 @@ class CancelManyOut(BaseModel):
 
 
 class PauseIn(Body):
+    model_config = example({"reason": "the mail provider is down"})
+
     reason: Text = ""
 
 

@@ -38,6 +38,14 @@ QueueFilter = Annotated[str, Field(pattern=NAME_PATTERN)]
 
 
 class WatcherIn(schemas.Body):
+    model_config = schemas.example(
+        {
+            "url": "https://hooks.example.com/queue",
+            "events": ["item.completed", "item.quarantined"],
+            "queues": ["emails"],
+        }
+    )
+
     url: Annotated[str, Field(min_length=8, max_length=2048, pattern=r"^https?://")]
     events: Annotated[list[Event], Field(min_length=1, max_length=16)]
     queues: Annotated[
