@@ -18,7 +18,7 @@ import psycopg
 
 from bench import loadgen, peer, profile, reference, report
 from bench import workers as user_workers
-from bench.env import HOST, Environment, environment, venv_bin
+from bench.env import HOST, RETENTION_INTERVAL, Environment, environment, venv_bin
 from bench.progress import say
 from bench.stats import CpuSplit, Figure, percentile
 
@@ -517,17 +517,25 @@ def phase_cost_growth(run: Run) -> None:
 
 _DEAD = """
 SELECT relname, n_live_tup, n_dead_tup, autovacuum_count, autoanalyze_count,
-       extract(epoch FROM now() - last_autovacuum) AS since_autovacuum_s
+       extract(epoch FROM now() - last_autovacuum) AS since_autovacuum_s,
+       pg_total_relation_size(relid) AS bytes
 FROM pg_stat_user_tables
 WHERE relname IN ('work_items', 'item_events', 'idempotency_receipts')
 ORDER BY relname
 """
 
 
+# The churn tenant keeps finished items this long: the retention sweeper deletes them
+# (with their ledgers) while the churn runs, so table sizes should level off.
+CHURN_RETENTION_S = 5.0
+
+
 def phase_churn(run: Run) -> None:
-    """Batched cycles (16 workers) over an hour-equivalent of items, in windows."""
+    """Batched cycles (16 workers) over an hour-equivalent of items, in windows, with a
+    short retention: table sizes are sampled with the tuple counts."""
     plan = run.plan
-    tenant = run.new_tenant("churn")
+    run.tenants += 1
+    tenant = run.env.tenant(f"churn-{run.tenants}", retention=CHURN_RETENTION_S)
     say(f"churn: prefilling {plan.churn_items:,} items (an hour at 100 items/s)")
     prefill(run, tenant, "q", plan.churn_items)
     say(
@@ -554,14 +562,22 @@ def phase_churn(run: Run) -> None:
             {
                 "t": round(time.time() - start_at, 1),
                 "tables": {
-                    r[0]: {"live": r[1], "dead": r[2], "autovacuums": r[3], "autoanalyzes": r[4]}
+                    r[0]: {
+                        "live": r[1],
+                        "dead": r[2],
+                        "autovacuums": r[3],
+                        "autoanalyzes": r[4],
+                        "mb": round(r[6] / 2**20, 1),
+                    }
                     for r in rows
                 },
             }
         )
         wo = samples[-1]["tables"].get("work_items", {})
+        ev = samples[-1]["tables"].get("item_events", {})
         say(
-            f"  t={samples[-1]['t']:5.1f}s work_items live {wo.get('live', 0):,} dead {wo.get('dead', 0):,} autovacuums {wo.get('autovacuums', 0)}"
+            f"  t={samples[-1]['t']:5.1f}s work_items live {wo.get('live', 0):,} dead {wo.get('dead', 0):,}"
+            f" {wo.get('mb', 0)} MB, item_events {ev.get('mb', 0)} MB, autovacuums {wo.get('autovacuums', 0)}"
         )
         time.sleep(min(plan.churn_window, 5.0))
     results = [f.result() for f in futures]
@@ -601,9 +617,14 @@ def phase_churn(run: Run) -> None:
                 "autovacuums": r[3],
                 "autoanalyzes": r[4],
                 "since_last_autovacuum_s": None if r[5] is None else round(float(r[5]), 1),
+                "mb": round(r[6] / 2**20, 1),
             }
             for r in final
         ],
+        "retention_s": CHURN_RETENTION_S,
+        # Sizes once the first finished items are past the retention (plus one sweep),
+        # and at the end: under retention they level off instead of growing with history.
+        "table_mb": _sizes(samples, final, after=CHURN_RETENTION_S + 2 * RETENTION_INTERVAL),
         "samples": samples,
         "autovacuum_kept_up": bool(
             work is not None
@@ -620,6 +641,24 @@ def phase_churn(run: Run) -> None:
     say(
         f"  {total:,} items; first window {first:,.0f}/s, last {last:,.0f}/s; peak dead tuples {peak_dead:,}"
     )
+
+
+def _sizes(
+    samples: list[dict[str, Any]], final: list[Any], *, after: float
+) -> dict[str, dict[str, float]]:
+    """Each table's size (MB) at the first sample taken `after` seconds in, and at the end."""
+    settled = next((s for s in samples if s["t"] >= after), samples[-1] if samples else None)
+    sizes = {}
+    for r in final:
+        table = settled["tables"].get(r[0], {}) if settled else {}
+        sizes[r[0]] = {
+            "at_s": settled["t"] if settled else 0.0,
+            "mb": table.get("mb", 0.0),
+            "live": table.get("live", 0),
+            "end_mb": round(r[6] / 2**20, 1),
+            "end_live": r[1],
+        }
+    return sizes
 
 
 def _machine() -> dict[str, Any]:

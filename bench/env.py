@@ -34,6 +34,8 @@ from queue_server.store.bootstrap import DATABASE_NAME
 
 HOST = "127.0.0.1"
 SERVER_START_TIMEOUT = 60.0
+# Seconds between the server's retention rounds during a benchmark (default 60).
+RETENTION_INTERVAL = 2.0
 FAR_FUTURE = "2999-01-01T00:00:00Z"
 
 
@@ -157,6 +159,8 @@ class Environment:
             raise RuntimeError("a fresh database already had an admin key")
         say(f"starting queue-server serve --workers {self.server_workers} on port {self.port}")
         env["QUEUE_SERVER_DATA_DIR"] = str(data_dir)
+        # Retention rounds every few seconds, so the churn's short-retention tenant shows them.
+        env["QUEUE_SERVER_RETENTION_INTERVAL"] = str(RETENTION_INTERVAL)
         with self.server_log.open("wb") as log:
             self.server_proc = subprocess.Popen(
                 [
@@ -239,18 +243,23 @@ class Environment:
     # -- tenants -----------------------------------------------------------
 
     def tenant(
-        self, name: str, *, backlog_cap: int = 100_000_000, queues: tuple[str, ...] = ("q",)
+        self,
+        name: str,
+        *,
+        backlog_cap: int = 100_000_000,
+        queues: tuple[str, ...] = ("q",),
+        retention: float | None = None,
     ) -> Tenant:
         """A tenant with worker and operator keys and a spend approval on each queue."""
         assert self.admin is not None
-        response = self.admin.put(
-            f"/v1/tenants/{name}",
-            json={
-                "backlog_cap": backlog_cap,
-                "default_max_acquisitions": 5,
-                "default_lease_ttl": 30,
-            },
-        )
+        settings: dict[str, Any] = {
+            "backlog_cap": backlog_cap,
+            "default_max_acquisitions": 5,
+            "default_lease_ttl": 30,
+        }
+        if retention is not None:
+            settings["retention"] = retention
+        response = self.admin.put(f"/v1/tenants/{name}", json=settings)
         response.raise_for_status()
         keys = {}
         for role in ("worker", "operator"):

@@ -288,6 +288,20 @@ def markdown(doc: dict[str, Any]) -> str:
             lines.append(
                 f"| {t['table']} | {t['live']:,} | {t['dead']:,} | {t['autovacuums']} | {t['autoanalyzes']} | {t['since_last_autovacuum_s']} |"
             )
+        if "table_mb" in ch:
+            lines += [
+                "",
+                f"Table sizes under a retention of {ch['retention_s']:g}s (finished items and"
+                " their ledgers deleted by the sweeper):",
+                "",
+                "| table | live rows once retention applies (t) | live rows at the end | MB then | MB at the end |",
+                "| --- | ---: | ---: | ---: | ---: |",
+            ]
+            for name, size in ch["table_mb"].items():
+                lines.append(
+                    f"| {name} | {size.get('live', 0):,} ({size['at_s']}s) | {size.get('end_live', 0):,}"
+                    f" | {size['mb']} | {size['end_mb']} |"
+                )
     if "profile" in doc:
         lines += ["", "## Server profile (py-spy, 16 workers)"]
         for mode, p in doc["profile"].items():
