@@ -552,7 +552,11 @@ def _scrape(topo: Topology) -> dict[str, JSONValue]:
     for name, port in sorted(topo.api_ports.items()):
         seen: dict[str, JSONValue] = {}
         with contextlib.suppress(httpx.HTTPError):
-            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+            text = httpx.get(
+                f"http://127.0.0.1:{port}/metrics",
+                headers={"Authorization": f"Bearer {topo.admin_key}"},
+                timeout=5,
+            ).text
             for line in text.splitlines():
                 if line.startswith("queue_server_database_unavailable_total{"):
                     cause = line.split('cause="', 1)[1].split('"', 1)[0]

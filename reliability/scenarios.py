@@ -778,7 +778,7 @@ def terminate_backends(
 # ---------------------------------------------- 6. isolation and auth matrix
 
 #: Routes that need no key by design (/v1/policy: the published client contract, no tenant data).
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/v1/policy"})
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/v1/policy"})
 
 
 def _route_body(path: str, method: str) -> JSONValue:

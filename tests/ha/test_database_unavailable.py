@@ -69,7 +69,7 @@ def test_a_database_that_refuses_connections_gets_503_problems_then_recovers(
             server.execute(f'ALTER DATABASE "{name["d"]}" WITH ALLOW_CONNECTIONS true')
     key = uuid.uuid4().hex
     assert _until_created(api, key).status_code == 201
-    metrics = httpx.get(f"{api.url}/metrics").text
+    metrics = api.admin.get("/metrics").text
     assert 'queue_server_database_unavailable_total{cause="' in metrics
 
 
@@ -99,5 +99,5 @@ def test_a_demoted_primary_gets_503_problems_and_the_pool_drops_its_connections(
         assert time.monotonic() < deadline, "the pool kept connections to the old primary"
         time.sleep(0.05)
     assert _until_created(api, uuid.uuid4().hex).status_code == 201
-    metrics = httpx.get(f"{api.url}/metrics").text
+    metrics = api.admin.get("/metrics").text
     assert 'queue_server_database_unavailable_total{cause="read-only"}' in metrics

@@ -109,7 +109,7 @@ def test_without_its_session_acquires_poll_and_revocations_apply_then_it_listens
     assert listening == {"n": 1}
     assert _wake_delay(api) < 0.1
 
-    metrics = httpx.get(f"{api.url}/metrics").text
+    metrics = api.admin.get("/metrics").text
     assert "queue_server_listener_connected 1.0" in metrics
     lost = next(
         line

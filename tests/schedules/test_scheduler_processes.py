@@ -130,8 +130,8 @@ def _consecutive_seconds(ticks: list[datetime]) -> bool:
     return all((b - a).total_seconds() == 1.0 for a, b in itertools.pairwise(ticks))
 
 
-def _fires_metric(url: str) -> float:
-    text = httpx.get(f"{url}/metrics").text
+def _fires_metric(url: str, key: str) -> float:
+    text = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {key}"}).text
     return sum(
         float(line.split()[-1])
         for line in text.splitlines()
@@ -151,7 +151,7 @@ def test_three_processes_enqueue_20_items_in_20_seconds_and_never_two_for_a_tick
         _pause(client, "every-second")
         time.sleep(0.5)  # a pass that held the row when the pause came has committed
         ticks = _ticks(db, "every-second")
-        fired_per_process = [_fires_metric(p.url) for p in procs]
+        fired_per_process = [_fires_metric(p.url, key) for p in procs]
     assert 19 <= len(ticks) <= 21, len(ticks)
     assert len(set(ticks)) == len(ticks), "two items for one tick"
     assert _consecutive_seconds(ticks), ticks
