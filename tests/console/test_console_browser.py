@@ -170,3 +170,82 @@ def test_spend_approval_watchers_and_verification_runs(page: Page, api: Api, sho
     page.get_by_role("link", name=f"{run['run_id'][:8]}…").click()
     expect(page.get_by_role("heading", name="Remaining (1)")).to_be_visible()
     page.screenshot(path=str(shots / "verification-run.png"), full_page=True)
+
+
+def test_filter_items_and_cancel_a_leased_one(page: Page, api: Api, shots: Path) -> None:
+    for n in range(3):
+        api.enqueue("emails", {"to": f"user{n}@example.com", "campaign": "spring"})
+    api.enqueue("invoices", {"to": "user1@example.com"})
+    # One of the emails is leased: its worker will be refused after the cancel.
+    (lease,) = api.acquire("emails", worker="w1")
+    target = str(lease["item_id"])
+    to = lease["payload"]["to"]  # type: ignore[index]
+
+    sign_in(page, api.url, api.keys["operator"])
+    page.get_by_role("navigation").get_by_role("link", name="Items").click()
+    expect(page.get_by_role("row")).to_have_count(5)  # the header and four items
+    page.get_by_label("Queue").fill("emails")
+    page.get_by_label("Payload contains (JSON)").fill(f'{{"to": "{to}"}}')
+    page.get_by_role("button", name="Filter").click()
+    rows = page.get_by_role("row")
+    expect(rows).to_have_count(2)
+    expect(rows.nth(1)).to_contain_text("leased")
+    page.screenshot(path=str(shots / "items.png"), full_page=True)
+
+    rows.nth(1).get_by_role("link", name=f"{target[:8]}…").click()
+    expect(page.get_by_role("heading", name=f"Item {target}")).to_contain_text("leased")
+    page.get_by_role("button", name="Cancel item…").click()
+    expect(page.get_by_role("heading", name="Cancel 1 item?")).to_be_visible()
+    page.get_by_label("Reason (kept in each item's ledger)").fill("customer unsubscribed")
+    page.get_by_role("button", name="Confirm: cancel").click()
+    expect(page.get_by_role("status")).to_have_text("Cancelled 1 item.")
+    expect(page.get_by_role("heading", name=f"Item {target}")).to_contain_text("cancelled")
+    last = page.get_by_role("list", name="Ledger").get_by_role("listitem").last
+    expect(last).to_contain_text("cancelled")
+    expect(last).to_contain_text("customer unsubscribed")
+
+    refused = api.holder("complete", target, worker="w1", fence=lease["fence"], result="sent")
+    assert refused.status_code == 409
+    assert refused.json()["code"] == "item-cancelled"
+
+
+def test_pause_and_resume_a_queue_while_a_worker_waits(page: Page, api: Api, shots: Path) -> None:
+    api.enqueue("emails", {"to": "first@example.com"})
+    results: list[Result] = []
+    client = QueueClient(api.url, api.keys["worker"], tenant="acme")
+    worker = Worker(
+        client, "emails", lambda job: "sent", name="pause-test", wait=1, on_result=results.append
+    )
+    running = threading.Thread(target=worker.run, kwargs={"max_items": 2}, daemon=True)
+    try:
+        sign_in(page, api.url, api.keys["operator"])
+        row = page.get_by_role("row").filter(has_text="emails")
+        row.get_by_role("button", name="Pause emails").click()
+        expect(page.get_by_role("heading", name="Pause emails?")).to_be_visible()
+        page.get_by_label("Reason (kept in the ledger)").fill("provider outage")
+        page.get_by_role("button", name="Confirm: pause").click()
+        expect(page.get_by_role("status")).to_contain_text("Paused emails")
+        expect(row).to_contain_text("paused")
+        page.screenshot(path=str(shots / "queues-paused.png"), full_page=True)
+
+        running.start()
+        second = api.enqueue("emails", {"to": "second@example.com"})  # still admitted
+        running.join(timeout=2.5)
+        assert results == []  # nothing was handed out while paused
+        assert (
+            api.operator.get(f"/v1/tenants/acme/items/{second['item_id']}").json()["state"]
+            == "ready"
+        )
+
+        row.get_by_role("button", name="Resume emails").click()
+        expect(page.get_by_role("status")).to_have_text("Resumed emails.")
+        running.join(timeout=20)
+        assert not running.is_alive(), "the worker did not get the items after the resume"
+        assert sorted(r.outcome for r in results) == ["completed", "completed"]
+        page.reload()
+        expect(row.get_by_role("cell").nth(3)).to_have_text("2")  # completed
+    finally:
+        worker.stop()
+        if running.is_alive() or running.ident is not None:
+            running.join(timeout=10)
+        client.close()
