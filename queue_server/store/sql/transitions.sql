@@ -109,7 +109,7 @@ WITH counts AS (
         lease_holder = %(worker)s,
         lease_expires_at = statement_timestamp() + least(%(ttl)s, %(deadline)s),
         lease_deadline_at = statement_timestamp() + %(deadline)s,
-        updated_at = statement_timestamp(),
+        leased_at = statement_timestamp(), updated_at = statement_timestamp(),
         event_seq = w.event_seq + 1 + (w.item_id = ANY(ARRAY(SELECT item_id FROM overdue)))::int
     -- An array, not a join: the planner cannot tell how few rows `picked` has, and a
     -- join would hash the whole table; `= ANY(array)` probes the primary key per item.
@@ -447,8 +447,15 @@ INSERT INTO item_events (tenant_id, item_id, seq, at, kind, fence, actor, data)
 
 -- name: explain_rejections
 SELECT item_id::text AS item_id, state, fence, lease_holder, lease_expires_at,
-       lease_deadline_at, lease_expires_at <= statement_timestamp() AS expired
-FROM work_items WHERE tenant_id = %(tenant)s AND item_id = ANY(%(item_ids)s::uuid[]);
+       lease_deadline_at, lease_expires_at <= statement_timestamp() AS expired,
+       -- Who cancelled a cancelled item, when, and whose lease it ended.
+       CASE WHEN state = 'cancelled' THEN
+           (SELECT jsonb_build_object('actor', e.actor, 'at', e.at, 'data', e.data)
+            FROM item_events e
+            WHERE e.tenant_id = w.tenant_id AND e.item_id = w.item_id AND e.kind = 'cancelled'
+            ORDER BY e.seq DESC LIMIT 1)
+       END AS cancellation
+FROM work_items w WHERE tenant_id = %(tenant)s AND item_id = ANY(%(item_ids)s::uuid[]);
 
 -- name: heartbeat_many
 WITH input AS (
@@ -684,6 +691,8 @@ counted AS (
         'available_at', to_char(s.available_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'fence', s.fence,
         'acquisition_count', s.acquisition_count, 'max_acquisitions', s.max_acquisitions,
         'lease_holder', s.lease_holder, 'lease_expires_at', to_char(s.lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+        'lease_deadline_at', CASE WHEN s.state = 'leased'
+                                  THEN to_char(s.lease_deadline_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
         'result', s.result, 'last_failure', s.last_failure,
         'created_at', to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'updated_at', to_char(s.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))),
            'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
