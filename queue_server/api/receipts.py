@@ -87,6 +87,14 @@ class ReceiptPage(BaseModel):
 
 
 class ResolveIn(schemas.Body):
+    model_config = schemas.example(
+        {
+            "status": "succeeded",
+            "outcome": {"refund_id": "re_123"},
+            "reason": "the payment provider's dashboard shows the refund",
+        }
+    )
+
     status: Literal["succeeded", "failed"] = Field(
         description="What the mutation did: a dispatched effect is never reported cancelled"
     )

@@ -184,6 +184,8 @@ async def complete_run(
 
 
 class AbandonIn(schemas.Body):
+    model_config = schemas.example({"reason": "the verifier's host was retired mid-run"})
+
     reason: Annotated[schemas.Text, Field(min_length=1, max_length=1000)]
 
 
