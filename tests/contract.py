@@ -156,6 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 groups[name].append(test)
 
     root = Path(tempfile.mkdtemp(prefix="qs-contract-pg-"))
+    # As root, PostgreSQL runs as a system user that must traverse to its data directory.
+    root.chmod(0o711)
     pg = EmbeddedPostgres(root / "data", server_settings={"max_connections": "300", "fsync": "off"})
     began = time.monotonic()
     pg.start()
