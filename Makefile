@@ -6,7 +6,7 @@ SOURCES := queue_server tests reliability bench deploy
 TYPED := queue_server tests reliability bench deploy/local-ha/ha.py
 
 .PHONY: help install serve test lint unit contract browser console-screenshots fmt sql clean bench bench-quick \
-	reliability lock ha-up ha-down ha-status ha-check failover bench-scale bench-sync
+	reliability reliability-quick failover-quick lock ha-up ha-down ha-status ha-check failover bench-scale bench-sync
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -65,6 +65,9 @@ bench-sync: $(VENV)/.bench ## Commit cost with and without the sync standby, on 
 reliability: $(STAMP) ## The fault-injection suite (under 10 minutes): reliability/results/latest.md
 	$(BIN)/python -m reliability
 
+reliability-quick: $(STAMP) ## Every reliability scenario once, small load (under 5 minutes; CI runs it)
+	$(BIN)/python -m reliability --quick
+
 lock: ## Re-pin requirements.lock (the image's dependencies) after changing pyproject's
 	PYTHON=$(PYTHON) deploy/lock-requirements.sh
 
@@ -88,8 +91,11 @@ ha-check: ## Validate deploy/ offline: docker-compose config, HAProxy configs (i
 	cd deploy/haproxy && sed 's|/usr/local/etc/haproxy/||' api-lb.cfg | haproxy -c -q -f /dev/stdin
 	$(PYTHON) deploy/local-ha/ha.py check
 
-failover: $(STAMP) ## Failover scenario on the local HA topology (brings it up if needed; under 10 minutes)
+failover: $(STAMP) ## Failover scenario on the local HA topology (brings it up if needed, down after; under 10 minutes)
 	$(BIN)/python -m reliability.failover
+
+failover-quick: $(STAMP) ## Every failover round once, small load (under 5 minutes with ha-up; CI runs it)
+	$(BIN)/python -m reliability.failover --quick
 
 clean: ## Remove the virtual environment
 	rm -rf $(VENV)

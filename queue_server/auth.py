@@ -23,6 +23,11 @@ class Principal:
     def actor(self) -> str:
         return f"key:{self.key_id}"
 
+    def require_visible(self, tenant: str) -> None:
+        """Another tenant's anything is 404, whatever else is wrong with the request."""
+        if self.role is not Role.ADMIN and self.tenant != tenant:
+            raise errors.TenantNotFoundError(tenant=tenant)
+
     def require(self, tenant: str, *roles: Role) -> None:
         """Tenant isolation first (another tenant's resources are 404), then the role (403)."""
         if self.role is Role.ADMIN:

@@ -7,6 +7,7 @@ scenario's metrics and every violation). Exits 1 if any scenario failed.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -20,7 +21,7 @@ from reliability.checkers import CheckReport, Violation, render_summary_table
 from reliability.cluster import say
 from reliability.history import JSONValue
 from reliability.scenarios import ScenarioOutcome
-from reliability.suite import SCENARIOS
+from reliability.suite import QUICK, SCENARIOS
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -70,8 +71,17 @@ def main(argv: list[str] | None = None) -> int:
         help="run only this scenario (repeatable)",
     )
     parser.add_argument("--list", action="store_true", help="list the scenarios and exit")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="every scenario once with a small load and short phases (under 5 minutes),"
+        " judged by the same checkers; results in reliability/results/quick unless --out",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="results directory (default reliability/results)"
+    )
     args = parser.parse_args(argv)
+    out = args.out or (RESULTS / "quick" if args.quick else RESULTS)
     if args.list:
         for name, fn in SCENARIOS.items():
             doc = (fn.__doc__ or "").strip().splitlines()
@@ -84,7 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         say(f"=== [{i}/{len(names)}] {name}")
         start = time.monotonic()
         try:
-            outcome = SCENARIOS[name]()
+            scenario = SCENARIOS[name]
+            if args.quick:
+                scenario = functools.partial(scenario, **QUICK.get(name, {}))
+            outcome = scenario()
         except Exception as exc:  # one broken scenario must not hide the others
             traceback.print_exc()
             outcome = _failed(name, exc, time.monotonic() - start)
@@ -102,15 +115,17 @@ def main(argv: list[str] | None = None) -> int:
     table = render_summary_table(o.report for o in outcomes)
     print(table)
     print(f"\n{sum(o.passed for o in outcomes)}/{len(outcomes)} passed in {total:.0f}s")
-    _write(args.out, outcomes, table, total)
+    _write(out, outcomes, table, total, quick=args.quick)
     return 0 if all(o.passed for o in outcomes) else 1
 
 
-def _write(out: Path, outcomes: list[ScenarioOutcome], table: str, total: float) -> None:
+def _write(
+    out: Path, outcomes: list[ScenarioOutcome], table: str, total: float, *, quick: bool
+) -> None:
     out.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     lines = [
-        "# Reliability suite: latest run",
+        "# Reliability suite: latest " + ("quick run (--quick: small load)" if quick else "run"),
         "",
         f"Run {stamp} on {platform.node() or 'this machine'} "
         f"(Python {platform.python_version()}, {os.cpu_count()} CPUs), {total:.0f} s in all; "

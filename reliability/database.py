@@ -419,7 +419,11 @@ def long_transaction(
 
 
 def claim_storm_pg15(
-    *, bin_dir: Path = PG15_BIN, name: str = "claim storm (PostgreSQL 15)"
+    *,
+    items: int = 1500,
+    duration: float = 30.0,
+    bin_dir: Path = PG15_BIN,
+    name: str = "claim storm (PostgreSQL 15)",
 ) -> ScenarioOutcome:
     """The claim storm, smaller, against Debian's PostgreSQL 15 binaries."""
     missing = ensure_packages("postgresql-15") if bin_dir == PG15_BIN else None
@@ -437,5 +441,11 @@ def claim_storm_pg15(
         )
         return ScenarioOutcome(report, 0.0, {"pg_bin_dir": str(bin_dir), "available": False})
     return claim_storm(
-        items=1500, processes=4, threads=4, ttl=1.5, duration=30.0, name=name, pg_bin_dir=bin_dir
+        items=items,
+        processes=4,
+        threads=4,
+        ttl=1.5,
+        duration=duration,
+        name=name,
+        pg_bin_dir=bin_dir,
     )

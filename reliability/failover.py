@@ -439,7 +439,13 @@ def _inject(topo: Topology, kind: str, recorder: HistoryRecorder) -> Round:
 
 
 def failover(
-    topo: Topology, *, steady: float = 8.0, cap: int = 1500, name: str = "failover (HA)"
+    topo: Topology,
+    *,
+    steady: float = 8.0,
+    cap: int = 1500,
+    producers: int = 2,
+    workers: int = 3,
+    name: str = "failover (HA)",
 ) -> ScenarioOutcome:
     """Kill the leader's postmaster, stop its Patroni, switch over, restart the APIs."""
     began = time.monotonic()
@@ -451,7 +457,8 @@ def failover(
         topo.admin_key,
         tenant,
         backlog_cap=cap,
-        max_acquisitions=100,
+        # The built-in policy's attempt cap: a tenant default above it is refused (422).
+        max_acquisitions=5,
         max_concurrency=64,
         queues=("q", "wake"),
     )
@@ -461,7 +468,7 @@ def failover(
         topo.api_url, keys.worker, tenant, recorder, timeout=30, retry_for=120, stop=stop
     )
     probe = probe_backlog(topo, [tenant], recorder, stop)
-    load = Load(client, stop, ttl=5.0, max_items_total=10**9, producers=2, workers=3)
+    load = Load(client, stop, ttl=5.0, max_items_total=10**9, producers=producers, workers=workers)
     probes = Probes(topo, keys, recorder)
     rounds: list[Round] = []
     extras: list[Violation] = []
@@ -679,25 +686,49 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m reliability.failover", description=__doc__)
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="the topology's state dir")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
-    parser.add_argument("--steady", type=float, default=8.0, help="seconds of load between rounds")
+    parser.add_argument(
+        "--steady", type=float, default=None, help="seconds of load between rounds (default 8)"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="every round once under a small load (3 s between rounds, one producer and two"
+        " workers), judged by the same checkers; for CI. Results go to --out"
+        " (default reliability/results/quick)",
+    )
+    parser.add_argument(
+        "--keep-up",
+        action="store_true",
+        help="leave a topology this run brought up running (by default it is taken down at"
+        " the end, also when the scenario fails)",
+    )
     args = parser.parse_args(argv)
+    steady = args.steady if args.steady is not None else (3.0 if args.quick else 8.0)
+    out = args.out if args.out != RESULTS or not args.quick else RESULTS / "quick"
     began = time.monotonic()
     load = [round(v, 2) for v in os.getloadavg()]
-    brought_up = False
-    if not (args.dir / "state.json").exists():
-        say("failover: the HA topology is not up; bringing it up (make ha-up)")
-        subprocess.run(
-            [sys.executable, str(HA_SCRIPT), "--dir", str(args.dir), "up"],
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
-        brought_up = True
-    topo = Topology(args.dir)
+    brought_up = not (args.dir / "state.json").exists()
     try:
-        outcome = failover(topo, steady=args.steady)
-    finally:
         if brought_up:
-            topo.ha("down")
+            say("failover: the HA topology is not up; bringing it up (make ha-up)")
+            subprocess.run(
+                [sys.executable, str(HA_SCRIPT), "--dir", str(args.dir), "up"],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
+        topo = Topology(args.dir)
+        if args.quick:
+            outcome = failover(topo, steady=steady, cap=600, producers=1, workers=2)
+        else:
+            outcome = failover(topo, steady=steady)
+    finally:
+        if brought_up and not args.keep_up:
+            say("failover: taking the HA topology down (make ha-down)")
+            subprocess.run(
+                [sys.executable, str(HA_SCRIPT), "--dir", str(args.dir), "down"],
+                check=False,
+                stdout=subprocess.DEVNULL,
+            )
     total = time.monotonic() - began
     report = outcome.report
     print(render_summary_table([report]))
@@ -707,7 +738,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in rounds if isinstance(rounds, list) else []:
         print(f"  {json.dumps(row)}")
     print(f"\n{report.result} in {total:.0f}s")
-    _write(outcome, topo, args.out, total, load)
+    _write(outcome, topo, out, total, load)
     return 0 if report.passed else 1
 
 

@@ -18,7 +18,7 @@ from reliability.scenarios import SCENARIOS as FAULT_SCENARIOS
 from reliability.scenarios import ScenarioOutcome
 from reliability.schedules import schedules_under_kills
 
-__all__ = ["SCENARIOS"]
+__all__ = ["QUICK", "SCENARIOS"]
 
 SCENARIOS: dict[str, Callable[[], ScenarioOutcome]] = {
     **FAULT_SCENARIOS,
@@ -30,4 +30,21 @@ SCENARIOS: dict[str, Callable[[], ScenarioOutcome]] = {
     "claim-storm-pg15": claim_storm_pg15,
     "schedules-kill": schedules_under_kills,
     "hung-worker": hung_worker,
+}
+
+#: ``--quick`` (``make reliability-quick``, run by CI): every scenario once with a small
+#: load and short phases, judged by the same checkers. Scenarios not named here are
+#: already short and run as they are.
+QUICK: dict[str, dict[str, object]] = {
+    "claim-storm": {"items": 600, "processes": 3, "threads": 3, "duration": 12.0},
+    "sigkill-api": {"kills": 2, "duration": 12.0},
+    "lost-replies": {"duration": 6.0},
+    "pg-crash": {"outage": 4.0, "duration": 16.0},
+    "terminate-backends": {"rounds": 3, "duration": 8.0},
+    "noisy-tenant": {"phase": 3.0, "flooders": 2},
+    "hostile-input": {"rounds": 1},
+    "schema-fuzz": {"max_examples": 5, "timeout": 420.0},
+    "long-transaction": {"phase": 5.0},
+    "claim-storm-pg15": {"items": 500, "duration": 10.0},
+    "schedules-kill": {"kills": 3, "duration": 10.0},
 }

@@ -83,11 +83,24 @@ BEARER = HTTPBearer(
 )
 
 
+async def caller_of(request: Request) -> Principal:
+    """The request's principal, refused (404) on a route of a tenant it cannot see.
+
+    The tenant gate runs here, before FastAPI validates the query and the body, so that
+    another tenant's route answers 404 however malformed the request is.
+    """
+    keys: Keys = request.app.state.services.keys
+    caller = await keys.authenticate(request.headers.get("authorization"))
+    tenant = request.path_params.get("tenant")
+    if tenant is not None:
+        caller.require_visible(tenant)
+    return caller
+
+
 async def principal(
     request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Security(BEARER)]
 ) -> Principal:
-    keys: Keys = request.app.state.services.keys
-    return await keys.authenticate(request.headers.get("authorization"))
+    return await caller_of(request)
 
 
 Caller = Annotated[Principal, Depends(principal)]

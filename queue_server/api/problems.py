@@ -14,6 +14,7 @@ from starlette.responses import Response
 from starlette.routing import Match
 
 from queue_server import errors, views
+from queue_server.api.deps import caller_of
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,13 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        if "tenant" in request.path_params:
+            # A body that is not JSON is refused before any dependency runs: the caller and
+            # the tenant gate come first all the same (401, or 404 for another tenant's).
+            try:
+                await caller_of(request)
+            except errors.QueueServerError as refused:
+                return await domain_error(request, refused)
         if any(tuple(err.get("loc", ())) == ("header", "Idempotency-Key") for err in exc.errors()):
             key_error = errors.IdempotencyKeyRequiredError()
             body = errors.problem(key_error, base_uri=_base(request), instance=request.url.path)

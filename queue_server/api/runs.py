@@ -98,6 +98,9 @@ class RunOut(BaseModel):
     response_model=RunOut,
     status_code=201,
     tags=["verification"],
+    responses={
+        200: {"model": RunOut, "description": "The same pair again: that run, with its checkpoints"}
+    },
 )
 async def start_run(tenant: TenantName, body: RunIn, runs: RunsService, caller: Caller) -> Response:
     """Start the run of (artifact version, verifier version), 201; the same pair again

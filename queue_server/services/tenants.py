@@ -33,7 +33,7 @@ class Tenants:
         """The tenant and all of its data, at once (admin): items, ledgers, receipts, runs,
         watchers and keys. `queue-server policy verify --server` cleans up its scratch
         tenant with it."""
-        principal.require_admin()
+        principal.require_admin(tenant)
         async with self.db.tx() as conn:
             if not await tenants.delete_tenant(conn, tenant=tenant):
                 raise errors.TenantNotFoundError(tenant=tenant)

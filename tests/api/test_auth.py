@@ -78,6 +78,42 @@ def test_another_tenants_item_is_404_never_403_or_data(api: Api) -> None:
     assert other.worker.get(f"/v1/tenants/globex/items/{item['item_id']}").status_code == 404
 
 
+def test_another_tenants_route_is_404_before_any_validation(api: Api) -> None:
+    """The tenant gate runs before the query and the body are read: a malformed request
+    about another tenant learns nothing (404), not even which of its fields were wrong."""
+    other = setup_tenant(api.url, api.admin, "globex")
+    for response in (
+        other.worker.delete("/v1/tenants/acme"),
+        other.operator.delete("/v1/tenants/acme"),
+        other.operator.get("/v1/tenants/acme/receipts"),
+        other.operator.get("/v1/tenants/acme/receipts", params={"state": "nonsense"}),
+        other.worker.post(
+            "/v1/tenants/acme/queues/q/items",
+            content=b"{not json",
+            headers={"Idempotency-Key": "k", "Content-Type": "application/json"},
+        ),
+        other.worker.post("/v1/tenants/acme/queues/q/leases", json={"lease_ttl": "x"}),
+    ):
+        assert response.status_code == 404, response.text
+        assert response.json()["code"] == "tenant-not-found"
+    # Its own tenant's malformed requests are still told what is wrong.
+    assert other.operator.get("/v1/tenants/globex/receipts").status_code == 422
+    assert other.worker.delete("/v1/tenants/globex").status_code == 403
+    broken = other.worker.post(
+        "/v1/tenants/globex/queues/q/items",
+        content=b"{not json",
+        headers={"Idempotency-Key": "k", "Content-Type": "application/json"},
+    )
+    assert broken.status_code == 422
+    # Without a key, a body that is not JSON is a 401 like any other request.
+    anonymous = httpx.post(
+        f"{api.url}/v1/tenants/acme/queues/q/items",
+        content=b"{not json",
+        headers={"Idempotency-Key": "k", "Content-Type": "application/json"},
+    )
+    assert anonymous.status_code == 401
+
+
 def test_admin_key_creation_requires_an_existing_tenant(api: Api) -> None:
     response = api.admin.post("/v1/tenants/nobody/keys", json={"role": "worker"})
     assert response.status_code == 404
