@@ -15,9 +15,8 @@ from sqlalchemy import create_engine, pool
 
 from queue_server.infra import migrate
 from queue_server.store import queues as queue_store
-from queue_server.store import reads
+from queue_server.store import reads, transitions
 from queue_server.store.tables import metadata
-from queue_server.store.transitions import _ACQUIRE
 
 
 def _tables(url: str) -> set[str]:
@@ -64,7 +63,7 @@ def test_prepared_acquire_plan_reads_the_ready_index_not_the_whole_table(
         )
         conn.execute("ANALYZE work_items")
         conn.execute("SET plan_cache_mode = force_generic_plan")
-        sql = _ACQUIRE.replace("%(tenant)s", "$1").replace("%(queue)s", "$2")
+        sql = transitions._SQL["acquire"].replace("%(tenant)s", "$1").replace("%(queue)s", "$2")
         sql = sql.replace("%(worker)s", "$3").replace("%(ttl)s", "$4::interval")
         sql = sql.replace("%(max_items)s", "$5::int").replace("%(shard)s", "$6::int")
         sql = sql.replace("%(shared)s", "$7::bool").replace("%(slack)s", "$8::int")
@@ -81,7 +80,7 @@ def test_prepared_acquire_plan_reads_the_ready_index_not_the_whole_table(
         custom = "\n".join(
             row["QUERY PLAN"]
             for row in conn.execute(
-                "EXPLAIN " + _ACQUIRE,
+                "EXPLAIN " + transitions._SQL["acquire"],
                 {
                     "tenant": "t",
                     "queue": "q",
@@ -198,9 +197,9 @@ def test_the_figures_of_a_scrape_read_no_finished_history(database_url: str) -> 
         conn.execute("ANALYZE work_items")
         conn.execute("SET plan_cache_mode = force_generic_plan")
         for sql, params in (
-            (queue_store._ALL_OPEN_COUNTS, {}),
-            (queue_store._OPEN_COUNTS, {"tenant": "t"}),
-            (reads._STATE_COUNTS, {"tenant": "t"}),
+            (queue_store._SQL["all_open_counts"], {}),
+            (queue_store._SQL["open_counts"], {"tenant": "t"}),
+            (reads._SQL["state_counts"], {"tenant": "t"}),
         ):
             nodes = _explain_generic(conn, sql, params)
             items = [n for n in nodes if n.get("Relation Name") == "work_items"]
