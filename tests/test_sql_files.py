@@ -253,7 +253,7 @@ def _outbox(flat: str) -> str:
 
 def test_every_outbox_insert_is_the_same_but_for_its_event_and_source() -> None:
     """One outbox row per active watcher of the event for each changed row, the body the
-    item as the API shapes it: written alike in every transition that has watchers."""
+    item as the API shapes it (`item_json`): written alike in every transition."""
     shapes = {}
     for name, text in TRANSITIONS.items():
         flat = _flat(text)
@@ -269,6 +269,13 @@ def test_every_outbox_insert_is_the_same_but_for_its_event_and_source() -> None:
         shapes[name] = shape
     assert len(shapes) >= 8
     assert len(set(shapes.values())) == 1, sorted(shapes)
+    # The body: the item as the API shapes it, by the function of migration 0012.
+    [shape] = set(shapes.values())
+    assert "'occurred_at', api_timestamp(statement_timestamp()), 'item', item_json(s))" in shape
+    # The API's time format lives once, in api_timestamp.
+    for module, named in _files().items():
+        for name, text in named.items():
+            assert "to_char(" not in text, f"{module}.{name}: a time formatted by hand"
     # Every event a watcher can ask for is written by some transition.
     written = {e for t in TRANSITIONS.values() for e in re.findall(r"'(item\.[a-z]+)'", t)}
     assert written == set(EVENTS)

@@ -18,6 +18,12 @@ A claim is fenced by a random token: an outcome is recorded only by the delivere
 that holds the claim, and a claim lost with its deliverer expires at `claimed_until`.
 A delivery's deadline is `deadline_from` plus the class deadline the deliverer's
 loaded policy gives (`%(deadline)s`, seconds).
+
+The rows are written by the `outbox` CTE of each transition in `sql/transitions.sql`,
+so they commit or roll back with it: one row per active watcher of the event for each
+changed row, the body's item built by the `item_json` SQL function. Its join reads the
+partial index ix_watchers_active: a tenant without watchers costs one index probe per
+statement.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from queue_server.store.types import Conn, Row
 
 _SQL = load("outbox")
 
+# The events a watcher can ask for; each is written by a transition (tests/test_sql_files.py).
 EVENTS = (
     "item.enqueued",
     "item.completed",

@@ -18,10 +18,12 @@ statement that changes the row: the holder guard, written verbatim in each holde
 statement of `sql/transitions.sql` (tests/test_sql_files.py holds the list and checks
 each carries it). Each function takes the caller's connection and runs its named
 statement, which appends the ledger events in the same statement (its `ev` CTE: the
-INSERT into item_events), writes the outbox rows of its event (`outbox`), and counts finished work on the queue's
-counters (`counted`, after `release`). Every function but `acquire` runs in
-the caller's transaction and never commits; `acquire` owns its transactions (see
-there). Time is `statement_timestamp()`: the database clock, fixed for one statement.
+INSERT into item_events), writes the outbox rows of its event (`outbox`: the body's
+item is the `item_json` SQL function of migration 0012, inlined by the planner), and
+counts finished work on the queue's counters (`counted`, after `release`). Every
+function but `acquire` runs in the caller's transaction and never commits; `acquire`
+owns its transactions (see there). Time is `statement_timestamp()`: the database
+clock, fixed for one statement.
 """
 
 from __future__ import annotations

@@ -31,17 +31,8 @@ WITH input AS (
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
     SELECT s.tenant_id, w.watcher_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''),
            'item.enqueued', s.item_id, s.queue,
-           jsonb_build_object('event', 'item.enqueued', 'occurred_at', to_char(statement_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-                              'item', jsonb_build_object(
-        'item_id', s.item_id::text, 'tenant', s.tenant_id, 'queue', s.queue,
-        'state', s.state::text, 'payload', s.payload, 'priority', s.priority,
-        'available_at', to_char(s.available_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'fence', s.fence,
-        'acquisition_count', s.acquisition_count, 'max_acquisitions', s.max_acquisitions,
-        'lease_holder', s.lease_holder, 'lease_expires_at', to_char(s.lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-        'lease_deadline_at', CASE WHEN s.state = 'leased'
-                                  THEN to_char(s.lease_deadline_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
-        'result', s.result, 'last_failure', s.last_failure,
-        'created_at', to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'updated_at', to_char(s.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))),
+           jsonb_build_object('event', 'item.enqueued', 'occurred_at', api_timestamp(statement_timestamp()),
+                              'item', item_json(s)),
            'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
            statement_timestamp()
     FROM ins s
@@ -179,17 +170,8 @@ counted AS (
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
     SELECT s.tenant_id, w.watcher_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''),
            'item.quarantined', s.item_id, s.queue,
-           jsonb_build_object('event', 'item.quarantined', 'occurred_at', to_char(statement_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-                              'item', jsonb_build_object(
-        'item_id', s.item_id::text, 'tenant', s.tenant_id, 'queue', s.queue,
-        'state', s.state::text, 'payload', s.payload, 'priority', s.priority,
-        'available_at', to_char(s.available_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'fence', s.fence,
-        'acquisition_count', s.acquisition_count, 'max_acquisitions', s.max_acquisitions,
-        'lease_holder', s.lease_holder, 'lease_expires_at', to_char(s.lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-        'lease_deadline_at', CASE WHEN s.state = 'leased'
-                                  THEN to_char(s.lease_deadline_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
-        'result', s.result, 'last_failure', s.last_failure,
-        'created_at', to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'updated_at', to_char(s.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))),
+           jsonb_build_object('event', 'item.quarantined', 'occurred_at', api_timestamp(statement_timestamp()),
+                              'item', item_json(s)),
            'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
            statement_timestamp()
     FROM quarantined s
@@ -264,17 +246,8 @@ WITH upd AS (
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
     SELECT s.tenant_id, w.watcher_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''),
            'item.completed', s.item_id, s.queue,
-           jsonb_build_object('event', 'item.completed', 'occurred_at', to_char(statement_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-                              'item', jsonb_build_object(
-        'item_id', s.item_id::text, 'tenant', s.tenant_id, 'queue', s.queue,
-        'state', s.state::text, 'payload', s.payload, 'priority', s.priority,
-        'available_at', to_char(s.available_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'fence', s.fence,
-        'acquisition_count', s.acquisition_count, 'max_acquisitions', s.max_acquisitions,
-        'lease_holder', s.lease_holder, 'lease_expires_at', to_char(s.lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-        'lease_deadline_at', CASE WHEN s.state = 'leased'
-                                  THEN to_char(s.lease_deadline_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
-        'result', s.result, 'last_failure', s.last_failure,
-        'created_at', to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'updated_at', to_char(s.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))),
+           jsonb_build_object('event', 'item.completed', 'occurred_at', api_timestamp(statement_timestamp()),
+                              'item', item_json(s)),
            'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
            statement_timestamp()
     FROM upd s
@@ -313,17 +286,8 @@ WITH upd AS (
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
     SELECT s.tenant_id, w.watcher_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''),
            'item.requeued', s.item_id, s.queue,
-           jsonb_build_object('event', 'item.requeued', 'occurred_at', to_char(statement_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-                              'item', jsonb_build_object(
-        'item_id', s.item_id::text, 'tenant', s.tenant_id, 'queue', s.queue,
-        'state', s.state::text, 'payload', s.payload, 'priority', s.priority,
-        'available_at', to_char(s.available_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'fence', s.fence,
-        'acquisition_count', s.acquisition_count, 'max_acquisitions', s.max_acquisitions,
-        'lease_holder', s.lease_holder, 'lease_expires_at', to_char(s.lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-        'lease_deadline_at', CASE WHEN s.state = 'leased'
-                                  THEN to_char(s.lease_deadline_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
-        'result', s.result, 'last_failure', s.last_failure,
-        'created_at', to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'updated_at', to_char(s.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))),
+           jsonb_build_object('event', 'item.requeued', 'occurred_at', api_timestamp(statement_timestamp()),
+                              'item', item_json(s)),
            'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
            statement_timestamp()
     FROM upd s
@@ -351,17 +315,8 @@ WITH upd AS (
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
     SELECT s.tenant_id, w.watcher_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''),
            'item.requeued', s.item_id, s.queue,
-           jsonb_build_object('event', 'item.requeued', 'occurred_at', to_char(statement_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-                              'item', jsonb_build_object(
-        'item_id', s.item_id::text, 'tenant', s.tenant_id, 'queue', s.queue,
-        'state', s.state::text, 'payload', s.payload, 'priority', s.priority,
-        'available_at', to_char(s.available_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'fence', s.fence,
-        'acquisition_count', s.acquisition_count, 'max_acquisitions', s.max_acquisitions,
-        'lease_holder', s.lease_holder, 'lease_expires_at', to_char(s.lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-        'lease_deadline_at', CASE WHEN s.state = 'leased'
-                                  THEN to_char(s.lease_deadline_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
-        'result', s.result, 'last_failure', s.last_failure,
-        'created_at', to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'updated_at', to_char(s.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))),
+           jsonb_build_object('event', 'item.requeued', 'occurred_at', api_timestamp(statement_timestamp()),
+                              'item', item_json(s)),
            'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
            statement_timestamp()
     FROM upd s
@@ -400,17 +355,8 @@ WITH upd AS (
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
     SELECT s.tenant_id, w.watcher_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''),
            'item.quarantined', s.item_id, s.queue,
-           jsonb_build_object('event', 'item.quarantined', 'occurred_at', to_char(statement_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-                              'item', jsonb_build_object(
-        'item_id', s.item_id::text, 'tenant', s.tenant_id, 'queue', s.queue,
-        'state', s.state::text, 'payload', s.payload, 'priority', s.priority,
-        'available_at', to_char(s.available_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'fence', s.fence,
-        'acquisition_count', s.acquisition_count, 'max_acquisitions', s.max_acquisitions,
-        'lease_holder', s.lease_holder, 'lease_expires_at', to_char(s.lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-        'lease_deadline_at', CASE WHEN s.state = 'leased'
-                                  THEN to_char(s.lease_deadline_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
-        'result', s.result, 'last_failure', s.last_failure,
-        'created_at', to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'updated_at', to_char(s.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))),
+           jsonb_build_object('event', 'item.quarantined', 'occurred_at', api_timestamp(statement_timestamp()),
+                              'item', item_json(s)),
            'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
            statement_timestamp()
     FROM upd s
@@ -523,17 +469,8 @@ release AS (
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
     SELECT s.tenant_id, w.watcher_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''),
            'item.completed', s.item_id, s.queue,
-           jsonb_build_object('event', 'item.completed', 'occurred_at', to_char(statement_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-                              'item', jsonb_build_object(
-        'item_id', s.item_id::text, 'tenant', s.tenant_id, 'queue', s.queue,
-        'state', s.state::text, 'payload', s.payload, 'priority', s.priority,
-        'available_at', to_char(s.available_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'fence', s.fence,
-        'acquisition_count', s.acquisition_count, 'max_acquisitions', s.max_acquisitions,
-        'lease_holder', s.lease_holder, 'lease_expires_at', to_char(s.lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-        'lease_deadline_at', CASE WHEN s.state = 'leased'
-                                  THEN to_char(s.lease_deadline_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
-        'result', s.result, 'last_failure', s.last_failure,
-        'created_at', to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'updated_at', to_char(s.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))),
+           jsonb_build_object('event', 'item.completed', 'occurred_at', api_timestamp(statement_timestamp()),
+                              'item', item_json(s)),
            'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
            statement_timestamp()
     FROM upd s
@@ -576,17 +513,8 @@ WITH dl AS (
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
     SELECT s.tenant_id, w.watcher_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''),
            'item.replayed', s.item_id, s.queue,
-           jsonb_build_object('event', 'item.replayed', 'occurred_at', to_char(statement_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-                              'item', jsonb_build_object(
-        'item_id', s.item_id::text, 'tenant', s.tenant_id, 'queue', s.queue,
-        'state', s.state::text, 'payload', s.payload, 'priority', s.priority,
-        'available_at', to_char(s.available_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'fence', s.fence,
-        'acquisition_count', s.acquisition_count, 'max_acquisitions', s.max_acquisitions,
-        'lease_holder', s.lease_holder, 'lease_expires_at', to_char(s.lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-        'lease_deadline_at', CASE WHEN s.state = 'leased'
-                                  THEN to_char(s.lease_deadline_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
-        'result', s.result, 'last_failure', s.last_failure,
-        'created_at', to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'updated_at', to_char(s.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))),
+           jsonb_build_object('event', 'item.replayed', 'occurred_at', api_timestamp(statement_timestamp()),
+                              'item', item_json(s)),
            'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
            statement_timestamp()
     FROM upd s
@@ -628,17 +556,8 @@ WITH dl AS (
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
     SELECT s.tenant_id, w.watcher_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''),
            'item.cancelled', s.item_id, s.queue,
-           jsonb_build_object('event', 'item.cancelled', 'occurred_at', to_char(statement_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-                              'item', jsonb_build_object(
-        'item_id', s.item_id::text, 'tenant', s.tenant_id, 'queue', s.queue,
-        'state', s.state::text, 'payload', s.payload, 'priority', s.priority,
-        'available_at', to_char(s.available_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'fence', s.fence,
-        'acquisition_count', s.acquisition_count, 'max_acquisitions', s.max_acquisitions,
-        'lease_holder', s.lease_holder, 'lease_expires_at', to_char(s.lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-        'lease_deadline_at', CASE WHEN s.state = 'leased'
-                                  THEN to_char(s.lease_deadline_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
-        'result', s.result, 'last_failure', s.last_failure,
-        'created_at', to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'updated_at', to_char(s.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))),
+           jsonb_build_object('event', 'item.cancelled', 'occurred_at', api_timestamp(statement_timestamp()),
+                              'item', item_json(s)),
            'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
            statement_timestamp()
     FROM upd s
@@ -667,21 +586,24 @@ WITH prev AS (
     FROM prev
     WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(%(item_ids)s::uuid[])
       AND w.item_id = prev.item_id
-    RETURNING w.*, prev.previous_state, prev.previous_holder
+    -- The row alone (what it was comes from prev): the outbox's item_json takes a work_items row.
+    RETURNING w.*
 ), ev AS (
     INSERT INTO item_events (tenant_id, item_id, seq, at, kind, fence, actor, data)
     SELECT tenant_id, item_id, event_seq - 1, updated_at, 'cancelled', fence, %(actor)s,
            jsonb_build_object('reason', %(reason)s::text, 'previous_state', previous_state,
                               'lease_holder', previous_holder)
-    FROM upd
+    FROM upd JOIN prev USING (item_id)
 ), dl AS (
     -- A quarantined item's open dead letter is resolved with it.
     UPDATE dead_letters d SET closed_at = statement_timestamp(), resolution = 'cancelled'
     WHERE d.tenant_id = %(tenant)s AND d.kind = 'item' AND d.closed_at IS NULL
-      AND d.item_id IN (SELECT item_id FROM upd WHERE previous_state = 'quarantined')
+      AND d.item_id IN (SELECT item_id FROM upd JOIN prev USING (item_id)
+                        WHERE previous_state = 'quarantined')
 ), release AS (
     INSERT INTO backlog_releases (tenant_id, shard, released)
-    SELECT %(tenant)s, %(shard)s, count(*) FROM upd WHERE previous_state <> 'quarantined' HAVING count(*) > 0
+    SELECT %(tenant)s, %(shard)s, count(*) FROM upd JOIN prev USING (item_id)
+    WHERE previous_state <> 'quarantined' HAVING count(*) > 0
     ON CONFLICT (tenant_id, shard)
     DO UPDATE SET released = backlog_releases.released + excluded.released
 ),
@@ -696,17 +618,8 @@ counted AS (
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
     SELECT s.tenant_id, w.watcher_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''),
            'item.cancelled', s.item_id, s.queue,
-           jsonb_build_object('event', 'item.cancelled', 'occurred_at', to_char(statement_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-                              'item', jsonb_build_object(
-        'item_id', s.item_id::text, 'tenant', s.tenant_id, 'queue', s.queue,
-        'state', s.state::text, 'payload', s.payload, 'priority', s.priority,
-        'available_at', to_char(s.available_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'fence', s.fence,
-        'acquisition_count', s.acquisition_count, 'max_acquisitions', s.max_acquisitions,
-        'lease_holder', s.lease_holder, 'lease_expires_at', to_char(s.lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-        'lease_deadline_at', CASE WHEN s.state = 'leased'
-                                  THEN to_char(s.lease_deadline_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
-        'result', s.result, 'last_failure', s.last_failure,
-        'created_at', to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'), 'updated_at', to_char(s.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))),
+           jsonb_build_object('event', 'item.cancelled', 'occurred_at', api_timestamp(statement_timestamp()),
+                              'item', item_json(s)),
            'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
            statement_timestamp()
     FROM upd s
@@ -714,7 +627,8 @@ counted AS (
      AND 'item.cancelled' = ANY(w.events) AND (w.queues IS NULL OR s.queue = ANY(w.queues))
     ORDER BY s.item_id, w.watcher_id
 )
-SELECT upd.* FROM upd ORDER BY upd.item_id;
+SELECT upd.*, prev.previous_state, prev.previous_holder
+FROM upd JOIN prev USING (item_id) ORDER BY upd.item_id;
 
 -- name: finished_queues
 WITH RECURSIVE q_completed AS (
