@@ -1,5 +1,6 @@
--- The statements of queue_server/store/confirmation_receipts.py, each a `-- name:` block, loaded at import
--- (queue_server/store/sql/__init__.py) and run by name: the text here is the text sent.
+-- The statements of queue_server/store/confirmation_receipts.py, run by name. Each `-- name:`
+-- block is loaded at import (queue_server/store/sql/__init__.py); the text here is
+-- the text sent.
 
 -- name: claim
 -- ON CONFLICT covers both identities: the outcome reference (primary key) and the
@@ -8,23 +9,31 @@
 INSERT INTO confirmation_receipts (tenant_id, outcome_ref, idempotency_key, claim_token)
 VALUES (%(tenant)s, %(ref)s, %(key)s, %(token)s)
 ON CONFLICT DO NOTHING
-RETURNING tenant_id, outcome_ref, idempotency_key, claim_token, status, outcome, created_at, settled_at, settled_by, settle_reason;
+RETURNING tenant_id, outcome_ref, idempotency_key, claim_token, status, outcome, created_at,
+    settled_at, settled_by, settle_reason;
 
 -- name: settle
 UPDATE confirmation_receipts
 SET status = %(status)s, outcome = %(outcome)s, settled_at = statement_timestamp()
 WHERE tenant_id = %(tenant)s AND outcome_ref = %(ref)s AND status = 'pending'
-RETURNING tenant_id, outcome_ref, idempotency_key, claim_token, status, outcome, created_at, settled_at, settled_by, settle_reason;
+RETURNING tenant_id, outcome_ref, idempotency_key, claim_token, status, outcome, created_at,
+    settled_at, settled_by, settle_reason;
 
 -- name: get
-SELECT tenant_id, outcome_ref, idempotency_key, claim_token, status, outcome, created_at, settled_at, settled_by, settle_reason FROM confirmation_receipts WHERE tenant_id = %s AND outcome_ref = %s;
+SELECT tenant_id, outcome_ref, idempotency_key, claim_token, status, outcome, created_at,
+    settled_at, settled_by, settle_reason FROM confirmation_receipts WHERE tenant_id = %s
+AND outcome_ref = %s;
 
 -- name: get_by_key
-SELECT tenant_id, outcome_ref, idempotency_key, claim_token, status, outcome, created_at, settled_at, settled_by, settle_reason FROM confirmation_receipts WHERE tenant_id = %s AND idempotency_key = %s;
+SELECT tenant_id, outcome_ref, idempotency_key, claim_token, status, outcome, created_at,
+    settled_at, settled_by, settle_reason FROM confirmation_receipts WHERE tenant_id = %s
+AND idempotency_key = %s;
 
 -- name: list_pending
 -- Stale: still pending `older_than` after its claim. Oldest first (the partial index).
-SELECT tenant_id, outcome_ref, idempotency_key, claim_token, status, outcome, created_at, settled_at, settled_by, settle_reason, created_at <= statement_timestamp() - %(stale_after)s AS stale
+SELECT tenant_id, outcome_ref, idempotency_key, claim_token, status, outcome, created_at,
+    settled_at, settled_by, settle_reason,
+    created_at <= statement_timestamp() - %(stale_after)s AS stale
 FROM confirmation_receipts
 WHERE tenant_id = %(tenant)s AND status = 'pending'
   AND created_at <= statement_timestamp() - %(older_than)s
@@ -41,4 +50,5 @@ SET status = %(status)s, outcome = %(outcome)s, settled_at = statement_timestamp
     settled_by = %(actor)s, settle_reason = %(reason)s
 WHERE tenant_id = %(tenant)s AND outcome_ref = %(ref)s AND status = 'pending'
   AND created_at <= statement_timestamp() - %(stale_after)s
-RETURNING tenant_id, outcome_ref, idempotency_key, claim_token, status, outcome, created_at, settled_at, settled_by, settle_reason;
+RETURNING tenant_id, outcome_ref, idempotency_key, claim_token, status, outcome, created_at,
+    settled_at, settled_by, settle_reason;

@@ -1,9 +1,11 @@
--- The statements of queue_server/store/dead_letters.py, each a `-- name:` block, loaded at import
--- (queue_server/store/sql/__init__.py) and run by name: the text here is the text sent.
+-- The statements of queue_server/store/dead_letters.py, run by name. Each `-- name:`
+-- block is loaded at import (queue_server/store/sql/__init__.py); the text here is
+-- the text sent.
 
 -- name: list_page_open
 -- Open dead letters read the partial index ix_dead_letters_open in this order.
-SELECT dead_letter_id, kind, item_id, delivery_id, queue, reason, last_failure, created_at, closed_at, resolution FROM dead_letters
+SELECT dead_letter_id, kind, item_id, delivery_id, queue, reason, last_failure, created_at,
+    closed_at, resolution FROM dead_letters
 WHERE tenant_id = %(tenant)s AND closed_at IS NULL
   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
   AND (%(kind)s::text IS NULL OR kind = %(kind)s)
@@ -13,7 +15,8 @@ ORDER BY created_at, dead_letter_id
 LIMIT %(limit)s;
 
 -- name: list_page_closed
-SELECT dead_letter_id, kind, item_id, delivery_id, queue, reason, last_failure, created_at, closed_at, resolution FROM dead_letters
+SELECT dead_letter_id, kind, item_id, delivery_id, queue, reason, last_failure, created_at,
+    closed_at, resolution FROM dead_letters
 WHERE tenant_id = %(tenant)s AND closed_at IS NOT NULL
   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
   AND (%(kind)s::text IS NULL OR kind = %(kind)s)
@@ -23,7 +26,8 @@ ORDER BY created_at, dead_letter_id
 LIMIT %(limit)s;
 
 -- name: list_page_all
-SELECT dead_letter_id, kind, item_id, delivery_id, queue, reason, last_failure, created_at, closed_at, resolution FROM dead_letters
+SELECT dead_letter_id, kind, item_id, delivery_id, queue, reason, last_failure, created_at,
+    closed_at, resolution FROM dead_letters
 WHERE tenant_id = %(tenant)s AND true
   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
   AND (%(kind)s::text IS NULL OR kind = %(kind)s)
@@ -33,14 +37,17 @@ ORDER BY created_at, dead_letter_id
 LIMIT %(limit)s;
 
 -- name: latest_for_delivery
-SELECT dead_letter_id, kind, item_id, delivery_id, queue, reason, last_failure, created_at, closed_at, resolution FROM dead_letters WHERE tenant_id = %s AND delivery_id = %s
+SELECT dead_letter_id, kind, item_id, delivery_id, queue, reason, last_failure, created_at,
+    closed_at, resolution FROM dead_letters WHERE tenant_id = %s AND delivery_id = %s
 ORDER BY closed_at IS NULL DESC, created_at DESC LIMIT 1;
 
 -- name: get
-SELECT dead_letter_id, kind, item_id, delivery_id, queue, reason, last_failure, created_at, closed_at, resolution FROM dead_letters WHERE tenant_id = %s AND dead_letter_id = %s;
+SELECT dead_letter_id, kind, item_id, delivery_id, queue, reason, last_failure, created_at,
+    closed_at, resolution FROM dead_letters WHERE tenant_id = %s AND dead_letter_id = %s;
 
 -- name: lock_for_resolution
-SELECT d.dead_letter_id, d.kind, d.item_id, d.delivery_id, d.queue, d.reason, d.last_failure, d.created_at, d.closed_at, d.resolution,
+SELECT d.dead_letter_id, d.kind, d.item_id, d.delivery_id, d.queue, d.reason, d.last_failure,
+    d.created_at, d.closed_at, d.resolution,
        w.state::text AS item_state
 FROM dead_letters d
 LEFT JOIN work_items w ON w.tenant_id = d.tenant_id AND w.item_id = d.item_id
@@ -53,7 +60,8 @@ WHERE tenant_id = %(tenant)s AND item_id = %(item_id)s
 FOR UPDATE;
 
 -- name: open_for_queue
-SELECT dead_letter_id, kind, item_id, delivery_id, queue, reason, last_failure, created_at, closed_at, resolution FROM dead_letters
+SELECT dead_letter_id, kind, item_id, delivery_id, queue, reason, last_failure, created_at,
+    closed_at, resolution FROM dead_letters
 WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND kind = 'item' AND closed_at IS NULL
 ORDER BY created_at, dead_letter_id
 LIMIT %(limit)s
@@ -61,4 +69,5 @@ LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
 
 -- name: count_open
-SELECT count(*) AS n FROM dead_letters WHERE tenant_id = %s AND closed_at IS NULL AND (%s::text IS NULL OR queue = %s);
+SELECT count(*) AS n FROM dead_letters WHERE tenant_id = %s AND closed_at IS NULL
+  AND (%s::text IS NULL OR queue = %s);

@@ -1,5 +1,6 @@
--- The statements of queue_server/store/idempotency_receipts.py, each a `-- name:` block, loaded at import
--- (queue_server/store/sql/__init__.py) and run by name: the text here is the text sent.
+-- The statements of queue_server/store/idempotency_receipts.py, run by name. Each `-- name:`
+-- block is loaded at import (queue_server/store/sql/__init__.py); the text here is
+-- the text sent.
 
 -- name: claim
 -- ON CONFLICT waits while another transaction holds an uncommitted receipt with
@@ -14,7 +15,8 @@ RETURNING 1 AS claimed;
 SELECT * FROM idempotency_receipts WHERE tenant_id = %s AND idempotency_key = %s;
 
 -- name: fill
-UPDATE idempotency_receipts SET response_status = %s, response_body = %s WHERE tenant_id = %s AND idempotency_key = %s;
+UPDATE idempotency_receipts SET response_status = %s, response_body = %s WHERE tenant_id = %s
+  AND idempotency_key = %s;
 
 -- name: purge_expired
 -- Oldest first, a batch at a time (ix_idempotency_receipts_expires_at): short transactions.

@@ -1,12 +1,15 @@
--- The statements of queue_server/store/outbox.py, each a `-- name:` block, loaded at import
--- (queue_server/store/sql/__init__.py) and run by name: the text here is the text sent.
+-- The statements of queue_server/store/outbox.py, run by name. Each `-- name:`
+-- block is loaded at import (queue_server/store/sql/__init__.py); the text here is
+-- the text sent.
 
 -- name: delivery_counts
 SELECT watcher_id::text AS watcher_id, state, count(*) AS n FROM outbox_deliveries
 WHERE tenant_id = %(tenant)s GROUP BY watcher_id, state;
 
 -- name: list_deliveries
-SELECT tenant_id, delivery_id, seq, watcher_id, delivery_key, event, item_id, queue, state, attempts, next_attempt_at, due_at, last_attempt_at, last_outcome, receipts, receipts_omitted, created_at, updated_at, delivered_at, deadline_from FROM outbox_deliveries
+SELECT tenant_id, delivery_id, seq, watcher_id, delivery_key, event, item_id, queue, state,
+    attempts, next_attempt_at, due_at, last_attempt_at, last_outcome, receipts, receipts_omitted,
+    created_at, updated_at, delivered_at, deadline_from FROM outbox_deliveries
 WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s
   AND (%(state)s::text IS NULL OR state = %(state)s)
   AND (%(after)s::bigint IS NULL OR seq > %(after)s)
@@ -14,7 +17,9 @@ ORDER BY seq
 LIMIT %(limit)s;
 
 -- name: get_delivery
-SELECT tenant_id, delivery_id, seq, watcher_id, delivery_key, event, item_id, queue, state, attempts, next_attempt_at, due_at, last_attempt_at, last_outcome, receipts, receipts_omitted, created_at, updated_at, delivered_at, deadline_from FROM outbox_deliveries
+SELECT tenant_id, delivery_id, seq, watcher_id, delivery_key, event, item_id, queue, state,
+    attempts, next_attempt_at, due_at, last_attempt_at, last_outcome, receipts, receipts_omitted,
+    created_at, updated_at, delivered_at, deadline_from FROM outbox_deliveries
 WHERE tenant_id = %(tenant)s AND delivery_id = %(delivery_id)s;
 
 -- name: lock_claims

@@ -1,5 +1,6 @@
--- The statements of queue_server/store/queues.py, each a `-- name:` block, loaded at import
--- (queue_server/store/sql/__init__.py) and run by name: the text here is the text sent.
+-- The statements of queue_server/store/queues.py, run by name. Each `-- name:`
+-- block is loaded at import (queue_server/store/sql/__init__.py); the text here is
+-- the text sent.
 
 -- name: pause
 -- Already paused: nothing changes and nothing is recorded (the row is returned by `get`).

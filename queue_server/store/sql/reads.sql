@@ -1,5 +1,6 @@
--- The statements of queue_server/store/reads.py, each a `-- name:` block, loaded at import
--- (queue_server/store/sql/__init__.py) and run by name: the text here is the text sent.
+-- The statements of queue_server/store/reads.py, run by name. Each `-- name:`
+-- block is loaded at import (queue_server/store/sql/__init__.py); the text here is
+-- the text sent.
 
 -- name: get_item
 SELECT * FROM work_items WHERE tenant_id = %s AND item_id = %s;
@@ -33,7 +34,8 @@ SELECT current_setting('max_connections')::int AS n;
 SELECT version_num FROM alembic_version;
 
 -- name: items_in_id_range
-SELECT * FROM work_items WHERE tenant_id = %s AND item_id BETWEEN %s AND %s ORDER BY item_id LIMIT %s;
+SELECT * FROM work_items WHERE tenant_id = %s AND item_id BETWEEN %s AND %s ORDER BY item_id
+LIMIT %s;
 
 -- name: leases
 -- The leased rows come from ix_work_items_leased; each one's acquisition time is its
@@ -92,7 +94,8 @@ WITH RECURSIVE q_state AS (
      ORDER BY w.queue LIMIT 1)
     UNION ALL
     SELECT (SELECT w.queue FROM work_items w
-            WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = %(state)s::item_state
+            WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased'
+              AND w.state = %(state)s::item_state
               AND w.queue > q.queue
             ORDER BY w.queue LIMIT 1)
     FROM q_state q WHERE q.queue IS NOT NULL

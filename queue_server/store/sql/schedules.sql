@@ -1,5 +1,6 @@
--- The statements of queue_server/store/schedules.py, each a `-- name:` block, loaded at import
--- (queue_server/store/sql/__init__.py) and run by name: the text here is the text sent.
+-- The statements of queue_server/store/schedules.py, run by name. Each `-- name:`
+-- block is loaded at import (queue_server/store/sql/__init__.py); the text here is
+-- the text sent.
 
 -- name: insert_schedule
 INSERT INTO schedules (tenant_id, name, schedule_id, queue, payload, priority, max_acquisitions,
@@ -50,14 +51,16 @@ RETURNING *, statement_timestamp() AS now;
 
 -- name: due_schedules
 -- The clock: the pinned `now` of a test, else the statement's own.
-SELECT tenant_id, name, extract(epoch FROM due_at - coalesce(%(now)s::timestamptz, statement_timestamp()))::float8 AS wait
+SELECT tenant_id, name, extract(epoch FROM due_at - coalesce(%(now)s::timestamptz,
+    statement_timestamp()))::float8 AS wait
 FROM schedules WHERE NOT paused
 ORDER BY due_at LIMIT %(limit)s;
 
 -- name: claim_schedule
 -- The clock: the pinned `now` of a test, else the statement's own.
 SELECT s.*, coalesce(%(now)s::timestamptz, statement_timestamp()) AS now FROM schedules s
-WHERE tenant_id = %(tenant)s AND name = %(name)s AND NOT paused AND due_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
+WHERE tenant_id = %(tenant)s AND name = %(name)s AND NOT paused
+  AND due_at <= coalesce(%(now)s::timestamptz, statement_timestamp())
 -- SKIP LOCKED: another loop is firing it; its commit moves the cursor past these ticks.
 FOR NO KEY UPDATE SKIP LOCKED;
 

@@ -1,5 +1,6 @@
--- The statements of queue_server/store/tenants.py, each a `-- name:` block, loaded at import
--- (queue_server/store/sql/__init__.py) and run by name: the text here is the text sent.
+-- The statements of queue_server/store/tenants.py, run by name. Each `-- name:`
+-- block is loaded at import (queue_server/store/sql/__init__.py); the text here is
+-- the text sent.
 
 -- name: put_tenant
 INSERT INTO tenants (tenant_id, backlog_cap, default_max_acquisitions, default_lease_ttl,
@@ -20,7 +21,8 @@ SELECT * FROM tenants WHERE tenant_id = %s;
 -- name: list_tenants
 -- The backlog of tenant row t: admitted minus the releases on all its shards.
 SELECT t.*, (t.admitted - coalesce((SELECT sum(released) FROM backlog_releases r
-                                 WHERE r.tenant_id = t.tenant_id), 0))::bigint AS backlog FROM tenants t
+                                 WHERE r.tenant_id = t.tenant_id), 0))::bigint AS backlog
+                                 FROM tenants t
 WHERE %(after)s::text IS NULL OR t.tenant_id > %(after)s
 ORDER BY t.tenant_id LIMIT %(limit)s;
 
@@ -47,7 +49,8 @@ FROM tenants t WHERE t.tenant_id = %(tenant)s;
 -- name: backlog
 -- The backlog of tenant row t: admitted minus the releases on all its shards.
 SELECT (t.admitted - coalesce((SELECT sum(released) FROM backlog_releases r
-                                 WHERE r.tenant_id = t.tenant_id), 0))::bigint AS backlog FROM tenants t WHERE t.tenant_id = %s;
+                                 WHERE r.tenant_id = t.tenant_id), 0))::bigint AS backlog
+                                 FROM tenants t WHERE t.tenant_id = %s;
 
 -- name: create_key
 INSERT INTO api_keys (key_id, tenant_id, role, secret_hash) VALUES (%s, %s, %s, %s) RETURNING *;
@@ -56,16 +59,20 @@ INSERT INTO api_keys (key_id, tenant_id, role, secret_hash) VALUES (%s, %s, %s, 
 SELECT * FROM api_keys WHERE key_id = %s;
 
 -- name: revoke_key
-UPDATE api_keys SET revoked_at = coalesce(revoked_at, statement_timestamp()) WHERE tenant_id = %s AND key_id = %s RETURNING pg_notify('queue_server_keys', key_id);
+UPDATE api_keys SET revoked_at = coalesce(revoked_at, statement_timestamp())
+WHERE tenant_id = %s AND key_id = %s RETURNING pg_notify('queue_server_keys', key_id);
 
 -- name: revoke_admin_key
-UPDATE api_keys SET revoked_at = coalesce(revoked_at, statement_timestamp()) WHERE role = 'admin' AND key_id = %s RETURNING pg_notify('queue_server_keys', key_id);
+UPDATE api_keys SET revoked_at = coalesce(revoked_at, statement_timestamp())
+WHERE role = 'admin' AND key_id = %s RETURNING pg_notify('queue_server_keys', key_id);
 
 -- name: revoke_other_admin_keys
-UPDATE api_keys SET revoked_at = statement_timestamp() WHERE role = 'admin' AND revoked_at IS NULL AND key_id <> %s RETURNING key_id, pg_notify('queue_server_keys', key_id);
+UPDATE api_keys SET revoked_at = statement_timestamp() WHERE role = 'admin'
+  AND revoked_at IS NULL AND key_id <> %s RETURNING key_id, pg_notify('queue_server_keys', key_id);
 
 -- name: list_admin_keys
-SELECT key_id, created_at, revoked_at FROM api_keys WHERE role = 'admin' ORDER BY created_at, key_id;
+SELECT key_id, created_at, revoked_at FROM api_keys WHERE role = 'admin' ORDER BY created_at,
+    key_id;
 
 -- name: lock_admin_keys
 SELECT pg_advisory_xact_lock(hashtext('queue-server-admin-key'));
@@ -74,7 +81,8 @@ SELECT pg_advisory_xact_lock(hashtext('queue-server-admin-key'));
 SELECT count(*) AS n FROM api_keys WHERE role = 'admin' AND revoked_at IS NULL;
 
 -- name: add_spend_approval
-INSERT INTO spend_approvals (tenant_id, queue, approved_by, max_concurrency, expires_at, reason) VALUES (%s, %s, %s, %s, %s, %s) RETURNING *, expires_at > statement_timestamp() AS live;
+INSERT INTO spend_approvals (tenant_id, queue, approved_by, max_concurrency, expires_at,
+    reason) VALUES (%s, %s, %s, %s, %s, %s) RETURNING *, expires_at > statement_timestamp() AS live;
 
 -- name: concurrency
 SELECT (SELECT count(*) FROM work_items

@@ -1,5 +1,6 @@
--- The statements of queue_server/store/transitions.py, each a `-- name:` block, loaded at import
--- (queue_server/store/sql/__init__.py) and run by name: the text here is the text sent.
+-- The statements of queue_server/store/transitions.py, run by name. Each `-- name:`
+-- block is loaded at import (queue_server/store/sql/__init__.py); the text here is
+-- the text sent.
 
 -- name: enqueue
 WITH input AS (
@@ -31,7 +32,8 @@ WITH input AS (
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
     SELECT s.tenant_id, w.watcher_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''),
            'item.enqueued', s.item_id, s.queue,
-           jsonb_build_object('event', 'item.enqueued', 'occurred_at', api_timestamp(statement_timestamp()),
+           jsonb_build_object('event', 'item.enqueued',
+                              'occurred_at', api_timestamp(statement_timestamp()),
                               'item', item_json(s)),
            'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
            statement_timestamp()
@@ -40,7 +42,8 @@ WITH input AS (
      AND 'item.enqueued' = ANY(w.events) AND (w.queues IS NULL OR s.queue = ANY(w.queues))
     ORDER BY s.item_id, w.watcher_id
 )
-SELECT ins.* FROM ins, (SELECT pg_notify('queue_server_ready', %(tenant)s || '/' || %(queue)s)) AS n;
+SELECT ins.* FROM ins,
+     (SELECT pg_notify('queue_server_ready', %(tenant)s || '/' || %(queue)s)) AS n;
 
 -- name: lock_queue
 -- The queue's concurrency limit (the policy's local concurrency, one, unless a live spend
@@ -133,6 +136,7 @@ WITH counts AS (
            statement_timestamp()
     FROM quarantined
 ), ev AS (
+    -- A lease that ran to its deadline is recorded before its takeover (or quarantine).
     INSERT INTO item_events (tenant_id, item_id, seq, at, kind, fence, actor, data)
     SELECT o.tenant_id, o.item_id, o.event_seq - 2, o.updated_at, 'deadline_exceeded',
            o.overdue_fence, 'server',
@@ -170,7 +174,8 @@ counted AS (
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
     SELECT s.tenant_id, w.watcher_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''),
            'item.quarantined', s.item_id, s.queue,
-           jsonb_build_object('event', 'item.quarantined', 'occurred_at', api_timestamp(statement_timestamp()),
+           jsonb_build_object('event', 'item.quarantined',
+                              'occurred_at', api_timestamp(statement_timestamp()),
                               'item', item_json(s)),
            'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
            statement_timestamp()
@@ -215,7 +220,8 @@ SELECT upd.item_id FROM upd, (SELECT pg_notify('queue_server_ready', %(tenant)s 
 -- holder guard refuses every holder operation (explain_rejection: lease-deadline-exceeded).
 WITH upd AS (
     UPDATE work_items
-    SET lease_expires_at = least(statement_timestamp() + %(ttl)s, lease_deadline_at), updated_at = statement_timestamp(), event_seq = event_seq + 1
+    SET lease_expires_at = least(statement_timestamp() + %(ttl)s, lease_deadline_at),
+        updated_at = statement_timestamp(), event_seq = event_seq + 1
     WHERE tenant_id = %(tenant)s AND item_id = %(item_id)s
       AND state = 'leased' AND fence = %(fence)s AND lease_holder = %(worker)s
       AND lease_expires_at > statement_timestamp()
@@ -231,7 +237,8 @@ SELECT upd.* FROM upd;
 -- name: complete
 WITH upd AS (
     UPDATE work_items
-    SET state = 'completed', result = %(result)s, lease_holder = NULL, lease_expires_at = NULL, updated_at = statement_timestamp(), event_seq = event_seq + 1
+    SET state = 'completed', result = %(result)s, lease_holder = NULL, lease_expires_at = NULL,
+        updated_at = statement_timestamp(), event_seq = event_seq + 1
     WHERE tenant_id = %(tenant)s AND item_id = %(item_id)s
       AND state = 'leased' AND fence = %(fence)s AND lease_holder = %(worker)s
       AND lease_expires_at > statement_timestamp()
@@ -246,7 +253,8 @@ WITH upd AS (
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
     SELECT s.tenant_id, w.watcher_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''),
            'item.completed', s.item_id, s.queue,
-           jsonb_build_object('event', 'item.completed', 'occurred_at', api_timestamp(statement_timestamp()),
+           jsonb_build_object('event', 'item.completed',
+                              'occurred_at', api_timestamp(statement_timestamp()),
                               'item', item_json(s)),
            'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
            statement_timestamp()
@@ -271,7 +279,9 @@ SELECT upd.* FROM upd;
 -- name: requeue
 WITH upd AS (
     UPDATE work_items
-    SET state = 'ready', available_at = statement_timestamp() + make_interval(secs => %(delay)s), lease_holder = NULL, lease_expires_at = NULL, updated_at = statement_timestamp(), event_seq = event_seq + 1
+    SET state = 'ready', available_at = statement_timestamp() + make_interval(secs => %(delay)s),
+        lease_holder = NULL, lease_expires_at = NULL, updated_at = statement_timestamp(),
+        event_seq = event_seq + 1
     WHERE tenant_id = %(tenant)s AND item_id = %(item_id)s
       AND state = 'leased' AND fence = %(fence)s AND lease_holder = %(worker)s
       AND lease_expires_at > statement_timestamp()
@@ -286,7 +296,8 @@ WITH upd AS (
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
     SELECT s.tenant_id, w.watcher_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''),
            'item.requeued', s.item_id, s.queue,
-           jsonb_build_object('event', 'item.requeued', 'occurred_at', api_timestamp(statement_timestamp()),
+           jsonb_build_object('event', 'item.requeued',
+                              'occurred_at', api_timestamp(statement_timestamp()),
                               'item', item_json(s)),
            'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
            statement_timestamp()
@@ -295,12 +306,15 @@ WITH upd AS (
      AND 'item.requeued' = ANY(w.events) AND (w.queues IS NULL OR s.queue = ANY(w.queues))
     ORDER BY s.item_id, w.watcher_id
 )
-SELECT upd.* FROM upd, (SELECT pg_notify('queue_server_ready', %(tenant)s || '/' || queue) FROM upd) AS n;
+SELECT upd.* FROM upd,
+     (SELECT pg_notify('queue_server_ready', %(tenant)s || '/' || queue) FROM upd) AS n;
 
 -- name: triage_requeue
 WITH upd AS (
     UPDATE work_items
-    SET state = 'ready', available_at = statement_timestamp() + make_interval(secs => %(delay)s), last_failure = %(failure)s, lease_holder = NULL, lease_expires_at = NULL, updated_at = statement_timestamp(), event_seq = event_seq + 1
+    SET state = 'ready', available_at = statement_timestamp() + make_interval(secs => %(delay)s),
+        last_failure = %(failure)s, lease_holder = NULL, lease_expires_at = NULL,
+        updated_at = statement_timestamp(), event_seq = event_seq + 1
     WHERE tenant_id = %(tenant)s AND item_id = %(item_id)s
       AND state = 'leased' AND fence = %(fence)s AND lease_holder = %(worker)s
       AND lease_expires_at > statement_timestamp()
@@ -308,14 +322,16 @@ WITH upd AS (
 ), ev AS (
     INSERT INTO item_events (tenant_id, item_id, seq, at, kind, fence, actor, data)
     SELECT tenant_id, item_id, event_seq - 1, updated_at, 'triaged', fence, %(worker)s,
-           jsonb_build_object('decision', 'requeue', 'failure', last_failure, 'available_at', available_at)
+           jsonb_build_object('decision', 'requeue', 'failure', last_failure,
+                              'available_at', available_at)
     FROM upd
 ), outbox AS (
     INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
     SELECT s.tenant_id, w.watcher_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''),
            'item.requeued', s.item_id, s.queue,
-           jsonb_build_object('event', 'item.requeued', 'occurred_at', api_timestamp(statement_timestamp()),
+           jsonb_build_object('event', 'item.requeued',
+                              'occurred_at', api_timestamp(statement_timestamp()),
                               'item', item_json(s)),
            'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
            statement_timestamp()
@@ -330,12 +346,14 @@ WITH upd AS (
     ON CONFLICT (tenant_id, queue, shard) DO UPDATE
     SET failed = queue_counters.failed + excluded.failed
 )
-SELECT upd.* FROM upd, (SELECT pg_notify('queue_server_ready', %(tenant)s || '/' || queue) FROM upd) AS n;
+SELECT upd.* FROM upd,
+     (SELECT pg_notify('queue_server_ready', %(tenant)s || '/' || queue) FROM upd) AS n;
 
 -- name: triage_quarantine
 WITH upd AS (
     UPDATE work_items
-    SET state = 'quarantined', last_failure = %(failure)s, lease_holder = NULL, lease_expires_at = NULL, updated_at = statement_timestamp(), event_seq = event_seq + 1
+    SET state = 'quarantined', last_failure = %(failure)s, lease_holder = NULL,
+        lease_expires_at = NULL, updated_at = statement_timestamp(), event_seq = event_seq + 1
     WHERE tenant_id = %(tenant)s AND item_id = %(item_id)s
       AND state = 'leased' AND fence = %(fence)s AND lease_holder = %(worker)s
       AND lease_expires_at > statement_timestamp()
@@ -355,7 +373,8 @@ WITH upd AS (
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
     SELECT s.tenant_id, w.watcher_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''),
            'item.quarantined', s.item_id, s.queue,
-           jsonb_build_object('event', 'item.quarantined', 'occurred_at', api_timestamp(statement_timestamp()),
+           jsonb_build_object('event', 'item.quarantined',
+                              'occurred_at', api_timestamp(statement_timestamp()),
                               'item', item_json(s)),
            'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
            statement_timestamp()
@@ -385,7 +404,8 @@ WITH upd AS (
     RETURNING tenant_id, item_id, event_seq, fence
 )
 INSERT INTO item_events (tenant_id, item_id, seq, at, kind, fence, actor, data)
-    SELECT tenant_id, item_id, event_seq - 1, statement_timestamp(), 'triage_rejected', fence, %(worker)s,
+    SELECT tenant_id, item_id, event_seq - 1, statement_timestamp(), 'triage_rejected', fence,
+        %(worker)s,
            jsonb_build_object('failure', %(failure)s::jsonb, 'presented_fence', %(fence)s::bigint,
                           'reason', %(reason)s::text)
     FROM upd;
@@ -437,7 +457,8 @@ SELECT item_id::text AS item_id, lease_expires_at, lease_deadline_at FROM upd;
 
 -- name: complete_many
 WITH input AS (
-    SELECT * FROM jsonb_to_recordset(%(items)s::jsonb) AS x(item_id uuid, fence bigint, result jsonb)
+    SELECT * FROM jsonb_to_recordset(%(items)s::jsonb) AS x(item_id uuid, fence bigint,
+        result jsonb)
 ), upd AS (
     UPDATE work_items w
     SET state = 'completed', result = coalesce(i.result, 'null'::jsonb), lease_holder = NULL,
@@ -469,7 +490,8 @@ release AS (
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
     SELECT s.tenant_id, w.watcher_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''),
            'item.completed', s.item_id, s.queue,
-           jsonb_build_object('event', 'item.completed', 'occurred_at', api_timestamp(statement_timestamp()),
+           jsonb_build_object('event', 'item.completed',
+                              'occurred_at', api_timestamp(statement_timestamp()),
                               'item', item_json(s)),
            'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
            statement_timestamp()
@@ -513,7 +535,8 @@ WITH dl AS (
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
     SELECT s.tenant_id, w.watcher_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''),
            'item.replayed', s.item_id, s.queue,
-           jsonb_build_object('event', 'item.replayed', 'occurred_at', api_timestamp(statement_timestamp()),
+           jsonb_build_object('event', 'item.replayed',
+                              'occurred_at', api_timestamp(statement_timestamp()),
                               'item', item_json(s)),
            'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
            statement_timestamp()
@@ -522,7 +545,8 @@ WITH dl AS (
      AND 'item.replayed' = ANY(w.events) AND (w.queues IS NULL OR s.queue = ANY(w.queues))
     ORDER BY s.item_id, w.watcher_id
 )
-SELECT upd.* FROM upd, (SELECT pg_notify('queue_server_ready', %(tenant)s || '/' || queue) FROM upd) AS n;
+SELECT upd.* FROM upd,
+     (SELECT pg_notify('queue_server_ready', %(tenant)s || '/' || queue) FROM upd) AS n;
 
 -- name: discard
 WITH dl AS (
@@ -556,7 +580,8 @@ WITH dl AS (
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
     SELECT s.tenant_id, w.watcher_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''),
            'item.cancelled', s.item_id, s.queue,
-           jsonb_build_object('event', 'item.cancelled', 'occurred_at', api_timestamp(statement_timestamp()),
+           jsonb_build_object('event', 'item.cancelled',
+                              'occurred_at', api_timestamp(statement_timestamp()),
                               'item', item_json(s)),
            'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
            statement_timestamp()
@@ -618,7 +643,8 @@ counted AS (
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
     SELECT s.tenant_id, w.watcher_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''),
            'item.cancelled', s.item_id, s.queue,
-           jsonb_build_object('event', 'item.cancelled', 'occurred_at', api_timestamp(statement_timestamp()),
+           jsonb_build_object('event', 'item.cancelled',
+                              'occurred_at', api_timestamp(statement_timestamp()),
                               'item', item_json(s)),
            'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
            statement_timestamp()
@@ -681,7 +707,8 @@ WITH cutoff AS (
     WHERE e.tenant_id = %(tenant)s AND e.item_id = ANY(ARRAY(SELECT item_id FROM gone))
 ), counted AS (
     INSERT INTO queue_counters (tenant_id, queue, shard, purged_completed, purged_cancelled)
-    SELECT tenant_id, queue, %(shard)s, count(*) FILTER (WHERE state = 'completed'), count(*) FILTER (WHERE state = 'cancelled')
+    SELECT tenant_id, queue, %(shard)s, count(*) FILTER (WHERE state = 'completed'),
+        count(*) FILTER (WHERE state = 'cancelled')
     FROM gone GROUP BY tenant_id, queue ORDER BY tenant_id, queue
     ON CONFLICT (tenant_id, queue, shard) DO UPDATE
     SET purged_completed = queue_counters.purged_completed + excluded.purged_completed,

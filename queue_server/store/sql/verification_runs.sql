@@ -1,5 +1,6 @@
--- The statements of queue_server/store/verification_runs.py, each a `-- name:` block, loaded at import
--- (queue_server/store/sql/__init__.py) and run by name: the text here is the text sent.
+-- The statements of queue_server/store/verification_runs.py, run by name. Each `-- name:`
+-- block is loaded at import (queue_server/store/sql/__init__.py); the text here is
+-- the text sent.
 
 -- name: start
 -- ON CONFLICT covers the run key and the one-running-run index: a second start of
@@ -11,7 +12,8 @@ WITH ins AS (
     VALUES (%(tenant)s, %(run_id)s, %(artifact)s, %(verifier)s, %(items)s,
             statement_timestamp() + %(deadline)s)
     ON CONFLICT DO NOTHING
-    RETURNING tenant_id, run_id, artifact_version, verifier_version, items, state, created_at, completed_at, deadline_at, ended_at, ended_by, end_reason
+    RETURNING tenant_id, run_id, artifact_version, verifier_version, items, state, created_at,
+        completed_at, deadline_at, ended_at, ended_by, end_reason
 ), previous AS (
     SELECT run_id FROM verification_runs
     WHERE tenant_id = %(tenant)s AND artifact_version = %(artifact)s
@@ -42,24 +44,36 @@ WHERE r.tenant_id = %(tenant)s AND r.run_id = %(run_id)s AND r.state = 'running'
       WHERE NOT EXISTS (
           SELECT 1 FROM verification_checkpoints c
           WHERE c.tenant_id = r.tenant_id AND c.run_id = r.run_id AND c.item = declared.item))
-RETURNING tenant_id, run_id, artifact_version, verifier_version, items, state, created_at, completed_at, deadline_at, ended_at, ended_by, end_reason;
+RETURNING tenant_id, run_id, artifact_version, verifier_version, items, state, created_at,
+    completed_at, deadline_at, ended_at, ended_by, end_reason;
 
 -- name: by_key
-SELECT tenant_id, run_id, artifact_version, verifier_version, items, state, created_at, completed_at, deadline_at, ended_at, ended_by, end_reason FROM verification_runs WHERE tenant_id = %s AND artifact_version = %s AND verifier_version = %s AND state IN ('running', 'complete');
+SELECT tenant_id, run_id, artifact_version, verifier_version, items, state, created_at,
+    completed_at, deadline_at, ended_at, ended_by, end_reason FROM verification_runs
+WHERE tenant_id = %s AND artifact_version = %s AND verifier_version = %s AND state IN ('running',
+    'complete');
 
 -- name: running
-SELECT tenant_id, run_id, artifact_version, verifier_version, items, state, created_at, completed_at, deadline_at, ended_at, ended_by, end_reason FROM verification_runs WHERE tenant_id = %s AND state = 'running';
+SELECT tenant_id, run_id, artifact_version, verifier_version, items, state, created_at,
+    completed_at, deadline_at, ended_at, ended_by, end_reason FROM verification_runs
+WHERE tenant_id = %s AND state = 'running';
 
 -- name: get
-SELECT tenant_id, run_id, artifact_version, verifier_version, items, state, created_at, completed_at, deadline_at, ended_at, ended_by, end_reason FROM verification_runs WHERE tenant_id = %s AND run_id = %s;
+SELECT tenant_id, run_id, artifact_version, verifier_version, items, state, created_at,
+    completed_at, deadline_at, ended_at, ended_by, end_reason FROM verification_runs
+WHERE tenant_id = %s AND run_id = %s;
 
 -- name: get_for_share
 -- FOR SHARE pins the run while a checkpoint is recorded, so the terminal marker
 -- cannot be written between the state check and the checkpoint insert.
-SELECT tenant_id, run_id, artifact_version, verifier_version, items, state, created_at, completed_at, deadline_at, ended_at, ended_by, end_reason FROM verification_runs WHERE tenant_id = %s AND run_id = %s FOR SHARE;
+SELECT tenant_id, run_id, artifact_version, verifier_version, items, state, created_at,
+    completed_at, deadline_at, ended_at, ended_by, end_reason FROM verification_runs
+WHERE tenant_id = %s AND run_id = %s FOR SHARE;
 
 -- name: list_page
-SELECT tenant_id, run_id, artifact_version, verifier_version, items, state, created_at, completed_at, deadline_at, ended_at, ended_by, end_reason, jsonb_array_length(r.items) AS item_count,
+SELECT tenant_id, run_id, artifact_version, verifier_version, items, state, created_at,
+    completed_at, deadline_at, ended_at, ended_by, end_reason,
+    jsonb_array_length(r.items) AS item_count,
        (SELECT count(*) FROM verification_checkpoints c
         WHERE c.tenant_id = r.tenant_id AND c.run_id = r.run_id) AS checkpoint_count
 FROM verification_runs r
@@ -68,10 +82,12 @@ ORDER BY r.run_id DESC
 LIMIT %(limit)s;
 
 -- name: checkpoints
-SELECT tenant_id, run_id, item, result, recorded_at FROM verification_checkpoints WHERE tenant_id = %s AND run_id = %s ORDER BY recorded_at, item;
+SELECT tenant_id, run_id, item, result, recorded_at FROM verification_checkpoints
+WHERE tenant_id = %s AND run_id = %s ORDER BY recorded_at, item;
 
 -- name: checkpoint
-SELECT tenant_id, run_id, item, result, recorded_at FROM verification_checkpoints WHERE tenant_id = %s AND run_id = %s AND item = %s;
+SELECT tenant_id, run_id, item, result, recorded_at FROM verification_checkpoints
+WHERE tenant_id = %s AND run_id = %s AND item = %s;
 
 -- name: fail_overdue
 -- The deadline, applied by the statement that checks it: a running run past its
@@ -82,11 +98,13 @@ SET state = 'failed', ended_at = statement_timestamp(), ended_by = 'server',
 WHERE (%(tenant)s::text IS NULL OR tenant_id = %(tenant)s)
   AND (%(run_id)s::uuid IS NULL OR run_id = %(run_id)s::uuid)
   AND state = 'running' AND deadline_at <= statement_timestamp()
-RETURNING tenant_id, run_id, artifact_version, verifier_version, items, state, created_at, completed_at, deadline_at, ended_at, ended_by, end_reason;
+RETURNING tenant_id, run_id, artifact_version, verifier_version, items, state, created_at,
+    completed_at, deadline_at, ended_at, ended_by, end_reason;
 
 -- name: abandon
 UPDATE verification_runs
 SET state = 'abandoned', ended_at = statement_timestamp(), ended_by = %(actor)s,
     end_reason = %(reason)s
 WHERE tenant_id = %(tenant)s AND run_id = %(run_id)s AND state = 'running'
-RETURNING tenant_id, run_id, artifact_version, verifier_version, items, state, created_at, completed_at, deadline_at, ended_at, ended_by, end_reason;
+RETURNING tenant_id, run_id, artifact_version, verifier_version, items, state, created_at,
+    completed_at, deadline_at, ended_at, ended_by, end_reason;

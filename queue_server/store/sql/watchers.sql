@@ -1,22 +1,27 @@
--- The statements of queue_server/store/watchers.py, each a `-- name:` block, loaded at import
--- (queue_server/store/sql/__init__.py) and run by name: the text here is the text sent.
+-- The statements of queue_server/store/watchers.py, run by name. Each `-- name:`
+-- block is loaded at import (queue_server/store/sql/__init__.py); the text here is
+-- the text sent.
 
 -- name: create_watcher
 INSERT INTO watchers (tenant_id, url, events, queues, state, secret, created_at, updated_at)
 VALUES (%(tenant)s, %(url)s, %(events)s, %(queues)s, 'active', %(secret)s,
         statement_timestamp(), statement_timestamp())
-RETURNING tenant_id, watcher_id, url, events, queues, state, disabled_reason, created_at, updated_at, previous_secret_expires_at;
+RETURNING tenant_id, watcher_id, url, events, queues, state, disabled_reason, created_at,
+    updated_at, previous_secret_expires_at;
 
 -- name: get_watcher
-SELECT tenant_id, watcher_id, url, events, queues, state, disabled_reason, created_at, updated_at, previous_secret_expires_at FROM watchers
+SELECT tenant_id, watcher_id, url, events, queues, state, disabled_reason, created_at,
+    updated_at, previous_secret_expires_at FROM watchers
 WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s;
 
 -- name: get_watcher_for_update
-SELECT tenant_id, watcher_id, url, events, queues, state, disabled_reason, created_at, updated_at, previous_secret_expires_at FROM watchers
+SELECT tenant_id, watcher_id, url, events, queues, state, disabled_reason, created_at,
+    updated_at, previous_secret_expires_at FROM watchers
 WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s FOR UPDATE;
 
 -- name: list_watchers
-SELECT tenant_id, watcher_id, url, events, queues, state, disabled_reason, created_at, updated_at, previous_secret_expires_at FROM watchers WHERE tenant_id = %(tenant)s
+SELECT tenant_id, watcher_id, url, events, queues, state, disabled_reason, created_at,
+    updated_at, previous_secret_expires_at FROM watchers WHERE tenant_id = %(tenant)s
 ORDER BY created_at, watcher_id;
 
 -- name: change_state
@@ -31,7 +36,8 @@ WITH before AS (
                          THEN coalesce(w.paused_at, statement_timestamp()) END
     FROM before b
     WHERE w.tenant_id = b.tenant_id AND w.watcher_id = b.watcher_id
-    RETURNING w.tenant_id, w.watcher_id, w.url, w.events, w.queues, w.state, w.disabled_reason, w.created_at, w.updated_at, w.previous_secret_expires_at
+    RETURNING w.tenant_id, w.watcher_id, w.url, w.events, w.queues, w.state, w.disabled_reason,
+        w.created_at, w.updated_at, w.previous_secret_expires_at
 ), resumed AS (
     -- The pause did not count toward the deadline of the rows that waited through it.
     UPDATE outbox_deliveries o
@@ -48,7 +54,8 @@ WITH w AS (
         updated_at = statement_timestamp()
     WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s
       AND state IN ('active', 'paused')
-    RETURNING tenant_id, watcher_id, url, events, queues, state, disabled_reason, created_at, updated_at, previous_secret_expires_at
+    RETURNING tenant_id, watcher_id, url, events, queues, state, disabled_reason, created_at,
+        updated_at, previous_secret_expires_at
 ), rows AS (
     UPDATE outbox_deliveries o
     SET state = 'cancelled', claim_token = NULL, claimed_until = NULL,
@@ -66,4 +73,5 @@ SET previous_secret = secret, previous_secret_expires_at = statement_timestamp()
     secret = %(secret)s, updated_at = statement_timestamp()
 WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s
   AND state IN ('active', 'paused', 'disabled')
-RETURNING tenant_id, watcher_id, url, events, queues, state, disabled_reason, created_at, updated_at, previous_secret_expires_at;
+RETURNING tenant_id, watcher_id, url, events, queues, state, disabled_reason, created_at,
+    updated_at, previous_secret_expires_at;
