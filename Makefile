@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 SOURCES := queue_server tests reliability bench deploy
 TYPED := queue_server tests reliability bench deploy/local-ha/ha.py
 
-.PHONY: help install serve test lint unit contract browser console-screenshots fmt sql clean bench bench-quick \
+.PHONY: help install serve test lint unit contract browser console-screenshots fmt clean bench bench-quick \
 	reliability reliability-quick failover-quick lock ha-up ha-down ha-status ha-check failover bench-scale bench-sync
 
 help: ## Show the targets
@@ -70,9 +70,6 @@ reliability-quick: $(STAMP) ## Every reliability scenario once, small load (unde
 
 lock: ## Re-pin requirements.lock (the image's dependencies) after changing pyproject's
 	PYTHON=$(PYTHON) deploy/lock-requirements.sh
-
-sql: $(STAMP) ## Rewrite queue_server/store/sql/*.sql from the statements in the code
-	$(BIN)/python -m queue_server.store.sql --write
 
 ha-up: $(STAMP) ## Local HA topology on loopback: etcd, 3 Patroni/PostgreSQL 15, HAProxy, PgBouncer, 2 APIs, deliver
 	$(BIN)/python deploy/local-ha/ha.py up

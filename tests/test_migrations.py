@@ -15,9 +15,8 @@ from sqlalchemy import create_engine, pool
 
 from queue_server.infra import migrate
 from queue_server.store import queues as queue_store
-from queue_server.store import reads
+from queue_server.store import reads, transitions
 from queue_server.store.tables import metadata
-from queue_server.store.transitions import _ACQUIRE
 
 
 def _tables(url: str) -> set[str]:
@@ -64,7 +63,7 @@ def test_prepared_acquire_plan_reads_the_ready_index_not_the_whole_table(
         )
         conn.execute("ANALYZE work_items")
         conn.execute("SET plan_cache_mode = force_generic_plan")
-        sql = _ACQUIRE.replace("%(tenant)s", "$1").replace("%(queue)s", "$2")
+        sql = transitions._SQL["acquire"].replace("%(tenant)s", "$1").replace("%(queue)s", "$2")
         sql = sql.replace("%(worker)s", "$3").replace("%(ttl)s", "$4::interval")
         sql = sql.replace("%(max_items)s", "$5::int").replace("%(shard)s", "$6::int")
         sql = sql.replace("%(shared)s", "$7::bool").replace("%(slack)s", "$8::int")
@@ -81,7 +80,7 @@ def test_prepared_acquire_plan_reads_the_ready_index_not_the_whole_table(
         custom = "\n".join(
             row["QUERY PLAN"]
             for row in conn.execute(
-                "EXPLAIN " + _ACQUIRE,
+                "EXPLAIN " + transitions._SQL["acquire"],
                 {
                     "tenant": "t",
                     "queue": "q",
@@ -198,9 +197,9 @@ def test_the_figures_of_a_scrape_read_no_finished_history(database_url: str) -> 
         conn.execute("ANALYZE work_items")
         conn.execute("SET plan_cache_mode = force_generic_plan")
         for sql, params in (
-            (queue_store._ALL_OPEN_COUNTS, {}),
-            (queue_store._OPEN_COUNTS, {"tenant": "t"}),
-            (reads._STATE_COUNTS, {"tenant": "t"}),
+            (queue_store._SQL["all_open_counts"], {}),
+            (queue_store._SQL["open_counts"], {"tenant": "t"}),
+            (reads._SQL["state_counts"], {"tenant": "t"}),
         ):
             nodes = _explain_generic(conn, sql, params)
             items = [n for n in nodes if n.get("Relation Name") == "work_items"]
@@ -210,3 +209,90 @@ def test_the_figures_of_a_scrape_read_no_finished_history(database_url: str) -> 
                 for n in items
             )
             assert read <= 200, f"{read} rows read to count 200 unfinished items"
+
+
+# The outbox's item as the transitions wrote it out before item_json (0012): the function
+# must give the same JSON, byte for byte, for every state and every null.
+_ITEM_BEFORE_0012 = """jsonb_build_object(
+    'item_id', s.item_id::text, 'tenant', s.tenant_id, 'queue', s.queue,
+    'state', s.state::text, 'payload', s.payload, 'priority', s.priority,
+    'available_at', to_char(s.available_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+    'fence', s.fence,
+    'acquisition_count', s.acquisition_count, 'max_acquisitions', s.max_acquisitions,
+    'lease_holder', s.lease_holder,
+    'lease_expires_at', to_char(s.lease_expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+    'lease_deadline_at', CASE WHEN s.state = 'leased'
+        THEN to_char(s.lease_deadline_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"') END,
+    'result', s.result, 'last_failure', s.last_failure,
+    'created_at', to_char(s.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+    'updated_at', to_char(s.updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))"""
+
+
+def test_item_json_is_the_item_the_outbox_wrote_before_it(database_url: str) -> None:
+    with psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as conn:
+        # Whatever the session's time zone: the item's times are UTC.
+        conn.execute("SET TIME ZONE 'America/St_Johns'")
+        conn.execute("INSERT INTO tenants VALUES ('t', 10, 5, '30 seconds', now(), now())")
+        conn.execute(
+            "INSERT INTO work_items (tenant_id, queue, payload, max_acquisitions, available_at)"
+            " VALUES ('t', 'q', '{\"a\": [1, \"é\"]}', 5, '2026-12-01 13:58:08.000001+00'),"
+            " ('t', 'q', 'null', 3, '2026-01-01 00:00:00+05')"
+        )
+        conn.execute(
+            "INSERT INTO work_items (tenant_id, queue, payload, state, fence, acquisition_count,"
+            " max_acquisitions, lease_holder, lease_expires_at, lease_deadline_at, leased_at)"
+            " VALUES ('t', 'q', '1', 'leased', 2, 1, 5, 'w', now() + interval '30 s',"
+            " now() + interval '900 s', now())"
+        )
+        conn.execute(
+            "INSERT INTO work_items (tenant_id, queue, payload, state, fence, acquisition_count,"
+            " max_acquisitions, result, last_failure, lease_deadline_at)"
+            " VALUES ('t', 'q', '{}', 'completed', 1, 1, 5, '{\"ok\": true}', '{\"e\": 1}',"
+            " now() - interval '1 day')"
+        )
+        rows = conn.execute(
+            f"SELECT item_json(s)::text AS now, ({_ITEM_BEFORE_0012})::text AS before"
+            " FROM work_items s ORDER BY s.state, s.created_at"
+        ).fetchall()
+        stamp = conn.execute("SELECT api_timestamp('2026-12-01 13:58:08+00') AS t").fetchone()
+    assert len(rows) == 4
+    for row in rows:
+        assert row["now"] == row["before"]
+    assert stamp == {"t": "2026-12-01T13:58:08.000000Z"}
+
+
+def test_item_json_is_inlined_into_the_transitions_that_write_the_outbox(
+    database_url: str,
+) -> None:
+    """The plan is the one of the expression written out: the planner inlines both
+    functions, so a transition calls neither per row."""
+    params: dict[str, dict[str, Any]] = {
+        "complete": {
+            "tenant": "t",
+            "item_id": "00000000-0000-0000-0000-000000000000",
+            "worker": "w",
+            "fence": 1,
+            "shard": 0,
+            "result": None,
+        },
+        "cancel": {
+            "tenant": "t",
+            "item_ids": ["00000000-0000-0000-0000-000000000000"],
+            "state": None,
+            "reason": "r",
+            "actor": "a",
+            "shard": 0,
+        },
+    }
+    with psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as conn:
+        for name, values in params.items():
+            plan = "\n".join(
+                row["QUERY PLAN"]
+                for row in conn.execute(
+                    "EXPLAIN (VERBOSE) " + transitions._SQL[name], values
+                ).fetchall()
+            )
+            assert "jsonb_build_object('item_id'" in plan, name
+            assert "to_char(" in plan, name
+            assert "item_json" not in plan, name
+            assert "api_timestamp" not in plan, name

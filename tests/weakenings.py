@@ -13,7 +13,8 @@ runtime in this test process (the live server of a test runs in it, in a thread)
 - `lift(...)` lifts a cell's value where every enforcement point reads it
   (`ReliabilityPolicy.for_class`, under the typed views and the policy helpers), so a
   lifted test proves the runtime reads that value from the loaded policy;
-- `replace_sql(...)` edits one registered statement, as a wrong edit of the store would;
+- `replace_sql(...)` edits one named statement of a store module's `.sql` file, as a
+  wrong edit of the store would;
 - `after_migrate(...)` changes the test databases' schema (e.g. drops an index);
 - plain `monkeypatch.setattr` swaps a mechanism (e.g. the negative control's
   cancel-after-dispatch mutation path into the REST-backed bridge).
@@ -77,11 +78,16 @@ def lift(mp: pytest.MonkeyPatch, operation_class: str, dimension: str, **changes
 
 
 def replace_sql(mp: pytest.MonkeyPatch, module: Any, name: str, old: str, new: str) -> None:
-    """Edit the registered statement `module.name`; `old` must occur in it."""
-    sql: str = getattr(module, name)
+    """Edit the statement `name` that the store module `module` runs (its `_SQL[name]`);
+    `old` must occur in it."""
+    from queue_server.store.sql import Statements
+
+    statements: Statements = module._SQL
+    sql = statements[name]
     if old not in sql:
-        raise AssertionError(f"{module.__name__}.{name} does not contain {old!r}")
-    mp.setattr(module, name, sql.replace(old, new))
+        raise AssertionError(f"{statements.module}.sql: {name} does not contain {old!r}")
+    edited = Statements(statements.module, {**statements, name: sql.replace(old, new)})
+    mp.setattr(module, "_SQL", edited)
 
 
 _AFTER_MIGRATE: list[str] = []
@@ -143,7 +149,7 @@ def _no_quarantine_at_budget(mp: pytest.MonkeyPatch) -> None:
     replace_sql(
         mp,
         transitions,
-        "_ACQUIRE",
+        "acquire",
         "AND w.acquisition_count < w.max_acquisitions",
         "AND w.acquisition_count <= w.max_acquisitions",
     )
@@ -156,7 +162,7 @@ def _no_expired_takeover(mp: pytest.MonkeyPatch) -> None:
     replace_sql(
         mp,
         transitions,
-        "_ACQUIRE",
+        "acquire",
         "AND lease_expires_at <= statement_timestamp()\n    ORDER BY lease_expires_at",
         "AND false\n    ORDER BY lease_expires_at",
     )
@@ -166,7 +172,7 @@ def _no_expired_takeover(mp: pytest.MonkeyPatch) -> None:
 def _drop_fence_guard(mp: pytest.MonkeyPatch) -> None:
     from queue_server.store import transitions
 
-    for name in ("_HEARTBEAT", "_COMPLETE", "_REQUEUE", "_TRIAGE_REQUEUE", "_TRIAGE_QUARANTINE"):
+    for name in ("heartbeat", "complete", "requeue", "triage_requeue", "triage_quarantine"):
         replace_sql(mp, transitions, name, "fence = %(fence)s AND ", "")
 
 

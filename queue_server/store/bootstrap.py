@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from queue_server.store.sql import Statements
+from queue_server.store.sql import load
 
-_SQL = Statements(__name__)
+_SQL = load("bootstrap")
 
 # The database the embedded PostgreSQL serves the queue from.
 DATABASE_NAME = "queue_server"
 
-DATABASE_EXISTS = _SQL("database_exists", "SELECT 1 FROM pg_database WHERE datname = %s")
-CREATE_DATABASE = _SQL("create_database", f"CREATE DATABASE {DATABASE_NAME}")
+DATABASE_EXISTS = _SQL["database_exists"]
+CREATE_DATABASE = _SQL["create_database"]

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from queue_server.store.sql import Statements
+from queue_server.store.sql import load
 
-_SQL = Statements(__name__)
+_SQL = load("channels")
 
 # Payload `tenant/queue`: the queue may have work due (enqueue, requeue, replay, release).
 READY_CHANNEL = "queue_server_ready"
 # Payload a key id: a key was revoked; every API process drops its cache of keys.
 KEYS_CHANNEL = "queue_server_keys"
 
-LISTEN_READY = _SQL("listen_ready", f"LISTEN {READY_CHANNEL}")
-LISTEN_KEYS = _SQL("listen_keys", f"LISTEN {KEYS_CHANNEL}")
+LISTEN_READY = _SQL["listen_ready"]
+LISTEN_KEYS = _SQL["listen_keys"]
 
-# The notifier's check on a session that has been quiet for a while.
-LISTENER_PROBE = _SQL("listener_probe", "SELECT 1")
+LISTENER_PROBE = _SQL["listener_probe"]

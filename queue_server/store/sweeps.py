@@ -7,21 +7,16 @@ dies mid-sweep releases it with its connection.
 
 from __future__ import annotations
 
-from queue_server.store.sql import Statements, fetch_one
+from queue_server.store.sql import fetch_one, load
 from queue_server.store.types import Conn
 
-_SQL = Statements(__name__)
+_SQL = load("sweeps")
 
 # The first key of every sweep lock; the second names the sweep.
 SWEEP_LOCK_CLASS = 0x5157  # "QW"
 
-_TRY_LOCK = _SQL(
-    "try_lock",
-    "SELECT pg_try_advisory_xact_lock(%(class)s, %(sweep)s) AS locked",
-)
-
 
 async def try_lock(conn: Conn, sweep: int) -> bool:
     """True when this transaction now holds sweep `sweep`'s lock; False when another does."""
-    row = await fetch_one(conn, _TRY_LOCK, {"class": SWEEP_LOCK_CLASS, "sweep": sweep})
+    row = await fetch_one(conn, _SQL["try_lock"], {"class": SWEEP_LOCK_CLASS, "sweep": sweep})
     return bool(row and row["locked"])

@@ -230,18 +230,18 @@ def test_queue_figures_count_every_state_with_ages_leases_letters_and_rates(
     assert now["failures"] == {"last_minute": 1, "last_hour": 1, "total": 1}
 
     # Two minutes pass (the sample is moved back), then one more completion.
-    db.execute(queue_store._SAMPLE, {"min_gap": timedelta(0)})
+    db.execute(queue_store._SQL["sample"], {"min_gap": timedelta(0)})
     db.execute("UPDATE queue_samples SET sampled_at = sampled_at - interval '2 minutes'")
     api.holder("complete", leases[3]["item_id"], worker="w1", fence=leases[3]["fence"])
     later = figures(api)
     assert later["completions"] == {"last_minute": 1, "last_hour": 3, "total": 3}
     assert later["failures"] == {"last_minute": 0, "last_hour": 1, "total": 1}
     # Two hours pass: the hour's window starts from the old sample.
-    db.execute(queue_store._SAMPLE, {"min_gap": timedelta(0)})
+    db.execute(queue_store._SQL["sample"], {"min_gap": timedelta(0)})
     db.execute("UPDATE queue_samples SET sampled_at = sampled_at - interval '2 hours'")
     assert figures(api)["completions"] == {"last_minute": 0, "last_hour": 0, "total": 3}
     # Pruning keeps each queue's newest sample past the hour, so the window stays right.
-    db.execute(queue_store._PRUNE_SAMPLES, {"limit": 100})
+    db.execute(queue_store._SQL["prune_samples"], {"limit": 100})
     kept = db.execute("SELECT count(*) AS n FROM queue_samples").fetchone()
     assert kept == {"n": 1}
     assert figures(api)["completions"]["last_hour"] == 0

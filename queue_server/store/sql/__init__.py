@@ -1,127 +1,98 @@
-"""Every statement the server runs, by store module and name, rendered in full as SQL.
+"""Every statement the server runs, written as SQL, by store module and name.
 
-Each store module names its statements where it builds them, once, at import:
+Each store module has its file beside this one, `<module>.sql`, of named blocks:
 
-    _SQL = Statements(__name__)
-    _HEARTBEAT = _SQL("heartbeat", _holder_update(...))
+    -- name: heartbeat
+    -- leased -> leased: the holder, with its fence, before expiry.
+    WITH upd AS (
+        UPDATE work_items ...
 
-The text the code sends is the text registered; nothing is assembled per call, so
-every statement stays prepared (and, on the API's connections, generic). The
-files beside this one hold each module's statements fully expanded, as
-`-- name: <name>` blocks, for a reviewer to read as SQL:
+A block is the text from its `-- name:` line to the next one (its comment lines
+included: they are sent as written). The store module loads its file once, at import,
+and runs each statement by name:
 
-    python -m queue_server.store.sql           # exit 1 when a file differs from the code
-    python -m queue_server.store.sql --write   # rewrite the files from the code
+    _SQL = load("transitions")
+    await fetch_one(conn, _SQL["heartbeat"], params)
+
+The text in the file is the text sent; nothing is assembled per call, so every
+statement stays prepared (and, on the API's connections, generic). A name the file
+does not hold is a KeyError that names the file.
 """
 
 from __future__ import annotations
 
-import importlib
-import textwrap
+import re
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, LiteralString
 
 from queue_server.store.types import Conn, Row
 
 SQL_DIR = Path(__file__).parent
 
-# The store modules whose statements are rendered, in file order.
-MODULES = (
-    "bootstrap",
-    "channels",
-    "confirmation_receipts",
-    "dead_letters",
-    "idempotency_receipts",
-    "outbox",
-    "queues",
-    "reads",
-    "schedules",
-    "sessions",
-    "sweeps",
-    "tenants",
-    "transitions",
-    "verification_runs",
-    "watchers",
-)
-
-_REGISTRY: dict[str, dict[str, str]] = {}
+_NAME = re.compile(r"^-- name: ([a-z_][a-z0-9_]*)\s*$")
 
 
-class Statements:
-    """The named statements of one store module."""
+class Statements(Mapping[str, LiteralString]):
+    """The named statements of one `<module>.sql` file."""
 
-    def __init__(self, module: str) -> None:
-        self.module = module.rpartition(".")[2]
-        self.named = _REGISTRY.setdefault(self.module, {})
+    def __init__(self, module: str, named: dict[str, LiteralString]) -> None:
+        self.module = module
+        self._named = named
 
-    def __call__(self, name: str, sql: str) -> str:
-        """Register `sql` as `name` and return it unchanged."""
-        if name in self.named and self.named[name] != sql:
-            raise ValueError(f"two statements named {self.module}.{name}")
-        self.named[name] = sql
-        return sql
+    def __getitem__(self, name: str) -> LiteralString:
+        try:
+            return self._named[name]
+        except KeyError:
+            raise KeyError(f"{self.module}.sql has no statement named {name!r}") from None
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._named)
+
+    def __len__(self) -> int:
+        return len(self._named)
 
 
-async def fetch_one(conn: Conn, sql: str, params: dict[str, Any]) -> Row | None:
-    """Run a registered statement; its first row, or None."""
+def parse(text: str, module: str = "<text>") -> dict[str, LiteralString]:
+    """The `-- name:` blocks of a file's text, in file order; the lines before the first
+    name are the file's own comment. Two blocks of one name are an error."""
+    named: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in text.splitlines():
+        match = _NAME.match(line)
+        if match:
+            name = match.group(1)
+            if name in named:
+                raise ValueError(f"{module}.sql names two statements {name!r}")
+            current = named[name] = []
+        elif current is not None:
+            current.append(line)
+        elif line.strip() and not line.startswith("--"):
+            raise ValueError(f"{module}.sql has SQL before its first `-- name:` line")
+    statements: dict[str, LiteralString] = {}
+    for name, lines in named.items():
+        body = "\n".join(lines).strip()
+        if not body:
+            raise ValueError(f"{module}.sql: the statement {name!r} is empty")
+        # Read from the package's own file: as fixed as a literal in the code (mypy
+        # takes LiteralString for str; the annotation says what the text is).
+        statements[name] = body
+    return statements
+
+
+def load(module: str) -> Statements:
+    """The statements of `store/sql/<module>.sql`, read once (at the module's import)."""
+    path = SQL_DIR / f"{module}.sql"
+    return Statements(module, parse(path.read_text(encoding="utf-8"), module))
+
+
+async def fetch_one(conn: Conn, sql: LiteralString, params: dict[str, Any]) -> Row | None:
+    """Run a named statement; its first row, or None."""
     cur = await conn.execute(sql, params)
     return await cur.fetchone()
 
 
-async def fetch_all(conn: Conn, sql: str, params: dict[str, Any]) -> list[Row]:
-    """Run a registered statement; all its rows."""
+async def fetch_all(conn: Conn, sql: LiteralString, params: dict[str, Any]) -> list[Row]:
+    """Run a named statement; all its rows."""
     cur = await conn.execute(sql, params)
     return await cur.fetchall()
-
-
-def statements() -> dict[str, dict[str, str]]:
-    """Every registered statement: {module: {name: sql}}."""
-    for module in MODULES:
-        importlib.import_module(f"queue_server.store.{module}")
-    return {module: dict(_REGISTRY.get(module, {})) for module in MODULES}
-
-
-def render_statement(sql: str) -> str:
-    """One statement as it reads in a file: dedented, trailing spaces gone, one `;`."""
-    lines = [line.rstrip() for line in textwrap.dedent(sql).strip().splitlines()]
-    return "\n".join(lines).rstrip(";") + ";"
-
-
-def render() -> dict[str, str]:
-    """The text of every `<module>.sql` file."""
-    files = {}
-    for module, named in statements().items():
-        blocks = [
-            f"-- Every statement of queue_server/store/{module}.py, fully expanded.\n"
-            "-- Generated by `python -m queue_server.store.sql --write`; do not edit."
-        ]
-        blocks += [f"-- name: {name}\n{render_statement(sql)}" for name, sql in named.items()]
-        files[f"{module}.sql"] = "\n\n".join(blocks) + "\n"
-    return files
-
-
-def differences() -> list[str]:
-    """The files that differ from what the code renders (missing, changed, or stale)."""
-    rendered = render()
-    on_disk = {path.name for path in SQL_DIR.glob("*.sql")}
-    found = [name for name in sorted(on_disk - set(rendered))]
-    for name, text in rendered.items():
-        path = SQL_DIR / name
-        if not path.exists() or path.read_text(encoding="utf-8") != text:
-            found.append(name)
-    return found
-
-
-def write() -> list[str]:
-    """Rewrite every file from the code; remove files of modules that no longer exist."""
-    rendered = render()
-    for path in SQL_DIR.glob("*.sql"):
-        if path.name not in rendered:
-            path.unlink()
-    changed = []
-    for name, text in rendered.items():
-        path = SQL_DIR / name
-        if not path.exists() or path.read_text(encoding="utf-8") != text:
-            path.write_text(text, encoding="utf-8")
-            changed.append(name)
-    return changed
