@@ -27,11 +27,9 @@ DB = psycopg.Connection[dict[str, object]]
 
 
 def _public(cls: type) -> dict[str, inspect.Signature]:
-    return {
-        name: inspect.signature(member)
-        for name, member in vars(cls).items()
-        if callable(member) and not name.startswith("_")
-    }
+    """The public methods of a face, its own and those of the core it shares."""
+    members = {name: getattr(cls, name) for name in dir(cls) if not name.startswith("_")}
+    return {name: inspect.signature(m) for name, m in members.items() if callable(m)}
 
 
 def _parameters(sig: inspect.Signature) -> list[tuple[str, Any, Any]]:
