@@ -20,6 +20,7 @@ from queue_server.client import (
     TransientError,
     Worker,
 )
+from queue_server.client.core import ClientCore
 from tests.client.test_worker_pipeline import requests_to
 from tests.conftest import Api
 
@@ -46,6 +47,11 @@ def test_the_async_client_and_worker_have_the_same_api_as_the_thread_ones() -> N
                 "iter_dead_letters",
                 "iter_items",
             )
+    # Neither face writes a method of its own: each is the core's one flow, sent.
+    assert set(_public(ClientCore)) == set(sync) - {"close"}
+    for name in _public(ClientCore):
+        for face in (QueueClient, AsyncQueueClient):
+            assert getattr(face, name).__wrapped__ is getattr(ClientCore, name), (face, name)
     workers = _public(Worker), _public(AsyncWorker)
     assert set(workers[0]) == set(workers[1])
     for name, sig in workers[0].items():
