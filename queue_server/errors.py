@@ -52,16 +52,27 @@ Not answers of the API, each in its own module:
     QueueClientError                queue_server.client.errors: the SDK's own tree
     ├── NoTenantError(ValueError)   no tenant given and none set on the client
     ├── ConnectionFailedError       the server could not be reached
-    └── ProblemError                a problem answer; the class by its code, else its status
-        ├── BadRequestError 400, UnauthorizedError 401, ForbiddenError 403,
-        │   PayloadTooLargeError 413, ServiceUnavailableError 503
-        ├── NotFoundError 404: TenantNotFoundError, ItemNotFoundError, DeadLetterNotFoundError
+    └── ProblemError                a problem answer; the class by its code (every code above
+        │                           has one, tests/client/test_problem_codes.py), else its status
+        ├── InternalServerError 500, HeadersTooLargeError 431, ClientDisconnectedError 499,
+        │   UnauthorizedError 401, PayloadTooLargeError 413
+        ├── BadRequestError 400: IdempotencyKeyRequiredError
+        ├── ForbiddenError 403: ForbiddenRoleError, CsrfRefusedError
+        ├── NotFoundError 404: TenantNotFoundError, ItemNotFoundError, DeadLetterNotFoundError,
+        │   KeyNotFoundError, WatcherNotFoundError, DeliveryNotFoundError,
+        │   ReceiptNotFoundError, VerificationRunNotFoundError, ScheduleNotFoundError
         ├── ConflictError 409: IdempotencyKeyInFlightError, DeadLetterClosedError,
-        │   │                  InvalidStateError
-        │   └── LeaseLostError: StaleFenceError, NotLeaseHolderError, LeaseExpiredError,
-        │       ItemNotLeasedError, LeaseDeadlineExceededError, ItemCancelledError
-        ├── InvalidRequestError 422: IdempotencyKeyReuseError
-        └── TooManyRequestsError 429: BacklogCapReachedError
+        │   │   InvalidStateError, AmbiguousIdError, LastAdminKeyError, VerificationRunBusyError,
+        │   │   RunKeyConflictError, CheckpointConflictError, VerificationRunEndedError,
+        │   │   VerificationIncompleteError, ReceiptNotStaleError, ReceiptConflictError,
+        │   │   OperationStoppedError
+        │   └── LeaseLostError: StaleFenceError, FenceAheadError, NotLeaseHolderError,
+        │       LeaseExpiredError, ItemNotLeasedError, LeaseDeadlineExceededError,
+        │       ItemCancelledError
+        ├── InvalidRequestError 422: IdempotencyKeyReuseError, TargetRefusedError,
+        │   ItemNotDeclaredError, AdmissionRefusedError
+        ├── TooManyRequestsError 429: BacklogCapReachedError, PermitUnavailableError
+        └── ServiceUnavailableError 503: TimeoutExceededError, CircuitOpenError
     DependencyStatusError, TransientError, Quarantine, Requeue   queue_server.client
     CommandError, CommandFailedError, CommandTransientError      queue_server.cli
     SignInRequiredError             queue_server.console.web: redirects to the sign-in page

@@ -1,61 +1,25 @@
-"""The asyncio twin of `QueueClient` (httpx.AsyncClient): the same methods, awaited.
+"""The asyncio face of the SDK (httpx.AsyncClient): the same methods as `QueueClient`, awaited.
 
-Every effecting call carries an Idempotency-Key, reused on each retry of that same
-operation; only transient failures are retried (see `queue_server.client.client`).
+Each method is the same flow of `queue_server.client.core` that `QueueClient`
+drives; only the send differs (awaited here).
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Sequence
-from datetime import datetime
-from typing import Any, Literal, TypeVar
-from urllib.parse import quote
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from pydantic import BaseModel
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_before_delay
 
-from queue_server import __version__
-from queue_server.client import errors
-from queue_server.client.classes import AV, CM, LW, RO, call_classes
-from queue_server.client.client import (
-    _Batch,
-    _Entries,
-    _item_body,
-    _Leases,
-    _Ledger,
-    batch_key,
-    from_environment,
-    item_filter,
-    item_query,
-    new_idempotency_key,
-    own_tenant,
-)
-from queue_server.client.durable import Checkpoint, ReceiptRecord, VerificationRun
-from queue_server.client.models import (
-    AdminKey,
-    ApiKey,
-    ApiKeyInfo,
-    BatchEntry,
-    BulkReplay,
-    CancelledItems,
-    Completion,
-    Concurrency,
-    DeadLetter,
-    DeadLetterDetail,
-    DeadLetterPage,
-    Heartbeat,
-    Item,
-    ItemPage,
-    Lease,
-    LedgerEvent,
-    NewItem,
-    QueueStatus,
-    SpendApproval,
-    Status,
-    Tenant,
-    Verification,
-    WhoAmI,
+from queue_server.client.core import (
+    Call,
+    ClientCore,
+    ClientFace,
+    Flow,
+    Pages,
+    answer,
+    face_method,
+    unreachable,
 )
 from queue_server.client.transport import (
     AsyncHttpClient,
@@ -63,12 +27,37 @@ from queue_server.client.transport import (
     TransportFailure,
     connect_async,
 )
-from queue_server.policy import OperationClass, ReliabilityPolicy, admit_operation, runtime_policy
+from queue_server.policy import ReliabilityPolicy
 
-M = TypeVar("M", bound=BaseModel)
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
-class AsyncQueueClient:
+def awaited(
+    flow: Callable[Concatenate[ClientCore, P], Flow[T]],
+) -> Callable[Concatenate[AsyncQueueClient, P], Coroutine[Any, Any, T]]:
+    """The flow as a coroutine method of `AsyncQueueClient`: its calls sent, awaited."""
+
+    async def method(self: AsyncQueueClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await self._run(flow(self._core, *args, **kwargs))
+
+    face_method(flow, method)
+    return method
+
+
+def awaited_pages(
+    flow: Callable[Concatenate[ClientCore, P], Pages[T]],
+) -> Callable[Concatenate[AsyncQueueClient, P], AsyncIterator[T]]:
+    """The listing as a method of `AsyncQueueClient`: an async iterator, a page per call."""
+
+    def method(self: AsyncQueueClient, /, *args: P.args, **kwargs: P.kwargs) -> AsyncIterator[T]:
+        return self._iterate(flow(self._core, *args, **kwargs))
+
+    face_method(flow, method, AsyncIterator)
+    return method
+
+
+class AsyncQueueClient(ClientFace):
     """A client of one queue server for asyncio code; the same methods as `QueueClient`.
 
     Example::
@@ -89,20 +78,18 @@ class AsyncQueueClient:
         policy: ReliabilityPolicy | None = None,
         http: AsyncHttpClient | None = None,
     ) -> None:
-        self.url, key, self.tenant = from_environment(url, key, tenant)
-        self._tenant_lock = asyncio.Lock()
-        # Every call is classified; its class's cells (from the loaded policy) give its
-        # timeout and retries; `timeout`, `attempts` and `max_wait` may only lower them.
-        self.reliability_policy = policy or runtime_policy()
-        self.calls = call_classes(
-            self.reliability_policy, attempts=attempts, timeout=timeout, max_wait=max_wait
+        self._core = ClientCore(
+            url,
+            key,
+            tenant=tenant,
+            timeout=timeout,
+            attempts=attempts,
+            max_wait=max_wait,
+            policy=policy,
         )
-        headers = {"User-Agent": f"queue-server-client/{__version__}"}
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
         self._owns_http = http is None
-        self._http = http or connect_async(self.url, timeout=30.0)
-        self._http.headers.update(headers)
+        self._http = http or connect_async(self._core.url, timeout=30.0)
+        self._http.headers.update(self._core.headers)
 
     async def __aenter__(self) -> AsyncQueueClient:
         return self
@@ -114,716 +101,112 @@ class AsyncQueueClient:
         if self._owns_http:
             await self._http.aclose()
 
-    # -- plumbing ------------------------------------------------------------
+    # -- the send: the only part that differs from QueueClient ----------------------
 
-    async def _tenant(self, tenant: str | None) -> str:
-        chosen = tenant or self.tenant
-        if chosen:
-            return chosen
-        async with self._tenant_lock:
-            if not self.tenant:
-                self.tenant = own_tenant(await self.whoami())
-            return self.tenant
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        json: Any = None,
-        params: dict[str, Any] | None = None,
-        idempotency_key: str | None = None,
-        operation: OperationClass = RO,
-        long_poll: float = 0.0,
-    ) -> Response:
-        """One logical request of class `operation` (reads by default): each attempt within the
-        class's attempt timeout (plus `long_poll`), retried only as the class allows and
-        always with the same key; errors raised."""
-        call = self.calls[operation]
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        query = {k: v for k, v in (params or {}).items() if v is not None}
-        retrying = AsyncRetrying(
-            retry=retry_if_exception(call.retries),
-            stop=stop_after_attempt(call.attempts) | stop_before_delay(call.deadline),
-            wait=call.wait,
-            reraise=True,
+    async def _attempt(self, call: Call) -> Response:
+        return answer(
+            await self._http.request(
+                call.method,
+                call.path,
+                json=call.json,
+                params=call.params,
+                headers=call.headers,
+                timeout=call.timeout,
+            )
         )
+
+    async def _send(self, call: Call) -> Response:
+        """One call: each attempt within its timeout, retried only as its class allows."""
+        cls = call.call_class
         try:
-            async for attempt in retrying:
+            if cls.attempts == 1:  # nothing to retry: no retry loop to build
+                return await self._attempt(call)
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception(cls.retries),
+                stop=stop_after_attempt(cls.attempts) | stop_before_delay(cls.deadline),
+                wait=cls.wait,
+                reraise=True,
+            ):
                 with attempt:
-                    response = await self._http.request(
-                        method,
-                        path,
-                        json=json,
-                        params=query or None,
-                        headers=headers,
-                        timeout=call.attempt_timeout + long_poll,
-                    )
-                    if response.status_code >= 400:
-                        raise errors.from_response(response)
+                    response = await self._attempt(call)
         except TransportFailure as exc:
-            raise errors.ConnectionFailedError(self.url, exc) from exc
+            raise unreachable(self._core.url, exc) from exc
         return response
 
-    async def _get(self, model: type[M], path: str, **params: Any) -> M:
-        return model.model_validate_json((await self.request("GET", path, params=params)).content)
+    async def _run(self, flow: Flow[T]) -> T:
+        send = self._send
+        try:
+            call = next(flow)
+            while True:
+                call = flow.send(await send(call))
+        except StopIteration as done:
+            result: T = done.value
+            return result
 
-    async def _effect(
-        self,
-        model: type[M],
-        method: str,
-        path: str,
-        body: Any,
-        key: str | None,
-        operation: OperationClass = CM,
-    ) -> M:
-        response = await self.request(
-            method,
-            path,
-            json=body,
-            idempotency_key=key or new_idempotency_key(),
-            operation=operation,
-        )
-        return model.model_validate_json(response.content)
-
-    def _admit(self, item_id: str, fence: int, key: str) -> None:
-        """Leased work is admitted before dispatch: its key, its item and its current fence."""
-        admit_operation(
-            LW,
-            idempotency_key=key,
-            outcome_ref=item_id,
-            fence=fence,
-            policy=self.reliability_policy,
-        )
-
-    # -- service -------------------------------------------------------------
-
-    async def whoami(self) -> WhoAmI:
-        return await self._get(WhoAmI, "/v1/whoami")
-
-    # -- tenants and keys ----------------------------------------------------
-
-    async def put_tenant(
-        self,
-        tenant: str,
-        *,
-        backlog_cap: int,
-        default_max_acquisitions: int = 5,
-        default_lease_ttl: float = 30.0,
-        retention: float | None = None,
-    ) -> Tenant:
-        """Create the tenant or replace its settings; `retention` in seconds (default 7 days)."""
-        body: dict[str, Any] = {
-            "backlog_cap": backlog_cap,
-            "default_max_acquisitions": default_max_acquisitions,
-            "default_lease_ttl": default_lease_ttl,
-        }
-        if retention is not None:
-            body["retention"] = retention
-        response = await self.request("PUT", f"/v1/tenants/{tenant}", json=body, operation=CM)
-        return Tenant.model_validate_json(response.content)
-
-    async def get_tenant(self, tenant: str | None = None) -> Tenant:
-        return await self._get(Tenant, f"/v1/tenants/{await self._tenant(tenant)}")
-
-    async def create_key(
-        self, role: Literal["worker", "operator"], tenant: str | None = None
-    ) -> ApiKey:
-        response = await self.request(
-            "POST",
-            f"/v1/tenants/{await self._tenant(tenant)}/keys",
-            json={"role": role},
-            operation=CM,
-        )
-        return ApiKey.model_validate_json(response.content)
-
-    async def list_tenants(self) -> list[Tenant]:
-        """Every tenant, by name (admin)."""
-        found: list[Tenant] = []
-        cursor: str | None = None
+    async def _iterate(self, pages: Pages[T]) -> AsyncIterator[T]:
+        answered: Any = None
         while True:
-            params = {"limit": 500, **({"cursor": cursor} if cursor else {})}
-            page = (await self.request("GET", "/v1/tenants", params=params)).json()
-            found += [Tenant.model_validate(t) for t in page["tenants"]]
-            cursor = page["next_cursor"]
-            if not cursor:
-                return found
-
-    async def list_keys(
-        self, tenant: str | None = None, *, revoked: bool = False
-    ) -> list[ApiKeyInfo]:
-        """The tenant's keys, oldest first (admin); revoked ones too with `revoked=True`."""
-        response = await self.request(
-            "GET",
-            f"/v1/tenants/{await self._tenant(tenant)}/keys",
-            params={"revoked": "true"} if revoked else None,
-        )
-        return [ApiKeyInfo.model_validate(k) for k in response.json()["keys"]]
-
-    async def revoke_key(self, key_id: str, tenant: str | None = None) -> None:
-        await self.request(
-            "DELETE", f"/v1/tenants/{await self._tenant(tenant)}/keys/{key_id}", operation=CM
-        )
-
-    async def create_admin_key(self) -> AdminKey:
-        """Another admin key (admin); the secret is shown once."""
-        response = await self.request("POST", "/v1/admin-keys")
-        return AdminKey.model_validate_json(response.content)
-
-    async def revoke_admin_key(self, key_id: str) -> None:
-        """Revoke an admin key at once (admin); the last active one cannot be."""
-        await self.request("DELETE", f"/v1/admin-keys/{key_id}")
-
-    # -- work items ----------------------------------------------------------
-
-    async def enqueue(
-        self,
-        queue: str,
-        payload: Any,
-        *,
-        priority: int = 0,
-        delay: float = 0,
-        max_acquisitions: int | None = None,
-        idempotency_key: str | None = None,
-        tenant: str | None = None,
-    ) -> Item:
-        body = NewItem(
-            payload=payload, priority=priority, delay=delay, max_acquisitions=max_acquisitions
-        ).model_dump(exclude_none=True)
-        body.setdefault("payload", None)
-        path = f"/v1/tenants/{await self._tenant(tenant)}/queues/{queue}/items"
-        return await self._effect(Item, "POST", path, body, idempotency_key)
-
-    async def enqueue_batch(
-        self,
-        queue: str,
-        items: Sequence[NewItem],
-        *,
-        idempotency_key: str | None = None,
-        tenant: str | None = None,
-    ) -> list[Item]:
-        """Enqueue 1 to 500 items at once, all or nothing against the backlog cap."""
-        body = {"items": [_item_body(item) for item in items]}
-        path = f"/v1/tenants/{await self._tenant(tenant)}/queues/{queue}/items:batch"
-        return (await self._effect(_Batch, "POST", path, body, idempotency_key)).items
-
-    async def get_item(self, item_id: str, tenant: str | None = None) -> Item:
-        return await self._get(Item, f"/v1/tenants/{await self._tenant(tenant)}/items/{item_id}")
-
-    async def ledger(self, item_id: str, tenant: str | None = None) -> list[LedgerEvent]:
-        path = f"/v1/tenants/{await self._tenant(tenant)}/items/{item_id}/ledger"
-        return (await self._get(_Ledger, path)).events
-
-    # -- leases --------------------------------------------------------------
-
-    async def acquire(
-        self,
-        queue: str,
-        *,
-        worker: str,
-        lease_ttl: float | None = None,
-        max_items: int = 1,
-        wait: float = 0,
-        tenant: str | None = None,
-    ) -> list[Lease]:
-        """Lease up to `max_items` due items, long-polling up to `wait` seconds."""
-        body: dict[str, Any] = {"worker": worker, "max_items": max_items, "wait": wait}
-        if lease_ttl is not None:
-            body["lease_ttl"] = lease_ttl
-        response = await self.request(
-            "POST",
-            f"/v1/tenants/{await self._tenant(tenant)}/queues/{queue}/leases",
-            json=body,
-            operation=LW,
-            long_poll=wait,
-        )
-        return _Leases.model_validate_json(response.content).leases
-
-    async def heartbeat(
-        self,
-        item_id: str,
-        *,
-        worker: str,
-        fence: int,
-        lease_ttl: float | None = None,
-        tenant: str | None = None,
-    ) -> Heartbeat:
-        body: dict[str, Any] = {"worker": worker, "fence": fence}
-        if lease_ttl is not None:
-            body["lease_ttl"] = lease_ttl
-        self._admit(item_id, fence, f"heartbeat:{item_id}:{fence}")
-        path = f"/v1/tenants/{await self._tenant(tenant)}/items/{item_id}/heartbeat"
-        response = await self.request("POST", path, json=body, operation=LW)
-        return Heartbeat.model_validate_json(response.content)
-
-    async def complete(
-        self,
-        item_id: str,
-        *,
-        worker: str,
-        fence: int,
-        result: Any = None,
-        idempotency_key: str | None = None,
-        tenant: str | None = None,
-    ) -> Item:
-        body = {"worker": worker, "fence": fence, "result": result}
-        key = idempotency_key or new_idempotency_key()
-        self._admit(item_id, fence, key)
-        path = f"/v1/tenants/{await self._tenant(tenant)}/items/{item_id}/complete"
-        return await self._effect(Item, "POST", path, body, key, LW)
-
-    async def requeue(
-        self,
-        item_id: str,
-        *,
-        worker: str,
-        fence: int,
-        reason: str = "",
-        delay: float = 0.0,
-        idempotency_key: str | None = None,
-        tenant: str | None = None,
-    ) -> Item:
-        body: dict[str, Any] = {"worker": worker, "fence": fence, "reason": reason}
-        if delay:
-            body["delay"] = delay
-        key = idempotency_key or new_idempotency_key()
-        self._admit(item_id, fence, key)
-        path = f"/v1/tenants/{await self._tenant(tenant)}/items/{item_id}/requeue"
-        return await self._effect(Item, "POST", path, body, key, LW)
-
-    async def triage(
-        self,
-        item_id: str,
-        *,
-        worker: str,
-        fence: int,
-        failure_class: str,
-        message: str = "",
-        transient: bool = False,
-        decision: Literal["requeue", "quarantine"] = "requeue",
-        delay: float = 0.0,
-        idempotency_key: str | None = None,
-        tenant: str | None = None,
-    ) -> Item:
-        body = {
-            "worker": worker,
-            "fence": fence,
-            "failure": {"class": failure_class, "message": message, "transient": transient},
-            "decision": decision,
-        }
-        if delay:
-            body["delay"] = delay
-        key = idempotency_key or new_idempotency_key()
-        self._admit(item_id, fence, key)
-        path = f"/v1/tenants/{await self._tenant(tenant)}/items/{item_id}/triage"
-        return await self._effect(Item, "POST", path, body, key, LW)
-
-    async def heartbeat_many(
-        self,
-        leases: Sequence[tuple[str, int]],
-        *,
-        worker: str,
-        lease_ttl: float | None = None,
-        tenant: str | None = None,
-    ) -> list[BatchEntry]:
-        """Extend up to 500 leases of one worker in one request; one answer per (item, fence)."""
-        body: dict[str, Any] = {
-            "worker": worker,
-            "leases": [{"item_id": item_id, "fence": fence} for item_id, fence in leases],
-        }
-        if lease_ttl is not None:
-            body["lease_ttl"] = lease_ttl
-        path = f"/v1/tenants/{await self._tenant(tenant)}/leases:heartbeat"
-        response = await self.request("POST", path, json=body)
-        return _Entries.model_validate_json(response.content).results
-
-    async def complete_many(
-        self,
-        completions: Sequence[Completion],
-        *,
-        worker: str,
-        idempotency_key: str | None = None,
-        tenant: str | None = None,
-    ) -> list[BatchEntry]:
-        """Complete up to 500 items of one worker in one request, each under its own fence.
-
-        One answer per entry, in order: the item, or the problem a single complete
-        would have answered. Without `idempotency_key`, the batch's key is derived
-        from its entries' own keys, so the same entries always make the same request.
-        """
-        body = {
-            "worker": worker,
-            "completions": [
-                {"item_id": c.item_id, "fence": c.fence, "result": c.result} for c in completions
-            ],
-        }
-        # Every entry is admitted on its own: its key, its item and its current fence.
-        for c in completions:
-            self._admit(c.item_id, c.fence, c.idempotency_key)
-        key = idempotency_key or batch_key([c.idempotency_key for c in completions])
-        path = f"/v1/tenants/{await self._tenant(tenant)}/completions"
-        return (await self._effect(_Entries, "POST", path, body, key, LW)).results
-
-    # -- spend approvals -----------------------------------------------------
-
-    async def approve_spend(
-        self,
-        queue: str,
-        *,
-        approved_by: str,
-        max_concurrency: int,
-        expires_at: datetime,
-        reason: str,
-        idempotency_key: str | None = None,
-        tenant: str | None = None,
-    ) -> SpendApproval:
-        body = {
-            "approved_by": approved_by,
-            "max_concurrency": max_concurrency,
-            "expires_at": expires_at.isoformat(),
-            "reason": reason,
-        }
-        path = f"/v1/tenants/{await self._tenant(tenant)}/queues/{queue}/spend-approvals"
-        return await self._effect(SpendApproval, "POST", path, body, idempotency_key)
-
-    async def concurrency(self, queue: str, tenant: str | None = None) -> Concurrency:
-        return await self._get(
-            Concurrency, f"/v1/tenants/{await self._tenant(tenant)}/queues/{queue}/concurrency"
-        )
-
-    # -- operators -----------------------------------------------------------
-
-    async def status(self, tenant: str | None = None) -> Status:
-        return await self._get(Status, f"/v1/tenants/{await self._tenant(tenant)}/queues")
-
-    async def list_items(
-        self,
-        *,
-        queue: str | None = None,
-        state: str | None = None,
-        created_after: datetime | None = None,
-        created_before: datetime | None = None,
-        payload: Any = None,
-        limit: int = 50,
-        cursor: str | None = None,
-        tenant: str | None = None,
-    ) -> ItemPage:
-        """One page of items, oldest first; `payload` is a document the payload must contain."""
-        query = item_query(queue, state, created_after, created_before, payload)
-        return await self._get(
-            ItemPage,
-            f"/v1/tenants/{await self._tenant(tenant)}/items",
-            **query,
-            limit=limit,
-            cursor=cursor,
-        )
-
-    async def iter_items(
-        self, *, page_size: int = 200, tenant: str | None = None, **filters: Any
-    ) -> AsyncIterator[Item]:
-        """Every matching item, oldest first, page by page (filters as `list_items`)."""
-        cursor: str | None = None
-        while True:
-            page = await self.list_items(limit=page_size, cursor=cursor, tenant=tenant, **filters)
-            for item in page.items:
-                yield item
-            if page.next_cursor is None:
+            try:
+                step = pages.send(answered)
+            except StopIteration:
                 return
-            cursor = page.next_cursor
+            if isinstance(step, Call):
+                answered = await self._send(step)
+            else:
+                answered = None
+                yield step
 
-    async def cancel_item(
-        self,
-        item_id: str,
-        *,
-        reason: str = "",
-        idempotency_key: str | None = None,
-        tenant: str | None = None,
-    ) -> Item:
-        """Cancel a ready, leased or quarantined item (its holder is refused from then on)."""
-        path = f"/v1/tenants/{await self._tenant(tenant)}/items/{item_id}/cancel"
-        return await self._effect(Item, "POST", path, {"reason": reason}, idempotency_key)
+    # -- the API: each method is the core's flow, sent and awaited --------------------
 
-    async def cancel_items(
-        self,
-        *,
-        queue: str | None = None,
-        state: str | None = None,
-        created_after: datetime | None = None,
-        created_before: datetime | None = None,
-        payload: Any = None,
-        reason: str = "",
-        limit: int = 100,
-        cursor: str | None = None,
-        idempotency_key: str | None = None,
-        tenant: str | None = None,
-    ) -> CancelledItems:
-        """Cancel the cancellable items of one page of the filter; resume with `next_cursor`."""
-        match = item_filter(queue, state, created_after, created_before, payload)
-        body: dict[str, Any] = {"filter": match, "reason": reason, "limit": limit}
-        if cursor is not None:
-            body["cursor"] = cursor
-        path = f"/v1/tenants/{await self._tenant(tenant)}/items:cancel"
-        return await self._effect(CancelledItems, "POST", path, body, idempotency_key)
+    _tenant = awaited(ClientCore._tenant)
+    _get = awaited(ClientCore._get)
+    _effect = awaited(ClientCore._effect)
 
-    async def pause_queue(
-        self,
-        queue: str,
-        *,
-        reason: str = "",
-        idempotency_key: str | None = None,
-        tenant: str | None = None,
-    ) -> QueueStatus:
-        """Stop handing out leases of the queue; enqueues are still admitted."""
-        path = f"/v1/tenants/{await self._tenant(tenant)}/queues/{queue}/pause"
-        return await self._effect(QueueStatus, "POST", path, {"reason": reason}, idempotency_key)
-
-    async def resume_queue(
-        self,
-        queue: str,
-        *,
-        reason: str = "",
-        idempotency_key: str | None = None,
-        tenant: str | None = None,
-    ) -> QueueStatus:
-        """Hand out leases of the queue again."""
-        path = f"/v1/tenants/{await self._tenant(tenant)}/queues/{queue}/resume"
-        return await self._effect(QueueStatus, "POST", path, {"reason": reason}, idempotency_key)
-
-    async def list_dead_letters(
-        self,
-        *,
-        queue: str | None = None,
-        kind: Literal["item", "delivery"] | None = None,
-        status: Literal["open", "closed", "all"] = "open",
-        limit: int = 50,
-        cursor: str | None = None,
-        tenant: str | None = None,
-    ) -> DeadLetterPage:
-        return await self._get(
-            DeadLetterPage,
-            f"/v1/tenants/{await self._tenant(tenant)}/dead-letters",
-            queue=queue,
-            kind=kind,
-            status=status,
-            limit=limit,
-            cursor=cursor,
-        )
-
-    async def iter_dead_letters(
-        self,
-        *,
-        queue: str | None = None,
-        kind: Literal["item", "delivery"] | None = None,
-        status: Literal["open", "closed", "all"] = "open",
-        page_size: int = 200,
-        tenant: str | None = None,
-    ) -> AsyncIterator[DeadLetter]:
-        """Every matching dead letter, oldest first, page by page."""
-        cursor: str | None = None
-        while True:
-            page = await self.list_dead_letters(
-                queue=queue, kind=kind, status=status, limit=page_size, cursor=cursor, tenant=tenant
-            )
-            for dead_letter in page.dead_letters:
-                yield dead_letter
-            if page.next_cursor is None:
-                return
-            cursor = page.next_cursor
-
-    async def show_dead_letter(
-        self, dead_letter_id: str, tenant: str | None = None
-    ) -> DeadLetterDetail:
-        path = f"/v1/tenants/{await self._tenant(tenant)}/dead-letters/{dead_letter_id}"
-        return await self._get(DeadLetterDetail, path)
-
-    async def replay(
-        self,
-        dead_letter_id: str,
-        *,
-        max_acquisitions: int | None = None,
-        idempotency_key: str | None = None,
-        tenant: str | None = None,
-    ) -> Item:
-        body = {"max_acquisitions": max_acquisitions} if max_acquisitions is not None else {}
-        path = f"/v1/tenants/{await self._tenant(tenant)}/dead-letters/{dead_letter_id}/replay"
-        return await self._effect(Item, "POST", path, body, idempotency_key)
-
-    async def discard(
-        self,
-        dead_letter_id: str,
-        *,
-        reason: str = "",
-        idempotency_key: str | None = None,
-        tenant: str | None = None,
-    ) -> Item:
-        path = f"/v1/tenants/{await self._tenant(tenant)}/dead-letters/{dead_letter_id}/discard"
-        return await self._effect(Item, "POST", path, {"reason": reason}, idempotency_key)
-
-    async def replay_queue(
-        self,
-        queue: str,
-        *,
-        limit: int = 100,
-        max_acquisitions: int | None = None,
-        idempotency_key: str | None = None,
-        tenant: str | None = None,
-    ) -> BulkReplay:
-        """Replay up to `limit` (at most 100) of the queue's oldest open item dead letters."""
-        body: dict[str, Any] = {"limit": limit}
-        if max_acquisitions is not None:
-            body["max_acquisitions"] = max_acquisitions
-        path = f"/v1/tenants/{await self._tenant(tenant)}/queues/{queue}/dead-letters:replay"
-        return await self._effect(BulkReplay, "POST", path, body, idempotency_key)
-
-    async def verify_ledgers(
-        self,
-        *,
-        tenant: str | None = None,
-        all_tenants: bool = False,
-        limit: int = 500,
-        cursor: str | None = None,
-    ) -> Verification:
-        """One page of ledger verification: of a tenant, or of every tenant (admin)."""
-        path = (
-            "/v1/ledger-verification"
-            if all_tenants
-            else f"/v1/tenants/{await self._tenant(tenant)}/ledger-verification"
-        )
-        return await self._get(Verification, path, limit=limit, cursor=cursor)
-
-    # -- reliability: policy, confirmation receipts, verification runs -----------
-
-    async def policy(self) -> dict[str, Any]:
-        """The server's `operation-reliability.v2` document (GET /v1/policy)."""
-        document: dict[str, Any] = (await self.request("GET", "/v1/policy")).json()
-        return document
-
-    async def claim_receipt(
-        self,
-        idempotency_key: str,
-        outcome_ref: str,
-        *,
-        claim_token: str | None = None,
-        tenant: str | None = None,
-    ) -> tuple[ReceiptRecord, bool]:
-        """Claim a confirmed mutation's one-shot receipt; True when this call holds the grant.
-
-        A transient failure is retried with the same `claim_token`, so a claim whose
-        answer was lost is granted again rather than mistaken for someone else's.
-        """
-        body = {
-            "idempotency_key": idempotency_key,
-            "outcome_ref": outcome_ref,
-            "claim_token": claim_token or new_idempotency_key(),
-        }
-        response = await self.request(
-            "POST", f"/v1/tenants/{await self._tenant(tenant)}/receipts", json=body, operation=CM
-        )
-        return ReceiptRecord.model_validate_json(response.content), response.status_code == 201
-
-    async def settle_receipt(
-        self,
-        outcome_ref: str,
-        status: Literal["succeeded", "failed"],
-        outcome: Any,
-        *,
-        tenant: str | None = None,
-    ) -> ReceiptRecord:
-        """Settle a pending receipt once; the same settlement again is a no-op."""
-        path = f"/v1/tenants/{await self._tenant(tenant)}/receipts/{outcome_ref}"
-        body = {"status": status, "outcome": outcome}
-        return ReceiptRecord.model_validate_json(
-            (await self.request("PUT", path, json=body, operation=CM)).content
-        )
-
-    async def get_receipt(self, outcome_ref: str, *, tenant: str | None = None) -> ReceiptRecord:
-        return await self._get(
-            ReceiptRecord, f"/v1/tenants/{await self._tenant(tenant)}/receipts/{outcome_ref}"
-        )
-
-    async def pending_receipts(
-        self, *, older_than: float | None = None, limit: int = 100, tenant: str | None = None
-    ) -> list[ReceiptRecord]:
-        """Pending receipts claimed at least `older_than` seconds ago (default: the
-        confirmed-mutation deadline: the stale ones), oldest first (operator)."""
-        params: dict[str, Any] = {"state": "pending", "limit": limit}
-        if older_than is not None:
-            params["older_than"] = older_than
-        path = f"/v1/tenants/{await self._tenant(tenant)}/receipts"
-        page = (await self.request("GET", path, params=params)).json()
-        return [ReceiptRecord.model_validate(r) for r in page["receipts"]]
-
-    async def resolve_receipt(
-        self,
-        outcome_ref: str,
-        status: Literal["succeeded", "failed"],
-        outcome: Any,
-        *,
-        reason: str,
-        idempotency_key: str | None = None,
-        tenant: str | None = None,
-    ) -> ReceiptRecord:
-        """Settle a stale pending receipt as an operator, with what happened and why."""
-        path = f"/v1/tenants/{await self._tenant(tenant)}/receipts/{outcome_ref}:resolve"
-        body = {"status": status, "outcome": outcome, "reason": reason}
-        return await self._effect(ReceiptRecord, "POST", path, body, idempotency_key)
-
-    async def start_verification_run(
-        self,
-        artifact_version: str,
-        verifier_version: str,
-        items: Sequence[str],
-        *,
-        tenant: str | None = None,
-    ) -> VerificationRun:
-        """Start (or, for the same pair, find again) the run of an artifact and verifier version."""
-        body = {
-            "artifact_version": artifact_version,
-            "verifier_version": verifier_version,
-            "items": list(items),
-        }
-        path = f"/v1/tenants/{await self._tenant(tenant)}/verification-runs"
-        return VerificationRun.model_validate_json(
-            (await self.request("POST", path, json=body, operation=AV)).content
-        )
-
-    async def get_verification_run(
-        self, run_id: str, *, tenant: str | None = None
-    ) -> VerificationRun:
-        path = f"/v1/tenants/{await self._tenant(tenant)}/verification-runs/{run_id}"
-        return await self._get(VerificationRun, path)
-
-    async def abandon_verification_run(
-        self,
-        run_id: str,
-        *,
-        reason: str,
-        idempotency_key: str | None = None,
-        tenant: str | None = None,
-    ) -> VerificationRun:
-        """End a running run as abandoned (operator); who and why are recorded."""
-        path = f"/v1/tenants/{await self._tenant(tenant)}/verification-runs/{run_id}:abandon"
-        return await self._effect(
-            VerificationRun, "POST", path, {"reason": reason}, idempotency_key
-        )
-
-    async def checkpoint(
-        self, run_id: str, item: str, result: Any, *, tenant: str | None = None
-    ) -> Checkpoint:
-        """Record one item's result; the same result again is a no-op, another is refused."""
-        path = (
-            f"/v1/tenants/{await self._tenant(tenant)}/verification-runs/{run_id}"
-            f"/checkpoints/{quote(item, safe='/')}"
-        )
-        return Checkpoint.model_validate_json(
-            (await self.request("PUT", path, json={"result": result}, operation=AV)).content
-        )
-
-    async def complete_verification_run(
-        self, run_id: str, *, tenant: str | None = None
-    ) -> VerificationRun:
-        """Write the terminal run-complete marker; refused until every item is checkpointed."""
-        path = f"/v1/tenants/{await self._tenant(tenant)}/verification-runs/{run_id}/complete"
-        return VerificationRun.model_validate_json(
-            (await self.request("PUT", path, operation=AV)).content
-        )
+    request = awaited(ClientCore.request)
+    whoami = awaited(ClientCore.whoami)
+    put_tenant = awaited(ClientCore.put_tenant)
+    get_tenant = awaited(ClientCore.get_tenant)
+    create_key = awaited(ClientCore.create_key)
+    list_tenants = awaited(ClientCore.list_tenants)
+    list_keys = awaited(ClientCore.list_keys)
+    revoke_key = awaited(ClientCore.revoke_key)
+    create_admin_key = awaited(ClientCore.create_admin_key)
+    revoke_admin_key = awaited(ClientCore.revoke_admin_key)
+    enqueue = awaited(ClientCore.enqueue)
+    enqueue_batch = awaited(ClientCore.enqueue_batch)
+    get_item = awaited(ClientCore.get_item)
+    ledger = awaited(ClientCore.ledger)
+    acquire = awaited(ClientCore.acquire)
+    heartbeat = awaited(ClientCore.heartbeat)
+    complete = awaited(ClientCore.complete)
+    requeue = awaited(ClientCore.requeue)
+    triage = awaited(ClientCore.triage)
+    heartbeat_many = awaited(ClientCore.heartbeat_many)
+    complete_many = awaited(ClientCore.complete_many)
+    approve_spend = awaited(ClientCore.approve_spend)
+    concurrency = awaited(ClientCore.concurrency)
+    status = awaited(ClientCore.status)
+    list_items = awaited(ClientCore.list_items)
+    cancel_item = awaited(ClientCore.cancel_item)
+    cancel_items = awaited(ClientCore.cancel_items)
+    pause_queue = awaited(ClientCore.pause_queue)
+    resume_queue = awaited(ClientCore.resume_queue)
+    list_dead_letters = awaited(ClientCore.list_dead_letters)
+    show_dead_letter = awaited(ClientCore.show_dead_letter)
+    replay = awaited(ClientCore.replay)
+    discard = awaited(ClientCore.discard)
+    replay_queue = awaited(ClientCore.replay_queue)
+    verify_ledgers = awaited(ClientCore.verify_ledgers)
+    policy = awaited(ClientCore.policy)
+    claim_receipt = awaited(ClientCore.claim_receipt)
+    settle_receipt = awaited(ClientCore.settle_receipt)
+    get_receipt = awaited(ClientCore.get_receipt)
+    pending_receipts = awaited(ClientCore.pending_receipts)
+    resolve_receipt = awaited(ClientCore.resolve_receipt)
+    start_verification_run = awaited(ClientCore.start_verification_run)
+    get_verification_run = awaited(ClientCore.get_verification_run)
+    abandon_verification_run = awaited(ClientCore.abandon_verification_run)
+    checkpoint = awaited(ClientCore.checkpoint)
+    complete_verification_run = awaited(ClientCore.complete_verification_run)
+    iter_items = awaited_pages(ClientCore.iter_items)
+    iter_dead_letters = awaited_pages(ClientCore.iter_dead_letters)

@@ -1,4 +1,11 @@
-"""Problem responses as typed exceptions. Each carries the problem's `code`, `title` and `detail`."""
+"""Problem responses as typed exceptions. Each carries the problem's `code`, `title` and `detail`.
+
+Every problem code the server answers with has its class here (`BY_CODE`; a test
+fails when the server gains a code this map lacks), under the class of its HTTP
+status family, so `except errors.ConflictError` also catches every 409 the SDK
+knows by name. An answer with a code this version does not know is still typed
+by its status (`BY_STATUS`), else a plain `ProblemError`.
+"""
 
 from __future__ import annotations
 
@@ -56,6 +63,10 @@ class ProblemError(QueueClientError):
         super().__init__(str(self))
 
 
+class InternalServerError(ProblemError):
+    """The server failed on the request (500); the details are in its log only."""
+
+
 class BadRequestError(ProblemError):
     pass
 
@@ -80,6 +91,10 @@ class PayloadTooLargeError(ProblemError):
     pass
 
 
+class HeadersTooLargeError(ProblemError):
+    """The request's headers are larger than the server accepts (431)."""
+
+
 class InvalidRequestError(ProblemError):
     pass
 
@@ -88,8 +103,33 @@ class TooManyRequestsError(ProblemError):
     pass
 
 
+class ClientDisconnectedError(ProblemError):
+    """The server saw the client leave before it answered (499: its access log's word)."""
+
+
 class ServiceUnavailableError(ProblemError):
     pass
+
+
+# -- 400 --------------------------------------------------------------------------
+
+
+class IdempotencyKeyRequiredError(BadRequestError):
+    pass
+
+
+# -- 403 --------------------------------------------------------------------------
+
+
+class ForbiddenRoleError(ForbiddenError):
+    """The key's role may not do this."""
+
+
+class CsrfRefusedError(ForbiddenError):
+    """The console refused a form without this session's CSRF token."""
+
+
+# -- 404 --------------------------------------------------------------------------
 
 
 class TenantNotFoundError(NotFoundError):
@@ -102,6 +142,33 @@ class ItemNotFoundError(NotFoundError):
 
 class DeadLetterNotFoundError(NotFoundError):
     pass
+
+
+class KeyNotFoundError(NotFoundError):
+    pass
+
+
+class WatcherNotFoundError(NotFoundError):
+    pass
+
+
+class DeliveryNotFoundError(NotFoundError):
+    pass
+
+
+class ReceiptNotFoundError(NotFoundError):
+    pass
+
+
+class VerificationRunNotFoundError(NotFoundError):
+    pass
+
+
+class ScheduleNotFoundError(NotFoundError):
+    pass
+
+
+# -- 409 --------------------------------------------------------------------------
 
 
 class LeaseLostError(ConflictError):
@@ -148,18 +215,106 @@ class InvalidStateError(ConflictError):
     pass
 
 
+class AmbiguousIdError(ConflictError):
+    """An id prefix names more than one item."""
+
+
+class LastAdminKeyError(ConflictError):
+    """The last active admin key cannot be revoked."""
+
+
+class VerificationRunBusyError(ConflictError):
+    pass
+
+
+class RunKeyConflictError(ConflictError):
+    pass
+
+
+class CheckpointConflictError(ConflictError):
+    pass
+
+
+class VerificationRunEndedError(ConflictError):
+    pass
+
+
+class VerificationIncompleteError(ConflictError):
+    pass
+
+
+class ReceiptNotStaleError(ConflictError):
+    pass
+
+
+class ReceiptConflictError(ConflictError):
+    pass
+
+
+class OperationStoppedError(ConflictError):
+    pass
+
+
+# -- 422 --------------------------------------------------------------------------
+
+
 class IdempotencyKeyReuseError(InvalidRequestError):
     pass
+
+
+class TargetRefusedError(InvalidRequestError):
+    pass
+
+
+class ItemNotDeclaredError(InvalidRequestError):
+    pass
+
+
+class AdmissionRefusedError(InvalidRequestError):
+    """The server refused the operation before dispatch: it lacks what its class requires."""
+
+
+# -- 429 and 503 ------------------------------------------------------------------
 
 
 class BacklogCapReachedError(TooManyRequestsError):
     pass
 
 
+class PermitUnavailableError(TooManyRequestsError):
+    pass
+
+
+class TimeoutExceededError(ServiceUnavailableError):
+    """A statement or lock wait of the server timed out."""
+
+
+class CircuitOpenError(ServiceUnavailableError):
+    pass
+
+
 BY_CODE: dict[str, type[ProblemError]] = {
+    "internal-error": InternalServerError,
+    "invalid-request": InvalidRequestError,
+    "payload-too-large": PayloadTooLargeError,
+    "headers-too-large": HeadersTooLargeError,
+    "unauthorized": UnauthorizedError,
+    "client-disconnected": ClientDisconnectedError,
+    "service-unavailable": ServiceUnavailableError,
+    "not-found": NotFoundError,
+    "conflict": ConflictError,
+    "idempotency-key-required": IdempotencyKeyRequiredError,
+    "forbidden-role": ForbiddenRoleError,
+    "csrf-refused": CsrfRefusedError,
     "tenant-not-found": TenantNotFoundError,
     "item-not-found": ItemNotFoundError,
     "dead-letter-not-found": DeadLetterNotFoundError,
+    "key-not-found": KeyNotFoundError,
+    "watcher-not-found": WatcherNotFoundError,
+    "delivery-not-found": DeliveryNotFoundError,
+    "receipt-not-found": ReceiptNotFoundError,
+    "verification-run-not-found": VerificationRunNotFoundError,
+    "schedule-not-found": ScheduleNotFoundError,
     "stale-fence": StaleFenceError,
     "fence-ahead": FenceAheadError,
     "not-lease-holder": NotLeaseHolderError,
@@ -168,10 +323,26 @@ BY_CODE: dict[str, type[ProblemError]] = {
     "lease-deadline-exceeded": LeaseDeadlineExceededError,
     "item-cancelled": ItemCancelledError,
     "idempotency-key-in-flight": IdempotencyKeyInFlightError,
-    "idempotency-key-reuse": IdempotencyKeyReuseError,
     "dead-letter-closed": DeadLetterClosedError,
     "invalid-state": InvalidStateError,
+    "ambiguous-id": AmbiguousIdError,
+    "last-admin-key": LastAdminKeyError,
+    "verification-run-busy": VerificationRunBusyError,
+    "run-key-conflict": RunKeyConflictError,
+    "checkpoint-conflict": CheckpointConflictError,
+    "verification-run-ended": VerificationRunEndedError,
+    "verification-incomplete": VerificationIncompleteError,
+    "receipt-not-stale": ReceiptNotStaleError,
+    "receipt-conflict": ReceiptConflictError,
+    "operation-stopped": OperationStoppedError,
+    "idempotency-key-reuse": IdempotencyKeyReuseError,
+    "target-refused": TargetRefusedError,
+    "item-not-declared": ItemNotDeclaredError,
+    "admission-refused": AdmissionRefusedError,
     "backlog-cap-reached": BacklogCapReachedError,
+    "permit-unavailable": PermitUnavailableError,
+    "timeout": TimeoutExceededError,
+    "circuit-open": CircuitOpenError,
 }
 
 BY_STATUS: dict[int, type[ProblemError]] = {
@@ -183,6 +354,9 @@ BY_STATUS: dict[int, type[ProblemError]] = {
     413: PayloadTooLargeError,
     422: InvalidRequestError,
     429: TooManyRequestsError,
+    431: HeadersTooLargeError,
+    499: ClientDisconnectedError,
+    500: InternalServerError,
     503: ServiceUnavailableError,
 }
 

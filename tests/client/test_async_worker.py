@@ -20,6 +20,7 @@ from queue_server.client import (
     TransientError,
     Worker,
 )
+from queue_server.client.core import ClientCore
 from tests.client.test_worker_pipeline import requests_to
 from tests.conftest import Api
 
@@ -27,11 +28,9 @@ DB = psycopg.Connection[dict[str, object]]
 
 
 def _public(cls: type) -> dict[str, inspect.Signature]:
-    return {
-        name: inspect.signature(member)
-        for name, member in vars(cls).items()
-        if callable(member) and not name.startswith("_")
-    }
+    """The public methods of a face, its own and those of the core it shares."""
+    members = {name: getattr(cls, name) for name in dir(cls) if not name.startswith("_")}
+    return {name: inspect.signature(m) for name, m in members.items() if callable(m)}
 
 
 def _parameters(sig: inspect.Signature) -> list[tuple[str, Any, Any]]:
@@ -48,6 +47,11 @@ def test_the_async_client_and_worker_have_the_same_api_as_the_thread_ones() -> N
                 "iter_dead_letters",
                 "iter_items",
             )
+    # Neither face writes a method of its own: each is the core's one flow, sent.
+    assert set(_public(ClientCore)) == set(sync) - {"close"}
+    for name in _public(ClientCore):
+        for face in (QueueClient, AsyncQueueClient):
+            assert getattr(face, name).__wrapped__ is getattr(ClientCore, name), (face, name)
     workers = _public(Worker), _public(AsyncWorker)
     assert set(workers[0]) == set(workers[1])
     for name, sig in workers[0].items():

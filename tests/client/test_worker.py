@@ -1,4 +1,5 @@
-"""The worker helper: heartbeats, complete, triage, and a lost lease that stops the handler."""
+"""The worker helper, on both faces: heartbeats, complete, triage, and a lost lease that stops
+the handler."""
 
 from __future__ import annotations
 
@@ -9,14 +10,13 @@ from typing import Any
 import psycopg
 
 from queue_server.client import (
-    Job,
     Outcome,
     Quarantine,
     QueueClient,
     Result,
     TransientError,
-    Worker,
 )
+from tests.client.conftest import AnyJob, Face, wait_for_stop
 from tests.conftest import Api
 
 DB = psycopg.Connection[dict[str, object]]
@@ -30,15 +30,15 @@ def kinds(qs: QueueClient, item_id: str) -> list[str]:
     return [e.kind for e in qs.ledger(item_id)]
 
 
-def test_success_completes_with_the_handler_result_after_heartbeats(api: Api) -> None:
+def test_success_completes_with_the_handler_result_after_heartbeats(api: Api, face: Face) -> None:
     with client(api) as qs:
         item = qs.enqueue("q", {"n": 2})
 
-        def handler(job: Job) -> Any:
+        def handler(job: AnyJob) -> Any:
             time.sleep(1.2)  # several heartbeat intervals of a 1 s lease
             return {"double": job.payload["n"] * 2}
 
-        worker = Worker(qs, "q", handler, name="w1", lease_ttl=1, heartbeat_fraction=0.3)
+        worker = face.worker(api, "q", handler, name="w1", lease_ttl=1, heartbeat_fraction=0.3)
         (lease,) = qs.acquire("q", worker="w1", lease_ttl=1)
         result = worker.process(lease)
         assert result.outcome is Outcome.COMPLETED
@@ -47,13 +47,16 @@ def test_success_completes_with_the_handler_result_after_heartbeats(api: Api) ->
         assert kinds(qs, item.item_id).count("heartbeat") >= 2
 
 
-def test_failures_are_triaged_back_to_the_queue_or_into_quarantine(api: Api) -> None:
+def test_failures_are_triaged_back_to_the_queue_or_into_quarantine(api: Api, face: Face) -> None:
     with client(api) as qs:
         transient = qs.enqueue("t", "t")
         broken = qs.enqueue("b", "b")
         poisoned = qs.enqueue("p", "p")
 
-        def handler(job: Job) -> Any:
+        calls: list[str] = []
+
+        def handler(job: AnyJob) -> Any:
+            calls.append(job.payload)
             if job.payload == "t":
                 raise TransientError("try later")
             if job.payload == "b":
@@ -62,7 +65,9 @@ def test_failures_are_triaged_back_to_the_queue_or_into_quarantine(api: Api) -> 
 
         results: list[Result] = []
         for queue in ("t", "b", "p"):
-            worker = Worker(qs, queue, handler, name="w1", lease_ttl=5, on_result=results.append)
+            worker = face.worker(
+                api, queue, handler, name="w1", lease_ttl=5, on_result=results.append
+            )
             assert worker.run(max_items=1) == 1
         assert [r.outcome for r in results] == [
             Outcome.TRIAGED,
@@ -78,21 +83,28 @@ def test_failures_are_triaged_back_to_the_queue_or_into_quarantine(api: Api) -> 
         }
         assert qs.get_item(broken.item_id).last_failure["class"] == "ValueError"
         assert qs.get_item(poisoned.item_id).state == "quarantined"
+        # A failure is not retried in the worker: it goes back through the queue, each item
+        # leased once and its handler run once.
+        assert calls == ["t", "b", "p"]
+        for item in (transient, broken, poisoned):
+            assert kinds(qs, item.item_id).count("acquired") == 1
 
 
-def test_a_lost_lease_stops_the_handler_and_its_result_is_not_submitted(api: Api, db: DB) -> None:
+def test_a_lost_lease_stops_the_handler_and_its_result_is_not_submitted(
+    api: Api, db: DB, face: Face
+) -> None:
     with client(api) as qs:
         item = qs.enqueue("q", "slow")
         started = threading.Event()
         told_to_stop = threading.Event()
 
-        def handler(job: Job) -> Any:
+        def handler(job: AnyJob) -> Any:
             started.set()
-            if job.stop.wait(10):
+            if wait_for_stop(job, 10):
                 told_to_stop.set()
             return "late result"
 
-        worker = Worker(qs, "q", handler, name="w1", lease_ttl=2, heartbeat_fraction=0.25)
+        worker = face.worker(api, "q", handler, name="w1", lease_ttl=2, heartbeat_fraction=0.25)
         (lease,) = qs.acquire("q", worker="w1", lease_ttl=2)
         outcome: list[Any] = []
         runner = threading.Thread(target=lambda: outcome.append(worker.process(lease)))
@@ -114,7 +126,7 @@ def test_a_lost_lease_stops_the_handler_and_its_result_is_not_submitted(api: Api
         assert "completed" not in kinds(qs, item.item_id)
 
 
-def test_concurrency_never_exceeds_the_queue_limit(api: Api) -> None:
+def test_concurrency_never_exceeds_the_queue_limit(api: Api, face: Face) -> None:
     api.approve("wide", 2)
     with client(api) as qs:
         for n in range(6):
@@ -123,7 +135,7 @@ def test_concurrency_never_exceeds_the_queue_limit(api: Api) -> None:
         running = [0]
         peak = [0]
 
-        def handler(job: Job) -> Any:
+        def handler(job: AnyJob) -> Any:
             with lock:
                 running[0] += 1
                 peak[0] = max(peak[0], running[0])
@@ -132,7 +144,7 @@ def test_concurrency_never_exceeds_the_queue_limit(api: Api) -> None:
                 running[0] -= 1
             return job.payload
 
-        worker = Worker(qs, "wide", handler, name="w1", lease_ttl=5, concurrency=5, wait=0)
+        worker = face.worker(api, "wide", handler, name="w1", lease_ttl=5, concurrency=5, wait=0)
         assert worker.run(drain=True) == 6
         assert peak[0] == 2
         assert qs.status().backlog == 0

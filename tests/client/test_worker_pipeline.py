@@ -12,7 +12,8 @@ from typing import Any
 
 import psycopg
 
-from queue_server.client import Job, NewItem, Outcome, QueueClient, Result, Worker
+from queue_server.client import NewItem, Outcome, QueueClient, Result
+from tests.client.conftest import AnyJob, Face
 from tests.conftest import Api
 
 DB = psycopg.Connection[dict[str, object]]
@@ -35,14 +36,14 @@ def fill(qs: QueueClient, queue: str, n: int) -> None:
 
 
 def test_outcomes_of_concurrent_handlers_go_out_together_and_each_item_completes_once(
-    api: Api, db: DB
+    api: Api, db: DB, face: Face
 ) -> None:
     api.approve("fast", 64)
     with QueueClient(api.url, api.keys["worker"]) as qs:
         fill(qs, "fast", 400)
         results: list[Result] = []
-        worker = Worker(
-            qs, "fast", lambda job: job.payload * 2, concurrency=16, wait=0,
+        worker = face.worker(
+            api, "fast", lambda job: job.payload * 2, concurrency=16, wait=0,
             on_result=results.append,
         )  # fmt: skip
         assert worker.run(drain=True) == 400
@@ -62,7 +63,9 @@ def test_outcomes_of_concurrent_handlers_go_out_together_and_each_item_completes
     assert 1 <= acquires <= 400 / 4
 
 
-def test_a_fast_handler_prefetches_and_a_slow_one_holds_only_what_runs(api: Api) -> None:
+def test_a_fast_handler_prefetches_and_a_slow_one_holds_only_what_runs(
+    api: Api, face: Face
+) -> None:
     api.approve("fast", 64)
     api.approve("slow", 64)
     with QueueClient(api.url, api.keys["worker"]) as qs:
@@ -71,21 +74,23 @@ def test_a_fast_handler_prefetches_and_a_slow_one_holds_only_what_runs(api: Api)
             qs.enqueue("slow", n)
         held: dict[str, list[int]] = {"fast": [], "slow": []}
 
-        def handler(job: Job) -> None:
+        def handler(job: AnyJob) -> None:
             held[job.lease.queue].append(worker.in_flight())
             if job.lease.queue == "slow":
                 time.sleep(0.25)
 
-        worker = Worker(qs, "fast", handler, concurrency=1, wait=0)
+        worker = face.worker(api, "fast", handler, concurrency=1, wait=0)
         assert worker.run(drain=True) == 300
         assert max(held["fast"]) > 2
-        worker = Worker(qs, "slow", handler, concurrency=1, wait=0)
+        worker = face.worker(api, "slow", handler, concurrency=1, wait=0)
         assert worker.run(drain=True) == 4
         # The one running, and at most the previous item's outcome still on its way.
         assert max(held["slow"]) <= 2
 
 
-def test_stop_gives_back_waiting_leases_and_lets_the_running_one_finish(api: Api, db: DB) -> None:
+def test_stop_gives_back_waiting_leases_and_lets_the_running_one_finish(
+    api: Api, db: DB, face: Face
+) -> None:
     api.approve("q", 10)
     with QueueClient(api.url, api.keys["worker"]) as qs:
         for n in range(5):
@@ -93,13 +98,15 @@ def test_stop_gives_back_waiting_leases_and_lets_the_running_one_finish(api: Api
         started = threading.Event()
         release = threading.Event()
 
-        def handler(job: Job) -> str:
+        def handler(job: AnyJob) -> str:
             started.set()
             assert release.wait(10)
             return "done"
 
         results: list[Result] = []
-        worker = Worker(qs, "q", handler, name="w1", prefetch=4, wait=0, on_result=results.append)
+        worker = face.worker(
+            api, "q", handler, name="w1", prefetch=4, wait=0, on_result=results.append
+        )
         runner = threading.Thread(target=lambda: worker.run(grace=10, handle_signals=False))
         runner.start()
         assert started.wait(10)
@@ -125,17 +132,17 @@ def test_stop_gives_back_waiting_leases_and_lets_the_running_one_finish(api: Api
     assert reasons == [{"reason": "worker stopping"}] * 4
 
 
-def test_a_result_that_is_not_json_fails_its_item_alone(api: Api) -> None:
+def test_a_result_that_is_not_json_fails_its_item_alone(api: Api, face: Face) -> None:
     api.approve("q", 10)
     with QueueClient(api.url, api.keys["worker"]) as qs:
         for n in range(6):
             qs.enqueue("q", n)
 
-        def handler(job: Job) -> Any:
+        def handler(job: AnyJob) -> Any:
             return float("nan") if job.payload == 3 else {"n": job.payload}
 
         results: list[Result] = []
-        worker = Worker(qs, "q", handler, concurrency=6, wait=0, on_result=results.append)
+        worker = face.worker(api, "q", handler, concurrency=6, wait=0, on_result=results.append)
         assert worker.run(max_items=6) == 6
         outcomes = sorted(r.outcome.value for r in results)
         assert outcomes == ["completed"] * 5 + ["triaged"]
@@ -147,7 +154,7 @@ def test_a_result_that_is_not_json_fails_its_item_alone(api: Api) -> None:
 
 
 def test_a_refused_entry_in_a_batch_is_reported_lost_and_the_others_complete(
-    api: Api, db: DB
+    api: Api, db: DB, face: Face
 ) -> None:
     api.approve("q", 10)
     with QueueClient(api.url, api.keys["worker"]) as qs:
@@ -155,7 +162,7 @@ def test_a_refused_entry_in_a_batch_is_reported_lost_and_the_others_complete(
             qs.enqueue("q", n)
         gate = threading.Barrier(3)
 
-        def handler(job: Job) -> int:
+        def handler(job: AnyJob) -> int:
             gate.wait(10)
             if job.payload == 1:
                 # Another worker takes this item over while we still work on it.
@@ -169,7 +176,7 @@ def test_a_refused_entry_in_a_batch_is_reported_lost_and_the_others_complete(
             return int(job.payload)
 
         results: list[Result] = []
-        worker = Worker(qs, "q", handler, concurrency=3, wait=0, on_result=results.append)
+        worker = face.worker(api, "q", handler, concurrency=3, wait=0, on_result=results.append)
         assert worker.run(max_items=3) == 3
     assert sorted(r.outcome.value for r in results) == ["completed", "completed", "lost"]
     (lost,) = [r for r in results if r.outcome is Outcome.LOST]
