@@ -1,7 +1,7 @@
 """Admission before dispatch: fail closed unless the operation has what its class requires.
 
-`admit_operation` is the one gate every client and server path calls before it
-dispatches (ADR Decisions 1, 3, 5 and 6). It never performs I/O.
+`admit_operation` is the one gate every client and server path calls before it dispatches
+(docs/decisions/operation-class-policy.md, Decisions 1, 3, 5 and 6). It never performs I/O.
 """
 
 from __future__ import annotations

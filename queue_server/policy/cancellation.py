@@ -1,4 +1,5 @@
-"""The cancellation rule (ADR Decision 6) as a per-operation authority.
+"""The cancellation rule (docs/decisions/operation-class-policy.md, Decision 6) as a
+per-operation authority.
 
 A disconnect before dispatch stops the work. Disconnect and dispatch race under
 one lock, so exactly one wins: either nothing was dispatched, or the effect was

@@ -1,4 +1,5 @@
-"""The policy as data: totality, the ADR's values, and load errors that name the cell."""
+"""The policy as data: totality, the values and rules of
+docs/decisions/operation-class-policy.md, and load errors that name the cell."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def cells(doc: dict[str, Any], cls: str) -> dict[str, Any]:
 
 
 def load_error(doc: dict[str, Any]) -> PolicyError:
-    """The ADR's rules, as a versioned edit of the canonical policy meets them."""
+    """The decision's rules, as a versioned edit of the canonical policy meets them."""
     with pytest.raises(PolicyError) as info:
         load_policy(doc, bounded=False)
     return info.value
