@@ -32,7 +32,7 @@ if TYPE_CHECKING:
         PolicyError,
         ReceiptConflictError,
     )
-    from queue_server.policy.loader import default_policy, load_policy, policy_document
+    from queue_server.policy.loader import default_policy, load_policy
     from queue_server.policy.model import (
         MAX_ATTEMPTS,
         POLICY_NAME,
@@ -89,7 +89,7 @@ _WHERE: dict[str, str] = {
         ),
         "errors",
     ),
-    **dict.fromkeys(("default_policy", "load_policy", "policy_document"), "loader"),
+    **dict.fromkeys(("default_policy", "load_policy"), "loader"),
     **dict.fromkeys(
         (
             "MAX_ATTEMPTS",
@@ -197,7 +197,6 @@ __all__ = [
     "describe_cell",
     "load_policy",
     "load_policy_file",
-    "policy_document",
     "retrying_for",
     "run_key",
     "runtime_policy",

@@ -43,11 +43,6 @@ class Admission:
     concurrency: int
     cancellation: Cancellation
 
-    @property
-    def retry_loop(self) -> bool:
-        """Whether a client-side retry loop is allowed at all (never for leased work)."""
-        return self.max_attempts > 1
-
 
 def _seconds(
     value: float | timedelta | None, *, name: str, cls: str, default: float, reason: R

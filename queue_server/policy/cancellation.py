@@ -61,14 +61,6 @@ class DisconnectAuthority:
                 raise OperationStoppedError()
             self._dispatched = True
 
-    def authorize_write(self) -> None:
-        """Refuse any later write once the caller has disconnected."""
-        with self._lock:
-            if self._disconnected:
-                raise OperationStoppedError(
-                    "the caller disconnected; no later write of this operation is committed"
-                )
-
     def outcome(self) -> DisconnectOutcome:
         """What a disconnect means at this point: stop before dispatch, the class's rule after."""
         with self._lock:

@@ -453,8 +453,3 @@ def load_policy(
 def default_policy() -> ReliabilityPolicy:
     """The canonical policy, validated once per process."""
     return load_policy()
-
-
-def policy_document() -> dict[str, Any]:
-    """The canonical policy as a JSON-ready dict (what `policy show --json` prints)."""
-    return default_policy().as_document()

@@ -14,8 +14,8 @@ from queue_server.policy import (
     NotApplicable,
     OperationClass,
     PolicyError,
+    default_policy,
     load_policy,
-    policy_document,
 )
 from queue_server.policy.model import (
     Backoff,
@@ -52,7 +52,7 @@ def test_canonical_policy_loads_with_all_sixty_cells() -> None:
 
 
 def test_policy_document_round_trips_through_load_policy() -> None:
-    doc = policy_document()
+    doc = default_policy().as_document()
     assert json.loads(json.dumps(doc)) == doc
     assert doc["dimensions"] == [d.value for d in Dimension]
     assert list(doc["classes"]) == [c.value for c in OperationClass]
