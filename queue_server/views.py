@@ -1,4 +1,5 @@
-"""Rows as the JSON the API returns (API.md); orjson renders datetimes as RFC 3339 UTC."""
+"""Rows as the JSON the API returns (the shapes of queue_server/api/schemas.py); orjson renders
+datetimes as RFC 3339 UTC."""
 
 from __future__ import annotations
 

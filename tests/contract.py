@@ -1,6 +1,6 @@
 """The contract verifier with its weakenings: `python -m tests.contract` (run by `make test`).
 
-For every binding of `queue_server.policy.bindings` (and each negative control), run its
+For every binding of `tests/policy_proof/bindings.py` (and each negative control), run its
 test under its weakening (`pytest -p tests.weakenings --weaken NAME`) and require that the
 test fails: the weakened runtime must be caught. Tests of one weakening run in one pytest
 process; all processes share one embedded PostgreSQL (QUEUE_SERVER_TEST_PGDATA), so the
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from queue_server.infra.embedded import EmbeddedPostgres
-from queue_server.policy.bindings import BINDINGS, NEGATIVE_CONTROLS
-from queue_server.policy.verifier import render_table, verify_contract
+from tests.policy_proof.bindings import BINDINGS, NEGATIVE_CONTROLS
+from tests.policy_proof.verifier import render_table, verify_contract
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "reliability-policy.md"

@@ -20,7 +20,7 @@ runtime in this test process (the live server of a test runs in it, in a thread)
   cancel-after-dispatch mutation path into the REST-backed bridge).
 
 Add one with `@weakening("name", "what it breaks")` on a function taking the
-`pytest.MonkeyPatch`; bind it to a cell in `queue_server/policy/bindings.py`.
+`pytest.MonkeyPatch`; bind it to a cell in `tests/policy_proof/bindings.py`.
 """
 
 from __future__ import annotations
@@ -253,7 +253,7 @@ CM = "confirmed-mutation"
 
 
 def _cancel_after_dispatch(mp: pytest.MonkeyPatch, target: type[Any]) -> None:
-    from queue_server.policy.mutation import CancelAfterDispatchMutationPath
+    from tests.policy_proof.mutation import CancelAfterDispatchMutationPath
 
     for name in ("_leave_running", "_caller_cancelled", "_abandon"):
         mp.setattr(target, name, getattr(CancelAfterDispatchMutationPath, name), raising=False)
@@ -261,18 +261,18 @@ def _cancel_after_dispatch(mp: pytest.MonkeyPatch, target: type[Any]) -> None:
 
 @weakening(
     "cancel-dispatched-mutation-in-rest-bridge",
-    "the REST-backed bridge cancels a dispatched mutation (the seed's negative control)",
+    "the REST-backed bridge cancels a dispatched mutation (docs/decisions/operation-class-policy.md, Decision 8)",
 )
 def _cancel_in_rest_bridge(mp: pytest.MonkeyPatch) -> None:
     from queue_server.client import mutations
-    from queue_server.policy.mutation import CancelAfterDispatchMutationPath
+    from tests.policy_proof.mutation import CancelAfterDispatchMutationPath
 
     mp.setattr(mutations, "ConfirmedMutationPath", CancelAfterDispatchMutationPath)
 
 
 @weakening(
     "cancel-dispatched-mutation-in-process",
-    "the in-process mutation path cancels a dispatched mutation (the seed's negative control)",
+    "the in-process mutation path cancels a dispatched mutation (docs/decisions/operation-class-policy.md, Decision 8)",
 )
 def _cancel_in_process(mp: pytest.MonkeyPatch) -> None:
     from queue_server.policy.mutation import ConfirmedMutationPath

@@ -1,4 +1,5 @@
-"""The wire format: pydantic models of request and response bodies (API.md)."""
+"""The wire format: pydantic models of request and response bodies (the OpenAPI document at
+/openapi.json)."""
 
 from __future__ import annotations
 

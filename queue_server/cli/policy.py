@@ -1,4 +1,4 @@
-"""`queue-server policy`: print the reliability policy and run its contract verifier."""
+"""`queue-server policy`: print the reliability policy and verify a document or a live server."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ from queue_server.cli.common import (
 )
 
 app = CLI(
-    help="The operation-reliability policy: show it, verify its contract.", no_args_is_help=True
+    help="The operation-reliability policy: show it, verify a document or a server.",
+    no_args_is_help=True,
 )
 
 
@@ -74,68 +75,53 @@ def verify(
     ] = None,
     key: Key = None,
     data_dir: DataDir = None,
-    weaken_mutation: Annotated[
-        bool,
-        typer.Option(
-            "--weaken-mutation",
-            help="Verify with the cancel-after-dispatch mutation path as the real one: must fail.",
-        ),
-    ] = False,
     policy_file: PolicyFile = None,
     as_json: Json = False,
 ) -> None:
-    """Check the contract from this installation: the loaded policy is total and inside the
-    envelope; every cell is bound (code, test, weakening), not-applicable or declared; the
-    confirmed-mutation path keeps the cancellation rule and the cancel-after-dispatch
-    negative control breaks it. With --server, probe a live deployment instead: each cell
-    of its envelope is asked for just above its value and must be refused, naming the
-    cell. In a checkout, `make contract` proves every binding by its weakening. Exits 1 on
-    any failure.
+    """Check the policy document this installation would load (--policy FILE or
+    QUEUE_SERVER_POLICY, else the built-in operation-reliability.v2): it is total (every
+    class states all ten cells, a value or not-applicable with its reason), it obeys the
+    policy's rules, and it stays inside the built-in envelope. Each problem names its cell.
+    With --server, probe a live deployment instead: each cell of its envelope is asked for
+    just above its value and must be refused, naming the cell. In a checkout, `make
+    contract` proves that each cell is enforced by the code bound to it. Exits 1 on any
+    failure.
 
     Example: [bold]queue-server policy verify --server https://queue.example.com[/bold]
     """
     if server is not None:
         _verify_server(server, key, data_dir, as_json)
         return
-    from queue_server.policy import CancelAfterDispatchMutationPath, verify_contract
+    from queue_server.policy import NotApplicable, PolicyError
 
-    report = verify_contract(
-        policy=process_policy(policy_file),
-        mutation_path=CancelAfterDispatchMutationPath() if weaken_mutation else None,
-    )
+    try:
+        policy = process_policy(policy_file)
+    except PolicyError as error:
+        if as_json:
+            problems = [{"cell": cell, "problem": reason} for cell, reason in error.problems]
+            print_json({"passed": False, "problems": problems})
+        else:
+            table("policy problems", ["cell", "problem"], list(error.problems))
+            console.print("[bold red]policy FAILED[/]")
+        raise typer.Exit(code=1) from None
+    cells = [policy.cell(c, d) for c, d, _ in policy.rows()]
+    not_applicable = sum(isinstance(cell, NotApplicable) for cell in cells)
     if as_json:
-        print_json(report.as_dict())
-    else:
-        console.print(
-            f"cells: {report.cells_checked}: {report.bound} bound to code, a test and a"
-            f" weakening; {report.not_applicable} not-applicable; {report.declared} declared only"
+        print_json(
+            {
+                "passed": True,
+                **policy.loaded(),
+                "cells": len(cells),
+                "not_applicable": not_applicable,
+                "problems": [],
+            }
         )
-        if report.real_path is not None:
-            verdict = "keeps" if report.real_path.passed else "BREAKS"
-            console.print(
-                f"mutation path ({report.real_path.path}): {verdict} the cancellation rule"
-            )
-        control = report.negative_control
-        if control is not None:
-            outcome = (
-                "passed: the verifier cannot detect it"
-                if control.passed
-                else f"failed as required ({len(control.failures)} violations detected)"
-            )
-            console.print(f"negative control ({control.path}): {outcome}")
-            for failure in control.failures:
-                console.print(f"  [dim]- {failure}[/]", markup=True)
-        if report.failures:
-            table(
-                "contract failures",
-                ["cell", "problem"],
-                [(f.cell, f.message) for f in report.failures],
-            )
-        console.print(
-            "[bold green]contract verified[/]" if report.passed else "[bold red]contract FAILED[/]"
-        )
-    if not report.passed:
-        raise typer.Exit(code=1)
+        return
+    console.print(
+        f"policy {policy.describe()}: {len(cells)} cells, total ({not_applicable} not-applicable,"
+        " each with its reason); its rules and the envelope hold"
+    )
+    console.print("[bold green]policy verified[/]")
 
 
 def _verify_server(url: str, key: str | None, data_dir: Path | None, as_json: bool) -> None:

@@ -1,10 +1,10 @@
 """The read-only dependency client: admitted reads through the transport broker.
 
-Policy ADR Decision 7 for `read-only-dependency`: admission (a read never has
-effects, so an effecting call is refused), finite capacity (the class's permit
-gate rejects beyond its limit instead of queueing), retries of the named failure
-classes with capped exponential backoff and full jitter (`async_retrying_for`),
-and the canonical circuit breaker.
+Decision 7 of docs/decisions/operation-class-policy.md for `read-only-dependency`: admission
+(a read never has effects, so an effecting call is refused), finite capacity (the class's
+permit gate rejects beyond its limit instead of queueing), retries of the named failure
+classes with capped exponential backoff and full jitter (`async_retrying_for`), and the
+canonical circuit breaker.
 
 Each read is one `TransportBroker` run, the one owner of outbound HTTP: the
 class's attempt timeout is its request timeout (expiry: `RequestTimeoutError`,

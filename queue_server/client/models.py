@@ -1,5 +1,5 @@
-"""What the API answers, as typed values (API.md). Unknown fields are ignored, so a newer
-server does not break an older client."""
+"""What the API answers (queue_server/api/schemas.py, served at /openapi.json), as typed
+values. Unknown fields are ignored, so a newer server does not break an older client."""
 
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
 """The interactive turn gate: a bounded deadline, a capacity gate, and disconnect authority.
 
-Policy ADR Decisions 6 and 7 for `interactive-turn`: a turn is admitted (its id
-is the idempotency key and outcome reference of its writes), takes a permit of
-the class's capacity gate (rejected at capacity, never queued), passes the
-canonical circuit breaker and runs under the class's deadline. Every write of
-the turn goes through `Turn.write`: once the caller has disconnected no later
-write is dispatched, so none is committed; a write already dispatched is
-shielded and runs on to its outcome, and is never reported cancelled.
+Decisions 6 and 7 of docs/decisions/operation-class-policy.md for `interactive-turn`: a turn
+is admitted (its id is the idempotency key and outcome reference of its writes), takes a
+permit of the class's capacity gate (rejected at capacity, never queued), passes the
+canonical circuit breaker and runs under the class's deadline. Every write of the turn goes
+through `Turn.write`: once the caller has disconnected no later write is dispatched, so none
+is committed; a write already dispatched is shielded and runs on to its outcome, and is
+never reported cancelled.
 """
 
 from __future__ import annotations

@@ -1,14 +1,13 @@
 """The artifact verifier runner: one run per (artifact version, verifier version), resumable.
 
-Policy ADR Decision 7 for `artifact-verification`: the run key is admitted
-before dispatch; concurrency is one (a second runner in this process is
-rejected, and the server keeps one running run per tenant); each item is
-verified under `retrying_for` (only classified transient I/O is retried, with
-the class's capped backoff); each result becomes an idempotent checkpoint
-before the next item starts; a timeout or stop is honoured only at that
-checkpoint boundary, never in the middle of an item; the terminal marker is
-written after every declared item has a checkpoint. A restarted runner reads
-the run back and verifies only what remains.
+Decision 7 of docs/decisions/operation-class-policy.md for `artifact-verification`: the run
+key is admitted before dispatch; concurrency is one (a second runner in this process is
+rejected, and the server keeps one running run per tenant); each item is verified under
+`retrying_for` (only classified transient I/O is retried, with the class's capped backoff);
+each result becomes an idempotent checkpoint before the next item starts; a timeout or stop
+is honoured only at that checkpoint boundary, never in the middle of an item; the terminal
+marker is written after every declared item has a checkpoint. A restarted runner reads the
+run back and verifies only what remains.
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ from queue_server.client import errors
 from queue_server.client.client import new_idempotency_key
 from queue_server.client.models import Completion, Lease
 
-# One acquire leases at most this many items (API.md: max_items 1..100).
+# One acquire leases at most this many items (`AcquireIn.max_items` of
+# queue_server/api/schemas.py: 1..100).
 MAX_ACQUIRE = 100
 # A batch of outcomes stays well under the API's 1 MiB body limit.
 MAX_BATCH_BYTES = 512 * 1024

@@ -1,7 +1,7 @@
 """Admission before dispatch: fail closed unless the operation has what its class requires.
 
-`admit_operation` is the one gate every client and server path calls before it
-dispatches (ADR Decisions 1, 3, 5 and 6). It never performs I/O.
+`admit_operation` is the one gate every client and server path calls before it dispatches
+(docs/decisions/operation-class-policy.md, Decisions 1, 3, 5 and 6). It never performs I/O.
 """
 
 from __future__ import annotations
@@ -42,11 +42,6 @@ class Admission:
     circuit_breaker: CircuitBreakerPolicy | None
     concurrency: int
     cancellation: Cancellation
-
-    @property
-    def retry_loop(self) -> bool:
-        """Whether a client-side retry loop is allowed at all (never for leased work)."""
-        return self.max_attempts > 1
 
 
 def _seconds(

@@ -1,4 +1,7 @@
-"""The one shared circuit breaker (ADR Decision 4): closed -> open -> half-open -> closed.
+"""The one shared circuit breaker: closed -> open -> half-open -> closed.
+
+Decision 4 of docs/decisions/operation-class-policy.md: interactive turns, dependency reads
+and confirmed mutations go through it.
 
 Thread- and asyncio-safe: state changes happen under a `threading.Lock` that is
 never held across an await, so the same breaker can guard sync and async calls.

@@ -1,4 +1,5 @@
-"""The cancellation rule (ADR Decision 6) as a per-operation authority.
+"""The cancellation rule (docs/decisions/operation-class-policy.md, Decision 6) as a
+per-operation authority.
 
 A disconnect before dispatch stops the work. Disconnect and dispatch race under
 one lock, so exactly one wins: either nothing was dispatched, or the effect was
@@ -59,14 +60,6 @@ class DisconnectAuthority:
             if self._disconnected:
                 raise OperationStoppedError()
             self._dispatched = True
-
-    def authorize_write(self) -> None:
-        """Refuse any later write once the caller has disconnected."""
-        with self._lock:
-            if self._disconnected:
-                raise OperationStoppedError(
-                    "the caller disconnected; no later write of this operation is committed"
-                )
 
     def outcome(self) -> DisconnectOutcome:
         """What a disconnect means at this point: stop before dispatch, the class's rule after."""

@@ -28,7 +28,8 @@ class PolicyError(ValueError):
         return cls([(cell, reason)])
 
 
-# The ADR and the API name this exception `AdmissionRefused`; it is an error nonetheless.
+# Named after the refusal of admission (docs/decisions/operation-class-policy.md, Decision
+# 6), as the API's problem is; it is an error nonetheless.
 class AdmissionRefused(QueueServerError):  # noqa: N818
     """The operation was refused before dispatch: it lacks what its reliability class requires."""
 

@@ -1,4 +1,5 @@
-"""Load `operation-reliability.v2` and validate totality and the ADR's invariants.
+"""Load `operation-reliability.v2` and validate totality and the rules of
+docs/decisions/operation-class-policy.md.
 
 Every problem is reported with the cell it concerns (`class/dimension`), and
 all problems are collected before `PolicyError` is raised.
@@ -59,7 +60,7 @@ _KINDS: dict[Dimension, dict[str | None, type[Cell]]] = {
     D.RESUMABILITY: {None: Resumability},
 }
 
-# Dimensions that may never be not-applicable, and why (ADR Decisions 3-6).
+# Dimensions that may never be not-applicable, and why (Decisions 3-6).
 _REQUIRED: dict[Dimension, str] = {
     D.DEADLINE: "deadlines bound every operation",
     D.ATTEMPT_TIMEOUT: "every attempt is bounded inside the deadline",
@@ -70,11 +71,11 @@ _REQUIRED: dict[Dimension, str] = {
     D.CANCELLATION: "every class states what a disconnect does before and after dispatch",
 }
 
-# ADR Decision 4: these classes use the canonical circuit breaker.
+# Decision 4: these classes use the canonical circuit breaker.
 _CIRCUIT_CLASSES = frozenset({OC.INTERACTIVE_TURN, OC.READ_ONLY_DEPENDENCY, OC.CONFIRMED_MUTATION})
-# ADR Decision 4: local leased work and verification remain concurrency one.
+# Decision 4: local leased work and verification remain concurrency one.
 _CONCURRENCY_ONE = frozenset({OC.DURABLE_LEASED_WORK, OC.ARTIFACT_VERIFICATION})
-# ADR Decision 5: the exclusive grants that replace a separate fence.
+# Decision 5: the exclusive grants that replace a separate fence.
 _EXCLUSIVE_GRANT = frozenset({OC.CONFIRMED_MUTATION, OC.ARTIFACT_VERIFICATION})
 
 Problems = list[tuple[str, str]]
@@ -272,7 +273,7 @@ def _check_class(cls: OC, cp: ClassPolicy, problems: Problems) -> None:
 
 
 # Cells that carry identity, fencing and outcome observability: a loaded document
-# restates them exactly (ADR Consequences: weakening them needs a new decision).
+# restates them exactly (the decision's Consequences: weakening them needs a new decision).
 _FIXED = (D.IDEMPOTENCY_AND_FENCING, D.CANCELLATION, D.RESUMABILITY)
 
 
@@ -379,7 +380,7 @@ def load_policy(
 
     A document other than the canonical literal must also stay inside the canonical
     policy's envelope: same kinds, identity cells as they are, and no value above
-    its ceiling. `bounded=False` checks only totality and the ADR's rules, as for a
+    its ceiling. `bounded=False` checks only totality and the decision's rules, as for a
     versioned edit of `v2.py` itself. Every problem names its cell.
     """
     source_doc: Mapping[str, Any] = OPERATION_RELIABILITY_V2 if raw is None else raw
@@ -437,7 +438,7 @@ def load_policy(
         class_policy = ClassPolicy.model_validate(cells)
         _check_class(cls, class_policy, problems)
         if base is not None:
-            # One message per cell: the ADR's rule, when a cell breaks one, says enough.
+            # One message per cell: the decision's rule, when a cell breaks one, says enough.
             outside: Problems = []
             _check_envelope(cls, class_policy, base.for_class(cls), outside)
             named = {cell for cell, _ in problems}
@@ -452,8 +453,3 @@ def load_policy(
 def default_policy() -> ReliabilityPolicy:
     """The canonical policy, validated once per process."""
     return load_policy()
-
-
-def policy_document() -> dict[str, Any]:
-    """The canonical policy as a JSON-ready dict (what `policy show --json` prints)."""
-    return default_policy().as_document()

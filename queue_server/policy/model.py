@@ -1,8 +1,8 @@
 """The typed cells of `operation-reliability.v2`: six operation classes by ten dimensions.
 
-Every cell is a frozen pydantic model whose JSON keys are the kebab-case names
-used in the policy document. A mechanism that is meaningless at a boundary is
-`NotApplicable` with a reason; omission is never valid (ADR Decision 2).
+Every cell is a frozen pydantic model whose JSON keys are the kebab-case names used in the
+policy document. A mechanism that is meaningless at a boundary is `NotApplicable` with a
+reason; omission is never valid (docs/decisions/operation-class-policy.md, Decision 2).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ MAX_ATTEMPTS = 5
 
 
 class OperationClass(StrEnum):
-    """Every operation is classified as one of these before dispatch (ADR Decision 1)."""
+    """Every operation is classified as one of these before dispatch (Decision 1)."""
 
     INTERACTIVE_TURN = "interactive-turn"
     READ_ONLY_DEPENDENCY = "read-only-dependency"
@@ -34,7 +34,7 @@ class OperationClass(StrEnum):
 
 
 class Dimension(StrEnum):
-    """The ten dimensions every class states a value for (ADR Decision 2)."""
+    """The ten dimensions every class states a value for (Decision 2)."""
 
     DEADLINE = "deadline"
     ATTEMPT_TIMEOUT = "attempt-timeout"
@@ -49,7 +49,7 @@ class Dimension(StrEnum):
 
 
 class FailureClass(StrEnum):
-    """Named failure classes a retry cell may declare retryable (ADR Decision 3)."""
+    """Named failure classes a retry cell may declare retryable (Decision 3)."""
 
     ATTEMPT_TIMEOUT = "attempt-timeout"
     TRANSPORT_ERROR = "transport-error"

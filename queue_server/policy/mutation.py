@@ -1,19 +1,20 @@
 """The confirmed-mutation path: admit -> permit -> circuit -> claim -> dispatch -> settle.
 
-ADR Decisions 6 and 7: an effecting call is admitted only with an idempotency
-key and outcome reference; the one-shot receipt claim is its exclusive grant;
-the permit gate rejects the ninth concurrent local mutation; the circuit
-isolates repeated adapter failure. Once dispatched, the effect runs in its own
-task: an attempt timeout or a disconnect returns the `pending` receipt while
-the effect runs on and settles that same receipt. A dispatched effect is never
-reported cancelled. `CancelAfterDispatchMutationPath` breaks that rule on
-purpose; it is the contract verifier's negative control.
+Decisions 6 and 7 of docs/decisions/operation-class-policy.md: an effecting call
+is admitted only with an idempotency key and outcome reference; the one-shot
+receipt claim is its exclusive grant; the permit gate rejects the ninth
+concurrent local mutation; the circuit isolates repeated adapter failure. Once
+dispatched, the effect runs in its own task: an attempt timeout or a disconnect
+returns the `pending` receipt while the effect runs on and settles that same
+receipt. A dispatched effect is never reported cancelled. The receipts live
+behind the server's receipts API (`queue_server.client.mutations`); the
+negative control that breaks the rule on purpose is test code
+(`tests/policy_proof/mutation.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -21,7 +22,6 @@ from typing import Any, Protocol
 
 from queue_server.policy.admission import admit_operation
 from queue_server.policy.breaker import CallTicket, CircuitBreaker
-from queue_server.policy.errors import ReceiptConflictError
 from queue_server.policy.model import OperationClass, ReliabilityPolicy
 from queue_server.policy.permits import PermitGate
 
@@ -46,7 +46,7 @@ class Receipt:
 
 
 class ReceiptStore(Protocol):
-    """Where receipts live: in memory here, in PostgreSQL behind the server's receipts API."""
+    """Where receipts live: in PostgreSQL behind the server's receipts API (in memory in tests)."""
 
     async def claim(self, *, idempotency_key: str, outcome_ref: str) -> tuple[Receipt, bool]:
         """One-shot claim -> pending; the same identity again returns the existing receipt, False."""
@@ -59,49 +59,10 @@ class ReceiptStore(Protocol):
     async def get(self, outcome_ref: str) -> Receipt | None: ...
 
 
-class InMemoryReceiptStore:
-    """A process-local `ReceiptStore` for tests and the contract verifier."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._receipts: dict[str, Receipt] = {}
-        self.history: list[Receipt] = []
-
-    async def claim(self, *, idempotency_key: str, outcome_ref: str) -> tuple[Receipt, bool]:
-        with self._lock:
-            existing = self._receipts.get(outcome_ref)
-            if existing is not None:
-                if existing.idempotency_key != idempotency_key:
-                    raise ReceiptConflictError(
-                        f"outcome reference {outcome_ref!r} belongs to another idempotency key"
-                    )
-                return existing, False
-            receipt = Receipt(idempotency_key, outcome_ref, ReceiptStatus.PENDING)
-            self._receipts[outcome_ref] = receipt
-            self.history.append(receipt)
-            return receipt, True
-
-    async def settle(self, outcome_ref: str, status: ReceiptStatus, outcome: Outcome) -> Receipt:
-        if status is ReceiptStatus.PENDING:
-            raise ValueError("a settlement is succeeded or failed")
-        with self._lock:
-            current = self._receipts[outcome_ref]
-            if current.status is not ReceiptStatus.PENDING:
-                if (current.status, current.outcome) == (status, outcome):
-                    return current
-                raise ReceiptConflictError(f"receipt {outcome_ref!r} is already {current.status}")
-            receipt = Receipt(current.idempotency_key, outcome_ref, status, outcome)
-            self._receipts[outcome_ref] = receipt
-            self.history.append(receipt)
-            return receipt
-
-    async def get(self, outcome_ref: str) -> Receipt | None:
-        with self._lock:
-            return self._receipts.get(outcome_ref)
-
-
 class MutationStatus(StrEnum):
-    """What the path reports to its caller. `cancelled` is reserved for the negative control."""
+    """What the path reports to its caller. No path of this package reports `cancelled`: it is
+    what a path that breaks the cancellation rule would say, so that the rule's check can
+    catch it."""
 
     SUCCEEDED = "succeeded"
     FAILED = "failed"
@@ -257,37 +218,3 @@ class ConfirmedMutationPath:
         self, store: ReceiptStore, receipt: Receipt, task: asyncio.Task[Receipt]
     ) -> None:
         """The caller's task was cancelled after dispatch: the effect is left to settle its receipt."""
-
-
-class CancelAfterDispatchMutationPath(ConfirmedMutationPath):
-    """NEGATIVE CONTROL ONLY: a mutation weakened to cancel after dispatch. Never use it to mutate.
-
-    It cancels the dispatched effect on disconnect or caller cancellation and
-    reports `cancelled`, so an effect the dependency may already have applied
-    becomes unobservable. The contract verifier must fail on it.
-    """
-
-    async def _leave_running(
-        self,
-        store: ReceiptStore,
-        receipt: Receipt,
-        task: asyncio.Task[Receipt],
-        *,
-        disconnected: bool,
-    ) -> MutationReport:
-        if not disconnected:
-            return await super()._leave_running(store, receipt, task, disconnected=False)
-        settled = await self._abandon(store, receipt, task)
-        return MutationReport(MutationStatus.CANCELLED, settled, dispatched=True)
-
-    async def _caller_cancelled(
-        self, store: ReceiptStore, receipt: Receipt, task: asyncio.Task[Receipt]
-    ) -> None:
-        await self._abandon(store, receipt, task)
-
-    async def _abandon(
-        self, store: ReceiptStore, receipt: Receipt, task: asyncio.Task[Receipt]
-    ) -> Receipt:
-        task.cancel()
-        await asyncio.wait({task})
-        return await store.settle(receipt.outcome_ref, ReceiptStatus.FAILED, {"cancelled": True})

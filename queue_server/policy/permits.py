@@ -1,8 +1,8 @@
 """A finite permit gate: the (n+1)th concurrent holder is rejected immediately, never queued.
 
-Used as the confirmed-mutation gate of 8 (ADR Decision 7) and as the capacity
-gate of every class whose backpressure is `reject-at-capacity`. Acquisition
-never blocks, so the same gate is safe from threads and from asyncio tasks.
+Used as the confirmed-mutation gate of 8 (docs/decisions/operation-class-policy.md, Decision
+7) and as the capacity gate of every class whose backpressure is `reject-at-capacity`.
+Acquisition never blocks, so the same gate is safe from threads and from asyncio tasks.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Retry and backoff built from a class's cells with tenacity (ADR Decision 3).
+"""Retry and backoff built from a class's cells with tenacity
+(docs/decisions/operation-class-policy.md, Decision 3).
 
 No hand-written retry loop exists in this package: `retrying_for` configures
 tenacity from the `retry`, `backoff-and-jitter` and `deadline` cells, and

@@ -3,7 +3,8 @@
 Every process (`queue-server serve`, `deliver`, `work`, the SDK) calls
 `runtime_policy()` once: `--policy FILE` wins, else QUEUE_SERVER_POLICY, else the
 built-in `operation-reliability.v2`. The file is the JSON that `queue-server
-policy show --json` prints; it must be total, obey the ADR and stay inside the
+policy show --json` prints; it must be total, obey the rules of
+docs/decisions/operation-class-policy.md and stay inside the
 built-in envelope, or `PolicyError` names each offending cell and the process
 stops. Then each enforcement point reads its value through the typed views
 (`policy.leased_work.attempt_cap`, `policy.delivery.outbox_cap`, ...).

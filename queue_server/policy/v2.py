@@ -1,8 +1,8 @@
 """`operation-reliability.v2` as data: six operation classes by ten dimensions.
 
-This literal is the canonical policy (ADR Decision 1). `load_policy` validates
-it for totality and the ADR's invariants; a new class or a changed cell is a
-versioned edit of this file. Durations are seconds. The policy is a maximum
+This literal is the canonical policy (docs/decisions/operation-class-policy.md, Decision 1).
+`load_policy` validates it for totality and the decision's rules; a new class or a changed
+cell is a versioned edit of this file. Durations are seconds. The policy is a maximum
 envelope: callers may ask for less, never for more.
 """
 

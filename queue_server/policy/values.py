@@ -269,6 +269,3 @@ class Turn(_View):
             attempt_timeout=cp.attempt_timeout.seconds,
             concurrency=cp.concurrency.limit,
         )
-
-
-VIEWS: tuple[type[_View], ...] = (LeasedWork, Delivery, Verification, Mutation, Dependency, Turn)

@@ -1,11 +1,10 @@
 """Durable receipts of confirmed mutations: claim once, settle once, replay by identity.
 
-Policy ADR Decisions 5-7: a confirmed mutation owns an independently durable
-idempotency receipt. Its one-shot claim of (idempotency key, outcome reference)
-is the exclusive grant to dispatch; the same identity claimed again returns the
-retained receipt (pending, or the settled outcome) instead of a second grant.
-Receipts live in PostgreSQL, so they survive a restart of the server and of
-the client that claimed them.
+Decisions 5-7 of docs/decisions/operation-class-policy.md: a confirmed mutation owns an
+independently durable idempotency receipt. Its one-shot claim of (idempotency key, outcome
+reference) is the exclusive grant to dispatch; the same identity claimed again returns the
+retained receipt (pending, or the settled outcome) instead of a second grant. Receipts live
+in PostgreSQL, so they survive a restart of the server and of the client that claimed them.
 """
 
 from __future__ import annotations

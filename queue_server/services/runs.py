@@ -1,12 +1,12 @@
 """Artifact verification runs: one run per (artifact version, verifier version), idempotent
 per-item checkpoints, and a terminal run-complete marker after every declared item.
 
-Policy ADR Decisions 5 and 7: the run key (artifact version + verifier version)
-is the run's exclusive grant, so the same pair always names the same run; a
-tenant runs at most one verification at a time (concurrency one, rejected at
-capacity); a checkpoint is recorded once and replays; the marker is refused
-while any declared item lacks a checkpoint. A restarted verifier reads the run
-back and resumes from its checkpoints.
+Decisions 5 and 7 of docs/decisions/operation-class-policy.md: the run key (artifact version
+plus verifier version) is the run's exclusive grant, so the same pair always names the same
+run; a tenant runs at most one verification at a time (concurrency one, rejected at
+capacity); a checkpoint is recorded once and replays; the marker is refused while any
+declared item lacks a checkpoint. A restarted verifier reads the run back and resumes from
+its checkpoints.
 
 The policy's artifact-verification deadline bounds a run from its start: past
 it, the run ends `failed` (deadline-exceeded) at its next checkpoint or complete,

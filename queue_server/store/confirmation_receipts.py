@@ -3,9 +3,9 @@
     (none) --claim--> pending --settle--> succeeded | failed
                          '--(past the class deadline) an operator settles, with a reason-->
 
-The claim is the mutation's exclusive grant (policy ADR Decision 5): a second
-claim of the same (idempotency key, outcome reference) finds the first receipt.
-Each function takes the caller's connection and never commits.
+The claim is the mutation's exclusive grant (docs/decisions/operation-class-policy.md,
+Decision 5): a second claim of the same (idempotency key, outcome reference) finds the first
+receipt. Each function takes the caller's connection and never commits.
 """
 
 from __future__ import annotations

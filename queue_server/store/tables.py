@@ -244,8 +244,9 @@ spend_approvals = Table(
 
 # -- confirmed-mutation receipts and artifact verification runs (0002) --------------
 
-# One-shot receipts of confirmed mutations (policy ADR Decisions 5-7): claimed
-# `pending` before dispatch, settled once. They outlive the process that claimed them.
+# One-shot receipts of confirmed mutations (docs/decisions/operation-class-policy.md,
+# Decisions 5-7): claimed `pending` before dispatch, settled once. They outlive the process
+# that claimed them.
 confirmation_receipts = Table(
     "confirmation_receipts",
     metadata,

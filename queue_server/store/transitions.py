@@ -286,7 +286,8 @@ def _refusal(row: Row | None, *, item_id: str, worker: str, fence: int) -> error
     if fence < row["fence"]:
         return errors.StaleFenceError(item_id=item_id, current_fence=row["fence"])
     if fence > row["fence"]:
-        # API.md's stale-fence is a lower fence; a higher one was never handed out.
+        # stale-fence is a lower fence (a newer lease superseded it); a higher one was never
+        # handed out (README.md, the refusal codes after the guarantees).
         return errors.FenceAheadError(item_id=item_id, current_fence=row["fence"])
     if row["lease_holder"] != worker:
         return errors.NotLeaseHolderError(item_id=item_id)

@@ -1,4 +1,7 @@
-"""The one atomic accounting authority of a broker: request leases and response bytes."""
+"""The one atomic accounting authority of a broker: request leases and response bytes.
+
+Decisions 1-3 of docs/decisions/transport-accounting.md.
+"""
 
 from __future__ import annotations
 

@@ -4,6 +4,9 @@ policy check + request construction (free, no receipt)
   -> lease (non-refundable; refused when a budget is exhausted: free, no receipt)
   -> socket to the checked address -> body chunks charged, then a bounded prefix kept
   -> receipt committed (always, whatever happened after the lease)
+
+The decision this implements: docs/decisions/transport-accounting.md; its sixteen
+checkable rules, each with the code and the test that hold it: docs/transport.md.
 """
 
 from __future__ import annotations

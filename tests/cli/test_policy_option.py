@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from queue_server.policy import policy_document
+from queue_server.policy import default_policy
 from queue_server.policy.v2 import OPERATION_RELIABILITY_V2
 from tests.cli.conftest import Cli
 
@@ -37,7 +37,7 @@ def test_policy_show_prints_a_document_of_ones_own_and_refuses_a_bad_one(
     cli: Cli, tmp_path: Path
 ) -> None:
     built_in = json.loads(cli.run("policy", "show", "--json").stdout)
-    assert built_in == policy_document()
+    assert built_in == default_policy().as_document()
     path = write(tmp_path / "mine.json", tightened(deadline={"seconds": 60}))
     mine = json.loads(cli.run("policy", "show", "--json", "--policy", str(path)).stdout)
     assert mine["revision"] == "short-leases"

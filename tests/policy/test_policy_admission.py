@@ -155,7 +155,6 @@ def test_admission_admits_complete_confirmed_mutation_within_envelope() -> None:
     assert admitted.attempt_timeout_seconds == 5
     assert admitted.deadline_seconds == 30
     assert admitted.max_attempts == 1
-    assert not admitted.retry_loop
     assert admitted.circuit_breaker is not None
     assert admitted.concurrency == 8
     assert admitted.cancellation.after_dispatch == "continue-to-outcome-receipt"
@@ -167,7 +166,6 @@ def test_admission_admits_read_without_identity() -> None:
     assert admitted.idempotency_key is None
     assert admitted.max_attempts == 3
     assert admitted.jitter == "full"
-    assert admitted.retry_loop
 
 
 def test_admission_of_leased_work_allows_no_retry_loop() -> None:
@@ -175,7 +173,6 @@ def test_admission_of_leased_work_allows_no_retry_loop() -> None:
         "durable-leased-work", idempotency_key="item-9", outcome_ref="item-9/complete", fence=2
     )
     assert admitted.max_attempts == 1
-    assert not admitted.retry_loop
     assert admitted.retryable == ()
     assert admitted.concurrency == 1
 

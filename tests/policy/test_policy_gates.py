@@ -118,10 +118,10 @@ def test_disconnect_after_dispatch_is_never_reported_cancelled(cls: OperationCla
 def test_disconnect_authority_refuses_later_turn_writes() -> None:
     turn = DisconnectAuthority("interactive-turn")
     turn.dispatch()
-    turn.authorize_write()  # connected: the turn may write
+    turn.dispatch()  # connected: the turn may write again
     assert turn.disconnect() == "continue-to-outcome-receipt"
     with pytest.raises(OperationStoppedError):
-        turn.authorize_write()
+        turn.dispatch()  # a later write of the turn is refused
 
 
 def race_dispatch_against_disconnect() -> tuple[DisconnectAuthority, bool]:

@@ -1,4 +1,5 @@
-"""The policy as data: totality, the ADR's values, and load errors that name the cell."""
+"""The policy as data: totality, the values and rules of
+docs/decisions/operation-class-policy.md, and load errors that name the cell."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from queue_server.policy import (
     NotApplicable,
     OperationClass,
     PolicyError,
+    default_policy,
     load_policy,
-    policy_document,
 )
 from queue_server.policy.model import (
     Backoff,
@@ -35,7 +36,7 @@ def cells(doc: dict[str, Any], cls: str) -> dict[str, Any]:
 
 
 def load_error(doc: dict[str, Any]) -> PolicyError:
-    """The ADR's rules, as a versioned edit of the canonical policy meets them."""
+    """The decision's rules, as a versioned edit of the canonical policy meets them."""
     with pytest.raises(PolicyError) as info:
         load_policy(doc, bounded=False)
     return info.value
@@ -51,7 +52,7 @@ def test_canonical_policy_loads_with_all_sixty_cells() -> None:
 
 
 def test_policy_document_round_trips_through_load_policy() -> None:
-    doc = policy_document()
+    doc = default_policy().as_document()
     assert json.loads(json.dumps(doc)) == doc
     assert doc["dimensions"] == [d.value for d in Dimension]
     assert list(doc["classes"]) == [c.value for c in OperationClass]

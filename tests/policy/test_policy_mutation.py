@@ -14,7 +14,6 @@ from queue_server.policy import (
     CircuitOpenError,
     CircuitState,
     ConfirmedMutationPath,
-    InMemoryReceiptStore,
     MutationReport,
     MutationStatus,
     PermitGate,
@@ -24,6 +23,7 @@ from queue_server.policy import (
     RefusalReason,
 )
 from queue_server.policy.mutation import Outcome
+from tests.policy_proof.mutation import InMemoryReceiptStore
 
 T = TypeVar("T")
 

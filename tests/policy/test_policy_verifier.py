@@ -7,19 +7,11 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from queue_server.policy import (
-    BINDINGS,
-    CancelAfterDispatchMutationPath,
-    ConfirmedMutationPath,
-    Dimension,
-    OperationClass,
-    load_policy,
-    verify_cancellation_rule,
-    verify_contract,
-)
-from queue_server.policy.bindings import DECLARED, NEGATIVE_CONTROLS
-from queue_server.policy.verifier import render_table
+from queue_server.policy import ConfirmedMutationPath, Dimension, OperationClass, load_policy
 from tests.contract import BEGIN, DOCS, END
+from tests.policy_proof.bindings import BINDINGS, DECLARED, NEGATIVE_CONTROLS
+from tests.policy_proof.mutation import CancelAfterDispatchMutationPath
+from tests.policy_proof.verifier import render_table, verify_cancellation_rule, verify_contract
 from tests.weakenings import WEAKENINGS
 
 

@@ -1,20 +1,28 @@
-"""`queue-server policy show` and `queue-server policy verify`, with the negative control."""
+"""`queue-server policy show` and `queue-server policy verify`: a document's totality and rules."""
 
 from __future__ import annotations
 
+import copy
 import json
+from pathlib import Path
+from typing import Any
 
 from typer.testing import CliRunner
 
 from queue_server.cli import policy as policy_cli
 from queue_server.cli.main import app
-from queue_server.policy import (
-    CancelAfterDispatchMutationPath,
-    verify_cancellation_rule,
-    verify_contract,
-)
+from queue_server.policy.v2 import OPERATION_RELIABILITY_V2
 
 runner = CliRunner()
+
+
+def _document(path: Path, edit: dict[str, dict[str, Any]]) -> Path:
+    """The built-in document with `edit` (class -> {dimension: cell}) applied, written to `path`."""
+    doc = copy.deepcopy(OPERATION_RELIABILITY_V2)
+    for cls, cells in edit.items():
+        doc["classes"][cls].update(cells)
+    path.write_text(json.dumps(doc))
+    return path
 
 
 def test_policy_show_prints_every_class_and_dimension() -> None:
@@ -28,24 +36,60 @@ def test_policy_show_prints_every_class_and_dimension() -> None:
     assert "circuit-breaking" in table.output
 
 
-def test_policy_verify_passes_and_reports_the_negative_control_failing() -> None:
-    result = runner.invoke(app, ["policy", "verify", "--json"])
+def test_policy_verify_passes_on_the_built_in_document() -> None:
+    result = runner.invoke(app, ["policy", "verify", "--json"], env={"QUEUE_SERVER_POLICY": ""})
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     assert report["passed"]
-    assert report["cells_checked"] == 60
-    assert report["bound"] + report["not_applicable"] + report["declared"] == 60
-    assert report["real_path"]["passed"]
-    assert not report["negative_control"]["passed"]
-    assert report["negative_control"]["path"] == "CancelAfterDispatchMutationPath"
-    text = runner.invoke(policy_cli.app, ["verify"])
-    assert "failed as required" in text.output
-    assert "contract verified" in text.output
+    assert report["version"] == "operation-reliability.v2"
+    assert report["source"] == "built-in"
+    assert report["cells"] == 60
+    assert 0 < report["not_applicable"] < 60
+    assert report["problems"] == []
+    text = runner.invoke(policy_cli.app, ["verify"], env={"QUEUE_SERVER_POLICY": ""})
+    assert text.exit_code == 0, text.output
+    assert "policy verified" in text.output
 
 
-def test_policy_verify_exits_non_zero_when_the_mutation_cancels_after_dispatch() -> None:
-    result = runner.invoke(app, ["policy", "verify", "--weaken-mutation"])
-    assert result.exit_code == 1
-    assert "contract FAILED" in result.output
-    assert not verify_cancellation_rule(CancelAfterDispatchMutationPath()).passed
-    assert not verify_contract(mutation_path=CancelAfterDispatchMutationPath()).passed
+def test_policy_verify_exits_1_naming_the_cell_of_a_document_that_breaks_a_rule(
+    tmp_path: Path,
+) -> None:
+    # A read-only dependency has no effects: a rule of the policy, not only its envelope.
+    effects = dict(
+        OPERATION_RELIABILITY_V2["classes"]["read-only-dependency"]["idempotency-and-fencing"]
+    )
+    effects["effects"] = "always"
+    broken = _document(
+        tmp_path / "broken.json", {"read-only-dependency": {"idempotency-and-fencing": effects}}
+    )
+    result = runner.invoke(app, ["policy", "verify", "--json", "--policy", str(broken)])
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.output)
+    assert not report["passed"]
+    cells = {p["cell"] for p in report["problems"]}
+    assert "read-only-dependency/idempotency-and-fencing" in cells
+    text = runner.invoke(app, ["policy", "verify", "--policy", str(broken)], env={"COLUMNS": "200"})
+    assert text.exit_code == 1
+    assert "policy FAILED" in text.output
+    assert "read-only-dependency/idempotency-and-fencing" in text.output
+
+
+def test_policy_verify_exits_1_on_a_document_that_omits_a_cell_or_loosens_one(
+    tmp_path: Path,
+) -> None:
+    doc = copy.deepcopy(OPERATION_RELIABILITY_V2)
+    del doc["classes"]["watcher-delivery"]["backpressure"]
+    doc["classes"]["durable-leased-work"]["deadline"] = {"seconds": 901}
+    path = tmp_path / "partial.json"
+    path.write_text(json.dumps(doc))
+    result = runner.invoke(app, ["policy", "verify", "--json", "--policy", str(path)])
+    assert result.exit_code == 1, result.output
+    cells = {p["cell"] for p in json.loads(result.output)["problems"]}
+    assert cells == {"watcher-delivery/backpressure", "durable-leased-work/deadline"}
+
+
+def test_policy_verify_has_no_switch_that_weakens_the_runtime() -> None:
+    usage = runner.invoke(app, ["policy", "verify", "--help"], env={"COLUMNS": "200"})
+    assert usage.exit_code == 0
+    assert "--weaken" not in usage.output
+    assert "--server" in usage.output

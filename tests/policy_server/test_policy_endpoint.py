@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 
 from queue_server.client import QueueClient
-from queue_server.policy import load_policy, policy_document
+from queue_server.policy import default_policy, load_policy
 from queue_server.settings import Settings
 from tests.conftest import Api, LiveServer
 
@@ -19,7 +19,7 @@ def test_get_policy_serves_the_policy_document_without_a_key(api: Api) -> None:
         "digest": load_policy().digest,
         "source": "built-in",
     }
-    assert served == policy_document()
+    assert served == default_policy().as_document()
     assert load_policy(served).rows() == load_policy().rows()
 
 

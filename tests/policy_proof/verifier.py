@@ -1,16 +1,14 @@
-"""The contract verifier (ADR Decision 8): matrix totality, the binding registry, and the
-negative control.
+"""The contract verifier (Decision 8 of docs/decisions/operation-class-policy.md): matrix
+totality, the binding registry, and the negative control.
 
-What the installed package can check by itself (`queue-server policy verify`):
-the loaded policy is total and inside the envelope; every cell is bound, not-applicable
-or declared, exactly once; every binding's enforcing code imports and names a test and
-a weakening; and the cancellation rule holds on the real confirmed-mutation path and
-fails on the cancel-after-dispatch negative control.
-
-What proves a binding is a weakening: `python -m tests.contract` (in a checkout, run
-by `make test`) applies each binding's weakening to the runtime in a test process and
-requires its test to fail. `render_table` is the table `docs/reliability-policy.md`
-shows, the one that verifier writes.
+`verify_contract` checks that the policy is total and inside the envelope; that every
+cell is bound, not-applicable or declared, exactly once; that every binding's enforcing
+code imports and names a test and a weakening; and that the cancellation rule holds on
+the real confirmed-mutation path and fails on the cancel-after-dispatch negative
+control. `python -m tests.contract` (`make contract`) runs it first, then proves each
+binding by applying its weakening to the runtime in a test process and requiring its
+test to fail. `render_table` is the table `docs/reliability-policy.md` shows, the one
+that verifier writes.
 """
 
 from __future__ import annotations
@@ -22,13 +20,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from queue_server.policy.bindings import (
-    BINDINGS,
-    DECLARED,
-    NEGATIVE_CONTROLS,
-    Binding,
-    NegativeControl,
-)
 from queue_server.policy.errors import PolicyError
 from queue_server.policy.loader import load_policy
 from queue_server.policy.model import (
@@ -40,14 +31,20 @@ from queue_server.policy.model import (
     describe_cell,
 )
 from queue_server.policy.mutation import (
-    CancelAfterDispatchMutationPath,
     ConfirmedMutationPath,
-    InMemoryReceiptStore,
     MutationStatus,
     Outcome,
     Receipt,
     ReceiptStatus,
 )
+from tests.policy_proof.bindings import (
+    BINDINGS,
+    DECLARED,
+    NEGATIVE_CONTROLS,
+    Binding,
+    NegativeControl,
+)
+from tests.policy_proof.mutation import CancelAfterDispatchMutationPath, InMemoryReceiptStore
 
 _SETTLE_WAIT = 2.0
 

@@ -1,7 +1,7 @@
 """Which code enforces each cell, which test proves it, and the weakening that test catches.
 
-ADR Decision 8: the contract verifier owns matrix totality and source bindings.
-Every one of the 60 cells is exactly one of:
+Decision 8 of docs/decisions/operation-class-policy.md: the contract verifier owns
+matrix totality and source bindings. Every one of the 60 cells is exactly one of:
 
 - a `Binding`: `enforced_by` (a dotted path that must import: the runtime code that
   reads the cell), `test` (`path::name`, a test exercising that runtime, mostly a live
@@ -13,7 +13,7 @@ Every one of the 60 cells is exactly one of:
 - `DECLARED`: a value the policy states but no runtime path of this server applies,
   with the reason. Listed, never claimed as enforced.
 
-`NEGATIVE_CONTROLS` are the seed's negative control (a mutation weakened to cancel
+`NEGATIVE_CONTROLS` are Decision 8's negative control (a mutation weakened to cancel
 after dispatch) on the in-process path and on the REST-backed bridge: each must make
 its test fail too.
 """
@@ -43,7 +43,7 @@ class Binding:
 
 @dataclass(frozen=True)
 class NegativeControl:
-    """The seed's negative control on one mutation path: `weakening` must fail `test`."""
+    """Decision 8's negative control on one mutation path: `weakening` must fail `test`."""
 
     path: str
     enforced_by: str
@@ -301,7 +301,7 @@ NEGATIVE_CONTROLS: tuple[NegativeControl, ...] = (
 
 _WATCHERS = (
     "watcher delivery is enforced by the deliverer and the outbox; its bindings come with that"
-    " work (see queue_server/policy/README.md, 'Adding a class's bindings')"
+    " work (see tests/policy_proof/README.md, 'Adding a class's bindings')"
 )
 
 # Cells the policy states that no runtime path of this server proves by a weakening yet.
