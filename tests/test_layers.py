@@ -11,10 +11,11 @@ Layers, top to bottom (a module imports from its own layer or a lower one):
     store                      every statement
 
 Beside them, importable from any layer and importing none: the shared values and
-utilities (errors, models, settings, views, auth, store.types, the schema in
+utilities (errors, models, settings, views, wire, auth, store.types, the schema in
 store.tables, the reliability policy, the transport broker, the migrations, and
 infra's metrics, key cache, embedded PostgreSQL, migrate and HTTP protocol). The
-client SDK imports only itself, the policy, the transport and the package version.
+client SDK imports only itself, the policy, the transport, the wire shapes and the package
+version.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ SHARED = {
     "queue_server.models",
     "queue_server.settings",
     "queue_server.views",
+    "queue_server.wire",
     "queue_server.auth",
     "queue_server.store.types",
     "queue_server.store.tables",
@@ -53,7 +55,13 @@ SHARED = {
 # Same layer, no imports between them.
 INDEPENDENT = [("queue_server.api", "queue_server.workers")]
 CLIENT = "queue_server.client"
-CLIENT_MAY_IMPORT = {"queue_server", CLIENT, "queue_server.policy", "queue_server.transport"}
+CLIENT_MAY_IMPORT = {
+    "queue_server",
+    CLIENT,
+    "queue_server.policy",
+    "queue_server.transport",
+    "queue_server.wire",
+}
 
 
 def _within(module: str, prefix: str) -> bool:

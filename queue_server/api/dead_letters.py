@@ -3,13 +3,13 @@ ledger verification, and `whoami`. Thin handlers over `queue_server.services.dea
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, Field
 from starlette.responses import Response
 
+from queue_server import wire
 from queue_server.api import schemas
 from queue_server.api.deps import (
     PROBLEMS,
@@ -34,17 +34,7 @@ Budget = Annotated[int | None, Field(default=None, ge=1, le=100)]
 # -- wire format -----------------------------------------------------------------
 
 
-class DeadLetterOut(BaseModel):
-    dead_letter_id: str
-    kind: str
-    item_id: str | None
-    delivery_id: str | None
-    queue: str | None
-    reason: str
-    last_failure: Any
-    created_at: datetime
-    closed_at: datetime | None
-    resolution: str | None
+DeadLetterOut = wire.DeadLetter
 
 
 class DeadLetterPage(BaseModel):

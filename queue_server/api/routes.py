@@ -14,7 +14,7 @@ from fastapi import APIRouter, Path, Query, Request
 from pydantic import AwareDatetime, BaseModel
 from starlette.responses import Response
 
-from queue_server import errors
+from queue_server import errors, wire
 from queue_server.api import schemas
 from queue_server.api.deps import (
     PROBLEMS,
@@ -154,10 +154,7 @@ async def revoke_admin_key(
     return Response(status_code=204)
 
 
-class WhoAmIOut(BaseModel):
-    key_id: str
-    tenant: str | None
-    role: str
+WhoAmIOut = wire.WhoAmI
 
 
 @router.get("/whoami", response_model=WhoAmIOut, tags=["operators"])

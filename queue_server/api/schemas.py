@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
+from queue_server import wire
 from queue_server.models import NAME_PATTERN
 
 MAX_JSON_DEPTH = 64
@@ -97,20 +98,7 @@ class TenantIn(Body):
     )
 
 
-class TenantOut(BaseModel):
-    tenant: str
-    backlog_cap: int
-    default_max_acquisitions: int
-    default_lease_ttl: float
-    retention: float
-    backlog: int | None = None
-    ready: int | None = None
-    leased: int | None = None
-    completed: int | None = None
-    quarantined: int | None = None
-    cancelled: int | None = None
-    created_at: datetime
-    updated_at: datetime
+TenantOut = wire.Tenant
 
 
 class TenantPage(BaseModel):
@@ -118,12 +106,7 @@ class TenantPage(BaseModel):
     next_cursor: str | None
 
 
-class KeyInfoOut(BaseModel):
-    key_id: str
-    tenant: str
-    role: str
-    created_at: datetime
-    revoked_at: datetime | None
+KeyInfoOut = wire.ApiKeyInfo
 
 
 class KeysOut(BaseModel):
@@ -136,11 +119,7 @@ class KeyIn(Body):
     role: Literal["worker", "operator"]
 
 
-class KeyOut(BaseModel):
-    key_id: str
-    tenant: str
-    role: str
-    secret: str
+KeyOut = wire.ApiKey
 
 
 class ItemIn(Body):
@@ -160,39 +139,14 @@ class BatchIn(Body):
     items: list[ItemIn] = Field(min_length=1, max_length=500)
 
 
-class ItemOut(BaseModel):
-    item_id: str
-    tenant: str
-    queue: str
-    state: str
-    payload: Any
-    priority: int
-    available_at: datetime
-    fence: int
-    acquisition_count: int
-    max_acquisitions: int
-    lease_holder: str | None
-    lease_expires_at: datetime | None
-    lease_deadline_at: datetime | None = Field(
-        default=None, description="While leased: the lease's deadline; no heartbeat passes it."
-    )
-    result: Any
-    last_failure: Any
-    created_at: datetime
-    updated_at: datetime
+ItemOut = wire.Item
 
 
 class BatchOut(BaseModel):
     items: list[ItemOut]
 
 
-class EventOut(BaseModel):
-    seq: int
-    at: datetime
-    kind: str
-    fence: int
-    actor: str
-    data: Any
+EventOut = wire.LedgerEvent
 
 
 class LedgerOut(BaseModel):
@@ -209,18 +163,7 @@ class AcquireIn(Body):
     wait: float = Field(default=0, ge=0, le=30, strict=True)
 
 
-class LeaseOut(BaseModel):
-    item_id: str
-    fence: int
-    acquisition_count: int
-    lease_expires_at: datetime
-    lease_deadline_at: datetime = Field(
-        description="The lease lives at most until then (the policy's deadline from its"
-        " acquisition); a heartbeat never extends it further."
-    )
-    payload: Any
-    priority: int
-    queue: str
+LeaseOut = wire.Lease
 
 
 class LeasesOut(BaseModel):
@@ -235,11 +178,7 @@ class HeartbeatIn(Body):
     lease_ttl: LeaseTtl | None = None
 
 
-class HeartbeatOut(BaseModel):
-    item_id: str
-    fence: int
-    lease_expires_at: datetime
-    lease_deadline_at: datetime
+HeartbeatOut = wire.Heartbeat
 
 
 class HeartbeatEntryIn(Body):
@@ -384,23 +323,10 @@ class SpendApprovalIn(Body):
     reason: Annotated[Text, Field(min_length=1)]
 
 
-class SpendApprovalOut(BaseModel):
-    approval_id: str
-    tenant: str
-    queue: str
-    approved_by: str
-    max_concurrency: int
-    expires_at: datetime
-    reason: str
-    created_at: datetime
+SpendApprovalOut = wire.SpendApproval
 
 
-class ConcurrencyOut(BaseModel):
-    tenant: str
-    queue: str
-    limit: int
-    active_leases: int
-    approval: dict[str, Any] | None
+ConcurrencyOut = wire.Concurrency
 
 
 # -- items and queues (operators) ----------------------------------------------------

@@ -1,5 +1,7 @@
-"""What the API answers (queue_server/api/schemas.py, served at /openapi.json), as typed
-values. Unknown fields are ignored, so a newer server does not break an older client."""
+"""What the API answers, as typed values. Each resource's shape is defined once, in
+`queue_server.wire`, for the server's answers, the OpenAPI document and these results;
+what only the SDK needs (what it sends, its batch entries, pages) is here. Unknown
+fields are ignored, so a newer server does not break an older client."""
 
 from __future__ import annotations
 
@@ -7,77 +9,59 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from queue_server.client.errors import ProblemError, problem_error
+from queue_server.wire import (
+    ApiKey,
+    ApiKeyInfo,
+    Concurrency,
+    DeadLetter,
+    Heartbeat,
+    Item,
+    Lease,
+    LedgerEvent,
+    Model,
+    SpendApproval,
+    Tenant,
+    WhoAmI,
+)
 
-
-class Model(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-
-class WhoAmI(Model):
-    key_id: str
-    tenant: str | None
-    role: str
-
-
-class Tenant(Model):
-    tenant: str
-    backlog_cap: int
-    default_max_acquisitions: int
-    default_lease_ttl: float
-    retention: float | None = None
-    backlog: int | None = None
-    ready: int | None = None
-    leased: int | None = None
-    completed: int | None = None
-    quarantined: int | None = None
-    cancelled: int | None = None
-    created_at: datetime
-    updated_at: datetime
-
-
-class ApiKey(Model):
-    key_id: str
-    tenant: str
-    role: str
-    secret: str
-
-
-class ApiKeyInfo(Model):
-    """A key as listed: never its secret."""
-
-    key_id: str
-    tenant: str
-    role: str
-    created_at: datetime
-    revoked_at: datetime | None = None
+__all__ = [
+    "AdminKey",
+    "ApiKey",
+    "ApiKeyInfo",
+    "BatchEntry",
+    "BulkReplay",
+    "CancelledItems",
+    "Completion",
+    "Concurrency",
+    "DeadLetter",
+    "DeadLetterDetail",
+    "DeadLetterPage",
+    "Heartbeat",
+    "Item",
+    "ItemPage",
+    "Lease",
+    "LeaseStatus",
+    "LedgerEvent",
+    "Mismatch",
+    "Model",
+    "NewItem",
+    "QueueStatus",
+    "SpendApproval",
+    "Status",
+    "Tenant",
+    "Verification",
+    "WhoAmI",
+    "Window",
+]
 
 
 class AdminKey(Model):
     key_id: str
     role: str
     secret: str
-
-
-class Item(Model):
-    item_id: str
-    tenant: str
-    queue: str
-    state: str
-    payload: Any = None
-    priority: int
-    available_at: datetime
-    fence: int
-    acquisition_count: int
-    max_acquisitions: int
-    lease_holder: str | None = None
-    lease_expires_at: datetime | None = None
-    result: Any = None
-    last_failure: Any = None
-    created_at: datetime
-    updated_at: datetime
 
 
 class NewItem(Model):
@@ -87,27 +71,6 @@ class NewItem(Model):
     priority: int = 0
     delay: float = 0
     max_acquisitions: int | None = None
-
-
-class LedgerEvent(Model):
-    seq: int
-    at: datetime
-    kind: str
-    fence: int
-    actor: str
-    data: Any = None
-
-
-class Lease(Model):
-    item_id: str
-    fence: int
-    acquisition_count: int
-    lease_expires_at: datetime
-    # The lease lives at most until then (the policy's deadline from its acquisition).
-    lease_deadline_at: datetime | None = None
-    payload: Any = None
-    priority: int
-    queue: str
 
 
 class Completion(Model):
@@ -135,44 +98,6 @@ class BatchEntry(Model):
     def error(self) -> ProblemError:
         """The typed exception a single request would have raised for this entry."""
         return problem_error(self.status, self.problem or {})
-
-
-class Heartbeat(Model):
-    item_id: str
-    fence: int
-    lease_expires_at: datetime
-
-
-class SpendApproval(Model):
-    approval_id: str
-    tenant: str
-    queue: str
-    approved_by: str
-    max_concurrency: int
-    expires_at: datetime
-    reason: str
-    created_at: datetime
-
-
-class Concurrency(Model):
-    tenant: str
-    queue: str
-    limit: int
-    active_leases: int
-    approval: dict[str, Any] | None = None
-
-
-class DeadLetter(Model):
-    dead_letter_id: str
-    kind: str
-    item_id: str | None = None
-    delivery_id: str | None = None
-    queue: str | None = None
-    reason: str
-    last_failure: Any = None
-    created_at: datetime
-    closed_at: datetime | None = None
-    resolution: str | None = None
 
 
 class DeadLetterPage(Model):
@@ -255,7 +180,7 @@ class Status(Model):
     backlog_cap: int
     open_dead_letters: int
     queues: list[QueueStatus]
-    leases: list[LeaseStatus] = []
+    leases: list[LeaseStatus] = Field(default_factory=list)
 
 
 class Mismatch(Model):

@@ -1,0 +1,148 @@
+"""The JSON shape of each resource the API answers with, defined once.
+
+The same class is the route's `response_model` (so the OpenAPI document at
+/openapi.json describes exactly it), the SDK's typed result (`queue_server.client`
+re-exports these), and the shape `views` renders rows into (tests check that every
+answer has exactly these fields). Unknown fields are ignored on reading, so a newer
+server does not break an older client; a field an older server did not send has a
+default.
+
+Pure data: pydantic and the standard library, nothing of the server.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class WhoAmI(Model):
+    key_id: str
+    tenant: str | None
+    role: str
+
+
+class Tenant(Model):
+    tenant: str
+    backlog_cap: int
+    default_max_acquisitions: int
+    default_lease_ttl: float
+    retention: float | None = None
+    backlog: int | None = None
+    ready: int | None = None
+    leased: int | None = None
+    completed: int | None = None
+    quarantined: int | None = None
+    cancelled: int | None = None
+    created_at: datetime
+    updated_at: datetime
+
+
+class ApiKey(Model):
+    """A key as created: its secret is shown this once."""
+
+    key_id: str
+    tenant: str
+    role: str
+    secret: str
+
+
+class ApiKeyInfo(Model):
+    """A key as listed: never its secret."""
+
+    key_id: str
+    tenant: str
+    role: str
+    created_at: datetime
+    revoked_at: datetime | None = None
+
+
+class Item(Model):
+    item_id: str
+    tenant: str
+    queue: str
+    state: str
+    payload: Any = None
+    priority: int
+    available_at: datetime
+    fence: int
+    acquisition_count: int
+    max_acquisitions: int
+    lease_holder: str | None = None
+    lease_expires_at: datetime | None = None
+    lease_deadline_at: datetime | None = Field(
+        default=None, description="While leased: the lease's deadline; no heartbeat passes it."
+    )
+    result: Any = None
+    last_failure: Any = None
+    created_at: datetime
+    updated_at: datetime
+
+
+class LedgerEvent(Model):
+    seq: int
+    at: datetime
+    kind: str
+    fence: int
+    actor: str
+    data: Any = None
+
+
+class Lease(Model):
+    item_id: str
+    fence: int
+    acquisition_count: int
+    lease_expires_at: datetime
+    lease_deadline_at: datetime | None = Field(
+        default=None,
+        description="The lease lives at most until then (the policy's deadline from its"
+        " acquisition); a heartbeat never extends it further.",
+    )
+    payload: Any = None
+    priority: int
+    queue: str
+
+
+class Heartbeat(Model):
+    item_id: str
+    fence: int
+    lease_expires_at: datetime
+    lease_deadline_at: datetime | None = None
+
+
+class SpendApproval(Model):
+    approval_id: str
+    tenant: str
+    queue: str
+    approved_by: str
+    max_concurrency: int
+    expires_at: datetime
+    reason: str
+    created_at: datetime
+
+
+class Concurrency(Model):
+    tenant: str
+    queue: str
+    limit: int
+    active_leases: int
+    approval: dict[str, Any] | None = None
+
+
+class DeadLetter(Model):
+    dead_letter_id: str
+    kind: str
+    item_id: str | None = None
+    delivery_id: str | None = None
+    queue: str | None = None
+    reason: str
+    last_failure: Any = None
+    created_at: datetime
+    closed_at: datetime | None = None
+    resolution: str | None = None
