@@ -29,7 +29,7 @@ lint: $(STAMP) ## ruff and mypy
 	$(BIN)/mypy $(TYPED)
 
 unit: $(STAMP) browser ## The test suite only
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=10
 
 browser: ## Debian's chromium for the console's browser tests (apt-get when missing, as root)
 	deploy/ensure-debian-packages.sh chromium

@@ -16,7 +16,8 @@ import pytest
 
 from queue_server.client import AsyncQueueClient, QueueClient
 from queue_server.settings import Settings
-from tests.conftest import Api, LiveServer, client_for
+from tests.helpers.api import Api, client_for
+from tests.helpers.server import LiveServer
 
 BIN = Path(sys.executable).parent / "queue-server"
 

@@ -9,7 +9,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.conftest import Api, client_for, setup_tenant
+from tests.helpers.api import Api, client_for, setup_tenant
 
 
 @pytest.mark.parametrize(
@@ -94,7 +94,7 @@ def test_revocation_reaches_another_api_process_that_cached_the_key(
     api: Api, settings: object, database_url: str
 ) -> None:
     from queue_server.settings import Settings
-    from tests.conftest import LiveServer
+    from tests.helpers.server import LiveServer
 
     assert isinstance(settings, Settings)
     other = LiveServer(settings, database_url)

@@ -7,7 +7,7 @@ import pytest
 
 from queue_server.client import QueueClient
 from queue_server.client import errors as client_errors
-from tests.conftest import Api
+from tests.helpers.api import Api
 
 
 def test_a_fence_above_the_items_is_fence_ahead_and_below_is_stale_fence(api: Api) -> None:

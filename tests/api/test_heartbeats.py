@@ -8,9 +8,8 @@ import uuid
 import psycopg
 
 from queue_server.client import Job, QueueClient, Worker
-from tests.api.test_leases import expire
-from tests.client.test_worker_pipeline import requests_to
-from tests.conftest import Api
+from tests.helpers.api import Api
+from tests.helpers.items import expire, requests_to
 
 Db = psycopg.Connection[dict[str, object]]
 ROUTE = "/v1/tenants/acme/leases:heartbeat"

@@ -7,8 +7,8 @@ import threading
 import httpx
 import psycopg
 
-from tests.api.test_leases import expire
-from tests.conftest import Api, setup_tenant
+from tests.helpers.api import Api, setup_tenant
+from tests.helpers.items import expire
 
 Db = psycopg.Connection[dict[str, object]]
 

@@ -10,7 +10,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.conftest import Api
+from tests.helpers.api import Api
 
 ITEMS = "/v1/tenants/acme/queues/q/items"
 

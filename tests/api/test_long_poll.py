@@ -9,7 +9,7 @@ import time
 import httpx
 import psycopg
 
-from tests.conftest import Api
+from tests.helpers.api import Api
 
 Db = psycopg.Connection[dict[str, object]]
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from tests.conftest import Api
+from tests.helpers.api import Api
 
 # Routes a caller needs no key for: probes and the published reliability policy.
 OPEN = {"/healthz", "/readyz", "/v1/policy"}

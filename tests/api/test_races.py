@@ -11,8 +11,9 @@ import httpx
 import psycopg
 
 from queue_server.services.items import Items
-from queue_server.services.ledgers import mismatches
-from tests.conftest import Api, LiveServer
+from tests.helpers.api import Api
+from tests.helpers.invariants import assert_backlog_counter_matches, assert_ledgers_fold_to_rows
+from tests.helpers.server import LiveServer
 
 Db = psycopg.Connection[dict[str, object]]
 
@@ -83,19 +84,6 @@ def test_many_acquirers_lease_each_item_to_one_holder_with_rising_fences(api: Ap
     assert completed == {"n": total}
     assert_ledgers_fold_to_rows(db)
     assert_backlog_counter_matches(db)
-
-
-def assert_ledgers_fold_to_rows(db: Db) -> None:
-    rows = db.execute("SELECT * FROM work_items").fetchall()
-    for row in rows:
-        events = db.execute(
-            "SELECT seq, kind, fence, actor, data FROM item_events"
-            " WHERE tenant_id = %s AND item_id = %s ORDER BY seq",
-            (row["tenant_id"], row["item_id"]),
-        ).fetchall()
-        for event in events:
-            event["data"] = event["data"]
-        assert mismatches(dict(row), [dict(e) for e in events]) == [], row["item_id"]
 
 
 def test_enqueues_racing_at_the_cap_admit_exactly_the_free_room(api: Api, db: Db) -> None:
@@ -171,19 +159,6 @@ def test_an_expired_holder_loses_to_its_successor(api: Api, db: Db) -> None:
     ok = api.holder("complete", new["item_id"], worker="new", fence=new["fence"], result="ok")
     assert ok.status_code == 200
     assert ok.json()["result"] == "ok"
-
-
-def assert_backlog_counter_matches(db: Db) -> None:
-    """The admission counters agree with the rows: admitted - released = ready + leased."""
-    rows = db.execute(
-        "SELECT t.tenant_id, t.admitted"
-        " - coalesce((SELECT sum(released) FROM backlog_releases r"
-        "             WHERE r.tenant_id = t.tenant_id), 0) AS counted,"
-        " (SELECT count(*) FROM work_items w WHERE w.tenant_id = t.tenant_id"
-        "  AND w.state IN ('ready', 'leased')) AS actual FROM tenants t"
-    ).fetchall()
-    for row in rows:
-        assert row["counted"] == row["actual"], row
 
 
 def test_backlog_counters_follow_every_transition(api: Api, db: Db) -> None:

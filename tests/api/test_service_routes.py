@@ -6,7 +6,8 @@ import httpx
 
 from queue_server.app import create_app
 from queue_server.settings import Settings
-from tests.conftest import Api, LiveServer
+from tests.helpers.api import Api
+from tests.helpers.server import LiveServer
 
 
 def test_healthz_and_readyz_answer_when_the_database_is_at_head(api: Api) -> None:

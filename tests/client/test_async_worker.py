@@ -20,8 +20,8 @@ from queue_server.client import (
     TransientError,
     Worker,
 )
-from tests.client.test_worker_pipeline import requests_to
-from tests.conftest import Api
+from tests.helpers.api import Api
+from tests.helpers.items import requests_to
 
 DB = psycopg.Connection[dict[str, object]]
 

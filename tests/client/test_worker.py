@@ -17,7 +17,7 @@ from queue_server.client import (
     TransientError,
     Worker,
 )
-from tests.conftest import Api
+from tests.helpers.api import Api
 
 DB = psycopg.Connection[dict[str, object]]
 

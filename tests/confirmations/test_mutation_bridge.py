@@ -18,7 +18,7 @@ from queue_server.policy import (
     ReceiptStatus,
 )
 from queue_server.policy.mutation import Outcome
-from tests.conftest import Api
+from tests.helpers.api import Api
 
 Db = psycopg.Connection[dict[str, object]]
 

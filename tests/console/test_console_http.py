@@ -9,9 +9,10 @@ import uuid
 import httpx
 import psycopg
 
-from tests.conftest import Api, LiveServer, setup_tenant
-from tests.console.helpers import CSRF, KEY, form_value, sign_in
-from tests.operators.test_dead_letters import dead_letter_of, quarantine
+from tests.helpers.api import Api, setup_tenant
+from tests.helpers.console import CSRF, KEY, form_value, sign_in
+from tests.helpers.items import dead_letter_of, quarantine
+from tests.helpers.server import LiveServer
 
 DB = psycopg.Connection[dict[str, object]]
 

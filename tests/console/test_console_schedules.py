@@ -10,9 +10,8 @@ import psycopg
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.conftest import Api
-from tests.console.helpers import CSRF, form_value, sign_in
-from tests.console.test_console_browser import sign_in as browser_sign_in
+from tests.helpers.api import Api
+from tests.helpers.console import CSRF, browser_sign_in, form_value, sign_in
 
 pytestmark = pytest.mark.timeout(600)
 DB = psycopg.Connection[dict[str, object]]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import Page, Route, expect
 
-from tests.conftest import LiveServer
+from tests.helpers.server import LiveServer
 
 pytestmark = pytest.mark.timeout(600)
 

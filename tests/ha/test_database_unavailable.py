@@ -10,7 +10,7 @@ import httpx
 import psycopg
 
 from queue_server.infra.embedded import EmbeddedPostgres
-from tests.conftest import Api
+from tests.helpers.api import Api
 
 Db = psycopg.Connection[dict[str, object]]
 

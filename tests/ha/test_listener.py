@@ -16,7 +16,8 @@ from psycopg.rows import dict_row
 
 from queue_server.infra.embedded import EmbeddedPostgres
 from queue_server.settings import Settings
-from tests.conftest import Api, LiveServer
+from tests.helpers.api import Api
+from tests.helpers.server import LiveServer
 
 Db = psycopg.Connection[dict[str, object]]
 

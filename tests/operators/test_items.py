@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import psycopg
 
-from tests.api.test_races import assert_backlog_counter_matches, assert_ledgers_fold_to_rows
-from tests.conftest import Api, setup_tenant
+from tests.helpers.api import Api, setup_tenant
+from tests.helpers.invariants import assert_backlog_counter_matches, assert_ledgers_fold_to_rows
 
 Db = psycopg.Connection[dict[str, object]]
 

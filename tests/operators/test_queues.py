@@ -15,7 +15,8 @@ import pytest
 
 from queue_server.settings import Settings
 from queue_server.store import queues as queue_store
-from tests.conftest import Api, LiveServer, client_for, make_admin_key, setup_tenant
+from tests.helpers.api import Api, client_for, setup_tenant
+from tests.helpers.server import LiveServer, make_admin_key
 
 Db = psycopg.Connection[dict[str, object]]
 

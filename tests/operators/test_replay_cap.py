@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 import psycopg
 
-from tests.api.test_races import assert_backlog_counter_matches
-from tests.conftest import Api
-from tests.operators.test_dead_letters import dead_letter_of, quarantine, replay
+from tests.helpers.api import Api
+from tests.helpers.invariants import assert_backlog_counter_matches
+from tests.helpers.items import dead_letter_of, quarantine, replay
 
 Db = psycopg.Connection[dict[str, Any]]
 

@@ -18,7 +18,7 @@ from queue_server.policy import (
     PermitUnavailableError,
     RefusalReason,
 )
-from tests.conftest import Api
+from tests.helpers.api import Api
 
 Db = psycopg.Connection[dict[str, object]]
 

@@ -26,7 +26,7 @@ from queue_server.policy import (
 )
 from queue_server.policy.v2 import OPERATION_RELIABILITY_V2
 from queue_server.settings import Settings
-from tests.conftest import Api
+from tests.helpers.api import Api
 
 BIN = Path(sys.executable).parent / "queue-server"
 

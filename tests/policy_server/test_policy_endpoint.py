@@ -7,7 +7,8 @@ import httpx
 from queue_server.client import QueueClient
 from queue_server.policy import load_policy, policy_document
 from queue_server.settings import Settings
-from tests.conftest import Api, LiveServer
+from tests.helpers.api import Api
+from tests.helpers.server import LiveServer
 
 
 def test_get_policy_serves_the_policy_document_without_a_key(api: Api) -> None:

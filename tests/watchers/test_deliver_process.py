@@ -16,9 +16,17 @@ from typing import Any
 from standardwebhooks.webhooks import Webhook
 
 from queue_server.settings import Settings
-from tests.conftest import Api
-
-from .conftest import SCALE, Db, ModeReceiver, complete_one, deliver, make_due, register, rows
+from tests.helpers.api import Api
+from tests.helpers.watchers import (
+    SCALE,
+    Db,
+    ModeReceiver,
+    complete_one,
+    deliver,
+    make_due,
+    register,
+    rows,
+)
 
 BIN = Path(sys.executable).parent / "queue-server"
 

@@ -1,10 +1,11 @@
-"""Console test helpers: sign a browser-less client in, read a page's forms."""
+"""Console test helpers: sign a browser-less client or a browser page in, read a page's forms."""
 
 from __future__ import annotations
 
 import re
 
 import httpx
+from playwright.sync_api import Page, expect
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 KEY = re.compile(r'name="idempotency_key" value="([^"]+)"')
@@ -26,3 +27,10 @@ def sign_in(url: str, key: str, **headers: str) -> tuple[httpx.Client, httpx.Res
         data={"api_key": key, "csrf": form_value(form.text, CSRF), "next": "/console"},
     )
     return client, answer
+
+
+def browser_sign_in(page: Page, url: str, key: str) -> None:
+    page.goto(f"{url}/console")
+    expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
+    page.get_by_label("API key").fill(key)
+    page.get_by_role("button", name="Sign in").click()
