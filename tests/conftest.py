@@ -1,5 +1,6 @@
 """Fixtures: one embedded PostgreSQL per session, a migrated template, a fresh database per test,
-and the real API served by uvicorn on a loopback port."""
+and the real API: in process by default, under uvicorn on a loopback port where a test asks for
+`live` or is marked `live` (sockets, processes, disconnects, timeouts under test)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from queue_server.infra import migrate
 from queue_server.infra.embedded import EmbeddedPostgres
 from queue_server.settings import Settings
 from tests.helpers.api import Api, client_for, setup_tenant
-from tests.helpers.server import LiveServer, make_admin_key
+from tests.helpers.server import InProcessServer, LiveServer, make_admin_key
 
 TEMPLATE_DB = "qs_template"
 
@@ -43,6 +44,8 @@ def pytest_configure(config: pytest.Config) -> None:
 # verifier runs many short sessions).
 SHARED_PGDATA_ENV = "QUEUE_SERVER_TEST_PGDATA"
 SHARED_TEMPLATE_ENV = "QUEUE_SERVER_TEST_TEMPLATE"
+# Every test's API on a socket, as before the in-process default (to compare, or to debug).
+LIVE_ENV = "QUEUE_SERVER_TEST_LIVE"
 
 
 @pytest.fixture(scope="session")
@@ -135,11 +138,28 @@ def admin_key(settings: Settings, database_url: str) -> str:
 
 
 @pytest.fixture
-def admin(live: LiveServer, admin_key: str) -> Iterator[httpx.Client]:
-    with client_for(live.url, admin_key) as client:
+def server(
+    request: pytest.FixtureRequest, settings: Settings, database_url: str
+) -> Iterator[InProcessServer | LiveServer]:
+    """The API under test: the `live` server when the test takes it or is marked `live` (or
+    every test, with QUEUE_SERVER_TEST_LIVE=1 in the environment)."""
+    marked = request.node.get_closest_marker("live") or os.environ.get(LIVE_ENV) == "1"
+    if "live" in request.fixturenames or marked:
+        live: LiveServer = request.getfixturevalue("live")
+        yield live
+        return
+    in_process = InProcessServer(settings, database_url)
+    in_process.start()
+    yield in_process
+    in_process.stop()
+
+
+@pytest.fixture
+def admin(server: InProcessServer | LiveServer, admin_key: str) -> Iterator[httpx.Client]:
+    with client_for(server.url, admin_key) as client:
         yield client
 
 
 @pytest.fixture
-def api(live: LiveServer, admin: httpx.Client) -> Api:
-    return setup_tenant(live.url, admin, "acme")
+def api(server: InProcessServer | LiveServer, admin: httpx.Client) -> Api:
+    return setup_tenant(server.url, admin, "acme")

@@ -140,6 +140,7 @@ def test_rotate_admin_writes_a_new_secret_0600_and_revokes_the_old_in_every_proc
     assert sorted(p.name for p in data_dir.iterdir()) == ["admin.key"]
 
 
+@pytest.mark.live
 def test_the_sdk_creates_and_revokes_admin_keys_sync_and_async(api: Api, admin_key: str) -> None:
     with QueueClient(api.url, admin_key) as admin:
         created = admin.create_admin_key()

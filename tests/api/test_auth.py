@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import time
 
-import httpx
 import psycopg
 import pytest
 
@@ -18,7 +17,7 @@ from tests.helpers.api import Api, client_for, setup_tenant
 )
 def test_missing_malformed_or_unknown_key_gets_401(api: Api, authorization: str | None) -> None:
     headers = {"Authorization": authorization} if authorization else {}
-    response = httpx.get(f"{api.url}/v1/tenants/acme/items/x", headers=headers)
+    response = api.client(None).get("/v1/tenants/acme/items/x", headers=headers)
     assert response.status_code == 401
     assert response.headers["content-type"] == "application/problem+json"
     assert response.json()["code"] == "unauthorized"

@@ -7,7 +7,6 @@ import time
 import uuid
 from collections import defaultdict
 
-import httpx
 import psycopg
 
 from queue_server.services.items import Items
@@ -39,7 +38,7 @@ def test_many_acquirers_lease_each_item_to_one_holder_with_rising_fences(api: Ap
 
     def work(n: int) -> None:
         worker = f"w{n}"
-        with httpx.Client(base_url=api.url, headers=api.worker.headers, timeout=30) as client:
+        with api.client(api.keys["worker"]) as client:
             while True:
                 got = client.post(
                     "/v1/tenants/acme/queues/q/leases",
@@ -96,7 +95,7 @@ def test_enqueues_racing_at_the_cap_admit_exactly_the_free_room(api: Api, db: Db
     barrier = threading.Barrier(16)
 
     def enqueue(n: int) -> None:
-        with httpx.Client(base_url=api.url, headers=api.worker.headers, timeout=30) as client:
+        with api.client(api.keys["worker"]) as client:
             barrier.wait()
             for i in range(4):
                 response = client.post(
@@ -126,7 +125,7 @@ def test_concurrency_limit_holds_when_many_acquires_race(api: Api, db: Db) -> No
     handed: list[str] = []
 
     def acquire(n: int) -> None:
-        with httpx.Client(base_url=api.url, headers=api.worker.headers, timeout=30) as client:
+        with api.client(api.keys["worker"]) as client:
             barrier.wait()
             got = client.post(
                 "/v1/tenants/acme/queues/q/leases",
@@ -219,7 +218,7 @@ def test_shared_lock_acquires_never_exceed_a_high_limit(api: Api, db: Db, live: 
         def acquire(
             n: int, barrier: threading.Barrier = barrier, handed: list[str] = handed
         ) -> None:
-            with httpx.Client(base_url=api.url, headers=api.worker.headers, timeout=30) as client:
+            with api.client(api.keys["worker"]) as client:
                 barrier.wait()
                 while True:
                     got = client.post(

@@ -9,6 +9,13 @@ import pytest
 
 from tests.helpers.api import Api
 from tests.helpers.cli import Cli
+from tests.helpers.server import LiveServer
+
+
+@pytest.fixture
+def server(live: LiveServer) -> LiveServer:
+    """`queue-server` runs as a subprocess: it reaches the API on a socket."""
+    return live
 
 
 @pytest.fixture

@@ -20,6 +20,8 @@ from queue_server.policy import (
 from queue_server.policy.mutation import Outcome
 from tests.helpers.api import Api
 
+pytestmark = pytest.mark.live  # the SDK opens its own connections
+
 Db = psycopg.Connection[dict[str, object]]
 
 

@@ -16,7 +16,8 @@ from tests.helpers.console import browser_sign_in as sign_in
 from tests.helpers.items import quarantine
 
 # The first test may install chromium with apt-get.
-pytestmark = pytest.mark.timeout(600)
+# A browser loads the pages over a socket.
+pytestmark = [pytest.mark.timeout(600), pytest.mark.live]
 
 PHONE: ViewportSize = {"width": 390, "height": 844}
 

@@ -28,6 +28,7 @@ def _put(api: Api, name: str, **body: object) -> dict[str, object]:
     return created
 
 
+@pytest.mark.live
 def test_operator_sees_next_fires_pauses_resumes_and_triggers(
     page: Page, api: Api, db: DB, shots: Path
 ) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 
 from queue_server.settings import Settings
-from tests.helpers.server import LiveServer, make_admin_key
+from tests.helpers.server import LiveServer, make_admin_key, transport_for
 
 
 @dataclass
@@ -27,7 +27,8 @@ class Api:
     worker: httpx.Client
     keys: dict[str, str] = field(default_factory=dict)
 
-    def client(self, key: str) -> httpx.Client:
+    def client(self, key: str | None) -> httpx.Client:
+        """Another client of the same server: with `key`, or none."""
         return client_for(self.url, key)
 
     def enqueue(
@@ -77,8 +78,9 @@ class Api:
 
 
 def client_for(url: str, key: str | None) -> httpx.Client:
+    """A client of the server at `url` with `key`: over its socket, or into an in-process app."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    return httpx.Client(base_url=url, headers=headers, timeout=30)
+    return httpx.Client(base_url=url, headers=headers, timeout=30, transport=transport_for(url))
 
 
 def setup_tenant(url: str, admin: httpx.Client, tenant: str, backlog_cap: int = 1000) -> Api:

@@ -33,7 +33,7 @@ def test_metrics_need_an_operator_or_admin_key_and_show_only_the_own_tenant(api:
     api.enqueue("q", 1)
     other.enqueue("secret-queue", 2)
 
-    anonymous = httpx.get(f"{api.url}/metrics")
+    anonymous = api.client(None).get("/metrics")
     assert anonymous.status_code == 401
     assert "acme" not in anonymous.text
     assert "globex" not in anonymous.text

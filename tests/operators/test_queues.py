@@ -99,7 +99,7 @@ def test_resume_wakes_a_long_poll_waiting_on_the_paused_queue(slow_poll: Api) ->
     result: dict[str, Any] = {}
 
     def wait_for_work() -> None:
-        with httpx.Client(base_url=api.url, headers=api.worker.headers, timeout=30) as client:
+        with api.client(api.keys["worker"]) as client:
             response = client.post(
                 "/v1/tenants/acme/queues/q/leases",
                 json={"worker": "w1", "lease_ttl": 30, "wait": 15},
@@ -134,7 +134,7 @@ def test_no_lease_is_committed_after_pause_answers_while_acquires_race(api: Api,
     answers: list[tuple[float, list[str]]] = []  # (sent at, items leased)
 
     def acquire(n: int) -> None:
-        with httpx.Client(base_url=api.url, headers=api.worker.headers, timeout=30) as client:
+        with api.client(api.keys["worker"]) as client:
             while not stop.is_set():
                 sent = time.monotonic()
                 got = client.post(

@@ -127,9 +127,7 @@ def test_enqueues_and_replays_racing_at_the_cap_never_overshoot_it(api: Api, db:
             outcomes[kind].append(value)
 
     def client(key: str) -> httpx.Client:
-        return httpx.Client(
-            base_url=api.url, headers={"Authorization": f"Bearer {key}"}, timeout=30
-        )
+        return api.client(key)
 
     def enqueuer(n: int) -> None:
         with client(api.keys["worker"]) as http:

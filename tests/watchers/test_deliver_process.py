@@ -13,6 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from standardwebhooks.webhooks import Webhook
 
 from queue_server.settings import Settings
@@ -27,6 +28,8 @@ from tests.helpers.watchers import (
     register,
     rows,
 )
+
+pytestmark = pytest.mark.live  # `queue-server` runs as a subprocess against the URL
 
 BIN = Path(sys.executable).parent / "queue-server"
 
