@@ -1,6 +1,6 @@
-"""Fixtures: one embedded PostgreSQL per session, a migrated template, a fresh database per test,
-and the real API: in process by default, under uvicorn on a loopback port where a test asks for
-`live` or is marked `live` (sockets, processes, disconnects, timeouts under test)."""
+"""Fixtures: one embedded PostgreSQL per session (so per xdist worker), a migrated template, a
+fresh database per test, and the real API: in process by default, under uvicorn on a loopback
+port where a test takes `live` or is marked `live` (sockets, processes, disconnects)."""
 
 from __future__ import annotations
 
