@@ -1,32 +1,28 @@
-"""Fixtures: one embedded PostgreSQL per session, a migrated template, a fresh database per test,
-and the real API served by uvicorn on a loopback port."""
+"""Fixtures: one embedded PostgreSQL per session (so per xdist worker), a migrated template, a
+fresh database per test, and the real API: in process by default, under uvicorn on a loopback
+port where a test takes `live` or is marked `live` (sockets, processes, disconnects)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import socket
 import tempfile
-import threading
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import psycopg
 import pytest
-import uvicorn
 from psycopg.rows import dict_row
 from pytest_postgresql.janitor import DatabaseJanitor
 
-from queue_server.app import create_app
 from queue_server.infra import migrate
 from queue_server.infra.embedded import EmbeddedPostgres
-from queue_server.infra.http_protocol import ProblemHttpToolsProtocol
-from queue_server.infra.serve import create_admin_key
 from queue_server.settings import Settings
+from tests.helpers.api import Api, client_for, setup_tenant
+from tests.helpers.server import InProcessServer, LiveServer, make_admin_key
 
 TEMPLATE_DB = "qs_template"
 
@@ -48,6 +44,8 @@ def pytest_configure(config: pytest.Config) -> None:
 # verifier runs many short sessions).
 SHARED_PGDATA_ENV = "QUEUE_SERVER_TEST_PGDATA"
 SHARED_TEMPLATE_ENV = "QUEUE_SERVER_TEST_TEMPLATE"
+# Every test's API on a socket, as before the in-process default (to compare, or to debug).
+LIVE_ENV = "QUEUE_SERVER_TEST_LIVE"
 
 
 @pytest.fixture(scope="session")
@@ -126,36 +124,6 @@ def settings(tmp_path: Path) -> Settings:
     return Settings(data_dir=tmp_path, poll_interval=0.2, lock_timeout_ms=2000)
 
 
-class LiveServer:
-    """The app under uvicorn in a thread, on a real loopback socket."""
-
-    def __init__(self, settings: Settings, database_url: str) -> None:
-        self.settings = settings
-        self.database_url = database_url
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.app = create_app(settings, database_url)
-        config = uvicorn.Config(
-            self.app, log_level="warning", lifespan="on", http=ProblemHttpToolsProtocol
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]})
-
-    def start(self) -> None:
-        self.thread.start()
-        while not self.server.started:
-            if not self.thread.is_alive():
-                raise RuntimeError("the test server did not start")
-            threading.Event().wait(0.01)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-        self.sock.close()
-
-
 @pytest.fixture
 def live(settings: Settings, database_url: str) -> Iterator[LiveServer]:
     server = LiveServer(settings, database_url)
@@ -164,137 +132,34 @@ def live(settings: Settings, database_url: str) -> Iterator[LiveServer]:
     server.stop()
 
 
-def make_admin_key(settings: Settings, database_url: str) -> str:
-    secret = create_admin_key(settings, database_url)
-    assert secret is not None
-    return secret
-
-
-@dataclass
-class Api:
-    """HTTP clients of one tenant: admin, operator and worker keys."""
-
-    url: str
-    tenant: str
-    admin: httpx.Client
-    operator: httpx.Client
-    worker: httpx.Client
-    keys: dict[str, str] = field(default_factory=dict)
-
-    def client(self, key: str) -> httpx.Client:
-        return client_for(self.url, key)
-
-    def enqueue(
-        self, queue: str = "q", payload: object = None, **fields: object
-    ) -> dict[str, object]:
-        response = self.worker.post(
-            f"/v1/tenants/{self.tenant}/queues/{queue}/items",
-            json={"payload": payload, **fields},
-            headers={"Idempotency-Key": uuid.uuid4().hex},
-        )
-        assert response.status_code == 201, response.text
-        body: dict[str, object] = response.json()
-        return body
-
-    def acquire(
-        self, queue: str = "q", worker: str = "w1", ttl: float = 30, **fields: object
-    ) -> list[dict[str, object]]:
-        response = self.worker.post(
-            f"/v1/tenants/{self.tenant}/queues/{queue}/leases",
-            json={"worker": worker, "lease_ttl": ttl, **fields},
-        )
-        assert response.status_code == 200, response.text
-        leases: list[dict[str, object]] = response.json()["leases"]
-        return leases
-
-    def holder(
-        self, action: str, item_id: object, key: str | None = None, **body: object
-    ) -> httpx.Response:
-        return self.worker.post(
-            f"/v1/tenants/{self.tenant}/items/{item_id}/{action}",
-            json=body,
-            headers={"Idempotency-Key": key or uuid.uuid4().hex},
-        )
-
-    def approve(self, queue: str, max_concurrency: int) -> None:
-        response = self.operator.post(
-            f"/v1/tenants/{self.tenant}/queues/{queue}/spend-approvals",
-            json={
-                "approved_by": "ops@example.com",
-                "max_concurrency": max_concurrency,
-                "expires_at": "2999-01-01T00:00:00Z",
-                "reason": "load test",
-            },
-            headers={"Idempotency-Key": uuid.uuid4().hex},
-        )
-        assert response.status_code == 201, response.text
-
-
-def client_for(url: str, key: str | None) -> httpx.Client:
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    return httpx.Client(base_url=url, headers=headers, timeout=30)
-
-
-def setup_tenant(url: str, admin: httpx.Client, tenant: str, backlog_cap: int = 1000) -> Api:
-    response = admin.put(
-        f"/v1/tenants/{tenant}",
-        json={"backlog_cap": backlog_cap, "default_max_acquisitions": 3},
-    )
-    assert response.status_code == 200, response.text
-    keys = {}
-    for role in ("worker", "operator"):
-        created = admin.post(f"/v1/tenants/{tenant}/keys", json={"role": role})
-        assert created.status_code == 201, created.text
-        keys[role] = created.json()["secret"]
-    return Api(
-        url=url,
-        tenant=tenant,
-        admin=admin,
-        operator=client_for(url, keys["operator"]),
-        worker=client_for(url, keys["worker"]),
-        keys=keys,
-    )
-
-
 @pytest.fixture
 def admin_key(settings: Settings, database_url: str) -> str:
     return make_admin_key(settings, database_url)
 
 
 @pytest.fixture
-def admin(live: LiveServer, admin_key: str) -> Iterator[httpx.Client]:
-    with client_for(live.url, admin_key) as client:
+def server(
+    request: pytest.FixtureRequest, settings: Settings, database_url: str
+) -> Iterator[InProcessServer | LiveServer]:
+    """The API under test: the `live` server when the test takes it or is marked `live` (or
+    every test, with QUEUE_SERVER_TEST_LIVE=1 in the environment)."""
+    marked = request.node.get_closest_marker("live") or os.environ.get(LIVE_ENV) == "1"
+    if "live" in request.fixturenames or marked:
+        live: LiveServer = request.getfixturevalue("live")
+        yield live
+        return
+    in_process = InProcessServer(settings, database_url)
+    in_process.start()
+    yield in_process
+    in_process.stop()
+
+
+@pytest.fixture
+def admin(server: InProcessServer | LiveServer, admin_key: str) -> Iterator[httpx.Client]:
+    with client_for(server.url, admin_key) as client:
         yield client
 
 
 @pytest.fixture
-def api(live: LiveServer, admin: httpx.Client) -> Api:
-    return setup_tenant(live.url, admin, "acme")
-
-
-def policy_file(path: Path, cells: dict[str, dict[str, object]], revision: str = "test") -> Path:
-    """A policy document of one's own: the built-in one with `cells` ({class: {dimension:
-    cell}}) replaced, written to `path` for --policy / QUEUE_SERVER_POLICY / Settings.policy."""
-    import copy
-    import json
-
-    from queue_server.policy.v2 import OPERATION_RELIABILITY_V2
-
-    doc = copy.deepcopy(OPERATION_RELIABILITY_V2)
-    doc["revision"] = revision
-    for cls, replaced in cells.items():
-        doc["classes"][cls].update(replaced)
-    path.write_text(json.dumps(doc))
-    return path
-
-
-@contextlib.contextmanager
-def live_api(settings: Settings, database_url: str, tenant: str = "acme") -> Iterator[Api]:
-    """A live server with `settings` (e.g. a policy file) and one tenant with its keys."""
-    server = LiveServer(settings, database_url)
-    server.start()
-    try:
-        with client_for(server.url, make_admin_key(settings, database_url)) as admin:
-            yield setup_tenant(server.url, admin, tenant)
-    finally:
-        server.stop()
+def api(server: InProcessServer | LiveServer, admin: httpx.Client) -> Api:
+    return setup_tenant(server.url, admin, "acme")

@@ -16,7 +16,8 @@ import pytest
 
 from queue_server.client import AsyncQueueClient, QueueClient
 from queue_server.settings import Settings
-from tests.conftest import Api, LiveServer, client_for
+from tests.helpers.api import Api, client_for
+from tests.helpers.server import LiveServer
 
 BIN = Path(sys.executable).parent / "queue-server"
 
@@ -139,6 +140,7 @@ def test_rotate_admin_writes_a_new_secret_0600_and_revokes_the_old_in_every_proc
     assert sorted(p.name for p in data_dir.iterdir()) == ["admin.key"]
 
 
+@pytest.mark.live
 def test_the_sdk_creates_and_revokes_admin_keys_sync_and_async(api: Api, admin_key: str) -> None:
     with QueueClient(api.url, admin_key) as admin:
         created = admin.create_admin_key()

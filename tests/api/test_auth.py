@@ -5,11 +5,10 @@ from __future__ import annotations
 import hashlib
 import time
 
-import httpx
 import psycopg
 import pytest
 
-from tests.conftest import Api, client_for, setup_tenant
+from tests.helpers.api import Api, client_for, setup_tenant
 
 
 @pytest.mark.parametrize(
@@ -18,7 +17,7 @@ from tests.conftest import Api, client_for, setup_tenant
 )
 def test_missing_malformed_or_unknown_key_gets_401(api: Api, authorization: str | None) -> None:
     headers = {"Authorization": authorization} if authorization else {}
-    response = httpx.get(f"{api.url}/v1/tenants/acme/items/x", headers=headers)
+    response = api.client(None).get("/v1/tenants/acme/items/x", headers=headers)
     assert response.status_code == 401
     assert response.headers["content-type"] == "application/problem+json"
     assert response.json()["code"] == "unauthorized"
@@ -106,8 +105,8 @@ def test_another_tenants_route_is_404_before_any_validation(api: Api) -> None:
     )
     assert broken.status_code == 422
     # Without a key, a body that is not JSON is a 401 like any other request.
-    anonymous = httpx.post(
-        f"{api.url}/v1/tenants/acme/queues/q/items",
+    anonymous = api.client(None).post(
+        "/v1/tenants/acme/queues/q/items",
         content=b"{not json",
         headers={"Idempotency-Key": "k", "Content-Type": "application/json"},
     )
@@ -130,7 +129,7 @@ def test_revocation_reaches_another_api_process_that_cached_the_key(
     api: Api, settings: object, database_url: str
 ) -> None:
     from queue_server.settings import Settings
-    from tests.conftest import LiveServer
+    from tests.helpers.server import LiveServer
 
     assert isinstance(settings, Settings)
     other = LiveServer(settings, database_url)

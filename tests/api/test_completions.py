@@ -6,8 +6,8 @@ import uuid
 
 import psycopg
 
-from tests.api.test_leases import expire
-from tests.conftest import Api
+from tests.helpers.api import Api
+from tests.helpers.items import expire
 
 Db = psycopg.Connection[dict[str, object]]
 

@@ -7,7 +7,7 @@ import pytest
 
 from queue_server.client import QueueClient
 from queue_server.client import errors as client_errors
-from tests.conftest import Api
+from tests.helpers.api import Api
 
 
 def test_a_fence_above_the_items_is_fence_ahead_and_below_is_stale_fence(api: Api) -> None:
@@ -31,6 +31,7 @@ def test_a_fence_above_the_items_is_fence_ahead_and_below_is_stale_fence(api: Ap
     assert done.status_code == 200, done.text
 
 
+@pytest.mark.live
 def test_the_sdk_raises_fence_ahead_as_a_lost_lease(api: Api) -> None:
     api.enqueue()
     (lease,) = api.acquire()

@@ -6,11 +6,11 @@ import time
 import uuid
 
 import psycopg
+import pytest
 
 from queue_server.client import Job, QueueClient, Worker
-from tests.api.test_leases import expire
-from tests.client.test_worker_pipeline import requests_to
-from tests.conftest import Api
+from tests.helpers.api import Api
+from tests.helpers.items import expire, requests_to
 
 Db = psycopg.Connection[dict[str, object]]
 ROUTE = "/v1/tenants/acme/leases:heartbeat"
@@ -70,6 +70,7 @@ def test_batch_heartbeat_refuses_another_workers_leases_and_duplicates(api: Api)
     assert operator.status_code == 403
 
 
+@pytest.mark.live
 def test_the_worker_extends_all_its_leases_in_one_request(api: Api, db: Db) -> None:
     api.approve("q", 10)
     with QueueClient(api.url, api.keys["worker"]) as qs:

@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 from queue_server.settings import Settings
-from tests.conftest import Api
+from tests.helpers.api import Api
 
 HOSTILE = ("a\x00b", "\ud800", "\u00b2", "\u0663", "http://xn--/")
 #: What a page cursor could be made to decode to: each hostile value beside valid parts.

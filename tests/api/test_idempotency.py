@@ -7,8 +7,8 @@ import threading
 import httpx
 import psycopg
 
-from tests.api.test_leases import expire
-from tests.conftest import Api, setup_tenant
+from tests.helpers.api import Api, setup_tenant
+from tests.helpers.items import expire
 
 Db = psycopg.Connection[dict[str, object]]
 
@@ -100,7 +100,7 @@ def test_concurrent_same_key_completes_make_one_effect(api: Api, db: Db) -> None
     answers: list[httpx.Response] = []
 
     def complete() -> None:
-        with httpx.Client(base_url=api.url, headers=api.worker.headers, timeout=30) as client:
+        with api.client(api.keys["worker"]) as client:
             barrier.wait()
             answers.append(
                 client.post(
@@ -126,7 +126,7 @@ def test_concurrent_same_key_enqueues_store_one_item(api: Api, db: Db) -> None:
     barrier = threading.Barrier(6)
 
     def enqueue() -> None:
-        with httpx.Client(base_url=api.url, headers=api.worker.headers, timeout=30) as client:
+        with api.client(api.keys["worker"]) as client:
             barrier.wait()
             response = client.post(
                 "/v1/tenants/acme/queues/q/items",

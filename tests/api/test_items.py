@@ -6,11 +6,10 @@ import json
 import socket
 import uuid
 
-import httpx
 import psycopg
 import pytest
 
-from tests.conftest import Api
+from tests.helpers.api import Api
 
 ITEMS = "/v1/tenants/acme/queues/q/items"
 
@@ -183,7 +182,7 @@ def test_chunked_bodies_over_the_limit_get_413(api: Api) -> None:
             yield b"x" * 1024
         yield b'"}'
 
-    with httpx.Client(base_url=api.url, headers=api.worker.headers) as client:
+    with api.client(api.keys["worker"]) as client:
         response = client.post(
             ITEMS,
             content=chunks(),  # type: ignore[arg-type]
@@ -231,6 +230,7 @@ def test_an_accepted_enqueue_replays_even_when_the_backlog_is_now_full(api: Api)
     assert refused.status_code == 429
 
 
+@pytest.mark.live
 def test_a_request_the_http_parser_refuses_still_gets_a_problem(api: Api) -> None:
     # httpx refuses to send so long a URL; a raw socket does not.
     host, port = api.url.removeprefix("http://").split(":")

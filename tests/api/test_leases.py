@@ -4,17 +4,10 @@ from __future__ import annotations
 
 import psycopg
 
-from tests.conftest import Api
+from tests.helpers.api import Api
+from tests.helpers.items import expire
 
 Db = psycopg.Connection[dict[str, object]]
-
-
-def expire(db: Db, item_id: object) -> None:
-    """Move the lease's expiry into the past (the database clock decides expiry)."""
-    db.execute(
-        "UPDATE work_items SET lease_expires_at = now() - interval '1 second' WHERE item_id = %s",
-        (item_id,),
-    )
 
 
 def ledger_kinds(api: Api, item_id: object) -> list[str]:

@@ -6,10 +6,10 @@ import socket
 import threading
 import time
 
-import httpx
 import psycopg
+import pytest
 
-from tests.conftest import Api
+from tests.helpers.api import Api
 
 Db = psycopg.Connection[dict[str, object]]
 
@@ -18,7 +18,7 @@ def test_a_new_item_wakes_a_waiting_acquire_within_100_ms(api: Api) -> None:
     result: dict[str, float] = {}
 
     def wait_for_work() -> None:
-        with httpx.Client(base_url=api.url, headers=api.worker.headers, timeout=30) as client:
+        with api.client(api.keys["worker"]) as client:
             response = client.post(
                 "/v1/tenants/acme/queues/q/leases",
                 json={"worker": "w1", "lease_ttl": 30, "wait": 10},
@@ -42,6 +42,7 @@ def test_wait_returns_empty_after_the_wait_with_nothing_due(api: Api) -> None:
     assert 0.9 < time.monotonic() - started < 3
 
 
+@pytest.mark.live
 def test_a_long_poll_whose_client_disconnected_hands_out_no_lease(api: Api, db: Db) -> None:
     host, port = api.url.removeprefix("http://").split(":")
     body = b'{"worker": "gone", "lease_ttl": 30, "wait": 5}'

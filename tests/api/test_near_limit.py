@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from queue_server.services.items import Items
-from tests.conftest import Api, LiveServer
+from tests.helpers.api import Api
+from tests.helpers.server import LiveServer
 
 
 def test_queues_near_their_limit_are_remembered_but_only_so_many(

@@ -7,16 +7,14 @@ import re
 import uuid
 from typing import Any
 
-import httpx
-
-from tests.conftest import Api
+from tests.helpers.api import Api
 
 # Routes a caller needs no key for: probes and the published reliability policy.
 OPEN = {"/healthz", "/readyz", "/v1/policy"}
 
 
 def _document(api: Api) -> dict[str, Any]:
-    document: dict[str, Any] = httpx.get(f"{api.url}/openapi.json").json()
+    document: dict[str, Any] = api.client(None).get("/openapi.json").json()
     return document
 
 
@@ -82,7 +80,7 @@ def test_every_request_body_has_an_example_the_server_takes_as_valid(api: Api) -
 
 
 def test_docs_serve_swagger_ui_from_the_package_without_a_cdn(api: Api) -> None:
-    page = httpx.get(f"{api.url}/docs")
+    page = api.client(None).get("/docs")
     assert page.status_code == 200
     assert "swagger-ui" in page.text
     # Nothing is loaded from another host.
@@ -91,7 +89,7 @@ def test_docs_serve_swagger_ui_from_the_package_without_a_cdn(api: Api) -> None:
     assert any(a.endswith("swagger-ui-bundle.js") for a in assets)
     assert any(a.endswith("swagger-ui.css") for a in assets)
     for asset in assets:
-        served = httpx.get(f"{api.url}{asset}")
+        served = api.client(None).get(f"{asset}")
         assert served.status_code == 200, asset
         if asset.endswith(".js"):
             assert len(served.content) > 100_000

@@ -7,12 +7,12 @@ import time
 import uuid
 from collections import defaultdict
 
-import httpx
 import psycopg
 
 from queue_server.services.items import Items
-from queue_server.services.ledgers import mismatches
-from tests.conftest import Api, LiveServer
+from tests.helpers.api import Api
+from tests.helpers.invariants import assert_backlog_counter_matches, assert_ledgers_fold_to_rows
+from tests.helpers.server import LiveServer
 
 Db = psycopg.Connection[dict[str, object]]
 
@@ -38,7 +38,7 @@ def test_many_acquirers_lease_each_item_to_one_holder_with_rising_fences(api: Ap
 
     def work(n: int) -> None:
         worker = f"w{n}"
-        with httpx.Client(base_url=api.url, headers=api.worker.headers, timeout=30) as client:
+        with api.client(api.keys["worker"]) as client:
             while True:
                 got = client.post(
                     "/v1/tenants/acme/queues/q/leases",
@@ -85,19 +85,6 @@ def test_many_acquirers_lease_each_item_to_one_holder_with_rising_fences(api: Ap
     assert_backlog_counter_matches(db)
 
 
-def assert_ledgers_fold_to_rows(db: Db) -> None:
-    rows = db.execute("SELECT * FROM work_items").fetchall()
-    for row in rows:
-        events = db.execute(
-            "SELECT seq, kind, fence, actor, data FROM item_events"
-            " WHERE tenant_id = %s AND item_id = %s ORDER BY seq",
-            (row["tenant_id"], row["item_id"]),
-        ).fetchall()
-        for event in events:
-            event["data"] = event["data"]
-        assert mismatches(dict(row), [dict(e) for e in events]) == [], row["item_id"]
-
-
 def test_enqueues_racing_at_the_cap_admit_exactly_the_free_room(api: Api, db: Db) -> None:
     cap = 25
     api.admin.put("/v1/tenants/acme", json={"backlog_cap": cap})
@@ -108,7 +95,7 @@ def test_enqueues_racing_at_the_cap_admit_exactly_the_free_room(api: Api, db: Db
     barrier = threading.Barrier(16)
 
     def enqueue(n: int) -> None:
-        with httpx.Client(base_url=api.url, headers=api.worker.headers, timeout=30) as client:
+        with api.client(api.keys["worker"]) as client:
             barrier.wait()
             for i in range(4):
                 response = client.post(
@@ -138,7 +125,7 @@ def test_concurrency_limit_holds_when_many_acquires_race(api: Api, db: Db) -> No
     handed: list[str] = []
 
     def acquire(n: int) -> None:
-        with httpx.Client(base_url=api.url, headers=api.worker.headers, timeout=30) as client:
+        with api.client(api.keys["worker"]) as client:
             barrier.wait()
             got = client.post(
                 "/v1/tenants/acme/queues/q/leases",
@@ -171,19 +158,6 @@ def test_an_expired_holder_loses_to_its_successor(api: Api, db: Db) -> None:
     ok = api.holder("complete", new["item_id"], worker="new", fence=new["fence"], result="ok")
     assert ok.status_code == 200
     assert ok.json()["result"] == "ok"
-
-
-def assert_backlog_counter_matches(db: Db) -> None:
-    """The admission counters agree with the rows: admitted - released = ready + leased."""
-    rows = db.execute(
-        "SELECT t.tenant_id, t.admitted"
-        " - coalesce((SELECT sum(released) FROM backlog_releases r"
-        "             WHERE r.tenant_id = t.tenant_id), 0) AS counted,"
-        " (SELECT count(*) FROM work_items w WHERE w.tenant_id = t.tenant_id"
-        "  AND w.state IN ('ready', 'leased')) AS actual FROM tenants t"
-    ).fetchall()
-    for row in rows:
-        assert row["counted"] == row["actual"], row
 
 
 def test_backlog_counters_follow_every_transition(api: Api, db: Db) -> None:
@@ -244,7 +218,7 @@ def test_shared_lock_acquires_never_exceed_a_high_limit(api: Api, db: Db, live: 
         def acquire(
             n: int, barrier: threading.Barrier = barrier, handed: list[str] = handed
         ) -> None:
-            with httpx.Client(base_url=api.url, headers=api.worker.headers, timeout=30) as client:
+            with api.client(api.keys["worker"]) as client:
                 barrier.wait()
                 while True:
                     got = client.post(

@@ -10,7 +10,7 @@ from psycopg.rows import dict_row
 
 from queue_server.services.ledgers import mismatches
 from queue_server.store import transitions
-from tests.conftest import Api
+from tests.helpers.api import Api
 
 Db = psycopg.Connection[dict[str, object]]
 

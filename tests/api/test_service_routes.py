@@ -6,12 +6,13 @@ import httpx
 
 from queue_server.app import create_app
 from queue_server.settings import Settings
-from tests.conftest import Api, LiveServer
+from tests.helpers.api import Api
+from tests.helpers.server import LiveServer
 
 
 def test_healthz_and_readyz_answer_when_the_database_is_at_head(api: Api) -> None:
-    assert httpx.get(f"{api.url}/healthz").json() == {"status": "ok"}
-    assert httpx.get(f"{api.url}/readyz").status_code == 200
+    assert api.client(None).get("/healthz").json() == {"status": "ok"}
+    assert api.client(None).get("/readyz").status_code == 200
 
 
 def test_readyz_is_503_problem_when_the_database_is_unreachable(settings: Settings) -> None:
@@ -41,7 +42,7 @@ def test_metrics_count_requests_by_route_and_items_by_state(api: Api) -> None:
 
 
 def test_openapi_describes_every_route(api: Api) -> None:
-    document = httpx.get(f"{api.url}/openapi.json").json()
+    document = api.client(None).get("/openapi.json").json()
     app = create_app(Settings(), "postgresql://unused")
     described = {
         (path, method.upper()) for path, ops in document["paths"].items() for method in ops
@@ -56,7 +57,7 @@ def test_openapi_describes_every_route(api: Api) -> None:
 
 
 def test_openapi_marks_the_idempotency_key_required_on_effecting_routes(api: Api) -> None:
-    document = httpx.get(f"{api.url}/openapi.json").json()
+    document = api.client(None).get("/openapi.json").json()
     operation = document["paths"]["/v1/tenants/{tenant}/items/{item_id}/complete"]["post"]
     (header,) = [p for p in operation["parameters"] if p["name"] == "Idempotency-Key"]
     assert header["required"] is True

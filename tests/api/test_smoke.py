@@ -1,4 +1,4 @@
-from tests.conftest import Api
+from tests.helpers.api import Api
 
 
 def test_enqueue_acquire_complete_round_trip(api: Api) -> None:

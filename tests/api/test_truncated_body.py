@@ -10,7 +10,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.conftest import Api, LiveServer
+from tests.helpers.api import Api
+from tests.helpers.server import LiveServer
 
 Db = psycopg.Connection[dict[str, Any]]
 BODY = b'{"payload": {"order": 42}}'

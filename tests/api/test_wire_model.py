@@ -10,7 +10,7 @@ import psycopg
 from pydantic import BaseModel
 
 from queue_server import client, wire
-from tests.conftest import Api
+from tests.helpers.api import Api
 
 WIRE_MODELS = (
     wire.WhoAmI,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tests.cli.conftest import Cli
-from tests.conftest import Api
+from tests.helpers.api import Api
+from tests.helpers.cli import Cli
 
 
 def test_an_admin_creates_a_second_admin_key_and_revokes_it(cli: Cli, api: Api) -> None:

@@ -17,8 +17,8 @@ import typer.main
 from queue_server.cli.common import ADDRESS_FILE, EXIT_CODES_HELP
 from queue_server.cli.main import app
 from queue_server.infra import serve
-from tests.cli.conftest import BIN, Cli
-from tests.conftest import Api
+from tests.helpers.api import Api
+from tests.helpers.cli import BIN, Cli
 
 DB = psycopg.Connection[dict[str, object]]
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")

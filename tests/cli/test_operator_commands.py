@@ -6,28 +6,10 @@ import uuid
 
 import psycopg
 
-from tests.cli.conftest import Cli
-from tests.conftest import Api
+from tests.helpers.api import Api
+from tests.helpers.cli import Cli, quarantine
 
 DB = psycopg.Connection[dict[str, object]]
-
-
-def quarantine(api: Api, queue: str, n: int) -> list[str]:
-    ids = []
-    for i in range(n):
-        item = api.enqueue(queue, {"i": i})
-        (lease,) = api.acquire(queue)
-        response = api.holder(
-            "triage",
-            item["item_id"],
-            worker="w1",
-            fence=lease["fence"],
-            failure={"class": "Boom", "message": f"poison {i}", "transient": False},
-            decision="quarantine",
-        )
-        assert response.status_code == 200, response.text
-        ids.append(str(item["item_id"]))
-    return ids
 
 
 def test_admin_manages_tenants_and_keys(cli: Cli) -> None:

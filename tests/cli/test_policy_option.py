@@ -9,7 +9,7 @@ from typing import Any
 
 from queue_server.policy import default_policy
 from queue_server.policy.v2 import OPERATION_RELIABILITY_V2
-from tests.cli.conftest import Cli
+from tests.helpers.cli import Cli
 
 
 def tightened(**leased: Any) -> dict[str, Any]:

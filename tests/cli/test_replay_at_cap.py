@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 
-from tests.cli.conftest import Cli
-from tests.cli.test_operator_commands import quarantine
-from tests.conftest import Api
+from tests.helpers.api import Api
+from tests.helpers.cli import Cli, quarantine
 
 
 def test_bulk_replay_stops_at_the_cap_reports_what_is_left_and_exits_1(cli: Cli, api: Api) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.cli.conftest import Cli
+from tests.helpers.cli import Cli
 
 
 def test_schedules_put_list_show_pause_resume_trigger_delete(cli: Cli) -> None:

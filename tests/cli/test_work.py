@@ -15,8 +15,8 @@ import psycopg
 import pytest
 
 from queue_server.client import Job, Outcome, QueueClient, Result, TransientError, Worker, errors
-from tests.cli.conftest import BIN, Cli, lines
-from tests.conftest import Api
+from tests.helpers.api import Api
+from tests.helpers.cli import BIN, Cli, lines
 
 DB = psycopg.Connection[dict[str, object]]
 

@@ -21,8 +21,8 @@ from queue_server.client import (
     Worker,
 )
 from queue_server.client.core import ClientCore
-from tests.client.test_worker_pipeline import requests_to
-from tests.conftest import Api
+from tests.helpers.api import Api
+from tests.helpers.items import requests_to
 
 DB = psycopg.Connection[dict[str, object]]
 

@@ -10,7 +10,8 @@ import psycopg
 import pytest
 
 from queue_server.client import NewItem, QueueClient, errors
-from tests.conftest import Api, LiveServer
+from tests.helpers.api import Api
+from tests.helpers.server import LiveServer
 
 DB = psycopg.Connection[dict[str, object]]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psycopg
 
-from tests.conftest import Api
+from tests.helpers.api import Api
 
 DB = psycopg.Connection[dict[str, object]]
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "sdk.md"

@@ -16,8 +16,8 @@ from queue_server.client import (
     Result,
     TransientError,
 )
-from tests.client.conftest import AnyJob, Face, wait_for_stop
-from tests.conftest import Api
+from tests.helpers.api import Api
+from tests.helpers.faces import AnyJob, Face, wait_for_stop
 
 DB = psycopg.Connection[dict[str, object]]
 

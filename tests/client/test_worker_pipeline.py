@@ -5,7 +5,6 @@ Counts of requests come from the server's own `/metrics`, as an operator would r
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from typing import Any
@@ -13,21 +12,11 @@ from typing import Any
 import psycopg
 
 from queue_server.client import NewItem, Outcome, QueueClient, Result
-from tests.client.conftest import AnyJob, Face
-from tests.conftest import Api
+from tests.helpers.api import Api
+from tests.helpers.faces import AnyJob, Face
+from tests.helpers.items import requests_to
 
 DB = psycopg.Connection[dict[str, object]]
-
-
-def requests_to(api: Api, route: str) -> int:
-    """Requests the server answered on `route` (a route template), summed over statuses."""
-    text = api.admin.get("/metrics").text
-    pattern = re.compile(r"^queue_server_requests_total\{(.*)\} (\S+)$", flags=re.MULTILINE)
-    total = 0.0
-    for labels, value in pattern.findall(text):
-        if f'route="{route}"' in labels:
-            total += float(value)
-    return int(total)
 
 
 def fill(qs: QueueClient, queue: str, n: int) -> None:

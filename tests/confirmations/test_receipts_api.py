@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import psycopg
 
-from tests.conftest import Api
+from tests.helpers.api import Api
 
 Db = psycopg.Connection[dict[str, object]]
 BASE = "/v1/tenants/acme/receipts"
@@ -105,7 +105,7 @@ def test_settle_and_get_of_an_unknown_reference_are_not_found(api: Api) -> None:
 
 
 def test_receipts_are_scoped_to_their_tenant(api: Api) -> None:
-    from tests.conftest import setup_tenant
+    from tests.helpers.api import setup_tenant
 
     other = setup_tenant(api.url, api.admin, "globex")
     _claim(api, "k-1", "ref-1")
@@ -118,7 +118,7 @@ def test_receipts_are_scoped_to_their_tenant(api: Api) -> None:
 
 
 def test_receipts_need_a_key(api: Api) -> None:
-    from tests.conftest import client_for
+    from tests.helpers.api import client_for
 
     with client_for(api.url, None) as anonymous:
         assert anonymous.get(f"{BASE}/ref-1").status_code == 401

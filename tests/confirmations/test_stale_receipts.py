@@ -13,7 +13,7 @@ import pytest
 from queue_server.client import QueueClient
 from queue_server.client.errors import ProblemError
 from queue_server.settings import Settings
-from tests.conftest import Api, live_api, policy_file
+from tests.helpers.api import Api, live_api, policy_file
 
 DEADLINE = 1.0
 

@@ -11,20 +11,15 @@ from playwright.sync_api import Page, ViewportSize, expect
 
 from queue_server.client import QueueClient
 from queue_server.client.worker import Job, Result, Worker
-from tests.conftest import Api
-from tests.operators.test_dead_letters import quarantine
+from tests.helpers.api import Api
+from tests.helpers.console import browser_sign_in as sign_in
+from tests.helpers.items import quarantine
 
 # The first test may install chromium with apt-get.
-pytestmark = pytest.mark.timeout(600)
+# A browser loads the pages over a socket.
+pytestmark = [pytest.mark.timeout(600), pytest.mark.live]
 
 PHONE: ViewportSize = {"width": 390, "height": 844}
-
-
-def sign_in(page: Page, url: str, key: str) -> None:
-    page.goto(f"{url}/console")
-    expect(page.get_by_role("heading", name="Sign in")).to_be_visible()
-    page.get_by_label("API key").fill(key)
-    page.get_by_role("button", name="Sign in").click()
 
 
 def fits_the_width(page: Page) -> bool:

@@ -6,8 +6,8 @@ import pytest
 
 from queue_server.cli.common import CommandError
 from queue_server.cli.spend import parse_expiry
-from tests.conftest import Api
-from tests.console.helpers import CSRF, KEY, form_value, sign_in
+from tests.helpers.api import Api
+from tests.helpers.console import CSRF, KEY, form_value, sign_in
 
 
 @pytest.mark.parametrize("digits", ["\u00b2", "\u0663"])

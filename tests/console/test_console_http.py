@@ -8,10 +8,12 @@ import uuid
 
 import httpx
 import psycopg
+import pytest
 
-from tests.conftest import Api, LiveServer, setup_tenant
-from tests.console.helpers import CSRF, KEY, form_value, sign_in
-from tests.operators.test_dead_letters import dead_letter_of, quarantine
+from tests.helpers.api import Api, setup_tenant
+from tests.helpers.console import CSRF, KEY, form_value, sign_in
+from tests.helpers.items import dead_letter_of, quarantine
+from tests.helpers.server import LiveServer
 
 DB = psycopg.Connection[dict[str, object]]
 
@@ -37,6 +39,7 @@ def test_operator_signs_in_with_an_httponly_strict_session_cookie(api: Api) -> N
     assert "Sign out" in home.text
 
 
+@pytest.mark.live  # uvicorn takes the scheme from a trusted proxy's header
 def test_session_cookie_is_secure_when_served_over_tls(api: Api) -> None:
     # uvicorn takes the scheme from X-Forwarded-Proto of a trusted (loopback) proxy.
     tls = {"X-Forwarded-Proto": "https"}
@@ -73,7 +76,7 @@ def test_unknown_key_and_missing_login_token_are_refused(api: Api) -> None:
     _client, answer = sign_in(api.url, "qsk_0123456789abcdef_nope")
     assert answer.status_code == 401
     assert "unknown or revoked" in answer.text
-    with httpx.Client(base_url=api.url) as bare:
+    with api.client(None) as bare:
         forged = bare.post("/console/sign-in", data={"api_key": api.keys["operator"]})
     assert forged.status_code == 403
     assert "qs_console=" not in " ".join(forged.headers.get_list("set-cookie"))

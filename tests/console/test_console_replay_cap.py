@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from tests.conftest import Api
-from tests.console.helpers import CSRF, KEY, form_value, sign_in
-from tests.operators.test_dead_letters import dead_letter_of, quarantine
+from tests.helpers.api import Api
+from tests.helpers.console import CSRF, KEY, form_value, sign_in
+from tests.helpers.items import dead_letter_of, quarantine
 
 
 def test_console_replays_at_the_cap_say_what_did_not_fit(api: Api) -> None:

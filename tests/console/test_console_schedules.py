@@ -10,9 +10,8 @@ import psycopg
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.conftest import Api
-from tests.console.helpers import CSRF, form_value, sign_in
-from tests.console.test_console_browser import sign_in as browser_sign_in
+from tests.helpers.api import Api
+from tests.helpers.console import CSRF, browser_sign_in, form_value, sign_in
 
 pytestmark = pytest.mark.timeout(600)
 DB = psycopg.Connection[dict[str, object]]
@@ -29,6 +28,7 @@ def _put(api: Api, name: str, **body: object) -> dict[str, object]:
     return created
 
 
+@pytest.mark.live
 def test_operator_sees_next_fires_pauses_resumes_and_triggers(
     page: Page, api: Api, db: DB, shots: Path
 ) -> None:

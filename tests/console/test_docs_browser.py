@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import Page, Route, expect
 
-from tests.conftest import LiveServer
+from tests.helpers.server import LiveServer
 
-pytestmark = pytest.mark.timeout(600)
+# A browser loads the pages over a socket.
+pytestmark = [pytest.mark.timeout(600), pytest.mark.live]
 
 
 def test_swagger_ui_renders_offline_with_bearer_authorization(page: Page, live: LiveServer) -> None:

@@ -31,7 +31,7 @@ from queue_server.services.items import NewItem
 from queue_server.services.keys import Keys
 from queue_server.settings import Settings
 from queue_server.workers.notifier import Notifier
-from tests.conftest import Api
+from tests.helpers.api import Api
 
 Db = psycopg.Connection[dict[str, object]]
 

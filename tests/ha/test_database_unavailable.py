@@ -10,7 +10,7 @@ import httpx
 import psycopg
 
 from queue_server.infra.embedded import EmbeddedPostgres
-from tests.conftest import Api
+from tests.helpers.api import Api
 
 Db = psycopg.Connection[dict[str, object]]
 
@@ -64,7 +64,7 @@ def test_a_database_that_refuses_connections_gets_503_problems_then_recovers(
             _terminate_app_backends(db)
             _assert_unavailable_problem(_enqueue(api, uuid.uuid4().hex))
             _assert_unavailable_problem(api.worker.get(f"/v1/tenants/{api.tenant}/queues"))
-            assert httpx.get(f"{api.url}/readyz").status_code == 503
+            assert api.client(None).get("/readyz").status_code == 503
         finally:
             server.execute(f'ALTER DATABASE "{name["d"]}" WITH ALLOW_CONNECTIONS true')
     key = uuid.uuid4().hex

@@ -16,7 +16,10 @@ from psycopg.rows import dict_row
 
 from queue_server.infra.embedded import EmbeddedPostgres
 from queue_server.settings import Settings
-from tests.conftest import Api, LiveServer
+from tests.helpers.api import Api
+from tests.helpers.server import LiveServer
+
+pytestmark = pytest.mark.live  # clients of a second API process, on sockets
 
 Db = psycopg.Connection[dict[str, object]]
 
@@ -55,7 +58,7 @@ def _wake_delay(api: Api) -> float:
     leased: dict[str, float] = {}
 
     def wait_for_work() -> None:
-        with httpx.Client(base_url=api.url, headers=api.worker.headers, timeout=30) as client:
+        with api.client(api.keys["worker"]) as client:
             answer = client.post(
                 f"/v1/tenants/{api.tenant}/queues/q/leases",
                 json={"worker": "w1", "lease_ttl": 30, "wait": 10},

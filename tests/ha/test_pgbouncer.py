@@ -25,7 +25,8 @@ import pytest
 
 from queue_server.infra.embedded import SYSTEM_USER, EmbeddedPostgres
 from queue_server.settings import Settings
-from tests.conftest import Api, LiveServer, client_for, make_admin_key, setup_tenant
+from tests.helpers.api import Api, client_for, setup_tenant
+from tests.helpers.server import LiveServer, make_admin_key
 
 ENSURE = Path(__file__).resolve().parents[2] / "deploy" / "ensure-debian-packages.sh"
 Db = psycopg.Connection[dict[str, object]]

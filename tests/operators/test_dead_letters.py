@@ -5,55 +5,16 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import httpx
 import psycopg
 
-from tests.conftest import Api, setup_tenant
+from tests.helpers.api import Api, setup_tenant
+from tests.helpers.items import dead_letter_of, dead_letters, quarantine, replay
 
 DB = psycopg.Connection[dict[str, object]]
 
 
 def _key() -> dict[str, str]:
     return {"Idempotency-Key": uuid.uuid4().hex}
-
-
-def quarantine(api: Api, queue: str = "q", payload: object = "poison") -> str:
-    """Enqueue, lease and triage one item into quarantine; returns its item id."""
-    item = api.enqueue(queue, payload)
-    leases = api.acquire(queue, worker="w1")
-    (lease,) = [lease for lease in leases if lease["item_id"] == item["item_id"]]
-    response = api.holder(
-        "triage",
-        item["item_id"],
-        worker="w1",
-        fence=lease["fence"],
-        failure={"class": "Boom", "message": "poisoned", "transient": False},
-        decision="quarantine",
-    )
-    assert response.status_code == 200, response.text
-    assert response.json()["state"] == "quarantined"
-    return str(item["item_id"])
-
-
-def dead_letters(client: httpx.Client, tenant: str = "acme", **params: Any) -> dict[str, Any]:
-    response = client.get(f"/v1/tenants/{tenant}/dead-letters", params=params)
-    assert response.status_code == 200, response.text
-    body: dict[str, Any] = response.json()
-    return body
-
-
-def dead_letter_of(api: Api, item_id: str) -> str:
-    listed = dead_letters(api.operator, limit=500)["dead_letters"]
-    (found,) = [d for d in listed if d["item_id"] == item_id]
-    return str(found["dead_letter_id"])
-
-
-def replay(api: Api, dead_letter_id: str, key: str | None = None, **body: Any) -> httpx.Response:
-    return api.operator.post(
-        f"/v1/tenants/acme/dead-letters/{dead_letter_id}/replay",
-        json=body,
-        headers={"Idempotency-Key": key or uuid.uuid4().hex},
-    )
 
 
 def test_budget_exhaustion_and_triage_both_leave_a_dead_letter(api: Api) -> None:

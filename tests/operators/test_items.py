@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import psycopg
 
-from tests.api.test_races import assert_backlog_counter_matches, assert_ledgers_fold_to_rows
-from tests.conftest import Api, setup_tenant
+from tests.helpers.api import Api, setup_tenant
+from tests.helpers.invariants import assert_backlog_counter_matches, assert_ledgers_fold_to_rows
 
 Db = psycopg.Connection[dict[str, object]]
 
@@ -250,13 +250,13 @@ def test_cancel_racing_complete_lets_exactly_one_win_per_item(api: Api, db: Db) 
         lease = leases[n // 2]
         item_id = str(lease["item_id"])
         if n % 2 == 0:
-            with httpx.Client(base_url=api.url, headers=api.operator.headers, timeout=30) as c:
+            with api.client(api.keys["operator"]) as c:
                 barrier.wait()
                 outcomes[item_id]["cancel"] = c.post(
                     f"/v1/tenants/acme/items/{item_id}/cancel", json={}, headers=_key()
                 )
         else:
-            with httpx.Client(base_url=api.url, headers=api.worker.headers, timeout=30) as c:
+            with api.client(api.keys["worker"]) as c:
                 barrier.wait()
                 outcomes[item_id]["complete"] = c.post(
                     f"/v1/tenants/acme/items/{item_id}/complete",

@@ -4,7 +4,6 @@ as zero, and several worker processes added up, also on --metrics-listen."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -17,7 +16,9 @@ import httpx
 import psycopg
 
 from queue_server.settings import Settings
-from tests.conftest import Api, make_admin_key, setup_tenant
+from tests.helpers.api import Api, setup_tenant
+from tests.helpers.items import sample
+from tests.helpers.server import make_admin_key
 
 Db = psycopg.Connection[dict[str, object]]
 BIN = Path(sys.executable).parent / "queue-server"
@@ -27,24 +28,12 @@ def _key() -> dict[str, str]:
     return {"Idempotency-Key": uuid.uuid4().hex}
 
 
-def sample(text: str, name: str, **labels: str) -> float | None:
-    """The value of the series `name{labels}` in a scrape, or None when absent."""
-    for line in text.splitlines():
-        if not line.startswith(name + "{") and not line.startswith(name + " "):
-            continue
-        series, _, value = line.rpartition(" ")
-        found = dict(re.findall(r'(\w+)="([^"]*)"', series))
-        if series.split("{")[0] == name and found == labels:
-            return float(value)
-    return None
-
-
 def test_metrics_need_an_operator_or_admin_key_and_show_only_the_own_tenant(api: Api) -> None:
     other = setup_tenant(api.url, api.admin, "globex")
     api.enqueue("q", 1)
     other.enqueue("secret-queue", 2)
 
-    anonymous = httpx.get(f"{api.url}/metrics")
+    anonymous = api.client(None).get("/metrics")
     assert anonymous.status_code == 401
     assert "acme" not in anonymous.text
     assert "globex" not in anonymous.text

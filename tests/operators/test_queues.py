@@ -15,7 +15,8 @@ import pytest
 
 from queue_server.settings import Settings
 from queue_server.store import queues as queue_store
-from tests.conftest import Api, LiveServer, client_for, make_admin_key, setup_tenant
+from tests.helpers.api import Api, client_for, setup_tenant
+from tests.helpers.server import LiveServer, make_admin_key
 
 Db = psycopg.Connection[dict[str, object]]
 
@@ -98,7 +99,7 @@ def test_resume_wakes_a_long_poll_waiting_on_the_paused_queue(slow_poll: Api) ->
     result: dict[str, Any] = {}
 
     def wait_for_work() -> None:
-        with httpx.Client(base_url=api.url, headers=api.worker.headers, timeout=30) as client:
+        with api.client(api.keys["worker"]) as client:
             response = client.post(
                 "/v1/tenants/acme/queues/q/leases",
                 json={"worker": "w1", "lease_ttl": 30, "wait": 15},
@@ -133,7 +134,7 @@ def test_no_lease_is_committed_after_pause_answers_while_acquires_race(api: Api,
     answers: list[tuple[float, list[str]]] = []  # (sent at, items leased)
 
     def acquire(n: int) -> None:
-        with httpx.Client(base_url=api.url, headers=api.worker.headers, timeout=30) as client:
+        with api.client(api.keys["worker"]) as client:
             while not stop.is_set():
                 sent = time.monotonic()
                 got = client.post(

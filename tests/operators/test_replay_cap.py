@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 import psycopg
 
-from tests.api.test_races import assert_backlog_counter_matches
-from tests.conftest import Api
-from tests.operators.test_dead_letters import dead_letter_of, quarantine, replay
+from tests.helpers.api import Api
+from tests.helpers.invariants import assert_backlog_counter_matches
+from tests.helpers.items import dead_letter_of, quarantine, replay
 
 Db = psycopg.Connection[dict[str, Any]]
 
@@ -127,9 +127,7 @@ def test_enqueues_and_replays_racing_at_the_cap_never_overshoot_it(api: Api, db:
             outcomes[kind].append(value)
 
     def client(key: str) -> httpx.Client:
-        return httpx.Client(
-            base_url=api.url, headers={"Authorization": f"Bearer {key}"}, timeout=30
-        )
+        return api.client(key)
 
     def enqueuer(n: int) -> None:
         with client(api.keys["worker"]) as http:

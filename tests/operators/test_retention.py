@@ -16,8 +16,8 @@ from queue_server.db import Database
 from queue_server.settings import Settings
 from queue_server.store import sweeps, transitions
 from queue_server.workers import sweeper
-from tests.api.test_races import assert_backlog_counter_matches, assert_ledgers_fold_to_rows
-from tests.conftest import Api
+from tests.helpers.api import Api
+from tests.helpers.invariants import assert_backlog_counter_matches, assert_ledgers_fold_to_rows
 
 Db = psycopg.Connection[dict[str, object]]
 T = TypeVar("T")

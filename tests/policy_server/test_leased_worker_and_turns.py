@@ -18,7 +18,9 @@ from queue_server.policy import (
     PermitUnavailableError,
     RefusalReason,
 )
-from tests.conftest import Api
+from tests.helpers.api import Api
+
+pytestmark = pytest.mark.live  # the SDK opens its own connections
 
 Db = psycopg.Connection[dict[str, object]]
 

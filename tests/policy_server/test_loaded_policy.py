@@ -26,7 +26,7 @@ from queue_server.policy import (
 )
 from queue_server.policy.v2 import OPERATION_RELIABILITY_V2
 from queue_server.settings import Settings
-from tests.conftest import Api
+from tests.helpers.api import Api
 
 BIN = Path(sys.executable).parent / "queue-server"
 
@@ -137,6 +137,7 @@ def test_settings_may_lower_a_policy_value_never_raise_it() -> None:
     assert "QUEUE_SERVER_DELIVERY_CONCURRENCY=64" in str(info.value)
 
 
+@pytest.mark.live
 def test_the_sdk_worker_takes_its_lease_ttl_from_the_policy_and_refuses_more(
     api: Api, tmp_path: Path
 ) -> None:

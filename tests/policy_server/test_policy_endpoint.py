@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-import httpx
+import pytest
 
 from queue_server.client import QueueClient
 from queue_server.policy import default_policy, load_policy
 from queue_server.settings import Settings
-from tests.conftest import Api, LiveServer
+from tests.helpers.api import Api
+from tests.helpers.server import LiveServer
+
+pytestmark = pytest.mark.live  # the SDK opens its own connections
 
 
 def test_get_policy_serves_the_policy_document_without_a_key(api: Api) -> None:
-    response = httpx.get(f"{api.url}/v1/policy")
+    response = api.client(None).get("/v1/policy")
     assert response.status_code == 200
     served = response.json()
     assert served.pop("loaded") == {

@@ -14,7 +14,10 @@ import pytest
 
 from queue_server.client.probes import probe_server
 from queue_server.services.envelope import LeaseEnvelope
-from tests.conftest import Api, LiveServer, client_for
+from tests.helpers.api import Api, client_for
+from tests.helpers.server import LiveServer
+
+pytestmark = pytest.mark.live  # `queue-server` runs as a subprocess against the URL
 
 BIN = Path(sys.executable).parent / "queue-server"
 Db = psycopg.Connection[dict[str, object]]

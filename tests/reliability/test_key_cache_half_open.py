@@ -16,7 +16,8 @@ from queue_server.infra.embedded import EmbeddedPostgres
 from queue_server.infra.keycache import KeyCache
 from queue_server.settings import Settings
 from reliability.proxy import ProxyMode, TcpProxy
-from tests.conftest import LiveServer, client_for, make_admin_key, setup_tenant
+from tests.helpers.api import client_for, setup_tenant
+from tests.helpers.server import LiveServer, make_admin_key
 
 TRUST = 1.0
 

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from tests.schedules.conftest import Db, Scheduler
+from tests.helpers.schedules import Db, Scheduler
 
 T = TypeVar("T")
 Run = Callable[[Callable[[Scheduler], Awaitable[T]]], T]

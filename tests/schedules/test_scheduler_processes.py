@@ -21,8 +21,9 @@ import httpx
 import pytest
 
 from queue_server.settings import Settings
-from tests.conftest import client_for, make_admin_key
-from tests.schedules.conftest import Db
+from tests.helpers.api import client_for
+from tests.helpers.schedules import Db
+from tests.helpers.server import make_admin_key
 
 pytestmark = pytest.mark.slow
 

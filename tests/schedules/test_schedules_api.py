@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import psycopg
 
-from tests.conftest import Api, setup_tenant
+from tests.helpers.api import Api, setup_tenant
 
 Db = psycopg.Connection[dict[str, object]]
 PATH = "/v1/tenants/acme/schedules"

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from .receiver import Receiver
+from tests.helpers.receiver import Receiver
 
 
 @pytest.fixture

@@ -25,8 +25,7 @@ from queue_server.transport import (
     TransportFailureError,
     WallDeadlineExceededError,
 )
-
-from .receiver import Receiver, closed_port
+from tests.helpers.receiver import Receiver, closed_port
 
 T = TypeVar("T")
 LOCAL = ["127.0.0.1"]

@@ -18,8 +18,7 @@ from queue_server.transport.signing import (
     verify,
     webhook_headers,
 )
-
-from .receiver import Receiver
+from tests.helpers.receiver import Receiver
 
 BODY = json.dumps({"event": "item.completed", "item": {"item_id": 7}})
 

@@ -17,8 +17,7 @@ from queue_server.transport import (
     refusal_reason,
 )
 from queue_server.transport.broker import DispatchRequest
-
-from .receiver import Receiver
+from tests.helpers.receiver import Receiver
 
 # Every spelling here reaches the canary on 127.0.0.1 (or the local host) if let through.
 LOCAL_SPELLINGS = [

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 from queue_server.transport import DispatchRequest, TransportBroker, TransportFailureError
-
-from .receiver import Receiver
+from tests.helpers.receiver import Receiver
 
 NAME = "hooks.example.test"
 

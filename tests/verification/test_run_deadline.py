@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from queue_server.settings import Settings
-from tests.conftest import Api, live_api, policy_file
+from tests.helpers.api import Api, live_api, policy_file
 
 DEADLINE = 2.0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import psycopg
 
-from tests.conftest import Api
+from tests.helpers.api import Api
 
 Db = psycopg.Connection[dict[str, object]]
 BASE = "/v1/tenants/acme/verification-runs"

@@ -12,7 +12,9 @@ import pytest
 from queue_server.client import QueueClient
 from queue_server.client.verifier import VerifierRunner
 from queue_server.policy import PermitUnavailableError
-from tests.conftest import Api
+from tests.helpers.api import Api
+
+pytestmark = pytest.mark.live  # the SDK opens its own connections
 
 Db = psycopg.Connection[dict[str, object]]
 ITEMS = ["a.txt", "lib/b.so", "c.json", "d.bin"]

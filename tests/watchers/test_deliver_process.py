@@ -13,12 +13,23 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
 from standardwebhooks.webhooks import Webhook
 
 from queue_server.settings import Settings
-from tests.conftest import Api
+from tests.helpers.api import Api
+from tests.helpers.watchers import (
+    SCALE,
+    Db,
+    ModeReceiver,
+    complete_one,
+    deliver,
+    make_due,
+    register,
+    rows,
+)
 
-from .conftest import SCALE, Db, ModeReceiver, complete_one, deliver, make_due, register, rows
+pytestmark = pytest.mark.live  # `queue-server` runs as a subprocess against the URL
 
 BIN = Path(sys.executable).parent / "queue-server"
 

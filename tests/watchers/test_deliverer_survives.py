@@ -18,9 +18,9 @@ import pytest
 from queue_server.infra import migrate
 from queue_server.infra.embedded import EmbeddedPostgres
 from queue_server.settings import Settings
-from tests.conftest import Api, LiveServer, client_for, make_admin_key, setup_tenant
-
-from .conftest import (
+from tests.helpers.api import Api, client_for, setup_tenant
+from tests.helpers.server import LiveServer, make_admin_key
+from tests.helpers.watchers import (
     Db,
     DeliverProcess,
     ModeReceiver,

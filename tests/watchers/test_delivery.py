@@ -13,9 +13,17 @@ from standardwebhooks.webhooks import Webhook
 from queue_server.settings import Settings
 from queue_server.transport import Budget
 from queue_server.workers.deliverer import Deliverer, RunReport, schedule
-from tests.conftest import Api
-
-from .conftest import SCALE, Db, ModeReceiver, complete_one, deliver, make_due, register, rows
+from tests.helpers.api import Api
+from tests.helpers.watchers import (
+    SCALE,
+    Db,
+    ModeReceiver,
+    complete_one,
+    deliver,
+    make_due,
+    register,
+    rows,
+)
 
 
 def test_delivery_arrives_signed_with_the_delivery_key(

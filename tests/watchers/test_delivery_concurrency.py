@@ -18,10 +18,17 @@ from psycopg.rows import dict_row
 
 from queue_server.policy import default_policy
 from queue_server.store import outbox
-from tests.conftest import Api
-from tests.transport.receiver import Seen
-
-from .conftest import Db, DeliverProcess, ModeReceiver, complete_one, register, rows, wait_until
+from tests.helpers.api import Api
+from tests.helpers.receiver import Seen
+from tests.helpers.watchers import (
+    Db,
+    DeliverProcess,
+    ModeReceiver,
+    complete_one,
+    register,
+    rows,
+    wait_until,
+)
 
 WATCHERS = 6
 EVENTS = 4

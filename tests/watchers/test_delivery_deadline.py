@@ -16,9 +16,8 @@ from queue_server.settings import Settings
 from queue_server.store.types import Row
 from queue_server.transport import TransportBroker
 from queue_server.workers.deliverer import Deliverer
-from tests.conftest import Api
-
-from .conftest import Db, ModeReceiver, complete_one, deliver, make_due, register, rows
+from tests.helpers.api import Api
+from tests.helpers.watchers import Db, ModeReceiver, complete_one, deliver, make_due, register, rows
 
 DEADLINE = default_policy().for_class(OperationClass.WATCHER_DELIVERY).deadline.seconds
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from queue_server.settings import Settings
-from tests.conftest import Api
-from tests.operators.test_metrics import sample
-from tests.watchers.conftest import (
+from tests.helpers.api import Api
+from tests.helpers.items import sample
+from tests.helpers.watchers import (
     Db,
     ModeReceiver,
     complete_one,

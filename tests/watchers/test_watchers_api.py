@@ -9,9 +9,8 @@ import httpx
 import pytest
 
 from queue_server.settings import Settings
-from tests.conftest import Api, setup_tenant
-
-from .conftest import Db, ModeReceiver, complete_one, deliver, make_due, register, rows
+from tests.helpers.api import Api, setup_tenant
+from tests.helpers.watchers import Db, ModeReceiver, complete_one, deliver, make_due, register, rows
 
 
 def test_registration_answers_the_secret_once_and_never_again(

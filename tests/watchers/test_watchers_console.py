@@ -6,10 +6,9 @@ from __future__ import annotations
 import re
 
 from queue_server.settings import Settings
-from tests.conftest import Api
-from tests.console.helpers import CSRF, form_value, sign_in
-
-from .conftest import Db, ModeReceiver, complete_one, deliver, make_due, register, rows
+from tests.helpers.api import Api
+from tests.helpers.console import CSRF, form_value, sign_in
+from tests.helpers.watchers import Db, ModeReceiver, complete_one, deliver, make_due, register, rows
 
 KEYED_FORM = re.compile(
     r'<form method="post" action="([^"]+/(?:pause|resume|replay))">'

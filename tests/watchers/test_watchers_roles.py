@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import uuid
 
-from tests.conftest import Api, setup_tenant
-from tests.watchers.conftest import ModeReceiver, register
+from tests.helpers.api import Api, setup_tenant
+from tests.helpers.watchers import ModeReceiver, register
 
 
 def test_a_worker_key_gets_403_on_every_watcher_route(api: Api, receiver: ModeReceiver) -> None:

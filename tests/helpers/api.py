@@ -1,0 +1,129 @@
+"""A tenant and its clients: admin, operator and worker keys over HTTP to the server under test."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from queue_server.settings import Settings
+from tests.helpers.server import LiveServer, make_admin_key, transport_for
+
+
+@dataclass
+class Api:
+    """HTTP clients of one tenant: admin, operator and worker keys."""
+
+    url: str
+    tenant: str
+    admin: httpx.Client
+    operator: httpx.Client
+    worker: httpx.Client
+    keys: dict[str, str] = field(default_factory=dict)
+
+    def client(self, key: str | None) -> httpx.Client:
+        """Another client of the same server: with `key`, or none."""
+        return client_for(self.url, key)
+
+    def enqueue(
+        self, queue: str = "q", payload: object = None, **fields: object
+    ) -> dict[str, object]:
+        response = self.worker.post(
+            f"/v1/tenants/{self.tenant}/queues/{queue}/items",
+            json={"payload": payload, **fields},
+            headers={"Idempotency-Key": uuid.uuid4().hex},
+        )
+        assert response.status_code == 201, response.text
+        body: dict[str, object] = response.json()
+        return body
+
+    def acquire(
+        self, queue: str = "q", worker: str = "w1", ttl: float = 30, **fields: object
+    ) -> list[dict[str, object]]:
+        response = self.worker.post(
+            f"/v1/tenants/{self.tenant}/queues/{queue}/leases",
+            json={"worker": worker, "lease_ttl": ttl, **fields},
+        )
+        assert response.status_code == 200, response.text
+        leases: list[dict[str, object]] = response.json()["leases"]
+        return leases
+
+    def holder(
+        self, action: str, item_id: object, key: str | None = None, **body: object
+    ) -> httpx.Response:
+        return self.worker.post(
+            f"/v1/tenants/{self.tenant}/items/{item_id}/{action}",
+            json=body,
+            headers={"Idempotency-Key": key or uuid.uuid4().hex},
+        )
+
+    def approve(self, queue: str, max_concurrency: int) -> None:
+        response = self.operator.post(
+            f"/v1/tenants/{self.tenant}/queues/{queue}/spend-approvals",
+            json={
+                "approved_by": "ops@example.com",
+                "max_concurrency": max_concurrency,
+                "expires_at": "2999-01-01T00:00:00Z",
+                "reason": "load test",
+            },
+            headers={"Idempotency-Key": uuid.uuid4().hex},
+        )
+        assert response.status_code == 201, response.text
+
+
+def client_for(url: str, key: str | None) -> httpx.Client:
+    """A client of the server at `url` with `key`: over its socket, or into an in-process app."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.Client(base_url=url, headers=headers, timeout=30, transport=transport_for(url))
+
+
+def setup_tenant(url: str, admin: httpx.Client, tenant: str, backlog_cap: int = 1000) -> Api:
+    response = admin.put(
+        f"/v1/tenants/{tenant}",
+        json={"backlog_cap": backlog_cap, "default_max_acquisitions": 3},
+    )
+    assert response.status_code == 200, response.text
+    keys = {}
+    for role in ("worker", "operator"):
+        created = admin.post(f"/v1/tenants/{tenant}/keys", json={"role": role})
+        assert created.status_code == 201, created.text
+        keys[role] = created.json()["secret"]
+    return Api(
+        url=url,
+        tenant=tenant,
+        admin=admin,
+        operator=client_for(url, keys["operator"]),
+        worker=client_for(url, keys["worker"]),
+        keys=keys,
+    )
+
+
+def policy_file(path: Path, cells: dict[str, dict[str, object]], revision: str = "test") -> Path:
+    """A policy document of one's own: the built-in one with `cells` ({class: {dimension:
+    cell}}) replaced, written to `path` for --policy / QUEUE_SERVER_POLICY / Settings.policy."""
+    from queue_server.policy.v2 import OPERATION_RELIABILITY_V2
+
+    doc = copy.deepcopy(OPERATION_RELIABILITY_V2)
+    doc["revision"] = revision
+    for cls, replaced in cells.items():
+        doc["classes"][cls].update(replaced)
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@contextlib.contextmanager
+def live_api(settings: Settings, database_url: str, tenant: str = "acme") -> Iterator[Api]:
+    """A live server with `settings` (e.g. a policy file) and one tenant with its keys."""
+    server = LiveServer(settings, database_url)
+    server.start()
+    try:
+        with client_for(server.url, make_admin_key(settings, database_url)) as admin:
+            yield setup_tenant(server.url, admin, tenant)
+    finally:
+        server.stop()

@@ -1,0 +1,35 @@
+"""Invariants the races and the operators check at the end: counters and ledgers agree with rows."""
+
+from __future__ import annotations
+
+import psycopg
+
+from queue_server.services.ledgers import mismatches
+
+Db = psycopg.Connection[dict[str, object]]
+
+
+def assert_ledgers_fold_to_rows(db: Db) -> None:
+    rows = db.execute("SELECT * FROM work_items").fetchall()
+    for row in rows:
+        events = db.execute(
+            "SELECT seq, kind, fence, actor, data FROM item_events"
+            " WHERE tenant_id = %s AND item_id = %s ORDER BY seq",
+            (row["tenant_id"], row["item_id"]),
+        ).fetchall()
+        for event in events:
+            event["data"] = event["data"]
+        assert mismatches(dict(row), [dict(e) for e in events]) == [], row["item_id"]
+
+
+def assert_backlog_counter_matches(db: Db) -> None:
+    """The admission counters agree with the rows: admitted - released = ready + leased."""
+    rows = db.execute(
+        "SELECT t.tenant_id, t.admitted"
+        " - coalesce((SELECT sum(released) FROM backlog_releases r"
+        "             WHERE r.tenant_id = t.tenant_id), 0) AS counted,"
+        " (SELECT count(*) FROM work_items w WHERE w.tenant_id = t.tenant_id"
+        "  AND w.state IN ('ready', 'leased')) AS actual FROM tenants t"
+    ).fetchall()
+    for row in rows:
+        assert row["counted"] == row["actual"], row

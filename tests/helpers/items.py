@@ -1,0 +1,84 @@
+"""Steps many tests take on items: expire a lease, quarantine, replay, read metrics."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any
+
+import httpx
+import psycopg
+
+from tests.helpers.api import Api
+
+Db = psycopg.Connection[dict[str, object]]
+
+
+def expire(db: Db, item_id: object) -> None:
+    """Move the lease's expiry into the past (the database clock decides expiry)."""
+    db.execute(
+        "UPDATE work_items SET lease_expires_at = now() - interval '1 second' WHERE item_id = %s",
+        (item_id,),
+    )
+
+
+def quarantine(api: Api, queue: str = "q", payload: object = "poison") -> str:
+    """Enqueue, lease and triage one item into quarantine; returns its item id."""
+    item = api.enqueue(queue, payload)
+    leases = api.acquire(queue, worker="w1")
+    (lease,) = [lease for lease in leases if lease["item_id"] == item["item_id"]]
+    response = api.holder(
+        "triage",
+        item["item_id"],
+        worker="w1",
+        fence=lease["fence"],
+        failure={"class": "Boom", "message": "poisoned", "transient": False},
+        decision="quarantine",
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["state"] == "quarantined"
+    return str(item["item_id"])
+
+
+def dead_letters(client: httpx.Client, tenant: str = "acme", **params: Any) -> dict[str, Any]:
+    response = client.get(f"/v1/tenants/{tenant}/dead-letters", params=params)
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def dead_letter_of(api: Api, item_id: str) -> str:
+    listed = dead_letters(api.operator, limit=500)["dead_letters"]
+    (found,) = [d for d in listed if d["item_id"] == item_id]
+    return str(found["dead_letter_id"])
+
+
+def replay(api: Api, dead_letter_id: str, key: str | None = None, **body: Any) -> httpx.Response:
+    return api.operator.post(
+        f"/v1/tenants/acme/dead-letters/{dead_letter_id}/replay",
+        json=body,
+        headers={"Idempotency-Key": key or uuid.uuid4().hex},
+    )
+
+
+def requests_to(api: Api, route: str) -> int:
+    """Requests the server answered on `route` (a route template), summed over statuses."""
+    text = api.admin.get("/metrics").text
+    pattern = re.compile(r"^queue_server_requests_total\{(.*)\} (\S+)$", flags=re.MULTILINE)
+    total = 0.0
+    for labels, value in pattern.findall(text):
+        if f'route="{route}"' in labels:
+            total += float(value)
+    return int(total)
+
+
+def sample(text: str, name: str, **labels: str) -> float | None:
+    """The value of the series `name{labels}` in a scrape, or None when absent."""
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        series, _, value = line.rpartition(" ")
+        found = dict(re.findall(r'(\w+)="([^"]*)"', series))
+        if series.split("{")[0] == name and found == labels:
+            return float(value)
+    return None
