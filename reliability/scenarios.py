@@ -537,6 +537,10 @@ class ReadyProbe:
         return None
 
 
+#: Seconds of load a load scenario keeps up after its fault function returns.
+AFTER_FAULT = 3.0
+
+
 def _load_scenario(
     name: str,
     fault: Callable[[Cluster, HistoryRecorder, threading.Event], dict[str, JSONValue]],
@@ -578,7 +582,9 @@ def _load_scenario(
         probe = probe_backlog(cluster, [tenant], recorder, stop)
         load = Load(client, stop, ttl=1.5, max_items_total=4000)
         metrics = fault(cluster, recorder, stop)
-        deadline = began + duration
+        # The load goes on a while after the last fault, however long the start took:
+        # recovery is judged on the requests made then.
+        deadline = max(began + duration, time.monotonic() + AFTER_FAULT)
         while time.monotonic() < deadline:
             time.sleep(0.1)
         stop.set()
