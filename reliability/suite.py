@@ -39,7 +39,7 @@ QUICK: dict[str, dict[str, object]] = {
     "claim-storm": {"items": 600, "processes": 3, "threads": 3, "duration": 12.0},
     "sigkill-api": {"kills": 2, "duration": 12.0},
     "lost-replies": {"duration": 6.0},
-    "pg-crash": {"outage": 4.0, "duration": 16.0},
+    "pg-crash": {"outage": 4.0, "duration": 12.0},
     "terminate-backends": {"rounds": 3, "duration": 12.0},
     "noisy-tenant": {"phase": 3.0, "flooders": 2},
     "hostile-input": {"rounds": 1},
