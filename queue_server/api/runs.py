@@ -160,6 +160,7 @@ async def get_run(tenant: TenantName, run_id: RunId, runs: RunsService, caller: 
     "/tenants/{tenant}/verification-runs/{run_id}/checkpoints/{item:path}",
     response_model=CheckpointOut,
     tags=["verification"],
+    responses={201: {"model": CheckpointOut, "description": "The item's first checkpoint"}},
 )
 async def put_checkpoint(
     tenant: TenantName,

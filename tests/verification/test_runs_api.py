@@ -119,3 +119,25 @@ def test_runs_are_listed_newest_first_with_counts_in_pages(api: Api) -> None:
     assert api.admin.put("/v1/tenants/globex", json={"backlog_cap": 10}).status_code == 200
     other = api.admin.post("/v1/tenants/globex/keys", json={"role": "operator"}).json()["secret"]
     assert api.client(other).get(BASE).status_code == 404
+
+
+def test_every_status_a_run_route_answers_is_in_the_openapi_document(api: Api) -> None:
+    """A client generated from /openapi.json knows each answer: 201 and 200 of a start and
+    of a checkpoint (a new one, the same again)."""
+    paths = api.worker.get("/openapi.json").json()["paths"]
+    started = _start(api)
+    again = _start(api)
+    run = f"{BASE}/{started['run_id']}"
+    first = api.worker.put(f"{run}/checkpoints/x", json={"result": 1})
+    same = api.worker.put(f"{run}/checkpoints/x", json={"result": 1})
+    answered = {
+        ("post", "/v1/tenants/{tenant}/verification-runs"): {started["status"], again["status"]},
+        ("put", "/v1/tenants/{tenant}/verification-runs/{run_id}/checkpoints/{item}"): {
+            first.status_code,
+            same.status_code,
+        },
+    }
+    for (method, path), statuses in answered.items():
+        assert statuses == {200, 201}
+        declared = {int(code) for code in paths[path][method]["responses"]}
+        assert statuses <= declared, f"{method} {path}: {statuses - declared} not documented"
