@@ -27,6 +27,7 @@ held, as `threading.Condition` requires, and no `Call` or `Run` ever is.
 
 from __future__ import annotations
 
+import abc
 import logging
 import time
 from collections import deque
@@ -106,7 +107,7 @@ class Run:
 Steps = Generator[Call | Wait | Run, Any, T]
 
 
-class WorkerCore(Generic[J]):
+class WorkerCore(abc.ABC, Generic[J]):
     """Runs `handler` for each leased item of `queue`, up to `concurrency` at once.
 
     The number of leases held never exceeds the queue's concurrency limit (read
@@ -189,11 +190,13 @@ class WorkerCore(Generic[J]):
 
     # -- what each face provides -------------------------------------------------
 
+    @abc.abstractmethod
     def _new_lock(self) -> AbstractContextManager[Any]:
-        raise NotImplementedError
+        """A lock of the face's kind (a thread lock, or one for the event loop)."""
 
+    @abc.abstractmethod
     def _new_signal(self, lock: Any) -> Signal:
-        raise NotImplementedError
+        """A condition on `lock` that wakes the face's waiters."""
 
     # -- bookkeeping ---------------------------------------------------------
 
