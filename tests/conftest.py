@@ -22,9 +22,14 @@ from queue_server.infra import migrate
 from queue_server.infra.embedded import EmbeddedPostgres
 from queue_server.settings import Settings
 from tests.helpers.api import Api, client_for, setup_tenant
+from tests.helpers.database import fast_logins
+from tests.helpers.scratch import use_scratch_dir
 from tests.helpers.server import InProcessServer, LiveServer, make_admin_key
 
 TEMPLATE_DB = "qs_template"
+
+# pytest's basetemp, every test database and the guides' HOME, and the subprocesses' files.
+use_scratch_dir()
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -68,6 +73,7 @@ def pg() -> Iterator[EmbeddedPostgres]:
         server_settings={"max_connections": "300", "fsync": "off"},
     )
     server.start()
+    fast_logins(server)
     yield server
     server.stop("immediate")
     shutil.rmtree(root, ignore_errors=True)

@@ -9,6 +9,9 @@ dependencies) goes through the transport broker, `queue_server.transport`.
 
 from __future__ import annotations
 
+import functools
+import ssl
+
 import httpx
 
 #: A response of the queue server.
@@ -22,9 +25,19 @@ TransportFailure = httpx.TransportError
 
 def connect(url: str, *, timeout: float) -> HttpClient:
     """A connection pool to the queue server whose base URL is `url`."""
-    return httpx.Client(base_url=url, timeout=timeout)
+    return httpx.Client(base_url=url, timeout=timeout, verify=tls_context())
 
 
 def connect_async(url: str, *, timeout: float) -> AsyncHttpClient:
     """The asyncio connection pool to the queue server whose base URL is `url`."""
-    return httpx.AsyncClient(base_url=url, timeout=timeout)
+    return httpx.AsyncClient(base_url=url, timeout=timeout, verify=tls_context())
+
+
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """The verifying TLS context every client of this process shares (it is read-only).
+
+    httpx would otherwise load the CA bundle for each new client (about 20 ms each); the
+    environment's SSL_CERT_FILE and SSL_CERT_DIR are honoured as httpx's default does.
+    """
+    return httpx.create_ssl_context(trust_env=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 
+from queue_server.client.transport import tls_context
 from queue_server.settings import Settings
 from tests.helpers.server import LiveServer, make_admin_key, transport_for
 
@@ -80,7 +81,13 @@ class Api:
 def client_for(url: str, key: str | None) -> httpx.Client:
     """A client of the server at `url` with `key`: over its socket, or into an in-process app."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    return httpx.Client(base_url=url, headers=headers, timeout=30, transport=transport_for(url))
+    return httpx.Client(
+        base_url=url,
+        headers=headers,
+        timeout=30,
+        transport=transport_for(url),
+        verify=tls_context(),
+    )
 
 
 def setup_tenant(url: str, admin: httpx.Client, tenant: str, backlog_cap: int = 1000) -> Api:

@@ -7,6 +7,7 @@ import re
 import httpx
 from playwright.sync_api import Page, expect
 
+from queue_server.client.transport import tls_context
 from tests.helpers.server import transport_for
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
@@ -21,7 +22,13 @@ def form_value(page: str, pattern: re.Pattern[str]) -> str:
 
 def sign_in(url: str, key: str, **headers: str) -> tuple[httpx.Client, httpx.Response]:
     """A cookie-keeping client after posting the sign-in form; returns the POST's answer."""
-    client = httpx.Client(base_url=url, timeout=30, headers=headers, transport=transport_for(url))
+    client = httpx.Client(
+        base_url=url,
+        timeout=30,
+        headers=headers,
+        transport=transport_for(url),
+        verify=tls_context(),
+    )
     form = client.get("/console/sign-in")
     assert form.status_code == 200, form.text
     answer = client.post(

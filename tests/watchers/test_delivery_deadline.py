@@ -188,6 +188,6 @@ def test_a_pause_does_not_count_toward_the_deadline(
     make_due(db)
     receiver.mode = "ok"
     report = deliver(settings, database_url)
-    assert (report.expired, report.delivered) == (1, 1)
+    assert (report.expired, report.delivered) == (1, 1), report
     states = {str(r["watcher_id"]): r["state"] for r in rows(db)}
     assert states == {paused["watcher_id"]: "delivered", running["watcher_id"]: "dead"}
