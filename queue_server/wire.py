@@ -146,3 +146,30 @@ class DeadLetter(Model):
     created_at: datetime
     closed_at: datetime | None = None
     resolution: str | None = None
+
+
+class Setting(Model):
+    """One effective setting and where it comes from: queue, tenant, policy or default."""
+
+    value: Any
+    source: str
+
+
+class RetrySettings(Model):
+    base: Setting
+    factor: Setting
+    cap: Setting
+    jitter: Setting
+
+
+class QueueSettings(Model):
+    """A queue's effective lease TTL, deadline, acquisition budget and retry backoff."""
+
+    tenant: str
+    queue: str
+    lease_ttl: Setting
+    deadline: Setting
+    max_acquisitions: Setting
+    retry: RetrySettings
+    updated_at: datetime | None = None
+    updated_by: str | None = None

@@ -68,13 +68,16 @@ def test_prepared_acquire_plan_reads_the_ready_index_not_the_whole_table(
         sql = sql.replace("%(max_items)s", "$5::int").replace("%(shard)s", "$6::int")
         sql = sql.replace("%(shared)s", "$7::bool").replace("%(slack)s", "$8::int")
         sql = sql.replace("%(deadline)s", "$9::interval").replace("%(base_limit)s", "$10::int")
+        sql = sql.replace("%(max_ttl)s", "$11::interval")
         conn.execute(
-            f"PREPARE acq(text, text, text, interval, int, int, bool, int, interval, int) AS {sql}"
+            "PREPARE acq(text, text, text, interval, int, int, bool, int, interval, int, interval)"
+            f" AS {sql}"
         )
         generic = "\n".join(
             row["QUERY PLAN"]
             for row in conn.execute(
-                "EXPLAIN EXECUTE acq('t', 'q', 'w', '30 seconds', 50, 0, false, 0, '900 seconds', 1)"
+                "EXPLAIN EXECUTE acq('t', 'q', 'w', '30 seconds', 50, 0, false, 0, '900 seconds', 1,"
+                " '30 seconds')"
             ).fetchall()
         )
         custom = "\n".join(
@@ -86,6 +89,7 @@ def test_prepared_acquire_plan_reads_the_ready_index_not_the_whole_table(
                     "queue": "q",
                     "worker": "w",
                     "ttl": timedelta(seconds=30),
+                    "max_ttl": timedelta(seconds=30),
                     "deadline": timedelta(seconds=900),
                     "base_limit": 1,
                     "max_items": 50,

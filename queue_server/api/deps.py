@@ -20,6 +20,7 @@ from queue_server.services import (
     Keys,
     Ledgers,
     Queues,
+    QueueSettings,
     Schedules,
     Tenants,
     VerificationRuns,
@@ -64,6 +65,7 @@ KeysService = Annotated[Keys, Depends(_service("keys"))]
 TenantsService = Annotated[Tenants, Depends(_service("tenants"))]
 ItemsService = Annotated[Items, Depends(_service("items"))]
 QueuesService = Annotated[Queues, Depends(_service("queues"))]
+QueueSettingsService = Annotated[QueueSettings, Depends(_service("queue_settings"))]
 DeadLettersService = Annotated[DeadLetters, Depends(_service("dead_letters"))]
 LedgersService = Annotated[Ledgers, Depends(_service("ledgers"))]
 WatchersService = Annotated[Watchers, Depends(_service("watchers"))]

@@ -12,11 +12,13 @@ from queue_server.api.deps import (
     Caller,
     IdempotencyKey,
     QueueName,
+    QueueSettingsService,
     QueuesService,
     TenantName,
     idempotency,
     respond,
 )
+from queue_server.services.queue_settings import QueueSettingsIn, RetrySettings
 
 router = APIRouter(prefix="/v1", responses=PROBLEMS)
 
@@ -122,3 +124,46 @@ async def resume(
         caller, tenant, queue, idem, instance=request.url.path, reason=body.reason
     )
     return respond(answer)
+
+
+@router.put(
+    "/tenants/{tenant}/queues/{queue}/settings",
+    response_model=schemas.QueueSettingsOut,
+    tags=["queues"],
+)
+async def put_queue_settings(
+    request: Request,
+    tenant: TenantName,
+    queue: QueueName,
+    body: schemas.QueueSettingsIn,
+    settings: QueueSettingsService,
+    caller: Caller,
+    idempotency_key: IdempotencyKey,
+) -> Response:
+    """Set the queue's own lease TTL, lease deadline, acquisition budget and retry backoff
+    (operator), all at once: a field left out inherits the tenant's default, else the
+    policy's. Each value above the loaded policy's envelope is 422 naming the field and the
+    cell. Enqueue, acquire, heartbeat, requeue and triage read them."""
+    idem = idempotency(request, idempotency_key, body)
+    retry = body.retry or schemas.RetryIn()
+    given = QueueSettingsIn(
+        lease_ttl=body.lease_ttl,
+        deadline=body.deadline,
+        max_acquisitions=body.max_acquisitions,
+        retry=RetrySettings(base=retry.base, cap=retry.cap, jitter=retry.jitter),
+    )
+    answer = await settings.put(caller, tenant, queue, given, idem, instance=request.url.path)
+    return respond(answer)
+
+
+@router.get(
+    "/tenants/{tenant}/queues/{queue}/settings",
+    response_model=schemas.QueueSettingsOut,
+    tags=["queues"],
+)
+async def get_queue_settings(
+    tenant: TenantName, queue: QueueName, settings: QueueSettingsService, caller: Caller
+) -> Response:
+    """Each effective setting of the queue and where it comes from: `queue`, `tenant`,
+    `policy` or `default` (the retry defaults: base 1 s, factor 2, no jitter)."""
+    return respond(await settings.get(caller, tenant, queue))

@@ -496,7 +496,7 @@ async def requeue(
         worker=body.worker,
         fence=body.fence,
         reason=body.reason,
-        delay=body.delay,
+        delay=schemas.delay_seconds(body.delay),
     )
     return respond(answer)
 
@@ -525,6 +525,6 @@ async def triage(
         fence=body.fence,
         failure=body.failure.model_dump(by_alias=True),
         quarantine=body.decision == "quarantine",
-        delay=body.delay,
+        delay=schemas.delay_seconds(body.delay),
     )
     return respond(answer)

@@ -273,13 +273,32 @@ Delay = Annotated[
 ]
 
 
+# Or "backoff": the server computes the delay from the queue's retry settings and the item's
+# acquisition count (capped exponential: min(cap, base * 2^(acquisitions - 1)), base 1 s,
+# cap the policy's backoff cap; a uniform draw of it with full jitter) and ledgers it.
+Backoff = Literal["backoff"]
+
+
+def delay_seconds(delay: float | str) -> float | None:
+    """A request's delay for the services: seconds, or None for "backoff"."""
+    return None if delay == "backoff" else float(delay)
+
+
 class RequeueIn(Body):
-    model_config = example({"worker": "worker-1", "fence": 3, "reason": "shutting down"})
+    model_config = example(
+        {"worker": "worker-1", "fence": 3, "reason": "shutting down"},
+        {
+            "worker": "worker-1",
+            "fence": 3,
+            "reason": "the mail provider is slow",
+            "delay": "backoff",
+        },
+    )
 
     worker: Name
     fence: Fence
     reason: Text = ""
-    delay: Delay = 0
+    delay: Delay | Backoff = 0.0
 
 
 class Failure(Body):
@@ -304,7 +323,7 @@ class TriageIn(Body):
     fence: Fence
     failure: Failure
     decision: Literal["requeue", "quarantine"]
-    delay: Delay = 0
+    delay: Delay | Backoff = 0.0
 
 
 class SpendApprovalIn(Body):
@@ -378,6 +397,34 @@ class CancelManyOut(BaseModel):
     cancelled: int
     item_ids: list[str]
     next_cursor: str | None
+
+
+class RetryIn(Body):
+    base: float | None = Field(default=None, ge=0, le=24 * 3600, strict=True)
+    cap: float | None = Field(default=None, ge=0, le=24 * 3600, strict=True)
+    jitter: bool | None = None
+
+
+class QueueSettingsIn(Body):
+    """The queue's own settings; a field left out (or null) inherits the tenant's default,
+    else the policy's. Each is at most the loaded policy's envelope."""
+
+    model_config = example(
+        {
+            "lease_ttl": 20,
+            "deadline": 600,
+            "max_acquisitions": 3,
+            "retry": {"base": 2, "cap": 120, "jitter": True},
+        }
+    )
+
+    lease_ttl: LeaseTtl | None = None
+    deadline: float | None = Field(default=None, gt=0, le=7 * 86400, strict=True)
+    max_acquisitions: int | None = Field(default=None, ge=1, le=100, strict=True)
+    retry: RetryIn | None = None
+
+
+QueueSettingsOut = wire.QueueSettings
 
 
 class PauseIn(Body):

@@ -1,8 +1,8 @@
-"""`queue-server queues`: pause and resume a queue, and show one queue's figures."""
+"""`queue-server queues`: pause and resume a queue, show one queue's figures, and its settings."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -18,9 +18,12 @@ from queue_server.cli.common import (
     print_json,
     tenant_session,
 )
-from queue_server.client.models import QueueStatus
+from queue_server.client.models import QueueSettings, QueueStatus, Setting
 
-app = CLI(help="Pause and resume queues; show a queue's figures.", no_args_is_help=True)
+app = CLI(
+    help="Pause and resume queues; show a queue's figures; show and set its settings.",
+    no_args_is_help=True,
+)
 
 QueueName = Annotated[str, typer.Argument(help="Queue name.")]
 Reason = Annotated[str, typer.Option(help="Why: kept in the queue's ledger.")]
@@ -119,3 +122,147 @@ def queues_resume(
         print_json(status)
     else:
         queue_fields(status)
+
+
+# Fields `--clear` may name, with the settings key they unset.
+CLEARABLE = ("lease-ttl", "deadline", "max-acquisitions", "retry-base", "retry-cap", "jitter")
+
+
+def _shown(setting: Setting, unit: str = "") -> str:
+    value = setting.value
+    if isinstance(value, bool):
+        text = "yes" if value else "no"
+    elif isinstance(value, float | int):
+        text = f"{value:g}{unit}"
+    else:
+        text = str(value)
+    return f"{text}  ({setting.source})"
+
+
+def settings_fields(s: QueueSettings) -> None:
+    retry = s.retry
+    fields(
+        f"queue {s.queue} settings",
+        [
+            ("lease TTL", _shown(s.lease_ttl, " s")),
+            ("lease deadline", _shown(s.deadline, " s")),
+            ("max acquisitions", _shown(s.max_acquisitions)),
+            ("retry base", _shown(retry.base, " s")),
+            ("retry factor", _shown(retry.factor)),
+            ("retry cap", _shown(retry.cap, " s")),
+            ("retry jitter", _shown(retry.jitter)),
+            ("updated", f"{s.updated_at} by {s.updated_by}" if s.updated_at else "never"),
+        ],
+    )
+
+
+@app.command("settings")
+def queues_settings(
+    queue: QueueName,
+    lease_ttl: Annotated[
+        float | None,
+        typer.Option(
+            min=1, show_default=False, help="A lease's TTL when the worker asks for none (s)."
+        ),
+    ] = None,
+    deadline: Annotated[
+        float | None,
+        typer.Option(
+            min=1,
+            show_default=False,
+            help="The longest life of one lease, heartbeats included (s).",
+        ),
+    ] = None,
+    max_acquisitions: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            show_default=False,
+            help="An item's acquisition budget when its enqueue gives none.",
+        ),
+    ] = None,
+    retry_base: Annotated[
+        float | None,
+        typer.Option(
+            min=0, show_default=False, help="The first backoff delay of a failed item (s)."
+        ),
+    ] = None,
+    retry_cap: Annotated[
+        float | None,
+        typer.Option(min=0, show_default=False, help="The longest backoff delay (s)."),
+    ] = None,
+    jitter: Annotated[
+        bool | None,
+        typer.Option(
+            "--jitter/--no-jitter",
+            show_default=False,
+            help="Full jitter: each backoff delay a uniform draw up to its value.",
+        ),
+    ] = None,
+    clear: Annotated[
+        list[str] | None,
+        typer.Option(
+            show_default=False,
+            help="Unset a setting (inherit the tenant's default, else the policy's): "
+            + ", ".join(CLEARABLE)
+            + "; repeat for several.",
+        ),
+    ] = None,
+    url: Url = None,
+    key: Key = None,
+    tenant: Tenant = None,
+    data_dir: DataDir = None,
+    json: Json = False,
+) -> None:
+    """Show a queue's settings (each effective value and where it comes from: queue, tenant,
+    policy or default), or change the ones given (an operator key); the others stay. Each
+    value is at most the loaded policy's envelope: above it, the server refuses naming the
+    cell (exit 4).
+
+    Example: [bold]queue-server queues settings reports --deadline 7200 --retry-cap 600[/bold]
+    """
+    from queue_server.cli.common import fail
+
+    unknown = [c for c in clear or [] if c not in CLEARABLE]
+    if unknown:
+        fail("Unknown --clear", f"{', '.join(unknown)}: one of {', '.join(CLEARABLE)}")
+    given = {
+        "lease-ttl": lease_ttl,
+        "deadline": deadline,
+        "max-acquisitions": max_acquisitions,
+        "retry-base": retry_base,
+        "retry-cap": retry_cap,
+        "jitter": jitter,
+    }
+    with tenant_session(url, key, data_dir, tenant) as qs:
+        current = qs.queue_settings(queue)
+        if any(v is not None for v in given.values()) or clear:
+            own = {
+                "lease-ttl": _own(current.lease_ttl),
+                "deadline": _own(current.deadline),
+                "max-acquisitions": _own(current.max_acquisitions),
+                "retry-base": _own(current.retry.base),
+                "retry-cap": _own(current.retry.cap),
+                "jitter": _own(current.retry.jitter),
+            }
+            own.update({k: v for k, v in given.items() if v is not None})
+            for name in clear or []:
+                own[name] = None
+            current = qs.put_queue_settings(
+                queue,
+                lease_ttl=own["lease-ttl"],
+                deadline=own["deadline"],
+                max_acquisitions=own["max-acquisitions"],
+                retry_base=own["retry-base"],
+                retry_cap=own["retry-cap"],
+                retry_jitter=own["jitter"],
+            )
+    if json:
+        print_json(current)
+    else:
+        settings_fields(current)
+
+
+def _own(setting: Setting) -> Any:
+    """The queue's own value of a setting, or None where it inherits one."""
+    return setting.value if setting.source == "queue" else None

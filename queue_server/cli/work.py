@@ -72,7 +72,7 @@ class CommandHandler:
     """Runs the command once per item: payload on stdin, lease facts in the environment."""
 
     def __init__(
-        self, command: list[str], *, tenant: str, queue: str, retry_delay: float = 0.0
+        self, command: list[str], *, tenant: str, queue: str, retry_delay: float | None = None
     ) -> None:
         self.command = command
         self.tenant = tenant
@@ -165,13 +165,16 @@ def work(
     data_dir: DataDir = None,
     json: Annotated[bool, typer.Option("--json", help="One JSON line per item.")] = False,
     retry_delay: Annotated[
-        float,
+        float | None,
         typer.Option(
             min=0,
             help="After exit 75 (transient), the item is due again after this many seconds"
-            " (at most the policy's durable-leased-work backoff cap, 300 s in v2).",
+            " (at most the policy's durable-leased-work backoff cap, 300 s in v2). Default:"
+            " the queue's backoff, as for every other failure (1 s, 2 s, 4 s ... capped;"
+            " `queue-server queues settings` shows it).",
+            show_default=False,
         ),
-    ] = 0.0,
+    ] = None,
     policy_file: PolicyFile = None,
 ) -> None:
     """Run COMMAND for every item of QUEUE, with leases, heartbeats and fences.
@@ -180,7 +183,8 @@ def work(
     QS_ACQUISITION_COUNT (also QS_QUEUE, QS_TENANT, QS_WORKER) are in its
     environment. Exit 0 completes the item with stdout (JSON if it parses, else
     text). Exit 75 is a transient failure; any other exit is a failure: both
-    requeue the item while its acquisition budget lasts, and the server
+    requeue the item while its acquisition budget lasts, due again after the
+    queue's backoff (1 s, 2 s, 4 s ... up to its cap), and the server
     quarantines it after that. If the lease is lost the command is stopped and
     nothing is submitted. SIGTERM or Ctrl-C: take no more work, give running
     commands --grace seconds, then stop them and requeue their items; a second
@@ -197,7 +201,7 @@ def work(
     policy = process_policy(policy_file)
     leased = policy.leased_work
     at_most(
-        retry_delay,
+        retry_delay or 0.0,
         leased.backoff_cap,
         setting="--retry-delay",
         cell=leased.cell("backoff_cap"),

@@ -191,6 +191,8 @@ class AsyncQueueClient(ClientFace):
     cancel_items = awaited(ClientCore.cancel_items)
     pause_queue = awaited(ClientCore.pause_queue)
     resume_queue = awaited(ClientCore.resume_queue)
+    queue_settings = awaited(ClientCore.queue_settings)
+    put_queue_settings = awaited(ClientCore.put_queue_settings)
     list_dead_letters = awaited(ClientCore.list_dead_letters)
     show_dead_letter = awaited(ClientCore.show_dead_letter)
     replay = awaited(ClientCore.replay)

@@ -228,6 +228,8 @@ class QueueClient(ClientFace):
     cancel_items = blocking(ClientCore.cancel_items)
     pause_queue = blocking(ClientCore.pause_queue)
     resume_queue = blocking(ClientCore.resume_queue)
+    queue_settings = blocking(ClientCore.queue_settings)
+    put_queue_settings = blocking(ClientCore.put_queue_settings)
     list_dead_letters = blocking(ClientCore.list_dead_letters)
     show_dead_letter = blocking(ClientCore.show_dead_letter)
     replay = blocking(ClientCore.replay)

@@ -53,6 +53,7 @@ from queue_server.client.models import (
     Lease,
     LedgerEvent,
     NewItem,
+    QueueSettings,
     QueueStatus,
     SpendApproval,
     Status,
@@ -473,10 +474,12 @@ class ClientCore:
         worker: str,
         fence: int,
         reason: str = "",
-        delay: float = 0.0,
+        delay: float | Literal["backoff"] = 0.0,
         idempotency_key: str | None = None,
         tenant: str | None = None,
     ) -> Flow[Item]:
+        """Give the item back, due after `delay` seconds, or "backoff": the server's delay
+        from the queue's retry settings and the item's acquisition count."""
         body: dict[str, Any] = {"worker": worker, "fence": fence, "reason": reason}
         if delay:
             body["delay"] = delay
@@ -495,10 +498,12 @@ class ClientCore:
         message: str = "",
         transient: bool = False,
         decision: Literal["requeue", "quarantine"] = "requeue",
-        delay: float = 0.0,
+        delay: float | Literal["backoff"] = 0.0,
         idempotency_key: str | None = None,
         tenant: str | None = None,
     ) -> Flow[Item]:
+        """Record the failure; requeue after `delay` seconds (or "backoff", the server's
+        delay for the item's acquisition count), or quarantine."""
         body = {
             "worker": worker,
             "fence": fence,
@@ -679,6 +684,36 @@ class ClientCore:
         path = yield from self._at(tenant, f"/queues/{queue}/resume")
         body = {"reason": reason}
         return (yield from self._effect(QueueStatus, "POST", path, body, idempotency_key))
+
+    def queue_settings(self, queue: str, tenant: str | None = None) -> Flow[QueueSettings]:
+        """The queue's effective lease TTL, deadline, acquisition budget and retry backoff,
+        each with where it comes from (queue, tenant, policy or default)."""
+        path = yield from self._at(tenant, f"/queues/{queue}/settings")
+        return (yield from self._get(QueueSettings, path))
+
+    def put_queue_settings(
+        self,
+        queue: str,
+        *,
+        lease_ttl: float | None = None,
+        deadline: float | None = None,
+        max_acquisitions: int | None = None,
+        retry_base: float | None = None,
+        retry_cap: float | None = None,
+        retry_jitter: bool | None = None,
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> Flow[QueueSettings]:
+        """Replace the queue's own settings (operator): None inherits the tenant's default,
+        else the policy's; a value above the loaded policy's envelope is refused."""
+        path = yield from self._at(tenant, f"/queues/{queue}/settings")
+        body = {
+            "lease_ttl": lease_ttl,
+            "deadline": deadline,
+            "max_acquisitions": max_acquisitions,
+            "retry": {"base": retry_base, "cap": retry_cap, "jitter": retry_jitter},
+        }
+        return (yield from self._effect(QueueSettings, "PUT", path, body, idempotency_key))
 
     def list_dead_letters(
         self,

@@ -33,12 +33,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Generator
 from contextlib import AbstractContextManager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar
 
 from queue_server.client import errors
-from queue_server.client.core import Call, ClientFace
-from queue_server.client.models import Lease
+from queue_server.client.core import Call, ClientFace, new_idempotency_key
+from queue_server.client.models import Item, Lease
 from queue_server.client.working import (
     MAX_ACQUIRE,
     LeaseFacts,
@@ -48,6 +48,7 @@ from queue_server.client.working import (
     Submission,
     batches,
     default_worker_name,
+    envelope_limit,
     give_back,
     is_lease_lost,
     lost,
@@ -86,6 +87,10 @@ class HeldJob(LeaseFacts):
 
 
 J = TypeVar("J", bound=HeldJob)
+
+
+# A comeback is looked for this long after its server-side instant.
+COMEBACK_SLACK = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +183,9 @@ class WorkerCore(abc.ABC, Generic[J]):
         self._closing = False
         self._settled = 0
         self._started = 0
+        # When items this worker sent back with a delay are due again (monotonic seconds):
+        # a drain waits for them.
+        self._comebacks: list[float] = []
         self._limit = 1
         self._limit_read_at = float("-inf")
         # The outbox has its own lock: handlers hand it outcomes while the state is busy.
@@ -331,6 +339,7 @@ class WorkerCore(abc.ABC, Generic[J]):
         )
         self._closing = False
         self._started = 0
+        self._comebacks = []
 
     def _slot(self) -> Steps[None]:
         while True:
@@ -405,6 +414,12 @@ class WorkerCore(abc.ABC, Generic[J]):
                 self._hold(lease, Stage.WAITING)
             taken += len(leases)
             if drain and not leases:
+                # What was due when we looked and did not come to us is not coming.
+                self._comebacks = [t for t in self._comebacks if t > sent]
+                if not self._held and self._comebacks:
+                    # An item this worker sent back is due again soon (its backoff): wait.
+                    yield Wait(self.stopping, max(0.0, min(self._comebacks) - time.monotonic()))
+                    continue
                 with self._lock:
                     if not self._held:
                         break
@@ -516,43 +531,86 @@ class WorkerCore(abc.ABC, Generic[J]):
                 yield from self._single(job, sub, report)
 
     def _single(self, job: J, sub: Submission, report: bool) -> Steps[None]:
-        api, name = self._api, self.name
         try:
-            if sub.kind == "complete":
-                yield from api.complete(
-                    job.item_id,
-                    result=sub.result,
-                    worker=name,
-                    fence=job.fence,
-                    idempotency_key=sub.key,
-                )
-            elif sub.kind == "requeue":
-                yield from api.requeue(
-                    job.item_id,
-                    reason=sub.reason,
-                    worker=name,
-                    fence=job.fence,
-                    delay=sub.delay,
-                    idempotency_key=sub.key,
-                )
-            else:
-                yield from api.triage(
-                    job.item_id,
-                    failure_class=sub.failure_class,
-                    message=sub.message,
-                    transient=sub.transient,
-                    decision="quarantine" if sub.quarantine else "requeue",
-                    worker=name,
-                    fence=job.fence,
-                    delay=sub.delay,
-                    idempotency_key=sub.key,
-                )
+            back = yield from self._submit(job, sub)
         except errors.QueueClientError as exc:
-            if sub.kind == "requeue" and not report:
-                self._log.warning("could not give %s back: %s", job.item_id, exc)
-            self._settle(job, settled(job, sub, exc), report=report)
+            limit = envelope_limit(exc, "delay") if sub.kind != "complete" else None
+            if limit is None:
+                self._refused(job, sub, exc, report)
+                return
+            # A delay above the policy's cap never leaves the item leased: back at the cap.
+            cap, cell = limit
+            self._log.warning(
+                "%s: the delay %s s is above the policy's backoff cap of %g s (%s);"
+                " the item goes back at the cap",
+                job.item_id,
+                f"{sub.delay:g}" if isinstance(sub.delay, float | int) else sub.delay,
+                cap,
+                cell,
+            )
+            at_cap = replace(sub, delay=cap, key=new_idempotency_key())
+            try:
+                back = yield from self._submit(job, at_cap)
+            except errors.QueueClientError as again:
+                self._refused(job, at_cap, again, report)
+                return
+            self._comeback(back)
+            self._settle(job, settled(job, at_cap, None), report=report)
         else:
+            self._comeback(back)
             self._settle(job, settled(job, sub, None), report=report)
+
+    def _comeback(self, item: Item | None) -> None:
+        """Note when an item this worker sent back to `ready` is due again."""
+        if item is None or item.state != "ready":
+            return
+        delay = (item.available_at - item.updated_at).total_seconds()
+        if delay > 0:
+            # A little after the server's instant: its clock, and the round trip.
+            self._comebacks.append(time.monotonic() + delay + COMEBACK_SLACK)
+
+    def _refused(self, job: J, sub: Submission, exc: errors.QueueClientError, report: bool) -> None:
+        """An outcome the server did not take: said in the log, never silent."""
+        if sub.kind == "requeue" and not report:
+            self._log.warning("could not give %s back: %s", job.item_id, exc)
+        else:
+            self._log.warning("the server refused the %s of %s: %s", sub.kind, job.item_id, exc)
+        self._settle(job, settled(job, sub, exc), report=report)
+
+    def _submit(self, job: J, sub: Submission) -> Steps[Item | None]:
+        """Send one outcome; the item as the server answered a requeue or triage."""
+        api, name = self._api, self.name
+        if sub.kind == "complete":
+            yield from api.complete(
+                job.item_id,
+                result=sub.result,
+                worker=name,
+                fence=job.fence,
+                idempotency_key=sub.key,
+            )
+            return None
+        if sub.kind == "requeue":
+            item: Item = yield from api.requeue(
+                job.item_id,
+                reason=sub.reason,
+                worker=name,
+                fence=job.fence,
+                delay=sub.delay,
+                idempotency_key=sub.key,
+            )
+            return item
+        item = yield from api.triage(
+            job.item_id,
+            failure_class=sub.failure_class,
+            message=sub.message,
+            transient=sub.transient,
+            decision="quarantine" if sub.quarantine else "requeue",
+            worker=name,
+            fence=job.fence,
+            delay=sub.delay,
+            idempotency_key=sub.key,
+        )
+        return item
 
     # -- heartbeats ----------------------------------------------------------
 

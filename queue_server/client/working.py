@@ -32,9 +32,11 @@ MAX_BATCH_BYTES = 512 * 1024
 
 class TransientError(Exception):
     """Raise from a handler: the failure is transient; the item is requeued, due again after
-    `delay` seconds (at most the policy's durable-leased-work backoff cap)."""
+    `delay` seconds, or by default after the queue's backoff (1 s, 2 s, 4 s ... for its
+    first, second, third acquisition, capped). A delay above the policy's backoff cap
+    sends the item back at the cap, with a warning naming it."""
 
-    def __init__(self, *args: object, delay: float = 0.0) -> None:
+    def __init__(self, *args: object, delay: float | None = None) -> None:
         super().__init__(*args)
         self.delay = delay
 
@@ -126,7 +128,8 @@ class Submission:
     message: str = ""
     transient: bool = False
     quarantine: bool = False
-    delay: float = 0.0
+    # Seconds, or "backoff": the server's delay for the item's acquisition count.
+    delay: float | Literal["backoff"] = 0.0
     key: str = field(default_factory=new_idempotency_key)
 
     def completion(self, item_id: str, fence: int) -> Completion:
@@ -149,6 +152,12 @@ def verdict(value: Any, failure: BaseException | None) -> Submission:
             "requeue", Outcome.REQUEUED, str(failure), reason=str(failure), delay=failure.delay
         )
     quarantine = isinstance(failure, Quarantine)
+    # A failure the handler chose no delay for goes back after the queue's backoff.
+    delay: float | Literal["backoff"] = "backoff"
+    if quarantine:
+        delay = 0.0
+    elif isinstance(failure, TransientError) and failure.delay is not None:
+        delay = failure.delay
     return Submission(
         "triage",
         Outcome.QUARANTINED if quarantine else Outcome.TRIAGED,
@@ -157,13 +166,29 @@ def verdict(value: Any, failure: BaseException | None) -> Submission:
         message=str(failure)[:4000],
         transient=isinstance(failure, TransientError),
         quarantine=quarantine,
-        delay=failure.delay if isinstance(failure, TransientError) else 0.0,
+        delay=delay,
     )
 
 
 def give_back() -> Submission:
     """A prefetched lease returned unstarted when the worker stops."""
     return Submission("requeue", Outcome.REQUEUED, "worker stopping", reason="worker stopping")
+
+
+def envelope_limit(error: errors.QueueClientError, field: str) -> tuple[float, str] | None:
+    """The ceiling and its policy cell when the server refused `field` above the envelope
+    (422 invalid-request, an `errors` entry of type policy_envelope); else None."""
+    if not isinstance(error, errors.ProblemError) or error.status != 422:
+        return None
+    for entry in error.body.get("errors") or []:
+        if (
+            isinstance(entry, dict)
+            and entry.get("type") == "policy_envelope"
+            and list(entry.get("loc") or [])[-1:] == [field]
+            and isinstance(entry.get("limit"), int | float)
+        ):
+            return float(entry["limit"]), str(entry.get("cell", ""))
+    return None
 
 
 def settled(facts: LeaseFacts, sub: Submission, error: errors.QueueClientError | None) -> Result:

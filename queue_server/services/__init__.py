@@ -4,6 +4,7 @@
     tenants       tenants and their settings
     items         enqueue, read, acquire (long-polled), heartbeat, complete, requeue, triage
     queues        spend approvals, concurrency limits, queue status
+    queue_settings  a queue's lease TTL, deadline, budget and retry backoff, below the envelope
     dead_letters  list, show, replay, discard, bulk replay
     ledgers       ledger verification: each item's events fold to its row
     figures       what /metrics publishes of queues and watchers, read at scrape time
@@ -29,6 +30,7 @@ from queue_server.services.figures import Figures
 from queue_server.services.items import Items, Wakeups
 from queue_server.services.keys import Keys
 from queue_server.services.ledgers import Ledgers
+from queue_server.services.queue_settings import QueueSettings
 from queue_server.services.queues import Queues
 from queue_server.services.receipts import ConfirmationReceipts
 from queue_server.services.runs import VerificationRuns
@@ -44,6 +46,7 @@ __all__ = [
     "Items",
     "Keys",
     "Ledgers",
+    "QueueSettings",
     "Queues",
     "Schedules",
     "Services",
@@ -61,6 +64,7 @@ class Services:
     tenants: Tenants
     items: Items
     queues: Queues
+    queue_settings: QueueSettings
     dead_letters: DeadLetters
     ledgers: Ledgers
     watchers: Watchers
@@ -93,6 +97,7 @@ class Services:
             tenants=Tenants(db, policy, on_keys_deleted=keys.cache.clear),
             items=items,
             queues=Queues(db, effects, policy),
+            queue_settings=QueueSettings(db, effects, policy),
             dead_letters=DeadLetters(db, effects, policy),
             ledgers=Ledgers(db),
             watchers=Watchers(db, effects, settings),

@@ -58,6 +58,10 @@ class LeaseEnvelope:
             value, "attempt_timeout", "attempt timeout", loc, self.leased.attempt_timeout
         )
 
+    def deadline(self, value: float | None, *loc: str | int) -> Above | None:
+        """A lease deadline above the policy's."""
+        return self._above(value, "deadline", "deadline", loc, self.leased.deadline)
+
     def delay(self, value: float | None, *loc: str | int) -> Above | None:
         """A requeue or triage delay above the backoff cap."""
         return self._above(value, "backoff_cap", "backoff cap", loc, self.leased.backoff_cap)

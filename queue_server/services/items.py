@@ -30,6 +30,7 @@ from queue_server.services.common import (
     uuid_range,
 )
 from queue_server.services.envelope import LeaseEnvelope, refuse_above
+from queue_server.services.queue_settings import DEFAULT_RETRY_BASE
 from queue_server.settings import Settings
 from queue_server.store import reads, tenants, transitions
 from queue_server.store.types import Conn, Row
@@ -241,14 +242,25 @@ class Items:
                 "payload": item.payload,
                 "priority": item.priority,
                 "delay": item.delay,
-                # A schedule stored under a looser policy fires within the loaded one.
-                "max_acquisitions": min(
-                    item.max_acquisitions or default_budget, self.envelope.leased.attempt_cap
+                # A schedule stored under a looser policy fires within the loaded one; none
+                # given: the queue's budget, else the tenant's default (in the statement).
+                "max_acquisitions": (
+                    None
+                    if item.max_acquisitions is None
+                    else min(item.max_acquisitions, self.envelope.leased.attempt_cap)
                 ),
             }
             for item in items
         ]
-        return await transitions.enqueue(conn, tenant=tenant, queue=queue, items=specs, actor=actor)
+        return await transitions.enqueue(
+            conn,
+            tenant=tenant,
+            queue=queue,
+            items=specs,
+            actor=actor,
+            default_budget=default_budget,
+            max_budget=self.envelope.leased.attempt_cap,
+        )
 
     async def _refuse_early_at_cap(self, tenant: str, idem: Idempotency, adding: int) -> None:
         """A tenant flooding a full backlog is refused with one read, no lock and no receipt,
@@ -465,15 +477,14 @@ class Items:
         """
         principal.require(tenant, Role.WORKER)
         refuse_above([self.envelope.lease_ttl(lease_ttl, "body", "lease_ttl")])
-        ttl = await self._lease_ttl(tenant, lease_ttl)
-        lease_deadline = timedelta(seconds=self.envelope.leased.deadline)
+        ttl = None if lease_ttl is None else timedelta(seconds=lease_ttl)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         while True:
             wakeup = self.wakeups.subscribe(tenant, queue)
             try:
                 leased = await self._acquire_once(
-                    tenant, queue, worker, ttl, lease_deadline, max_items, client_gone
+                    tenant, queue, worker, ttl, max_items, client_gone
                 )
                 remaining = deadline - loop.time()
                 if leased or remaining <= 0:
@@ -485,26 +496,25 @@ class Items:
             finally:
                 self.wakeups.unsubscribe(tenant, queue, wakeup)
 
-    async def _lease_ttl(self, tenant: str, lease_ttl: float | None) -> timedelta:
-        if lease_ttl is not None:
-            return timedelta(seconds=lease_ttl)
-        async with self.db.conn() as conn:
-            row = await tenants.get_tenant(conn, tenant)
-        if row is None:
-            raise errors.TenantNotFoundError(tenant=tenant)
-        # A default stored under a looser policy is held to the loaded one.
-        ttl: timedelta = min(
-            row["default_lease_ttl"], timedelta(seconds=self.envelope.leased.attempt_timeout)
+    @property
+    def _max_ttl(self) -> timedelta:
+        """The longest lease TTL: the policy's attempt timeout. A request above it is refused;
+        a queue's or tenant's default stored under a looser policy is held to it."""
+        return timedelta(seconds=self.envelope.leased.attempt_timeout)
+
+    @property
+    def _backoff(self) -> transitions.Backoff:
+        leased = self.envelope.leased
+        return transitions.Backoff(
+            base=min(DEFAULT_RETRY_BASE, leased.backoff_cap), cap=leased.backoff_cap
         )
-        return ttl
 
     async def _acquire_once(
         self,
         tenant: str,
         queue: str,
         worker: str,
-        ttl: timedelta,
-        deadline: timedelta,
+        ttl: timedelta | None,
         max_items: int,
         client_gone: Callable[[], Awaitable[bool]],
     ) -> list[Row]:
@@ -524,7 +534,8 @@ class Items:
                         queue=queue,
                         worker=worker,
                         ttl=ttl,
-                        deadline=deadline,
+                        max_ttl=self._max_ttl,
+                        deadline=timedelta(seconds=self.envelope.leased.deadline),
                         max_items=max_items,
                         base_limit=self.envelope.leased.concurrency,
                         slack=await self._slack_for(conn, tenant, queue),
@@ -564,11 +575,17 @@ class Items:
     ) -> Answer:
         principal.require(tenant, Role.WORKER)
         refuse_above([self.envelope.lease_ttl(lease_ttl, "body", "lease_ttl")])
-        ttl = await self._lease_ttl(tenant, lease_ttl)
+        ttl = None if lease_ttl is None else timedelta(seconds=lease_ttl)
         require_item_id(item_id)
         async with self.db.tx() as conn:
             row = await transitions.heartbeat(
-                conn, tenant=tenant, item_id=item_id, worker=worker, fence=fence, ttl=ttl
+                conn,
+                tenant=tenant,
+                item_id=item_id,
+                worker=worker,
+                fence=fence,
+                ttl=ttl,
+                max_ttl=self._max_ttl,
             )
             if row is None:
                 raise await transitions.explain_rejection(
@@ -604,12 +621,12 @@ class Items:
         if len(set(ids)) != len(ids):
             raise errors.InvalidRequestError("Each item may appear once in a batch of heartbeats.")
         refuse_above([self.envelope.lease_ttl(lease_ttl, "body", "lease_ttl")])
-        ttl = await self._lease_ttl(tenant, lease_ttl)
+        ttl = None if lease_ttl is None else timedelta(seconds=lease_ttl)
         valid = [entry for entry in leases if is_uuid(entry["item_id"])]
         async with self.db.tx() as conn:
             extended = (
                 await transitions.heartbeat_many(
-                    conn, tenant=tenant, worker=worker, leases=valid, ttl=ttl
+                    conn, tenant=tenant, worker=worker, leases=valid, ttl=ttl, max_ttl=self._max_ttl
                 )
                 if valid
                 else {}
@@ -756,9 +773,10 @@ class Items:
         worker: str,
         fence: int,
         reason: str,
-        delay: float = 0.0,
+        delay: float | None = 0.0,
     ) -> Answer:
-        """leased -> ready, due after `delay` seconds (at most the policy's backoff cap)."""
+        """leased -> ready, due after `delay` seconds (at most the policy's backoff cap);
+        None (`"delay": "backoff"`): the queue's backoff for the item's acquisition count."""
         refuse_above([self.envelope.delay(delay, "body", "delay")])
 
         async def change(conn: Conn) -> Row | None:
@@ -770,6 +788,7 @@ class Items:
                 fence=fence,
                 reason=reason,
                 delay=delay,
+                backoff=self._backoff,
             )
 
         return await self._holder_effect(
@@ -788,10 +807,11 @@ class Items:
         fence: int,
         failure: dict[str, Any],
         quarantine: bool,
-        delay: float = 0.0,
+        delay: float | None = 0.0,
     ) -> Answer:
-        """leased -> ready after `delay` (decision requeue) or quarantined, failure recorded."""
-        if quarantine and delay:
+        """leased -> ready after `delay` (decision requeue; None: the queue's backoff) or
+        quarantined, failure recorded."""
+        if quarantine and delay != 0.0:
             raise errors.InvalidRequestError(
                 "A delay applies to decision requeue only.",
                 errors=[{"loc": ["body", "delay"], "msg": "only with decision requeue"}],
@@ -808,6 +828,7 @@ class Items:
                 failure=failure,
                 quarantine=quarantine,
                 delay=delay,
+                backoff=self._backoff,
             )
 
         async def record(conn: Conn, refusal: errors.QueueServerError) -> None:

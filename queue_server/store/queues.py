@@ -104,3 +104,38 @@ async def all_watcher_deliveries(conn: Conn) -> list[Row]:
     """(tenant_id, watcher_id, state, n): pending and dead deliveries of every watcher, and a
     `watching` row of 0 for each active or paused watcher (so zero reads as zero)."""
     return await fetch_all(conn, _SQL["all_watcher_deliveries"], {})
+
+
+async def put_settings(
+    conn: Conn,
+    *,
+    tenant: str,
+    queue: str,
+    actor: str,
+    lease_ttl: timedelta | None,
+    deadline: timedelta | None,
+    max_acquisitions: int | None,
+    retry_base: float | None,
+    retry_cap: float | None,
+    retry_jitter: bool | None,
+) -> Row:
+    """The queue's own settings, replaced all at once and ledgered (kind `settings`)."""
+    params = {
+        "tenant": tenant,
+        "queue": queue,
+        "actor": actor,
+        "lease_ttl": lease_ttl,
+        "deadline": deadline,
+        "max_acquisitions": max_acquisitions,
+        "retry_base": retry_base,
+        "retry_cap": retry_cap,
+        "retry_jitter": retry_jitter,
+    }
+    row = await fetch_one(conn, _SQL["put_settings"], params)
+    assert row is not None  # an upsert returns its row
+    return row
+
+
+async def terms(conn: Conn, *, tenant: str, queue: str) -> Row | None:
+    """The queue's own settings beside its tenant's defaults; None without the tenant."""
+    return await fetch_one(conn, _SQL["queue_terms"], {"tenant": tenant, "queue": queue})

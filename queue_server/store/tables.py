@@ -9,6 +9,7 @@ from sqlalchemy import (
     Column,
     DateTime,
     Enum,
+    Float,
     ForeignKeyConstraint,
     Identity,
     Index,
@@ -237,8 +238,14 @@ spend_approvals = Table(
     _ts("expires_at", nullable=False),
     Column("reason", Text, nullable=False),
     _ts("created_at", nullable=False, server_default=func.now()),
+    # The approving key (0013), and a revocation: a revoked approval raises nothing.
+    Column("approved_by_key_id", Text, nullable=True),
+    Column("approved_by_role", Text, nullable=True),
+    _ts("revoked_at", nullable=True),
+    Column("revoked_by", Text, nullable=True),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
     CheckConstraint("max_concurrency >= 2", name="max_concurrency_above_one"),
+    CheckConstraint("(revoked_at IS NULL) = (revoked_by IS NULL)", name="revoked_has_actor"),
     Index("ix_spend_approvals_queue", "tenant_id", "queue", "expires_at"),
 )
 
@@ -551,8 +558,25 @@ queues = Table(
     # Number of queue ledger events written: the next event's seq.
     Column("event_seq", Integer, nullable=False, server_default=text("0")),
     _ts("updated_at", nullable=False, server_default=func.now()),
+    # Its own settings (0013), each at most the loaded policy's; NULL: inherited.
+    Column("lease_ttl", Interval, nullable=True),
+    Column("deadline", Interval, nullable=True),
+    Column("max_acquisitions", Integer, nullable=True),
+    Column("retry_base", Float, nullable=True),
+    Column("retry_cap", Float, nullable=True),
+    Column("retry_jitter", Boolean, nullable=True),
+    _ts("settings_updated_at", nullable=True),
+    Column("settings_updated_by", Text, nullable=True),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
     CheckConstraint("(paused_at IS NULL) = (paused_by IS NULL)", name="paused_has_actor"),
+    CheckConstraint(
+        "(lease_ttl IS NULL OR lease_ttl > interval '0')"
+        " AND (deadline IS NULL OR deadline > interval '0')"
+        " AND (max_acquisitions IS NULL OR max_acquisitions >= 1)"
+        " AND (retry_base IS NULL OR retry_base >= 0)"
+        " AND (retry_cap IS NULL OR retry_cap >= 0)",
+        name="queue_settings_positive",
+    ),
 )
 
 # The queue's ledger: who paused or resumed it, when and why.
@@ -604,4 +628,20 @@ queue_samples = Table(
     Column("failed", BigInteger, nullable=False),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
     Index("ix_queue_samples_sampled_at", "sampled_at"),
+)
+
+
+# -- every reliability policy the server has run under (0013) ----------------------------
+
+policy_versions = Table(
+    "policy_versions",
+    metadata,
+    Column("version", Text, primary_key=True),
+    Column("sha256", Text, primary_key=True),
+    Column("source", Text, nullable=False),
+    Column("document", JSONB, nullable=False),
+    _ts("first_loaded_at", nullable=False, server_default=func.now()),
+    _ts("last_loaded_at", nullable=False, server_default=func.now()),
+    Column("loads", BigInteger, nullable=False, server_default=text("1")),
+    CheckConstraint("sha256 ~ '^[0-9a-f]{64}$'", name="sha256"),
 )

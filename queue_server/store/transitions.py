@@ -52,12 +52,29 @@ def _shard() -> int:
 
 
 async def enqueue(
-    conn: Conn, *, tenant: str, queue: str, items: list[dict[str, Any]], actor: str
+    conn: Conn,
+    *,
+    tenant: str,
+    queue: str,
+    items: list[dict[str, Any]],
+    actor: str,
+    default_budget: int,
+    max_budget: int,
 ) -> list[Row]:
-    """(nothing) -> ready, one row per item; the caller holds the tenant's admission lock."""
-    cur = await conn.execute(
-        _SQL["enqueue"], {"items": Jsonb(items), "tenant": tenant, "queue": queue, "actor": actor}
-    )
+    """(nothing) -> ready, one row per item; the caller holds the tenant's admission lock.
+
+    An item without its own `max_acquisitions` gets the queue's (at most `max_budget`),
+    else `default_budget` (the tenant's default, held to the policy by the caller).
+    """
+    params = {
+        "items": Jsonb(items),
+        "tenant": tenant,
+        "queue": queue,
+        "actor": actor,
+        "default_budget": default_budget,
+        "max_budget": max_budget,
+    }
+    cur = await conn.execute(_SQL["enqueue"], params)
     rows = await cur.fetchall()
     order = {item["item_id"]: i for i, item in enumerate(items)}
     rows.sort(key=lambda row: order[str(row["item_id"])])
@@ -87,7 +104,8 @@ async def acquire(
     tenant: str,
     queue: str,
     worker: str,
-    ttl: timedelta,
+    ttl: timedelta | None,
+    max_ttl: timedelta,
     deadline: timedelta,
     max_items: int,
     base_limit: int = 1,
@@ -95,8 +113,9 @@ async def acquire(
 ) -> Acquired:
     """ready (due) or leased (expired) -> leased, fence + 1; past the budget -> quarantined.
 
-    The lease expires after `ttl` and lives at most `deadline` from now: no
-    heartbeat extends it past that instant. A taken-over lease that ran to its
+    The lease expires after `ttl` (None: the queue's lease TTL, else the tenant's default;
+    at most `max_ttl`) and lives at most the queue's deadline (at most `deadline`) from now:
+    no heartbeat extends it past that instant. A taken-over lease that ran to its
     deadline is ledgered `deadline_exceeded` before its `acquired` (or `quarantined`).
 
     The spend-gated concurrency limit holds when many acquires race: see the queue
@@ -114,6 +133,7 @@ async def acquire(
             "queue": queue,
             "worker": worker,
             "ttl": ttl,
+            "max_ttl": max_ttl,
             "deadline": deadline,
             "base_limit": base_limit,
             "max_items": max_items,
@@ -156,6 +176,18 @@ async def release_unsent(conn: Conn, *, tenant: str, worker: str, leases: list[R
     return len(await cur.fetchall())
 
 
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """The defaults of `"delay": "backoff"` where the queue sets none: the first delay, and
+    the cap (the loaded policy's backoff cap, also the most a queue's own cap may be)."""
+
+    base: float
+    cap: float
+
+    def params(self) -> dict[str, float]:
+        return {"backoff_base": self.base, "backoff_cap": self.cap}
+
+
 def _holder_params(tenant: str, item_id: str, worker: str, fence: int) -> dict[str, Any]:
     return {
         "tenant": tenant,
@@ -167,13 +199,20 @@ def _holder_params(tenant: str, item_id: str, worker: str, fence: int) -> dict[s
 
 
 async def heartbeat(
-    conn: Conn, *, tenant: str, item_id: str, worker: str, fence: int, ttl: timedelta
+    conn: Conn,
+    *,
+    tenant: str,
+    item_id: str,
+    worker: str,
+    fence: int,
+    ttl: timedelta | None,
+    max_ttl: timedelta,
 ) -> Row | None:
-    """leased -> leased: the holder, with its fence, extends a lease that has not expired,
+    """leased -> leased: the holder, with its fence, extends a lease that has not expired
+    by `ttl` (None: the queue's lease TTL, else the tenant's default; at most `max_ttl`),
     up to the lease's deadline and never past it."""
-    return await fetch_one(
-        conn, _SQL["heartbeat"], {**_holder_params(tenant, item_id, worker, fence), "ttl": ttl}
-    )
+    params = {**_holder_params(tenant, item_id, worker, fence), "ttl": ttl, "max_ttl": max_ttl}
+    return await fetch_one(conn, _SQL["heartbeat"], params)
 
 
 async def complete(
@@ -192,11 +231,17 @@ async def requeue(
     worker: str,
     fence: int,
     reason: str,
-    delay: float = 0.0,
+    delay: float | None,
+    backoff: Backoff,
 ) -> Row | None:
-    """leased -> ready, due after `delay` seconds: the holder gives the item back; the next
-    acquire raises the fence."""
-    params = {**_holder_params(tenant, item_id, worker, fence), "reason": reason, "delay": delay}
+    """leased -> ready, due after `delay` seconds (None: the queue's backoff for the item's
+    acquisition count): the holder gives the item back; the next acquire raises the fence."""
+    params = {
+        **_holder_params(tenant, item_id, worker, fence),
+        "reason": reason,
+        "delay": delay,
+        **backoff.params(),
+    }
     return await fetch_one(conn, _SQL["requeue"], params)
 
 
@@ -209,14 +254,16 @@ async def triage(
     fence: int,
     failure: dict[str, Any],
     quarantine: bool,
-    delay: float = 0.0,
+    delay: float | None,
+    backoff: Backoff,
 ) -> Row | None:
-    """leased -> ready after `delay` (decision requeue) or quarantined (+ dead letter),
-    failure recorded."""
+    """leased -> ready after `delay` (decision requeue; None: the queue's backoff) or
+    quarantined (+ dead letter), failure recorded."""
     params = {
         **_holder_params(tenant, item_id, worker, fence),
         "failure": Jsonb(failure),
         "delay": delay,
+        **backoff.params(),
     }
     return await fetch_one(
         conn, _SQL["triage_quarantine"] if quarantine else _SQL["triage_requeue"], params
@@ -326,7 +373,13 @@ async def explain_rejection(
 
 
 async def heartbeat_many(
-    conn: Conn, *, tenant: str, worker: str, leases: list[dict[str, Any]], ttl: timedelta
+    conn: Conn,
+    *,
+    tenant: str,
+    worker: str,
+    leases: list[dict[str, Any]],
+    ttl: timedelta | None,
+    max_ttl: timedelta,
 ) -> dict[str, Row]:
     """leased -> leased for each lease whose own fence, holder and expiry pass the guard,
     each up to its lease's deadline and never past it (as `heartbeat`).
@@ -341,6 +394,7 @@ async def heartbeat_many(
             "tenant": tenant,
             "worker": worker,
             "ttl": ttl,
+            "max_ttl": max_ttl,
         },
     )
     return {row["item_id"]: row for row in await cur.fetchall()}

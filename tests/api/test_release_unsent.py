@@ -31,6 +31,7 @@ def test_released_lease_goes_back_to_ready_uncharged_and_the_next_acquire_raises
                 queue="q",
                 worker="gone",
                 ttl=timedelta(seconds=30),
+                max_ttl=timedelta(seconds=30),
                 deadline=timedelta(seconds=900),
                 max_items=1,
             )

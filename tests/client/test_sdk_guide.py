@@ -41,7 +41,14 @@ def wait_until(db: DB, sql: str, expected: int, proc: subprocess.Popen[str]) -> 
 
 def test_every_example_of_the_sdk_guide_runs_as_written(api: Api, db: DB, tmp_path: Path) -> None:
     code = examples()
-    assert set(code) == {"enqueue.py", "worker.py", "async_worker.py", "errors.py", "drain.py"}
+    assert set(code) == {
+        "enqueue.py",
+        "worker.py",
+        "async_worker.py",
+        "errors.py",
+        "queue_settings.py",
+        "drain.py",
+    }
     for name, text in code.items():
         (tmp_path / name).write_text(text)
     env = {"QUEUE_SERVER_URL": api.url, "QUEUE_SERVER_KEY": api.keys["worker"], "PATH": ""}
@@ -105,6 +112,10 @@ def test_every_example_of_the_sdk_guide_runs_as_written(api: Api, db: DB, tmp_pa
     assert "missing: item-not-found" in out
     assert "lease lost: fence-ahead" in out
     assert count(db, "SELECT count(*) AS n FROM work_items WHERE state = 'leased'") == 0
+
+    out = run("queue_settings.py")
+    assert "lease TTL 30.0 from tenant" in out
+    assert "backoff 1.0 s doubling up to 300.0 s" in out
 
     out = run("drain.py")
     assert out.splitlines()[-1] == "2 items handled"

@@ -238,3 +238,47 @@ USING (
     LIMIT %(limit)s
 ) old
 WHERE d.tenant_id = old.tenant_id AND d.queue = old.queue AND d.sampled_at = old.sampled_at;
+
+-- name: put_settings
+-- The queue's own settings, all of them at once (NULL: the tenant's default, else the
+-- policy's), ledgered on the queue with the values before and after.
+WITH before AS (
+    SELECT lease_ttl, deadline, max_acquisitions, retry_base, retry_cap, retry_jitter
+    FROM queues WHERE tenant_id = %(tenant)s AND queue = %(queue)s
+), q AS (
+    INSERT INTO queues AS t (tenant_id, queue, lease_ttl, deadline, max_acquisitions,
+                             retry_base, retry_cap, retry_jitter, settings_updated_at,
+                             settings_updated_by, event_seq, updated_at)
+    VALUES (%(tenant)s, %(queue)s, %(lease_ttl)s, %(deadline)s, %(max_acquisitions)s,
+            %(retry_base)s, %(retry_cap)s, %(retry_jitter)s, statement_timestamp(), %(actor)s,
+            1, statement_timestamp())
+    ON CONFLICT (tenant_id, queue) DO UPDATE
+    SET lease_ttl = excluded.lease_ttl, deadline = excluded.deadline,
+        max_acquisitions = excluded.max_acquisitions, retry_base = excluded.retry_base,
+        retry_cap = excluded.retry_cap, retry_jitter = excluded.retry_jitter,
+        settings_updated_at = excluded.settings_updated_at,
+        settings_updated_by = excluded.settings_updated_by, event_seq = t.event_seq + 1,
+        updated_at = excluded.updated_at
+    RETURNING *
+), ev AS (
+    INSERT INTO queue_events (tenant_id, queue, seq, at, kind, actor, data)
+    SELECT q.tenant_id, q.queue, q.event_seq - 1, q.updated_at, 'settings', %(actor)s,
+           jsonb_build_object(
+               'before', (SELECT to_jsonb(b) FROM before b),
+               'after', jsonb_build_object(
+                   'lease_ttl', extract(epoch FROM q.lease_ttl),
+                   'deadline', extract(epoch FROM q.deadline),
+                   'max_acquisitions', q.max_acquisitions, 'retry_base', q.retry_base,
+                   'retry_cap', q.retry_cap, 'retry_jitter', q.retry_jitter))
+    FROM q
+)
+SELECT * FROM q;
+
+-- name: queue_terms
+-- What a queue's settings resolve from: its own row (if any) and its tenant's defaults.
+SELECT t.default_lease_ttl, t.default_max_acquisitions,
+       q.lease_ttl, q.deadline, q.max_acquisitions, q.retry_base, q.retry_cap, q.retry_jitter,
+       q.settings_updated_at, q.settings_updated_by
+FROM tenants t
+LEFT JOIN queues q ON q.tenant_id = t.tenant_id AND q.queue = %(queue)s
+WHERE t.tenant_id = %(tenant)s;

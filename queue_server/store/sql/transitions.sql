@@ -12,8 +12,14 @@ WITH input AS (
                             available_at, max_acquisitions, event_seq,
                             created_at, updated_at)
     SELECT %(tenant)s, item_id, %(queue)s, coalesce(payload, 'null'::jsonb), priority, 'ready',
-           statement_timestamp() + make_interval(secs => delay), max_acquisitions, 1,
-           statement_timestamp(), statement_timestamp()
+           statement_timestamp() + make_interval(secs => delay),
+           -- The item's budget, else the queue's, else the tenant's default (the caller holds
+           -- both to the policy's cap).
+           coalesce(max_acquisitions,
+                    (SELECT least(q.max_acquisitions, %(max_budget)s) FROM queues q
+                     WHERE q.tenant_id = %(tenant)s AND q.queue = %(queue)s),
+                    %(default_budget)s),
+           1, statement_timestamp(), statement_timestamp()
     FROM input
     RETURNING *
 ), ev AS (
@@ -60,9 +66,19 @@ SELECT pg_advisory_xact_lock_shared(hashtextextended(%(tenant)s || '/' || %(queu
 -- name: acquire
 -- Runs after the lock in its own statement, so its snapshot sees every lease
 -- committed by the acquires that held the lock exclusively before us.
--- A lease lives at most `deadline` from this acquisition (`lease_deadline_at`);
+-- A lease lives at most its deadline from this acquisition (`lease_deadline_at`);
 -- its expiry never passes that instant (a CHECK constraint holds it).
-WITH counts AS (
+WITH terms AS (
+    -- The lease's TTL: the request's, else the queue's, else the tenant's default; its
+    -- deadline: the queue's, else the policy's. Neither above the loaded policy's (a value
+    -- stored under a looser one is held to it).
+    SELECT least(coalesce(%(ttl)s::interval, q.lease_ttl, t.default_lease_ttl),
+                 %(max_ttl)s::interval) AS ttl,
+           least(coalesce(q.deadline, %(deadline)s::interval), %(deadline)s::interval)
+               AS deadline
+    FROM tenants t LEFT JOIN queues q ON q.tenant_id = t.tenant_id AND q.queue = %(queue)s
+    WHERE t.tenant_id = %(tenant)s
+), counts AS (
     SELECT coalesce((SELECT max(max_concurrency) FROM spend_approvals
                      WHERE tenant_id = %(tenant)s AND queue = %(queue)s
                        AND expires_at > statement_timestamp()), %(base_limit)s)
@@ -111,8 +127,8 @@ WITH counts AS (
     UPDATE work_items w
     SET state = 'leased', fence = w.fence + 1, acquisition_count = w.acquisition_count + 1,
         lease_holder = %(worker)s,
-        lease_expires_at = statement_timestamp() + least(%(ttl)s, %(deadline)s),
-        lease_deadline_at = statement_timestamp() + %(deadline)s,
+        lease_expires_at = statement_timestamp() + (SELECT least(ttl, deadline) FROM terms),
+        lease_deadline_at = statement_timestamp() + (SELECT deadline FROM terms),
         leased_at = statement_timestamp(), updated_at = statement_timestamp(),
         event_seq = w.event_seq + 1 + (w.item_id = ANY(ARRAY(SELECT item_id FROM overdue)))::int
     -- An array, not a join: the planner cannot tell how few rows `picked` has, and a
@@ -220,7 +236,17 @@ SELECT upd.item_id FROM upd, (SELECT pg_notify('queue_server_ready', %(tenant)s 
 -- holder guard refuses every holder operation (explain_rejection: lease-deadline-exceeded).
 WITH upd AS (
     UPDATE work_items
-    SET lease_expires_at = least(statement_timestamp() + %(ttl)s, lease_deadline_at),
+    -- The request's TTL, else the queue's, else the tenant's default; at most the policy's.
+    SET lease_expires_at = least(
+            statement_timestamp()
+            + least(coalesce(%(ttl)s::interval,
+                             (SELECT q.lease_ttl FROM queues q
+                              WHERE q.tenant_id = work_items.tenant_id
+                                AND q.queue = work_items.queue),
+                             (SELECT t.default_lease_ttl FROM tenants t
+                              WHERE t.tenant_id = work_items.tenant_id)),
+                    %(max_ttl)s::interval),
+            lease_deadline_at),
         updated_at = statement_timestamp(), event_seq = event_seq + 1
     WHERE tenant_id = %(tenant)s AND item_id = %(item_id)s
       AND state = 'leased' AND fence = %(fence)s AND lease_holder = %(worker)s
@@ -279,7 +305,16 @@ SELECT upd.* FROM upd;
 -- name: requeue
 WITH upd AS (
     UPDATE work_items
-    SET state = 'ready', available_at = statement_timestamp() + make_interval(secs => %(delay)s),
+    SET state = 'ready', available_at = statement_timestamp() + make_interval(secs => coalesce(%(delay)s::double precision, (
+            -- "delay": "backoff": min(cap, base * 2^(acquisitions - 1)), a uniform draw of
+            -- it with full jitter; the queue's retry settings, else the server's defaults.
+            SELECT least(coalesce(least(q.retry_cap, %(backoff_cap)s), %(backoff_cap)s),
+                         coalesce(q.retry_base, %(backoff_base)s)
+                         * power(2.0, greatest(work_items.acquisition_count - 1, 0)))
+                   * CASE WHEN coalesce(q.retry_jitter, false) THEN random() ELSE 1 END
+            FROM (SELECT 1) AS one
+            LEFT JOIN queues q ON q.tenant_id = work_items.tenant_id
+                              AND q.queue = work_items.queue))),
         lease_holder = NULL, lease_expires_at = NULL, updated_at = statement_timestamp(),
         event_seq = event_seq + 1
     WHERE tenant_id = %(tenant)s AND item_id = %(item_id)s
@@ -289,7 +324,9 @@ WITH upd AS (
 ), ev AS (
     INSERT INTO item_events (tenant_id, item_id, seq, at, kind, fence, actor, data)
     SELECT tenant_id, item_id, event_seq - 1, updated_at, 'requeued', fence, %(worker)s,
-           jsonb_build_object('reason', %(reason)s::text, 'available_at', available_at)
+           jsonb_build_object('reason', %(reason)s::text, 'available_at', available_at,
+                              'delay', round(extract(epoch FROM available_at - updated_at), 3),
+                              'backoff', %(delay)s::double precision IS NULL)
     FROM upd
 ), outbox AS (
     INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
@@ -312,7 +349,16 @@ SELECT upd.* FROM upd,
 -- name: triage_requeue
 WITH upd AS (
     UPDATE work_items
-    SET state = 'ready', available_at = statement_timestamp() + make_interval(secs => %(delay)s),
+    SET state = 'ready', available_at = statement_timestamp() + make_interval(secs => coalesce(%(delay)s::double precision, (
+            -- "delay": "backoff": min(cap, base * 2^(acquisitions - 1)), a uniform draw of
+            -- it with full jitter; the queue's retry settings, else the server's defaults.
+            SELECT least(coalesce(least(q.retry_cap, %(backoff_cap)s), %(backoff_cap)s),
+                         coalesce(q.retry_base, %(backoff_base)s)
+                         * power(2.0, greatest(work_items.acquisition_count - 1, 0)))
+                   * CASE WHEN coalesce(q.retry_jitter, false) THEN random() ELSE 1 END
+            FROM (SELECT 1) AS one
+            LEFT JOIN queues q ON q.tenant_id = work_items.tenant_id
+                              AND q.queue = work_items.queue))),
         last_failure = %(failure)s, lease_holder = NULL, lease_expires_at = NULL,
         updated_at = statement_timestamp(), event_seq = event_seq + 1
     WHERE tenant_id = %(tenant)s AND item_id = %(item_id)s
@@ -323,7 +369,9 @@ WITH upd AS (
     INSERT INTO item_events (tenant_id, item_id, seq, at, kind, fence, actor, data)
     SELECT tenant_id, item_id, event_seq - 1, updated_at, 'triaged', fence, %(worker)s,
            jsonb_build_object('decision', 'requeue', 'failure', last_failure,
-                              'available_at', available_at)
+                              'available_at', available_at,
+                              'delay', round(extract(epoch FROM available_at - updated_at), 3),
+                              'backoff', %(delay)s::double precision IS NULL)
     FROM upd
 ), outbox AS (
     INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
@@ -440,7 +488,16 @@ WITH input AS (
     SELECT * FROM jsonb_to_recordset(%(leases)s::jsonb) AS x(item_id uuid, fence bigint)
 ), upd AS (
     UPDATE work_items w
-    SET lease_expires_at = least(statement_timestamp() + %(ttl)s, w.lease_deadline_at),
+    -- The request's TTL, else the item's queue's, else the tenant's default (as heartbeat).
+    SET lease_expires_at = least(
+            statement_timestamp()
+            + least(coalesce(%(ttl)s::interval,
+                             (SELECT q.lease_ttl FROM queues q
+                              WHERE q.tenant_id = w.tenant_id AND q.queue = w.queue),
+                             (SELECT t.default_lease_ttl FROM tenants t
+                              WHERE t.tenant_id = w.tenant_id)),
+                    %(max_ttl)s::interval),
+            w.lease_deadline_at),
         updated_at = statement_timestamp(), event_seq = w.event_seq + 1
     FROM input i
     WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(%(ids)s::uuid[]) AND w.item_id = i.item_id

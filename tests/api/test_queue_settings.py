@@ -1,0 +1,291 @@
+"""A queue's own settings, below the loaded policy's envelope: what PUT refuses, what GET
+explains, and each statement that reads them (enqueue, acquire, heartbeat one and many,
+requeue and triage with `"delay": "backoff"`)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.helpers.api import Api
+from tests.helpers.invariants import Db
+
+
+def _key() -> dict[str, str]:
+    return {"Idempotency-Key": uuid.uuid4().hex}
+
+
+def _put(api: Api, queue: str, **body: Any) -> httpx.Response:
+    return api.operator.put(
+        f"/v1/tenants/{api.tenant}/queues/{queue}/settings", json=body, headers=_key()
+    )
+
+
+def _settings(api: Api, queue: str) -> dict[str, Any]:
+    response = api.worker.get(f"/v1/tenants/{api.tenant}/queues/{queue}/settings")
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def _at(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def _seconds_after(later: object, earlier: object) -> float:
+    return (_at(str(later)) - _at(str(earlier))).total_seconds()
+
+
+def _now(db: Db) -> datetime:
+    row = db.execute("SELECT statement_timestamp() AS now").fetchone()
+    assert row is not None
+    now = row["now"]
+    assert isinstance(now, datetime)
+    return now
+
+
+def _ledger(api: Api, item_id: object) -> list[dict[str, Any]]:
+    response = api.worker.get(f"/v1/tenants/{api.tenant}/items/{item_id}/ledger")
+    assert response.status_code == 200, response.text
+    events: list[dict[str, Any]] = response.json()["events"]
+    return events
+
+
+def test_a_queue_without_settings_shows_where_each_value_comes_from(api: Api) -> None:
+    shown = _settings(api, "fresh")
+    assert shown["queue"] == "fresh"
+    # The tenant was created with default_max_acquisitions 3; its lease TTL default is the
+    # policy's attempt timeout; the deadline and the retry cap are the policy's.
+    assert shown["max_acquisitions"] == {"value": 3, "source": "tenant"}
+    assert shown["lease_ttl"]["source"] == "tenant"
+    assert shown["deadline"] == {"value": 900.0, "source": "policy"}
+    assert shown["retry"]["cap"] == {"value": 300.0, "source": "policy"}
+    assert shown["retry"]["base"] == {"value": 1.0, "source": "default"}
+    assert shown["retry"]["factor"] == {"value": 2.0, "source": "default"}
+    assert shown["retry"]["jitter"] == {"value": False, "source": "default"}
+    assert shown["updated_at"] is None
+
+
+def test_put_sets_the_queue_s_own_values_and_a_later_put_replaces_them(api: Api) -> None:
+    response = _put(
+        api,
+        "reports",
+        lease_ttl=20,
+        deadline=600,
+        max_acquisitions=4,
+        retry={"base": 2, "cap": 60, "jitter": True},
+    )
+    assert response.status_code == 200, response.text
+    shown = response.json()
+    assert shown["lease_ttl"] == {"value": 20.0, "source": "queue"}
+    assert shown["deadline"] == {"value": 600.0, "source": "queue"}
+    assert shown["max_acquisitions"] == {"value": 4, "source": "queue"}
+    assert shown["retry"]["base"] == {"value": 2.0, "source": "queue"}
+    assert shown["retry"]["cap"] == {"value": 60.0, "source": "queue"}
+    assert shown["retry"]["jitter"] == {"value": True, "source": "queue"}
+    assert shown["updated_by"] is not None
+    assert _settings(api, "reports") == shown
+    # A PUT is the whole of the queue's settings: what it leaves out is inherited again.
+    again = _put(api, "reports", deadline=300).json()
+    assert again["deadline"] == {"value": 300.0, "source": "queue"}
+    assert again["max_acquisitions"] == {"value": 3, "source": "tenant"}
+    assert again["retry"]["cap"]["source"] == "policy"
+    events = api.worker.get(f"/v1/tenants/{api.tenant}/queues/reports").json()["events"]
+    assert [e["kind"] for e in events][:2] == ["settings", "settings"]
+    assert events[0]["data"]["before"]["max_acquisitions"] == 4
+
+
+@pytest.mark.parametrize(
+    ("body", "loc", "cell"),
+    [
+        ({"lease_ttl": 31}, ["body", "lease_ttl"], "durable-leased-work/attempt-timeout"),
+        ({"deadline": 901}, ["body", "deadline"], "durable-leased-work/deadline"),
+        ({"max_acquisitions": 6}, ["body", "max_acquisitions"], "durable-leased-work/retry"),
+        (
+            {"retry": {"cap": 301}},
+            ["body", "retry", "cap"],
+            "durable-leased-work/backoff-and-jitter",
+        ),
+        (
+            {"retry": {"base": 301}},
+            ["body", "retry", "base"],
+            "durable-leased-work/backoff-and-jitter",
+        ),
+    ],
+)
+def test_a_value_above_the_envelope_is_refused_naming_the_field_and_the_cell(
+    api: Api, body: dict[str, Any], loc: list[Any], cell: str
+) -> None:
+    response = _put(api, "q", **body)
+    assert response.status_code == 422, response.text
+    problem = response.json()
+    assert problem["code"] == "invalid-request"
+    assert [(e["loc"], e["cell"]) for e in problem["errors"]] == [(loc, cell)]
+    assert cell in problem["detail"]
+    # Nothing was stored.
+    assert _settings(api, "q")["updated_at"] is None
+
+
+def test_settings_that_contradict_each_other_are_refused(api: Api) -> None:
+    response = _put(api, "q", lease_ttl=30, deadline=10)
+    assert response.status_code == 422, response.text
+    assert response.json()["errors"][0]["loc"] == ["body", "lease_ttl"]
+    response = _put(api, "q", retry={"base": 20, "cap": 10})
+    assert response.status_code == 422, response.text
+    assert response.json()["errors"][0]["loc"] == ["body", "retry", "base"]
+
+
+def test_only_an_operator_sets_them(api: Api) -> None:
+    response = api.worker.put(
+        f"/v1/tenants/{api.tenant}/queues/q/settings", json={"deadline": 60}, headers=_key()
+    )
+    assert response.status_code == 403, response.text
+
+
+def test_enqueue_gives_an_item_the_queue_s_budget_unless_it_names_its_own(api: Api) -> None:
+    assert _put(api, "limited", max_acquisitions=2).status_code == 200
+    assert api.enqueue("limited")["max_acquisitions"] == 2
+    assert api.enqueue("limited", max_acquisitions=5)["max_acquisitions"] == 5
+    assert api.enqueue("other")["max_acquisitions"] == 3  # the tenant's default
+    batch = api.worker.post(
+        f"/v1/tenants/{api.tenant}/queues/limited/items:batch",
+        json={"items": [{}, {"max_acquisitions": 4}]},
+        headers=_key(),
+    )
+    assert batch.status_code == 201, batch.text
+    assert [i["max_acquisitions"] for i in batch.json()["items"]] == [2, 4]
+
+
+def test_acquire_uses_the_queue_s_lease_ttl_and_deadline(api: Api, db: Db) -> None:
+    assert _put(api, "timed", lease_ttl=10, deadline=20).status_code == 200
+    api.enqueue("timed")
+    api.enqueue("timed")
+    before = _now(db)
+    response = api.worker.post(
+        f"/v1/tenants/{api.tenant}/queues/timed/leases", json={"worker": "w1"}
+    )
+    assert response.status_code == 200, response.text
+    (lease,) = response.json()["leases"]
+    expires = (_at(lease["lease_expires_at"]) - before).total_seconds()
+    deadline = (_at(lease["lease_deadline_at"]) - before).total_seconds()
+    assert 9.5 <= expires <= 11
+    assert 19.5 <= deadline <= 21
+    # A TTL the worker asks for beats the queue's, within the deadline.
+    api.holder("complete", lease["item_id"], worker="w1", fence=lease["fence"])
+    (second,) = api.acquire("timed", ttl=25)
+    assert _seconds_after(second["lease_expires_at"], second["lease_deadline_at"]) == 0
+    # Another queue of the tenant keeps the policy's deadline.
+    api.enqueue("plain")
+    (plain,) = api.acquire("plain", ttl=5)
+    assert 899 <= _seconds_after(plain["lease_deadline_at"], plain["lease_expires_at"]) + 5 <= 901
+
+
+def test_a_heartbeat_without_a_ttl_extends_by_the_queue_s_lease_ttl(api: Api, db: Db) -> None:
+    assert _put(api, "beats", lease_ttl=12).status_code == 200
+    assert _put(api, "beats2", lease_ttl=12).status_code == 200
+    one = api.enqueue("beats")
+    two = api.enqueue("beats2")
+    leases = api.acquire("beats", ttl=2) + api.acquire("beats2", ttl=2)
+    by_id = {lease["item_id"]: lease for lease in leases}
+    before = _now(db)
+    single = api.worker.post(
+        f"/v1/tenants/{api.tenant}/items/{one['item_id']}/heartbeat",
+        json={"worker": "w1", "fence": by_id[one["item_id"]]["fence"]},
+    )
+    assert single.status_code == 200, single.text
+    assert 11.5 <= (_at(single.json()["lease_expires_at"]) - before).total_seconds() <= 13
+    many = api.worker.post(
+        f"/v1/tenants/{api.tenant}/leases:heartbeat",
+        json={
+            "worker": "w1",
+            "leases": [{"item_id": two["item_id"], "fence": by_id[two["item_id"]]["fence"]}],
+        },
+    )
+    assert many.status_code == 200, many.text
+    (result,) = many.json()["results"]
+    assert 11.5 <= (_at(result["lease_expires_at"]) - before).total_seconds() <= 13
+
+
+def _fail(api: Api, queue: str, item_id: object, action: str, **body: Any) -> dict[str, Any]:
+    (lease,) = api.acquire(queue, ttl=5)
+    assert lease["item_id"] == item_id
+    if action == "triage":
+        body = {"failure": {"class": "Boom", "transient": True}, "decision": "requeue", **body}
+    else:
+        body = {"reason": "later", **body}
+    response = api.holder(action, item_id, worker="w1", fence=lease["fence"], **body)
+    assert response.status_code == 200, response.text
+    item: dict[str, Any] = response.json()
+    return item
+
+
+@pytest.mark.parametrize("action", ["requeue", "triage"])
+def test_backoff_doubles_from_the_queue_s_base_up_to_its_cap_and_is_ledgered(
+    api: Api, db: Db, action: str
+) -> None:
+    assert _put(api, "slow", retry={"base": 2, "cap": 5}, max_acquisitions=5).status_code == 200
+    item = api.enqueue("slow")
+    delays = []
+    for _ in range(3):
+        failed = _fail(api, "slow", item["item_id"], action, delay="backoff")
+        assert failed["state"] == "ready"
+        event = _ledger(api, item["item_id"])[-1]
+        assert event["kind"] == ("triaged" if action == "triage" else "requeued")
+        assert event["data"]["backoff"] is True
+        delays.append(event["data"]["delay"])
+        assert _seconds_after(failed["available_at"], failed["updated_at"]) == pytest.approx(
+            event["data"]["delay"], abs=0.01
+        )
+        db.execute(  # the clock jumps to the item's next attempt
+            "UPDATE work_items SET available_at = now() WHERE item_id = %s", (item["item_id"],)
+        )
+    assert delays == [2.0, 4.0, 5.0]
+
+
+def test_backoff_without_settings_starts_at_a_second(api: Api, db: Db) -> None:
+    item = api.enqueue("q")
+    delays = []
+    for _ in range(3):
+        _fail(api, "q", item["item_id"], "triage", delay="backoff")
+        delays.append(_ledger(api, item["item_id"])[-1]["data"]["delay"])
+        db.execute(
+            "UPDATE work_items SET available_at = now() WHERE item_id = %s", (item["item_id"],)
+        )
+    assert delays == [1.0, 2.0, 4.0]
+    # A numeric delay is ledgered as chosen, not as backoff.
+    other = api.enqueue("q")
+    _fail(api, "q", other["item_id"], "requeue", delay=7)
+    event = _ledger(api, other["item_id"])[-1]
+    assert (event["data"]["delay"], event["data"]["backoff"]) == (7.0, False)
+
+
+def test_full_jitter_draws_each_delay_up_to_its_backoff(api: Api) -> None:
+    assert _put(api, "jittery", retry={"base": 100, "jitter": True}).status_code == 200
+    delays = []
+    for _ in range(8):
+        item = api.enqueue("jittery")
+        _fail(api, "jittery", item["item_id"], "requeue", delay="backoff")
+        delays.append(_ledger(api, item["item_id"])[-1]["data"]["delay"])
+    assert all(0 <= d <= 100 for d in delays)
+    # Drawn, not the full delay each time.
+    assert len(set(delays)) > 1
+    assert max(delays) < 100
+
+
+def test_quarantine_takes_no_backoff(api: Api) -> None:
+    item = api.enqueue("q")
+    (lease,) = api.acquire("q")
+    response = api.holder(
+        "triage",
+        item["item_id"],
+        worker="w1",
+        fence=lease["fence"],
+        failure={"class": "Boom"},
+        decision="quarantine",
+        delay="backoff",
+    )
+    assert response.status_code == 422, response.text

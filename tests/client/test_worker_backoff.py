@@ -1,0 +1,96 @@
+"""Failed items back off by default, on both worker faces: 1 s, 2 s, 4 s after their first,
+second and third failure (the server computes and ledgers each delay); a delay the
+handler chose above the policy's cap sends the item back at the cap, with a warning."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from queue_server.client import Outcome, QueueClient, Result, TransientError
+from tests.helpers.api import Api
+from tests.helpers.faces import AnyJob, Face
+
+
+def client(api: Api) -> QueueClient:
+    return QueueClient(api.url, api.keys["worker"], tenant=api.tenant)
+
+
+def test_a_failing_handler_s_item_comes_back_after_one_then_two_then_four_seconds(
+    api: Api, face: Face
+) -> None:
+    with client(api) as qs:
+        item = qs.enqueue("q", "x", max_acquisitions=3)
+
+        def handler(job: AnyJob) -> Any:
+            raise ValueError("the provider said no")
+
+        results: list[Result] = []
+        worker = face.worker(api, "q", handler, name="w1", lease_ttl=5, on_result=results.append)
+        assert worker.run(max_items=3) == 3
+        assert [r.outcome for r in results] == [Outcome.TRIAGED] * 3
+        events = qs.ledger(item.item_id)
+        triaged = [e for e in events if e.kind == "triaged"]
+        assert [e.data["delay"] for e in triaged] == [1.0, 2.0, 4.0]
+        assert all(e.data["backoff"] for e in triaged)
+        acquired = [e.at for e in events if e.kind == "acquired"]
+        # Each acquisition came no sooner than its backoff after the failure before it.
+        for failed, next_at, delay in zip(triaged, acquired[1:], (1.0, 2.0), strict=False):
+            assert (next_at - failed.at).total_seconds() >= delay - 0.05
+        assert qs.get_item(item.item_id).state == "ready"
+
+
+def test_a_delay_above_the_cap_sends_the_item_back_at_the_cap_and_says_so(
+    api: Api, face: Face, caplog: pytest.LogCaptureFixture
+) -> None:
+    with client(api) as qs:
+        item = qs.enqueue("q", "x")
+
+        def handler(job: AnyJob) -> Any:
+            raise TransientError("come back in an hour", delay=3600)
+
+        results: list[Result] = []
+        worker = face.worker(api, "q", handler, name="w1", lease_ttl=5, on_result=results.append)
+        with caplog.at_level(logging.WARNING):
+            assert worker.run(max_items=1) == 1
+        assert [r.outcome for r in results] == [Outcome.TRIAGED]
+        back = qs.get_item(item.item_id)
+        assert back.state == "ready"  # not left leased until its TTL runs out
+        assert (back.available_at - back.updated_at).total_seconds() == pytest.approx(300, abs=1)
+        warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert any(
+            "backoff cap of 300 s" in m and "durable-leased-work/backoff-and-jitter" in m
+            for m in warned
+        ), warned
+
+
+def test_a_chosen_delay_within_the_cap_is_kept(api: Api, face: Face) -> None:
+    with client(api) as qs:
+        item = qs.enqueue("q", "x")
+
+        def handler(job: AnyJob) -> Any:
+            raise TransientError("in a minute", delay=60)
+
+        worker = face.worker(api, "q", handler, name="w1", lease_ttl=5)
+        assert worker.run(max_items=1) == 1
+        (triaged,) = [e for e in qs.ledger(item.item_id) if e.kind == "triaged"]
+        assert (triaged.data["delay"], triaged.data["backoff"]) == (60.0, False)
+        back = qs.get_item(item.item_id)
+        assert (back.available_at - back.updated_at).total_seconds() == pytest.approx(60, abs=1)
+
+
+def test_a_drain_waits_for_the_items_it_sent_back_until_their_budget_is_spent(
+    api: Api, face: Face
+) -> None:
+    with client(api) as qs:
+        item = qs.enqueue("q", "x", max_acquisitions=2)
+
+        def handler(job: AnyJob) -> Any:
+            raise ValueError("still broken")
+
+        worker = face.worker(api, "q", handler, name="w1", lease_ttl=5)
+        # Back after 1 s, then after 2 s; the acquire after that quarantines it.
+        assert worker.run(drain=True) == 2
+        assert qs.get_item(item.item_id).state == "quarantined"
