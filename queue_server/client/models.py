@@ -23,6 +23,7 @@ from queue_server.wire import (
     LedgerEvent,
     Model,
     SpendApproval,
+    SpendApprovals,
     Tenant,
     WhoAmI,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "NewItem",
     "QueueStatus",
     "SpendApproval",
+    "SpendApprovals",
     "Status",
     "Tenant",
     "Verification",

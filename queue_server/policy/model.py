@@ -228,6 +228,9 @@ class Concurrency(Cell):
     limit: int
     scope: Literal["local", "cloud"] = "local"
     spend_approval: str | None = None
+    # The most a human spend approval may raise the class's concurrency to; None: no
+    # approval may raise it.
+    max_approved: Annotated[StrictInt, Field(ge=2)] | None = None
     note: str = ""
 
     @field_validator("limit", mode="before")

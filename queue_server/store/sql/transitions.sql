@@ -63,9 +63,11 @@ SELECT pg_advisory_xact_lock_shared(hashtextextended(%(tenant)s || '/' || %(queu
 -- A lease lives at most `deadline` from this acquisition (`lease_deadline_at`);
 -- its expiry never passes that instant (a CHECK constraint holds it).
 WITH counts AS (
+    -- A live approval: neither expired nor revoked.
     SELECT coalesce((SELECT max(max_concurrency) FROM spend_approvals
                      WHERE tenant_id = %(tenant)s AND queue = %(queue)s
-                       AND expires_at > statement_timestamp()), %(base_limit)s)
+                       AND expires_at > statement_timestamp()
+                       AND revoked_at IS NULL), %(base_limit)s)
            - (SELECT count(*) FROM work_items
               WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
                 AND lease_expires_at > statement_timestamp()) AS free,
