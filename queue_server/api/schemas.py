@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
@@ -307,11 +307,15 @@ class TriageIn(Body):
     delay: Delay = 0
 
 
+# An approval lasts at most a year: the example expires a week after the process started.
+_APPROVAL_EXAMPLE_EXPIRY = (datetime.now(UTC) + timedelta(days=7)).replace(microsecond=0)
+
+
 class SpendApprovalIn(Body):
     model_config = example(
         {
             "max_concurrency": 8,
-            "expires_at": "2030-01-01T00:00:00Z",
+            "expires_at": _APPROVAL_EXAMPLE_EXPIRY.isoformat().replace("+00:00", "Z"),
             "reason": "campaign week",
         }
     )

@@ -230,7 +230,10 @@ class Concurrency(Cell):
     spend_approval: str | None = None
     # The most a human spend approval may raise the class's concurrency to; None: no
     # approval may raise it.
-    max_approved: Annotated[StrictInt, Field(ge=2)] | None = None
+    # Left out of the document when unset, so documents without it keep their digest.
+    max_approved: Annotated[StrictInt, Field(ge=2)] | None = Field(
+        default=None, exclude_if=lambda value: value is None
+    )
     note: str = ""
 
     @field_validator("limit", mode="before")
