@@ -16,7 +16,8 @@ Every error class of the project, by family (status, code):
     ├── NotFoundError                       404 not-found
     │   ├── TenantNotFoundError, ItemNotFoundError, KeyNotFoundError,
     │   ├── DeadLetterNotFoundError, WatcherNotFoundError, DeliveryNotFoundError,
-    │   └── ReceiptNotFoundError, VerificationRunNotFoundError, ScheduleNotFoundError
+    │   ├── ReceiptNotFoundError, VerificationRunNotFoundError, ScheduleNotFoundError,
+    │   └── SpendApprovalNotFoundError
     ├── ConflictError                       409 conflict: the resource's state refuses it
     │   ├── LeaseRefusedError               the lease grants no authority:
     │   │   ├── StaleFenceError, FenceAheadError, NotLeaseHolderError, ItemNotLeasedError,
@@ -330,6 +331,13 @@ class ScheduleNotFoundError(NotFoundError):
 
     code = "schedule-not-found"
     title = "Schedule not found"
+
+
+class SpendApprovalNotFoundError(NotFoundError):
+    """No spend approval with this id on this queue."""
+
+    code = "spend-approval-not-found"
+    title = "Spend approval not found"
 
 
 class TargetRefusedError(InvalidRequestError):

@@ -99,10 +99,15 @@ def spend_approval(row: Row) -> dict[str, Any]:
         "tenant": row["tenant_id"],
         "queue": row["queue"],
         "approved_by": row["approved_by"],
+        "approved_by_key": row["approved_by_key_id"],
+        "approved_by_role": row["approved_by_role"],
         "max_concurrency": row["max_concurrency"],
         "expires_at": row["expires_at"],
         "reason": row["reason"],
         "created_at": row["created_at"],
+        "live": row["live"],
+        "revoked_at": row["revoked_at"],
+        "revoked_by": row["revoked_by"],
     }
 
 

@@ -120,11 +120,26 @@ class SpendApproval(Model):
     approval_id: str
     tenant: str
     queue: str
-    approved_by: str
+    approved_by: str = Field(description="The approving key's id (older rows: the name given).")
+    approved_by_key: str | None = Field(
+        default=None, description="The approving key's id; null for approvals before keys."
+    )
+    approved_by_role: str | None = Field(
+        default=None, description="The approving key's role: operator or admin."
+    )
     max_concurrency: int
     expires_at: datetime
     reason: str
     created_at: datetime
+    live: bool = Field(
+        default=True, description="Raises the queue's limit now: neither expired nor revoked."
+    )
+    revoked_at: datetime | None = None
+    revoked_by: str | None = Field(default=None, description="The revoking key's id.")
+
+
+class SpendApprovals(Model):
+    approvals: list[SpendApproval]
 
 
 class Concurrency(Model):

@@ -3,7 +3,9 @@ each queue's figures."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Request
 from starlette.responses import Response
 
 from queue_server.api import schemas
@@ -22,6 +24,8 @@ from queue_server.services.queue_settings import QueueSettingsIn, RetrySettings
 
 router = APIRouter(prefix="/v1", responses=PROBLEMS)
 
+ApprovalId = Annotated[str, Path(max_length=64, description="Spend approval id (a UUID)")]
+
 
 @router.post(
     "/tenants/{tenant}/queues/{queue}/spend-approvals",
@@ -38,7 +42,8 @@ async def approve_spend(
     caller: Caller,
     idempotency_key: IdempotencyKey,
 ) -> Response:
-    """Record an operator's approval for more than one concurrent lease on the queue."""
+    """Record the calling operator key's approval of more than one concurrent lease on the
+    queue: at most the policy's max-approved, until at most a year ahead."""
     idem = idempotency(request, idempotency_key, body)
     answer = await queues.approve_spend(
         caller,
@@ -50,6 +55,41 @@ async def approve_spend(
         max_concurrency=body.max_concurrency,
         expires_at=body.expires_at,
         reason=body.reason,
+    )
+    return respond(answer)
+
+
+@router.get(
+    "/tenants/{tenant}/queues/{queue}/spend-approvals",
+    response_model=schemas.SpendApprovalsOut,
+    tags=["spend"],
+)
+async def spend_approvals(
+    tenant: TenantName, queue: QueueName, queues: QueuesService, caller: Caller
+) -> Response:
+    """The queue's spend approvals, live, expired and revoked, newest first (operator)."""
+    return respond(await queues.spend_approvals(caller, tenant, queue))
+
+
+@router.delete(
+    "/tenants/{tenant}/queues/{queue}/spend-approvals/{approval_id}",
+    response_model=schemas.SpendApprovalOut,
+    tags=["spend"],
+)
+async def revoke_spend(
+    request: Request,
+    tenant: TenantName,
+    queue: QueueName,
+    approval_id: ApprovalId,
+    queues: QueuesService,
+    caller: Caller,
+    idempotency_key: IdempotencyKey,
+) -> Response:
+    """Revoke a spend approval (operator): from the next acquire on, it raises nothing.
+    Revoking it again answers the approval as first revoked."""
+    idem = idempotency(request, idempotency_key, schemas.Body())
+    answer = await queues.revoke_spend(
+        caller, tenant, queue, approval_id, idem, instance=request.url.path
     )
     return respond(answer)
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
@@ -326,23 +326,37 @@ class TriageIn(Body):
     delay: Delay | Backoff = 0.0
 
 
+# An approval lasts at most a year: the example expires a week after the process started.
+_APPROVAL_EXAMPLE_EXPIRY = (datetime.now(UTC) + timedelta(days=7)).replace(microsecond=0)
+
+
 class SpendApprovalIn(Body):
     model_config = example(
         {
-            "approved_by": "ops@example.com",
             "max_concurrency": 8,
-            "expires_at": "2030-01-01T00:00:00Z",
+            "expires_at": _APPROVAL_EXAMPLE_EXPIRY.isoformat().replace("+00:00", "Z"),
             "reason": "campaign week",
         }
     )
 
-    approved_by: Annotated[Text, Field(min_length=1, max_length=200)]
-    max_concurrency: int = Field(ge=2, le=100_000, strict=True)
-    expires_at: AwareDatetime
+    # The approver is the calling key; a name given here other than its id is refused.
+    approved_by: Annotated[Text, Field(min_length=1, max_length=200)] | None = Field(
+        default=None,
+        description="Deprecated: the approval records the calling key; if given, it must be"
+        " that key's id.",
+    )
+    max_concurrency: int = Field(
+        ge=2,
+        le=100_000,
+        strict=True,
+        description="At most the policy's durable-leased-work/concurrency max-approved.",
+    )
+    expires_at: AwareDatetime = Field(description="In the future, at most 365 days ahead.")
     reason: Annotated[Text, Field(min_length=1)]
 
 
 SpendApprovalOut = wire.SpendApproval
+SpendApprovalsOut = wire.SpendApprovals
 
 
 ConcurrencyOut = wire.Concurrency

@@ -1,4 +1,4 @@
-"""`queue-server spend`: approve and show the concurrency a queue may use."""
+"""`queue-server spend`: approve, list, revoke and show the concurrency a queue may use."""
 
 from __future__ import annotations
 
@@ -14,10 +14,14 @@ from queue_server.cli.common import (
     Key,
     Tenant,
     Url,
+    Wide,
     console,
+    counted,
     fail,
     fields,
     print_json,
+    resolve_id,
+    table,
     tenant_session,
 )
 
@@ -41,26 +45,38 @@ def parse_expiry(text: str) -> datetime:
 @app.command("approve")
 def spend_approve(
     queue: Annotated[str, typer.Argument(help="Queue name.")],
-    max_concurrency: Annotated[int, typer.Option(help="Leases at once (at least 2).")],
-    expires: Annotated[str, typer.Option(help="Duration (2h, 7d) or RFC 3339 time.")],
-    approved_by: Annotated[str, typer.Option(help="Who approves the spend.")],
+    max_concurrency: Annotated[
+        int, typer.Option(help="Leases at once (at least 2, at most the policy's max-approved).")
+    ],
+    expires: Annotated[
+        str, typer.Option(help="Duration (2h, 7d) or RFC 3339 time, at most a year ahead.")
+    ],
     reason: Annotated[str, typer.Option(help="Why.")],
+    approved_by: Annotated[
+        str | None,
+        typer.Option(hidden=True, help="Removed: the key you call with is the approver."),
+    ] = None,
     url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
     data_dir: DataDir = None,
     json: Json = False,
 ) -> None:
-    """Approve more than one concurrent lease on a queue until the approval expires.
+    """Approve more than one concurrent lease on a queue until the approval expires. The
+    key you call with is recorded as the approver.
 
     Example: [bold]queue-server spend approve emails --max-concurrency 8 --expires 7d
-    --approved-by ana@example.com --reason "launch week"[/bold]
+    --reason "launch week"[/bold]
     """
+    if approved_by is not None:
+        fail(
+            "--approved-by is gone",
+            "the approval records the key you call with (its id and role); leave it out",
+        )
     expires_at = parse_expiry(expires)
     with tenant_session(url, key, data_dir, tenant) as qs:
         approval = qs.approve_spend(
             queue,
-            approved_by=approved_by,
             max_concurrency=max_concurrency,
             expires_at=expires_at,
             reason=reason,
@@ -70,7 +86,82 @@ def spend_approve(
         return
     console.print(
         f"{approval.queue}: up to {approval.max_concurrency} leases until"
-        f" {approval.expires_at:%Y-%m-%d %H:%M:%S %Z} (approved by {approval.approved_by})"
+        f" {approval.expires_at:%Y-%m-%d %H:%M:%S %Z} (approval {approval.approval_id},"
+        f" by key {approval.approved_by}, {approval.approved_by_role})"
+    )
+
+
+@app.command("list")
+def spend_list(
+    queue: Annotated[str, typer.Argument(help="Queue name.")],
+    url: Url = None,
+    key: Key = None,
+    tenant: Tenant = None,
+    data_dir: DataDir = None,
+    json: Json = False,
+    wide: Wide = False,
+) -> None:
+    """The queue's spend approvals, live, expired and revoked, newest first.
+
+    Example: [bold]queue-server spend list emails[/bold]
+    """
+    with tenant_session(url, key, data_dir, tenant) as qs:
+        found = qs.spend_approvals(queue)
+    if json:
+        print_json(found)
+        return
+    table(
+        f"{counted(len(found), 'spend approval')} of {queue}",
+        ["approval", "max", "live", "by key", "role", "expires", "revoked", "reason"],
+        [
+            (
+                a.approval_id,
+                a.max_concurrency,
+                "yes" if a.live else "no",
+                a.approved_by,
+                a.approved_by_role,
+                a.expires_at,
+                a.revoked_at,
+                a.reason,
+            )
+            for a in found
+        ],
+        drop=["reason", "role", "revoked"],
+        wide=wide,
+    )
+
+
+@app.command("revoke")
+def spend_revoke(
+    queue: Annotated[str, typer.Argument(help="Queue name.")],
+    approval_id: Annotated[
+        str, typer.Argument(help="The approval id, or a prefix of exactly one of the queue's.")
+    ],
+    url: Url = None,
+    key: Key = None,
+    tenant: Tenant = None,
+    data_dir: DataDir = None,
+    json: Json = False,
+) -> None:
+    """Revoke a spend approval: from the next acquire on, the queue leases at most its limit
+    without it (one, unless another approval lives).
+
+    Example: [bold]queue-server spend revoke emails 3f2a9c1e[/bold]
+    """
+    with tenant_session(url, key, data_dir, tenant) as qs:
+        whole = resolve_id(
+            approval_id,
+            "spend approval",
+            lambda: [a.approval_id for a in qs.spend_approvals(queue)],
+        )
+        approval = qs.revoke_spend_approval(queue, whole)
+        limit = qs.concurrency(queue).limit
+    if json:
+        print_json(approval)
+        return
+    console.print(
+        f"{approval.queue}: approval {approval.approval_id} revoked"
+        f" by key {approval.revoked_by}; the queue's limit is now {limit}"
     )
 
 
@@ -98,7 +189,9 @@ def spend_show(
         [
             ("limit", info.limit),
             ("active leases", info.active_leases),
+            ("approval", approval.get("approval_id")),
             ("approved by", approval.get("approved_by")),
+            ("role", approval.get("approved_by_role")),
             ("expires", approval.get("expires_at")),
             ("reason", approval.get("reason")),
         ],

@@ -184,6 +184,8 @@ class AsyncQueueClient(ClientFace):
     heartbeat_many = awaited(ClientCore.heartbeat_many)
     complete_many = awaited(ClientCore.complete_many)
     approve_spend = awaited(ClientCore.approve_spend)
+    spend_approvals = awaited(ClientCore.spend_approvals)
+    revoke_spend_approval = awaited(ClientCore.revoke_spend_approval)
     concurrency = awaited(ClientCore.concurrency)
     status = awaited(ClientCore.status)
     list_items = awaited(ClientCore.list_items)

@@ -221,6 +221,8 @@ class QueueClient(ClientFace):
     heartbeat_many = blocking(ClientCore.heartbeat_many)
     complete_many = blocking(ClientCore.complete_many)
     approve_spend = blocking(ClientCore.approve_spend)
+    spend_approvals = blocking(ClientCore.spend_approvals)
+    revoke_spend_approval = blocking(ClientCore.revoke_spend_approval)
     concurrency = blocking(ClientCore.concurrency)
     status = blocking(ClientCore.status)
     list_items = blocking(ClientCore.list_items)

@@ -56,6 +56,7 @@ from queue_server.client.models import (
     QueueSettings,
     QueueStatus,
     SpendApproval,
+    SpendApprovals,
     Status,
     Tenant,
     Verification,
@@ -569,21 +570,39 @@ class ClientCore:
         self,
         queue: str,
         *,
-        approved_by: str,
         max_concurrency: int,
         expires_at: datetime,
         reason: str,
         idempotency_key: str | None = None,
         tenant: str | None = None,
     ) -> Flow[SpendApproval]:
+        """Let the queue lease up to `max_concurrency` items at once until `expires_at` (at
+        most a year ahead, at most the policy's max-approved); this client's key approves."""
         body = {
-            "approved_by": approved_by,
             "max_concurrency": max_concurrency,
             "expires_at": expires_at.isoformat(),
             "reason": reason,
         }
         path = yield from self._at(tenant, f"/queues/{queue}/spend-approvals")
         return (yield from self._effect(SpendApproval, "POST", path, body, idempotency_key))
+
+    def spend_approvals(self, queue: str, tenant: str | None = None) -> Flow[list[SpendApproval]]:
+        """The queue's approvals, live, expired and revoked, newest first."""
+        path = yield from self._at(tenant, f"/queues/{queue}/spend-approvals")
+        return (yield from self._get(SpendApprovals, path)).approvals
+
+    def revoke_spend_approval(
+        self,
+        queue: str,
+        approval_id: str,
+        *,
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> Flow[SpendApproval]:
+        """The approval no longer raises the queue's limit from the next acquire on;
+        revoking it again answers it as first revoked."""
+        path = yield from self._at(tenant, f"/queues/{queue}/spend-approvals/{approval_id}")
+        return (yield from self._effect(SpendApproval, "DELETE", path, None, idempotency_key))
 
     def concurrency(self, queue: str, tenant: str | None = None) -> Flow[Concurrency]:
         path = yield from self._at(tenant, f"/queues/{queue}/concurrency")

@@ -168,6 +168,10 @@ class ScheduleNotFoundError(NotFoundError):
     pass
 
 
+class SpendApprovalNotFoundError(NotFoundError):
+    pass
+
+
 # -- 409 --------------------------------------------------------------------------
 
 
@@ -315,6 +319,7 @@ BY_CODE: dict[str, type[ProblemError]] = {
     "receipt-not-found": ReceiptNotFoundError,
     "verification-run-not-found": VerificationRunNotFoundError,
     "schedule-not-found": ScheduleNotFoundError,
+    "spend-approval-not-found": SpendApprovalNotFoundError,
     "stale-fence": StaleFenceError,
     "fence-ahead": FenceAheadError,
     "not-lease-holder": NotLeaseHolderError,

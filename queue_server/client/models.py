@@ -25,6 +25,7 @@ from queue_server.wire import (
     QueueSettings,
     Setting,
     SpendApproval,
+    SpendApprovals,
     Tenant,
     WhoAmI,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "QueueStatus",
     "Setting",
     "SpendApproval",
+    "SpendApprovals",
     "Status",
     "Tenant",
     "Verification",

@@ -188,6 +188,7 @@ class WorkerCore(abc.ABC, Generic[J]):
         self._comebacks: list[float] = []
         self._limit = 1
         self._limit_read_at = float("-inf")
+        self._limit_warned = False  # the start-up warning of a limit below `concurrency`
         # The outbox has its own lock: handlers hand it outcomes while the state is busy.
         self._outbox_lock = self._new_lock()
         self._outbox_wake = self._new_signal(self._outbox_lock)
@@ -329,9 +330,26 @@ class WorkerCore(abc.ABC, Generic[J]):
             try:
                 self._limit = (yield from self._api.concurrency(self.queue)).limit
                 self._limit_read_at = now
+                self._warn_below_concurrency()
             except errors.QueueClientError as exc:
                 self._log.warning("could not read the queue's concurrency limit: %s", exc)
         return max(1, min(self.concurrency, self._limit))
+
+    def _warn_below_concurrency(self) -> None:
+        """At start (the first limit read of a run): say so when the queue leases fewer at a
+        time than this worker's `concurrency`, which would otherwise run below it silently."""
+        if self._limit_warned:
+            return
+        self._limit_warned = True
+        if self._limit < self.concurrency:
+            self._log.warning(
+                "queue %s leases at most %d at a time (%s; a spend approval raises it);"
+                " this worker's concurrency is %d",
+                self.queue,
+                self._limit,
+                self.policy.leased_work.cell("concurrency"),
+                self.concurrency,
+            )
 
     def _start(self) -> None:
         self._log.info(
@@ -340,6 +358,7 @@ class WorkerCore(abc.ABC, Generic[J]):
         self._closing = False
         self._started = 0
         self._comebacks = []
+        self._limit_warned = False
 
     def _slot(self) -> Steps[None]:
         while True:

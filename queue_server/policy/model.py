@@ -228,6 +228,12 @@ class Concurrency(Cell):
     limit: int
     scope: Literal["local", "cloud"] = "local"
     spend_approval: str | None = None
+    # The most a human spend approval may raise the class's concurrency to; None: no
+    # approval may raise it.
+    # Left out of the document when unset, so documents without it keep their digest.
+    max_approved: Annotated[StrictInt, Field(ge=2)] | None = Field(
+        default=None, exclude_if=lambda value: value is None
+    )
     note: str = ""
 
     @field_validator("limit", mode="before")

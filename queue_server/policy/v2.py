@@ -180,7 +180,13 @@ OPERATION_RELIABILITY_V2: dict[str, Any] = {
                 "note": "a tenant-scoped admission lock refuses new ready work at the cap while "
                 "reserving requeue capacity for active leases",
             },
-            "concurrency": {"limit": 1, "scope": "local"},
+            "concurrency": {
+                "limit": 1,
+                "scope": "local",
+                "max-approved": 1000,
+                "note": "a spend approval by an operator key raises a queue's limit, at most to "
+                "max-approved, for at most a year",
+            },
             "idempotency-and-fencing": {
                 "effects": "always",
                 "requires-idempotency-key": True,

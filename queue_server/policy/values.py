@@ -4,6 +4,7 @@
     policy.leased_work.attempt_timeout  the longest lease TTL
     policy.leased_work.deadline         the longest life of one lease, from its acquisition
     policy.leased_work.backoff_cap      the longest requeue / triage delay
+    policy.leased_work.max_approved     the most a spend approval may raise a queue to
     policy.delivery.outbox_cap          pending deliveries per watcher
     policy.delivery.retryable           the failure classes a delivery retries
     ...
@@ -75,6 +76,7 @@ class LeasedWork(_View):
         "backoff_cap": "backoff-and-jitter",
         "backlog_cap": "backpressure",
         "concurrency": "concurrency",
+        "max_approved": "concurrency",
     }
 
     attempt_cap: int  # max acquisitions of one item (item, tenant default, replay)
@@ -83,6 +85,9 @@ class LeasedWork(_View):
     backoff_cap: float  # the longest delay a requeue or triage(requeue) may ask, seconds
     backlog_cap: int  # the largest tenant backlog cap
     concurrency: int  # leases of one local worker at once
+    # The most a spend approval may raise a queue's concurrency to; the base limit when the
+    # policy names none (no approval may raise it).
+    max_approved: int
 
     @classmethod
     def of(cls, cp: ClassPolicy) -> LeasedWork:
@@ -97,6 +102,7 @@ class LeasedWork(_View):
             backoff_cap=_backoff(cp)[2],
             backlog_cap=cp.backpressure.max_queued,
             concurrency=cp.concurrency.limit,
+            max_approved=cp.concurrency.max_approved or cp.concurrency.limit,
         )
 
 

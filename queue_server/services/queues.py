@@ -7,12 +7,13 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from queue_server import auth, views
+from queue_server import auth, errors, views
 from queue_server.db import Database
 from queue_server.idempotency import Answer, Effects, Idempotency
-from queue_server.models import Role
+from queue_server.models import Role, is_uuid
 from queue_server.policy import ReliabilityPolicy
 from queue_server.services.common import WORKER_OR_OPERATOR, require_tenant
+from queue_server.services.envelope import Above, refuse_above
 from queue_server.store import dead_letters, reads, tenants, transitions
 from queue_server.store import queues as queue_store
 from queue_server.store.types import Conn, Row
@@ -20,6 +21,8 @@ from queue_server.store.types import Conn, Row
 STATUS_LEASES = 100  # the status shows at most this many leases, the oldest first
 # The queue ledger events a queue's page shows, newest first.
 QUEUE_EVENTS = 50
+# A queue's approvals a listing shows, newest first.
+SPEND_APPROVALS = 100
 
 
 def _seconds(value: Decimal | float | None) -> float | None:
@@ -86,6 +89,9 @@ class Queues:
         self.effects = effects
         # Without a live spend approval: the policy's local leased-work concurrency (one).
         self.base_limit = policy.leased_work.concurrency
+        # The most an approval may raise it to (durable-leased-work/concurrency max-approved).
+        self.max_approved = policy.leased_work.max_approved
+        self.max_approved_cell = policy.leased_work.cell("max_approved")
 
     async def approve_spend(
         self,
@@ -95,20 +101,67 @@ class Queues:
         idem: Idempotency,
         *,
         instance: str,
-        approved_by: str,
+        approved_by: str | None,
         max_concurrency: int,
         expires_at: datetime,
         reason: str,
     ) -> Answer:
+        """Record the calling key's approval of up to `max_concurrency` leases at once on the
+        queue until `expires_at`: at most the policy's `max-approved`, at most a year ahead."""
         principal.require(tenant, Role.OPERATOR)
+        # The approver is the authenticated key; a name of its own choosing proves nothing.
+        if approved_by is not None and approved_by != principal.key_id:
+            raise errors.InvalidRequestError(
+                f"approved_by {approved_by!r} is not the calling key ({principal.key_id}):"
+                " an approval records the key that makes it; leave approved_by out.",
+                errors=[
+                    {
+                        "loc": ["body", "approved_by"],
+                        "msg": "the approval records the calling key; leave this out",
+                        "type": "approver_is_the_key",
+                    }
+                ],
+            )
+        refuse_above(
+            [
+                Above(
+                    ("body", "max_concurrency"),
+                    max_concurrency,
+                    self.max_approved,
+                    self.max_approved_cell,
+                    "approval ceiling (max-approved)",
+                )
+                if max_concurrency > self.max_approved
+                else None
+            ]
+        )
 
         async def operation(conn: Conn) -> Answer:
             await require_tenant(conn, tenant)
+            window = await tenants.spend_window(conn, expires_at=expires_at)
+            if not (window["future"] and window["within_year"]):
+                msg = (
+                    "must be in the future"
+                    if not window["future"]
+                    else f"must be at most 365 days ahead (by {window['latest'].isoformat()})"
+                )
+                raise errors.InvalidRequestError(
+                    f"expires_at {expires_at.isoformat()} {msg}: an approval lasts up to a year.",
+                    errors=[
+                        {
+                            "loc": ["body", "expires_at"],
+                            "msg": msg,
+                            "type": "approval_window",
+                            "limit": window["latest"].isoformat(),
+                        }
+                    ],
+                )
             row = await tenants.add_spend_approval(
                 conn,
                 tenant=tenant,
                 queue=queue,
-                approved_by=approved_by,
+                key_id=principal.key_id,
+                role=principal.role.value,
                 max_concurrency=max_concurrency,
                 expires_at=expires_at,
                 reason=reason,
@@ -116,6 +169,47 @@ class Queues:
             return Answer.of(201, views.spend_approval(row))
 
         return await self.effects.run(tenant, idem, instance, operation)
+
+    async def revoke_spend(
+        self,
+        principal: auth.Principal,
+        tenant: str,
+        queue: str,
+        approval_id: str,
+        idem: Idempotency,
+        *,
+        instance: str,
+    ) -> Answer:
+        """The approval no longer raises the queue's limit; revoking it again answers it as
+        first revoked."""
+        principal.require(tenant, Role.OPERATOR)
+
+        async def operation(conn: Conn) -> Answer:
+            await require_tenant(conn, tenant)
+            row = None
+            if is_uuid(approval_id):
+                row = await tenants.revoke_spend_approval(
+                    conn,
+                    tenant=tenant,
+                    queue=queue,
+                    approval_id=approval_id,
+                    key_id=principal.key_id,
+                )
+            if row is None:
+                raise errors.SpendApprovalNotFoundError(approval_id=approval_id, queue=queue)
+            return Answer.of(200, views.spend_approval(row))
+
+        return await self.effects.run(tenant, idem, instance, operation)
+
+    async def spend_approvals(self, principal: auth.Principal, tenant: str, queue: str) -> Answer:
+        """The queue's approvals, live, expired and revoked, newest first."""
+        principal.require(tenant, Role.OPERATOR)
+        async with self.db.conn() as conn:
+            await require_tenant(conn, tenant)
+            rows = await tenants.list_spend_approvals(
+                conn, tenant=tenant, queue=queue, limit=SPEND_APPROVALS
+            )
+        return Answer.of(200, {"approvals": [views.spend_approval(r) for r in rows]})
 
     async def concurrency(self, principal: auth.Principal, tenant: str, queue: str) -> Answer:
         principal.require(tenant, *WORKER_OR_OPERATOR)

@@ -238,14 +238,17 @@ spend_approvals = Table(
     _ts("expires_at", nullable=False),
     Column("reason", Text, nullable=False),
     _ts("created_at", nullable=False, server_default=func.now()),
-    # The approving key (0013), and a revocation: a revoked approval raises nothing.
+    # The approving key (0013); NULL on approvals recorded before, whose approved_by is a name.
     Column("approved_by_key_id", Text, nullable=True),
     Column("approved_by_role", Text, nullable=True),
+    # A revoked approval raises nothing (0013).
     _ts("revoked_at", nullable=True),
     Column("revoked_by", Text, nullable=True),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
     CheckConstraint("max_concurrency >= 2", name="max_concurrency_above_one"),
-    CheckConstraint("(revoked_at IS NULL) = (revoked_by IS NULL)", name="revoked_has_actor"),
+    CheckConstraint(
+        "(revoked_at IS NULL) = (revoked_by IS NULL)", name="spend_approvals_revoked_has_actor"
+    ),
     Index("ix_spend_approvals_queue", "tenant_id", "queue", "expires_at"),
 )
 

@@ -135,23 +135,62 @@ async def count_admin_keys(conn: Conn) -> int:
     return int(row["n"])
 
 
+async def spend_window(conn: Conn, *, expires_at: datetime) -> Row:
+    """Whether `expires_at` is in the future (`future`) and at most a year ahead
+    (`within_year`) on the database's clock, and that year's end (`latest`)."""
+    cur = await conn.execute(_SQL["spend_window"], {"expires_at": expires_at})
+    row = await cur.fetchone()
+    assert row is not None
+    return row
+
+
 async def add_spend_approval(
     conn: Conn,
     *,
     tenant: str,
     queue: str,
-    approved_by: str,
+    key_id: str,
+    role: str,
     max_concurrency: int,
     expires_at: datetime,
     reason: str,
 ) -> Row:
+    """Record an approval by the key `key_id` (of `role`)."""
     cur = await conn.execute(
         _SQL["add_spend_approval"],
-        (tenant, queue, approved_by, max_concurrency, expires_at, reason),
+        {
+            "tenant": tenant,
+            "queue": queue,
+            "key_id": key_id,
+            "role": role,
+            "max_concurrency": max_concurrency,
+            "expires_at": expires_at,
+            "reason": reason,
+        },
     )
     row = await cur.fetchone()
     assert row is not None
     return row
+
+
+async def revoke_spend_approval(
+    conn: Conn, *, tenant: str, queue: str, approval_id: str, key_id: str
+) -> Row | None:
+    """The approval, revoked by `key_id` (or earlier, by whoever revoked it first); None when
+    the queue has no such approval."""
+    cur = await conn.execute(
+        _SQL["revoke_spend_approval"],
+        {"tenant": tenant, "queue": queue, "approval_id": approval_id, "key_id": key_id},
+    )
+    return await cur.fetchone()
+
+
+async def list_spend_approvals(conn: Conn, *, tenant: str, queue: str, limit: int) -> list[Row]:
+    """The queue's approvals, live, expired and revoked, newest first."""
+    cur = await conn.execute(
+        _SQL["list_spend_approvals"], {"tenant": tenant, "queue": queue, "limit": limit}
+    )
+    return await cur.fetchall()
 
 
 async def concurrency(

@@ -13,6 +13,7 @@ import base64
 import json
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -57,9 +58,8 @@ BODIES: dict[tuple[str, str], Any] = {
         "decision": "requeue",
     },
     ("POST", "/v1/tenants/{tenant}/queues/{queue}/spend-approvals"): {
-        "approved_by": "ops@example.com",
         "max_concurrency": 2,
-        "expires_at": "2999-01-01T00:00:00Z",
+        "expires_at": (datetime.now(UTC) + timedelta(days=30)).isoformat(),
         "reason": "r",
     },
     ("POST", "/v1/tenants/{tenant}/dead-letters/{dead_letter_id}/discard"): {"reason": "r"},
@@ -199,6 +199,7 @@ def _fixtures(api: Api, db: psycopg.Connection[dict[str, Any]]) -> dict[str, str
         json={"artifact_version": "a-0", "verifier_version": "v-0", "items": ["x"]},
     )
     assert run.status_code == 201, run.text
+    approval = api.approve("q", 2)
     return {
         "tenant": api.tenant,
         "queue": "q",
@@ -210,6 +211,7 @@ def _fixtures(api: Api, db: psycopg.Connection[dict[str, Any]]) -> dict[str, str
         "ref": "ref-1",
         "run_id": str(run.json()["run_id"]),
         "item": "x",
+        "approval_id": str(approval["approval_id"]),
     }
 
 

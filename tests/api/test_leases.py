@@ -218,7 +218,7 @@ def test_spend_approval_raises_the_limit_and_expired_one_falls_back(api: Api, db
     assert len(api.acquire(max_items=10)) == 3
     info = api.worker.get("/v1/tenants/acme/queues/q/concurrency").json()
     assert info["limit"] == 3
-    assert info["approval"]["approved_by"] == "ops@example.com"
+    assert info["approval"]["approved_by"] == api.operator.get("/v1/whoami").json()["key_id"]
     db.execute("UPDATE spend_approvals SET expires_at = now() - interval '1 second'")
     assert api.worker.get("/v1/tenants/acme/queues/q/concurrency").json()["limit"] == 1
     assert api.acquire(max_items=10) == []

@@ -56,17 +56,16 @@ def test_every_answer_has_exactly_its_wire_fields(api: Api) -> None:
     ]:
         exactly(wire.LedgerEvent, event)
     exactly(wire.Concurrency, api.worker.get("/v1/tenants/acme/queues/q/concurrency").json())
-    approval = api.operator.post(
-        "/v1/tenants/acme/queues/q/spend-approvals",
-        json={
-            "approved_by": "ops@example.com",
-            "max_concurrency": 2,
-            "expires_at": "2999-01-01T00:00:00Z",
-            "reason": "wire",
-        },
+    approval = api.approve("q", 2)
+    exactly(wire.SpendApproval, approval)
+    revoked = api.operator.delete(
+        f"/v1/tenants/acme/queues/q/spend-approvals/{approval['approval_id']}",
         headers={"Idempotency-Key": uuid.uuid4().hex},
     )
-    exactly(wire.SpendApproval, approval.json())
+    exactly(wire.SpendApproval, revoked.json())
+    exactly(
+        wire.SpendApprovals, api.operator.get("/v1/tenants/acme/queues/q/spend-approvals").json()
+    )
     # Quarantined by its handler: a dead letter.
     triaged = api.holder(
         "triage",

@@ -139,15 +139,51 @@ def test_spend_approval_and_ledger_verification(cli: Cli, api: Api, db: DB) -> N
         "3",
         "--expires",
         "2h",
+        "--reason",
+        "launch",
+    )
+    operator_key = api.operator.get("/v1/whoami").json()["key_id"]
+    assert (approved["max_concurrency"], approved["approved_by"]) == (3, operator_key)
+    assert approved["approved_by_role"] == "operator"
+    shown = cli.json("spend", "show", "mail")
+    assert (shown["limit"], shown["approval"]["approved_by"]) == (3, operator_key)
+    assert operator_key in cli.run("spend", "show", "mail").stdout
+    listed = cli.run("spend", "list", "mail", "--wide").stdout
+    assert approved["approval_id"] in listed
+    # A prefix names the approval; the queue is back to one lease at a time.
+    revoked = cli.run("spend", "revoke", "mail", approved["approval_id"][:8]).stdout
+    assert "revoked" in revoked
+    assert "limit is now 1" in revoked
+    assert cli.json("spend", "show", "mail")["limit"] == 1
+    gone = cli.run(
+        "spend",
+        "approve",
+        "mail",
+        "--max-concurrency",
+        "3",
+        "--expires",
+        "2h",
         "--approved-by",
         "ana@example.com",
         "--reason",
         "launch",
+        ok=False,
     )
-    assert approved["max_concurrency"] == 3
-    shown = cli.json("spend", "show", "mail")
-    assert (shown["limit"], shown["approval"]["approved_by"]) == (3, "ana@example.com")
-    assert "ana@example.com" in cli.run("spend", "show", "mail").stdout
+    assert gone.returncode != 0
+    assert "--approved-by" in gone.stderr
+    far = cli.run(
+        "spend",
+        "approve",
+        "mail",
+        "--max-concurrency",
+        "3",
+        "--expires",
+        "400d",
+        "--reason",
+        "launch",
+        ok=False,
+    )
+    assert "expires_at" in far.stderr
 
     item = api.enqueue("mail", "x")
     assert "1 items verified" in cli.run("ledger", "verify").stdout

@@ -84,7 +84,7 @@ def test_problems_are_raised_as_typed_exceptions_with_their_code(api: Api) -> No
         assert invalid.value.code == "invalid-request"
         expires = datetime.now(UTC) + timedelta(hours=1)
         approval = operator.approve_spend(
-            "q", approved_by="ops", max_concurrency=4, expires_at=expires, reason="launch"
+            "q", max_concurrency=4, expires_at=expires, reason="launch"
         )
         assert approval.max_concurrency == 4
         assert operator.concurrency("q").limit == 4

@@ -4,6 +4,7 @@ does, clicked and read as they would."""
 from __future__ import annotations
 
 import threading
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -140,8 +141,8 @@ def test_spend_approval_watchers_and_verification_runs(page: Page, api: Api, sho
     nav.get_by_role("link", name="Spend & concurrency").click()
     page.get_by_label("Queue").fill("emails")
     page.get_by_label("Max concurrent leases").fill("4")
-    page.get_by_label("Expires (UTC)").fill("2999-01-01T00:00")
-    page.get_by_label("Approved by").fill("ops@example.com")
+    soon = datetime.now(UTC) + timedelta(days=30)
+    page.get_by_label("Expires (UTC)").fill(soon.strftime("%Y-%m-%dT%H:%M"))
     page.get_by_label("Reason").fill("launch week")
     page.get_by_role("button", name="Approve").click()
     expect(page.get_by_role("status")).to_have_text("Approved 4 concurrent leases on emails.")

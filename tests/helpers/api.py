@@ -8,6 +8,7 @@ import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -64,18 +65,21 @@ class Api:
             headers={"Idempotency-Key": key or uuid.uuid4().hex},
         )
 
-    def approve(self, queue: str, max_concurrency: int) -> None:
+    def approve(self, queue: str, max_concurrency: int, days: float = 30) -> dict[str, object]:
+        """A spend approval by the operator key, for `days` (an approval lasts up to a year)."""
+        expires_at = datetime.now(UTC) + timedelta(days=days)
         response = self.operator.post(
             f"/v1/tenants/{self.tenant}/queues/{queue}/spend-approvals",
             json={
-                "approved_by": "ops@example.com",
                 "max_concurrency": max_concurrency,
-                "expires_at": "2999-01-01T00:00:00Z",
+                "expires_at": expires_at.isoformat(),
                 "reason": "load test",
             },
             headers={"Idempotency-Key": uuid.uuid4().hex},
         )
         assert response.status_code == 201, response.text
+        approval: dict[str, object] = response.json()
+        return approval
 
 
 def client_for(url: str, key: str | None) -> httpx.Client:

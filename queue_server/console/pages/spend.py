@@ -50,7 +50,6 @@ async def approve(request: Request, tenant: str) -> Response:
     max_concurrency = web.form_text(form, "max_concurrency")
     body = web.body_of(
         schemas.SpendApprovalIn,
-        approved_by=web.form_text(form, "approved_by"),
         max_concurrency=int(max_concurrency)
         if max_concurrency.isascii() and max_concurrency.isdigit()
         else max_concurrency,
@@ -65,7 +64,7 @@ async def approve(request: Request, tenant: str) -> Response:
         queue,
         idem,
         instance=rest_path,
-        approved_by=body.approved_by,
+        approved_by=None,  # the signed-in key approves
         max_concurrency=body.max_concurrency,
         expires_at=body.expires_at,
         reason=body.reason,

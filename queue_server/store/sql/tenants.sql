@@ -80,17 +80,44 @@ SELECT pg_advisory_xact_lock(hashtext('queue-server-admin-key'));
 -- name: count_admin_keys
 SELECT count(*) AS n FROM api_keys WHERE role = 'admin' AND revoked_at IS NULL;
 
+-- name: spend_window
+-- Where an approval's expiry falls on the database's clock: it must be in the future and at
+-- most a year (365 days) ahead.
+SELECT %(expires_at)s::timestamptz > statement_timestamp() AS future,
+       %(expires_at)s::timestamptz <= statement_timestamp() + interval '365 days' AS within_year,
+       statement_timestamp() + interval '365 days' AS latest;
+
 -- name: add_spend_approval
-INSERT INTO spend_approvals (tenant_id, queue, approved_by, max_concurrency, expires_at,
-    reason) VALUES (%s, %s, %s, %s, %s, %s) RETURNING *, expires_at > statement_timestamp() AS live;
+-- The approving key, not a name it gives: `approved_by` keeps the key id for older readers.
+INSERT INTO spend_approvals (tenant_id, queue, approved_by, approved_by_key_id,
+    approved_by_role, max_concurrency, expires_at, reason)
+VALUES (%(tenant)s, %(queue)s, %(key_id)s, %(key_id)s, %(role)s, %(max_concurrency)s,
+    %(expires_at)s, %(reason)s)
+RETURNING *, expires_at > statement_timestamp() AND revoked_at IS NULL AS live;
+
+-- name: revoke_spend_approval
+-- Revoking a revoked approval changes nothing: it keeps its first revocation.
+UPDATE spend_approvals
+SET revoked_at = coalesce(revoked_at, statement_timestamp()),
+    revoked_by = coalesce(revoked_by, %(key_id)s)
+WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND approval_id = %(approval_id)s
+RETURNING *, false AS live;
+
+-- name: list_spend_approvals
+-- Live, expired and revoked ones, the newest first.
+SELECT *, expires_at > statement_timestamp() AND revoked_at IS NULL AS live
+FROM spend_approvals WHERE tenant_id = %(tenant)s AND queue = %(queue)s
+ORDER BY created_at DESC, approval_id
+LIMIT %(limit)s;
 
 -- name: concurrency
+-- The live approval: not expired and not revoked (a revoked one raises nothing).
 SELECT (SELECT count(*) FROM work_items
         WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
           AND lease_expires_at > statement_timestamp()) AS active_leases,
        (SELECT to_jsonb(a) FROM spend_approvals a
         WHERE tenant_id = %(tenant)s AND queue = %(queue)s
-          AND expires_at > statement_timestamp()
+          AND expires_at > statement_timestamp() AND revoked_at IS NULL
         ORDER BY max_concurrency DESC, created_at DESC LIMIT 1) AS approval;
 
 -- name: delete_tenant

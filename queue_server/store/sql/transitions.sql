@@ -79,9 +79,11 @@ WITH terms AS (
     FROM tenants t LEFT JOIN queues q ON q.tenant_id = t.tenant_id AND q.queue = %(queue)s
     WHERE t.tenant_id = %(tenant)s
 ), counts AS (
+    -- A live approval: neither expired nor revoked.
     SELECT coalesce((SELECT max(max_concurrency) FROM spend_approvals
                      WHERE tenant_id = %(tenant)s AND queue = %(queue)s
-                       AND expires_at > statement_timestamp()), %(base_limit)s)
+                       AND expires_at > statement_timestamp()
+                       AND revoked_at IS NULL), %(base_limit)s)
            - (SELECT count(*) FROM work_items
               WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
                 AND lease_expires_at > statement_timestamp()) AS free,
