@@ -11,6 +11,7 @@
     receipts      confirmation receipts of confirmed mutations
     runs          artifact verification runs and their checkpoints
     schedules     periodic enqueues and the scheduler pass that fires them
+    policies      the policy versions the server has started under
 
 A service takes the `Database` (and, for effecting requests, the idempotency
 `Effects`) it was built with; the statements are in `queue_server.store`.
@@ -29,6 +30,7 @@ from queue_server.services.figures import Figures
 from queue_server.services.items import Items, Wakeups
 from queue_server.services.keys import Keys
 from queue_server.services.ledgers import Ledgers
+from queue_server.services.policies import PolicyHistory
 from queue_server.services.queues import Queues
 from queue_server.services.receipts import ConfirmationReceipts
 from queue_server.services.runs import VerificationRuns
@@ -44,6 +46,7 @@ __all__ = [
     "Items",
     "Keys",
     "Ledgers",
+    "PolicyHistory",
     "Queues",
     "Schedules",
     "Services",
@@ -68,6 +71,7 @@ class Services:
     runs: VerificationRuns
     schedules: Schedules
     figures: Figures
+    policies: PolicyHistory
 
     @classmethod
     def build(
@@ -100,4 +104,5 @@ class Services:
             runs=VerificationRuns(db, effects, policy),
             schedules=Schedules(db, effects, items, settings, metrics),
             figures=Figures(db),
+            policies=PolicyHistory(db, policy),
         )

@@ -605,3 +605,18 @@ queue_samples = Table(
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
     Index("ix_queue_samples_sampled_at", "sampled_at"),
 )
+
+# Every policy version the server has started under, with its digest: the first and last
+# start under it and how many starts. A changed document is a version of its own.
+policy_versions = Table(
+    "policy_versions",
+    metadata,
+    Column("version", Text, primary_key=True),
+    Column("sha256", Text, primary_key=True),
+    Column("source", Text, nullable=False),
+    Column("document", JSONB, nullable=False),
+    _ts("first_loaded_at", nullable=False, server_default=func.now()),
+    _ts("last_loaded_at", nullable=False, server_default=func.now()),
+    Column("loads", BigInteger, nullable=False, server_default=text("1")),
+    CheckConstraint("sha256 ~ '^[0-9a-f]{64}$'", name="sha256"),
+)
