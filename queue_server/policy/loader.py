@@ -351,9 +351,9 @@ VERSION_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$")
 
 
 def builtin_changed_message() -> str:
-    """Why a changed document may not keep the built-in's version."""
+    """Why a changed document may not keep the built-in's version (its cell is `version`)."""
     return (
-        f"version: {POLICY_NAME} is the built-in policy; a changed document needs a"
+        f"{POLICY_NAME} is the built-in policy; a changed document needs a"
         " version of its own (policy new --version NAME)"
     )
 
