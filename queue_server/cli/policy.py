@@ -15,6 +15,7 @@ from queue_server.cli.common import (
     Key,
     PolicyFile,
     Url,
+    Wide,
     connect,
     console,
     counted,
@@ -206,6 +207,7 @@ def history(
     key: Key = None,
     data_dir: DataDir = None,
     as_json: Json = False,
+    wide: Wide = False,
 ) -> None:
     """Every policy version the server has started under (admin), the latest start first:
     its sha256, where it was loaded from, its first and last start, how many process starts,
@@ -233,4 +235,6 @@ def history(
             )
             for v in versions
         ],
+        drop=("first loaded", "source", "sha256"),
+        wide=wide,
     )

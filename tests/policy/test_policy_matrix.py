@@ -272,7 +272,11 @@ def test_load_rejects_mutation_retries_without_durable_receipt() -> None:
     }
     mutation["idempotency-and-fencing"]["durable-receipt"] = False
     error = load_error(doc)
-    assert error.cells == ("confirmed-mutation/retry",)
+    # The identity cell itself stays as in the built-in, so it is named too.
+    assert error.cells == (
+        "confirmed-mutation/retry",
+        "confirmed-mutation/idempotency-and-fencing",
+    )
     assert "durable idempotency receipt" in str(error)
 
 

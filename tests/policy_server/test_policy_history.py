@@ -20,7 +20,7 @@ from queue_server.client import QueueClient
 from queue_server.client.errors import ForbiddenRoleError
 from queue_server.policy import default_policy, load_policy_file
 from queue_server.settings import Settings
-from tests.helpers.api import Api, live_api
+from tests.helpers.api import Api, client_for, setup_tenant
 from tests.helpers.server import LiveServer
 
 pytestmark = pytest.mark.live  # two servers on one database
@@ -63,6 +63,10 @@ def history(url: str, key: str) -> list[dict[str, Any]]:
     return versions
 
 
+def admin_key(api: Api) -> str:
+    return str(api.admin.headers["Authorization"]).removeprefix("Bearer ")
+
+
 def _at(value: object) -> datetime:
     return datetime.fromisoformat(str(value))
 
@@ -84,68 +88,73 @@ def test_a_server_under_a_version_of_ones_own_runs_long_leases_and_keeps_both_ve
 ) -> None:
     # The first server runs under the built-in; the second, on the same database, under acme.v3.
     path = acme_v3(tmp_path)
-    mine = load_policy_file(path)
     settings = Settings(data_dir=tmp_path / "acme", poll_interval=0.2, policy=str(path))
-    with live_api(settings, database_url, tenant="acme3") as acme:
-        acme.enqueue("long", max_acquisitions=20)
-        asked = datetime.now(UTC)
-        (lease,) = acme.acquire("long", ttl=30)
-        deadline = _at(lease["lease_deadline_at"])
-        assert abs(deadline - (asked + timedelta(seconds=7200))) < timedelta(seconds=5)
-        assert (deadline - _at(lease["lease_expires_at"])).total_seconds() == pytest.approx(
-            7200 - 30, abs=0.05
-        )
-        # Above the new budget is still refused, naming the cell.
-        over = acme.worker.post(
-            f"/v1/tenants/{acme.tenant}/queues/long/items",
-            json={"payload": None, "max_acquisitions": 26},
-            headers={"Idempotency-Key": "over-the-budget"},
-        )
-        assert over.status_code == 422, over.text
-        assert over.json()["errors"][0]["cell"] == "durable-leased-work/retry"
-        served = acme.client(None).get("/v1/policy").json()
-        assert served["version"] == "acme.v3"
-        assert served["loaded"]["version"] == "acme.v3"
-
-        admin_key = str(acme.admin.headers["Authorization"]).removeprefix("Bearer ")
-        versions = history(acme.url, admin_key)
-        assert [(v["version"], v["current"]) for v in versions] == [
-            ("acme.v3", True),
-            ("operation-reliability.v2", False),
-        ]
-        assert versions[0]["sha256"] == mine.sha256
-        assert versions[0]["source"] == str(path)
-        assert versions[1]["sha256"] == default_policy().sha256
-        assert versions[1]["source"] == "built-in"
-        assert [v["loads"] for v in versions] == [1, 1]
-        table = runner.invoke(
-            app,
-            ["policy", "history", "--url", acme.url, "--key", admin_key],
-            env={"COLUMNS": "200"},
-        )
-        assert table.exit_code == 0, table.output
-        assert "acme.v3" in table.output
-        assert "operation-reliability.v2" in table.output
-        assert mine.sha256[:12] in table.output
-
+    second = LiveServer(settings, database_url)
+    second.start()
+    try:
+        acme = setup_tenant(second.url, client_for(second.url, admin_key(api)), "acme3")
+        _long_leases_and_both_versions(acme, path)
+    finally:
+        second.stop()
     # The built-in server, asked the same, says it runs under the built-in.
-    built_in = history(api.url, str(api.admin.headers["Authorization"]).removeprefix("Bearer "))
+    built_in = history(api.url, admin_key(api))
     assert [(v["version"], v["current"]) for v in built_in] == [
         ("acme.v3", False),
         ("operation-reliability.v2", True),
     ]
 
 
+def _long_leases_and_both_versions(acme: Api, path: Path) -> None:
+    mine = load_policy_file(path)
+    acme.enqueue("long", max_acquisitions=20)
+    asked = datetime.now(UTC)
+    (lease,) = acme.acquire("long", ttl=30)
+    deadline = _at(lease["lease_deadline_at"])
+    assert abs(deadline - (asked + timedelta(seconds=7200))) < timedelta(seconds=5)
+    assert (deadline - _at(lease["lease_expires_at"])).total_seconds() == pytest.approx(
+        7200 - 30, abs=0.05
+    )
+    # Above the new budget is still refused, naming the cell.
+    over = acme.worker.post(
+        f"/v1/tenants/{acme.tenant}/queues/long/items",
+        json={"payload": None, "max_acquisitions": 26},
+        headers={"Idempotency-Key": "over-the-budget"},
+    )
+    assert over.status_code == 422, over.text
+    assert over.json()["errors"][0]["cell"] == "durable-leased-work/retry"
+    served = acme.client(None).get("/v1/policy").json()
+    assert served["version"] == "acme.v3"
+    assert served["loaded"]["version"] == "acme.v3"
+
+    versions = history(acme.url, admin_key(acme))
+    assert [(v["version"], v["current"]) for v in versions] == [
+        ("acme.v3", True),
+        ("operation-reliability.v2", False),
+    ]
+    assert versions[0]["sha256"] == mine.sha256
+    assert versions[0]["source"] == str(path)
+    assert versions[1]["sha256"] == default_policy().sha256
+    assert versions[1]["source"] == "built-in"
+    assert [v["loads"] for v in versions] == [1, 1]
+    table = runner.invoke(
+        app,
+        ["policy", "history", "--wide", "--url", acme.url, "--key", admin_key(acme)],
+    )
+    assert table.exit_code == 0, table.output
+    assert "acme.v3" in table.output
+    assert "operation-reliability.v2" in table.output
+    assert mine.sha256[:12] in table.output
+
+
 def test_a_restart_under_the_same_version_counts_a_load_and_keeps_its_first(
     api: Api, live: LiveServer, settings: Settings, database_url: str
 ) -> None:
-    admin_key = str(api.admin.headers["Authorization"]).removeprefix("Bearer ")
-    (first,) = history(api.url, admin_key)
+    (first,) = history(api.url, admin_key(api))
     live.stop()
     restarted = LiveServer(settings, database_url)
     restarted.start()
     try:
-        (again,) = history(restarted.url, admin_key)
+        (again,) = history(restarted.url, admin_key(api))
     finally:
         restarted.stop()
     assert again["version"] == first["version"] == "operation-reliability.v2"
