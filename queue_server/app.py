@@ -63,8 +63,14 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         log.info("queue-server %s under policy %s", __version__, policy.describe())
         await db.open()
+        # Every version the server has run under is kept, with its digest and starts. The
+        # app starts without its database (readyz says so): then it is recorded when back.
+        recording = asyncio.create_task(services.policies.record_load_until_done())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(recording), timeout=5)
         await notifier.start()
         loops = [
+            recording,
             asyncio.create_task(sweep_forever(db, settings)),
             asyncio.create_task(sweep_runs_forever(db, settings.run_sweep_interval)),
             asyncio.create_task(

@@ -93,6 +93,18 @@ def api_key(row: Row) -> dict[str, Any]:
     }
 
 
+def policy_version(row: Row, *, current: tuple[str, str]) -> dict[str, Any]:
+    return {
+        "version": row["version"],
+        "sha256": row["sha256"],
+        "source": row["source"],
+        "first_loaded_at": row["first_loaded_at"],
+        "last_loaded_at": row["last_loaded_at"],
+        "loads": row["loads"],
+        "current": (row["version"], row["sha256"]) == current,
+    }
+
+
 def spend_approval(row: Row) -> dict[str, Any]:
     return {
         "approval_id": str(row["approval_id"]),

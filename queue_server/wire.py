@@ -116,6 +116,22 @@ class Heartbeat(Model):
     lease_deadline_at: datetime | None = None
 
 
+class PolicyVersion(Model):
+    """A policy version the server has started under."""
+
+    version: str
+    sha256: str
+    source: str
+    first_loaded_at: datetime
+    last_loaded_at: datetime
+    loads: int
+    current: bool
+
+
+class PolicyHistory(Model):
+    versions: list[PolicyVersion]
+
+
 class SpendApproval(Model):
     approval_id: str
     tenant: str

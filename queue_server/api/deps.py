@@ -19,6 +19,7 @@ from queue_server.services import (
     Items,
     Keys,
     Ledgers,
+    PolicyHistory,
     Queues,
     QueueSettings,
     Schedules,
@@ -72,6 +73,7 @@ WatchersService = Annotated[Watchers, Depends(_service("watchers"))]
 ReceiptsService = Annotated[ConfirmationReceipts, Depends(_service("receipts"))]
 RunsService = Annotated[VerificationRuns, Depends(_service("runs"))]
 SchedulesService = Annotated[Schedules, Depends(_service("schedules"))]
+PoliciesService = Annotated[PolicyHistory, Depends(_service("policies"))]
 
 
 # Declares the scheme in the OpenAPI document (Swagger UI's "Authorize"); the key itself is

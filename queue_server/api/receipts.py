@@ -1,4 +1,5 @@
-"""Durable confirmation receipts, and the reliability policy they implement (GET /v1/policy).
+"""Durable confirmation receipts, and the reliability policy they implement (GET /v1/policy,
+and the versions the server has run under: GET /v1/policy/history).
 
 The receipt routes are naturally idempotent and carry their identity in the
 resource itself (idempotency key + outcome reference), so they take no
@@ -15,12 +16,13 @@ from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, Field
 from starlette.responses import Response
 
-from queue_server import views
+from queue_server import views, wire
 from queue_server.api import schemas
 from queue_server.api.deps import (
     PROBLEMS,
     Caller,
     IdempotencyKey,
+    PoliciesService,
     ReceiptsService,
     TenantName,
     idempotency,
@@ -209,3 +211,11 @@ async def get_policy(request: Request) -> Response:
     policy: ReliabilityPolicy = request.app.state.policy
     document = {**policy.as_document(), "loaded": policy.loaded()}
     return Response(views.dumps(document), media_type="application/json")
+
+
+@router.get("/policy/history", response_model=wire.PolicyHistory, tags=["policy"])
+async def policy_history(policies: PoliciesService, caller: Caller) -> Response:
+    """Every policy version the server has started under (admin), newest last start first:
+    its sha256, source, first and last start, how many starts, and whether it is the one
+    loaded now (`current`)."""
+    return respond(await policies.history(caller))

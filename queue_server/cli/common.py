@@ -76,9 +76,9 @@ PolicyFile = Annotated[
     typer.Option(
         "--policy",
         envvar="QUEUE_SERVER_POLICY",
-        help="The operation-reliability policy document to run under (the JSON"
-        " `queue-server policy show --json` prints; it may tighten the built-in"
-        " operation-reliability.v2, never loosen it). Default: the built-in one.",
+        help="The operation-reliability policy document to run under (a version of your"
+        " own: start from `queue-server policy new --version NAME`). Default: the built-in"
+        " operation-reliability.v2.",
         show_default=False,
         dir_okay=False,
     ),

@@ -1,4 +1,5 @@
-"""`queue-server policy`: print the reliability policy and verify a document or a live server."""
+"""`queue-server policy`: print the reliability policy, start a version of one's own, verify a
+document or a live server, and list the versions the server has run under."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from queue_server.cli.common import (
     Key,
     PolicyFile,
     Url,
+    Wide,
     connect,
     console,
+    counted,
     fail,
     print_json,
     process_policy,
@@ -23,7 +26,8 @@ from queue_server.cli.common import (
 )
 
 app = CLI(
-    help="The operation-reliability policy: show it, verify a document or a server.",
+    help="The operation-reliability policy: show it, start a version of your own, verify a"
+    " document or a server, list the versions the server has run under.",
     no_args_is_help=True,
 )
 
@@ -42,7 +46,7 @@ def show(
     """Print the reliability policy: every class by every dimension. Without --from-server,
     the one this machine's processes would load (--policy FILE or QUEUE_SERVER_POLICY, else
     the built-in operation-reliability.v2), validated; its --json output is a document that
-    --policy accepts, to edit into a tighter policy of one's own.
+    --policy accepts. To change a value, start from `policy new --version NAME`.
 
     Example: [bold]queue-server policy show --json > my-policy.json[/bold]
     """
@@ -62,8 +66,50 @@ def show(
     table(policy.version, ["class", "dimension", "value"], policy.rows())
 
 
+@app.command("new")
+def new(
+    version: Annotated[
+        str,
+        typer.Option(
+            "--version",
+            help="The new document's version, e.g. acme.v3 (letters, digits and . _ + -);"
+            " not the built-in's operation-reliability.v2.",
+            show_default=False,
+        ),
+    ],
+) -> None:
+    """Print the built-in policy under a version of your own, as JSON: the starting point of
+    a policy of your own. Edit it (each value within the rules `policy verify` checks), then
+    run the server under it with `serve --policy FILE`.
+
+    Example: [bold]queue-server policy new --version acme.v3 > p.json[/bold]
+    """
+    from queue_server.policy import POLICY_NAME, PolicyError, default_policy, load_policy
+
+    if version == POLICY_NAME:
+        fail(
+            f"{POLICY_NAME} is the built-in policy",
+            "a document of your own needs a version of its own",
+        )
+    document = {**default_policy().as_document(), "version": version}
+    try:
+        load_policy(document)
+    except PolicyError as error:
+        fail("Not a version", "; ".join(reason for _, reason in error.problems))
+    print_json(document)
+
+
 @app.command("verify")
 def verify(
+    file: Annotated[
+        Path | None,
+        typer.Argument(
+            help="The policy document to check (default: --policy FILE, QUEUE_SERVER_POLICY,"
+            " else the built-in).",
+            show_default=False,
+            dir_okay=False,
+        ),
+    ] = None,
     server: Annotated[
         str | None,
         typer.Option(
@@ -78,16 +124,17 @@ def verify(
     policy_file: PolicyFile = None,
     as_json: Json = False,
 ) -> None:
-    """Check the policy document this installation would load (--policy FILE or
-    QUEUE_SERVER_POLICY, else the built-in operation-reliability.v2): it is total (every
-    class states all ten cells, a value or not-applicable with its reason), it obeys the
-    policy's rules, and it stays inside the built-in envelope. Each problem names its cell.
-    With --server, probe a live deployment instead: each cell of its envelope is asked for
-    just above its value and must be refused, naming the cell. In a checkout, `make
-    contract` proves that each cell is enforced by the code bound to it. Exits 1 on any
-    failure.
+    """Check one policy document (FILE, else the one this installation would load: --policy
+    FILE or QUEUE_SERVER_POLICY, else the built-in operation-reliability.v2): it is total
+    (every class states all ten cells, a value or not-applicable with its reason), it obeys
+    the policy's rules, durable-leased-work stays inside its bounds (deadline 7 days, attempt
+    timeout 1 hour, 100 acquisitions, backoff cap 24 hours), and a changed document has a
+    version of its own. Each problem names its cell. With --server, probe a live deployment
+    instead: each cell of its envelope is asked for just above its value and must be
+    refused, naming the cell. In a checkout, `make contract` proves that each cell is
+    enforced by the code bound to it. Exits 1 on any failure.
 
-    Example: [bold]queue-server policy verify --server https://queue.example.com[/bold]
+    Example: [bold]queue-server policy verify p.json[/bold]
     """
     if server is not None:
         _verify_server(server, key, data_dir, as_json)
@@ -95,7 +142,7 @@ def verify(
     from queue_server.policy import NotApplicable, PolicyError
 
     try:
-        policy = process_policy(policy_file)
+        policy = process_policy(file or policy_file)
     except PolicyError as error:
         if as_json:
             problems = [{"cell": cell, "problem": reason} for cell, reason in error.problems]
@@ -119,7 +166,7 @@ def verify(
         return
     console.print(
         f"policy {policy.describe()}: {len(cells)} cells, total ({not_applicable} not-applicable,"
-        " each with its reason); its rules and the envelope hold"
+        " each with its reason); its rules and bounds hold"
     )
     console.print("[bold green]policy verified[/]")
 
@@ -152,3 +199,42 @@ def _verify_server(url: str, key: str | None, data_dir: Path | None, as_json: bo
         )
     if not report.passed:
         raise typer.Exit(code=1)
+
+
+@app.command("history")
+def history(
+    url: Url = None,
+    key: Key = None,
+    data_dir: DataDir = None,
+    as_json: Json = False,
+    wide: Wide = False,
+) -> None:
+    """Every policy version the server has started under (admin), the latest start first:
+    its sha256, where it was loaded from, its first and last start, how many process starts,
+    and which one the server runs under now.
+
+    Example: [bold]queue-server policy history[/bold]
+    """
+    with connect(url, key, data_dir) as client:
+        versions = client.policy_history()
+    if as_json:
+        print_json({"versions": versions})
+        return
+    table(
+        counted(len(versions), "policy version"),
+        ["version", "sha256", "source", "first loaded", "last loaded", "loads", "current"],
+        [
+            (
+                v.version,
+                v.sha256[:12],
+                v.source,
+                v.first_loaded_at,
+                v.last_loaded_at,
+                v.loads,
+                "yes" if v.current else "",
+            )
+            for v in versions
+        ],
+        drop=("first loaded", "source", "sha256"),
+        wide=wide,
+    )

@@ -202,6 +202,7 @@ class AsyncQueueClient(ClientFace):
     replay_queue = awaited(ClientCore.replay_queue)
     verify_ledgers = awaited(ClientCore.verify_ledgers)
     policy = awaited(ClientCore.policy)
+    policy_history = awaited(ClientCore.policy_history)
     claim_receipt = awaited(ClientCore.claim_receipt)
     settle_receipt = awaited(ClientCore.settle_receipt)
     get_receipt = awaited(ClientCore.get_receipt)

@@ -239,6 +239,7 @@ class QueueClient(ClientFace):
     replay_queue = blocking(ClientCore.replay_queue)
     verify_ledgers = blocking(ClientCore.verify_ledgers)
     policy = blocking(ClientCore.policy)
+    policy_history = blocking(ClientCore.policy_history)
     claim_receipt = blocking(ClientCore.claim_receipt)
     settle_receipt = blocking(ClientCore.settle_receipt)
     get_receipt = blocking(ClientCore.get_receipt)

@@ -53,6 +53,8 @@ from queue_server.client.models import (
     Lease,
     LedgerEvent,
     NewItem,
+    PolicyHistory,
+    PolicyVersion,
     QueueSettings,
     QueueStatus,
     SpendApproval,
@@ -844,6 +846,11 @@ class ClientCore:
         """The server's `operation-reliability.v2` document (GET /v1/policy)."""
         document: dict[str, Any] = (yield from self.request("GET", "/v1/policy")).json()
         return document
+
+    def policy_history(self) -> Flow[list[PolicyVersion]]:
+        """Every policy version the server has started under, newest last start first
+        (admin; GET /v1/policy/history)."""
+        return (yield from self._get(PolicyHistory, "/v1/policy/history")).versions
 
     def claim_receipt(
         self,

@@ -1,5 +1,6 @@
-"""Load `operation-reliability.v2` and validate totality and the rules of
-docs/decisions/operation-class-policy.md.
+"""Load a policy document (the built-in `operation-reliability.v2` or a version of one's own)
+and validate totality, the rules of docs/decisions/operation-class-policy.md and the
+absolute bounds of durable-leased-work.
 
 Every problem is reported with the cell it concerns (`class/dimension`), and
 all problems are collected before `PolicyError` is raised.
@@ -7,6 +8,7 @@ all problems are collected before `PolicyError` is raised.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from functools import cache
 from typing import Any
@@ -209,7 +211,8 @@ def _check_isolation(cls: OC, cp: ClassPolicy, problems: Problems) -> None:
             problems.append(
                 (
                     name,
-                    f"the isolation budget {circuit.budget} differs from the retry cell's {budget}",
+                    f"the isolation budget {circuit.budget} differs from the retry cell's"
+                    f" {budget}: set its budget to {budget} too",
                 )
             )
     bp = cp.backpressure
@@ -272,130 +275,133 @@ def _check_class(cls: OC, cp: ClassPolicy, problems: Problems) -> None:
     _check_identity(cls, cp, problems)
 
 
-# Cells that carry identity, fencing and outcome observability: a loaded document
+# Cells that carry identity, fencing and outcome observability: a document of one's own
 # restates them exactly (the decision's Consequences: weakening them needs a new decision).
 _FIXED = (D.IDEMPOTENCY_AND_FENCING, D.CANCELLATION, D.RESUMABILITY)
 
-
-def _over(problems: Problems, cell: str, what: str, value: float, ceiling: float) -> None:
-    if value > ceiling:
-        problems.append(
-            (
-                cell,
-                f"{what} {value:g} exceeds the {POLICY_NAME} envelope of {ceiling:g}:"
-                " a loaded policy may tighten a value, never loosen it",
-            )
-        )
+# The absolute bounds of durable-leased-work: how far a document of one's own may go.
+MAX_LEASED_DEADLINE = 604800.0  # 7 days: the longest life of one lease
+MAX_LEASED_ATTEMPT_TIMEOUT = 3600.0  # 1 hour: the longest lease TTL
+MAX_LEASED_ACQUISITIONS = 100  # the acquisition budget of one item
+MAX_LEASED_BACKOFF = 86400.0  # 24 hours: the longest requeue / triage delay
 
 
-def _check_envelope(cls: OC, cp: ClassPolicy, base: ClassPolicy, problems: Problems) -> None:
-    """`cp` stays inside `base` (the built-in class): same kinds, no value above its ceiling."""
-    for dim in D:
-        mine, theirs = cp.cell(dim), base.cell(dim)
-        name = cell_name(cls, dim)
-        if type(mine) is not type(theirs):
-            problems.append(
-                (name, f"is {_kind_of(theirs)} in {POLICY_NAME}; a loaded policy keeps its kind")
-            )
-            continue
-        if dim in _FIXED and mine.model_dump(exclude={"note"}) != theirs.model_dump(
-            exclude={"note"}
-        ):
-            problems.append(
-                (name, f"identity, fencing and outcome observability stay as in {POLICY_NAME}")
-            )
-    _over(
-        problems, cell_name(cls, D.DEADLINE), "seconds", cp.deadline.seconds, base.deadline.seconds
+def _bound(problems: Problems, cell: str, what: str, value: float, bound: float) -> None:
+    if value > bound:
+        problems.append((cell, f"{what} {value:g} exceeds the bound of {bound:g}"))
+
+
+def _check_bounds(cls: OC, cp: ClassPolicy, problems: Problems) -> None:
+    """durable-leased-work stays inside its absolute bounds, whatever the document's version."""
+    if cls is not OC.DURABLE_LEASED_WORK:
+        return
+    _bound(
+        problems,
+        cell_name(cls, D.DEADLINE),
+        "seconds",
+        cp.deadline.seconds,
+        MAX_LEASED_DEADLINE,
     )
-    _over(
+    _bound(
         problems,
         cell_name(cls, D.ATTEMPT_TIMEOUT),
         "seconds",
         cp.attempt_timeout.seconds,
-        base.attempt_timeout.seconds,
+        MAX_LEASED_ATTEMPT_TIMEOUT,
     )
-    retry, base_retry = cp.retry, base.retry
-    r_cell = cell_name(cls, D.RETRY)
-    if isinstance(retry, QueueReacquisition) and isinstance(base_retry, QueueReacquisition):
-        _over(
+    if isinstance(cp.retry, QueueReacquisition):
+        _bound(
             problems,
-            r_cell,
+            cell_name(cls, D.RETRY),
             "max-acquisitions",
-            retry.max_acquisitions,
-            base_retry.max_acquisitions,
+            cp.retry.max_acquisitions,
+            MAX_LEASED_ACQUISITIONS,
         )
-    if isinstance(retry, RetryAttempts) and isinstance(base_retry, RetryAttempts):
-        _over(problems, r_cell, "max-attempts", retry.max_attempts, base_retry.max_attempts)
-        extra = sorted(set(retry.retryable) - set(base_retry.retryable))
-        if extra:
-            problems.append(
-                (r_cell, f"retries {', '.join(extra)}, which {POLICY_NAME} does not retry")
-            )
-    backoff, base_backoff = cp.backoff_and_jitter, base.backoff_and_jitter
-    b_cell = cell_name(cls, D.BACKOFF_AND_JITTER)
-    if isinstance(backoff, Backoff | RequeueDelay) and isinstance(
-        base_backoff, Backoff | RequeueDelay
-    ):
-        _over(problems, b_cell, "max-seconds", backoff.max_seconds, base_backoff.max_seconds)
-        if backoff.jitter != base_backoff.jitter:
-            problems.append((b_cell, f"jitter stays {base_backoff.jitter}"))
-    circuit, base_circuit = cp.circuit_breaking, base.circuit_breaking
-    if isinstance(circuit, CircuitBreakerPolicy) and isinstance(base_circuit, CircuitBreakerPolicy):
-        _over(
+    if isinstance(cp.backoff_and_jitter, Backoff | RequeueDelay):
+        _bound(
             problems,
-            cell_name(cls, D.CIRCUIT_BREAKING),
-            "failure-threshold",
-            circuit.failure_threshold,
-            base_circuit.failure_threshold,
+            cell_name(cls, D.BACKOFF_AND_JITTER),
+            "max-seconds",
+            cp.backoff_and_jitter.max_seconds,
+            MAX_LEASED_BACKOFF,
         )
-    bp_cell = cell_name(cls, D.BACKPRESSURE)
-    if cp.backpressure.mechanism != base.backpressure.mechanism:
-        problems.append((bp_cell, f"the mechanism stays {base.backpressure.mechanism}"))
-    _over(problems, bp_cell, "max-queued", cp.backpressure.max_queued, base.backpressure.max_queued)
-    c_cell = cell_name(cls, D.CONCURRENCY)
-    if cp.concurrency.scope != base.concurrency.scope:
-        problems.append((c_cell, f"the scope stays {base.concurrency.scope}"))
-    _over(problems, c_cell, "limit", cp.concurrency.limit, base.concurrency.limit)
 
 
-def _kind_of(cell: Cell) -> str:
-    if isinstance(cell, NotApplicable):
-        return "not-applicable"
-    kind = getattr(cell, "kind", None)
-    return repr(kind) if kind else type(cell).__name__
+def _check_fixed(cls: OC, cp: ClassPolicy, base: ClassPolicy, problems: Problems) -> None:
+    for dim in _FIXED:
+        if _values(cp.cell(dim)) != _values(base.cell(dim)):
+            problems.append(
+                (
+                    cell_name(cls, dim),
+                    f"identity, fencing and outcome observability stay as in {POLICY_NAME}:"
+                    " weakening them needs a new decision",
+                )
+            )
 
 
-# Keys of a document besides its classes: `revision` labels a document of one's own;
-# `loaded` is what GET /v1/policy adds about the server's copy, and is not policy data.
-_TOP_LEVEL = frozenset({"policy", "revision", "dimensions", "classes", "loaded"})
+def _values(cell: Cell) -> dict[str, Any]:
+    """A cell's values, its note aside."""
+    return cell.model_dump(mode="json", exclude={"note"})
+
+
+# Keys of a document besides its classes: `version` names it (`policy` is the older
+# spelling of the same); `loaded` is what GET /v1/policy adds about the server's copy.
+_TOP_LEVEL = frozenset({"version", "policy", "dimensions", "classes", "loaded"})
+VERSION_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$")
+
+
+def builtin_changed_message() -> str:
+    """Why a changed document may not keep the built-in's version (its cell is `version`)."""
+    return (
+        f"{POLICY_NAME} is the built-in policy; a changed document needs a"
+        " version of its own (policy new --version NAME)"
+    )
+
+
+def _version(doc: Mapping[str, Any], problems: Problems) -> str:
+    version, older = doc.get("version"), doc.get("policy")
+    if version is not None and older is not None and version != older:
+        problems.append(
+            ("version", f"version {version!r} and its older spelling policy {older!r} differ")
+        )
+    name = version if version is not None else older
+    if name is None:
+        problems.append(("version", "missing: a document names itself with a version"))
+        return POLICY_NAME
+    if not (isinstance(name, str) and VERSION_PATTERN.match(name)):
+        problems.append(
+            (
+                "version",
+                f"a version is 1 to 100 letters, digits and . _ + -, got {name!r}",
+            )
+        )
+        return POLICY_NAME
+    return name
 
 
 def load_policy(
-    raw: Mapping[str, Any] | None = None,
-    *,
-    source: str = "built-in",
-    bounded: bool = True,
+    raw: Mapping[str, Any] | None = None, *, source: str = "built-in"
 ) -> ReliabilityPolicy:
     """Validate a policy document (the canonical v2 literal by default) and return it typed.
 
-    A document other than the canonical literal must also stay inside the canonical
-    policy's envelope: same kinds, identity cells as they are, and no value above
-    its ceiling. `bounded=False` checks only totality and the decision's rules, as for a
-    versioned edit of `v2.py` itself. Every problem names its cell.
+    A document names itself with its `version`. Every document must be total and obey the
+    decision's rules; durable-leased-work stays inside its absolute bounds and the
+    identity, fencing and outcome observability cells stay as in the built-in. A document
+    that keeps the built-in's version must be the built-in: a change is a version of its
+    own. Every problem names its cell.
     """
     source_doc: Mapping[str, Any] = OPERATION_RELIABILITY_V2 if raw is None else raw
     problems: Problems = []
     if not isinstance(source_doc, Mapping):
         raise PolicyError([("document", f"a policy is a JSON object, got {type(raw).__name__}")])
-    if source_doc.get("policy") != POLICY_NAME:
-        problems.append(("policy", f"expected {POLICY_NAME!r}, got {source_doc.get('policy')!r}"))
+    name = _version(source_doc, problems)
     for key in source_doc:
-        if key not in _TOP_LEVEL:
+        if key == "revision":
+            problems.append(
+                ("revision", "a revision label is gone: a changed document is a version of its own")
+            )
+        elif key not in _TOP_LEVEL:
             problems.append((str(key), "unknown top-level key"))
-    revision = source_doc.get("revision")
-    if revision is not None and not (isinstance(revision, str) and revision.strip()):
-        problems.append(("revision", "a revision is a non-empty string"))
-        revision = None
     if "dimensions" in source_doc and list(source_doc["dimensions"]) != [d.value for d in D]:
         problems.append(("dimensions", "the dimensions are exactly the ten of the policy"))
     classes = source_doc.get("classes")
@@ -409,7 +415,7 @@ def load_policy(
                     "unknown operation class: a new class requires a versioned policy edit",
                 )
             )
-    base = default_policy() if raw is not None and bounded else None
+    base = default_policy() if raw is not None else None
     parsed: dict[OperationClass, ClassPolicy] = {}
     for cls in OC:
         raw_class = classes.get(cls.value)
@@ -437,16 +443,28 @@ def load_policy(
             continue
         class_policy = ClassPolicy.model_validate(cells)
         _check_class(cls, class_policy, problems)
+        _check_bounds(cls, class_policy, problems)
         if base is not None:
             # One message per cell: the decision's rule, when a cell breaks one, says enough.
-            outside: Problems = []
-            _check_envelope(cls, class_policy, base.for_class(cls), outside)
+            fixed: Problems = []
+            _check_fixed(cls, class_policy, base.for_class(cls), fixed)
             named = {cell for cell, _ in problems}
-            problems.extend(p for p in outside if p[0] not in named)
+            problems.extend(p for p in fixed if p[0] not in named)
         parsed[cls] = class_policy
+    if base is not None and name == POLICY_NAME and not _same_values(parsed, base):
+        problems.insert(0, ("version", builtin_changed_message()))
     if problems:
         raise PolicyError(problems)
-    return ReliabilityPolicy(name=POLICY_NAME, classes=parsed, source=source, revision=revision)
+    return ReliabilityPolicy(name=name, classes=parsed, source=source)
+
+
+def _same_values(parsed: Mapping[OperationClass, ClassPolicy], base: ReliabilityPolicy) -> bool:
+    """Every class present and every cell as in `base`, notes aside."""
+    return set(parsed) == set(OC) and all(
+        _values(parsed[cls].cell(dim)) == _values(base.for_class(cls).cell(dim))
+        for cls in OC
+        for dim in D
+    )
 
 
 @cache

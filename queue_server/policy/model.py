@@ -317,9 +317,10 @@ class ClassPolicy(BaseModel):
 class ReliabilityPolicy:
     """The loaded, validated policy: every class has all ten cells.
 
-    `source` says where it was loaded from ("built-in" or a file path) and
-    `revision` is the document's own optional label; `version` and `digest`
-    identify the loaded document in GET /v1/policy, /readyz and start-up logs.
+    `name` is the document's `version` (the built-in's is `operation-reliability.v2`; a
+    changed document names one of its own), `source` says where it was loaded from
+    ("built-in" or a file path); `version` and `digest` identify the loaded document in
+    GET /v1/policy, /readyz, the policy history and start-up logs.
     The typed views (`leased_work`, `delivery`, ...) are the values each
     enforcement point reads.
     """
@@ -327,7 +328,6 @@ class ReliabilityPolicy:
     name: str
     classes: Mapping[OperationClass, ClassPolicy]
     source: str = "built-in"
-    revision: str | None = None
 
     def for_class(self, operation_class: OperationClass | str) -> ClassPolicy:
         return self.classes[as_operation_class(operation_class)]
@@ -345,9 +345,7 @@ class ReliabilityPolicy:
 
     def as_document(self) -> dict[str, Any]:
         """The policy as a JSON-ready dict (`policy show --json`); `load_policy` accepts it back."""
-        document: dict[str, Any] = {"policy": self.name}
-        if self.revision is not None:
-            document["revision"] = self.revision
+        document: dict[str, Any] = {"version": self.name}
         document["dimensions"] = [d.value for d in Dimension]
         document["classes"] = {
             c.value: self.classes[c].model_dump(mode="json", by_alias=True) for c in OperationClass
@@ -356,8 +354,8 @@ class ReliabilityPolicy:
 
     @property
     def version(self) -> str:
-        """The policy's version: its name, plus the document's revision label if it has one."""
-        return self.name if self.revision is None else f"{self.name}+{self.revision}"
+        """The document's own name for itself: a change is a version."""
+        return self.name
 
     @property
     def digest(self) -> str:
@@ -365,6 +363,11 @@ class ReliabilityPolicy:
         enforce the same cells."""
         canonical = json.dumps(self.as_document(), sort_keys=True, separators=(",", ":"))
         return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+    @property
+    def sha256(self) -> str:
+        """The digest's hex part, as the policy history keeps it."""
+        return self.digest.removeprefix("sha256:")
 
     def loaded(self) -> dict[str, str]:
         """What was loaded, for GET /v1/policy, /readyz and start-up logs."""

@@ -3,10 +3,11 @@
 Every process (`queue-server serve`, `deliver`, `work`, the SDK) calls
 `runtime_policy()` once: `--policy FILE` wins, else QUEUE_SERVER_POLICY, else the
 built-in `operation-reliability.v2`. The file is the JSON that `queue-server
-policy show --json` prints; it must be total, obey the rules of
-docs/decisions/operation-class-policy.md and stay inside the
-built-in envelope, or `PolicyError` names each offending cell and the process
-stops. Then each enforcement point reads its value through the typed views
+policy new --version NAME` prints: a document that names its own version; it must
+be total, obey the rules of docs/decisions/operation-class-policy.md and stay
+inside the absolute bounds of durable-leased-work, or `PolicyError` names each
+offending cell and the process stops (a changed document under the built-in's
+version is refused: a change is a version). Then each enforcement point reads its value through the typed views
 (`policy.leased_work.attempt_cap`, `policy.delivery.outbox_cap`, ...).
 
 A setting or option may lower a value, never raise it: `at_most` returns the

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 OPERATION_RELIABILITY_V2: dict[str, Any] = {
-    "policy": "operation-reliability.v2",
+    "version": "operation-reliability.v2",
     "classes": {
         "interactive-turn": {
             "deadline": {"seconds": 120, "note": "bounds the whole assistant turn"},

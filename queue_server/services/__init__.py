@@ -12,6 +12,7 @@
     receipts      confirmation receipts of confirmed mutations
     runs          artifact verification runs and their checkpoints
     schedules     periodic enqueues and the scheduler pass that fires them
+    policies      the policy versions the server has started under
 
 A service takes the `Database` (and, for effecting requests, the idempotency
 `Effects`) it was built with; the statements are in `queue_server.store`.
@@ -30,6 +31,7 @@ from queue_server.services.figures import Figures
 from queue_server.services.items import Items, Wakeups
 from queue_server.services.keys import Keys
 from queue_server.services.ledgers import Ledgers
+from queue_server.services.policies import PolicyHistory
 from queue_server.services.queue_settings import QueueSettings
 from queue_server.services.queues import Queues
 from queue_server.services.receipts import ConfirmationReceipts
@@ -46,6 +48,7 @@ __all__ = [
     "Items",
     "Keys",
     "Ledgers",
+    "PolicyHistory",
     "QueueSettings",
     "Queues",
     "Schedules",
@@ -72,6 +75,7 @@ class Services:
     runs: VerificationRuns
     schedules: Schedules
     figures: Figures
+    policies: PolicyHistory
 
     @classmethod
     def build(
@@ -105,4 +109,5 @@ class Services:
             runs=VerificationRuns(db, effects, policy),
             schedules=Schedules(db, effects, items, settings, metrics),
             figures=Figures(db),
+            policies=PolicyHistory(db, policy),
         )

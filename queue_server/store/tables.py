@@ -636,6 +636,8 @@ queue_samples = Table(
 
 # -- every reliability policy the server has run under (0013) ----------------------------
 
+# Every policy version the server has started under, with its digest: the first and last
+# start under it and how many starts. A changed document is a version of its own.
 policy_versions = Table(
     "policy_versions",
     metadata,

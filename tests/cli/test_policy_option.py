@@ -12,9 +12,9 @@ from queue_server.policy.v2 import OPERATION_RELIABILITY_V2
 from tests.helpers.cli import Cli
 
 
-def tightened(**leased: Any) -> dict[str, Any]:
+def own(**leased: Any) -> dict[str, Any]:
     doc = copy.deepcopy(OPERATION_RELIABILITY_V2)
-    doc["revision"] = "short-leases"
+    doc["version"] = "short-leases.v1"
     doc["classes"]["durable-leased-work"].update(leased)
     return doc
 
@@ -38,11 +38,11 @@ def test_policy_show_prints_a_document_of_ones_own_and_refuses_a_bad_one(
 ) -> None:
     built_in = json.loads(cli.run("policy", "show", "--json").stdout)
     assert built_in == default_policy().as_document()
-    path = write(tmp_path / "mine.json", tightened(deadline={"seconds": 60}))
+    path = write(tmp_path / "mine.json", own(deadline={"seconds": 60}))
     mine = json.loads(cli.run("policy", "show", "--json", "--policy", str(path)).stdout)
-    assert mine["revision"] == "short-leases"
+    assert mine["version"] == "short-leases.v1"
     assert mine["classes"]["durable-leased-work"]["deadline"]["seconds"] == 60
-    bad = write(tmp_path / "bad.json", tightened(deadline={"seconds": 901}))
+    bad = write(tmp_path / "bad.json", own(deadline={"seconds": 604801}))
     refused = cli.run("policy", "show", "--policy", str(bad), ok=False)
     assert refused.returncode == 1
     assert "durable-leased-work/deadline" in refused.stderr

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -115,16 +116,24 @@ def setup_tenant(url: str, admin: httpx.Client, tenant: str, backlog_cap: int = 
     )
 
 
-def policy_file(path: Path, cells: dict[str, dict[str, object]], revision: str = "test") -> Path:
-    """A policy document of one's own: the built-in one with `cells` ({class: {dimension:
-    cell}}) replaced, written to `path` for --policy / QUEUE_SERVER_POLICY / Settings.policy."""
+def policy_document(
+    cells: dict[str, dict[str, object]], version: str = "test.v1"
+) -> dict[str, Any]:
+    """A policy document of one's own: the built-in one under `version`, with `cells`
+    ({class: {dimension: cell}}) replaced."""
     from queue_server.policy.v2 import OPERATION_RELIABILITY_V2
 
     doc = copy.deepcopy(OPERATION_RELIABILITY_V2)
-    doc["revision"] = revision
+    doc["version"] = version
     for cls, replaced in cells.items():
         doc["classes"][cls].update(replaced)
-    path.write_text(json.dumps(doc))
+    return doc
+
+
+def policy_file(path: Path, cells: dict[str, dict[str, object]], version: str = "test.v1") -> Path:
+    """`policy_document(cells, version)` written to `path`, for --policy /
+    QUEUE_SERVER_POLICY / Settings.policy."""
+    path.write_text(json.dumps(policy_document(cells, version)))
     return path
 
 

@@ -1,6 +1,7 @@
 """One loaded policy per process: `--policy FILE` / QUEUE_SERVER_POLICY or the built-in v2,
 validated at start (a bad document or a setting above the envelope stops the process,
-naming the cell), served at GET /v1/policy and named in /readyz and the start-up log."""
+naming the cell; a changed document under the built-in's version too), served at
+GET /v1/policy and named in /readyz and the start-up log."""
 
 from __future__ import annotations
 
@@ -26,17 +27,15 @@ from queue_server.policy import (
 )
 from queue_server.policy.v2 import OPERATION_RELIABILITY_V2
 from queue_server.settings import Settings
-from tests.helpers.api import Api
+from tests.helpers.api import Api, policy_document
 
 BIN = Path(sys.executable).parent / "queue-server"
 
 
-def tightened(**leased: Any) -> dict[str, Any]:
-    """The built-in document with durable-leased-work cells replaced (a policy of one's own)."""
-    doc = copy.deepcopy(OPERATION_RELIABILITY_V2)
-    doc["revision"] = "short-leases"
-    doc["classes"]["durable-leased-work"].update(leased)
-    return doc
+def own(**leased: Any) -> dict[str, Any]:
+    """short-leases.v1: the built-in under a version of its own, with durable-leased-work
+    cells replaced."""
+    return policy_document({"durable-leased-work": leased}, version="short-leases.v1")
 
 
 def write(path: Path, doc: dict[str, Any]) -> Path:
@@ -65,12 +64,12 @@ def test_typed_views_read_the_cells_each_enforcement_point_uses() -> None:
     assert policy.mutation.concurrency == 8
 
 
-def test_a_policy_file_may_tighten_the_built_in_envelope(tmp_path: Path) -> None:
-    path = write(tmp_path / "p.json", tightened(deadline={"seconds": 60}))
+def test_a_policy_file_of_its_own_version_is_loaded(tmp_path: Path) -> None:
+    path = write(tmp_path / "p.json", own(deadline={"seconds": 60}))
     policy = runtime_policy(environ={"QUEUE_SERVER_POLICY": str(path)})
     assert policy.leased_work.deadline == 60
     assert policy.source == str(path)
-    assert policy.version == "operation-reliability.v2+short-leases"
+    assert policy.version == "short-leases.v1"
     assert policy.digest != load_policy().digest
     # What `policy show --json` prints is a document the loader takes back, unchanged.
     assert load_policy(policy.as_document()).digest == policy.digest
@@ -79,17 +78,20 @@ def test_a_policy_file_may_tighten_the_built_in_envelope(tmp_path: Path) -> None
 @pytest.mark.parametrize(
     ("cells", "named"),
     [
-        ({"deadline": {"seconds": 1800}}, "durable-leased-work/deadline"),
+        ({"deadline": {"seconds": 604801}}, "durable-leased-work/deadline"),
         (
-            {"attempt-timeout": {"seconds": 31, "on-timeout": "lease-expires"}},
+            {
+                "deadline": {"seconds": 7200},
+                "attempt-timeout": {"seconds": 3601, "on-timeout": "lease-expires"},
+            },
             "durable-leased-work/attempt-timeout",
         ),
         (
-            {"retry": {"kind": "queue-reacquisition", "max-acquisitions": 6}},
+            {"retry": {"kind": "queue-reacquisition", "max-acquisitions": 101}},
             "durable-leased-work/retry",
         ),
         (
-            {"backoff-and-jitter": {"kind": "requeue-delay", "max-seconds": 301}},
+            {"backoff-and-jitter": {"kind": "requeue-delay", "max-seconds": 86401}},
             "durable-leased-work/backoff-and-jitter",
         ),
         (
@@ -106,17 +108,17 @@ def test_a_policy_file_may_tighten_the_built_in_envelope(tmp_path: Path) -> None
         ),
     ],
 )
-def test_a_policy_file_that_loosens_a_cell_is_refused_naming_it(
+def test_a_policy_file_beyond_a_bound_is_refused_naming_the_cell(
     tmp_path: Path, cells: dict[str, Any], named: str
 ) -> None:
-    path = write(tmp_path / "p.json", tightened(**cells))
+    path = write(tmp_path / "p.json", own(**cells))
     with pytest.raises(PolicyError) as info:
         load_policy_file(path)
     assert named in info.value.cells
 
 
 def test_a_policy_file_that_is_not_total_or_not_json_is_refused(tmp_path: Path) -> None:
-    doc = tightened()
+    doc = own()
     del doc["classes"]["watcher-delivery"]["retry"]
     with pytest.raises(PolicyError) as info:
         load_policy_file(write(tmp_path / "p.json", doc))
@@ -148,7 +150,7 @@ def test_the_sdk_worker_takes_its_lease_ttl_from_the_policy_and_refuses_more(
             Worker(qs, "q", lambda job: None, lease_ttl=31)
         assert info.value.cells == ("durable-leased-work/attempt-timeout",)
         short = load_policy(
-            tightened(**{"attempt-timeout": {"seconds": 5, "on-timeout": "lease-expires"}})
+            own(**{"attempt-timeout": {"seconds": 5, "on-timeout": "lease-expires"}})
         )
         assert Worker(qs, "q", lambda job: None, policy=short).lease_ttl == 5
 
@@ -181,7 +183,7 @@ def _serve(
 def test_serve_loads_a_policy_file_and_names_it_in_policy_readyz_and_its_log(
     database_url: str, tmp_path: Path
 ) -> None:
-    path = write(tmp_path / "p.json", tightened(deadline={"seconds": 60}))
+    path = write(tmp_path / "p.json", own(deadline={"seconds": 60}))
     proc, port = _serve(database_url, tmp_path, "--policy", str(path))
     try:
         deadline = time.monotonic() + 60
@@ -197,7 +199,7 @@ def test_serve_loads_a_policy_file_and_names_it_in_policy_readyz_and_its_log(
             time.sleep(0.2)
         expected = load_policy_file(path)
         assert ready.json()["policy"] == {
-            "version": "operation-reliability.v2+short-leases",
+            "version": "short-leases.v1",
             "digest": expected.digest,
             "source": "file",
         }
@@ -207,7 +209,7 @@ def test_serve_loads_a_policy_file_and_names_it_in_policy_readyz_and_its_log(
     finally:
         proc.terminate()
         out, _ = proc.communicate(timeout=30)
-    assert f"policy operation-reliability.v2+short-leases ({path}, {expected.digest[:19]})" in out
+    assert f"policy short-leases.v1 ({path}, {expected.digest[:19]})" in out
 
 
 @pytest.mark.parametrize(
@@ -223,7 +225,7 @@ def test_serve_stops_at_start_on_a_policy_or_setting_outside_the_envelope(
 ) -> None:
     bad = write(
         tmp_path / "bad.json",
-        tightened(retry={"kind": "queue-reacquisition", "max-acquisitions": 50}),
+        own(retry={"kind": "queue-reacquisition", "max-acquisitions": 101}),
     )
     args = tuple(str(bad) if a == "BAD" else a for a in args)
     env = {k: str(bad) if v == "BAD" else v for k, v in env.items()}
@@ -231,6 +233,21 @@ def test_serve_stops_at_start_on_a_policy_or_setting_outside_the_envelope(
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 1, out
     assert named in out
+    assert "Traceback" not in out
+
+
+def test_serve_refuses_a_changed_document_that_keeps_the_built_in_version(
+    database_url: str, tmp_path: Path
+) -> None:
+    doc = copy.deepcopy(OPERATION_RELIABILITY_V2)
+    doc["classes"]["durable-leased-work"]["deadline"]["seconds"] = 7200
+    proc, _ = _serve(database_url, tmp_path, "--policy", str(write(tmp_path / "p.json", doc)))
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 1, out
+    assert (
+        "version: operation-reliability.v2 is the built-in policy; a changed document needs a"
+        " version of its own (policy new --version NAME)"
+    ) in " ".join(out.split())
     assert "Traceback" not in out
 
 

@@ -78,18 +78,46 @@ def test_policy_verify_exits_1_naming_the_cell_of_a_document_that_breaks_a_rule(
     assert "read-only-dependency/idempotency-and-fencing" in cells_column
 
 
-def test_policy_verify_exits_1_on_a_document_that_omits_a_cell_or_loosens_one(
+def test_policy_verify_exits_1_on_a_document_that_omits_a_cell_or_passes_a_bound(
     tmp_path: Path,
 ) -> None:
     doc = copy.deepcopy(OPERATION_RELIABILITY_V2)
+    doc["version"] = "acme.v3"
     del doc["classes"]["watcher-delivery"]["backpressure"]
-    doc["classes"]["durable-leased-work"]["deadline"] = {"seconds": 901}
+    doc["classes"]["durable-leased-work"]["deadline"] = {"seconds": 604801}
     path = tmp_path / "partial.json"
     path.write_text(json.dumps(doc))
-    result = runner.invoke(app, ["policy", "verify", "--json", "--policy", str(path)])
+    result = runner.invoke(app, ["policy", "verify", "--json", str(path)])
     assert result.exit_code == 1, result.output
     cells = {p["cell"] for p in json.loads(result.output)["problems"]}
     assert cells == {"watcher-delivery/backpressure", "durable-leased-work/deadline"}
+
+
+def test_policy_verify_checks_the_file_it_is_given(tmp_path: Path) -> None:
+    new = runner.invoke(app, ["policy", "new", "--version", "acme.v3"])
+    assert new.exit_code == 0, new.output
+    doc = json.loads(new.output)
+    doc["classes"]["durable-leased-work"]["deadline"]["seconds"] = 7200
+    mine = tmp_path / "p.json"
+    mine.write_text(json.dumps(doc))
+    # The argument wins over QUEUE_SERVER_POLICY.
+    env = {"QUEUE_SERVER_POLICY": str(tmp_path / "missing.json")}
+    passed = runner.invoke(app, ["policy", "verify", "--json", str(mine)], env=env)
+    assert passed.exit_code == 0, passed.output
+    report = json.loads(passed.output)
+    assert (report["passed"], report["version"]) == (True, "acme.v3")
+    # The same change under the built-in's version: a change needs a version of its own.
+    doc["version"] = "operation-reliability.v2"
+    mine.write_text(json.dumps(doc))
+    refused = runner.invoke(app, ["policy", "verify", "--json", str(mine)])
+    assert refused.exit_code == 1, refused.output
+    assert json.loads(refused.output)["problems"] == [
+        {
+            "cell": "version",
+            "problem": "operation-reliability.v2 is the built-in policy; a changed document"
+            " needs a version of its own (policy new --version NAME)",
+        }
+    ]
 
 
 def test_policy_verify_has_no_switch_that_weakens_the_runtime() -> None:

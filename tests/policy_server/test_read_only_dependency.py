@@ -110,6 +110,7 @@ def test_read_only_dependency_client_times_out_an_attempt_and_retries(
 ) -> None:
     # The attempt timeout comes from the loaded policy: here a tighter document's 0.2 s.
     doc = copy.deepcopy(OPERATION_RELIABILITY_V2)
+    doc["version"] = "fast-reads.v1"
     doc["classes"]["read-only-dependency"]["attempt-timeout"]["seconds"] = 0.2
     started = time.monotonic()
     reads = _client(policy=load_policy(doc))
