@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,10 @@ HOST = "127.0.0.1"
 SERVER_START_TIMEOUT = 60.0
 # Seconds between the server's retention rounds during a benchmark (default 60).
 RETENTION_INTERVAL = 2.0
-FAR_FUTURE = "2999-01-01T00:00:00Z"
+# A spend approval lasts at most a year: this one, 30 days from the start of the run.
+# The most a spend approval may raise a queue to (the built-in policy's max-approved).
+MAX_APPROVED = 1000
+SOON = (datetime.now(UTC) + timedelta(days=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def free_port() -> int:
@@ -275,9 +279,8 @@ class Environment:
                 approved = operator.post(
                     f"/v1/tenants/{name}/queues/{queue}/spend-approvals",
                     json={
-                        "approved_by": "bench@localhost",
-                        "max_concurrency": 100_000,
-                        "expires_at": FAR_FUTURE,
+                        "max_concurrency": MAX_APPROVED,
+                        "expires_at": SOON,
                         "reason": "benchmark",
                     },
                     headers={"Idempotency-Key": uuid.uuid4().hex},

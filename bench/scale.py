@@ -39,7 +39,7 @@ import psycopg
 
 from bench import loadgen
 from bench.cli import _PREFILL
-from bench.env import HOST, free_port, venv_bin
+from bench.env import HOST, MAX_APPROVED, SOON, free_port, venv_bin
 from bench.progress import say
 from queue_server.infra.embedded import SYSTEM_USER, EmbeddedPostgres
 from queue_server.infra.serve import ensure_admin_key
@@ -253,9 +253,8 @@ max_client_conn = 1000
             admin.post(
                 f"/v1/tenants/{name}/queues/q/spend-approvals",
                 json={
-                    "approved_by": "bench@localhost",
-                    "max_concurrency": 100_000,
-                    "expires_at": "2999-01-01T00:00:00Z",
+                    "max_concurrency": MAX_APPROVED,
+                    "expires_at": SOON,
                     "reason": "benchmark",
                 },
                 headers={

@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
@@ -47,7 +48,8 @@ __all__ = [
 ]
 
 HOST = "127.0.0.1"
-FAR_FUTURE = "2999-01-01T00:00:00Z"
+# A spend approval lasts at most a year: this one, 30 days from the start of the run.
+SOON = (datetime.now(UTC) + timedelta(days=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
 #: The harness's own database sessions carry this name, so faults can spare them.
 HARNESS_APP = "reliability-harness"
 
@@ -447,9 +449,8 @@ def create_tenant(
                 approval = operator.post(
                     f"/v1/tenants/{tenant}/queues/{queue}/spend-approvals",
                     json={
-                        "approved_by": "reliability@example.com",
                         "max_concurrency": max_concurrency,
-                        "expires_at": FAR_FUTURE,
+                        "expires_at": SOON,
                         "reason": "reliability suite",
                     },
                     headers={"Idempotency-Key": uuid.uuid4().hex},

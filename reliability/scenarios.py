@@ -29,7 +29,7 @@ import httpx
 
 from reliability.checkers import CheckReport, DatabaseSnapshot, Violation, run_all_checks
 from reliability.client import RecordingClient, WorkerStats, run_worker
-from reliability.cluster import HOST, Cluster, SystemUnderTest, TenantKeys, say
+from reliability.cluster import HOST, SOON, Cluster, SystemUnderTest, TenantKeys, say
 from reliability.flood import flood
 from reliability.history import History, HistoryRecorder, JSONValue, OpKind
 from reliability.proxy import ProxyMode, TcpProxy
@@ -808,9 +808,8 @@ def _route_body(path: str, method: str) -> JSONValue:
             "decision": "requeue",
         },
         "spend-approvals": {
-            "approved_by": "x@example.com",
             "max_concurrency": 4,
-            "expires_at": "2999-01-01T00:00:00Z",
+            "expires_at": SOON,
             "reason": "x",
         },
         "replay": {},

@@ -78,7 +78,7 @@ def test_the_worker_requeues_a_failure_through_the_queue_not_a_retry_loop(api: A
         worker.run(max_items=1, drain=True)
     assert calls == [1]
     assert [r.outcome for r in results] == [Outcome.TRIAGED]
-    (lease,) = api.acquire()
+    (lease,) = api.acquire(wait=5)  # due again after its backoff (1 s)
     assert (lease["fence"], lease["acquisition_count"]) == (2, 2)
 
 
