@@ -1,9 +1,10 @@
 """The queues overview: per queue its items by state, ages, leases against the limit, open
-dead letters, completions and failures over the last minute and hour, and pause/resume."""
+dead letters, completions and failures over the last minute and hour, and pause/resume; and
+each queue's settings page (lease TTL, deadline, budget, backoff), shown and edited."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response
@@ -12,6 +13,7 @@ from queue_server import errors
 from queue_server.api import schemas
 from queue_server.console import web
 from queue_server.models import NAME_RE
+from queue_server.services.queue_settings import QueueSettingsIn, RetrySettings
 
 router = APIRouter(prefix=f"{web.PREFIX}/tenants/{{tenant}}", route_class=web.ConsoleRoute)
 NAV_ENTRY = web.NavEntry("queues", "Queues")
@@ -46,6 +48,83 @@ async def confirm_pause(request: Request, tenant: str, queue: str) -> Response:
         queue=queue,
         next=web.back(request, form, web.tenant_path(tenant, "queues")),
     )
+
+
+def _settings_fields(settings: dict[str, Any]) -> list[tuple[str, str, dict[str, Any], str]]:
+    retry = settings["retry"]
+    return [
+        ("lease_ttl", "Lease TTL, seconds", settings["lease_ttl"], "any"),
+        ("deadline", "Lease deadline, seconds", settings["deadline"], "any"),
+        ("max_acquisitions", "Acquisition budget", settings["max_acquisitions"], "1"),
+        ("retry_base", "Backoff: first delay, seconds", retry["base"], "any"),
+        ("retry_cap", "Backoff: longest delay, seconds", retry["cap"], "any"),
+    ]
+
+
+@router.get("/queues/{queue}/settings")
+async def settings_page(request: Request, tenant: str, queue: str) -> Response:
+    """The queue's settings: each effective value and its source, and the form that sets them."""
+    session = await web.current_session(request)
+    if not NAME_RE.match(queue):
+        raise errors.InvalidRequestError("The queue name is not valid.")
+    answer = await web.services(request).queue_settings.get(session.principal, tenant, queue)
+    settings = web.answer_body(answer)
+    return web.render(
+        request,
+        "queue_settings.html",
+        session,
+        tenant=tenant,
+        queue=queue,
+        settings=settings,
+        fields=_settings_fields(settings),
+    )
+
+
+def _number(form: Any, name: str) -> float | int | str | None:
+    text = web.form_text(form, name)
+    if not text:
+        return None
+    try:
+        number = float(text)
+    except ValueError:
+        return text  # refused by the body's validation, naming the field
+    return int(number) if name == "max_acquisitions" and number.is_integer() else number
+
+
+@router.post("/queues/{queue}/settings")
+async def save_settings(request: Request, tenant: str, queue: str) -> Response:
+    """Replace the queue's settings through `PUT .../queues/{queue}/settings`'s service call."""
+    session = await web.current_session(request)
+    form = await web.check_form(request, session)
+    if not NAME_RE.match(queue):
+        raise errors.InvalidRequestError("The queue name is not valid.")
+    body = web.body_of(
+        schemas.QueueSettingsIn,
+        lease_ttl=_number(form, "lease_ttl"),
+        deadline=_number(form, "deadline"),
+        max_acquisitions=_number(form, "max_acquisitions"),
+        retry={
+            "base": _number(form, "retry_base"),
+            "cap": _number(form, "retry_cap"),
+            "jitter": True if web.form_text(form, "retry_jitter") == "on" else None,
+        },
+    )
+    rest_path = f"/v1/tenants/{tenant}/queues/{queue}/settings"
+    idem = web.idempotency_for(form, rest_path=rest_path, body=body.model_dump(mode="json"))
+    retry = body.retry or schemas.RetryIn()
+    given = QueueSettingsIn(
+        lease_ttl=body.lease_ttl,
+        deadline=body.deadline,
+        max_acquisitions=body.max_acquisitions,
+        retry=RetrySettings(base=retry.base, cap=retry.cap, jitter=retry.jitter),
+    )
+    answer = await web.services(request).queue_settings.put(
+        session.principal, tenant, queue, given, idem, instance=rest_path
+    )
+    target = web.tenant_path(tenant, "queues", queue, "settings")
+    if answer.problem:
+        return web.redirect(request, target, web.problem_text(answer), "error")
+    return web.redirect(request, target, f"Saved the settings of {queue}.")
 
 
 @router.post("/queues/{queue}/{action}")

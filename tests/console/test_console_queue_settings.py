@@ -1,0 +1,61 @@
+"""The console's queue settings page: each effective value with its source, and the form that
+sets them through the same service as `PUT .../queues/{q}/settings` (refusals included)."""
+
+from __future__ import annotations
+
+from tests.helpers.api import Api
+from tests.helpers.console import CSRF, KEY, form_value, sign_in
+
+PAGE = "/console/tenants/acme/queues/reports/settings"
+
+
+def test_the_settings_page_shows_sources_and_saves_what_the_form_sets(api: Api) -> None:
+    client, _ = sign_in(api.url, api.keys["operator"])
+    try:
+        page = client.get(PAGE)
+        assert page.status_code == 200, page.text
+        assert "now 900.0 (policy)" in page.text  # the deadline
+        assert "now 1.0 (default)" in page.text  # the backoff's first delay
+        form = {
+            "csrf": form_value(page.text, CSRF),
+            "idempotency_key": form_value(page.text, KEY),
+            "deadline": "600",
+            "max_acquisitions": "4",
+            "retry_cap": "",
+            "retry_jitter": "on",
+        }
+        saved = client.post(PAGE, data=form, follow_redirects=True)
+        assert saved.status_code == 200, saved.text
+        assert "Saved the settings of reports" in saved.text
+        assert "now 600.0 (queue)" in saved.text
+    finally:
+        client.close()
+    shown = api.worker.get("/v1/tenants/acme/queues/reports/settings").json()
+    assert shown["deadline"] == {"value": 600.0, "source": "queue"}
+    assert shown["max_acquisitions"] == {"value": 4, "source": "queue"}
+    assert shown["retry"]["jitter"] == {"value": True, "source": "queue"}
+    assert shown["retry"]["cap"]["source"] == "policy"
+    # The overview links each queue to its settings.
+    api.enqueue("reports")
+    again, _ = sign_in(api.url, api.keys["operator"])
+    try:
+        assert PAGE in again.get("/console/tenants/acme/queues").text
+    finally:
+        again.close()
+
+
+def test_a_value_above_the_envelope_is_refused_naming_the_cell(api: Api) -> None:
+    client, _ = sign_in(api.url, api.keys["operator"])
+    try:
+        page = client.get(PAGE)
+        form = {
+            "csrf": form_value(page.text, CSRF),
+            "idempotency_key": form_value(page.text, KEY),
+            "deadline": "5000",
+        }
+        refused = client.post(PAGE, data=form, follow_redirects=True)
+        assert "durable-leased-work/deadline" in refused.text
+    finally:
+        client.close()
+    shown = api.worker.get("/v1/tenants/acme/queues/reports/settings").json()
+    assert shown["deadline"]["source"] == "policy"
