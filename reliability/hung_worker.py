@@ -45,7 +45,8 @@ fi
 
 def _policy(path: Path) -> Path:
     doc = copy.deepcopy(OPERATION_RELIABILITY_V2)
-    doc["revision"] = "short-lease-deadline"
+    doc.pop("policy", None)
+    doc["version"] = "reliability.short-lease-deadline"  # a change is a version of its own
     leased = doc["classes"]["durable-leased-work"]
     leased["deadline"] = {"seconds": DEADLINE}
     leased["attempt-timeout"] = {"seconds": TTL, "on-timeout": "lease-expires"}

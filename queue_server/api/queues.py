@@ -20,7 +20,6 @@ from queue_server.api.deps import (
     idempotency,
     respond,
 )
-from queue_server.services.queue_settings import QueueSettingsIn, RetrySettings
 
 router = APIRouter(prefix="/v1", responses=PROBLEMS)
 
@@ -185,14 +184,9 @@ async def put_queue_settings(
     policy's. Each value above the loaded policy's envelope is 422 naming the field and the
     cell. Enqueue, acquire, heartbeat, requeue and triage read them."""
     idem = idempotency(request, idempotency_key, body)
-    retry = body.retry or schemas.RetryIn()
-    given = QueueSettingsIn(
-        lease_ttl=body.lease_ttl,
-        deadline=body.deadline,
-        max_acquisitions=body.max_acquisitions,
-        retry=RetrySettings(base=retry.base, cap=retry.cap, jitter=retry.jitter),
+    answer = await settings.put(
+        caller, tenant, queue, body.given(), idem, instance=request.url.path
     )
-    answer = await settings.put(caller, tenant, queue, given, idem, instance=request.url.path)
     return respond(answer)
 
 

@@ -11,6 +11,7 @@ from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
 from queue_server import wire
 from queue_server.models import NAME_PATTERN
+from queue_server.services import queue_settings
 
 MAX_JSON_DEPTH = 64
 MAX_FENCE = 2**63 - 1
@@ -436,6 +437,16 @@ class QueueSettingsIn(Body):
     deadline: float | None = Field(default=None, gt=0, le=7 * 86400, strict=True)
     max_acquisitions: int | None = Field(default=None, ge=1, le=100, strict=True)
     retry: RetryIn | None = None
+
+    def given(self) -> queue_settings.QueueSettingsIn:
+        """The settings as the queue settings service takes them."""
+        retry = self.retry or RetryIn()
+        return queue_settings.QueueSettingsIn(
+            lease_ttl=self.lease_ttl,
+            deadline=self.deadline,
+            max_acquisitions=self.max_acquisitions,
+            retry=queue_settings.RetrySettings(base=retry.base, cap=retry.cap, jitter=retry.jitter),
+        )
 
 
 QueueSettingsOut = wire.QueueSettings

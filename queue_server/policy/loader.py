@@ -207,7 +207,7 @@ def _check_isolation(cls: OC, cp: ClassPolicy, problems: Problems) -> None:
             retry.max_acquisitions if isinstance(retry, QueueReacquisition) else retry.max_attempts
         )
         valid = isinstance(retry, QueueReacquisition) or 1 <= budget <= MAX_ATTEMPTS
-        if valid and circuit.budget != budget:
+        if valid and circuit.budget is not None and circuit.budget != budget:
             problems.append(
                 (
                     name,

@@ -208,7 +208,9 @@ class IsolationBoundary(Cell):
 
     kind: Literal["isolation-boundary"] = "isolation-boundary"
     mechanisms: tuple[str, ...] = Field(min_length=1)
-    budget: PositiveCount
+    # The isolation budget is the retry cell's (max-acquisitions, max-attempts); a document
+    # may state it (it must then be the same) or leave it out, so one edit raises both.
+    budget: PositiveCount | None = Field(default=None, exclude_if=lambda value: value is None)
     on_exhausted: Literal["quarantine", "dead-letter"]
     note: str = ""
 

@@ -169,7 +169,6 @@ OPERATION_RELIABILITY_V2: dict[str, Any] = {
             "circuit-breaking": {
                 "kind": "isolation-boundary",
                 "mechanisms": ["lease-expiry", "acquisition-budget", "quarantine"],
-                "budget": 5,
                 "on-exhausted": "quarantine",
                 "note": "remote calls made by leased work are classified read-only-dependency",
             },

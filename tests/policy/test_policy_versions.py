@@ -35,8 +35,7 @@ def long_jobs() -> dict[str, Any]:
     """Two-hour leases and an attempt budget of 25 (the isolation budget follows it)."""
     doc = acme(deadline={"seconds": 7200})
     cells = doc["classes"][LEASED]
-    cells["retry"]["max-acquisitions"] = 25
-    cells["circuit-breaking"]["budget"] = 25
+    cells["retry"]["max-acquisitions"] = 25  # the isolation budget, left unstated, follows it
     return doc
 
 
@@ -163,3 +162,13 @@ def test_the_attempt_timeout_must_still_fit_the_deadline() -> None:
     error = refused(acme(**{"attempt-timeout": {"seconds": 1800, "on-timeout": "lease-expires"}}))
     assert error.cells == (f"{LEASED}/attempt-timeout",)
     assert "does not fit the deadline 900s" in str(error)
+
+
+def test_a_stated_isolation_budget_must_be_the_retry_budget() -> None:
+    doc = long_jobs()
+    doc["classes"][LEASED]["circuit-breaking"]["budget"] = 5
+    with pytest.raises(PolicyError) as refused:
+        load_policy(doc)
+    assert f"{LEASED}/circuit-breaking" in {cell for cell, _ in refused.value.problems}
+    doc["classes"][LEASED]["circuit-breaking"]["budget"] = 25
+    assert load_policy(doc).leased_work.attempt_cap == 25

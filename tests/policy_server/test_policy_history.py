@@ -50,8 +50,7 @@ def acme_v3(tmp_path: Path) -> Path:
     doc = json.loads(path.read_text())
     leased = doc["classes"]["durable-leased-work"]
     leased["deadline"]["seconds"] = 7200
-    leased["retry"]["max-acquisitions"] = 25
-    leased["circuit-breaking"]["budget"] = 25  # the isolation budget is the retry budget
+    leased["retry"]["max-acquisitions"] = 25  # the isolation budget follows it
     path.write_text(json.dumps(doc, indent=2))
     return path
 

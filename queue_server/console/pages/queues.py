@@ -13,7 +13,6 @@ from queue_server import errors
 from queue_server.api import schemas
 from queue_server.console import web
 from queue_server.models import NAME_RE
-from queue_server.services.queue_settings import QueueSettingsIn, RetrySettings
 
 router = APIRouter(prefix=f"{web.PREFIX}/tenants/{{tenant}}", route_class=web.ConsoleRoute)
 NAV_ENTRY = web.NavEntry("queues", "Queues")
@@ -111,15 +110,8 @@ async def save_settings(request: Request, tenant: str, queue: str) -> Response:
     )
     rest_path = f"/v1/tenants/{tenant}/queues/{queue}/settings"
     idem = web.idempotency_for(form, rest_path=rest_path, body=body.model_dump(mode="json"))
-    retry = body.retry or schemas.RetryIn()
-    given = QueueSettingsIn(
-        lease_ttl=body.lease_ttl,
-        deadline=body.deadline,
-        max_acquisitions=body.max_acquisitions,
-        retry=RetrySettings(base=retry.base, cap=retry.cap, jitter=retry.jitter),
-    )
     answer = await web.services(request).queue_settings.put(
-        session.principal, tenant, queue, given, idem, instance=rest_path
+        session.principal, tenant, queue, body.given(), idem, instance=rest_path
     )
     target = web.tenant_path(tenant, "queues", queue, "settings")
     if answer.problem:
