@@ -38,6 +38,25 @@ SERVER_START_TIMEOUT = 60.0
 # Seconds between the server's retention rounds during a benchmark (default 60).
 RETENTION_INTERVAL = 2.0
 # A spend approval lasts at most a year: this one, 30 days from the start of the run.
+# The benchmark's tenants hold backlogs far above the built-in's max-queued (10,000): the
+# server runs under a policy version of the benchmark's own that raises only that.
+BENCH_MAX_QUEUED = 100_000_000
+
+
+def bench_policy(path: Path) -> Path:
+    """The built-in policy as `bench.v1`, durable-leased-work max-queued BENCH_MAX_QUEUED."""
+    import copy
+    import json
+
+    from queue_server.policy.v2 import OPERATION_RELIABILITY_V2
+
+    doc = copy.deepcopy(OPERATION_RELIABILITY_V2)
+    doc["version"] = "bench.v1"
+    doc["classes"]["durable-leased-work"]["backpressure"]["max-queued"] = BENCH_MAX_QUEUED
+    path.write_text(json.dumps(doc))
+    return path
+
+
 # The most a spend approval may raise a queue to (the built-in policy's max-approved).
 MAX_APPROVED = 1000
 SOON = (datetime.now(UTC) + timedelta(days=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -163,6 +182,7 @@ class Environment:
             raise RuntimeError("a fresh database already had an admin key")
         say(f"starting queue-server serve --workers {self.server_workers} on port {self.port}")
         env["QUEUE_SERVER_DATA_DIR"] = str(data_dir)
+        env["QUEUE_SERVER_POLICY"] = str(bench_policy(self.root / "bench-policy.json"))
         # Retention rounds every few seconds, so the churn's short-retention tenant shows them.
         env["QUEUE_SERVER_RETENTION_INTERVAL"] = str(RETENTION_INTERVAL)
         with self.server_log.open("wb") as log:
@@ -250,7 +270,7 @@ class Environment:
         self,
         name: str,
         *,
-        backlog_cap: int = 100_000_000,
+        backlog_cap: int = BENCH_MAX_QUEUED,
         queues: tuple[str, ...] = ("q",),
         retention: float | None = None,
     ) -> Tenant:

@@ -39,7 +39,15 @@ import psycopg
 
 from bench import loadgen
 from bench.cli import _PREFILL
-from bench.env import HOST, MAX_APPROVED, SOON, free_port, venv_bin
+from bench.env import (
+    BENCH_MAX_QUEUED,
+    HOST,
+    MAX_APPROVED,
+    SOON,
+    bench_policy,
+    free_port,
+    venv_bin,
+)
 from bench.progress import say
 from queue_server.infra.embedded import SYSTEM_USER, EmbeddedPostgres
 from queue_server.infra.serve import ensure_admin_key
@@ -175,6 +183,7 @@ max_client_conn = 1000
             **os.environ,
             "QUEUE_SERVER_DATA_DIR": str(self.root / "data"),
             "QUEUE_SERVER_DATABASE_URL": self.pooled if pooled else self.direct,
+            "QUEUE_SERVER_POLICY": str(bench_policy(self.root / "bench-policy.json")),
         }
         if pooled:
             env["QUEUE_SERVER_DATABASE_POOLER"] = "transaction"
@@ -240,7 +249,7 @@ max_client_conn = 1000
             admin.put(
                 f"/v1/tenants/{name}",
                 json={
-                    "backlog_cap": 100_000_000,
+                    "backlog_cap": BENCH_MAX_QUEUED,
                     "default_max_acquisitions": 5,
                     "default_lease_ttl": 60,
                 },

@@ -395,7 +395,7 @@ class Cluster:
         self,
         tenant: str,
         *,
-        backlog_cap: int = 100_000,
+        backlog_cap: int = 10_000,  # the built-in policy's max-queued
         max_acquisitions: int = 5,
         max_concurrency: int | None = None,
         queues: tuple[str, ...] = ("q",),
@@ -416,7 +416,7 @@ def create_tenant(
     admin_key: str,
     tenant: str,
     *,
-    backlog_cap: int = 100_000,
+    backlog_cap: int = 10_000,  # the built-in policy's max-queued
     max_acquisitions: int = 5,
     max_concurrency: int | None = None,
     queues: tuple[str, ...] = ("q",),

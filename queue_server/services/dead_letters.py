@@ -28,14 +28,14 @@ class _SkipItemError(Exception):
     """Rolls one item's savepoint back during a bulk replay."""
 
 
-async def _admit(conn: Conn, tenant: str, wanted: int) -> tuple[int, int]:
+async def _admit(conn: Conn, tenant: str, wanted: int, envelope: LeaseEnvelope) -> tuple[int, int]:
     """Take the tenant's admission lock (until the transaction ends), as enqueue does, and
     return (room, cap): how many items the backlog still takes. Leased items count in the
     backlog, so the room kept for active leases is never handed to a replay."""
     row, backlog = await tenants.admit(conn, tenant)
     if row is None:
         raise errors.TenantNotFoundError(tenant=tenant)
-    cap = int(row["backlog_cap"])
+    cap = envelope.held_backlog_cap(int(row["backlog_cap"]))
     room = max(0, cap - backlog)
     if room == 0 and wanted > 0:
         raise errors.BacklogCapReachedError(
@@ -199,7 +199,7 @@ class DeadLetters:
                     item_id=str(row["item_id"]),
                     state=row["item_state"],
                 )
-            await _admit(conn, tenant, 1)
+            await _admit(conn, tenant, 1, self.envelope)
             item = await transitions.replay(
                 conn,
                 tenant=tenant,
@@ -286,7 +286,7 @@ class DeadLetters:
             letters = await dead_letters.open_for_queue(
                 conn, tenant=tenant, queue=queue, limit=limit
             )
-            room, cap = await _admit(conn, tenant, len(letters))
+            room, cap = await _admit(conn, tenant, len(letters), self.envelope)
             for row in letters:
                 dead_letter_id = str(row["dead_letter_id"])
                 if len(replayed) >= room:

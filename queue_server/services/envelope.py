@@ -2,7 +2,7 @@
 
 `max_acquisitions` (item, tenant default, replay) at most the attempt cap, a lease
 TTL (acquire, heartbeat, tenant default) at most the attempt timeout, a requeue or
-triage delay at most the backoff cap. A refusal is 422 `invalid-request` whose
+triage delay at most the backoff cap, a tenant's backlog cap at most max-queued. A refusal is 422 `invalid-request` whose
 `errors` name each field and the policy cell that bounds it.
 """
 
@@ -61,6 +61,15 @@ class LeaseEnvelope:
     def deadline(self, value: float | None, *loc: str | int) -> Above | None:
         """A lease deadline above the policy's."""
         return self._above(value, "deadline", "deadline", loc, self.leased.deadline)
+
+    def backlog(self, value: int | None, *loc: str | int) -> Above | None:
+        """A tenant's backlog cap above the policy's max-queued."""
+        return self._above(value, "backlog_cap", "max-queued", loc, self.leased.backlog_cap)
+
+    def held_backlog_cap(self, stored: int) -> int:
+        """A tenant's stored backlog cap as admission applies it: at most max-queued (a cap
+        stored under a looser policy is held to the loaded one)."""
+        return min(stored, self.leased.backlog_cap)
 
     def delay(self, value: float | None, *loc: str | int) -> Above | None:
         """A requeue or triage delay above the backoff cap."""

@@ -226,7 +226,7 @@ class Items:
         row, backlog = await tenants.admit(conn, tenant)
         if row is None:
             raise errors.TenantNotFoundError(tenant=tenant)
-        cap = row["backlog_cap"]
+        cap = self.envelope.held_backlog_cap(row["backlog_cap"])
         if backlog + len(items) > cap:
             raise errors.BacklogCapReachedError(
                 f"Backlog {backlog} + {len(items)} new would exceed the cap of {cap}.",
@@ -271,17 +271,15 @@ class Items:
         """
         async with self.db.conn() as conn:
             row = await tenants.room(conn, tenant=tenant, key=idem.key)
-        if (
-            row is not None
-            and not row["has_receipt"]
-            and row["backlog"] + adding > row["backlog_cap"]
-        ):
+        if row is None or row["has_receipt"]:
+            return
+        cap = self.envelope.held_backlog_cap(row["backlog_cap"])
+        if row["backlog"] + adding > cap:
             await asyncio.sleep(self.settings.cap_refusal_delay)
             raise errors.BacklogCapReachedError(
-                f"Backlog {row['backlog']} + {adding} new would exceed the cap of"
-                f" {row['backlog_cap']}.",
+                f"Backlog {row['backlog']} + {adding} new would exceed the cap of {cap}.",
                 backlog=row["backlog"],
-                backlog_cap=row["backlog_cap"],
+                backlog_cap=cap,
                 requested=adding,
             )
 

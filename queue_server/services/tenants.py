@@ -56,6 +56,7 @@ class Tenants:
             [
                 envelope.budget(default_max_acquisitions, "body", "default_max_acquisitions"),
                 envelope.lease_ttl(default_lease_ttl, "body", "default_lease_ttl"),
+                envelope.backlog(backlog_cap, "body", "backlog_cap"),
             ]
         )
         budget = default_max_acquisitions or envelope.leased.attempt_cap

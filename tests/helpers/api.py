@@ -138,12 +138,14 @@ def policy_file(path: Path, cells: dict[str, dict[str, object]], version: str = 
 
 
 @contextlib.contextmanager
-def live_api(settings: Settings, database_url: str, tenant: str = "acme") -> Iterator[Api]:
+def live_api(
+    settings: Settings, database_url: str, tenant: str = "acme", backlog_cap: int = 1000
+) -> Iterator[Api]:
     """A live server with `settings` (e.g. a policy file) and one tenant with its keys."""
     server = LiveServer(settings, database_url)
     server.start()
     try:
         with client_for(server.url, make_admin_key(settings, database_url)) as admin:
-            yield setup_tenant(server.url, admin, tenant)
+            yield setup_tenant(server.url, admin, tenant, backlog_cap)
     finally:
         server.stop()
