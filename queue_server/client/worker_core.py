@@ -585,8 +585,11 @@ class WorkerCore(abc.ABC, Generic[J]):
             return
         delay = (item.available_at - item.updated_at).total_seconds()
         if delay > 0:
-            # A little after the server's instant: its clock, and the round trip.
-            self._comebacks.append(time.monotonic() + delay + COMEBACK_SLACK)
+            now = time.monotonic()
+            # Only those still ahead are kept: a long-running worker's list stays as short as
+            # its items in backoff. A little after the server's instant: its clock, the trip.
+            self._comebacks = [t for t in self._comebacks if t > now]
+            self._comebacks.append(now + delay + COMEBACK_SLACK)
 
     def _refused(self, job: J, sub: Submission, exc: errors.QueueClientError, report: bool) -> None:
         """An outcome the server did not take: said in the log, never silent."""

@@ -65,42 +65,43 @@ def _value(value: Any, source: str) -> dict[str, Any]:
     return {"value": value, "source": source}
 
 
+def _first(ceiling: float | None, *given: tuple[Any, str], otherwise: tuple[Any, str]) -> Any:
+    """The first value given (at most `ceiling`) with its source, else `otherwise`."""
+    for value, source in given:
+        if value is not None:
+            return _value(value if ceiling is None else min(value, ceiling), source)
+    return _value(*otherwise)
+
+
 def effective(row: Row, leased: LeasedWork) -> dict[str, Any]:
     """Each setting's effective value and where it comes from: `queue`, `tenant`, `policy`
     or `default` (the server's retry defaults: base 1 s, no jitter)."""
-    ttl_cap, deadline_cap = leased.attempt_timeout, leased.deadline
-    if row["lease_ttl"] is not None:
-        lease_ttl = _value(min(_seconds(row["lease_ttl"]) or 0.0, ttl_cap), "queue")
-    elif row["default_lease_ttl"] is not None:
-        lease_ttl = _value(min(_seconds(row["default_lease_ttl"]) or 0.0, ttl_cap), "tenant")
-    else:
-        lease_ttl = _value(ttl_cap, "policy")
-    if row["deadline"] is not None:
-        deadline = _value(min(_seconds(row["deadline"]) or 0.0, deadline_cap), "queue")
-    else:
-        deadline = _value(deadline_cap, "policy")
-    budget_cap = leased.attempt_cap
-    if row["max_acquisitions"] is not None:
-        budget = _value(min(row["max_acquisitions"], budget_cap), "queue")
-    elif row["default_max_acquisitions"] is not None:
-        budget = _value(min(row["default_max_acquisitions"], budget_cap), "tenant")
-    else:
-        budget = _value(budget_cap, "policy")
-    backoff_cap = leased.backoff_cap
-    cap = (
-        _value(min(row["retry_cap"], backoff_cap), "queue")
-        if row["retry_cap"] is not None
-        else _value(backoff_cap, "policy")
+    ttl, deadline_cap = leased.attempt_timeout, leased.deadline
+    lease_ttl = _first(
+        ttl,
+        (_seconds(row["lease_ttl"]), "queue"),
+        (_seconds(row["default_lease_ttl"]), "tenant"),
+        otherwise=(ttl, "policy"),
     )
-    base = (
-        _value(min(row["retry_base"], cap["value"]), "queue")
-        if row["retry_base"] is not None
-        else _value(min(DEFAULT_RETRY_BASE, cap["value"]), "default")
+    deadline = _first(
+        deadline_cap, (_seconds(row["deadline"]), "queue"), otherwise=(deadline_cap, "policy")
     )
-    jitter = (
-        _value(row["retry_jitter"], "queue")
-        if row["retry_jitter"] is not None
-        else _value(DEFAULT_RETRY_JITTER, "default")
+    budget = _first(
+        leased.attempt_cap,
+        (row["max_acquisitions"], "queue"),
+        (row["default_max_acquisitions"], "tenant"),
+        otherwise=(leased.attempt_cap, "policy"),
+    )
+    cap = _first(
+        leased.backoff_cap, (row["retry_cap"], "queue"), otherwise=(leased.backoff_cap, "policy")
+    )
+    base = _first(
+        cap["value"],
+        (row["retry_base"], "queue"),
+        otherwise=(min(DEFAULT_RETRY_BASE, cap["value"]), "default"),
+    )
+    jitter = _first(
+        None, (row["retry_jitter"], "queue"), otherwise=(DEFAULT_RETRY_JITTER, "default")
     )
     return {
         "lease_ttl": lease_ttl,

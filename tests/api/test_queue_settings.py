@@ -289,3 +289,14 @@ def test_quarantine_takes_no_backoff(api: Api) -> None:
         delay="backoff",
     )
     assert response.status_code == 422, response.text
+
+
+def test_a_setting_stored_under_a_looser_policy_is_held_to_the_loaded_one(api: Api, db: Db) -> None:
+    assert _put(api, "old", lease_ttl=20).status_code == 200
+    db.execute("UPDATE queues SET lease_ttl = interval '100 seconds' WHERE queue = 'old'")
+    assert _settings(api, "old")["lease_ttl"] == {"value": 30.0, "source": "queue"}
+    api.enqueue("old")
+    before = _now(db)
+    response = api.worker.post(f"/v1/tenants/{api.tenant}/queues/old/leases", json={"worker": "w1"})
+    (lease,) = response.json()["leases"]
+    assert (_at(lease["lease_expires_at"]) - before).total_seconds() <= 31
