@@ -1,19 +1,22 @@
 """The contract verifier with its weakenings: `python -m tests.contract` (run by `make test`).
 
-For every binding of `tests/policy_proof/bindings.py` (and each negative control), run its
-test under its weakening (`pytest -p tests.weakenings --weaken NAME`) and require that the
-test fails: the weakened runtime must be caught. Tests of one weakening run in one pytest
-process of their own, forked from this one once it has imported the libraries (see
-`preload`); all share one embedded PostgreSQL (QUEUE_SERVER_TEST_PGDATA), so the whole
-proof takes about half a minute. Exit 1 when the registry is incomplete or a weakening
-goes unnoticed. `--write-docs` rewrites the table in docs/reliability-policy.md (the
-drift test compares it with `render_table()`).
+For every binding of `tests/policy_proof/bindings.py` (and each negative control), first run
+its test on the runtime as it is: it must pass (a test that fails unweakened proves nothing
+by failing weakened). Then run it under its weakening (`pytest -p tests.weakenings --weaken
+NAME`) and require that it fails: the weakened runtime must be caught. A weakening that can
+no longer be applied (its SQL text or its target is gone) is an error naming it, never a
+pass. Each run is a pytest process of its own, forked from this one once it has imported
+the libraries (see `preload`), several at once; all share one embedded PostgreSQL
+(QUEUE_SERVER_TEST_PGDATA). Exit 1 when the registry is incomplete, a bound test fails
+unweakened, a weakening cannot be applied or goes unnoticed. `--write-docs` rewrites the
+table in docs/reliability-policy.md (the drift test compares it with `render_table()`).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import importlib
 import json
 import os
 import re
@@ -30,6 +33,7 @@ from tests.helpers.database import fast_logins
 from tests.helpers.scratch import use_scratch_dir
 from tests.policy_proof.bindings import BINDINGS, NEGATIVE_CONTROLS
 from tests.policy_proof.verifier import render_table, verify_contract
+from tests.weakenings import UNAPPLIABLE, WEAKENINGS
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "reliability-policy.md"
@@ -44,16 +48,27 @@ NO_PLUGINS = ("schemathesis", "hypothesispytest", "playwright", "base_url", "cac
 
 @dataclass(frozen=True)
 class Proof:
-    """One weakening's run: which of its tests failed, as they must."""
+    """One pytest run: a weakening's (or, `weakening` None, the unweakened runtime's)."""
 
-    weakening: str
+    weakening: str | None
     tests: tuple[str, ...]
     failed: frozenset[str]
+    passed: frozenset[str]
     seconds: float
     output: str
 
     def caught(self, test: str) -> bool:
         return test in self.failed
+
+    def holds(self, test: str) -> bool:
+        """The test ran and passed (every parameter of it)."""
+        return test in self.passed and test not in self.failed
+
+    @property
+    def unappliable(self) -> str | None:
+        """Why the weakening could not be applied, if it could not."""
+        found = re.search(rf"{re.escape(UNAPPLIABLE)} (.*)", self.output)
+        return found.group(1).strip() if found else None
 
 
 def _test_exists(spec: str) -> bool:
@@ -68,17 +83,18 @@ def _test_exists(spec: str) -> bool:
     )
 
 
-_FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+?)(?: - .*)?$", re.MULTILINE)
+# pytest's short summary (`-rfEp`): one line per test, parameters stripped (`[...]`).
+_FAILED = re.compile(r"^(?:FAILED|ERROR) (\S+?)(?:\[\S*\])?(?: - .*)?$", re.MULTILINE)
+_PASSED = re.compile(r"^PASSED (\S+?)(?:\[\S*\])?$", re.MULTILINE)
 
 
-def _pytest_args(weakening: str, tests: Sequence[str]) -> list[str]:
+def _pytest_args(weakening: str | None, tests: Sequence[str]) -> list[str]:
     return [
         "-p",
         "tests.weakenings",
-        "--weaken",
-        weakening,
+        *(("--weaken", weakening) if weakening else ()),
         "-q",
-        "-rfE",
+        "-rfEp",
         *(arg for plugin in NO_PLUGINS for arg in ("-p", f"no:{plugin}")),
         "-o",
         "addopts=",
@@ -114,17 +130,27 @@ def preload() -> None:
 
 # The verifier's own modules, which it goes on using.
 _KEEP = frozenset({"tests", "tests.contract", "tests.helpers", "tests.helpers.scratch"})
+# A proof's key: the weakening's name, or BASELINE and a chunk number for the unweakened runs.
+BASELINE = ""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One pytest process to fork: `weakening` applied (None: the runtime as it is)."""
+
+    key: str
+    weakening: str | None
+    tests: tuple[str, ...]
 
 
 @dataclass
 class _Forked:
-    weakening: str
-    tests: tuple[str, ...]
+    run: Run
     output: Path
     began: float
 
 
-def _fork(weakening: str, tests: Sequence[str], env: dict[str, str], out: Path) -> int:
+def _fork(run: Run, env: dict[str, str], out: Path) -> int:
     """A child of this (preloaded, single-threaded) process that runs the proof's pytest with
     `env` as its environment, its output into `out`; its pid."""
     sys.stdout.flush()
@@ -142,7 +168,7 @@ def _fork(weakening: str, tests: Sequence[str], env: dict[str, str], out: Path) 
         os.environ.clear()
         os.environ.update(env)
         os.chdir(ROOT)
-        code = int(pytest.main(_pytest_args(weakening, tests)))
+        code = int(pytest.main(_pytest_args(run.weakening, run.tests)))
     except BaseException:
         import traceback
 
@@ -154,29 +180,86 @@ def _fork(weakening: str, tests: Sequence[str], env: dict[str, str], out: Path) 
 
 
 def prove_all(
-    groups: dict[str, list[str]], env_of: Callable[[str], dict[str, str]], jobs: int, root: Path
-) -> list[Proof]:
-    """Each weakening's tests in a process of its own, `jobs` at once, forked from this one."""
+    runs: Sequence[Run], env_of: Callable[[Run], dict[str, str]], jobs: int, root: Path
+) -> dict[str, Proof]:
+    """Each run in a process of its own, `jobs` at once, forked from this one; by key."""
     preload()
-    waiting = list(groups.items())
+    waiting = list(runs)
     running: dict[int, _Forked] = {}
     proofs: dict[str, Proof] = {}
     while waiting or running:
         while waiting and len(running) < jobs:
-            name, tests = waiting.pop(0)
-            out = root / f"proof-{name}.log"
-            pid = _fork(name, tests, env_of(name), out)
-            running[pid] = _Forked(name, tuple(tests), out, time.monotonic())
+            run = waiting.pop(0)
+            out = root / f"proof-{run.key}.log"
+            pid = _fork(run, env_of(run), out)
+            running[pid] = _Forked(run, out, time.monotonic())
         pid, _ = os.wait()
         forked = running.pop(pid, None)
         if forked is None:
             continue
         output = forked.output.read_text(errors="replace")
-        failed = frozenset(m.group(1) for m in _FAILED.finditer(output))
-        proofs[forked.weakening] = Proof(
-            forked.weakening, forked.tests, failed, time.monotonic() - forked.began, output
+        proofs[forked.run.key] = Proof(
+            forked.run.weakening,
+            forked.run.tests,
+            frozenset(m.group(1) for m in _FAILED.finditer(output)),
+            frozenset(m.group(1) for m in _PASSED.finditer(output)),
+            time.monotonic() - forked.began,
+            output,
         )
-    return [proofs[name] for name in groups]
+    return proofs
+
+
+def plan(pairs: Sequence[tuple[str, str, str]], chunks: int) -> list[Run]:
+    """The unweakened runs of every bound test (in `chunks` processes), then one run per
+    weakening with its tests. The unweakened runs go first: they hold the most tests."""
+    tests = list(dict.fromkeys(test for _, test, _ in pairs))
+    size = max(1, -(-len(tests) // max(1, chunks)))
+    runs = [
+        Run(f"{BASELINE}{n}", None, tuple(tests[i : i + size]))
+        for n, i in enumerate(range(0, len(tests), size))
+    ]
+    groups: dict[str, list[str]] = {}
+    for _, test, name in pairs:
+        groups.setdefault(name, [])
+        if test not in groups[name]:
+            groups[name].append(test)
+    return runs + [Run(name, name, tuple(group)) for name, group in groups.items()]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the runs say about one binding: `word` caught, or ERROR (the proof could not be
+    made) or MISSED (the weakened runtime passed), with the problem."""
+
+    cell: str
+    test: str
+    weakening: str
+    word: str
+    problem: str | None = None
+
+
+def judge(pairs: Sequence[tuple[str, str, str]], proofs: dict[str, Proof]) -> list[Verdict]:
+    baseline = [p for p in proofs.values() if p.weakening is None]
+    verdicts = []
+    for cell, test, name in pairs:
+        runs = [p for p in baseline if test in p.tests]
+        weakened = proofs[name]
+        if not runs or not runs[0].holds(test):
+            verdict = Verdict(cell, test, name, "ERROR", f"test {test} fails unweakened")
+        elif weakened.unappliable:
+            verdict = Verdict(
+                cell,
+                test,
+                name,
+                "ERROR",
+                f"weakening {name!r} cannot be applied: {weakened.unappliable}",
+            )
+        elif not weakened.caught(test):
+            verdict = Verdict(cell, test, name, "MISSED", f"test {test} still passes under {name}")
+        else:
+            verdict = Verdict(cell, test, name, "caught")
+        verdicts.append(verdict)
+    return verdicts
 
 
 def _migrated_template(pg: EmbeddedPostgres) -> None:
@@ -205,6 +288,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--write-docs", action="store_true", help="rewrite the docs table")
     parser.add_argument("--json", type=Path, help="write the proofs as JSON here")
     parser.add_argument("-v", "--verbose", action="store_true", help="print pytest's output")
+    parser.add_argument(
+        "--proofs",
+        metavar="MODULE:NAME",
+        help="prove these (cell, test, weakening) triples instead of the bindings (the"
+        " verifier's own test: tests.policy_proof.examples:EXAMPLES)",
+    )
     args = parser.parse_args(argv)
 
     report = verify_contract()
@@ -214,23 +303,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     problems += [
         f"{cell}: test {test} not found" for cell, test, _ in pairs if not _test_exists(test)
     ]
-    from tests.weakenings import WEAKENINGS
-
     problems += [
         f"{cell}: weakening {name!r} is not in tests/weakenings.py"
         for cell, _, name in pairs
         if name not in WEAKENINGS
     ]
+    if args.proofs:
+        module, _, name = args.proofs.partition(":")
+        pairs = list(getattr(importlib.import_module(module), name))
+        problems = [
+            f"{cell}: test {test} not found" for cell, test, _ in pairs if not _test_exists(test)
+        ]
     if problems:
         print("contract registry FAILED:", *problems, sep="\n  ")
         return 1
 
-    groups: dict[str, list[str]] = {}
-    for _, test, name in pairs:
-        if not args.only or name in args.only:
-            groups.setdefault(name, [])
-            if test not in groups[name]:
-                groups[name].append(test)
+    if args.only:
+        pairs = [pair for pair in pairs if pair[2] in args.only]
 
     use_scratch_dir()  # the server below, and the proofs' pytest runs
     root = Path(tempfile.mkdtemp(prefix="qs-contract-pg-"))
@@ -240,50 +329,56 @@ def main(argv: Sequence[str] | None = None) -> int:
     began = time.monotonic()
     pg.start()
     fast_logins(pg)
+    jobs = max(1, args.jobs)
     try:
         env = {**os.environ, PGDATA_ENV: str(pg.pgdata)}
         env.pop("QUEUE_SERVER_POLICY", None)
         _migrated_template(pg)
         shared = {**env, TEMPLATE_ENV: TEMPLATE}
 
-        def env_of(name: str) -> dict[str, str]:
-            return env if WEAKENINGS[name].own_schema else shared
+        def env_of(run: Run) -> dict[str, str]:
+            own = run.weakening is not None and WEAKENINGS[run.weakening].own_schema
+            return env if own else shared
 
-        proofs = prove_all(groups, env_of, max(1, args.jobs), root)
+        proofs = prove_all(plan(pairs, jobs), env_of, jobs, root)
     finally:
         pg.stop("immediate")
         shutil.rmtree(root, ignore_errors=True)
 
-    by_name = {p.weakening: p for p in proofs}
-    missed = []
-    rows = []
-    for cell, test, name in pairs:
-        if name not in by_name:
-            continue
-        caught = by_name[name].caught(test)
-        rows.append({"cell": cell, "test": test, "weakening": name, "caught": caught})
-        print(f"{'caught' if caught else 'MISSED':7} {name:45} {cell}")
-        if not caught:
-            missed.append((cell, test, name))
-    for proof in proofs:
-        if args.verbose or any(m[2] == proof.weakening for m in missed):
-            print(f"\n--- {proof.weakening} ({proof.seconds:.1f}s) ---\n{proof.output[-3000:]}")
+    verdicts = judge(pairs, proofs)
+    for v in verdicts:
+        print(f"{v.word:7} {v.weakening:45} {v.cell}")
+    wrong = [v for v in verdicts if v.problem]
+    shown = {v.weakening for v in wrong} | {
+        key
+        for key, p in proofs.items()
+        if p.weakening is None and any(v.test in p.tests for v in wrong)
+    }
+    for key, proof in proofs.items():
+        if args.verbose or key in shown:
+            label = proof.weakening or "unweakened"
+            print(f"\n--- {label} ({proof.seconds:.1f}s) ---\n{proof.output[-3000:]}")
+    weakenings = sum(1 for p in proofs.values() if p.weakening)
     print(
-        f"\n{len(rows)} bindings, {len(proofs)} weakenings in {time.monotonic() - began:.0f}s;"
+        f"\n{len(verdicts)} bindings, {weakenings} weakenings in {time.monotonic() - began:.0f}s;"
         f" cells: {report.bound} bound, {report.not_applicable} not-applicable,"
         f" {report.declared} declared only"
     )
     if args.json:
+        rows = [
+            {"cell": v.cell, "test": v.test, "weakening": v.weakening, "problem": v.problem}
+            for v in verdicts
+        ]
         args.json.write_text(json.dumps({"proofs": rows}, indent=2) + "\n")
-    if missed:
-        print("contract FAILED: a weakened runtime passed its test:")
-        for cell, test, name in missed:
-            print(f"  {cell}: {test} still passes under {name}")
+    if wrong:
+        print("contract FAILED:")
+        for v in wrong:
+            print(f"  {v.cell}: {v.problem}")
         return 1
     if args.write_docs and not args.only:
         write_docs(render_table())
         print(f"wrote the table of {DOCS.relative_to(ROOT)}")
-    print("contract verified: every binding's test fails under its weakening")
+    print("contract verified: every bound test passes as it is and fails under its weakening")
     return 0
 
 

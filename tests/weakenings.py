@@ -349,6 +349,16 @@ def _lift_turn_deadline(mp: pytest.MonkeyPatch) -> None:
     lift(mp, IT, "deadline", seconds=100_000)
 
 
+# -- the verifier's own test (tests/policy_proof/examples.py) ----------------------------------
+
+
+@weakening("example-stale-sql", "a weakening whose SQL text is no longer in the statement")
+def _example_stale_sql(mp: pytest.MonkeyPatch) -> None:
+    from queue_server.store import transitions
+
+    replace_sql(mp, transitions, "acquire", "a condition no statement holds", "true")
+
+
 # -- the plugin -------------------------------------------------------------------------------
 
 
@@ -363,6 +373,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 _ACTIVE: list[pytest.MonkeyPatch] = []
+UNAPPLIABLE = "cannot be applied:"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -372,7 +383,15 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"unknown weakening(s): {', '.join(unknown)}")
     for name in names:
         mp = pytest.MonkeyPatch()
-        WEAKENINGS[name].apply(mp)
+        try:
+            WEAKENINGS[name].apply(mp)
+        except Exception as exc:
+            mp.undo()
+            # The contract verifier reads this line: a weakening that no longer applies to
+            # the runtime (its text or its target is gone) is an error, never a "pass".
+            raise pytest.UsageError(
+                f"weakening {name} {UNAPPLIABLE} {type(exc).__name__}: {exc}"
+            ) from exc
         _ACTIVE.append(mp)
 
 
