@@ -188,7 +188,12 @@ def keys_rotate_admin(
     Examples: [bold]queue-server keys rotate-admin[/bold]
               [bold]queue-server keys rotate-admin --revoke-all[/bold]
     """
-    from queue_server.infra.serve import NoDatabaseError, database_for_admin, rotate_admin_key
+    from queue_server.infra.serve import (
+        DataDirInUseError,
+        NoDatabaseError,
+        database_for_admin,
+        rotate_admin_key,
+    )
     from queue_server.settings import Settings
 
     settings = Settings()
@@ -199,6 +204,8 @@ def keys_rotate_admin(
             done = rotate_admin_key(settings, database_url, revoke_all=revoke_all)
     except NoDatabaseError as exc:
         fail("No database", str(exc))
+    except DataDirInUseError as exc:  # a server starting on it: it is running in a moment
+        fail("Data directory in use", f"{exc} Run this again once it serves.")
     if json:
         body: dict[str, object] = {
             "key_id": done.key_id,

@@ -156,6 +156,7 @@ def serve(
     Example: [bold]queue-server serve --port 9000[/bold]
     """
     from queue_server.infra.serve import (
+        DataDirInUseError,
         NoDatabaseError,
         SchemaNotAtHeadError,
         admin_key_path,
@@ -199,13 +200,15 @@ def serve(
             typer.echo(f"queue-server {__version__} on http://{host}:{port} ({where} database)")
             typer.echo(f"policy {policy.describe()}")
             # The CLI on this machine reads it, as it reads admin.key: no --url needed.
-            write_address(settings.data_dir, host, port)
+            address = write_address(settings.data_dir, host, port)
+            if db.lock is not None:
+                db.lock.note(address.read_text().strip())
             os.environ["QUEUE_SERVER_DATABASE_URL"] = db.url
             os.environ["QUEUE_SERVER_DATA_DIR"] = str(settings.data_dir)
             processes = workers or os.cpu_count() or 1
             with _process_metrics(processes, metrics_listen, db.url):
                 _run_uvicorn(host=host, port=port, workers=processes, log_level=log_level)
-    except (SchemaNotAtHeadError, NoDatabaseError) as exc:
+    except (SchemaNotAtHeadError, NoDatabaseError, DataDirInUseError) as exc:
         raise _fail(str(exc)) from None
 
 

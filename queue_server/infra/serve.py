@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import json
 import logging
 import os
 from collections.abc import Iterator
@@ -66,10 +68,65 @@ def embedded_postgres(pgdata: Path) -> EmbeddedPostgres:
     return EmbeddedPostgres(pgdata)
 
 
+class DataDirInUseError(RuntimeError):
+    """Another process serves (or administers) the embedded database of this data directory."""
+
+
+LOCK_FILE = "server.lock"
+
+
+class DataDirLock:
+    """The exclusive lock of one data directory (`flock` on `<data-dir>/server.lock`), held by
+    the process that runs its embedded PostgreSQL. The kernel releases it when that process
+    ends, however it ends: a crashed server's lock never stops the next start. The file says
+    who holds it (pid, and the URL once serving) for the refusal's message."""
+
+    def __init__(self, data_dir: Path, fd: int) -> None:
+        self.data_dir = data_dir
+        self._fd = fd
+
+    def note(self, url: str | None) -> None:
+        text = json.dumps({"pid": os.getpid(), "url": url}).encode()
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, text, 0)
+
+
+def _holder(fd: int) -> tuple[int | None, str | None]:
+    try:
+        held = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        return held.get("pid"), held.get("url")
+    except (OSError, ValueError, AttributeError):
+        return None, None
+
+
+@contextlib.contextmanager
+def data_dir_lock(data_dir: Path) -> Iterator[DataDirLock]:
+    """Hold `data_dir` for this process; DataDirInUseError naming the holder if another has it."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(data_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid, url = _holder(fd)
+            who = f"pid {pid}" if pid else "another process"
+            where = f"already running at {url} ({who})" if url else f"in use by {who}"
+            raise DataDirInUseError(
+                f"queue-server is {where} on the data directory {data_dir}: stop it first,"
+                " or give this one a --data-dir of its own."
+            ) from None
+        lock = DataDirLock(data_dir, fd)
+        lock.note(None)
+        yield lock
+    finally:
+        os.close(fd)
+
+
 @dataclass
 class ServedDatabase:
     url: str
     embedded: EmbeddedPostgres | None
+    lock: DataDirLock | None = None
 
 
 def admin_key_path(data_dir: Path) -> Path:
@@ -89,17 +146,20 @@ def database(settings: Settings) -> Iterator[ServedDatabase]:
         yield ServedDatabase(url=settings.database_url, embedded=None)
         return
     pg = embedded_postgres(settings.data_dir / "pgdata")
-    pg.start()
-    try:
-        with psycopg.connect(pg.url(), autocommit=True) as conn:
-            exists = conn.execute(DATABASE_EXISTS, (DATABASE_NAME,)).fetchone()
-            if exists is None:
-                conn.execute(CREATE_DATABASE)
-        url = pg.url(DATABASE_NAME)
-        migrate.upgrade(url)
-        yield ServedDatabase(url=url, embedded=pg)
-    finally:
-        pg.stop()
+    # One process runs a data directory's PostgreSQL: a second `serve` on it would stop the
+    # first one's database when it stops its own (it is the same one).
+    with data_dir_lock(settings.data_dir) as lock:
+        pg.start()
+        try:
+            with psycopg.connect(pg.url(), autocommit=True) as conn:
+                exists = conn.execute(DATABASE_EXISTS, (DATABASE_NAME,)).fetchone()
+                if exists is None:
+                    conn.execute(CREATE_DATABASE)
+            url = pg.url(DATABASE_NAME)
+            migrate.upgrade(url)
+            yield ServedDatabase(url=url, embedded=pg, lock=lock)
+        finally:
+            pg.stop()
 
 
 def create_admin_key(settings: Settings, url: str) -> str | None:

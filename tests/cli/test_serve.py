@@ -40,6 +40,7 @@ def _serve(data_dir: Path, port: int) -> subprocess.Popen[str]:
         stderr=subprocess.STDOUT,
         text=True,
         env=env,
+        start_new_session=True,  # a crash below kills it with all it started
     )
 
 
@@ -86,6 +87,18 @@ def test_serve_starts_embedded_database_creates_admin_key_and_reuses_data(open_d
         f"http://127.0.0.1:{port}/v1/tenants/acme", json={"backlog_cap": 10}, headers=headers
     )
     assert put.status_code == 200
+    url = f"http://127.0.0.1:{port}"
+    assert (data_dir / "server.url").read_text().strip() == url
+
+    # A second server on the same data directory is refused before it touches anything.
+    second = _serve(data_dir, _free_port())
+    refused, _ = second.communicate(timeout=60)
+    assert second.returncode != 0, refused
+    assert f"already running at {url} (pid {proc.pid})" in refused
+    assert "Traceback" not in refused
+    assert httpx.get(f"{url}/readyz").status_code == 200  # the first one's database is up
+    assert (data_dir / "server.url").read_text().strip() == url
+
     out = _stop(proc)
     assert proc.returncode == 0
     assert key not in out  # never in the log: only where the file is
@@ -95,10 +108,19 @@ def test_serve_starts_embedded_database_creates_admin_key_and_reuses_data(open_d
 
     proc = _serve(data_dir, port)
     _wait_ready(port, proc)
-    again = httpx.get(f"http://127.0.0.1:{port}/v1/tenants/acme", headers=headers)
+    again = httpx.get(f"{url}/v1/tenants/acme", headers=headers)
     assert again.status_code == 200  # same data, same key
+    # A crash (the server and everything it started killed): its lock goes with it.
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=60)
+
+    port = _free_port()
+    proc = _serve(data_dir, port)
+    _wait_ready(port, proc)
+    assert httpx.get(f"http://127.0.0.1:{port}/v1/tenants/acme", headers=headers).status_code == 200
     out = _stop(proc)
     assert "Created the admin key" not in out
+    assert not EmbeddedPostgres(data_dir / "pgdata").is_running()
 
 
 def test_serve_refuses_an_external_database_not_at_head(
