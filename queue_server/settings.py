@@ -79,6 +79,13 @@ class Settings(BaseSettings):
     statement_timeout_ms: int = Field(default=15_000, ge=100)
     lock_timeout_ms: int = Field(default=5_000, ge=50)
     max_body_bytes: int = 1024 * 1024
+    # Slow and idle clients (queue_server.infra.http_protocol): seconds to send a request's
+    # headers (an idle new connection is closed then), then its body; seconds of silence
+    # between requests; open connections per server process.
+    header_timeout: float = Field(default=20.0, gt=0)
+    body_timeout: float = Field(default=60.0, gt=0)
+    keep_alive_timeout: float = Field(default=5.0, ge=1)
+    max_connections: int = Field(default=1024, ge=1)
     # A long-poll acquire re-checks at least this often even without a notification
     # (expired leases and delayed items become due without one).
     poll_interval: float = Field(default=1.0, gt=0)

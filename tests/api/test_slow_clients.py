@@ -1,0 +1,126 @@
+"""Slow and idle clients are cut off (queue_server.infra.http_protocol), on a real socket:
+a connection that sends nothing, its headers a byte at a time, or its body a byte at a time
+is closed at its limit; a request that has arrived may wait as long as its long poll; at the
+process's connection limit one more connection is answered 503 and closed."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from queue_server.infra.http_protocol import ConnectionLimits, ProblemHttpToolsProtocol, use_limits
+from tests.helpers.server import LiveServer, make_admin_key
+
+LIMITS = ConnectionLimits(header_timeout=1.0, body_timeout=1.5, keep_alive=1.0, max_connections=8)
+
+
+@pytest.fixture
+def bounded(live: LiveServer) -> Iterator[LiveServer]:
+    before = ProblemHttpToolsProtocol.limits
+    use_limits(LIMITS)
+    yield live
+    use_limits(before)
+
+
+def _connect(server: LiveServer) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", server.port), timeout=10)
+
+
+def _closed_after(sock: socket.socket, *, trickle: bytes = b"", every: float = 0.0) -> float:
+    """Seconds until the server closes `sock`, sending `trickle` a byte at a time meanwhile."""
+    began = time.monotonic()
+    sock.settimeout(every or 10)
+    pending = list(trickle)
+    while time.monotonic() - began < 10:
+        try:
+            if sock.recv(4096) == b"":
+                return time.monotonic() - began
+        except TimeoutError:
+            pass
+        except ConnectionResetError:
+            return time.monotonic() - began
+        if pending:
+            try:
+                sock.send(bytes([pending.pop(0)]))
+            except (BrokenPipeError, ConnectionResetError):
+                return time.monotonic() - began
+    raise AssertionError("the server kept the connection open")
+
+
+def test_an_idle_new_connection_is_closed_at_the_header_timeout(bounded: LiveServer) -> None:
+    with _connect(bounded) as sock:
+        waited = _closed_after(sock)
+    assert 0.8 <= waited < 3
+
+
+def test_headers_sent_a_byte_at_a_time_are_cut_at_the_header_timeout(bounded: LiveServer) -> None:
+    request = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200 + b"\r\n\r\n"
+    with _connect(bounded) as sock:
+        waited = _closed_after(sock, trickle=request, every=0.2)
+    assert 0.8 <= waited < 3  # long before the 230 bytes could arrive
+
+
+def test_a_body_sent_a_byte_at_a_time_is_cut_at_the_body_timeout(bounded: LiveServer) -> None:
+    body = json.dumps({"payload": "x" * 200}).encode()
+    head = (
+        b"POST /v1/tenants/t/queues/q/items HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Type: application/json\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+    )
+    with _connect(bounded) as sock:
+        sock.sendall(head)
+        waited = _closed_after(sock, trickle=body, every=0.2)
+    assert 1.2 <= waited < 4
+
+
+def test_between_requests_silence_closes_at_the_keep_alive_limit(bounded: LiveServer) -> None:
+    with _connect(bounded) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        waited = _closed_after(sock)
+    assert 0.8 <= waited < 3
+
+
+def test_a_request_that_has_arrived_is_not_cut_while_it_waits(bounded: LiveServer) -> None:
+    # A long poll: the request arrived at once; its answer comes after the header and body
+    # limits have both passed.
+    admin = httpx.Client(
+        base_url=bounded.url, headers={"Authorization": f"Bearer {_admin(bounded)}"}
+    )
+    assert admin.put("/v1/tenants/slow", json={"backlog_cap": 10}).status_code == 200
+    began = time.monotonic()
+    polled = admin.post(
+        "/v1/tenants/slow/queues/q/leases",
+        json={"worker": "w", "max_items": 1, "wait": 3},
+        timeout=10,
+    )
+    assert polled.status_code == 200, polled.text
+    assert polled.json()["leases"] == []
+    assert time.monotonic() - began >= 2.5
+
+
+def test_one_connection_past_the_limit_is_answered_503_and_closed(bounded: LiveServer) -> None:
+    held = [_connect(bounded) for _ in range(LIMITS.max_connections)]
+    try:
+        time.sleep(0.1)
+        with _connect(bounded) as extra:
+            extra.settimeout(5)
+            answer = extra.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 503"), answer
+            assert b'"code":"server-busy"' in answer.replace(b" ", b"")
+            assert extra.recv(4096) == b""
+    finally:
+        for sock in held:
+            sock.close()
+    time.sleep(0.1)
+    assert httpx.get(f"{bounded.url}/healthz").status_code == 200  # room again
+
+
+def _admin(server: LiveServer) -> str:
+    return make_admin_key(server.settings, server.database_url)
