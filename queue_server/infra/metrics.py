@@ -55,18 +55,39 @@ def multiprocess_dir() -> str | None:
     return os.environ.get(MULTIPROC_ENV) or None
 
 
+# What an operator's scrape shows besides its own tenant's series: the health of the server
+# it depends on. Every other series without a tenant label counts everyone's traffic (requests
+# and latency by route, acquire and schedule latency): the admin's and the metrics listener's.
+SERVER_HEALTH = frozenset(
+    {
+        "queue_server_listener_connected",
+        "queue_server_listener_disconnects",
+        "queue_server_database_unavailable",
+    }
+)
+
+
 def process_families(registry: CollectorRegistry, *, tenant: str | None = None) -> list[Metric]:
-    """The processes' own metrics (every process's in multiprocess mode); with `tenant`, a
-    series labelled with another tenant is left out."""
+    """The processes' own metrics (every process's in multiprocess mode); with `tenant`, only
+    series labelled with that tenant, and those of the server's health (SERVER_HEALTH)."""
     directory = multiprocess_dir()
     if directory is not None:
         registry = CollectorRegistry()
         MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
     families = list(registry.collect())
-    if tenant is not None:
-        for family in families:
-            family.samples = [s for s in family.samples if s.labels.get("tenant", tenant) == tenant]
-    return families
+    if tenant is None:
+        return families
+    shown = []
+    for family in families:
+        shared = family.name in SERVER_HEALTH
+        family.samples = [
+            s
+            for s in family.samples
+            if s.labels.get("tenant") == tenant or (shared and "tenant" not in s.labels)
+        ]
+        if family.samples or shared:
+            shown.append(family)
+    return shown
 
 
 def process_metrics(registry: CollectorRegistry) -> bytes:
