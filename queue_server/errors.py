@@ -35,6 +35,7 @@ Every error class of the project, by family (status, code):
     ├── TimeoutExceededError                503 (a statement or lock wait timed out)
     ├── ClientDisconnectedError             499 (for the access log only)
     ├── CsrfRefusedError                    403 csrf-refused (queue_server.console.web)
+    ├── FormNotUtf8Error                    400 malformed-request (queue_server.console.web)
     └── queue_server.policy.errors: AdmissionRefused 422, CircuitOpenError 503,
         PermitUnavailableError 429, OperationStoppedError 409, ReceiptConflictError 409
 

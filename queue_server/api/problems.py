@@ -59,6 +59,8 @@ def install(app: FastAPI) -> None:
     async def domain_error(request: Request, exc: errors.QueueServerError) -> Response:
         body = errors.problem(exc, base_uri=_base(request), instance=request.url.path)
         headers = {"Retry-After": "1"} if exc.status in (429, 503) else None
+        if exc.status == 401:  # RFC 9110: a 401 names the scheme that would authenticate
+            headers = {"WWW-Authenticate": 'Bearer realm="queue-server"'}
         return problem_response(body, headers)
 
     @app.exception_handler(RequestValidationError)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlencode
+from urllib.parse import parse_qsl, urlencode
 
 import orjson
 from fastapi import Request
@@ -152,8 +152,27 @@ async def current_session(request: Request) -> Session:
     return Session(principal=principal, csrf=csrf_token(secret))
 
 
+class FormNotUtf8Error(errors.QueueServerError):
+    """The form's fields are not valid UTF-8 (the REST routes refuse such text too)."""
+
+    status = 400
+    code = "malformed-request"
+    title = "Bad form"
+
+
+def _strict_utf8(body: bytes) -> None:
+    """Starlette decodes a form's fields with replacement characters: refuse instead, as
+    the REST routes refuse a body that is not UTF-8."""
+    try:
+        parse_qsl(body.decode("utf-8"), encoding="utf-8", errors="strict")
+    except UnicodeDecodeError:
+        raise FormNotUtf8Error("The form's fields are not valid UTF-8.") from None
+
+
 async def check_form(request: Request, session: Session) -> FormData:
     """The submitted form, once its CSRF token matched this session's."""
+    if request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
+        _strict_utf8(await request.body())
     form = await request.form()
     token = form.get("csrf")
     if not isinstance(token, str) or not hmac.compare_digest(token, session.csrf):

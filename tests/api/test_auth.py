@@ -21,6 +21,7 @@ def test_missing_malformed_or_unknown_key_gets_401(api: Api, authorization: str 
     assert response.status_code == 401
     assert response.headers["content-type"] == "application/problem+json"
     assert response.json()["code"] == "unauthorized"
+    assert response.headers["www-authenticate"] == 'Bearer realm="queue-server"'
 
 
 def test_revoked_key_is_refused_from_the_next_request(api: Api) -> None:
@@ -169,3 +170,13 @@ def test_only_an_admin_lists_the_tenants(api: Api) -> None:
     assert rest["next_cursor"] is None
     assert api.operator.get("/v1/tenants").status_code == 403
     assert api.worker.get("/v1/tenants").status_code == 403
+
+
+def test_a_tenant_key_deleting_or_changing_another_tenant_learns_nothing(api: Api) -> None:
+    other = setup_tenant(api.url, api.admin, "globex")
+    for client in (api.operator, api.worker):
+        assert client.delete("/v1/tenants/globex").status_code == 404
+        assert client.put("/v1/tenants/globex", json={"backlog_cap": 5}).status_code == 404
+        assert client.delete("/v1/tenants/nobody").status_code == 404
+    assert api.operator.delete("/v1/tenants/acme").status_code == 403  # its own: admin only
+    assert other.operator.get("/v1/tenants/globex").status_code == 200

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlencode
+
 import pytest
 
 from queue_server.cli.common import CommandError
 from queue_server.cli.spend import parse_expiry
-from tests.helpers.api import Api
+from tests.helpers.api import Api, setup_tenant
 from tests.helpers.console import CSRF, KEY, form_value, sign_in
 
 
@@ -33,3 +35,53 @@ def test_non_ascii_digits_in_the_spend_form_are_refused_not_a_500(api: Api, digi
 def test_non_ascii_digits_in_a_cli_expiry_are_a_clear_error() -> None:
     with pytest.raises(CommandError):
         parse_expiry("\u00b2h")
+
+
+def _spend_form(page: str, **fields: str) -> dict[str, str]:
+    return {
+        "csrf": form_value(page, CSRF),
+        "idempotency_key": form_value(page, KEY),
+        "queue": "q",
+        "max_concurrency": "2",
+        "expires_at": "2999-01-01T00:00",
+        "reason": "r",
+        **fields,
+    }
+
+
+def test_a_number_too_long_for_python_in_the_spend_form_is_a_422_page(api: Api) -> None:
+    client, _ = sign_in(api.url, api.keys["operator"])
+    page = client.get("/console/tenants/acme/spend").text
+    answer = client.post(
+        "/console/tenants/acme/spend", data=_spend_form(page, max_concurrency="9" * 4301)
+    )
+    assert answer.status_code == 422, answer.text
+    assert api.operator.get("/v1/tenants/acme/queues/q/concurrency").json()["limit"] == 1
+
+
+def test_a_form_that_is_not_utf8_is_refused_not_stored_with_replacement_characters(
+    api: Api,
+) -> None:
+    client, _ = sign_in(api.url, api.keys["operator"])
+    page = client.get("/console/tenants/acme/spend").text
+    body = urlencode(_spend_form(page, reason="PLACEHOLDER")).replace("PLACEHOLDER", "bad%FF%FE")
+    answer = client.post(
+        "/console/tenants/acme/spend",
+        content=body,
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert answer.status_code == 400, answer.text
+    approvals = api.operator.get("/v1/tenants/acme/queues/q/spend-approvals").json()
+    assert "\ufffd" not in str(approvals)
+    assert api.operator.get("/v1/tenants/acme/queues/q/concurrency").json()["limit"] == 1
+
+
+def test_the_pause_confirmation_of_another_tenants_queue_is_a_404_page(api: Api) -> None:
+    setup_tenant(api.url, api.admin, "globex")
+    client, _ = sign_in(api.url, api.keys["operator"])
+    page = client.get("/console/tenants/acme/queues").text
+    answer = client.post(
+        "/console/tenants/globex/queues/q/pause/confirm", data={"csrf": form_value(page, CSRF)}
+    )
+    assert answer.status_code == 404, answer.text
+    assert "globex" not in answer.text.replace("/console/tenants/globex", "")

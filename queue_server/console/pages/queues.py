@@ -12,7 +12,7 @@ from starlette.responses import Response
 from queue_server import errors
 from queue_server.api import schemas
 from queue_server.console import web
-from queue_server.models import NAME_RE
+from queue_server.models import NAME_RE, Role
 
 router = APIRouter(prefix=f"{web.PREFIX}/tenants/{{tenant}}", route_class=web.ConsoleRoute)
 NAV_ENTRY = web.NavEntry("queues", "Queues")
@@ -37,6 +37,7 @@ async def confirm_pause(request: Request, tenant: str, queue: str) -> Response:
     """What pausing does, with a field for the reason the ledger keeps."""
     session = await web.current_session(request)
     form = await web.check_form(request, session)
+    session.principal.require(tenant, Role.OPERATOR)  # another tenant's queue: a 404 page
     if not NAME_RE.match(queue):
         raise errors.InvalidRequestError("The queue name is not valid.")
     return web.render(

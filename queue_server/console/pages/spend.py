@@ -50,8 +50,10 @@ async def approve(request: Request, tenant: str) -> Response:
     max_concurrency = web.form_text(form, "max_concurrency")
     body = web.body_of(
         schemas.SpendApprovalIn,
+        # Digits only, and few enough for int() (Python refuses over 4,300 digits): anything
+        # else goes to the schema as text, which refuses it with a 422 page.
         max_concurrency=int(max_concurrency)
-        if max_concurrency.isascii() and max_concurrency.isdigit()
+        if max_concurrency.isascii() and max_concurrency.isdigit() and len(max_concurrency) <= 18
         else max_concurrency,
         expires_at=expires,
         reason=web.form_text(form, "reason"),
