@@ -148,8 +148,13 @@ def database(settings: Settings) -> Iterator[ServedDatabase]:
     pg = embedded_postgres(settings.data_dir / "pgdata")
     # One process runs a data directory's PostgreSQL: a second `serve` on it would stop the
     # first one's database when it stops its own (it is the same one).
+    from queue_server.infra.embedded import EmbeddedPostgresError  # there: pg is one
+
     with data_dir_lock(settings.data_dir) as lock:
-        pg.start()
+        try:
+            pg.start()
+        except EmbeddedPostgresError as exc:  # it says what to do: no traceback around it
+            raise NoDatabaseError(str(exc)) from None
         try:
             with psycopg.connect(pg.url(), autocommit=True) as conn:
                 exists = conn.execute(DATABASE_EXISTS, (DATABASE_NAME,)).fetchone()

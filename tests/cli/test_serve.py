@@ -260,3 +260,21 @@ def test_metrics_add_up_every_worker_process(open_dir: Path) -> None:
         out = _stop(proc)
     assert proc.returncode == 0, out
     assert "Traceback" not in out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="as root, PostgreSQL runs as a system user")
+def test_as_root_a_data_directory_under_a_private_directory_is_a_clear_error(
+    open_dir: Path,
+) -> None:
+    private = open_dir / "private"
+    private.mkdir(mode=0o700)
+    done = subprocess.run(
+        [str(BIN), "serve", "--port", str(_free_port()), "--data-dir", str(private / "data")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "QUEUE_SERVER_DATABASE_URL"},
+    )
+    assert done.returncode != 0
+    assert "Traceback" not in done.stdout + done.stderr
+    assert f"{private} is not searchable by other users (mode 700)" in done.stderr
