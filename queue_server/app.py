@@ -13,7 +13,16 @@ from fastapi_offline import FastAPIOffline
 from starlette.responses import JSONResponse, Response
 
 from queue_server import __version__, errors
-from queue_server.api import dead_letters, ledgers, problems, queues, receipts, routes, runs
+from queue_server.api import (
+    dead_letters,
+    ledgers,
+    openapi,
+    problems,
+    queues,
+    receipts,
+    routes,
+    runs,
+)
 from queue_server.api import schedules as schedule_routes
 from queue_server.api import watchers as watcher_routes
 from queue_server.api.deps import PROBLEMS, Caller
@@ -120,6 +129,7 @@ def create_app(
         # first request: about 0.1 s of CPU per app (a test suite builds hundreds).
         app.router.routes.extend(module.router.routes)
     install_console(app)
+    app.openapi = lambda: openapi.document(app)  # type: ignore[method-assign]
 
     @app.get("/healthz", tags=["service"])
     async def healthz() -> dict[str, str]:

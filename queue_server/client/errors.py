@@ -118,6 +118,10 @@ class IdempotencyKeyRequiredError(BadRequestError):
     pass
 
 
+class MalformedRequestError(BadRequestError):
+    """The request could not be parsed (a URL too long, broken framing, a form not UTF-8)."""
+
+
 # -- 403 --------------------------------------------------------------------------
 
 
@@ -308,6 +312,7 @@ BY_CODE: dict[str, type[ProblemError]] = {
     "not-found": NotFoundError,
     "conflict": ConflictError,
     "idempotency-key-required": IdempotencyKeyRequiredError,
+    "malformed-request": MalformedRequestError,
     "forbidden-role": ForbiddenRoleError,
     "csrf-refused": CsrfRefusedError,
     "tenant-not-found": TenantNotFoundError,

@@ -38,7 +38,7 @@ def test_openapi_declares_bearer_auth_on_every_route_that_needs_a_key(api: Api) 
     for path, operations in document["paths"].items():
         for method, operation in operations.items():
             if path in OPEN:
-                assert "security" not in operation, f"{method} {path}"
+                assert operation["security"] == [], f"{method} {path}"
                 continue
             assert operation.get("security") == [{"apiKey": []}], f"{method} {path}"
             keyed += 1
@@ -95,3 +95,42 @@ def test_docs_serve_swagger_ui_from_the_package_without_a_cdn(api: Api) -> None:
             assert len(served.content) > 100_000
             assert "javascript" in served.headers["content-type"]
     assert "'/openapi.json'" in page.text or '"/openapi.json"' in page.text
+
+
+def test_every_error_is_described_as_the_problem_document_the_server_sends(api: Api) -> None:
+    document = _document(api)
+    assert document["servers"] == [{"url": "/", "description": "this server"}]
+    problem = document["components"]["schemas"]["Problem"]
+    codes = set(problem["properties"]["code"]["enum"])
+    described = 0
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            for status, response in operation["responses"].items():
+                if status[:1] in "45":
+                    assert response["content"] == {
+                        "application/problem+json": {
+                            "schema": {"$ref": "#/components/schemas/Problem"}
+                        }
+                    }, f"{method} {path} {status}"
+                    described += 1
+    assert described > 100
+    # What the server answers, read as a generated client reads it: every code is in the enum.
+    api.enqueue("q")
+    (lease,) = api.acquire("q")
+    answers = [
+        api.client(None).get("/v1/tenants/acme/items"),  # 401
+        api.operator.get("/v1/tenants/globex/items"),  # 404
+        api.worker.post(  # 409: another worker's lease
+            f"/v1/tenants/acme/items/{lease['item_id']}/complete",
+            json={"worker": "not-the-holder", "fence": lease["fence"]},
+            headers={"Idempotency-Key": uuid.uuid4().hex},
+        ),
+        api.worker.post("/v1/tenants/acme/queues/q/leases", json={"worker": 5}),  # 422
+        api.worker.put("/healthz"),  # 405
+    ]
+    for answer in answers:
+        assert answer.headers["content-type"] == "application/problem+json", answer.text
+        body = answer.json()
+        assert body["code"] in codes, body
+        assert set(problem["required"]) <= set(body)
+    assert [a.status_code for a in answers] == [401, 404, 409, 422, 405]
