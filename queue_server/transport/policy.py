@@ -124,6 +124,20 @@ async def default_resolver(host: str, port: int) -> Sequence[str]:
     return [str(info[4][0]) for info in infos]
 
 
+# IANA special-purpose blocks that are not globally reachable and that this Python's
+# `ipaddress` still calls global (its tables predate them): 192.0.0.0/24 but for the two
+# anycast addresses in it, and IPv6's documentation block of 2024.
+_NOT_GLOBAL = tuple(ipaddress.ip_network(n) for n in ("192.0.0.0/24", "3fff::/20"))
+_GLOBAL_EXCEPTIONS = frozenset(ipaddress.ip_address(a) for a in ("192.0.0.9", "192.0.0.10"))
+
+
+def _globally_reachable(addr: IPAddress) -> bool:
+    if addr in _GLOBAL_EXCEPTIONS:
+        return True
+    listed = any(addr in net for net in _NOT_GLOBAL if net.version == addr.version)
+    return addr.is_global and not listed
+
+
 def refusal_reason(addr: IPAddress) -> str | None:
     """Why an address may not be reached by default, or None when it is public."""
     if isinstance(addr, ipaddress.IPv6Address):
@@ -142,7 +156,7 @@ def refusal_reason(addr: IPAddress) -> str | None:
         ("multicast", addr.is_multicast),
         ("private", addr.is_private),
         ("reserved", addr.is_reserved),
-        ("non-global", not addr.is_global),
+        ("non-global", not _globally_reachable(addr)),
     )
     return next((name for name, hit in checks if hit), None)
 
@@ -163,6 +177,8 @@ def _parse(url: str | httpx.URL) -> tuple[httpx.URL, str, str, int]:
         raise PolicyRefusedError("URLs with credentials are not allowed")
     if not host:
         raise PolicyRefusedError("the URL has no host")
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        raise PolicyRefusedError(f"port {parsed.port} is not a TCP port (1 to 65535)")
     return parsed, scheme, host, parsed.port or _SCHEMES[scheme]
 
 

@@ -65,6 +65,9 @@ FORBIDDEN_LITERALS = [
     "[2002:a00:1::]",
     "[2001:db8::1]",
     "[64:ff9b::a00:1]",
+    "192.0.0.8",  # IETF protocol assignments: not globally reachable
+    "192.0.0.170",
+    "[3fff::1]",  # IPv6 documentation (2024)
 ]
 
 
@@ -119,6 +122,9 @@ def test_public_addresses_pass_and_are_pinned(url: str, address: str) -> None:
         "http://1.2.3.256/",
         "http:///nohost",
         "not a url",
+        "http://8.8.8.8:0/",
+        "http://8.8.8.8:65536/",
+        "http://8.8.8.8:99999/",
     ],
 )
 def test_malformed_or_foreign_urls_are_refused(url: str) -> None:
@@ -172,6 +178,8 @@ def test_allowed_broker_reaches_receiver_through_an_odd_spelling(canary: Receive
         ("::ffff:10.0.0.1", "private"),
         ("fec0::1", "site-local"),
         ("100.64.0.1", "non-global"),
+        ("192.0.0.8", "non-global"),
+        ("192.0.0.9", None),  # the PCP anycast address is global
         ("1.1.1.1", None),
     ],
 )
