@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from queue_server.store import sql
-from queue_server.store.bootstrap import DATABASE_NAME
+from queue_server.store.bootstrap import DATABASE_NAME, SERVER_ROLE
 from queue_server.store.channels import KEYS_CHANNEL, READY_CHANNEL
 from queue_server.store.outbox import EVENTS
 
@@ -180,7 +180,8 @@ def test_the_names_the_code_shares_with_the_sql_agree() -> None:
     channels = set(re.findall(r"pg_notify\('([a-z_]+)'", everything))
     channels |= set(re.findall(r"^LISTEN ([a-z_]+);", everything, re.MULTILINE))
     assert channels == {READY_CHANNEL, KEYS_CHANNEL}
-    assert sql.load("bootstrap")["create_database"] == f"CREATE DATABASE {DATABASE_NAME};"
+    create = f"CREATE DATABASE {DATABASE_NAME} OWNER {SERVER_ROLE};"
+    assert sql.load("bootstrap")["create_database"] == create
 
 
 # -- the guarantees the transitions share, written verbatim in each -----------------------

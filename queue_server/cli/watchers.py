@@ -432,7 +432,7 @@ def deliver(
 
 def _embedded_url(data_dir: Path) -> str:
     from queue_server.infra.serve import NoDatabaseError, embedded_postgres
-    from queue_server.store.bootstrap import DATABASE_NAME
+    from queue_server.store.bootstrap import DATABASE_NAME, SERVER_ROLE
 
     try:
         pg = embedded_postgres(data_dir / "pgdata")
@@ -444,4 +444,4 @@ def _embedded_url(data_dir: Path) -> str:
             "set QUEUE_SERVER_DATABASE_URL, or start `queue-server serve` (embedded) first",
             EXIT_UNAVAILABLE,
         )
-    return pg.url(DATABASE_NAME)
+    return pg.url(DATABASE_NAME, user=SERVER_ROLE)

@@ -87,19 +87,37 @@ class EmbeddedPostgres:
         """The superuser's password, in libpq's passfile format (0600, the server's account)."""
         return self.pgdata / PASSWORD_FILE
 
+    def _passwords(self) -> dict[str, str]:
+        """Each role's password in the passfile (`*:*:*:role:password` lines)."""
+        if not self.password_file.exists():
+            return {}
+        found = {}
+        for line in self.password_file.read_text().splitlines():
+            parts = line.split(":", 4)
+            if len(parts) == 5:
+                found[parts[3]] = parts[4]
+        return found
+
     @property
     def password(self) -> str:
         """The superuser's password (for clients that take one, not a passfile)."""
-        line = self.password_file.read_text().strip()
-        return line.split(":", 4)[4]
+        return self._passwords()[SUPERUSER]
 
-    def url(self, dbname: str = "postgres") -> str:
-        """A libpq URL for `dbname` over the Unix socket; the password is read from its file."""
+    def role_password(self, role: str) -> str:
+        """The password of `role` in the passfile, made and kept there on first use (the
+        caller creates the role with it)."""
+        passwords = self._passwords()
+        if role not in passwords:
+            passwords[role] = secrets.token_urlsafe(32)
+            self._write_passwords(passwords)
+        return passwords[role]
+
+    def url(self, dbname: str = "postgres", user: str = SUPERUSER) -> str:
+        """A libpq URL for `dbname` over the Unix socket as `user` (the superuser unless
+        said); the password is read from its file."""
         host = quote(str(self.socket_dir), safe="")
         passfile = quote(str(self.password_file), safe="")
-        return (
-            f"postgresql://{SUPERUSER}@/{dbname}?host={host}&port={self.port}&passfile={passfile}"
-        )
+        return f"postgresql://{user}@/{dbname}?host={host}&port={self.port}&passfile={passfile}"
 
     def tcp_url(self, dbname: str = "postgres", host: str = "127.0.0.1") -> str:
         """A libpq URL for `dbname` over TCP (needs `tcp_port`); the password from its file."""
@@ -297,7 +315,11 @@ class EmbeddedPostgres:
         self._save_password(password)
 
     def _save_password(self, password: str) -> None:
-        self._write_owned(self.password_file, f"*:*:*:{SUPERUSER}:{password}\n")
+        self._write_passwords({**self._passwords(), SUPERUSER: password})
+
+    def _write_passwords(self, passwords: dict[str, str]) -> None:
+        text = "".join(f"*:*:*:{role}:{secret}\n" for role, secret in passwords.items())
+        self._write_owned(self.password_file, text)
 
     def _write_owned(self, path: Path, text: str) -> None:
         """Write `path` (0600), owned by the server's account."""

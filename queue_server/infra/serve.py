@@ -30,7 +30,8 @@ from queue_server.infra.metrics import figure_families, multiprocess_dir
 from queue_server.services import figures
 from queue_server.services.keys import Keys
 from queue_server.settings import Settings
-from queue_server.store.bootstrap import CREATE_DATABASE, DATABASE_EXISTS, DATABASE_NAME
+from queue_server.store import bootstrap
+from queue_server.store.bootstrap import DATABASE_NAME, SERVER_ROLE
 
 if TYPE_CHECKING:
     # Imported where it is used: the `embedded` extra is optional (the image leaves it out).
@@ -133,6 +134,17 @@ def admin_key_path(data_dir: Path) -> Path:
     return data_dir / ADMIN_KEY_FILE
 
 
+def own_database(pg: EmbeddedPostgres) -> str:
+    """The server's role and its database on the embedded cluster (made as the superuser,
+    which the server then never uses); the URL the server connects with, as that role."""
+    with psycopg.connect(pg.url(), autocommit=True) as conn:
+        bootstrap.ensure_role(conn, pg.role_password(SERVER_ROLE))
+        bootstrap.ensure_database(conn)
+    with psycopg.connect(pg.url(DATABASE_NAME), autocommit=True) as conn:
+        bootstrap.hand_over(conn)
+    return pg.url(DATABASE_NAME, user=SERVER_ROLE)
+
+
 @contextlib.contextmanager
 def database(settings: Settings) -> Iterator[ServedDatabase]:
     """The configured database; with no URL, an embedded one in the data directory, migrated."""
@@ -156,11 +168,7 @@ def database(settings: Settings) -> Iterator[ServedDatabase]:
         except EmbeddedPostgresError as exc:  # it says what to do: no traceback around it
             raise NoDatabaseError(str(exc)) from None
         try:
-            with psycopg.connect(pg.url(), autocommit=True) as conn:
-                exists = conn.execute(DATABASE_EXISTS, (DATABASE_NAME,)).fetchone()
-                if exists is None:
-                    conn.execute(CREATE_DATABASE)
-            url = pg.url(DATABASE_NAME)
+            url = own_database(pg)
             migrate.upgrade(url)
             yield ServedDatabase(url=url, embedded=pg, lock=lock)
         finally:
@@ -252,7 +260,7 @@ def database_for_admin(settings: Settings) -> Iterator[str]:
             " not set): run this where `queue-server serve` keeps its data (--data-dir)."
         )
     if pg.is_running():
-        yield pg.url(DATABASE_NAME)
+        yield pg.url(DATABASE_NAME, user=SERVER_ROLE)
         return
     with database(settings) as served:
         yield served.url

@@ -1,13 +1,43 @@
-"""The statements `queue-server serve` runs on the embedded PostgreSQL's maintenance database."""
+"""The statements `queue-server serve` runs as the embedded PostgreSQL's superuser: the
+server's own role (it owns the schema's objects, and is neither superuser nor CREATEROLE),
+its database, and the hand-over of a database the superuser made before there was a role."""
 
 from __future__ import annotations
+
+from typing import Any
+
+import psycopg
 
 from queue_server.store.sql import load
 
 _SQL = load("bootstrap")
 
-# The database the embedded PostgreSQL serves the queue from.
+# The database the embedded PostgreSQL serves the queue from, and the role that owns it.
 DATABASE_NAME = "queue_server"
+SERVER_ROLE = "queue_server"
 
-DATABASE_EXISTS = _SQL["database_exists"]
-CREATE_DATABASE = _SQL["create_database"]
+
+def ensure_role(conn: psycopg.Connection[Any], password: str) -> None:
+    """The server's role, logging in with `password`, and no more privileges than that."""
+    exists = conn.execute(_SQL["role_exists"], (SERVER_ROLE,)).fetchone() is not None
+    with psycopg.ClientCursor(conn) as cursor:
+        if exists:
+            cursor.execute(_SQL["set_role_password"], {"password": password})
+        else:
+            cursor.execute(_SQL["create_role"], {"password": password})
+
+
+def ensure_database(conn: psycopg.Connection[Any]) -> None:
+    """The server's database, owned by its role (a database the superuser made before is
+    given to it; `hand_over` then gives it the objects inside)."""
+    row = conn.execute(_SQL["database_owner"], (DATABASE_NAME,)).fetchone()
+    if row is None:
+        conn.execute(_SQL["create_database"])
+    elif row[0] != SERVER_ROLE:
+        conn.execute(_SQL["alter_database_owner"])
+
+
+def hand_over(conn: psycopg.Connection[Any]) -> None:
+    """Every object of the schema that another role owns, to the server's role (connected
+    to its database as the superuser; nothing to do, and quick, once done)."""
+    conn.execute(_SQL["hand_over_objects"])

@@ -63,6 +63,19 @@ def _stop(proc: subprocess.Popen[str]) -> str:
     return out
 
 
+def _server_roles(data_dir: Path) -> list[tuple[str, bool, bool, bool]]:
+    """Who the server's connections to its database are: (role, superuser, createrole,
+    createdb) of each distinct role, read as the superuser."""
+    pg = EmbeddedPostgres(data_dir / "pgdata")
+    with psycopg.connect(pg.url("queue_server"), autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT DISTINCT r.rolname, r.rolsuper, r.rolcreaterole, r.rolcreatedb"
+            " FROM pg_stat_activity a JOIN pg_roles r ON r.rolname = a.usename"
+            " WHERE a.datname = 'queue_server' AND a.pid <> pg_backend_pid()"
+        ).fetchall()
+    return [tuple(row) for row in rows]
+
+
 @pytest.fixture
 def open_dir() -> Iterator[Path]:
     """A directory other users may traverse: as root, the embedded PostgreSQL runs as a
@@ -89,6 +102,8 @@ def test_serve_starts_embedded_database_creates_admin_key_and_reuses_data(open_d
     assert put.status_code == 200
     url = f"http://127.0.0.1:{port}"
     assert (data_dir / "server.url").read_text().strip() == url
+    # The server connects as a role of its own: not the superuser, no CREATEROLE.
+    assert _server_roles(data_dir) == [("queue_server", False, False, False)]
 
     # A second server on the same data directory is refused before it touches anything.
     second = _serve(data_dir, _free_port())
@@ -278,3 +293,41 @@ def test_as_root_a_data_directory_under_a_private_directory_is_a_clear_error(
     assert done.returncode != 0
     assert "Traceback" not in done.stdout + done.stderr
     assert f"{private} is not searchable by other users (mode 700)" in done.stderr
+
+
+@pytest.mark.slow
+def test_a_database_the_superuser_made_is_handed_to_the_servers_role(open_dir: Path) -> None:
+    # A data directory of an older version: its database and every object in it made by, and
+    # owned by, the superuser the server used to connect as.
+    from queue_server.infra import migrate
+
+    data_dir = open_dir / "data"
+    pg = EmbeddedPostgres(data_dir / "pgdata")
+    pg.start()
+    try:
+        with psycopg.connect(pg.url(), autocommit=True) as conn:
+            conn.execute("CREATE DATABASE queue_server")
+        migrate.upgrade(pg.url("queue_server"))
+    finally:
+        pg.stop()
+    port = _free_port()
+    proc = _serve(data_dir, port)
+    _wait_ready(port, proc)
+    try:
+        assert _server_roles(data_dir) == [("queue_server", False, False, False)]
+        with psycopg.connect(pg.url("queue_server"), autocommit=True) as conn:
+            owners = conn.execute(
+                "SELECT DISTINCT pg_get_userbyid(c.relowner) FROM pg_class c"
+                " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'public'"
+            ).fetchall()
+        assert owners == [("queue_server",)]
+        key = (data_dir / "admin.key").read_text().strip()
+        put = httpx.put(
+            f"http://127.0.0.1:{port}/v1/tenants/acme",
+            json={"backlog_cap": 10},
+            headers={"Authorization": f"Bearer {key}"},
+        )
+        assert put.status_code == 200, put.text  # it writes the tables it now owns
+    finally:
+        out = _stop(proc)
+    assert "Traceback" not in out

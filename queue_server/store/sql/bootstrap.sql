@@ -2,8 +2,67 @@
 -- block is loaded at import (queue_server/store/sql/__init__.py); the text here is
 -- the text sent.
 
--- name: database_exists
-SELECT 1 FROM pg_database WHERE datname = %s;
+-- name: role_exists
+SELECT 1 FROM pg_roles WHERE rolname = %s;
+
+-- name: create_role
+-- The server's own role: it logs in and owns the schema's objects, and nothing more. (A
+-- utility statement takes no server-side parameter: the password is bound client-side.)
+CREATE ROLE queue_server LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS
+    PASSWORD %(password)s;
+
+-- name: set_role_password
+ALTER ROLE queue_server LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS
+    PASSWORD %(password)s;
 
 -- name: create_database
-CREATE DATABASE queue_server;
+CREATE DATABASE queue_server OWNER queue_server;
+
+-- name: database_owner
+SELECT pg_get_userbyid(datdba) AS owner FROM pg_database WHERE datname = %s;
+
+-- name: alter_database_owner
+ALTER DATABASE queue_server OWNER TO queue_server;
+
+-- name: hand_over_objects
+-- A database the superuser made (before the server had a role of its own): every object of
+-- its schema goes to the server's role. Tables first: their identity sequences follow them.
+DO $$
+DECLARE
+    target text := 'queue_server';
+    r record;
+BEGIN
+    FOR r IN
+        SELECT c.oid::regclass AS name, c.relkind FROM pg_class c
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm')
+          AND pg_get_userbyid(c.relowner) <> target
+    LOOP
+        EXECUTE format('ALTER %s %s OWNER TO %I',
+            CASE r.relkind WHEN 'v' THEN 'VIEW' WHEN 'm' THEN 'MATERIALIZED VIEW' ELSE 'TABLE' END,
+            r.name, target);
+    END LOOP;
+    FOR r IN
+        SELECT c.oid::regclass AS name FROM pg_class c
+        JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = 'public' AND c.relkind = 'S' AND pg_get_userbyid(c.relowner) <> target
+    LOOP
+        EXECUTE format('ALTER SEQUENCE %s OWNER TO %I', r.name, target);
+    END LOOP;
+    FOR r IN
+        SELECT t.oid::regtype AS name FROM pg_type t
+        JOIN pg_namespace n ON n.oid = t.typnamespace
+        WHERE n.nspname = 'public' AND t.typtype IN ('e', 'd')
+          AND pg_get_userbyid(t.typowner) <> target
+    LOOP
+        EXECUTE format('ALTER TYPE %s OWNER TO %I', r.name, target);
+    END LOOP;
+    FOR r IN
+        SELECT p.oid::regprocedure AS name FROM pg_proc p
+        JOIN pg_namespace n ON n.oid = p.pronamespace
+        WHERE n.nspname = 'public' AND pg_get_userbyid(p.proowner) <> target
+    LOOP
+        EXECUTE format('ALTER ROUTINE %s OWNER TO %I', r.name, target);
+    END LOOP;
+END
+$$;
