@@ -16,6 +16,7 @@ import pytest
 from queue_server.client.probes import probe_server
 from queue_server.services import queues
 from queue_server.services.envelope import LeaseEnvelope
+from queue_server.settings import Settings
 from queue_server.store import transitions
 from tests.helpers.api import Api, client_for
 from tests.helpers.server import LiveServer
@@ -25,6 +26,13 @@ pytestmark = pytest.mark.live  # `queue-server` runs as a subprocess against the
 
 BIN = Path(sys.executable).parent / "queue-server"
 Db = psycopg.Connection[dict[str, object]]
+
+
+@pytest.fixture
+def settings(settings: Settings) -> Settings:
+    # The outbox probe's watcher points at the server's own host (here loopback), which
+    # the SSRF policy refuses unless it is allowed.
+    return settings.model_copy(update={"transport_allow": ["127.0.0.1"]})
 
 
 def _admin_key(api: Api) -> str:
