@@ -304,6 +304,63 @@ def _lift_mutation_circuit(mp: pytest.MonkeyPatch) -> None:
     lift(mp, CM, "circuit-breaking", failure_threshold=1000)
 
 
+@weakening("lift-mutation-attempt-timeout", "confirmed-mutation/attempt-timeout 10 s -> 25 s")
+def _lift_mutation_attempt_timeout(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, CM, "attempt-timeout", seconds=25)
+
+
+@weakening("retry-a-failed-mutation", "the mutation path dispatches a failed effect once more")
+def _retry_a_failed_mutation(mp: pytest.MonkeyPatch) -> None:
+    from queue_server.policy.mutation import ConfirmedMutationPath
+
+    original = ConfirmedMutationPath._run_effect
+
+    async def run_effect(
+        self: ConfirmedMutationPath, store: Any, ref: str, effect: Any, ticket: Any
+    ) -> Any:
+        async def retried() -> Any:
+            try:
+                return await effect()
+            except Exception:
+                return await effect()
+
+        return await original(self, store, ref, retried, ticket)
+
+    mp.setattr(ConfirmedMutationPath, "_run_effect", run_effect)
+
+
+@weakening(
+    "replay-behind-the-gates",
+    "a same-identity replay is answered only after the permits and the circuit admit it",
+)
+def _replay_behind_the_gates(mp: pytest.MonkeyPatch) -> None:
+    from queue_server.policy.mutation import ConfirmedMutationPath
+
+    async def not_before_the_gates(*_: Any) -> None:
+        return None
+
+    mp.setattr(ConfirmedMutationPath, "_retained", not_before_the_gates)
+
+
+@weakening(
+    "queue-the-ninth-mutation",
+    "confirmed-mutation/backpressure max-queued 0 -> a mutation waits for a free permit",
+)
+def _queue_the_ninth_mutation(mp: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from queue_server.policy.mutation import ConfirmedMutationPath
+
+    original = ConfirmedMutationPath.__call__
+
+    async def call(self: ConfirmedMutationPath, store: Any, **kwargs: Any) -> Any:
+        while self.gate.in_use >= self.gate.capacity:
+            await asyncio.sleep(0.01)
+        return await original(self, store, **kwargs)
+
+    mp.setattr(ConfirmedMutationPath, "__call__", call)
+
+
 # -- read-only-dependency ---------------------------------------------------------------------
 
 RO = "read-only-dependency"

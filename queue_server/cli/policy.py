@@ -115,7 +115,7 @@ def verify(
         typer.Option(
             "--server",
             help="Probe this live server's envelope instead (an admin key: --key, QUEUE_SERVER_KEY"
-            " or <data-dir>/admin.key); a scratch tenant is created and deleted.",
+            " or <data-dir>/admin.key); scratch tenants are created and deleted.",
             show_default=False,
         ),
     ] = None,
@@ -131,7 +131,12 @@ def verify(
     timeout 1 hour, 100 acquisitions, backoff cap 24 hours), and a changed document has a
     version of its own. Each problem names its cell. With --server, probe a live deployment
     instead: each cell of its envelope is asked for just above its value and must be
-    refused, naming the cell. In a checkout, `make contract` proves that each cell is
+    refused, naming the cell; a stale fence, another worker's name and an expired lease must
+    be refused by complete, batch complete and triage; an enqueue past a tenant's backlog
+    cap, a backlog cap above max-queued, a spend approval above max-approved and a watcher
+    flooded past the outbox cap must be held to the policy. A probe the server cannot
+    answer is reported skipped, with the reason. Scratch tenants are created and deleted
+    (a few seconds: the expired-lease probe waits out a 1 s lease). In a checkout, `make contract` proves that each cell is
     enforced by the code bound to it. Exits 1 on any failure.
 
     Example: [bold]queue-server policy verify p.json[/bold]
@@ -190,10 +195,13 @@ def _verify_server(url: str, key: str | None, data_dir: Path | None, as_json: bo
         table(
             "envelope probes",
             ["", "probe", "cell", "detail"],
-            [("ok" if p.ok else "FAILED", p.name, p.cell, p.detail) for p in report.probes],
+            [
+                ("skipped" if p.skipped else "ok" if p.ok else "FAILED", p.name, p.cell, p.detail)
+                for p in report.probes
+            ],
         )
-        cleanup = "deleted" if report.cleaned_up else "NOT deleted"
-        console.print(f"scratch tenant {report.tenant}: {cleanup}")
+        for tenant, deleted in report.tenants.items():
+            console.print(f"scratch tenant {tenant}: {'deleted' if deleted else 'NOT deleted'}")
         console.print(
             "[bold green]envelope verified[/]" if report.passed else "[bold red]envelope FAILED[/]"
         )

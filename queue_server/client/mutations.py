@@ -4,9 +4,10 @@
 receipts API, so a claim, a pending receipt and its settlement live in
 PostgreSQL and outlive this process. `ConfirmedMutationBridge` runs each
 mutation through `ConfirmedMutationPath`: admission (idempotency key and
-outcome reference before dispatch), the permit gate of 8 (a ninth concurrent
-local mutation is rejected, not queued), the circuit breaker, the one-shot
-claim, then dispatch. An attempt timeout returns the `pending` receipt while the
+outcome reference before dispatch), the replay of a settled receipt of the same
+identity (answered before any gate: an open circuit or a full gate never refuses
+a retained outcome), the permit gate of 8 (a ninth concurrent local mutation is
+rejected, not queued), the circuit breaker, the one-shot claim, then dispatch. An attempt timeout returns the `pending` receipt while the
 dispatched effect runs on and settles that same receipt; a dispatched effect is
 never reported cancelled.
 """
@@ -126,7 +127,8 @@ class ConfirmedMutationBridge:
         disconnect: asyncio.Event | None = None,
         attempt_timeout: float | None = None,
     ) -> MutationReport:
-        """Admit, take a permit, pass the circuit, claim, dispatch; never reports `cancelled`."""
+        """Admit, replay a settled receipt of this identity, else take a permit, pass the circuit,
+        claim and dispatch; never reports `cancelled`."""
         return await self.path(
             self.store,
             idempotency_key=idempotency_key,

@@ -1,7 +1,10 @@
-"""The confirmed-mutation path: admit -> permit -> circuit -> claim -> dispatch -> settle.
+"""The confirmed-mutation path: admit -> replay -> permit -> circuit -> claim -> dispatch -> settle.
 
 Decisions 6 and 7 of docs/decisions/operation-class-policy.md: an effecting call
-is admitted only with an idempotency key and outcome reference; the one-shot
+is admitted only with an idempotency key and outcome reference; a same-identity
+replay of a settled mutation is answered from its receipt before the permits and
+the circuit are consulted (the retained outcome is not a dispatch, so neither an
+open circuit nor a full gate refuses it); the one-shot
 receipt claim is its exclusive grant; the permit gate rejects the ninth
 concurrent local mutation; the circuit isolates repeated adapter failure. Once
 dispatched, the effect runs in its own task: an attempt timeout or a disconnect
@@ -126,6 +129,9 @@ class ConfirmedMutationPath:
         key, ref = admission.idempotency_key or "", admission.outcome_ref or ""
         if disconnect is not None and disconnect.is_set():
             return MutationReport(MutationStatus.NOT_DISPATCHED, None, dispatched=False)
+        retained = await self._retained(store, key, ref)
+        if retained is not None:
+            return retained
         self.gate.acquire()
         try:
             ticket = self.breaker.before_call()
@@ -155,6 +161,18 @@ class ConfirmedMutationPath:
         return await self._await_outcome(
             store, receipt, task, disconnect, admission.attempt_timeout_seconds
         )
+
+    async def _retained(self, store: ReceiptStore, key: str, ref: str) -> MutationReport | None:
+        """A settled receipt of this same identity answers at once; anything else (none yet, a
+        pending one, another key's reference) goes on through the gates and the claim."""
+        receipt = await store.get(ref)
+        if (
+            receipt is None
+            or receipt.idempotency_key != key
+            or receipt.status is ReceiptStatus.PENDING
+        ):
+            return None
+        return MutationReport(_STATUS_OF[receipt.status], receipt, dispatched=False, replayed=True)
 
     async def _run_effect(
         self, store: ReceiptStore, ref: str, effect: Effect, ticket: CallTicket

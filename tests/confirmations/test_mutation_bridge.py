@@ -16,9 +16,10 @@ from queue_server.policy import (
     MutationStatus,
     PermitUnavailableError,
     ReceiptStatus,
+    load_policy,
 )
 from queue_server.policy.mutation import Outcome
-from tests.helpers.api import Api
+from tests.helpers.api import Api, policy_document
 
 pytestmark = pytest.mark.live  # the SDK opens its own connections
 
@@ -195,3 +196,185 @@ def test_bridge_refuses_mutation_without_outcome_reference_before_claiming(
     with pytest.raises(AdmissionRefused):
         asyncio.run(bridge.mutate(idempotency_key="k1", outcome_ref=" ", effect=effect))
     assert db.execute("SELECT count(*) AS n FROM confirmation_receipts").fetchone() == {"n": 0}
+
+
+async def _refund() -> Outcome:
+    return {"refunded": 42}
+
+
+async def _broken() -> Outcome:
+    raise ConnectionError("adapter down")
+
+
+def test_bridge_replays_a_settled_mutation_while_its_circuit_is_open_and_refuses_a_new_one(
+    client: QueueClient, db: Db
+) -> None:
+    async def scenario() -> None:
+        first = await ConfirmedMutationBridge(client).mutate(
+            idempotency_key="k1", outcome_ref="r1", effect=_refund
+        )
+        # A new bridge, as after a restart, whose adapter then fails: its circuit opens.
+        bridge = ConfirmedMutationBridge(client)
+        for i in range(3):
+            await bridge.mutate(idempotency_key=f"f{i}", outcome_ref=f"f{i}", effect=_broken)
+        dispatched: list[str] = []
+
+        async def must_not_run() -> Outcome:
+            dispatched.append("dispatched")
+            return {"refunded": 0}
+
+        again = await bridge.mutate(idempotency_key="k1", outcome_ref="r1", effect=must_not_run)
+        assert again.status is MutationStatus.SUCCEEDED
+        assert again.replayed
+        assert not again.dispatched
+        assert again.receipt == first.receipt
+        with pytest.raises(CircuitOpenError):
+            await bridge.mutate(idempotency_key="k2", outcome_ref="r2", effect=must_not_run)
+        assert dispatched == []
+
+    asyncio.run(scenario())
+    assert _stored(db, "r1") == {"status": "succeeded", "outcome": {"refunded": 42}}
+    assert _stored(db, "r2") is None
+
+
+def test_bridge_replays_a_settled_mutation_while_all_permits_are_held_and_refuses_a_new_one(
+    client: QueueClient, db: Db
+) -> None:
+    async def scenario() -> None:
+        bridge = ConfirmedMutationBridge(client)
+        first = await bridge.mutate(idempotency_key="k1", outcome_ref="r1", effect=_refund)
+        release = asyncio.Event()
+        running = 0
+
+        async def held() -> Outcome:
+            nonlocal running
+            running += 1
+            await release.wait()
+            return {"ok": True}
+
+        tasks = [
+            asyncio.create_task(
+                bridge.mutate(idempotency_key=f"h{i}", outcome_ref=f"h{i}", effect=held)
+            )
+            for i in range(8)
+        ]
+        try:
+            while running < 8:
+                await asyncio.sleep(0.01)
+            dispatched: list[str] = []
+
+            async def must_not_run() -> Outcome:
+                dispatched.append("dispatched")
+                return {"refunded": 0}
+
+            again = await bridge.mutate(idempotency_key="k1", outcome_ref="r1", effect=must_not_run)
+            assert again.status is MutationStatus.SUCCEEDED
+            assert again.replayed
+            assert not again.dispatched
+            assert again.receipt == first.receipt
+            with pytest.raises(PermitUnavailableError):
+                await bridge.mutate(idempotency_key="k9", outcome_ref="r9", effect=must_not_run)
+            assert dispatched == []
+        finally:
+            release.set()
+            await asyncio.gather(*tasks)
+
+    asyncio.run(scenario())
+    assert _stored(db, "r9") is None
+
+
+def test_bridge_refuses_the_ninth_mutation_at_once_and_never_runs_it_when_a_permit_frees(
+    client: QueueClient, db: Db
+) -> None:
+    async def scenario() -> None:
+        release = asyncio.Event()
+        running = 0
+
+        async def held() -> Outcome:
+            nonlocal running
+            running += 1
+            await release.wait()
+            return {"ok": True}
+
+        bridge = ConfirmedMutationBridge(client)
+        tasks = [
+            asyncio.create_task(
+                bridge.mutate(idempotency_key=f"k{i}", outcome_ref=f"r{i}", effect=held)
+            )
+            for i in range(8)
+        ]
+        while running < 8:
+            await asyncio.sleep(0.01)
+        ninth = asyncio.create_task(
+            bridge.mutate(idempotency_key="k9", outcome_ref="r9", effect=held)
+        )
+        await asyncio.sleep(0.2)  # the ninth has its answer by now, or waits in a queue
+        release.set()
+        await asyncio.gather(*tasks)
+        with pytest.raises(PermitUnavailableError):
+            await ninth
+
+    asyncio.run(scenario())
+    assert _stored(db, "r9") is None
+
+
+def test_bridge_dispatches_a_failing_mutation_once_and_its_replay_returns_the_failure(
+    client: QueueClient, db: Db
+) -> None:
+    calls: list[str] = []
+
+    async def broken() -> Outcome:
+        calls.append("dispatched")
+        raise ConnectionError("adapter down")
+
+    async def scenario() -> None:
+        bridge = ConfirmedMutationBridge(client)
+        first = await bridge.mutate(idempotency_key="k1", outcome_ref="r1", effect=broken)
+        assert first.status is MutationStatus.FAILED
+        assert first.dispatched
+        again = await bridge.mutate(idempotency_key="k1", outcome_ref="r1", effect=broken)
+        assert again.status is MutationStatus.FAILED
+        assert again.replayed
+        assert not again.dispatched
+
+    asyncio.run(scenario())
+    assert calls == ["dispatched"]
+    assert _stored(db, "r1") == {
+        "status": "failed",
+        "outcome": {"error": "ConnectionError", "detail": "adapter down"},
+    }
+
+
+def test_bridge_attempt_timeout_is_the_loaded_policy_cell_and_a_longer_one_is_refused(
+    client: QueueClient, db: Db
+) -> None:
+    policy = load_policy(
+        policy_document(
+            {
+                "confirmed-mutation": {
+                    "attempt-timeout": {"seconds": 0.2, "on-timeout": "return-pending-receipt"}
+                }
+            },
+            "test-mutation-timeout.v1",
+        )
+    )
+
+    async def slow() -> Outcome:
+        await asyncio.sleep(0.5)
+        return {"applied": True}
+
+    async def scenario() -> None:
+        bridge = ConfirmedMutationBridge(client, policy=policy)
+        with pytest.raises(AdmissionRefused):
+            await bridge.mutate(
+                idempotency_key="k0", outcome_ref="r0", effect=slow, attempt_timeout=0.3
+            )
+        # Without one of its own, the caller waits the cell's 0.2 s, not the effect's 0.5 s.
+        report = await bridge.mutate(idempotency_key="k1", outcome_ref="r1", effect=slow)
+        assert report.status is MutationStatus.PENDING
+        assert report.settlement is not None
+        assert (await report.settlement).status is ReceiptStatus.SUCCEEDED
+
+    asyncio.run(scenario())
+    assert _stored(db, "r0") is None
+    assert _stored(db, "r1") == {"status": "succeeded", "outcome": {"applied": True}}

@@ -229,6 +229,38 @@ BINDINGS: tuple[Binding, ...] = (
         _BRIDGE_T + "test_bridge_circuit_opens_after_repeated_adapter_failures",
         "lift-mutation-circuit",
     ),
+    Binding(
+        CM,
+        D.ATTEMPT_TIMEOUT,
+        BRIDGE,
+        _BRIDGE_T
+        + "test_bridge_attempt_timeout_is_the_loaded_policy_cell_and_a_longer_one_is_refused",
+        "lift-mutation-attempt-timeout",
+    ),
+    Binding(
+        CM,
+        D.RETRY,
+        IN_PROCESS + "._run_effect",
+        _BRIDGE_T
+        + "test_bridge_dispatches_a_failing_mutation_once_and_its_replay_returns_the_failure",
+        "retry-a-failed-mutation",
+    ),
+    Binding(
+        CM,
+        D.RESUMABILITY,
+        IN_PROCESS + "._retained",
+        _BRIDGE_T
+        + "test_bridge_replays_a_settled_mutation_while_its_circuit_is_open_and_refuses_a_new_one",
+        "replay-behind-the-gates",
+    ),
+    Binding(
+        CM,
+        D.BACKPRESSURE,
+        "queue_server.policy.permits.PermitGate.acquire",
+        _BRIDGE_T
+        + "test_bridge_refuses_the_ninth_mutation_at_once_and_never_runs_it_when_a_permit_frees",
+        "queue-the-ninth-mutation",
+    ),
     # -- read-only-dependency: the dependency client -------------------------------------
     Binding(
         RO,
@@ -325,13 +357,6 @@ DECLARED: dict[tuple[OperationClass, Dimension], str] = {
     (RO, D.IDEMPOTENCY_AND_FENCING): "reads have no effects; an effecting call is refused by"
     " admission before dispatch",
     (RO, D.CANCELLATION): "a read in flight may be discarded; nothing to observe",
-    (CM, D.ATTEMPT_TIMEOUT): "the bridge's callers pass their own attempt timeout within the"
-    " cell; its pending receipt is exercised by its test, not yet by a weakening",
-    (CM, D.RETRY): "single attempt: the bridge replays the retained outcome instead of"
-    " retrying; not yet proven by a weakening",
-    (CM, D.BACKPRESSURE): "max-queued 0: the permit gate rejects at its limit (bound above)",
-    (CM, D.RESUMABILITY): "receipts are rows of PostgreSQL and survive restarts; not yet"
-    " proven by a weakening",
     (AV, D.ATTEMPT_TIMEOUT): "the runner stops at a checkpoint boundary past its timeout"
     " (tested); not yet proven by a weakening",
     (AV, D.BACKOFF_AND_JITTER): "the runner's retries wait the class's capped backoff; not yet"
