@@ -349,6 +349,85 @@ def _lift_turn_deadline(mp: pytest.MonkeyPatch) -> None:
     lift(mp, IT, "deadline", seconds=100_000)
 
 
+# -- watcher delivery ---------------------------------------------------------------------------
+
+WD = "watcher-delivery"
+
+
+@weakening("lift-delivery-deadline", "watcher-delivery/deadline 86400 s -> a million seconds")
+def _lift_delivery_deadline(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, WD, "deadline", seconds=1_000_000)
+
+
+@weakening("lift-delivery-attempt-timeout", "watcher-delivery/attempt-timeout -> 3600 s")
+def _lift_delivery_attempt_timeout(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, WD, "attempt-timeout", seconds=3600)
+
+
+@weakening("lift-delivery-attempts", "watcher-delivery/retry 5 attempts -> 8")
+def _lift_delivery_attempts(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, WD, "retry", max_attempts=8)
+
+
+@weakening("lift-delivery-backoff", "watcher-delivery/backoff-and-jitter initial 30 s -> 1 s")
+def _lift_delivery_backoff(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, WD, "backoff-and-jitter", initial_seconds=1)
+
+
+@weakening(
+    "no-delivery-dead-letter", "a delivery dead at the end of its budget gets no dead letter"
+)
+def _no_delivery_dead_letter(mp: pytest.MonkeyPatch) -> None:
+    from queue_server.store import outbox
+
+    replace_sql(mp, outbox, "record", "FROM upd WHERE state = 'dead'", "FROM upd WHERE false")
+
+
+@weakening("lift-delivery-concurrency", "watcher-delivery/concurrency 4 -> 16")
+def _lift_delivery_concurrency(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, WD, "concurrency", limit=16)
+
+
+@weakening("fresh-delivery-key-on-retry", "a retried delivery is sent under a key of its own")
+def _fresh_delivery_key_on_retry(mp: pytest.MonkeyPatch) -> None:
+    from queue_server.workers.deliverer import Deliverer
+
+    original = Deliverer._request
+
+    def request(self: Deliverer, row: Any) -> Any:
+        if int(row["attempts"]) > 1:
+            row = {**row, "delivery_key": f"{row['delivery_key']}-{row['attempts']}"}
+        return original(self, row)
+
+    mp.setattr(Deliverer, "_request", request)
+
+
+@weakening("stopped-delivery-keeps-its-claim", "a delivery stopped mid-dispatch stays claimed")
+def _stopped_delivery_keeps_its_claim(mp: pytest.MonkeyPatch) -> None:
+    from queue_server.store import outbox
+
+    replace_sql(
+        mp,
+        outbox,
+        "return_to_outbox",
+        "claim_token = NULL, claimed_until = NULL, due_at",
+        "due_at",
+    )
+
+
+@weakening("no-lost-claim-takeover", "a delivery whose deliverer died holding it is never claimed")
+def _no_lost_claim_takeover(mp: pytest.MonkeyPatch) -> None:
+    from queue_server.store import outbox
+
+    replace_sql(
+        mp,
+        outbox,
+        "claim",
+        "AND o.delivery_id <> ALL(%(exclude)s::uuid[])",
+        "AND o.delivery_id <> ALL(%(exclude)s::uuid[]) AND o.claim_token IS NULL",
+    )
+
+
 # -- the plugin -------------------------------------------------------------------------------
 
 

@@ -68,6 +68,7 @@ BRIDGE = "queue_server.client.mutations.ConfirmedMutationBridge"
 IN_PROCESS = "queue_server.policy.mutation.ConfirmedMutationPath"
 READS = "queue_server.client.dependency.ReadOnlyDependencyClient"
 TURNS = "queue_server.client.turns.TurnGate"
+DELIVERER = "queue_server.workers.deliverer.Deliverer"
 
 # The tests.
 _ENV_T = "tests/api/test_lease_envelope.py::"
@@ -80,6 +81,8 @@ _BRIDGE_T = "tests/confirmations/test_mutation_bridge.py::"
 _MUTATION_T = "tests/policy/test_policy_mutation.py::"
 _READS_T = "tests/policy_server/test_read_only_dependency.py::"
 _TURNS_T = "tests/policy_server/test_leased_worker_and_turns.py::"
+_DELIVERY_T = "tests/watchers/test_delivery.py::"
+_DEADLINE_T = "tests/watchers/test_delivery_deadline.py::"
 
 BINDINGS: tuple[Binding, ...] = (
     # -- durable-leased-work: the server ------------------------------------------------
@@ -282,6 +285,75 @@ BINDINGS: tuple[Binding, ...] = (
         + "test_turn_gate_capacity_rejects_a_turn_beyond_its_limit_and_bounds_the_deadline",
         "lift-turn-deadline",
     ),
+    # -- watcher delivery: the deliverer and the outbox ------------------------------------
+    Binding(
+        WD,
+        D.DEADLINE,
+        DELIVERER + ".run_once",
+        _DEADLINE_T + "test_a_pending_delivery_past_its_deadline_is_dead_without_an_attempt",
+        "lift-delivery-deadline",
+    ),
+    Binding(
+        WD,
+        D.ATTEMPT_TIMEOUT,
+        DELIVERER + "._broker",
+        _DEADLINE_T + "test_an_attempt_is_cut_at_the_loaded_policy_attempt_timeout",
+        "lift-delivery-attempt-timeout",
+    ),
+    Binding(
+        WD,
+        D.RETRY,
+        DELIVERER + "._retry_or_dead",
+        _DELIVERY_T
+        + "test_failing_receiver_is_retried_on_the_persisted_schedule_then_dead_lettered",
+        "lift-delivery-attempts",
+    ),
+    Binding(
+        WD,
+        D.BACKOFF_AND_JITTER,
+        "queue_server.workers.deliverer.schedule",
+        _DELIVERY_T + "test_unscaled_schedule_is_persisted_at_the_policy_instants",
+        "lift-delivery-backoff",
+    ),
+    Binding(
+        WD,
+        D.CIRCUIT_BREAKING,
+        "queue_server.store.outbox.record",
+        "tests/watchers/test_watchers_api.py::"
+        "test_dead_delivery_is_a_dead_letter_and_replay_resends_under_the_same_key",
+        "no-delivery-dead-letter",
+    ),
+    Binding(
+        WD,
+        D.CONCURRENCY,
+        "queue_server.store.outbox.claim",
+        "tests/watchers/test_delivery_concurrency.py::"
+        "test_one_deliverer_keeps_at_most_the_class_concurrency_in_flight",
+        "lift-delivery-concurrency",
+    ),
+    Binding(
+        WD,
+        D.IDEMPOTENCY_AND_FENCING,
+        DELIVERER + "._request",
+        _DELIVERY_T
+        + "test_failing_receiver_is_retried_on_the_persisted_schedule_then_dead_lettered",
+        "fresh-delivery-key-on-retry",
+    ),
+    Binding(
+        WD,
+        D.CANCELLATION,
+        DELIVERER + "._cancelled",
+        _DEADLINE_T
+        + "test_request_timeout_wall_deadline_and_cancellation_are_three_receipt_outcomes",
+        "stopped-delivery-keeps-its-claim",
+    ),
+    Binding(
+        WD,
+        D.RESUMABILITY,
+        "queue_server.store.outbox.claim",
+        _DELIVERY_T + "test_a_claim_lost_with_its_deliverer_is_taken_over_under_the_same_key",
+        "no-lost-claim-takeover",
+    ),
 )
 
 NEGATIVE_CONTROLS: tuple[NegativeControl, ...] = (
@@ -306,7 +378,7 @@ _WATCHERS = (
 
 # Cells the policy states that no runtime path of this server proves by a weakening yet.
 DECLARED: dict[tuple[OperationClass, Dimension], str] = {
-    **{(WD, d): _WATCHERS for d in D},
+    (WD, D.BACKPRESSURE): _WATCHERS,
     (IT, D.ATTEMPT_TIMEOUT): "a turn's attempt is the caller's model call; the turn gate admits"
     " the caller's timeout but runs no attempt itself",
     (IT, D.RETRY): "a turn is never re-run: nothing retries it, so there is nothing to weaken",
