@@ -247,6 +247,50 @@ def _single_attempt_verification(mp: pytest.MonkeyPatch) -> None:
     lift(mp, AV, "retry", max_attempts=1)
 
 
+@weakening("lift-verification-attempt-timeout", "artifact-verification/attempt-timeout -> 1000 s")
+def _lift_verification_attempt_timeout(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, AV, "attempt-timeout", seconds=1000)
+
+
+@weakening(
+    "lift-verification-backoff", "artifact-verification/backoff-and-jitter initial 1 s -> 5 s"
+)
+def _lift_verification_backoff(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, AV, "backoff-and-jitter", initial_seconds=5)
+
+
+@weakening("runner-ignores-stop", "a verifier runner asked to stop runs on to the last item")
+def _runner_ignores_stop(mp: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from queue_server.client.verifier import VerifierRunner
+
+    class Unheeded(threading.Event):
+        def is_set(self) -> bool:
+            return False
+
+    original = VerifierRunner.__init__
+
+    def init(self: VerifierRunner, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        self.stop = Unheeded()
+
+    mp.setattr(VerifierRunner, "__init__", init)
+
+
+@weakening("run-read-back-without-checkpoints", "a run is answered without its checkpoints")
+def _run_read_back_without_checkpoints(mp: pytest.MonkeyPatch) -> None:
+    from queue_server.store import verification_runs
+
+    replace_sql(
+        mp,
+        verification_runs,
+        "checkpoints",
+        "WHERE tenant_id = %s AND run_id = %s ORDER BY",
+        "WHERE false AND tenant_id = %s AND run_id = %s ORDER BY",
+    )
+
+
 # -- confirmed-mutation ----------------------------------------------------------------------
 
 CM = "confirmed-mutation"

@@ -195,6 +195,34 @@ BINDINGS: tuple[Binding, ...] = (
         _RUNNER_T + "test_runner_retries_transient_io_but_not_other_failures",
         "single-attempt-verification",
     ),
+    Binding(
+        AV,
+        D.ATTEMPT_TIMEOUT,
+        RUNNER + ".run",
+        _RUNNER_T + "test_a_runner_without_a_timeout_of_its_own_stops_at_the_class_attempt_timeout",
+        "lift-verification-attempt-timeout",
+    ),
+    Binding(
+        AV,
+        D.BACKOFF_AND_JITTER,
+        RUNNER + "._verify_one",
+        _RUNNER_T + "test_runner_waits_the_class_backoff_between_transient_retries",
+        "lift-verification-backoff",
+    ),
+    Binding(
+        AV,
+        D.CANCELLATION,
+        RUNNER + ".run",
+        _RUNNER_T + "test_restarted_verifier_resumes_from_its_checkpoints",
+        "runner-ignores-stop",
+    ),
+    Binding(
+        AV,
+        D.RESUMABILITY,
+        RUNS + ".start",
+        _RUNNER_T + "test_restarted_verifier_resumes_from_its_checkpoints",
+        "run-read-back-without-checkpoints",
+    ),
     # -- confirmed-mutation: the receipts API and the REST-backed bridge -----------------
     Binding(
         CM,
@@ -403,13 +431,5 @@ DECLARED: dict[tuple[OperationClass, Dimension], str] = {
     " retrying; not yet proven by a weakening",
     (CM, D.BACKPRESSURE): "max-queued 0: the permit gate rejects at its limit (bound above)",
     (CM, D.RESUMABILITY): "receipts are rows of PostgreSQL and survive restarts; not yet"
-    " proven by a weakening",
-    (AV, D.ATTEMPT_TIMEOUT): "the runner stops at a checkpoint boundary past its timeout"
-    " (tested); not yet proven by a weakening",
-    (AV, D.BACKOFF_AND_JITTER): "the runner's retries wait the class's capped backoff; not yet"
-    " proven by a weakening",
-    (AV, D.CANCELLATION): "a stopped runner resumes at its checkpoints (tested); not yet proven"
-    " by a weakening",
-    (AV, D.RESUMABILITY): "a restarted runner resumes from its checkpoints (tested); not yet"
     " proven by a weakening",
 }
