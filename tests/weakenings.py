@@ -378,6 +378,33 @@ def _lift_read_concurrency(mp: pytest.MonkeyPatch) -> None:
     lift(mp, RO, "concurrency", limit=64)
 
 
+@weakening("lift-read-backoff", "read-only-dependency/backoff-and-jitter initial 0.1 s -> 1 s")
+def _lift_read_backoff(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, RO, "backoff-and-jitter", initial_seconds=1)
+
+
+@weakening(
+    "let-reads-have-effects",
+    "read-only-dependency/idempotency-and-fencing effects never -> optional",
+)
+def _let_reads_have_effects(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, RO, "idempotency-and-fencing", effects="optional")
+
+
+@weakening("reads-run-on-after-cancel", "a read its caller cancelled runs on to its answer")
+def _reads_run_on_after_cancel(mp: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from queue_server.client.dependency import ReadOnlyDependencyClient
+
+    original = ReadOnlyDependencyClient.get
+
+    async def get(self: ReadOnlyDependencyClient, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.shield(original(self, *args, **kwargs))
+
+    mp.setattr(ReadOnlyDependencyClient, "get", get)
+
+
 # -- interactive-turn ---------------------------------------------------------------------------
 
 IT = "interactive-turn"
@@ -391,6 +418,33 @@ def _lift_turn_concurrency(mp: pytest.MonkeyPatch) -> None:
 @weakening("lift-turn-deadline", "interactive-turn/deadline 120 s -> 100000 s")
 def _lift_turn_deadline(mp: pytest.MonkeyPatch) -> None:
     lift(mp, IT, "deadline", seconds=100_000)
+
+
+@weakening("lift-turn-circuit", "interactive-turn/circuit-breaking threshold 5 -> 1000")
+def _lift_turn_circuit(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, IT, "circuit-breaking", failure_threshold=1000)
+
+
+@weakening("turn-without-an-id", "interactive-turn/idempotency-and-fencing: no turn id required")
+def _turn_without_an_id(mp: pytest.MonkeyPatch) -> None:
+    lift(
+        mp,
+        IT,
+        "idempotency-and-fencing",
+        requires_idempotency_key=False,
+        requires_outcome_reference=False,
+    )
+
+
+@weakening("turn-write-after-disconnect", "a turn's write is dispatched after its caller left")
+def _turn_write_after_disconnect(mp: pytest.MonkeyPatch) -> None:
+    from queue_server.policy.cancellation import DisconnectAuthority
+
+    def dispatch(self: DisconnectAuthority) -> None:
+        with self._lock:
+            self._dispatched = True
+
+    mp.setattr(DisconnectAuthority, "dispatch", dispatch)
 
 
 # -- watcher delivery ---------------------------------------------------------------------------

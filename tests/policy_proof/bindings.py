@@ -296,6 +296,30 @@ BINDINGS: tuple[Binding, ...] = (
         _READS_T + "test_read_only_dependency_client_capacity_gate_rejects_beyond_its_limit",
         "lift-read-concurrency",
     ),
+    Binding(
+        RO,
+        D.BACKOFF_AND_JITTER,
+        READS,
+        _READS_T
+        + "test_read_only_dependency_client_waits_at_most_the_class_backoff_between_attempts",
+        "lift-read-backoff",
+    ),
+    Binding(
+        RO,
+        D.IDEMPOTENCY_AND_FENCING,
+        "queue_server.policy.admission.admit_operation",
+        "tests/policy/test_policy_admission.py::"
+        "test_admission_refuses_effecting_read_only_dependency",
+        "let-reads-have-effects",
+    ),
+    Binding(
+        RO,
+        D.CANCELLATION,
+        READS + ".get",
+        _READS_T
+        + "test_read_only_dependency_client_cancelled_by_its_caller_leaves_a_cancelled_receipt",
+        "reads-run-on-after-cancel",
+    ),
     # -- interactive-turn: the turn gate ---------------------------------------------------
     Binding(
         IT,
@@ -312,6 +336,27 @@ BINDINGS: tuple[Binding, ...] = (
         _TURNS_T
         + "test_turn_gate_capacity_rejects_a_turn_beyond_its_limit_and_bounds_the_deadline",
         "lift-turn-deadline",
+    ),
+    Binding(
+        IT,
+        D.CIRCUIT_BREAKING,
+        TURNS,
+        _TURNS_T + "test_turn_gate_circuit_opens_after_the_class_threshold_of_failed_turns",
+        "lift-turn-circuit",
+    ),
+    Binding(
+        IT,
+        D.IDEMPOTENCY_AND_FENCING,
+        TURNS + ".turn",
+        _TURNS_T + "test_turn_gate_refuses_a_writing_turn_without_its_id_before_it_runs",
+        "turn-without-an-id",
+    ),
+    Binding(
+        IT,
+        D.CANCELLATION,
+        "queue_server.policy.cancellation.DisconnectAuthority",
+        _TURNS_T + "test_turn_gate_commits_no_write_after_disconnect",
+        "turn-write-after-disconnect",
     ),
     # -- watcher delivery: the deliverer and the outbox ------------------------------------
     Binding(
@@ -407,24 +452,13 @@ _WATCHERS = (
 # Cells the policy states that no runtime path of this server proves by a weakening yet.
 DECLARED: dict[tuple[OperationClass, Dimension], str] = {
     (WD, D.BACKPRESSURE): _WATCHERS,
-    (IT, D.ATTEMPT_TIMEOUT): "a turn's attempt is the caller's model call; the turn gate admits"
-    " the caller's timeout but runs no attempt itself",
+    (IT, D.ATTEMPT_TIMEOUT): "a turn's attempt is the caller's model call: the turn gate bounds"
+    " the whole turn by the deadline (bound above) and no runtime path times the attempt",
     (IT, D.RETRY): "a turn is never re-run: nothing retries it, so there is nothing to weaken",
-    (IT, D.CIRCUIT_BREAKING): "the turn gate's breaker is built from the cell; no live test"
-    " trips it yet",
-    (IT, D.BACKPRESSURE): "max-queued 0: the turn gate rejects at its concurrency limit (bound"
-    " above); there is no queue",
-    (IT, D.IDEMPOTENCY_AND_FENCING): "the turn id keys the caller's writes; the gate only"
-    " admits it",
-    (IT, D.CANCELLATION): "the disconnect authority is exercised by its test, not yet by a"
-    " weakening",
-    (RO, D.BACKOFF_AND_JITTER): "full jitter is random: no weakening of it fails a test"
-    " deterministically",
-    (RO, D.BACKPRESSURE): "max-queued 0: the capacity gate rejects at the concurrency limit"
-    " (bound above); there is no queue",
-    (RO, D.IDEMPOTENCY_AND_FENCING): "reads have no effects; an effecting call is refused by"
-    " admission before dispatch",
-    (RO, D.CANCELLATION): "a read in flight may be discarded; nothing to observe",
+    (IT, D.BACKPRESSURE): "max-queued 0: no runtime path reads it; the turn gate rejects at"
+    " its concurrency limit (bound above), so no queue forms",
+    (RO, D.BACKPRESSURE): "max-queued 0: no runtime path reads it; the capacity gate rejects"
+    " at the concurrency limit (bound above), so no queue forms",
     (CM, D.ATTEMPT_TIMEOUT): "the bridge's callers pass their own attempt timeout within the"
     " cell; its pending receipt is exercised by its test, not yet by a weakening",
     (CM, D.RETRY): "single attempt: the bridge replays the retained outcome instead of"
