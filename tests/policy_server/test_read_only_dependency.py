@@ -171,7 +171,7 @@ def test_read_only_dependency_client_cancelled_by_its_caller_leaves_a_cancelled_
         with pytest.raises(asyncio.CancelledError):
             await read
         # Past the moment the dependency answers: the read was discarded, not run on.
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.7)
 
     asyncio.run(scenario())
     assert _outcomes(reads) == [Outcome.CANCELLED]
