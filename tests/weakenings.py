@@ -247,6 +247,50 @@ def _single_attempt_verification(mp: pytest.MonkeyPatch) -> None:
     lift(mp, AV, "retry", max_attempts=1)
 
 
+@weakening("lift-verification-attempt-timeout", "artifact-verification/attempt-timeout -> 1000 s")
+def _lift_verification_attempt_timeout(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, AV, "attempt-timeout", seconds=1000)
+
+
+@weakening(
+    "lift-verification-backoff", "artifact-verification/backoff-and-jitter initial 1 s -> 5 s"
+)
+def _lift_verification_backoff(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, AV, "backoff-and-jitter", initial_seconds=5)
+
+
+@weakening("runner-ignores-stop", "a verifier runner asked to stop runs on to the last item")
+def _runner_ignores_stop(mp: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from queue_server.client.verifier import VerifierRunner
+
+    class Unheeded(threading.Event):
+        def is_set(self) -> bool:
+            return False
+
+    original = VerifierRunner.__init__
+
+    def init(self: VerifierRunner, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        self.stop = Unheeded()
+
+    mp.setattr(VerifierRunner, "__init__", init)
+
+
+@weakening("run-read-back-without-checkpoints", "a run is answered without its checkpoints")
+def _run_read_back_without_checkpoints(mp: pytest.MonkeyPatch) -> None:
+    from queue_server.store import verification_runs
+
+    replace_sql(
+        mp,
+        verification_runs,
+        "checkpoints",
+        "WHERE tenant_id = %s AND run_id = %s ORDER BY",
+        "WHERE false AND tenant_id = %s AND run_id = %s ORDER BY",
+    )
+
+
 # -- confirmed-mutation ----------------------------------------------------------------------
 
 CM = "confirmed-mutation"
@@ -391,6 +435,33 @@ def _lift_read_concurrency(mp: pytest.MonkeyPatch) -> None:
     lift(mp, RO, "concurrency", limit=64)
 
 
+@weakening("lift-read-backoff", "read-only-dependency/backoff-and-jitter initial 0.1 s -> 1 s")
+def _lift_read_backoff(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, RO, "backoff-and-jitter", initial_seconds=1)
+
+
+@weakening(
+    "let-reads-have-effects",
+    "read-only-dependency/idempotency-and-fencing effects never -> optional",
+)
+def _let_reads_have_effects(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, RO, "idempotency-and-fencing", effects="optional")
+
+
+@weakening("reads-run-on-after-cancel", "a read its caller cancelled runs on to its answer")
+def _reads_run_on_after_cancel(mp: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    from queue_server.client.dependency import ReadOnlyDependencyClient
+
+    original = ReadOnlyDependencyClient.get
+
+    async def get(self: ReadOnlyDependencyClient, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.shield(original(self, *args, **kwargs))
+
+    mp.setattr(ReadOnlyDependencyClient, "get", get)
+
+
 # -- interactive-turn ---------------------------------------------------------------------------
 
 IT = "interactive-turn"
@@ -404,6 +475,112 @@ def _lift_turn_concurrency(mp: pytest.MonkeyPatch) -> None:
 @weakening("lift-turn-deadline", "interactive-turn/deadline 120 s -> 100000 s")
 def _lift_turn_deadline(mp: pytest.MonkeyPatch) -> None:
     lift(mp, IT, "deadline", seconds=100_000)
+
+
+@weakening("lift-turn-circuit", "interactive-turn/circuit-breaking threshold 5 -> 1000")
+def _lift_turn_circuit(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, IT, "circuit-breaking", failure_threshold=1000)
+
+
+@weakening("turn-without-an-id", "interactive-turn/idempotency-and-fencing: no turn id required")
+def _turn_without_an_id(mp: pytest.MonkeyPatch) -> None:
+    lift(
+        mp,
+        IT,
+        "idempotency-and-fencing",
+        requires_idempotency_key=False,
+        requires_outcome_reference=False,
+    )
+
+
+@weakening("turn-write-after-disconnect", "a turn's write is dispatched after its caller left")
+def _turn_write_after_disconnect(mp: pytest.MonkeyPatch) -> None:
+    from queue_server.policy.cancellation import DisconnectAuthority
+
+    def dispatch(self: DisconnectAuthority) -> None:
+        with self._lock:
+            self._dispatched = True
+
+    mp.setattr(DisconnectAuthority, "dispatch", dispatch)
+
+
+# -- watcher delivery ---------------------------------------------------------------------------
+
+WD = "watcher-delivery"
+
+
+@weakening("lift-delivery-deadline", "watcher-delivery/deadline 86400 s -> a million seconds")
+def _lift_delivery_deadline(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, WD, "deadline", seconds=1_000_000)
+
+
+@weakening("lift-delivery-attempt-timeout", "watcher-delivery/attempt-timeout -> 3600 s")
+def _lift_delivery_attempt_timeout(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, WD, "attempt-timeout", seconds=3600)
+
+
+@weakening("lift-delivery-attempts", "watcher-delivery/retry 5 attempts -> 8")
+def _lift_delivery_attempts(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, WD, "retry", max_attempts=8)
+
+
+@weakening("lift-delivery-backoff", "watcher-delivery/backoff-and-jitter initial 30 s -> 1 s")
+def _lift_delivery_backoff(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, WD, "backoff-and-jitter", initial_seconds=1)
+
+
+@weakening(
+    "no-delivery-dead-letter", "a delivery dead at the end of its budget gets no dead letter"
+)
+def _no_delivery_dead_letter(mp: pytest.MonkeyPatch) -> None:
+    from queue_server.store import outbox
+
+    replace_sql(mp, outbox, "record", "FROM upd WHERE state = 'dead'", "FROM upd WHERE false")
+
+
+@weakening("lift-delivery-concurrency", "watcher-delivery/concurrency 4 -> 16")
+def _lift_delivery_concurrency(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, WD, "concurrency", limit=16)
+
+
+@weakening("fresh-delivery-key-on-retry", "a retried delivery is sent under a key of its own")
+def _fresh_delivery_key_on_retry(mp: pytest.MonkeyPatch) -> None:
+    from queue_server.workers.deliverer import Deliverer
+
+    original = Deliverer._request
+
+    def request(self: Deliverer, row: Any) -> Any:
+        if int(row["attempts"]) > 1:
+            row = {**row, "delivery_key": f"{row['delivery_key']}-{row['attempts']}"}
+        return original(self, row)
+
+    mp.setattr(Deliverer, "_request", request)
+
+
+@weakening("stopped-delivery-keeps-its-claim", "a delivery stopped mid-dispatch stays claimed")
+def _stopped_delivery_keeps_its_claim(mp: pytest.MonkeyPatch) -> None:
+    from queue_server.store import outbox
+
+    replace_sql(
+        mp,
+        outbox,
+        "return_to_outbox",
+        "claim_token = NULL, claimed_until = NULL, due_at",
+        "due_at",
+    )
+
+
+@weakening("no-lost-claim-takeover", "a delivery whose deliverer died holding it is never claimed")
+def _no_lost_claim_takeover(mp: pytest.MonkeyPatch) -> None:
+    from queue_server.store import outbox
+
+    replace_sql(
+        mp,
+        outbox,
+        "claim",
+        "AND o.delivery_id <> ALL(%(exclude)s::uuid[])",
+        "AND o.delivery_id <> ALL(%(exclude)s::uuid[]) AND o.claim_token IS NULL",
+    )
 
 
 # -- the verifier's own test (tests/policy_proof/examples.py) ----------------------------------

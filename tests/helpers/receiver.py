@@ -26,6 +26,7 @@ class Receiver:
     """Accepts real TCP connections and answers by path; counts every connection it accepts.
 
     /ok 200, /fail 500, /gone 410, /status?code=N, /redirect 302, /slow (stall before headers),
+    /hold?s= (a 200 after s seconds),
     /reset (RST), /huge?n= (chunked body), /drip?n= (n bytes of a longer body, then stall).
     """
 
@@ -113,6 +114,9 @@ class Receiver:
             case "/slow":
                 self.release.wait(5)
                 conn.sendall(_response(200, b"late"))
+            case "/hold":
+                self.release.wait(float(query.get("s", "1")))
+                conn.sendall(_response(200, b"held"))
             case "/reset":
                 # SO_LINGER with a zero timeout turns close() into a TCP reset.
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))

@@ -68,6 +68,7 @@ BRIDGE = "queue_server.client.mutations.ConfirmedMutationBridge"
 IN_PROCESS = "queue_server.policy.mutation.ConfirmedMutationPath"
 READS = "queue_server.client.dependency.ReadOnlyDependencyClient"
 TURNS = "queue_server.client.turns.TurnGate"
+DELIVERER = "queue_server.workers.deliverer.Deliverer"
 
 # The tests.
 _ENV_T = "tests/api/test_lease_envelope.py::"
@@ -80,6 +81,8 @@ _BRIDGE_T = "tests/confirmations/test_mutation_bridge.py::"
 _MUTATION_T = "tests/policy/test_policy_mutation.py::"
 _READS_T = "tests/policy_server/test_read_only_dependency.py::"
 _TURNS_T = "tests/policy_server/test_leased_worker_and_turns.py::"
+_DELIVERY_T = "tests/watchers/test_delivery.py::"
+_DEADLINE_T = "tests/watchers/test_delivery_deadline.py::"
 
 BINDINGS: tuple[Binding, ...] = (
     # -- durable-leased-work: the server ------------------------------------------------
@@ -192,6 +195,34 @@ BINDINGS: tuple[Binding, ...] = (
         _RUNNER_T + "test_runner_retries_transient_io_but_not_other_failures",
         "single-attempt-verification",
     ),
+    Binding(
+        AV,
+        D.ATTEMPT_TIMEOUT,
+        RUNNER + ".run",
+        _RUNNER_T + "test_a_runner_without_a_timeout_of_its_own_stops_at_the_class_attempt_timeout",
+        "lift-verification-attempt-timeout",
+    ),
+    Binding(
+        AV,
+        D.BACKOFF_AND_JITTER,
+        RUNNER + "._verify_one",
+        _RUNNER_T + "test_runner_waits_the_class_backoff_between_transient_retries",
+        "lift-verification-backoff",
+    ),
+    Binding(
+        AV,
+        D.CANCELLATION,
+        RUNNER + ".run",
+        _RUNNER_T + "test_restarted_verifier_resumes_from_its_checkpoints",
+        "runner-ignores-stop",
+    ),
+    Binding(
+        AV,
+        D.RESUMABILITY,
+        RUNS + ".start",
+        _RUNNER_T + "test_restarted_verifier_resumes_from_its_checkpoints",
+        "run-read-back-without-checkpoints",
+    ),
     # -- confirmed-mutation: the receipts API and the REST-backed bridge -----------------
     Binding(
         CM,
@@ -297,6 +328,30 @@ BINDINGS: tuple[Binding, ...] = (
         _READS_T + "test_read_only_dependency_client_capacity_gate_rejects_beyond_its_limit",
         "lift-read-concurrency",
     ),
+    Binding(
+        RO,
+        D.BACKOFF_AND_JITTER,
+        READS,
+        _READS_T
+        + "test_read_only_dependency_client_waits_at_most_the_class_backoff_between_attempts",
+        "lift-read-backoff",
+    ),
+    Binding(
+        RO,
+        D.IDEMPOTENCY_AND_FENCING,
+        "queue_server.policy.admission.admit_operation",
+        "tests/policy/test_policy_admission.py::"
+        "test_admission_refuses_effecting_read_only_dependency",
+        "let-reads-have-effects",
+    ),
+    Binding(
+        RO,
+        D.CANCELLATION,
+        READS + ".get",
+        _READS_T
+        + "test_read_only_dependency_client_cancelled_by_its_caller_leaves_a_cancelled_receipt",
+        "reads-run-on-after-cancel",
+    ),
     # -- interactive-turn: the turn gate ---------------------------------------------------
     Binding(
         IT,
@@ -313,6 +368,96 @@ BINDINGS: tuple[Binding, ...] = (
         _TURNS_T
         + "test_turn_gate_capacity_rejects_a_turn_beyond_its_limit_and_bounds_the_deadline",
         "lift-turn-deadline",
+    ),
+    Binding(
+        IT,
+        D.CIRCUIT_BREAKING,
+        TURNS,
+        _TURNS_T + "test_turn_gate_circuit_opens_after_the_class_threshold_of_failed_turns",
+        "lift-turn-circuit",
+    ),
+    Binding(
+        IT,
+        D.IDEMPOTENCY_AND_FENCING,
+        TURNS + ".turn",
+        _TURNS_T + "test_turn_gate_refuses_a_writing_turn_without_its_id_before_it_runs",
+        "turn-without-an-id",
+    ),
+    Binding(
+        IT,
+        D.CANCELLATION,
+        "queue_server.policy.cancellation.DisconnectAuthority",
+        _TURNS_T + "test_turn_gate_commits_no_write_after_disconnect",
+        "turn-write-after-disconnect",
+    ),
+    # -- watcher delivery: the deliverer and the outbox ------------------------------------
+    Binding(
+        WD,
+        D.DEADLINE,
+        DELIVERER + ".run_once",
+        _DEADLINE_T + "test_a_pending_delivery_past_its_deadline_is_dead_without_an_attempt",
+        "lift-delivery-deadline",
+    ),
+    Binding(
+        WD,
+        D.ATTEMPT_TIMEOUT,
+        DELIVERER + "._broker",
+        _DEADLINE_T + "test_an_attempt_is_cut_at_the_loaded_policy_attempt_timeout",
+        "lift-delivery-attempt-timeout",
+    ),
+    Binding(
+        WD,
+        D.RETRY,
+        DELIVERER + "._retry_or_dead",
+        _DELIVERY_T
+        + "test_failing_receiver_is_retried_on_the_persisted_schedule_then_dead_lettered",
+        "lift-delivery-attempts",
+    ),
+    Binding(
+        WD,
+        D.BACKOFF_AND_JITTER,
+        "queue_server.workers.deliverer.schedule",
+        _DELIVERY_T + "test_unscaled_schedule_is_persisted_at_the_policy_instants",
+        "lift-delivery-backoff",
+    ),
+    Binding(
+        WD,
+        D.CIRCUIT_BREAKING,
+        "queue_server.store.outbox.record",
+        "tests/watchers/test_watchers_api.py::"
+        "test_dead_delivery_is_a_dead_letter_and_replay_resends_under_the_same_key",
+        "no-delivery-dead-letter",
+    ),
+    Binding(
+        WD,
+        D.CONCURRENCY,
+        "queue_server.store.outbox.claim",
+        "tests/watchers/test_delivery_concurrency.py::"
+        "test_one_deliverer_keeps_at_most_the_class_concurrency_in_flight",
+        "lift-delivery-concurrency",
+    ),
+    Binding(
+        WD,
+        D.IDEMPOTENCY_AND_FENCING,
+        DELIVERER + "._request",
+        _DELIVERY_T
+        + "test_failing_receiver_is_retried_on_the_persisted_schedule_then_dead_lettered",
+        "fresh-delivery-key-on-retry",
+    ),
+    Binding(
+        WD,
+        D.CANCELLATION,
+        DELIVERER + "._cancelled",
+        _DEADLINE_T
+        + "test_request_timeout_wall_deadline_and_cancellation_are_three_receipt_outcomes",
+        "stopped-delivery-keeps-its-claim",
+    ),
+    Binding(
+        WD,
+        D.RESUMABILITY,
+        "queue_server.store.outbox.claim",
+        _DELIVERY_T + "test_a_claim_lost_with_its_deliverer_is_taken_over_under_the_same_key",
+        "no-lost-claim-takeover",
     ),
 )
 
@@ -338,31 +483,12 @@ _WATCHERS = (
 
 # Cells the policy states that no runtime path of this server proves by a weakening yet.
 DECLARED: dict[tuple[OperationClass, Dimension], str] = {
-    **{(WD, d): _WATCHERS for d in D},
-    (IT, D.ATTEMPT_TIMEOUT): "a turn's attempt is the caller's model call; the turn gate admits"
-    " the caller's timeout but runs no attempt itself",
+    (WD, D.BACKPRESSURE): _WATCHERS,
+    (IT, D.ATTEMPT_TIMEOUT): "a turn's attempt is the caller's model call: the turn gate bounds"
+    " the whole turn by the deadline (bound above) and no runtime path times the attempt",
     (IT, D.RETRY): "a turn is never re-run: nothing retries it, so there is nothing to weaken",
-    (IT, D.CIRCUIT_BREAKING): "the turn gate's breaker is built from the cell; no live test"
-    " trips it yet",
-    (IT, D.BACKPRESSURE): "max-queued 0: the turn gate rejects at its concurrency limit (bound"
-    " above); there is no queue",
-    (IT, D.IDEMPOTENCY_AND_FENCING): "the turn id keys the caller's writes; the gate only"
-    " admits it",
-    (IT, D.CANCELLATION): "the disconnect authority is exercised by its test, not yet by a"
-    " weakening",
-    (RO, D.BACKOFF_AND_JITTER): "full jitter is random: no weakening of it fails a test"
-    " deterministically",
-    (RO, D.BACKPRESSURE): "max-queued 0: the capacity gate rejects at the concurrency limit"
-    " (bound above); there is no queue",
-    (RO, D.IDEMPOTENCY_AND_FENCING): "reads have no effects; an effecting call is refused by"
-    " admission before dispatch",
-    (RO, D.CANCELLATION): "a read in flight may be discarded; nothing to observe",
-    (AV, D.ATTEMPT_TIMEOUT): "the runner stops at a checkpoint boundary past its timeout"
-    " (tested); not yet proven by a weakening",
-    (AV, D.BACKOFF_AND_JITTER): "the runner's retries wait the class's capped backoff; not yet"
-    " proven by a weakening",
-    (AV, D.CANCELLATION): "a stopped runner resumes at its checkpoints (tested); not yet proven"
-    " by a weakening",
-    (AV, D.RESUMABILITY): "a restarted runner resumes from its checkpoints (tested); not yet"
-    " proven by a weakening",
+    (IT, D.BACKPRESSURE): "max-queued 0: no runtime path reads it; the turn gate rejects at"
+    " its concurrency limit (bound above), so no queue forms",
+    (RO, D.BACKPRESSURE): "max-queued 0: no runtime path reads it; the capacity gate rejects"
+    " at the concurrency limit (bound above), so no queue forms",
 }

@@ -13,11 +13,13 @@ from queue_server.client.turns import Turn, TurnGate
 from queue_server.client.worker import Job, Outcome, Result, Worker
 from queue_server.policy import (
     AdmissionRefused,
+    CircuitOpenError,
     OperationClass,
     OperationStoppedError,
     PermitUnavailableError,
     RefusalReason,
 )
+from queue_server.policy.v2 import OPERATION_RELIABILITY_V2
 from tests.helpers.api import Api
 
 pytestmark = pytest.mark.live  # the SDK opens its own connections
@@ -155,5 +157,43 @@ def test_turn_gate_capacity_rejects_a_turn_beyond_its_limit_and_bounds_the_deadl
         with pytest.raises(AdmissionRefused):
             async with gate.turn(None):
                 pass
+
+    asyncio.run(scenario())
+
+
+def test_turn_gate_circuit_opens_after_the_class_threshold_of_failed_turns() -> None:
+    # The document's value, as written: the gate's breaker reads it through the loaded policy.
+    cell = OPERATION_RELIABILITY_V2["classes"]["interactive-turn"]["circuit-breaking"]
+    threshold = cell["failure-threshold"]
+
+    async def scenario() -> None:
+        gate = TurnGate()
+        for n in range(threshold):
+            with pytest.raises(RuntimeError):
+                async with gate.turn(f"failing-{n}", writes=False):
+                    raise RuntimeError("the model call failed")
+        ran: list[str] = []
+        with pytest.raises(CircuitOpenError):
+            async with gate.turn("next", writes=False):
+                ran.append("next")
+        # Refused before its body ran, and it holds no permit.
+        assert ran == []
+        assert gate.gate.in_use == 0
+
+    asyncio.run(scenario())
+
+
+def test_turn_gate_refuses_a_writing_turn_without_its_id_before_it_runs() -> None:
+    async def scenario() -> None:
+        gate = TurnGate()
+        ran: list[str] = []
+        with pytest.raises(AdmissionRefused) as refused:
+            async with gate.turn(None):
+                ran.append("anonymous")
+        assert refused.value.reason is RefusalReason.MISSING_IDEMPOTENCY_KEY
+        assert (ran, gate.gate.in_use) == ([], 0)
+        # A turn that writes nothing needs no id: it keys no write.
+        async with gate.turn(None, writes=False) as turn:
+            assert turn.turn_id is None
 
     asyncio.run(scenario())

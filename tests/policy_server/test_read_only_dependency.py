@@ -27,7 +27,7 @@ from queue_server.transport import Outcome, WallDeadlineExceededError
 
 class Dependency(ThreadingHTTPServer):
     """/ok 200; /flaky 503 for the first `fail_first` requests; /down 503; /slow stalls 1 s
-    the first time; /stall stalls 1.5 s every time."""
+    the first time; /stall stalls 1.5 s every time; /pause stalls 0.3 s."""
 
     daemon_threads = True
 
@@ -54,6 +54,8 @@ class _Handler(BaseHTTPRequestHandler):
             time.sleep(1.0)
         if self.path == "/stall":
             time.sleep(1.5)
+        if self.path == "/pause":
+            time.sleep(0.3)
         status = 200
         if self.path == "/down" or (self.path == "/flaky" and n <= self.server.fail_first):
             status = 503
@@ -122,6 +124,25 @@ def test_read_only_dependency_client_times_out_an_attempt_and_retries(
     assert _outcomes(reads) == [Outcome.TIMEOUT, Outcome.SUCCEEDED]
 
 
+def test_read_only_dependency_client_waits_at_most_the_class_backoff_between_attempts(
+    dependency: Dependency,
+) -> None:
+    waits: list[float] = []
+
+    async def record(seconds: float) -> None:
+        waits.append(seconds)
+
+    for _ in range(5):
+        reads = ReadOnlyDependencyClient(allow=["127.0.0.1"], sleep=record)
+        with pytest.raises(Exception, match="503"):
+            asyncio.run(reads.get(dependency.url("/down")))
+    # Full jitter under the class's exponential (0.1 s doubling, capped at 1 s): a random
+    # wait of at most 0.1 s after the first attempt and at most 0.2 s after the second.
+    assert len(waits) == 10
+    bounds = [0.1, 0.2] * 5
+    assert all(0 <= wait <= bound for wait, bound in zip(waits, bounds, strict=True)), waits
+
+
 def test_read_only_dependency_client_wall_deadline_is_its_own_outcome_never_retried(
     dependency: Dependency,
 ) -> None:
@@ -143,15 +164,18 @@ def test_read_only_dependency_client_cancelled_by_its_caller_leaves_a_cancelled_
     reads = _client()
 
     async def scenario() -> None:
-        read = asyncio.create_task(reads.get(dependency.url("/stall")))
-        while "/stall" not in dependency.hits:
+        read = asyncio.create_task(reads.get(dependency.url("/pause")))
+        while "/pause" not in dependency.hits:
             await asyncio.sleep(0.01)
         read.cancel()
         with pytest.raises(asyncio.CancelledError):
             await read
+        # Past the moment the dependency answers: the read was discarded, not run on.
+        await asyncio.sleep(0.7)
 
     asyncio.run(scenario())
     assert _outcomes(reads) == [Outcome.CANCELLED]
+    assert dependency.hits["/pause"] == 1
 
 
 def test_read_only_dependency_client_every_run_carries_the_class_deadline(

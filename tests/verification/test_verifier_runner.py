@@ -1,4 +1,5 @@
-"""The artifact verifier runner against the real server: resumable, one at a time, transient retries."""
+"""The artifact verifier runner against the real server: resumable, one at a time, transient
+retries after the class's backoff, stopped at a checkpoint past its attempt timeout."""
 
 from __future__ import annotations
 
@@ -11,8 +12,13 @@ import pytest
 
 from queue_server.client import QueueClient
 from queue_server.client.verifier import VerifierRunner
-from queue_server.policy import PermitUnavailableError
-from tests.helpers.api import Api
+from queue_server.policy import (
+    AdmissionRefused,
+    PermitUnavailableError,
+    RefusalReason,
+    load_policy,
+)
+from tests.helpers.api import Api, policy_document
 
 pytestmark = pytest.mark.live  # the SDK opens its own connections
 
@@ -81,6 +87,59 @@ def test_timeout_is_honoured_only_at_a_checkpoint_boundary(client: QueueClient, 
     assert report.verified == ("a.txt",)
     checkpoints = db.execute("SELECT item FROM verification_checkpoints").fetchall()
     assert checkpoints == [{"item": "a.txt"}]
+
+
+def test_a_runner_without_a_timeout_of_its_own_stops_at_the_class_attempt_timeout(
+    client: QueueClient, db: Db
+) -> None:
+    quick = load_policy(
+        policy_document(
+            {
+                "artifact-verification": {
+                    "attempt-timeout": {"seconds": 0.2, "on-timeout": "stop-at-checkpoint"}
+                }
+            },
+            version="test.quick-verification",
+        )
+    )
+
+    def slow(item: str) -> str:
+        threading.Event().wait(0.3)  # longer than the class's attempt timeout
+        return "ok"
+
+    report = _runner(client, slow, policy=quick).run()
+    assert report.state == "stopped-at-checkpoint"
+    assert report.verified == ("a.txt",)
+    checkpoints = db.execute("SELECT item FROM verification_checkpoints").fetchall()
+    assert checkpoints == [{"item": "a.txt"}]
+    # A runner may ask for less than the class's 300 s, never for more.
+    with pytest.raises(AdmissionRefused) as refused:
+        _runner(client, slow, timeout=301)
+    assert refused.value.reason is RefusalReason.ATTEMPT_TIMEOUT_EXCEEDS_POLICY
+
+
+def test_runner_waits_the_class_backoff_between_transient_retries(client: QueueClient) -> None:
+    waits: list[float] = []
+    attempts: list[str] = []
+
+    def flaky(item: str) -> str:
+        attempts.append(item)
+        if item == "a.txt" and len(attempts) < 3:
+            raise OSError(errno.EAGAIN, "resource temporarily unavailable")
+        return "ok"
+
+    runner = VerifierRunner(
+        client,
+        artifact_version="app-1.0",
+        verifier_version="v1",
+        items=ITEMS,
+        verify=flaky,
+        sleep=waits.append,
+    )
+    assert runner.run().state == "complete"
+    assert attempts[:3] == ["a.txt"] * 3
+    # The class's backoff, unjittered: 1 s after the first failure, doubling, capped at 10 s.
+    assert waits == [1.0, 2.0]
 
 
 def test_runner_retries_transient_io_but_not_other_failures(client: QueueClient) -> None:

@@ -11,8 +11,9 @@ import pytest
 from standardwebhooks.webhooks import Webhook
 
 from queue_server.settings import Settings
+from queue_server.store.types import Row
 from queue_server.transport import Budget
-from queue_server.workers.deliverer import Deliverer, RunReport, schedule
+from queue_server.workers.deliverer import Deliverer, RunReport
 from tests.helpers.api import Api
 from tests.helpers.watchers import (
     SCALE,
@@ -60,8 +61,8 @@ def test_failing_receiver_is_retried_on_the_persisted_schedule_then_dead_lettere
     receiver.mode = "fail"
     register(api, receiver.url("/hook"))
     complete_one(api)
-    delays = schedule(SCALE)
-    assert delays == [30 * SCALE, 120 * SCALE, 480 * SCALE, 1920 * SCALE]
+    # The policy's schedule (30 s, times 4 each attempt), scaled.
+    delays = [30 * SCALE, 120 * SCALE, 480 * SCALE, 1920 * SCALE]
     for attempt in range(1, 6):
         make_due(db)
         report = deliver(settings, database_url)
@@ -110,6 +111,39 @@ def test_unscaled_schedule_is_persisted_at_the_policy_instants(
     make_due(db)
     deliver(real, database_url)
     assert rows(db)[0]["state"] == "dead"
+
+
+class _DiedError(Exception):
+    """The deliverer is gone right after its claim committed."""
+
+
+def _die(_: list[Row]) -> None:
+    raise _DiedError
+
+
+def test_a_claim_lost_with_its_deliverer_is_taken_over_under_the_same_key(
+    api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
+) -> None:
+    register(api, receiver.url("/hook"))
+    complete_one(api)
+
+    async def claim_and_die() -> None:
+        async with Deliverer(settings, database_url, on_claimed=_die) as deliverer:
+            await deliverer.run_once()
+
+    with pytest.raises(_DiedError):
+        asyncio.run(claim_and_die())
+    [held] = rows(db)
+    assert (held["attempts"], held["claim_token"] is not None) == (1, True)
+    assert receiver.hook_requests() == []
+    # While the lost claim runs nobody else sends the row ...
+    assert deliver(settings, database_url).claimed == 0
+    # ... and once it has expired the next deliverer takes the row over.
+    db.execute("UPDATE outbox_deliveries SET claimed_until = now(), due_at = now()")
+    assert deliver(settings, database_url).delivered == 1
+    [row] = rows(db)
+    assert (row["state"], row["attempts"]) == ("delivered", 2)
+    assert [r.headers["webhook-id"] for r in receiver.hook_requests()] == [held["delivery_key"]]
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,8 @@ import pytest
 from psycopg.rows import dict_row
 
 from queue_server.policy import default_policy
+from queue_server.policy.v2 import OPERATION_RELIABILITY_V2
+from queue_server.settings import Settings
 from queue_server.store import outbox
 from tests.helpers.api import Api
 from tests.helpers.receiver import Seen
@@ -25,6 +27,7 @@ from tests.helpers.watchers import (
     DeliverProcess,
     ModeReceiver,
     complete_one,
+    deliver,
     register,
     rows,
     wait_until,
@@ -101,6 +104,18 @@ def test_two_deliverers_keep_at_most_the_class_concurrency_in_flight(
     assert 2 <= holding.most <= bound, holding.most
     sent = sorted(r.headers["webhook-id"] for r in holding.hook_requests())
     assert sent == keys
+
+
+def test_one_deliverer_keeps_at_most_the_class_concurrency_in_flight(
+    api: Api, db: Db, holding: HoldingReceiver, settings: Settings, database_url: str
+) -> None:
+    # The document's value, as written: the deliverer reads it through the loaded policy.
+    bound = OPERATION_RELIABILITY_V2["classes"]["watcher-delivery"]["concurrency"]["limit"]
+    for _ in range(2 * bound):
+        register(api, holding.url("/hook?watcher=1"))  # each request held 0.2 s
+    complete_one(api)
+    assert deliver(settings, database_url).delivered == 2 * bound
+    assert 2 <= holding.most <= bound, holding.most
 
 
 def test_racing_claims_never_take_more_than_the_class_concurrency(

@@ -1,6 +1,7 @@
 """The class deadline of a delivery: each attempt's broker run carries what is left of it as
 its wall deadline; its expiry, a request timeout and a cancellation are three outcomes.
-A paused watcher's deadlines do not run; a replay starts its deadline again."""
+A paused watcher's deadlines do not run; a replay starts its deadline again. An attempt is
+cut at the loaded policy's attempt timeout."""
 
 from __future__ import annotations
 
@@ -8,18 +9,20 @@ import asyncio
 import contextlib
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
-from queue_server.policy import OperationClass, default_policy
+from queue_server.policy.v2 import OPERATION_RELIABILITY_V2
 from queue_server.settings import Settings
 from queue_server.store.types import Row
 from queue_server.transport import TransportBroker
 from queue_server.workers.deliverer import Deliverer
-from tests.helpers.api import Api
+from tests.helpers.api import Api, policy_file
 from tests.helpers.watchers import Db, ModeReceiver, complete_one, deliver, make_due, register, rows
 
-DEADLINE = default_policy().for_class(OperationClass.WATCHER_DELIVERY).deadline.seconds
+# The document's deadline, as written: the deliverer reads it through the loaded policy.
+DEADLINE = OPERATION_RELIABILITY_V2["classes"]["watcher-delivery"]["deadline"]["seconds"]
 
 
 def _leave(db: Db, seconds: float) -> None:
@@ -92,6 +95,31 @@ def test_request_timeout_wall_deadline_and_cancellation_are_three_receipt_outcom
     assert deliver(settings, database_url).delivered == 1
     keys = [r.headers["webhook-id"] for r in receiver.hook_requests()[-2:]]
     assert keys == [returned["delivery_key"]] * 2
+
+
+def test_an_attempt_is_cut_at_the_loaded_policy_attempt_timeout(
+    api: Api,
+    db: Db,
+    receiver: ModeReceiver,
+    settings: Settings,
+    database_url: str,
+    tmp_path: Path,
+) -> None:
+    receiver.mode = "hold?s=1.5"  # a 200 after 1.5 s
+    register(api, receiver.url("/hook"))
+    complete_one(api)
+    quick = policy_file(
+        tmp_path / "quick-deliveries.json",
+        {"watcher-delivery": {"attempt-timeout": {"seconds": 0.3, "on-timeout": "fail-attempt"}}},
+        version="test.quick-deliveries",
+    )
+    # No setting of its own: the attempt timeout is the loaded policy's, 0.3 s, not the
+    # built-in 10 s: the attempt is cut before the answer comes.
+    report = deliver(settings, database_url, policy=str(quick), delivery_attempt_timeout=None)
+    [row] = rows(db)
+    assert (report.failed, row["state"], row["attempts"]) == (1, "pending", 1)
+    assert row["last_outcome"]["failure_class"] == "attempt-timeout"
+    assert [r["outcome"] for r in row["receipts"]] == ["timeout"]
 
 
 def test_every_attempt_run_carries_the_delivery_deadline_left(
