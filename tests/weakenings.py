@@ -349,6 +349,16 @@ def _lift_turn_deadline(mp: pytest.MonkeyPatch) -> None:
     lift(mp, IT, "deadline", seconds=100_000)
 
 
+# -- watcher outbox ------------------------------------------------------------------------------
+
+WD = "watcher-delivery"
+
+
+@weakening("lift-outbox-cap", "watcher-delivery/backpressure max-queued 20 -> a million")
+def _lift_outbox_cap(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, WD, "backpressure", max_queued=1_000_000)
+
+
 # -- the plugin -------------------------------------------------------------------------------
 
 

@@ -223,4 +223,3 @@ async def backfill(conn: Conn, *, watcher: Row, cap: int) -> Row:
     row = await fetch_one(conn, _SQL["backfill"], params)
     assert row is not None
     return row
-

@@ -53,9 +53,9 @@ def test_every_cell_is_bound_not_applicable_or_declared_once() -> None:
             assert ways[0] or ways[1] or ways[2].__name__ == "NotApplicable", (cls, dim)
 
 
-def test_every_class_has_a_binding_proven_by_a_weakening_except_watcher_delivery() -> None:
+def test_every_class_has_a_binding_proven_by_a_weakening() -> None:
     classes = {b.operation_class for b in BINDINGS}
-    assert classes == set(OperationClass) - {OperationClass.WATCHER_DELIVERY}
+    assert classes == set(OperationClass)
     assert all(b.weakening in WEAKENINGS for b in BINDINGS)
     assert {c.weakening for c in NEGATIVE_CONTROLS} <= set(WEAKENINGS)
     assert len({c.path for c in NEGATIVE_CONTROLS}) == 2

@@ -282,6 +282,15 @@ BINDINGS: tuple[Binding, ...] = (
         + "test_turn_gate_capacity_rejects_a_turn_beyond_its_limit_and_bounds_the_deadline",
         "lift-turn-deadline",
     ),
+    # -- watcher-delivery: the outbox cap ----------------------------------------------------
+    Binding(
+        WD,
+        D.BACKPRESSURE,
+        "queue_server.db.session_settings",
+        "tests/watchers/test_outbox_cap.py::"
+        "test_a_flood_leaves_the_cap_pending_marks_the_watcher_and_drains_once_each_in_order",
+        "lift-outbox-cap",
+    ),
 )
 
 NEGATIVE_CONTROLS: tuple[NegativeControl, ...] = (
@@ -306,7 +315,7 @@ _WATCHERS = (
 
 # Cells the policy states that no runtime path of this server proves by a weakening yet.
 DECLARED: dict[tuple[OperationClass, Dimension], str] = {
-    **{(WD, d): _WATCHERS for d in D},
+    **{(WD, d): _WATCHERS for d in D if d is not D.BACKPRESSURE},
     (IT, D.ATTEMPT_TIMEOUT): "a turn's attempt is the caller's model call; the turn gate admits"
     " the caller's timeout but runs no attempt itself",
     (IT, D.RETRY): "a turn is never re-run: nothing retries it, so there is nothing to weaken",

@@ -27,7 +27,9 @@ from tests.helpers.server import LiveServer
 from tests.helpers.watchers import SCALE, Db, ModeReceiver, deliver, register, wait_until
 
 CAP = 20
-CELL = {"watcher-delivery": {"backpressure": {"mechanism": "outbox-cap", "max-queued": CAP}}}
+CELL: dict[str, dict[str, object]] = {
+    "watcher-delivery": {"backpressure": {"mechanism": "outbox-cap", "max-queued": CAP}}
+}
 
 
 @pytest.fixture
@@ -119,7 +121,8 @@ def test_a_flood_leaves_the_cap_pending_marks_the_watcher_and_drains_once_each_i
     assert _pending(db, watcher_id) == CAP
     shown = _watcher(api, watcher_id)
     assert shown["backlogged"] is True
-    assert shown["backlogged_at"] is not None and shown["backlog_from"] is not None
+    assert shown["backlogged_at"] is not None
+    assert shown["backlog_from"] is not None
     assert shown["deliveries"]["pending"] == CAP
     [listed] = api.operator.get("/v1/tenants/acme/watchers").json()["watchers"]
     assert listed["backlogged"] is True
@@ -193,15 +196,14 @@ def test_the_cap_holds_when_many_connections_write_one_watchers_rows_at_once(
         except BaseException as exc:
             failures.append(exc)
 
-    threads = [
-        threading.Thread(target=cancel, args=(ids[i :: writers],)) for i in range(writers)
-    ]
+    threads = [threading.Thread(target=cancel, args=(ids[i::writers],)) for i in range(writers)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=30)
     assert failures == []
-    assert db.execute("SELECT count(*) AS n FROM work_items WHERE state = 'cancelled'").fetchone()
+    cancelled = db.execute("SELECT count(*) AS n FROM work_items WHERE state = 'cancelled'")
+    assert cancelled.fetchone() == {"n": 40}
     assert _pending(db, watcher_id) == CAP
     assert _watcher(api, watcher_id)["backlogged"] is True
 
@@ -242,4 +244,5 @@ def test_two_deliverers_drain_a_backlog_while_events_keep_coming_each_sent_once_
     backfilled = db.execute(
         "SELECT count(*) AS n FROM outbox_deliveries WHERE backfilled"
     ).fetchone()
-    assert backfilled is not None and backfilled["n"] >= 10
+    assert backfilled is not None
+    assert backfilled["n"] >= 10
