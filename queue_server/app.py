@@ -54,7 +54,7 @@ def create_app(
     policy = policy or runtime_policy(settings.policy or None)
     settings.bounded_by(policy)
     metrics = Metrics()
-    db = Database.for_api(settings, database_url)
+    db = Database.for_api(settings, database_url, outbox_cap=policy.delivery.outbox_cap)
     db.on_unavailable = lambda cause: metrics.database_unavailable.labels(cause).inc()
     keys = Keys(db, trust_window=settings.key_cache_trust)
     notifier = Notifier(

@@ -64,9 +64,13 @@ IDLE_IN_TRANSACTION_MS = 60_000
 SYNC_CANCEL_WARNING = "canceling wait for synchronous replication"
 
 
-def session_settings(settings: Settings) -> dict[str, str]:
-    """The settings every API session runs with."""
+def session_settings(settings: Settings, *, outbox_cap: int | None = None) -> dict[str, str]:
+    """The settings every API session runs with; `outbox_cap` (the loaded policy's
+    watcher-delivery max-queued) is what the outbox_admit trigger of migration 0014 holds
+    each watcher's pending deliveries to."""
+    cap = {} if outbox_cap is None else {"queue_server.outbox_cap": str(outbox_cap)}
     return {
+        **cap,
         "statement_timeout": str(settings.statement_timeout_ms),
         "lock_timeout": str(settings.lock_timeout_ms),
         "idle_in_transaction_session_timeout": str(IDLE_IN_TRANSACTION_MS),
@@ -133,9 +137,12 @@ class Database:
         )
 
     @classmethod
-    def for_api(cls, settings: Settings, conninfo: str) -> Database:
-        """The API process's pool: bounded statements and lock waits, generic plans."""
-        values = session_settings(settings)
+    def for_api(
+        cls, settings: Settings, conninfo: str, *, outbox_cap: int | None = None
+    ) -> Database:
+        """The API process's pool: bounded statements and lock waits, generic plans; the
+        policy's outbox cap on every session (None: a pool that writes no outbox rows)."""
+        values = session_settings(settings, outbox_cap=outbox_cap)
         pooled = settings.database_pooler == "transaction"
         return cls(
             conninfo,

@@ -148,6 +148,10 @@ def watcher(row: Row, counts: dict[str, int] | None = None) -> dict[str, Any]:
         "queues": list(row["queues"]) if row["queues"] is not None else None,
         "state": row["state"],
         "disabled_reason": row["disabled_reason"],
+        # Past the outbox cap: its new events wait in the ledger until the backfill.
+        "backlogged": row["backlogged_at"] is not None,
+        "backlogged_at": row["backlogged_at"],
+        "backlog_from": row["backlog_from"],
         "previous_secret_expires_at": row["previous_secret_expires_at"],
         "created_at": row["created_at"],
         "updated_at": row["updated_at"],

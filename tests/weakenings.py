@@ -505,6 +505,7 @@ def _turn_write_after_disconnect(mp: pytest.MonkeyPatch) -> None:
 
 
 # -- watcher delivery ---------------------------------------------------------------------------
+# -- watcher outbox ------------------------------------------------------------------------------
 
 WD = "watcher-delivery"
 
@@ -591,6 +592,11 @@ def _example_stale_sql(mp: pytest.MonkeyPatch) -> None:
     from queue_server.store import transitions
 
     replace_sql(mp, transitions, "acquire", "a condition no statement holds", "true")
+
+
+@weakening("lift-outbox-cap", "watcher-delivery/backpressure max-queued 20 -> a million")
+def _lift_outbox_cap(mp: pytest.MonkeyPatch) -> None:
+    lift(mp, WD, "backpressure", max_queued=1_000_000)
 
 
 # -- the plugin -------------------------------------------------------------------------------

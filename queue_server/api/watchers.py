@@ -69,6 +69,14 @@ class WatcherOut(BaseModel):
     queues: list[str] | None
     state: Literal["active", "paused", "cancelled", "disabled"]
     disabled_reason: str | None
+    backlogged: bool = Field(
+        description="Past its outbox cap: new events get no delivery row until the deliverer"
+        " writes them from the ledger"
+    )
+    backlogged_at: datetime | None = Field(description="Since when it is backlogged")
+    backlog_from: datetime | None = Field(
+        description="The ledger instant from which its events have no delivery row yet"
+    )
     previous_secret_expires_at: datetime | None
     created_at: datetime
     updated_at: datetime

@@ -70,6 +70,8 @@ def _watcher_fields(w: Watcher) -> None:
     ]
     if w.disabled_reason:
         pairs.append(("disabled", w.disabled_reason))
+    if w.backlogged:
+        pairs.append(("backlogged", f"since {w.backlogged_at}, events from {w.backlog_from} on"))
     if w.deliveries is not None:
         d = w.deliveries
         pairs.append(
@@ -135,7 +137,8 @@ def list_watchers(
     quiet: Quiet = False,
     wide: Wide = False,
 ) -> None:
-    """The tenant's watchers with their deliveries by state."""
+    """The tenant's watchers with their deliveries by state (a watcher past its outbox cap
+    shows as backlogged)."""
     with tenant_session(url, key, data_dir, tenant) as qs:
         found = WatcherClient(qs).list_watchers()
     if json:
@@ -150,7 +153,8 @@ def list_watchers(
         [
             (
                 w.watcher_id,
-                w.state,
+                # Past the outbox cap: shown with the state, which it qualifies.
+                f"{w.state}, backlogged" if w.backlogged else w.state,
                 w.url,
                 ", ".join(w.events),
                 w.deliveries.pending if w.deliveries else 0,

@@ -28,6 +28,10 @@ class Watcher(Model):
     queues: list[str] | None = None
     state: str
     disabled_reason: str | None = None
+    # Past the outbox cap: events from `backlog_from` on wait in the ledger for the backfill.
+    backlogged: bool = False
+    backlogged_at: datetime | None = None
+    backlog_from: datetime | None = None
     previous_secret_expires_at: datetime | None = None
     created_at: datetime
     updated_at: datetime

@@ -250,9 +250,15 @@ def figure_families(
         "Webhook deliveries of the watcher waiting to be sent (pending) or given up (dead)",
         labels=["tenant", "watcher", "state"],
     )
+    backlogged = GaugeMetricFamily(
+        "queue_server_watcher_backlogged",
+        "1 while the watcher is past its outbox cap (its new events wait in the ledger)",
+        labels=["tenant", "watcher"],
+    )
     for w in watchers:
         for state in ("pending", "dead"):
             deliveries.add_metric([w["tenant"], w["watcher_id"], state], w[state])
+        backlogged.add_metric([w["tenant"], w["watcher_id"]], w["backlogged"])
     return [
         items,
         tenant_items,
@@ -265,4 +271,5 @@ def figure_families(
         failures,
         quarantines,
         deliveries,
+        backlogged,
     ]

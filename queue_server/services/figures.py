@@ -79,6 +79,7 @@ async def snapshot(conn: Conn, *, tenant: str | None) -> Snapshot:
                 "watcher_id": w,
                 "pending": counts.get("pending", 0),
                 "dead": counts.get("dead", 0),
+                "backlogged": counts.get("backlogged", 0),
             }
             for (t, w), counts in sorted(watchers.items())
         ],

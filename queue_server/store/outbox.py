@@ -203,3 +203,23 @@ async def delivery_watcher_state(conn: Conn, *, tenant: str, delivery_id: str) -
     return await fetch_one(
         conn, _SQL["delivery_watcher_state"], {"tenant": tenant, "delivery_id": delivery_id}
     )
+
+
+async def lock_backlogged(conn: Conn, *, limit: int) -> list[Row]:
+    """Backlogged active watchers no one else is writing for, locked to the commit."""
+    return await fetch_all(conn, _SQL["lock_backlogged"], {"limit": limit})
+
+
+async def backfill(conn: Conn, *, watcher: Row, cap: int) -> Row:
+    """A backlogged watcher's missed events -> pending rows from the ledger, in its order,
+    at most up to `cap` pending; the mark cleared once none is left. The caller holds the
+    watcher's lock (`lock_backlogged`, same transaction)."""
+    params = {
+        "tenant": watcher["tenant_id"],
+        "watcher_id": watcher["watcher_id"],
+        "from": watcher["backlog_from"],
+        "cap": cap,
+    }
+    row = await fetch_one(conn, _SQL["backfill"], params)
+    assert row is not None
+    return row

@@ -172,6 +172,8 @@ item_events = Table(
     Column("fence", BigInteger, nullable=False),
     Column("actor", Text, nullable=False),
     Column("data", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    # A backlogged watcher's backfill reads the ledger from an instant on (0014).
+    Index("ix_item_events_at", "at", postgresql_using="brin"),
 )
 
 idempotency_receipts = Table(
@@ -390,9 +392,14 @@ watchers = Table(
     _ts("updated_at", nullable=False, server_default=func.now()),
     # Since when it is paused (0006): resuming moves its deliveries' deadlines on by the pause.
     _ts("paused_at", nullable=True),
+    # Past its outbox cap (0014): since when, and the earliest ledger instant whose events
+    # it has no rows for; the deliverer's backfill writes them and clears both.
+    _ts("backlogged_at", nullable=True),
+    _ts("backlog_from", nullable=True),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
     CheckConstraint("state IN ('active', 'paused', 'cancelled', 'disabled')", name="state_known"),
     CheckConstraint("(state = 'paused') = (paused_at IS NOT NULL)", name="paused_since"),
+    CheckConstraint("(backlogged_at IS NULL) = (backlog_from IS NULL)", name="backlog_from_known"),
     CheckConstraint("cardinality(events) >= 1", name="has_events"),
     CheckConstraint(
         "(previous_secret IS NULL) = (previous_secret_expires_at IS NULL)",
@@ -438,6 +445,8 @@ outbox_deliveries = Table(
     # The delivery's deadline counts from here (0006): its event, moved on by the time its
     # watcher spent paused, restarted by a replay.
     _ts("deadline_from", nullable=False, server_default=func.statement_timestamp()),
+    # Written from the ledger by a backfill after its watcher was backlogged (0014).
+    Column("backfilled", Boolean, nullable=False, server_default=text("false")),
     ForeignKeyConstraint(
         ["tenant_id", "watcher_id"],
         ["watchers.tenant_id", "watchers.watcher_id"],
@@ -455,6 +464,13 @@ outbox_deliveries = Table(
         postgresql_where=text("state = 'pending'"),
     ),
     Index("ix_outbox_deliveries_watcher", "tenant_id", "watcher_id", "seq"),
+    # The outbox cap's count of a watcher's pending rows (0014).
+    Index(
+        "ix_outbox_deliveries_watcher_pending",
+        "tenant_id",
+        "watcher_id",
+        postgresql_where=text("state = 'pending'"),
+    ),
     # The deliverer's deadline sweep: pending rows by the instant their deadline counts from.
     Index(
         "ix_outbox_deliveries_deadline",

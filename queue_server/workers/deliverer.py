@@ -93,6 +93,8 @@ MAX_ROW_RECEIPTS = 20
 RESPONSE_PREFIX = 512
 # Overdue rows moved to dead per expiry statement.
 EXPIRE_BATCH = 500
+# Backlogged watchers backfilled per run (each with at most the outbox cap's room).
+BACKFILL_WATCHERS = 16
 # While the database is away: the first retry after the poll interval, doubling to this.
 MAX_OUTAGE_BACKOFF = 10.0
 
@@ -148,6 +150,9 @@ class RunReport:
     expired: int = 0
     lost: int = 0
     errors: int = 0
+    # Rows written from the ledger for backlogged watchers, and the marks cleared.
+    backfilled: int = 0
+    caught_up: int = 0
     # Each attempt's broker run: its receipts and usage, by delivery key.
     runs: dict[str, BrokerSnapshot] = field(default_factory=dict)
     outcomes: dict[str, str] = field(default_factory=dict)
@@ -185,6 +190,8 @@ class Deliverer:
         # (pauses excepted) is dead; each attempt's broker run gets what is left as its
         # wall deadline.
         self.deadline = delivery.deadline
+        # At most this many pending rows per watcher: the backfill writes up to it.
+        self.outbox_cap = delivery.outbox_cap
         # Only these failure classes are retried; any other failure is dead at once.
         self.retryable = delivery.retryable
         # One attempt is one broker run: one request, and the bytes one response may cost.
@@ -249,7 +256,7 @@ class Deliverer:
                 if outage is not None:
                     log.info("the database is back; delivering again")
                     outage = None
-                if report.claimed and not report.released:
+                if (report.claimed and not report.released) or report.backfilled:
                     continue
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), pause)
@@ -345,7 +352,17 @@ class Deliverer:
                 await asyncio.wait(sending)
         if away:
             raise away[0]
+        await self._backfill(report)
         return report
+
+    async def _backfill(self, report: RunReport) -> None:
+        """Each backlogged watcher whose outbox has room under the cap again gets its missed
+        events from the ledger, in order, as many as fit; caught up, its mark is cleared."""
+        async with self._tx() as conn:
+            for watcher in await outbox.lock_backlogged(conn, limit=BACKFILL_WATCHERS):
+                done = await outbox.backfill(conn, watcher=watcher, cap=self.outbox_cap)
+                report.backfilled += int(done["written"])
+                report.caught_up += 0 if done["backlogged"] else 1
 
     # -- one delivery ------------------------------------------------------------------
 

@@ -459,6 +459,15 @@ BINDINGS: tuple[Binding, ...] = (
         _DELIVERY_T + "test_a_claim_lost_with_its_deliverer_is_taken_over_under_the_same_key",
         "no-lost-claim-takeover",
     ),
+    # -- watcher-delivery: the outbox cap ----------------------------------------------------
+    Binding(
+        WD,
+        D.BACKPRESSURE,
+        "queue_server.db.session_settings",
+        "tests/watchers/test_outbox_cap.py::"
+        "test_a_flood_leaves_the_cap_pending_marks_the_watcher_and_drains_once_each_in_order",
+        "lift-outbox-cap",
+    ),
 )
 
 NEGATIVE_CONTROLS: tuple[NegativeControl, ...] = (
@@ -476,14 +485,8 @@ NEGATIVE_CONTROLS: tuple[NegativeControl, ...] = (
     ),
 )
 
-_WATCHERS = (
-    "watcher delivery is enforced by the deliverer and the outbox; its bindings come with that"
-    " work (see tests/policy_proof/README.md, 'Adding a class's bindings')"
-)
-
 # Cells the policy states that no runtime path of this server proves by a weakening yet.
 DECLARED: dict[tuple[OperationClass, Dimension], str] = {
-    (WD, D.BACKPRESSURE): _WATCHERS,
     (IT, D.ATTEMPT_TIMEOUT): "a turn's attempt is the caller's model call: the turn gate bounds"
     " the whole turn by the deadline (bound above) and no runtime path times the attempt",
     (IT, D.RETRY): "a turn is never re-run: nothing retries it, so there is nothing to weaken",

@@ -201,3 +201,78 @@ FROM outbox_deliveries o
 JOIN watchers w ON w.tenant_id = o.tenant_id AND w.watcher_id = o.watcher_id
 WHERE o.tenant_id = %(tenant)s AND o.delivery_id = %(delivery_id)s
 FOR UPDATE OF o, w;
+
+-- name: lock_backlogged
+-- Backlogged watchers, oldest mark first, each locked until the backfill commits. Every
+-- transition that skipped one of its events held this lock to its commit (the
+-- outbox_admit trigger), so once it is ours every skipped event is in the ledger, and a
+-- transition that skips one later lowers `backlog_from` to it. SKIP LOCKED: a watcher
+-- another deliverer is backfilling, or whose events a transition is writing now, waits
+-- for the next run.
+SELECT tenant_id, watcher_id, backlog_from FROM watchers
+WHERE backlogged_at IS NOT NULL AND state = 'active'
+ORDER BY backlogged_at, tenant_id, watcher_id
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: backfill
+-- The watcher's missed events, from the ledger in its order (instant, item, seq), as many
+-- as its outbox has room for under the cap; each under the key its transition would have
+-- given it, so an event that has its row already (written before the mark, or by an
+-- earlier backfill) is not written again. The body's item is the item as it is now.
+-- Caught up: the mark is cleared; else `backlog_from` moves on to the first event left.
+WITH w AS (
+    SELECT * FROM watchers
+    WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s AND backlogged_at IS NOT NULL
+), room AS (
+    SELECT greatest(%(cap)s - count(*), 0) AS n FROM outbox_deliveries
+    WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s AND state = 'pending'
+), ledger AS (
+    SELECT e.at, e.item_id, e.seq, i AS item,
+           CASE e.kind WHEN 'enqueued' THEN 'item.enqueued'
+                       WHEN 'completed' THEN 'item.completed'
+                       WHEN 'requeued' THEN 'item.requeued'
+                       WHEN 'quarantined' THEN 'item.quarantined'
+                       WHEN 'replayed' THEN 'item.replayed'
+                       WHEN 'cancelled' THEN 'item.cancelled'
+                       WHEN 'triaged' THEN CASE e.data->>'decision'
+                                               WHEN 'requeue' THEN 'item.requeued'
+                                               WHEN 'quarantine' THEN 'item.quarantined' END
+           END AS event
+    FROM item_events e
+    JOIN work_items i ON i.tenant_id = e.tenant_id AND i.item_id = e.item_id
+    WHERE e.tenant_id = %(tenant)s AND e.at >= %(from)s
+), missed AS (
+    SELECT l.*, delivery_key(w.watcher_id, l.item_id, l.seq) AS delivery_key,
+           row_number() OVER (ORDER BY l.at, l.item_id, l.seq) AS pos
+    FROM ledger l, w
+    WHERE l.event = ANY(w.events) AND (w.queues IS NULL OR (l.item).queue = ANY(w.queues))
+      AND NOT EXISTS (SELECT 1 FROM outbox_deliveries o
+                      WHERE o.tenant_id = w.tenant_id
+                        AND o.delivery_key = delivery_key(w.watcher_id, l.item_id, l.seq))
+), written AS (
+    INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
+                                   body, state, next_attempt_at, due_at, created_at, updated_at,
+                                   backfilled)
+    SELECT %(tenant)s, %(watcher_id)s, m.delivery_key, m.event, m.item_id, (m.item).queue,
+           jsonb_build_object('event', m.event, 'occurred_at', api_timestamp(m.at),
+                              'item', item_json(m.item)),
+           'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
+           statement_timestamp(), true
+    FROM missed m
+    WHERE m.pos <= (SELECT n FROM room)
+    -- The rows' seq, the order they are sent in, is the ledger's.
+    ORDER BY m.pos
+    ON CONFLICT (tenant_id, delivery_key) DO NOTHING
+    RETURNING delivery_id
+), marked AS (
+    UPDATE watchers v
+    SET backlogged_at = CASE WHEN left_at.at IS NULL THEN NULL ELSE v.backlogged_at END,
+        backlog_from = left_at.at, updated_at = statement_timestamp()
+    FROM (SELECT (SELECT m.at FROM missed m WHERE m.pos = (SELECT n FROM room) + 1) AS at)
+         AS left_at
+    WHERE v.tenant_id = %(tenant)s AND v.watcher_id = %(watcher_id)s
+    RETURNING v.backlogged_at
+)
+SELECT (SELECT count(*) FROM written) AS written,
+       (SELECT backlogged_at FROM marked) IS NOT NULL AS backlogged;

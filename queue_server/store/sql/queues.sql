@@ -192,7 +192,11 @@ WHERE d.closed_at IS NULL AND d.kind = 'delivery' AND o.state = 'dead'
 GROUP BY o.tenant_id, o.watcher_id
 UNION ALL
 SELECT tenant_id, watcher_id::text, 'watching', 0 FROM watchers
-WHERE state IN ('active', 'paused');
+WHERE state IN ('active', 'paused')
+UNION ALL
+-- Past the outbox cap (migration 0014): one while the mark stands.
+SELECT tenant_id, watcher_id::text, 'backlogged', 1 FROM watchers
+WHERE state IN ('active', 'paused') AND backlogged_at IS NOT NULL;
 
 -- name: settings
 SELECT * FROM queues WHERE tenant_id = %(tenant)s ORDER BY queue;

@@ -36,7 +36,7 @@ WITH input AS (
 ), outbox AS (
     INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
-    SELECT s.tenant_id, w.watcher_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''),
+    SELECT s.tenant_id, w.watcher_id, delivery_key(w.watcher_id, s.item_id, s.event_seq - 1),
            'item.enqueued', s.item_id, s.queue,
            jsonb_build_object('event', 'item.enqueued',
                               'occurred_at', api_timestamp(statement_timestamp()),
@@ -190,7 +190,7 @@ counted AS (
 ), outbox AS (
     INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
-    SELECT s.tenant_id, w.watcher_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''),
+    SELECT s.tenant_id, w.watcher_id, delivery_key(w.watcher_id, s.item_id, s.event_seq - 1),
            'item.quarantined', s.item_id, s.queue,
            jsonb_build_object('event', 'item.quarantined',
                               'occurred_at', api_timestamp(statement_timestamp()),
@@ -279,7 +279,7 @@ WITH upd AS (
 ), outbox AS (
     INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
-    SELECT s.tenant_id, w.watcher_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''),
+    SELECT s.tenant_id, w.watcher_id, delivery_key(w.watcher_id, s.item_id, s.event_seq - 1),
            'item.completed', s.item_id, s.queue,
            jsonb_build_object('event', 'item.completed',
                               'occurred_at', api_timestamp(statement_timestamp()),
@@ -333,7 +333,7 @@ WITH upd AS (
 ), outbox AS (
     INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
-    SELECT s.tenant_id, w.watcher_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''),
+    SELECT s.tenant_id, w.watcher_id, delivery_key(w.watcher_id, s.item_id, s.event_seq - 1),
            'item.requeued', s.item_id, s.queue,
            jsonb_build_object('event', 'item.requeued',
                               'occurred_at', api_timestamp(statement_timestamp()),
@@ -378,7 +378,7 @@ WITH upd AS (
 ), outbox AS (
     INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
-    SELECT s.tenant_id, w.watcher_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''),
+    SELECT s.tenant_id, w.watcher_id, delivery_key(w.watcher_id, s.item_id, s.event_seq - 1),
            'item.requeued', s.item_id, s.queue,
            jsonb_build_object('event', 'item.requeued',
                               'occurred_at', api_timestamp(statement_timestamp()),
@@ -421,7 +421,7 @@ WITH upd AS (
 ), outbox AS (
     INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
-    SELECT s.tenant_id, w.watcher_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''),
+    SELECT s.tenant_id, w.watcher_id, delivery_key(w.watcher_id, s.item_id, s.event_seq - 1),
            'item.quarantined', s.item_id, s.queue,
            jsonb_build_object('event', 'item.quarantined',
                               'occurred_at', api_timestamp(statement_timestamp()),
@@ -547,7 +547,7 @@ release AS (
 ), outbox AS (
     INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
-    SELECT s.tenant_id, w.watcher_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''),
+    SELECT s.tenant_id, w.watcher_id, delivery_key(w.watcher_id, s.item_id, s.event_seq - 1),
            'item.completed', s.item_id, s.queue,
            jsonb_build_object('event', 'item.completed',
                               'occurred_at', api_timestamp(statement_timestamp()),
@@ -592,7 +592,7 @@ WITH dl AS (
 ), outbox AS (
     INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
-    SELECT s.tenant_id, w.watcher_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''),
+    SELECT s.tenant_id, w.watcher_id, delivery_key(w.watcher_id, s.item_id, s.event_seq - 1),
            'item.replayed', s.item_id, s.queue,
            jsonb_build_object('event', 'item.replayed',
                               'occurred_at', api_timestamp(statement_timestamp()),
@@ -637,7 +637,7 @@ WITH dl AS (
 ), outbox AS (
     INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
-    SELECT s.tenant_id, w.watcher_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''),
+    SELECT s.tenant_id, w.watcher_id, delivery_key(w.watcher_id, s.item_id, s.event_seq - 1),
            'item.cancelled', s.item_id, s.queue,
            jsonb_build_object('event', 'item.cancelled',
                               'occurred_at', api_timestamp(statement_timestamp()),
@@ -700,7 +700,7 @@ counted AS (
 ), outbox AS (
     INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
-    SELECT s.tenant_id, w.watcher_id, 'msg_' || replace(gen_random_uuid()::text, '-', ''),
+    SELECT s.tenant_id, w.watcher_id, delivery_key(w.watcher_id, s.item_id, s.event_seq - 1),
            'item.cancelled', s.item_id, s.queue,
            jsonb_build_object('event', 'item.cancelled',
                               'occurred_at', api_timestamp(statement_timestamp()),

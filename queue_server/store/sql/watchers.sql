@@ -7,21 +7,22 @@ INSERT INTO watchers (tenant_id, url, events, queues, state, secret, created_at,
 VALUES (%(tenant)s, %(url)s, %(events)s, %(queues)s, 'active', %(secret)s,
         statement_timestamp(), statement_timestamp())
 RETURNING tenant_id, watcher_id, url, events, queues, state, disabled_reason, created_at,
-    updated_at, previous_secret_expires_at;
+    updated_at, previous_secret_expires_at, backlogged_at, backlog_from;
 
 -- name: get_watcher
 SELECT tenant_id, watcher_id, url, events, queues, state, disabled_reason, created_at,
-    updated_at, previous_secret_expires_at FROM watchers
+    updated_at, previous_secret_expires_at, backlogged_at, backlog_from FROM watchers
 WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s;
 
 -- name: get_watcher_for_update
 SELECT tenant_id, watcher_id, url, events, queues, state, disabled_reason, created_at,
-    updated_at, previous_secret_expires_at FROM watchers
+    updated_at, previous_secret_expires_at, backlogged_at, backlog_from FROM watchers
 WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s FOR UPDATE;
 
 -- name: list_watchers
 SELECT tenant_id, watcher_id, url, events, queues, state, disabled_reason, created_at,
-    updated_at, previous_secret_expires_at FROM watchers WHERE tenant_id = %(tenant)s
+    updated_at, previous_secret_expires_at, backlogged_at, backlog_from FROM watchers
+WHERE tenant_id = %(tenant)s
 ORDER BY created_at, watcher_id;
 
 -- name: change_state
@@ -37,7 +38,7 @@ WITH before AS (
     FROM before b
     WHERE w.tenant_id = b.tenant_id AND w.watcher_id = b.watcher_id
     RETURNING w.tenant_id, w.watcher_id, w.url, w.events, w.queues, w.state, w.disabled_reason,
-        w.created_at, w.updated_at, w.previous_secret_expires_at
+        w.created_at, w.updated_at, w.previous_secret_expires_at, w.backlogged_at, w.backlog_from
 ), resumed AS (
     -- The pause did not count toward the deadline of the rows that waited through it.
     UPDATE outbox_deliveries o
@@ -50,12 +51,13 @@ SELECT * FROM w;
 
 -- name: cancel_watcher
 WITH w AS (
+    -- A cancelled or disabled watcher is sent nothing more: its backlog is dropped too.
     UPDATE watchers SET state = %(target)s, disabled_reason = %(reason)s, paused_at = NULL,
-        updated_at = statement_timestamp()
+        backlogged_at = NULL, backlog_from = NULL, updated_at = statement_timestamp()
     WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s
       AND state IN ('active', 'paused')
     RETURNING tenant_id, watcher_id, url, events, queues, state, disabled_reason, created_at,
-        updated_at, previous_secret_expires_at
+        updated_at, previous_secret_expires_at, backlogged_at, backlog_from
 ), rows AS (
     UPDATE outbox_deliveries o
     SET state = 'cancelled', claim_token = NULL, claimed_until = NULL,
@@ -74,4 +76,4 @@ SET previous_secret = secret, previous_secret_expires_at = statement_timestamp()
 WHERE tenant_id = %(tenant)s AND watcher_id = %(watcher_id)s
   AND state IN ('active', 'paused', 'disabled')
 RETURNING tenant_id, watcher_id, url, events, queues, state, disabled_reason, created_at,
-    updated_at, previous_secret_expires_at;
+    updated_at, previous_secret_expires_at, backlogged_at, backlog_from;
