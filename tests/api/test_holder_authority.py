@@ -4,6 +4,8 @@ requeue replayed under its accepted key answers the original 200 after a success
 
 from __future__ import annotations
 
+import uuid
+
 import psycopg
 
 from tests.helpers.api import Api
@@ -45,3 +47,20 @@ def test_a_requeue_replayed_under_its_accepted_key_after_a_successor_answers_the
     assert again.headers["Idempotent-Replayed"] == "true"
     row = api.worker.get(f"/v1/tenants/acme/items/{first['item_id']}").json()
     assert (row["state"], row["lease_holder"], row["fence"]) == ("leased", "w2", successor["fence"])
+
+
+def test_an_operator_key_may_not_complete_or_requeue_a_lease_and_changes_nothing(
+    api: Api, db: Db
+) -> None:
+    api.enqueue()
+    (lease,) = api.acquire(worker=WORKER)
+    item_id = str(lease["item_id"])
+    before = stored(db, [item_id])
+    for action in ("complete", "requeue", "heartbeat"):
+        refused = api.operator.post(
+            f"/v1/tenants/acme/items/{item_id}/{action}",
+            json={"worker": WORKER, "fence": lease["fence"]},
+            headers={"Idempotency-Key": uuid.uuid4().hex},
+        )
+        assert (refused.status_code, refused.json()["code"]) == (403, "forbidden-role"), action
+    assert stored(db, [item_id]) == before

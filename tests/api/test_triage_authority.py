@@ -163,13 +163,14 @@ def test_an_operator_key_holds_no_lease_its_triage_of_a_leased_item_is_refused_a
     (lease,) = api.acquire(worker=WORKER)
     item_id = str(lease["item_id"])
     before = stored(db, [item_id])[item_id]
-    # The holder's own name and fence, presented by an operator's key.
-    for decision in ("requeue", "quarantine"):
+    # The holder's own name and fence (or any other fence), presented by an operator's key.
+    fence = int(str(lease["fence"]))
+    for decision, presented in (("requeue", fence), ("quarantine", fence), ("requeue", fence + 1)):
         refused = api.operator.post(
             f"/v1/tenants/acme/items/{item_id}/triage",
             json={
                 "worker": WORKER,
-                "fence": lease["fence"],
+                "fence": presented,
                 "failure": FAILURE,
                 "decision": decision,
             },
@@ -180,7 +181,7 @@ def test_an_operator_key_holds_no_lease_its_triage_of_a_leased_item_is_refused_a
     assert {k: v for k, v in now.items() if k != "events"} == {
         k: v for k, v in before.items() if k != "events"
     }
-    assert [e["kind"] for e in now["events"][len(before["events"]) :]] == ["triage_rejected"] * 2
+    assert [e["kind"] for e in now["events"][len(before["events"]) :]] == ["triage_rejected"] * 3
     assert all(e["actor"].startswith("key:") for e in now["events"][len(before["events"]) :])
     done = _triage(api, item_id, lease["fence"], "requeue")
     assert (done.status_code, done.json()["state"]) == (200, "ready")
@@ -191,17 +192,18 @@ def test_another_tenants_key_cannot_triage_an_item_nor_ledger_a_failure_on_it(
 ) -> None:
     other, theirs, their_fence = foreign_lease(api)
     before = stored(db, [theirs])
-    for client, tenant in ((api.worker, "acme"), (api.operator, "acme"), (other.worker, "acme")):
-        refused = client.post(
-            f"/v1/tenants/{tenant}/items/{theirs}/triage",
-            json={
-                "worker": WORKER,
-                "fence": their_fence,
-                "failure": FAILURE,
-                "decision": "quarantine",
-            },
-            headers={"Idempotency-Key": uuid.uuid4().hex},
-        )
-        expected = "tenant-not-found" if client is other.worker else "item-not-found"
-        assert (refused.status_code, refused.json()["code"]) == (404, expected)
+    for client in (api.worker, api.operator, other.worker):
+        for decision in ("requeue", "quarantine"):
+            refused = client.post(
+                f"/v1/tenants/acme/items/{theirs}/triage",
+                json={
+                    "worker": WORKER,
+                    "fence": their_fence,
+                    "failure": FAILURE,
+                    "decision": decision,
+                },
+                headers={"Idempotency-Key": uuid.uuid4().hex},
+            )
+            expected = "tenant-not-found" if client is other.worker else "item-not-found"
+            assert (refused.status_code, refused.json()["code"]) == (404, expected), decision
     assert stored(db, [theirs]) == before
