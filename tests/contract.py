@@ -31,7 +31,7 @@ from pathlib import Path
 from queue_server.infra.embedded import EmbeddedPostgres
 from tests.helpers.database import fast_logins
 from tests.helpers.scratch import use_scratch_dir
-from tests.policy_proof.bindings import BINDINGS, NEGATIVE_CONTROLS
+from tests.policy_proof.bindings import BINDINGS, EXTRA_PROOFS, NEGATIVE_CONTROLS
 from tests.policy_proof.verifier import render_table, verify_contract
 from tests.weakenings import UNAPPLIABLE, WEAKENINGS
 
@@ -298,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     report = verify_contract()
     problems = [f"{f.cell}: {f.message}" for f in report.failures]
-    pairs = [(b.cell, b.test, b.weakening) for b in BINDINGS]
+    pairs = [(b.cell, b.test, b.weakening) for b in (*BINDINGS, *EXTRA_PROOFS)]
     pairs += [(f"negative control: {c.path}", c.test, c.weakening) for c in NEGATIVE_CONTROLS]
     problems += [
         f"{cell}: test {test} not found" for cell, test, _ in pairs if not _test_exists(test)

@@ -209,6 +209,152 @@ def _lease_to_a_gone_client(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(Items, "acquire", acquire)
 
 
+# -- batch routes and triage --
+# One guard of one statement each: a wrong edit of the store removes one line, not all of them.
+
+_HOLDER = "AND lease_holder = %(worker)s"
+_EXPIRY = "AND lease_expires_at > statement_timestamp()"
+_FENCE = "fence = %(fence)s AND "
+_HOLDER_MANY = "AND w.lease_holder = %(worker)s"
+_EXPIRY_MANY = "AND w.lease_expires_at > statement_timestamp()"
+_FENCE_MANY = "w.fence = i.fence AND "
+
+
+def _drop(mp: pytest.MonkeyPatch, guard: str, *names: str) -> None:
+    from queue_server.store import transitions
+
+    for name in names:
+        replace_sql(mp, transitions, name, guard, "")
+
+
+@weakening("batch-complete-any-holder", "batch complete stops checking the holder's name")
+def _batch_complete_any_holder(mp: pytest.MonkeyPatch) -> None:
+    _drop(mp, _HOLDER_MANY, "complete_many")
+
+
+@weakening("batch-complete-any-fence", "batch complete stops checking each entry's fence")
+def _batch_complete_any_fence(mp: pytest.MonkeyPatch) -> None:
+    _drop(mp, _FENCE_MANY, "complete_many")
+
+
+@weakening("batch-complete-after-expiry", "batch complete accepts an expired lease")
+def _batch_complete_after_expiry(mp: pytest.MonkeyPatch) -> None:
+    _drop(mp, _EXPIRY_MANY, "complete_many")
+
+
+@weakening("batch-complete-any-tenant", "batch complete finds the items of every tenant")
+def _batch_complete_any_tenant(mp: pytest.MonkeyPatch) -> None:
+    _drop(mp, "w.tenant_id = %(tenant)s AND ", "complete_many")
+
+
+@weakening("batch-heartbeat-any-holder", "batch heartbeat stops checking the holder's name")
+def _batch_heartbeat_any_holder(mp: pytest.MonkeyPatch) -> None:
+    _drop(mp, _HOLDER_MANY, "heartbeat_many")
+
+
+@weakening("batch-heartbeat-any-fence", "batch heartbeat stops checking each entry's fence")
+def _batch_heartbeat_any_fence(mp: pytest.MonkeyPatch) -> None:
+    _drop(mp, _FENCE_MANY, "heartbeat_many")
+
+
+@weakening("batch-heartbeat-after-expiry", "batch heartbeat revives an expired lease")
+def _batch_heartbeat_after_expiry(mp: pytest.MonkeyPatch) -> None:
+    _drop(mp, _EXPIRY_MANY, "heartbeat_many")
+
+
+@weakening("batch-heartbeat-past-deadline", "batch heartbeat extends a lease past its deadline")
+def _batch_heartbeat_past_deadline(mp: pytest.MonkeyPatch) -> None:
+    from queue_server.store import transitions
+
+    replace_sql(
+        mp,
+        transitions,
+        "heartbeat_many",
+        "%(max_ttl)s::interval),\n            w.lease_deadline_at)",
+        "%(max_ttl)s::interval))",
+    )
+
+
+@weakening("triage-requeue-any-holder", "triage (decision requeue) stops checking the holder")
+def _triage_requeue_any_holder(mp: pytest.MonkeyPatch) -> None:
+    _drop(mp, _HOLDER, "triage_requeue")
+
+
+@weakening("triage-quarantine-any-holder", "triage (decision quarantine) stops checking the holder")
+def _triage_quarantine_any_holder(mp: pytest.MonkeyPatch) -> None:
+    _drop(mp, _HOLDER, "triage_quarantine")
+
+
+@weakening("triage-requeue-any-fence", "triage (decision requeue) stops checking the fence")
+def _triage_requeue_any_fence(mp: pytest.MonkeyPatch) -> None:
+    _drop(mp, _FENCE, "triage_requeue")
+
+
+@weakening("triage-quarantine-any-fence", "triage (decision quarantine) stops checking the fence")
+def _triage_quarantine_any_fence(mp: pytest.MonkeyPatch) -> None:
+    _drop(mp, _FENCE, "triage_quarantine")
+
+
+@weakening("triage-requeue-after-expiry", "triage (decision requeue) accepts an expired lease")
+def _triage_requeue_after_expiry(mp: pytest.MonkeyPatch) -> None:
+    _drop(mp, _EXPIRY, "triage_requeue")
+
+
+@weakening(
+    "triage-quarantine-after-expiry", "triage (decision quarantine) accepts an expired lease"
+)
+def _triage_quarantine_after_expiry(mp: pytest.MonkeyPatch) -> None:
+    _drop(mp, _EXPIRY, "triage_quarantine")
+
+
+@weakening("triage-rejection-unrecorded", "a refused triage leaves no triage_rejected event")
+def _triage_rejection_unrecorded(mp: pytest.MonkeyPatch) -> None:
+    from queue_server.store import transitions
+
+    replace_sql(
+        mp, transitions, "record_triage_rejected", "    FROM upd;", "    FROM upd WHERE false;"
+    )
+
+
+@weakening(
+    "triage-replay-rechecks-authority",
+    "a triage under an accepted key checks the lease before its receipt is replayed",
+)
+def _triage_replay_rechecks_authority(mp: pytest.MonkeyPatch) -> None:
+    from queue_server.services.items import Items
+    from queue_server.store import transitions
+
+    original = Items.triage
+
+    async def triage(
+        self: Items, principal: Any, tenant: str, item_id: str, *a: Any, **kw: Any
+    ) -> Any:
+        async with self.db.conn() as conn:
+            cur = await conn.execute(
+                "SELECT 1 FROM work_items WHERE tenant_id = %s AND item_id = %s"
+                " AND state = 'leased' AND fence = %s AND lease_holder = %s"
+                " AND lease_expires_at > now()",
+                (tenant, item_id, kw["fence"], kw["worker"]),
+            )
+            if await cur.fetchone() is None:
+                raise await transitions.explain_rejection(
+                    conn, tenant=tenant, item_id=item_id, worker=kw["worker"], fence=kw["fence"]
+                )
+        return await original(self, principal, tenant, item_id, *a, **kw)
+
+    mp.setattr(Items, "triage", triage)
+
+
+@weakening("drop-holder-guard", "heartbeat, complete and requeue stop checking the holder's name")
+def _drop_holder_guard(mp: pytest.MonkeyPatch) -> None:
+    _drop(mp, _HOLDER, "heartbeat", "complete", "requeue")
+
+
+@weakening("drop-expiry-guard", "heartbeat, complete and requeue accept an expired lease")
+def _drop_expiry_guard(mp: pytest.MonkeyPatch) -> None:
+    _drop(mp, _EXPIRY, "heartbeat", "complete", "requeue")
+
+
 # -- artifact-verification -------------------------------------------------------------------
 
 AV = "artifact-verification"

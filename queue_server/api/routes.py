@@ -513,7 +513,9 @@ async def triage(
     caller: Caller,
     idempotency_key: IdempotencyKey,
 ) -> Response:
-    """Record a failure and requeue or quarantine the item. Refused triage is still ledgered."""
+    """Record a failure and requeue or quarantine the item (holder with the current fence,
+    lease not expired). Refused triage is still ledgered as `triage_rejected`, by any key of
+    the tenant: an operator's key holds no lease, so its triage is always refused (409)."""
     idem = idempotency(request, idempotency_key, body)
     answer = await items.triage(
         caller,

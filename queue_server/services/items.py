@@ -670,15 +670,20 @@ class Items:
         fence: int,
         change: Callable[[Conn], Awaitable[Row | None]],
         on_refusal: Callable[[Conn, errors.QueueServerError], Awaitable[None]] | None = None,
+        roles: tuple[Role, ...] = (Role.WORKER,),
     ) -> Answer:
-        principal.require(tenant, Role.WORKER)
+        """The holder's `change` under the receipt, or its precise refusal. A key of `roles`
+        other than a worker's (an operator's, for triage) holds no lease: its `change` must
+        refuse, and its refusal is explained whatever name and fence it presented."""
+        principal.require(tenant, *roles)
         require_item_id(item_id)
+        holder = None if principal.role is Role.OPERATOR else worker
 
         async def operation(conn: Conn) -> Answer:
             row = await change(conn)
             if row is None:
                 refusal = await transitions.explain_rejection(
-                    conn, tenant=tenant, item_id=item_id, worker=worker, fence=fence
+                    conn, tenant=tenant, item_id=item_id, worker=holder, fence=fence
                 )
                 if on_refusal is not None and not isinstance(refusal, errors.NotFoundError):
                     await on_refusal(conn, refusal)
@@ -808,7 +813,11 @@ class Items:
         delay: float | None = 0.0,
     ) -> Answer:
         """leased -> ready after `delay` (decision requeue; None: the queue's backoff) or
-        quarantined, failure recorded."""
+        quarantined, failure recorded; only by the holder, with its fence, before expiry.
+
+        Any key of the tenant may report a failure: a refused triage (an unleased item, a
+        stale or foreign holder, an operator's key, which holds no lease) is still ledgered
+        as `triage_rejected` by its actor."""
         if quarantine and delay != 0.0:
             raise errors.InvalidRequestError(
                 "A delay applies to decision requeue only.",
@@ -816,7 +825,11 @@ class Items:
             )
         refuse_above([self.envelope.delay(delay, "body", "delay")])
 
+        holds_leases = principal.role is not Role.OPERATOR
+
         async def change(conn: Conn) -> Row | None:
+            if not holds_leases:
+                return None
             return await transitions.triage(
                 conn,
                 tenant=tenant,
@@ -839,6 +852,7 @@ class Items:
                 fence=fence,
                 failure=failure,
                 reason=refusal.code,
+                actor=worker if holds_leases else principal.actor,
             )
 
         return await self._holder_effect(
@@ -851,4 +865,5 @@ class Items:
             fence=fence,
             change=change,
             on_refusal=record,
+            roles=WORKER_OR_OPERATOR,
         )

@@ -279,12 +279,16 @@ async def record_triage_rejected(
     fence: int,
     failure: dict[str, Any],
     reason: str,
+    actor: str,
 ) -> None:
-    """No state change: a refused triage still leaves the reported failure in the ledger."""
+    """No state change: a refused triage still leaves the reported failure in the ledger,
+    by `actor` (the worker name a worker key presented, else the key), with the worker
+    name and the fence presented."""
     params = {
         **_holder_params(tenant, item_id, worker, fence),
         "failure": Jsonb(failure),
         "reason": reason,
+        "actor": actor,
     }
     await conn.execute(_SQL["record_triage_rejected"], params)
 
@@ -314,11 +318,19 @@ async def record_scheduled(
     await conn.execute(_SQL["record_scheduled"], params)
 
 
-def _refusal(row: Row | None, *, item_id: str, worker: str, fence: int) -> errors.QueueServerError:
+def _refusal(
+    row: Row | None, *, item_id: str, worker: str | None, fence: int
+) -> errors.QueueServerError:
+    """Why the holder guard refused `worker` with `fence`; `worker` None: a key that holds no
+    lease (an operator's), whatever name and fence it presented."""
     if row is None:
         return errors.ItemNotFoundError(item_id=item_id)
     cancelled = row["cancellation"] or {}
-    if cancelled.get("data", {}).get("lease_holder") == worker and fence == row["fence"]:
+    if (
+        worker is not None
+        and cancelled.get("data", {}).get("lease_holder") == worker
+        and fence == row["fence"]
+    ):
         # This holder's own lease was ended by an operator's cancel.
         return errors.ItemCancelledError(
             item_id=item_id,
@@ -330,6 +342,8 @@ def _refusal(row: Row | None, *, item_id: str, worker: str, fence: int) -> error
         return errors.ItemNotLeasedError(
             f"The item is {row['state']}, not leased.", item_id=item_id, state=row["state"]
         )
+    if worker is None:
+        return errors.NotLeaseHolderError(item_id=item_id)
     if fence < row["fence"]:
         return errors.StaleFenceError(item_id=item_id, current_fence=row["fence"])
     if fence > row["fence"]:
@@ -351,7 +365,7 @@ def _refusal(row: Row | None, *, item_id: str, worker: str, fence: int) -> error
 
 
 async def explain_rejections(
-    conn: Conn, *, tenant: str, worker: str, fences: dict[str, int]
+    conn: Conn, *, tenant: str, worker: str | None, fences: dict[str, int]
 ) -> dict[str, errors.QueueServerError]:
     """Why guarded holder operations changed nothing: the precise refusal of each item."""
     cur = await conn.execute(
@@ -365,9 +379,10 @@ async def explain_rejections(
 
 
 async def explain_rejection(
-    conn: Conn, *, tenant: str, item_id: str, worker: str, fence: int
+    conn: Conn, *, tenant: str, item_id: str, worker: str | None, fence: int
 ) -> errors.QueueServerError:
-    """Why a guarded holder operation changed nothing: the precise refusal."""
+    """Why a guarded holder operation changed nothing: the precise refusal (`worker` None: the
+    caller's key holds no lease)."""
     refusals = await explain_rejections(conn, tenant=tenant, worker=worker, fences={item_id: fence})
     return refusals[item_id]
 

@@ -15,7 +15,8 @@ matrix totality and source bindings. Every one of the 60 cells is exactly one of
 
 `NEGATIVE_CONTROLS` are Decision 8's negative control (a mutation weakened to cancel
 after dispatch) on the in-process path and on the REST-backed bridge: each must make
-its test fail too.
+its test fail too. `EXTRA_PROOFS` are further weakenings of cells bound here (the batch
+routes, triage, each guard of each holder statement), proven beside the bindings.
 """
 
 from __future__ import annotations
@@ -483,6 +484,83 @@ NEGATIVE_CONTROLS: tuple[NegativeControl, ...] = (
         _BRIDGE_T + "test_bridge_caller_cancelled_after_dispatch_still_settles_the_receipt",
         "cancel-dispatched-mutation-in-rest-bridge",
     ),
+)
+
+# -- batch routes and triage --
+# Further proofs of cells bound above: the verifier binds each cell exactly once (the table
+# names one enforcing point), so these run beside BINDINGS (`python -m tests.contract`) and
+# stay out of the registry and the table. Each weakening removes one guard of one statement.
+_BATCH_T = "tests/api/test_batch_authority.py::"
+_TRIAGE_T = "tests/api/test_triage_authority.py::"
+_HOLDER_T = "tests/api/test_holder_authority.py::"
+COMPLETE_MANY = "queue_server.store.transitions.complete_many"
+HEARTBEAT_MANY = "queue_server.store.transitions.heartbeat_many"
+TRIAGE = "queue_server.store.transitions.triage"
+_BATCH_COMPLETE = (
+    _BATCH_T
+    + "test_batch_complete_completes_only_the_live_holders_entry_and_leaves_the_refused_unchanged"
+)
+_BATCH_HEARTBEAT = (
+    _BATCH_T
+    + "test_batch_heartbeat_extends_only_the_live_holders_lease_and_leaves_the_refused_unchanged"
+)
+_TRIAGE_REQUEUE = (
+    _TRIAGE_T
+    + "test_triage_requeue_without_the_live_holders_authority_is_refused_and_changes_nothing"
+)
+_TRIAGE_QUARANTINE = (
+    _TRIAGE_T
+    + "test_triage_quarantine_without_the_live_holders_authority_is_refused_and_changes_nothing"
+)
+_SINGLE = (
+    _HOLDER_T
+    + "test_heartbeat_complete_and_requeue_without_the_live_holders_authority_change_nothing"
+)
+FENCING, RESUMING = D.IDEMPOTENCY_AND_FENCING, D.RESUMABILITY
+
+EXTRA_PROOFS: tuple[Binding, ...] = (
+    Binding(LW, FENCING, COMPLETE_MANY, _BATCH_COMPLETE, "batch-complete-any-holder"),
+    Binding(LW, FENCING, COMPLETE_MANY, _BATCH_COMPLETE, "batch-complete-any-fence"),
+    Binding(LW, RESUMING, COMPLETE_MANY, _BATCH_COMPLETE, "batch-complete-after-expiry"),
+    Binding(LW, FENCING, COMPLETE_MANY, _BATCH_COMPLETE, "batch-complete-any-tenant"),
+    Binding(LW, FENCING, HEARTBEAT_MANY, _BATCH_HEARTBEAT, "batch-heartbeat-any-holder"),
+    Binding(LW, FENCING, HEARTBEAT_MANY, _BATCH_HEARTBEAT, "batch-heartbeat-any-fence"),
+    Binding(LW, RESUMING, HEARTBEAT_MANY, _BATCH_HEARTBEAT, "batch-heartbeat-after-expiry"),
+    Binding(
+        LW,
+        D.DEADLINE,
+        HEARTBEAT_MANY,
+        _BATCH_T + "test_heartbeats_single_and_batch_never_extend_a_lease_past_its_deadline",
+        "batch-heartbeat-past-deadline",
+    ),
+    Binding(LW, FENCING, TRIAGE, _TRIAGE_REQUEUE, "triage-requeue-any-holder"),
+    Binding(LW, FENCING, TRIAGE, _TRIAGE_QUARANTINE, "triage-quarantine-any-holder"),
+    Binding(LW, FENCING, TRIAGE, _TRIAGE_REQUEUE, "triage-requeue-any-fence"),
+    Binding(LW, FENCING, TRIAGE, _TRIAGE_QUARANTINE, "triage-quarantine-any-fence"),
+    Binding(LW, RESUMING, TRIAGE, _TRIAGE_REQUEUE, "triage-requeue-after-expiry"),
+    Binding(LW, RESUMING, TRIAGE, _TRIAGE_QUARANTINE, "triage-quarantine-after-expiry"),
+    Binding(
+        LW,
+        FENCING,
+        "queue_server.store.transitions.record_triage_rejected",
+        _TRIAGE_T
+        + "test_triage_of_an_unleased_item_by_any_key_of_the_tenant_is_refused_and_ledgered_by"
+        "_its_actor",
+        "triage-rejection-unrecorded",
+    ),
+    Binding(
+        LW,
+        FENCING,
+        "queue_server.services.items.Items.triage",
+        _TRIAGE_T
+        + "test_a_triage_replayed_under_its_accepted_key_after_a_successor_answers_the_original_200",
+        "triage-replay-rechecks-authority",
+    ),
+    Binding(LW, FENCING, HOLDER, _SINGLE, "drop-holder-guard"),
+    Binding(LW, RESUMING, HOLDER, _SINGLE, "drop-expiry-guard"),
+    # drop-fence-guard (the single routes and triage) is caught by more than its bound test.
+    Binding(LW, FENCING, HOLDER, _SINGLE, "drop-fence-guard"),
+    Binding(LW, FENCING, TRIAGE, _TRIAGE_REQUEUE, "drop-fence-guard"),
 )
 
 # Cells the policy states that no runtime path of this server proves by a weakening yet.

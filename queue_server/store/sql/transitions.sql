@@ -448,6 +448,7 @@ WITH upd AS (
 SELECT upd.* FROM upd;
 
 -- name: record_triage_rejected
+-- Any actor of the tenant may report a failure: a refused triage is still ledgered.
 WITH upd AS (
     UPDATE work_items SET event_seq = event_seq + 1
     WHERE tenant_id = %(tenant)s AND item_id = %(item_id)s
@@ -455,9 +456,9 @@ WITH upd AS (
 )
 INSERT INTO item_events (tenant_id, item_id, seq, at, kind, fence, actor, data)
     SELECT tenant_id, item_id, event_seq - 1, statement_timestamp(), 'triage_rejected', fence,
-        %(worker)s,
+        %(actor)s,
            jsonb_build_object('failure', %(failure)s::jsonb, 'presented_fence', %(fence)s::bigint,
-                          'reason', %(reason)s::text)
+                          'worker', %(worker)s::text, 'reason', %(reason)s::text)
     FROM upd;
 
 -- name: record_scheduled
