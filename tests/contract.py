@@ -109,9 +109,10 @@ def preload() -> None:
     alembic...), once, before the proofs are forked from this process: a fresh interpreter
     spends about three seconds of CPU on them before its first test.
 
-    The project's own modules are then forgotten, so each proof imports them after its
-    weakening is applied, as a fresh process would: a value read at import (a module's
-    permit gate sized from the policy) sees the weakened policy.
+    The project's own modules stay imported (the server, the SDK, the store: most of a
+    proof's start-up): a weakening patches them where the runtime reads at call time, and no
+    module of the package reads the policy at import. The test modules are forgotten, so
+    each proof collects them as a fresh process would.
     """
     from importlib.metadata import entry_points
 
@@ -123,7 +124,11 @@ def preload() -> None:
     for plugin in entry_points(group="pytest11"):
         if plugin.name not in NO_PLUGINS:
             plugin.load()
-    for name in [n for n in sys.modules if n.split(".")[0] in ("queue_server", "tests")]:
+    # What the proofs run in process besides the app: the CLI and the deliverer.
+    importlib.import_module("queue_server.cli.main")
+    importlib.import_module("queue_server.workers.deliverer")
+
+    for name in [n for n in sys.modules if n.split(".")[0] == "tests"]:
         if name not in _KEEP:
             del sys.modules[name]
 

@@ -12,6 +12,7 @@ run back and verifies only what remains.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -31,8 +32,12 @@ from queue_server.policy import (
 
 AV = OperationClass.ARTIFACT_VERIFICATION
 
-# Local verification runs one at a time per process (the concurrency cell is 1).
-_PROCESS_GATE = PermitGate.for_class(AV)
+@functools.cache
+def _process_gate() -> PermitGate:
+    """Local verification runs one at a time per process (the concurrency cell is 1): one
+    gate for the process, sized when first used."""
+    return PermitGate.for_class(AV)
+
 
 Verify = Callable[[str], Any]
 
@@ -88,7 +93,7 @@ class VerifierRunner:
         self.verify = verify
         self.policy = policy
         self.sleep = sleep
-        self.gate = gate or _PROCESS_GATE
+        self.gate = gate or _process_gate()
         self.stop = threading.Event()
 
     def _verify_one(self, item: str) -> Any:
