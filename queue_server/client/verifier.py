@@ -32,6 +32,7 @@ from queue_server.policy import (
 
 AV = OperationClass.ARTIFACT_VERIFICATION
 
+
 @functools.cache
 def _process_gate() -> PermitGate:
     """Local verification runs one at a time per process (the concurrency cell is 1): one
