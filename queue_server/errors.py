@@ -59,7 +59,7 @@ Not answers of the API, each in its own module:
         │                           has one, tests/client/test_problem_codes.py), else its status
         ├── InternalServerError 500, HeadersTooLargeError 431, ClientDisconnectedError 499,
         │   UnauthorizedError 401, PayloadTooLargeError 413
-        ├── BadRequestError 400: IdempotencyKeyRequiredError
+        ├── BadRequestError 400: IdempotencyKeyRequiredError, MalformedRequestError
         ├── ForbiddenError 403: ForbiddenRoleError, CsrfRefusedError
         ├── NotFoundError 404: TenantNotFoundError, ItemNotFoundError, DeadLetterNotFoundError,
         │   KeyNotFoundError, WatcherNotFoundError, DeliveryNotFoundError,

@@ -82,6 +82,9 @@ class Settings(BaseSettings):
     # Slow and idle clients (queue_server.infra.http_protocol): seconds to send a request's
     # headers (an idle new connection is closed then), then its body; seconds of silence
     # between requests; open connections per server process.
+    # A console session's life in seconds (it ends sooner at sign-out or when its key is
+    # revoked).
+    console_session_ttl: float = Field(default=12 * 3600.0, gt=0, le=30 * 86400.0)
     header_timeout: float = Field(default=20.0, gt=0)
     body_timeout: float = Field(default=60.0, gt=0)
     keep_alive_timeout: float = Field(default=5.0, ge=1)

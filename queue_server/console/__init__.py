@@ -43,6 +43,8 @@ PAGES: list[ModuleType] = [
 
 def install(app: FastAPI) -> None:
     """Serve the console's pages and its stylesheet from this package."""
+    # Failed sign-ins: 10 a minute per client address and per key id, in each API process.
+    app.state.sign_in_limiter = web.SignInLimiter(limit=10, window=60.0)
     web.NAV.clear()
     for page in PAGES:
         entry = getattr(page, "NAV_ENTRY", None)

@@ -1,11 +1,14 @@
 """What every console page shares: the session cookie, CSRF, idempotent form actions, flash
 messages, HTML error pages and template rendering.
 
-The session cookie holds the operator's (or admin's) API key itself: HttpOnly, SameSite=Strict,
-Path=/console, Secure when the request came over TLS, and no expiry (it ends with the browser).
-Every request authenticates it again through the service, so a revoked key signs out at once.
-The CSRF token of a session is an HMAC of a fixed label keyed by that secret: only a page the
-server rendered for this session can carry it.
+The session cookie holds a random session id, never the key: its sha256 is a row of
+`console_sessions` with the key it was opened with and its expiry (QUEUE_SERVER_CONSOLE_SESSION_TTL,
+12 h). The cookie is HttpOnly, SameSite=Strict, Path=/console, Secure when the request came over
+TLS, and expires with the session. Every request reads the row, so sign-out, expiry and a
+revoked key end the session at once in every API process. The CSRF token of a session is an
+HMAC of a fixed label keyed by the session id: only a page the server rendered for this
+session can carry it. Failed sign-ins are limited per client address and per key id
+(`SignInLimiter`): past the limit, 429 with Retry-After.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import base64
 import hashlib
 import hmac
 import secrets
+import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import datetime
@@ -101,6 +106,7 @@ class Session:
 
     principal: auth.Principal
     csrf: str
+    token: str = ""
 
     @property
     def is_admin(self) -> bool:
@@ -121,10 +127,13 @@ def is_tls(request: Request) -> bool:
     return request.url.scheme == "https"
 
 
-def set_cookie(request: Request, response: Response, name: str, value: str) -> None:
+def set_cookie(
+    request: Request, response: Response, name: str, value: str, max_age: int | None = None
+) -> None:
     response.set_cookie(
         name,
         value,
+        max_age=max_age,
         path=PREFIX,
         httponly=True,
         samesite="strict",
@@ -140,16 +149,52 @@ def clear_cookie(request: Request, response: Response, name: str) -> None:
 
 async def current_session(request: Request) -> Session:
     """The session of this request, or SignInRequiredError (the page redirects to sign-in)."""
-    secret = request.cookies.get(SESSION_COOKIE)
-    if not secret:
+    token = request.cookies.get(SESSION_COOKIE)
+    if not token:
         raise SignInRequiredError()
     try:
-        principal = await services(request).keys.authenticate(f"Bearer {secret}")
+        principal = await services(request).keys.session_principal(token)
     except errors.UnauthorizedError:
         raise SignInRequiredError() from None
     if principal.role is Role.WORKER:
         raise SignInRequiredError()
-    return Session(principal=principal, csrf=csrf_token(secret))
+    return Session(principal=principal, csrf=csrf_token(token), token=token)
+
+
+class SignInLimiter:
+    """Failed sign-ins in the last `window` seconds, per client address and per key id: at
+    `limit` of either, further sign-ins are refused (429) until the oldest leaves the window.
+    Kept by each API process (a process counts the attempts it answers)."""
+
+    def __init__(self, limit: int = 10, window: float = 60.0) -> None:
+        self.limit = limit
+        self.window = window
+        self._failures: dict[str, deque[float]] = {}
+
+    def _recent(self, name: str, now: float) -> deque[float]:
+        times = self._failures.setdefault(name, deque())
+        while times and now - times[0] >= self.window:
+            times.popleft()
+        if not times:
+            del self._failures[name]
+        return times
+
+    def retry_after(self, *names: str) -> float | None:
+        """Seconds until one more attempt from these (address, key id) is allowed; None now."""
+        now = time.monotonic()
+        waits = [
+            self.window - (now - times[0])
+            for name in names
+            if len(times := self._recent(name, now)) >= self.limit
+        ]
+        return max(waits) if waits else None
+
+    def failed(self, *names: str) -> None:
+        now = time.monotonic()
+        for name in names:
+            self._failures.setdefault(name, deque()).append(now)
+        if len(self._failures) > 100_000:  # a flood of addresses: keep memory bounded
+            self._failures.clear()
 
 
 class FormNotUtf8Error(errors.QueueServerError):

@@ -7,6 +7,8 @@ drops its cache of keys when it commits: a revoked key is refused at once everyw
 
 from __future__ import annotations
 
+import hashlib
+import secrets
 from typing import Any
 
 from queue_server import auth, errors, views
@@ -15,7 +17,7 @@ from queue_server.idempotency import Answer
 from queue_server.infra.keycache import TRUST_WINDOW, KeyCache
 from queue_server.models import Role
 from queue_server.services.common import require_tenant
-from queue_server.store import tenants
+from queue_server.store import console_sessions, tenants
 
 
 class Keys:
@@ -56,6 +58,33 @@ class Keys:
         if not auth.secret_matches(secret, row["secret_hash"]):
             raise errors.UnauthorizedError("The API key is unknown or revoked.")
         return auth.Principal(key_id=key_id, tenant=row["tenant_id"], role=Role(row["role"]))
+
+    # -- console sessions --------------------------------------------------------------
+
+    async def open_session(self, principal: auth.Principal, *, ttl: float) -> str:
+        """A console session of `principal`'s key for `ttl` seconds; its id (the cookie's
+        value), of which only the sha256 is kept."""
+        token = secrets.token_urlsafe(32)
+        async with self.db.conn() as conn:
+            await console_sessions.open_session(
+                conn, session_hash=_digest(token), key_id=principal.key_id, ttl=ttl
+            )
+        return token
+
+    async def session_principal(self, token: str) -> auth.Principal:
+        """Who a live session is (its key not revoked); UnauthorizedError when it is not."""
+        row = None
+        if token:
+            async with self.db.conn() as conn:
+                row = await console_sessions.session_key(conn, _digest(token))
+        if row is None:
+            raise errors.UnauthorizedError("The console session ended or expired.")
+        return auth.Principal(key_id=row["key_id"], tenant=row["tenant_id"], role=Role(row["role"]))
+
+    async def end_session(self, token: str) -> None:
+        """Ended at once, for every API process (each request reads the row)."""
+        async with self.db.conn() as conn:
+            await console_sessions.end_session(conn, _digest(token))
 
     @staticmethod
     def whoami(principal: auth.Principal) -> Answer:
@@ -157,3 +186,7 @@ class Keys:
                 raise errors.KeyNotFoundError(key_id=key_id)
         # This process stops accepting the key now; the others when the notification arrives.
         self.cache.clear()
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()

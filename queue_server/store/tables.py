@@ -105,6 +105,9 @@ work_items = Table(
     _ts("updated_at", nullable=False, server_default=func.now()),
     # When the item was last acquired: the age of a lease (kept after it ends).
     _ts("leased_at", nullable=True),
+    # The API key that acquired the latest lease: only it acts as the holder (0015; NULL for
+    # a lease taken before).
+    Column("lease_key_id", Text, nullable=True),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
     CheckConstraint("fence >= 0", name="fence_not_negative"),
     CheckConstraint(
@@ -665,4 +668,21 @@ policy_versions = Table(
     _ts("last_loaded_at", nullable=False, server_default=func.now()),
     Column("loads", BigInteger, nullable=False, server_default=text("1")),
     CheckConstraint("sha256 ~ '^[0-9a-f]{64}$'", name="sha256"),
+)
+
+
+# -- console sessions (0015) ----------------------------------------------------------------
+
+# A signed-in console: the cookie carries a random id, its sha256 is kept here (never the
+# key). Sign-out or expiry ends it for every API process at once.
+console_sessions = Table(
+    "console_sessions",
+    metadata,
+    Column("session_hash", Text, primary_key=True),
+    Column("key_id", Text, nullable=False, index=True),
+    _ts("created_at", nullable=False, server_default=func.now()),
+    _ts("expires_at", nullable=False),
+    _ts("ended_at", nullable=True),
+    ForeignKeyConstraint(["key_id"], ["api_keys.key_id"], ondelete="CASCADE"),
+    CheckConstraint("expires_at > created_at", name="expire_later"),
 )

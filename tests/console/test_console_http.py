@@ -10,10 +10,11 @@ import httpx
 import psycopg
 import pytest
 
+from queue_server.settings import Settings
 from tests.helpers.api import Api, setup_tenant
 from tests.helpers.console import CSRF, KEY, form_value, sign_in
 from tests.helpers.items import dead_letter_of, quarantine
-from tests.helpers.server import LiveServer
+from tests.helpers.server import LiveServer, transport_for
 
 DB = psycopg.Connection[dict[str, object]]
 
@@ -31,8 +32,13 @@ def test_operator_signs_in_with_an_httponly_strict_session_cookie(api: Api) -> N
     assert "samesite=strict" in cookie
     assert "path=/console" in cookie
     assert "secure" not in cookie  # plain HTTP here
-    assert "max-age" not in cookie
-    assert "expires" not in cookie
+    assert f"max-age={12 * 3600}" in cookie  # it expires with the session
+    # The cookie carries a session id, never the key (nor its secret).
+    value = cookie.split(";")[0].split("=", 1)[1]
+    key = api.keys["operator"].lower()
+    assert key not in cookie
+    assert key.split("_")[2] not in cookie
+    assert len(value) >= 40
     home = client.get("/console", follow_redirects=True)
     assert home.status_code == 200
     assert str(home.url).endswith("/console/tenants/acme/queues")
@@ -250,3 +256,55 @@ def test_filter_forms_as_a_browser_sends_them_with_empty_choices(api: Api) -> No
     assert empty.status_code == 200
     assert "quarantined by triage" in empty.text
     assert client.get("/console/tenants/acme/dead-letters?kind=nope").status_code == 422
+
+
+def _form(client: httpx.Client) -> str:
+    return form_value(client.get("/console/tenants/acme/queues").text, CSRF)
+
+
+def test_a_cookie_used_after_sign_out_is_refused_everywhere(
+    api: Api, settings: Settings, database_url: str
+) -> None:
+    client, _ = sign_in(api.url, api.keys["operator"])
+    cookie = client.cookies["qs_console"]
+    out = client.post("/console/sign-out", data={"csrf": _form(client)})
+    assert out.status_code == 303
+    # The same cookie, replayed as an attacker who copied it would: the session is over, in
+    # this process and in any other one serving the same database.
+    with httpx.Client(base_url=api.url, transport=transport_for(api.url)) as stolen:
+        stolen.cookies.set("qs_console", cookie, domain="127.0.0.1", path="/console")
+        page = stolen.get("/console/tenants/acme/queues")
+        assert page.status_code == 303
+        assert page.headers["location"].startswith("/console/sign-in")
+    other = LiveServer(settings, database_url)
+    other.start()
+    try:
+        with httpx.Client(base_url=other.url) as elsewhere:
+            elsewhere.cookies.set("qs_console", cookie, domain="127.0.0.1", path="/console")
+            assert elsewhere.get("/console/tenants/acme/queues").status_code == 303
+    finally:
+        other.stop()
+
+
+def test_a_session_ends_when_it_expires_or_its_key_is_revoked(api: Api, db: DB) -> None:
+    client, _ = sign_in(api.url, api.keys["operator"])
+    assert client.get("/console/tenants/acme/queues").status_code == 200
+    db.execute("UPDATE console_sessions SET expires_at = created_at + interval '1 ms'")
+    assert client.get("/console/tenants/acme/queues").status_code == 303
+
+    client, _ = sign_in(api.url, api.keys["operator"])
+    assert client.get("/console/tenants/acme/queues").status_code == 200
+    key_id = api.keys["operator"].split("_")[1]
+    assert api.admin.delete(f"/v1/tenants/acme/keys/{key_id}").status_code == 204
+    assert client.get("/console/tenants/acme/queues").status_code == 303
+
+
+def test_failed_sign_ins_are_limited_per_address_and_per_key(api: Api) -> None:
+    wrong = [f"qsk_{n:016x}_nope" for n in range(30)]
+    statuses = [sign_in(api.url, key)[1].status_code for key in wrong]
+    assert statuses[:10] == [401] * 10
+    assert set(statuses[10:]) == {429}
+    refused = sign_in(api.url, api.keys["operator"])[1]  # even the right key, from here
+    assert refused.status_code == 429
+    assert 1 <= int(refused.headers["retry-after"]) <= 60
+    assert "Too many failed sign-ins" in refused.text

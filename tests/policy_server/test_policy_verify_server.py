@@ -68,13 +68,8 @@ def test_policy_verify_server_passes_on_a_live_server_and_deletes_its_scratch_te
     outcomes = {p["name"]: p for p in report["probes"]}
     for name in AUTHORITY + LIMITS:
         assert outcomes[name]["ok"], outcomes[name]
-    outbox = outcomes[OUTBOX]
-    if _has_outbox_cap(api):
-        assert outbox["ok"], outbox
-    else:  # this server predates the outbox cap: the probe says so instead of failing
-        assert outbox["skipped"]
-        assert "backlogged" in outbox["detail"]
-    assert len(report["tenants"]) == 2
+    assert outcomes[OUTBOX]["ok"], outcomes[OUTBOX]
+    assert len(report["tenants"]) == 3  # the probes', the backlog cap's and the outbox cap's
     for tenant in report["tenants"]:
         assert api.admin.get(f"/v1/tenants/{tenant}").status_code == 404
         for table in ("work_items", "item_events", "idempotency_receipts", "verification_runs"):
@@ -100,11 +95,6 @@ LIMITS = (
     "a spend approval at max-approved is granted",
 )
 OUTBOX = "a watcher flooded past the outbox cap keeps at most the cap pending, backlogged"
-
-
-def _has_outbox_cap(api: Api) -> bool:
-    schemas = api.admin.get("/openapi.json").json()["components"]["schemas"]
-    return "backlogged" in json.dumps(schemas.get("WatcherOut", {}))
 
 
 # Each holder guard of each route, as (its statement, the guard, what replaces it).

@@ -352,8 +352,11 @@ def test_two_deliverers_never_send_one_row_at_once(
             reports: list[RunReport] = []
             for _ in range(20):
                 both = await asyncio.gather(a.run_once(), b.run_once())
-                # Together, never more in flight than the class's concurrency.
-                assert sum(r.claimed for r in both) <= a.policy.delivery.concurrency
+                # Each run claims at most its batch. (One round of the two may claim twice
+                # the class's concurrency: one run can claim, send and record before the
+                # other claims. Requests in flight at once are counted by the receiver in
+                # test_delivery_concurrency.py.)
+                assert all(r.claimed <= 4 for r in both)
                 reports += both
                 if not any(r.claimed for r in both):
                     break

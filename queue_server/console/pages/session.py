@@ -3,13 +3,15 @@ an operator goes to its tenant, an admin picks one."""
 
 from __future__ import annotations
 
+import contextlib
 import hmac
+import math
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
-from queue_server import errors
+from queue_server import auth, errors
 from queue_server.console import web
 from queue_server.models import NAME_RE, Role
 
@@ -63,9 +65,26 @@ async def sign_in(request: Request) -> Response:
             next_path=next_path,
         )
     secret = web.form_text(form, "api_key")
+    # Failed sign-ins count against the client's address and the key id the secret names.
+    who = [f"address:{request.client.host if request.client else '?'}"]
+    with contextlib.suppress(errors.UnauthorizedError):
+        who.append(f"key:{auth.parse_bearer(f'Bearer {secret}')}")
+    limiter: web.SignInLimiter = request.app.state.sign_in_limiter
+    wait = limiter.retry_after(*who)
+    if wait is not None:
+        response = _sign_in_page(
+            request,
+            status=429,
+            error="Too many failed sign-ins: wait a minute and try again.",
+            next_path=next_path,
+        )
+        response.headers["Retry-After"] = str(max(1, math.ceil(wait)))
+        return response
+    keys = web.services(request).keys
     try:
-        principal = await web.services(request).keys.authenticate(f"Bearer {secret}")
+        principal = await keys.authenticate(f"Bearer {secret}")
     except errors.UnauthorizedError:
+        limiter.failed(*who)
         return _sign_in_page(
             request, status=401, error="This API key is unknown or revoked.", next_path=next_path
         )
@@ -76,8 +95,10 @@ async def sign_in(request: Request) -> Response:
             error="A worker key cannot sign in to the console: use an operator or admin key.",
             next_path=next_path,
         )
+    ttl = request.app.state.settings.console_session_ttl
+    token = await keys.open_session(principal, ttl=ttl)
     response = web.redirect(request, next_path, "Signed in.")
-    web.set_cookie(request, response, web.SESSION_COOKIE, secret)
+    web.set_cookie(request, response, web.SESSION_COOKIE, token, max_age=int(ttl))
     web.clear_cookie(request, response, web.LOGIN_COOKIE)
     return response
 
@@ -86,6 +107,7 @@ async def sign_in(request: Request) -> Response:
 async def sign_out(request: Request) -> Response:
     session = await web.current_session(request)
     await web.check_form(request, session)
+    await web.services(request).keys.end_session(session.token)
     response = web.redirect(request, f"{web.PREFIX}/sign-in", "Signed out.")
     web.clear_cookie(request, response, web.SESSION_COOKIE)
     return response
