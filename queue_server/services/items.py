@@ -536,6 +536,7 @@ class Items:
                         deadline=timedelta(seconds=self.envelope.leased.deadline),
                         max_items=max_items,
                         base_limit=self.envelope.leased.concurrency,
+                        max_approved=self.envelope.leased.max_approved,
                         slack=await self._slack_for(conn, tenant, queue),
                     )
                     leased, quarantined = acquired.leased, acquired.quarantined

@@ -215,7 +215,11 @@ class Queues:
         principal.require(tenant, *WORKER_OR_OPERATOR)
         async with self.db.conn() as conn:
             info = await tenants.concurrency(
-                conn, tenant=tenant, queue=queue, base_limit=self.base_limit
+                conn,
+                tenant=tenant,
+                queue=queue,
+                base_limit=self.base_limit,
+                max_approved=self.max_approved,
             )
         return Answer.of(200, {"tenant": tenant, "queue": queue, **info})
 
@@ -266,7 +270,11 @@ class Queues:
         figures = []
         for name in names:
             limits = await tenants.concurrency(
-                conn, tenant=tenant, queue=name, base_limit=self.base_limit
+                conn,
+                tenant=tenant,
+                queue=name,
+                base_limit=self.base_limit,
+                max_approved=self.max_approved,
             )
             figures.append(
                 queue_figures(

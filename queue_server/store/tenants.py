@@ -194,16 +194,20 @@ async def list_spend_approvals(conn: Conn, *, tenant: str, queue: str, limit: in
 
 
 async def concurrency(
-    conn: Conn, *, tenant: str, queue: str, base_limit: int = 1
+    conn: Conn, *, tenant: str, queue: str, base_limit: int = 1, max_approved: int | None = None
 ) -> dict[str, Any]:
     """The queue's limit (`base_limit`, the policy's local concurrency, without a live spend
-    approval) and its active leases."""
+    approval; with one, its `max_concurrency`, at most `max_approved`) and its active leases."""
     cur = await conn.execute(_SQL["concurrency"], {"tenant": tenant, "queue": queue})
     row = await cur.fetchone()
     assert row is not None
     approval = row["approval"]
     return {
-        "limit": approval["max_concurrency"] if approval else base_limit,
+        "limit": (
+            min(approval["max_concurrency"], max_approved or approval["max_concurrency"])
+            if approval
+            else base_limit
+        ),
         "active_leases": row["active_leases"],
         "approval": approval,
     }

@@ -109,6 +109,7 @@ async def acquire(
     deadline: timedelta,
     max_items: int,
     base_limit: int = 1,
+    max_approved: int | None = None,
     slack: int | None = None,
 ) -> Acquired:
     """ready (due) or leased (expired) -> leased, fence + 1; past the budget -> quarantined.
@@ -117,6 +118,10 @@ async def acquire(
     at most `max_ttl`) and lives at most the queue's deadline (at most `deadline`) from now:
     no heartbeat extends it past that instant. A taken-over lease that ran to its
     deadline is ledgered `deadline_exceeded` before its `acquired` (or `quarantined`).
+
+    The queue leases at most `base_limit` at once, or with a live spend approval (not
+    expired, not revoked) its `max_concurrency`, at most `max_approved` (an approval
+    stored under a looser policy is held to the loaded one).
 
     The spend-gated concurrency limit holds when many acquires race: see the queue
     lock above. With `slack` (the most leases in-flight acquires can hold), the
@@ -136,6 +141,7 @@ async def acquire(
             "max_ttl": max_ttl,
             "deadline": deadline,
             "base_limit": base_limit,
+            "max_approved": max_approved,
             "max_items": max_items,
             "shard": _shard(),
             "shared": shared,

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import psycopg
-import pytest
 
-from queue_server.client import Job, QueueClient, Worker
 from tests.helpers.api import Api
-from tests.helpers.items import expire, requests_to
+from tests.helpers.items import expire
 
 Db = psycopg.Connection[dict[str, object]]
 ROUTE = "/v1/tenants/acme/leases:heartbeat"
@@ -68,30 +65,3 @@ def test_batch_heartbeat_refuses_another_workers_leases_and_duplicates(api: Api)
     assert empty.status_code == 422
     operator = api.operator.post(ROUTE, json={"worker": "w1", "leases": [entry]})
     assert operator.status_code == 403
-
-
-@pytest.mark.live
-def test_the_worker_extends_all_its_leases_in_one_request(api: Api, db: Db) -> None:
-    api.approve("q", 10)
-    with QueueClient(api.url, api.keys["worker"]) as qs:
-        for n in range(4):
-            qs.enqueue("q", n)
-
-        def handler(job: Job) -> int:
-            time.sleep(1.3)  # several heartbeat intervals of a 1 s lease
-            return int(job.payload)
-
-        worker = Worker(qs, "q", handler, lease_ttl=1, heartbeat_fraction=0.3, concurrency=4)
-        assert worker.run(max_items=4) == 4
-    rows = db.execute(
-        "SELECT i.state, count(*) FILTER (WHERE e.kind = 'heartbeat') AS beats"
-        " FROM work_items i JOIN item_events e USING (tenant_id, item_id)"
-        " GROUP BY i.item_id, i.state"
-    ).fetchall()
-    assert [r["state"] for r in rows] == ["completed"] * 4
-    assert min(int(str(r["beats"])) for r in rows) >= 3
-    batches = requests_to(api, "/v1/tenants/{tenant}/leases:heartbeat")
-    singles = requests_to(api, "/v1/tenants/{tenant}/items/{item_id}/heartbeat")
-    assert singles == 0
-    # Four leases, each beating at least three times, in a handful of shared requests.
-    assert 2 <= batches <= 8

@@ -1,15 +1,19 @@
 """Spend approvals: made by a key, bounded by the policy and a year, revocable; what they
-change is shown with real acquires."""
+change is shown with real acquires: the largest live approval sets the limit, only while it
+is live (not revoked, not past its expiry by the database clock), at most max-approved."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import httpx
 import psycopg
 
-from tests.helpers.api import Api
+from queue_server.settings import Settings
+from tests.helpers.api import Api, live_api, policy_file
 
 Db = psycopg.Connection[dict[str, object]]
 PATH = "/v1/tenants/acme/queues/q/spend-approvals"
@@ -198,3 +202,77 @@ def test_the_list_shows_live_and_revoked_approvals_newest_first(api: Api) -> Non
         (older["approval_id"], False),
     ]
     assert api.worker.get(PATH).status_code == 403
+
+
+def limit_of(api: Api) -> int:
+    info: dict[str, int] = api.operator.get("/v1/tenants/acme/queues/q/concurrency").json()
+    return info["limit"]
+
+
+def leases_at_once(api: Api) -> int:
+    """How many leases the queue hands out at once now; they are then finished."""
+    leases = api.acquire(max_items=10, worker="w1")
+    assert api.acquire(max_items=10, worker="w2") == []  # nothing more while they live
+    finish(api, leases)
+    return len(leases)
+
+
+def test_the_largest_live_approval_sets_the_limit_and_a_revoked_or_expired_one_none(
+    api: Api, db: Db
+) -> None:
+    for n in range(40):
+        api.enqueue(payload=n)
+    largest = post(api, max_concurrency=5).json()
+    expiring = post(api, max_concurrency=4).json()
+    smallest = post(api, max_concurrency=2).json()
+    assert (leases_at_once(api), limit_of(api)) == (5, 5)
+    assert revoke(api, largest["approval_id"]).status_code == 200
+    assert (leases_at_once(api), limit_of(api)) == (4, 4)
+    db.execute(
+        "UPDATE spend_approvals SET expires_at = now() - interval '1 second'"
+        " WHERE approval_id = %s",
+        (expiring["approval_id"],),
+    )
+    assert (leases_at_once(api), limit_of(api)) == (2, 2)
+    assert revoke(api, smallest["approval_id"]).status_code == 200
+    assert (leases_at_once(api), limit_of(api)) == (1, 1)
+
+
+def test_an_approval_ends_at_its_expiry_by_the_database_clock(api: Api, db: Db) -> None:
+    for n in range(6):
+        api.enqueue(payload=n)
+    row = db.execute("SELECT now() + interval '1.5 seconds' AS at").fetchone()
+    assert row is not None
+    expires_at = row["at"]
+    assert isinstance(expires_at, datetime)
+    made = post(api, expires_at=expires_at.isoformat())
+    assert made.status_code == 201, made.text
+    assert leases_at_once(api) == 3
+    while db.execute("SELECT now() <= %s AS live", (expires_at,)).fetchone() == {"live": True}:
+        time.sleep(0.05)
+    assert (leases_at_once(api), limit_of(api)) == (1, 1)
+
+
+def test_an_approval_stored_above_the_loaded_max_approved_is_held_to_it(
+    tmp_path: Path, database_url: str, db: Db
+) -> None:
+    concurrency = {"limit": 1, "scope": "local", "max-approved": 3}
+    policy = policy_file(
+        tmp_path / "narrow.json",
+        {"durable-leased-work": {"concurrency": concurrency}},
+        version="test.narrow-approvals",
+    )
+    settings = Settings(data_dir=tmp_path, poll_interval=0.2, policy=str(policy))
+    with live_api(settings, database_url) as api:
+        for n in range(10):
+            api.enqueue(payload=n)
+        refused = post(api, max_concurrency=4)
+        assert refused.status_code == 422, refused.text
+        (error,) = refused.json()["errors"]
+        assert (error["cell"], error["limit"]) == ("durable-leased-work/concurrency", 3)
+        made = post(api, max_concurrency=3)
+        assert made.status_code == 201, made.text
+        assert (leases_at_once(api), limit_of(api)) == (3, 3)
+        # Stored under a looser policy: an approval the loaded one would refuse.
+        db.execute("UPDATE spend_approvals SET max_concurrency = 8")
+        assert (leases_at_once(api), limit_of(api)) == (3, 3)

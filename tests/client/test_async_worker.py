@@ -1,8 +1,9 @@
-"""The asyncio SDK: the same API as the thread SDK, and the same outcomes against the real server."""
+"""The asyncio SDK: the same API as the thread SDK; what only its face has, against the real server."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 from typing import Any
 
@@ -12,17 +13,14 @@ from queue_server.client import (
     AsyncJob,
     AsyncQueueClient,
     AsyncWorker,
-    NewItem,
     Outcome,
-    Quarantine,
     QueueClient,
     Result,
-    TransientError,
     Worker,
 )
 from queue_server.client.core import ClientCore
 from tests.helpers.api import Api
-from tests.helpers.items import requests_to
+from tests.helpers.items import expire
 
 DB = psycopg.Connection[dict[str, object]]
 
@@ -58,76 +56,46 @@ def test_the_async_client_and_worker_have_the_same_api_as_the_thread_ones() -> N
         assert _parameters(sig)[1:] == _parameters(workers[1][name])[1:], name
 
 
-def test_async_worker_completes_triages_and_quarantines(api: Api, db: DB) -> None:
-    api.approve("q", 16)
+def test_an_async_handler_awaits_job_stop_and_a_plain_function_is_a_handler_too(
+    api: Api, db: DB
+) -> None:
+    """What only the asyncio face has; its behaviour is the thread worker's (tests/client/
+    test_worker*.py run every behaviour test on both faces)."""
 
-    async def scenario() -> list[Result]:
+    async def scenario() -> tuple[Result, bool, list[Result]]:
         async with AsyncQueueClient(api.url, api.keys["worker"]) as qs:
-            await qs.enqueue_batch("q", [NewItem(payload=n) for n in range(40)])
-            await qs.enqueue("q", "transient")
-            await qs.enqueue("q", "poison")
-
-            async def handler(job: AsyncJob) -> Any:
-                await asyncio.sleep(0)
-                if job.payload == "transient":
-                    raise TransientError("try later")
-                if job.payload == "poison":
-                    raise Quarantine("never works")
-                return {"double": job.payload * 2}
-
-            results: list[Result] = []
-            worker = AsyncWorker(qs, "q", handler, concurrency=8, wait=0, on_result=results.append)
-            assert await worker.run(max_items=42) == 42
-            return results
-
-    results = asyncio.run(scenario())
-    outcomes = sorted(r.outcome.value for r in results)
-    assert outcomes == ["completed"] * 40 + ["quarantined", "triaged"]
-    done = db.execute(
-        "SELECT count(*) AS n FROM work_items WHERE state = 'completed'"
-        " AND result = jsonb_build_object('double', payload::int * 2)"
-    ).fetchone()
-    assert done == {"n": 40}
-    failures = db.execute(
-        "SELECT payload #>> '{}' AS payload, state, last_failure->>'transient' AS transient"
-        " FROM work_items WHERE state <> 'completed' ORDER BY 1"
-    ).fetchall()
-    assert failures == [
-        {"payload": "poison", "state": "quarantined", "transient": "false"},
-        {"payload": "transient", "state": "ready", "transient": "true"},
-    ]
-    assert 1 <= requests_to(api, "/v1/tenants/{tenant}/completions") < 40
-
-
-def test_async_worker_stops_a_handler_whose_lease_is_lost(api: Api, db: DB) -> None:
-    async def scenario() -> tuple[Result, bool]:
-        async with AsyncQueueClient(api.url, api.keys["worker"]) as qs:
-            item = await qs.enqueue("q", "slow")
+            await qs.enqueue("slow", "slow")
+            plain = await qs.enqueue("plain", 21)
             told_to_stop = asyncio.Event()
 
             async def handler(job: AsyncJob) -> str:
-                db.execute(
-                    "UPDATE work_items SET lease_expires_at = now() - interval '1 second'"
-                    " WHERE item_id = %s",
-                    (item.item_id,),
-                )
-                await qs.acquire("q", worker="w2", lease_ttl=30)
-                try:
+                expire(db, job.item_id)
+                await qs.acquire("slow", worker="w2", lease_ttl=30)
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(job.stop.wait(), 10)
                     told_to_stop.set()
-                except TimeoutError:
-                    pass
                 return "late result"
 
-            worker = AsyncWorker(qs, "q", handler, name="w1", lease_ttl=2, heartbeat_fraction=0.25)
-            (lease,) = await qs.acquire("q", worker="w1", lease_ttl=2)
+            worker = AsyncWorker(
+                qs, "slow", handler, name="w1", lease_ttl=2, heartbeat_fraction=0.25
+            )
+            (lease,) = await qs.acquire("slow", worker="w1", lease_ttl=2)
             result = await worker.process(lease)
-            return result, told_to_stop.is_set()
+            results: list[Result] = []
+            doubler = AsyncWorker(
+                qs, "plain", lambda job: job.payload * 2, wait=0, on_result=results.append
+            )
+            assert await doubler.run(drain=True) == 1
+            assert (await qs.get_item(plain.item_id)).result == 42
+            return result, told_to_stop.is_set(), results
 
-    result, stopped = asyncio.run(scenario())
+    result, stopped, results = asyncio.run(scenario())
     assert stopped
     assert result.outcome is Outcome.LOST
-    row = db.execute("SELECT state, lease_holder, result FROM work_items").fetchone()
+    assert [r.outcome for r in results] == [Outcome.COMPLETED]
+    row = db.execute(
+        "SELECT state, lease_holder, result FROM work_items WHERE queue = 'slow'"
+    ).fetchone()
     assert row == {"state": "leased", "lease_holder": "w2", "result": None}
 
 

@@ -1,5 +1,5 @@
-"""The worker helper, on both faces: heartbeats, complete, triage, and a lost lease that stops
-the handler."""
+"""The worker helper, on both faces: heartbeats, complete, requeue, triage, and a lost lease
+that stops the handler."""
 
 from __future__ import annotations
 
@@ -8,16 +8,19 @@ import time
 from typing import Any
 
 import psycopg
+import pytest
 
 from queue_server.client import (
     Outcome,
     Quarantine,
     QueueClient,
+    Requeue,
     Result,
     TransientError,
 )
 from tests.helpers.api import Api
 from tests.helpers.faces import AnyJob, Face, wait_for_stop
+from tests.helpers.items import requests_to
 
 DB = psycopg.Connection[dict[str, object]]
 
@@ -30,21 +33,55 @@ def kinds(qs: QueueClient, item_id: str) -> list[str]:
     return [e.kind for e in qs.ledger(item_id)]
 
 
-def test_success_completes_with_the_handler_result_after_heartbeats(api: Api, face: Face) -> None:
+def test_handlers_complete_with_their_results_and_one_request_extends_every_lease(
+    api: Api, face: Face
+) -> None:
+    api.approve("q", 3)
     with client(api) as qs:
-        item = qs.enqueue("q", {"n": 2})
+        items = [qs.enqueue("q", {"n": n}) for n in range(3)]
 
         def handler(job: AnyJob) -> Any:
             time.sleep(1.2)  # several heartbeat intervals of a 1 s lease
             return {"double": job.payload["n"] * 2}
 
-        worker = face.worker(api, "q", handler, name="w1", lease_ttl=1, heartbeat_fraction=0.3)
-        (lease,) = qs.acquire("q", worker="w1", lease_ttl=1)
+        results: list[Result] = []
+        worker = face.worker(
+            api, "q", handler, name="w1", lease_ttl=1, heartbeat_fraction=0.3, concurrency=3,
+            wait=0, on_result=results.append,
+        )  # fmt: skip
+        assert worker.run(max_items=3) == 3
+        assert [r.outcome for r in results] == [Outcome.COMPLETED] * 3
+        beats = 0
+        for n, item in enumerate(items):
+            done = qs.get_item(item.item_id)
+            assert (done.state, done.result) == ("completed", {"double": n * 2})
+            assert kinds(qs, item.item_id).count("heartbeat") >= 2
+            beats += kinds(qs, item.item_id).count("heartbeat")
+    # The three leases beat together: fewer requests than beats, none of them single.
+    assert requests_to(api, "/v1/tenants/{tenant}/items/{item_id}/heartbeat") == 0
+    assert 2 <= requests_to(api, "/v1/tenants/{tenant}/leases:heartbeat") <= beats / 2
+
+
+def test_a_requeue_gives_the_item_back_untouched_due_after_its_delay(api: Api, face: Face) -> None:
+    with client(api) as qs:
+        item = qs.enqueue("q", "later")
+        calls: list[str] = []
+
+        def handler(job: AnyJob) -> Any:
+            calls.append(job.payload)
+            raise Requeue("not yet", delay=30)
+
+        worker = face.worker(api, "q", handler, name="w1", lease_ttl=5)
+        (lease,) = qs.acquire("q", worker="w1", lease_ttl=5)
         result = worker.process(lease)
-        assert result.outcome is Outcome.COMPLETED
-        done = qs.get_item(item.item_id)
-        assert (done.state, done.result) == ("completed", {"double": 4})
-        assert kinds(qs, item.item_id).count("heartbeat") >= 2
+        assert (result.outcome, result.item_id) == (Outcome.REQUEUED, item.item_id)
+        back = qs.get_item(item.item_id)
+        assert (back.state, back.last_failure, back.lease_holder) == ("ready", None, None)
+        assert (back.available_at - back.updated_at).total_seconds() == pytest.approx(30, abs=1)
+        # No failure is recorded, and nothing ran it again meanwhile.
+        assert kinds(qs, item.item_id) == ["enqueued", "acquired", "requeued"]
+        assert calls == ["later"]
+        assert qs.acquire("q", worker="w2") == []
 
 
 def test_failures_are_triaged_back_to_the_queue_or_into_quarantine(api: Api, face: Face) -> None:

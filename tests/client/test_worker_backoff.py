@@ -18,6 +18,10 @@ def client(api: Api) -> QueueClient:
     return QueueClient(api.url, api.keys["worker"], tenant=api.tenant)
 
 
+def kinds(qs: QueueClient, item_id: str) -> list[str]:
+    return [e.kind for e in qs.ledger(item_id)]
+
+
 def test_a_failing_handler_s_item_comes_back_after_one_then_two_then_four_seconds(
     api: Api, face: Face
 ) -> None:
@@ -85,12 +89,13 @@ def test_a_drain_waits_for_the_items_it_sent_back_until_their_budget_is_spent(
     api: Api, face: Face
 ) -> None:
     with client(api) as qs:
-        item = qs.enqueue("q", "x", max_acquisitions=2)
+        item = qs.enqueue("q", "x", max_acquisitions=1)
 
         def handler(job: AnyJob) -> Any:
             raise ValueError("still broken")
 
         worker = face.worker(api, "q", handler, name="w1", lease_ttl=5)
-        # Back after 1 s, then after 2 s; the acquire after that quarantines it.
-        assert worker.run(drain=True) == 2
+        # Back after 1 s: the drain waits for it, and the acquire then quarantines it.
+        assert worker.run(drain=True) == 1
         assert qs.get_item(item.item_id).state == "quarantined"
+        assert kinds(qs, item.item_id)[-2:] == ["triaged", "quarantined"]

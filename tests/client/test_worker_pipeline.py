@@ -13,7 +13,7 @@ import psycopg
 
 from queue_server.client import NewItem, Outcome, QueueClient, Result
 from tests.helpers.api import Api
-from tests.helpers.faces import AnyJob, Face
+from tests.helpers.faces import AnyJob, Face, wait_for_stop
 from tests.helpers.items import requests_to
 
 DB = psycopg.Connection[dict[str, object]]
@@ -86,10 +86,12 @@ def test_stop_gives_back_waiting_leases_and_lets_the_running_one_finish(
             qs.enqueue("q", n)
         started = threading.Event()
         release = threading.Event()
+        told_to_stop: list[bool] = []
 
         def handler(job: AnyJob) -> str:
             started.set()
             assert release.wait(10)
+            told_to_stop.append(job.should_stop())
             return "done"
 
         results: list[Result] = []
@@ -108,6 +110,7 @@ def test_stop_gives_back_waiting_leases_and_lets_the_running_one_finish(
         runner.join(20)
         assert not runner.is_alive()
     assert [r.outcome for r in results] == [Outcome.COMPLETED]
+    assert told_to_stop == [False]  # stopping the worker leaves a running handler be
     states = db.execute(
         "SELECT state, count(*) AS n FROM work_items GROUP BY state ORDER BY state"
     ).fetchall()
@@ -119,6 +122,46 @@ def test_stop_gives_back_waiting_leases_and_lets_the_running_one_finish(
         "SELECT data->>'reason' AS reason FROM item_events WHERE kind = 'requeued'"
     ).fetchall()
     assert reasons == [{"reason": "worker stopping"}] * 4
+
+
+def test_past_its_grace_a_running_handler_is_told_to_stop_and_run_waits_for_its_outcome(
+    api: Api, face: Face
+) -> None:
+    with QueueClient(api.url, api.keys["worker"]) as qs:
+        item = qs.enqueue("q", "long")
+        started = threading.Event()
+        finished = threading.Event()
+        told: list[float] = []
+
+        def handler(job: AnyJob) -> str:
+            started.set()
+            if wait_for_stop(job, 5):
+                told.append(time.monotonic())
+            time.sleep(0.2)  # winding down after being told
+            finished.set()
+            return "cut short"
+
+        results: list[Result] = []
+        returned: list[bool] = []
+        worker = face.worker(api, "q", handler, name="w1", wait=0, on_result=results.append)
+
+        def work() -> None:
+            worker.run(grace=0.4, handle_signals=False)
+            returned.append(finished.is_set())
+
+        runner = threading.Thread(target=work)
+        runner.start()
+        assert started.wait(10)
+        stopped_at = time.monotonic()
+        worker.stop()
+        runner.join(10)
+        assert not runner.is_alive()
+        assert len(told) == 1, "the handler was never told to stop"
+        assert told[0] - stopped_at >= 0.3  # not before its grace ran out
+        assert returned == [True]  # run returned only once the handler had
+        assert [r.outcome for r in results] == [Outcome.COMPLETED]
+        done = qs.get_item(item.item_id)
+        assert (done.state, done.result) == ("completed", "cut short")
 
 
 def test_a_result_that_is_not_json_fails_its_item_alone(api: Api, face: Face) -> None:

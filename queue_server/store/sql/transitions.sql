@@ -79,8 +79,9 @@ WITH terms AS (
     FROM tenants t LEFT JOIN queues q ON q.tenant_id = t.tenant_id AND q.queue = %(queue)s
     WHERE t.tenant_id = %(tenant)s
 ), counts AS (
-    -- A live approval: neither expired nor revoked.
-    SELECT coalesce((SELECT max(max_concurrency) FROM spend_approvals
+    -- A live approval: neither expired nor revoked; one stored under a looser policy is
+    -- held to the loaded one's max-approved (least() ignores a NULL: no ceiling given).
+    SELECT coalesce((SELECT max(least(max_concurrency, %(max_approved)s)) FROM spend_approvals
                      WHERE tenant_id = %(tenant)s AND queue = %(queue)s
                        AND expires_at > statement_timestamp()
                        AND revoked_at IS NULL), %(base_limit)s)
