@@ -36,11 +36,13 @@ RUNNERS = {"execute": 0, "fetch_one": 1, "fetch_all": 1}
 # to this worker, under the fence it presents, and the lease has not expired.
 HOLDER_GUARD = (
     "state = 'leased' AND fence = %(fence)s AND lease_holder = %(worker)s"
+    " AND coalesce(lease_key_id, %(key_id)s) = %(key_id)s"
     " AND lease_expires_at > statement_timestamp()"
 )
 # The same for a batch: each lease's own fence, from the statement's `input` rows.
 HOLDER_GUARD_MANY = (
     "w.state = 'leased' AND w.fence = i.fence AND w.lease_holder = %(worker)s"
+    " AND coalesce(w.lease_key_id, %(key_id)s) = %(key_id)s"
     " AND w.lease_expires_at > statement_timestamp()"
 )
 HOLDER_STATEMENTS = {

@@ -227,6 +227,16 @@ def _drop(mp: pytest.MonkeyPatch, guard: str, *names: str) -> None:
         replace_sql(mp, transitions, name, guard, "")
 
 
+_KEY = "AND coalesce(lease_key_id, %(key_id)s) = %(key_id)s"
+_KEY_MANY = "AND coalesce(w.lease_key_id, %(key_id)s) = %(key_id)s"
+
+
+@weakening("any-key-holds-the-lease", "holder operations stop checking the key that took it")
+def _any_key_holds_the_lease(mp: pytest.MonkeyPatch) -> None:
+    _drop(mp, _KEY, "heartbeat", "complete", "requeue", "triage_requeue", "triage_quarantine")
+    _drop(mp, _KEY_MANY, "heartbeat_many", "complete_many")
+
+
 @weakening("batch-complete-any-holder", "batch complete stops checking the holder's name")
 def _batch_complete_any_holder(mp: pytest.MonkeyPatch) -> None:
     _drop(mp, _HOLDER_MANY, "complete_many")
@@ -338,7 +348,12 @@ def _triage_replay_rechecks_authority(mp: pytest.MonkeyPatch) -> None:
             )
             if await cur.fetchone() is None:
                 raise await transitions.explain_rejection(
-                    conn, tenant=tenant, item_id=item_id, worker=kw["worker"], fence=kw["fence"]
+                    conn,
+                    tenant=tenant,
+                    item_id=item_id,
+                    worker=kw["worker"],
+                    key_id=principal.key_id,
+                    fence=kw["fence"],
                 )
         return await original(self, principal, tenant, item_id, *a, **kw)
 

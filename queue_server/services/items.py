@@ -482,7 +482,7 @@ class Items:
             wakeup = self.wakeups.subscribe(tenant, queue)
             try:
                 leased = await self._acquire_once(
-                    tenant, queue, worker, ttl, max_items, client_gone
+                    tenant, queue, worker, principal.key_id, ttl, max_items, client_gone
                 )
                 remaining = deadline - loop.time()
                 if leased or remaining <= 0:
@@ -512,6 +512,7 @@ class Items:
         tenant: str,
         queue: str,
         worker: str,
+        key_id: str,
         ttl: timedelta | None,
         max_items: int,
         client_gone: Callable[[], Awaitable[bool]],
@@ -531,6 +532,7 @@ class Items:
                         tenant=tenant,
                         queue=queue,
                         worker=worker,
+                        key_id=key_id,
                         ttl=ttl,
                         max_ttl=self._max_ttl,
                         deadline=timedelta(seconds=self.envelope.leased.deadline),
@@ -545,7 +547,7 @@ class Items:
                     if leased and await client_gone():
                         async with conn.transaction():
                             await transitions.release_unsent(
-                                conn, tenant=tenant, worker=worker, leases=leased
+                                conn, tenant=tenant, worker=worker, key_id=key_id, leases=leased
                             )
                         raise errors.ClientDisconnectedError()
             if leased or not quarantined:
@@ -582,13 +584,19 @@ class Items:
                 tenant=tenant,
                 item_id=item_id,
                 worker=worker,
+                key_id=principal.key_id,
                 fence=fence,
                 ttl=ttl,
                 max_ttl=self._max_ttl,
             )
             if row is None:
                 raise await transitions.explain_rejection(
-                    conn, tenant=tenant, item_id=item_id, worker=worker, fence=fence
+                    conn,
+                    tenant=tenant,
+                    item_id=item_id,
+                    worker=worker,
+                    key_id=principal.key_id,
+                    fence=fence,
                 )
         return Answer.of(
             200,
@@ -625,7 +633,13 @@ class Items:
         async with self.db.tx() as conn:
             extended = (
                 await transitions.heartbeat_many(
-                    conn, tenant=tenant, worker=worker, leases=valid, ttl=ttl, max_ttl=self._max_ttl
+                    conn,
+                    tenant=tenant,
+                    worker=worker,
+                    key_id=principal.key_id,
+                    leases=valid,
+                    ttl=ttl,
+                    max_ttl=self._max_ttl,
                 )
                 if valid
                 else {}
@@ -633,7 +647,7 @@ class Items:
             refused = {e["item_id"]: e["fence"] for e in valid if e["item_id"] not in extended}
             refusals = (
                 await transitions.explain_rejections(
-                    conn, tenant=tenant, worker=worker, fences=refused
+                    conn, tenant=tenant, worker=worker, key_id=principal.key_id, fences=refused
                 )
                 if refused
                 else {}
@@ -684,7 +698,12 @@ class Items:
             row = await change(conn)
             if row is None:
                 refusal = await transitions.explain_rejection(
-                    conn, tenant=tenant, item_id=item_id, worker=holder, fence=fence
+                    conn,
+                    tenant=tenant,
+                    item_id=item_id,
+                    worker=holder,
+                    key_id=principal.key_id,
+                    fence=fence,
                 )
                 if on_refusal is not None and not isinstance(refusal, errors.NotFoundError):
                     await on_refusal(conn, refusal)
@@ -707,7 +726,13 @@ class Items:
     ) -> Answer:
         async def change(conn: Conn) -> Row | None:
             return await transitions.complete(
-                conn, tenant=tenant, item_id=item_id, worker=worker, fence=fence, result=result
+                conn,
+                tenant=tenant,
+                item_id=item_id,
+                worker=worker,
+                key_id=principal.key_id,
+                fence=fence,
+                result=result,
             )
 
         return await self._holder_effect(
@@ -737,7 +762,7 @@ class Items:
         async def operation(conn: Conn) -> Answer:
             valid = [entry for entry in completions if is_uuid(entry["item_id"])]
             done = await transitions.complete_many(
-                conn, tenant=tenant, worker=worker, completions=valid
+                conn, tenant=tenant, worker=worker, key_id=principal.key_id, completions=valid
             )
             # Ids that are not ours cannot be explained by the database: they are simply not found.
             refused = {
@@ -745,7 +770,7 @@ class Items:
             }
             refusals = (
                 await transitions.explain_rejections(
-                    conn, tenant=tenant, worker=worker, fences=refused
+                    conn, tenant=tenant, worker=worker, key_id=principal.key_id, fences=refused
                 )
                 if refused
                 else {}
@@ -789,6 +814,7 @@ class Items:
                 tenant=tenant,
                 item_id=item_id,
                 worker=worker,
+                key_id=principal.key_id,
                 fence=fence,
                 reason=reason,
                 delay=delay,
@@ -836,6 +862,7 @@ class Items:
                 tenant=tenant,
                 item_id=item_id,
                 worker=worker,
+                key_id=principal.key_id,
                 fence=fence,
                 failure=failure,
                 quarantine=quarantine,

@@ -225,8 +225,8 @@ class Queues:
 
     async def status(self, principal: auth.Principal, tenant: str) -> Answer:
         """Every queue of the tenant: items by state, oldest ready and lease ages, active
-        leases, open dead letters, paused, completions and failures over the last minute
-        and hour; the backlog against its cap."""
+        leases (a worker key's own only), open dead letters, paused, completions and
+        failures over the last minute and hour; the backlog against its cap."""
         principal.require(tenant, *WORKER_OR_OPERATOR)
         async with self.db.conn() as conn:
             row = await require_tenant(conn, tenant)
@@ -234,6 +234,9 @@ class Queues:
             queues = await self._figures(conn, tenant)
             open_dead_letters = await dead_letters.count_open(conn, tenant=tenant)
             leases = await reads.leases(conn, tenant=tenant, limit=STATUS_LEASES)
+        if principal.role is Role.WORKER:
+            # A worker key sees its own leases only: no other holder's name and fence.
+            leases = [r for r in leases if r["lease_key_id"] == principal.key_id]
         return Answer.of(
             200,
             {

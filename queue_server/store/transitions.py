@@ -104,6 +104,7 @@ async def acquire(
     tenant: str,
     queue: str,
     worker: str,
+    key_id: str,
     ttl: timedelta | None,
     max_ttl: timedelta,
     deadline: timedelta,
@@ -137,6 +138,7 @@ async def acquire(
             "tenant": tenant,
             "queue": queue,
             "worker": worker,
+            "key_id": key_id,
             "ttl": ttl,
             "max_ttl": max_ttl,
             "deadline": deadline,
@@ -163,7 +165,9 @@ async def acquire(
     return Acquired(leased=leased, quarantined=quarantined, contended=contended)
 
 
-async def release_unsent(conn: Conn, *, tenant: str, worker: str, leases: list[Row]) -> int:
+async def release_unsent(
+    conn: Conn, *, tenant: str, worker: str, key_id: str, leases: list[Row]
+) -> int:
     """leased -> ready: leases whose client left before they were sent never count.
 
     The fence keeps its new value (the next acquire raises it again); the
@@ -177,6 +181,7 @@ async def release_unsent(conn: Conn, *, tenant: str, worker: str, leases: list[R
             "ids": [entry["item_id"] for entry in entries],
             "tenant": tenant,
             "worker": worker,
+            "key_id": key_id,
         },
     )
     return len(await cur.fetchall())
@@ -194,11 +199,14 @@ class Backoff:
         return {"backoff_base": self.base, "backoff_cap": self.cap}
 
 
-def _holder_params(tenant: str, item_id: str, worker: str, fence: int) -> dict[str, Any]:
+def _holder_params(
+    tenant: str, item_id: str, worker: str, key_id: str, fence: int
+) -> dict[str, Any]:
     return {
         "tenant": tenant,
         "item_id": item_id,
         "worker": worker,
+        "key_id": key_id,
         "fence": fence,
         "shard": _shard(),
     }
@@ -210,6 +218,7 @@ async def heartbeat(
     tenant: str,
     item_id: str,
     worker: str,
+    key_id: str,
     fence: int,
     ttl: timedelta | None,
     max_ttl: timedelta,
@@ -217,15 +226,19 @@ async def heartbeat(
     """leased -> leased: the holder, with its fence, extends a lease that has not expired
     by `ttl` (None: the queue's lease TTL, else the tenant's default; at most `max_ttl`),
     up to the lease's deadline and never past it."""
-    params = {**_holder_params(tenant, item_id, worker, fence), "ttl": ttl, "max_ttl": max_ttl}
+    params = {
+        **_holder_params(tenant, item_id, worker, key_id, fence),
+        "ttl": ttl,
+        "max_ttl": max_ttl,
+    }
     return await fetch_one(conn, _SQL["heartbeat"], params)
 
 
 async def complete(
-    conn: Conn, *, tenant: str, item_id: str, worker: str, fence: int, result: Any
+    conn: Conn, *, tenant: str, item_id: str, worker: str, key_id: str, fence: int, result: Any
 ) -> Row | None:
     """leased -> completed: the holder, with its fence, on an unexpired lease."""
-    params = {**_holder_params(tenant, item_id, worker, fence), "result": Jsonb(result)}
+    params = {**_holder_params(tenant, item_id, worker, key_id, fence), "result": Jsonb(result)}
     return await fetch_one(conn, _SQL["complete"], params)
 
 
@@ -235,6 +248,7 @@ async def requeue(
     tenant: str,
     item_id: str,
     worker: str,
+    key_id: str,
     fence: int,
     reason: str,
     delay: float | None,
@@ -243,7 +257,7 @@ async def requeue(
     """leased -> ready, due after `delay` seconds (None: the queue's backoff for the item's
     acquisition count): the holder gives the item back; the next acquire raises the fence."""
     params = {
-        **_holder_params(tenant, item_id, worker, fence),
+        **_holder_params(tenant, item_id, worker, key_id, fence),
         "reason": reason,
         "delay": delay,
         **backoff.params(),
@@ -257,6 +271,7 @@ async def triage(
     tenant: str,
     item_id: str,
     worker: str,
+    key_id: str,
     fence: int,
     failure: dict[str, Any],
     quarantine: bool,
@@ -266,7 +281,7 @@ async def triage(
     """leased -> ready after `delay` (decision requeue; None: the queue's backoff) or
     quarantined (+ dead letter), failure recorded."""
     params = {
-        **_holder_params(tenant, item_id, worker, fence),
+        **_holder_params(tenant, item_id, worker, key_id, fence),
         "failure": Jsonb(failure),
         "delay": delay,
         **backoff.params(),
@@ -291,7 +306,7 @@ async def record_triage_rejected(
     by `actor` (the worker name a worker key presented, else the key), with the worker
     name and the fence presented."""
     params = {
-        **_holder_params(tenant, item_id, worker, fence),
+        **_holder_params(tenant, item_id, worker, "", fence),
         "failure": Jsonb(failure),
         "reason": reason,
         "actor": actor,
@@ -325,7 +340,7 @@ async def record_scheduled(
 
 
 def _refusal(
-    row: Row | None, *, item_id: str, worker: str | None, fence: int
+    row: Row | None, *, item_id: str, worker: str | None, key_id: str | None, fence: int
 ) -> errors.QueueServerError:
     """Why the holder guard refused `worker` with `fence`; `worker` None: a key that holds no
     lease (an operator's), whatever name and fence it presented."""
@@ -356,7 +371,8 @@ def _refusal(
         # stale-fence is a lower fence (a newer lease superseded it); a higher one was never
         # handed out (README.md, the refusal codes after the guarantees).
         return errors.FenceAheadError(item_id=item_id, current_fence=row["fence"])
-    if row["lease_holder"] != worker:
+    if row["lease_holder"] != worker or row["lease_key_id"] not in (None, key_id):
+        # Another name, or the right name and fence from a key that did not take the lease.
         return errors.NotLeaseHolderError(item_id=item_id)
     if row["expired"] and row["lease_expires_at"] >= row["lease_deadline_at"]:
         return errors.LeaseDeadlineExceededError(
@@ -371,7 +387,7 @@ def _refusal(
 
 
 async def explain_rejections(
-    conn: Conn, *, tenant: str, worker: str | None, fences: dict[str, int]
+    conn: Conn, *, tenant: str, worker: str | None, key_id: str | None, fences: dict[str, int]
 ) -> dict[str, errors.QueueServerError]:
     """Why guarded holder operations changed nothing: the precise refusal of each item."""
     cur = await conn.execute(
@@ -379,17 +395,21 @@ async def explain_rejections(
     )
     rows = {row["item_id"]: row for row in await cur.fetchall()}
     return {
-        item_id: _refusal(rows.get(item_id), item_id=item_id, worker=worker, fence=fence)
+        item_id: _refusal(
+            rows.get(item_id), item_id=item_id, worker=worker, key_id=key_id, fence=fence
+        )
         for item_id, fence in fences.items()
     }
 
 
 async def explain_rejection(
-    conn: Conn, *, tenant: str, item_id: str, worker: str | None, fence: int
+    conn: Conn, *, tenant: str, item_id: str, worker: str | None, key_id: str | None, fence: int
 ) -> errors.QueueServerError:
     """Why a guarded holder operation changed nothing: the precise refusal (`worker` None: the
     caller's key holds no lease)."""
-    refusals = await explain_rejections(conn, tenant=tenant, worker=worker, fences={item_id: fence})
+    refusals = await explain_rejections(
+        conn, tenant=tenant, worker=worker, key_id=key_id, fences={item_id: fence}
+    )
     return refusals[item_id]
 
 
@@ -398,6 +418,7 @@ async def heartbeat_many(
     *,
     tenant: str,
     worker: str,
+    key_id: str,
     leases: list[dict[str, Any]],
     ttl: timedelta | None,
     max_ttl: timedelta,
@@ -414,6 +435,7 @@ async def heartbeat_many(
             "ids": [entry["item_id"] for entry in leases],
             "tenant": tenant,
             "worker": worker,
+            "key_id": key_id,
             "ttl": ttl,
             "max_ttl": max_ttl,
         },
@@ -422,7 +444,7 @@ async def heartbeat_many(
 
 
 async def complete_many(
-    conn: Conn, *, tenant: str, worker: str, completions: list[dict[str, Any]]
+    conn: Conn, *, tenant: str, worker: str, key_id: str, completions: list[dict[str, Any]]
 ) -> dict[str, Row]:
     """leased -> completed for each item whose own fence, holder and expiry pass the guard.
 
@@ -435,6 +457,7 @@ async def complete_many(
             "ids": [entry["item_id"] for entry in completions],
             "tenant": tenant,
             "worker": worker,
+            "key_id": key_id,
             "shard": _shard(),
         },
     )

@@ -30,6 +30,7 @@ def test_released_lease_goes_back_to_ready_uncharged_and_the_next_acquire_raises
                 tenant="acme",
                 queue="q",
                 worker="gone",
+                key_id="0123456789abcdef",
                 ttl=timedelta(seconds=30),
                 max_ttl=timedelta(seconds=30),
                 deadline=timedelta(seconds=900),
@@ -39,7 +40,7 @@ def test_released_lease_goes_back_to_ready_uncharged_and_the_next_acquire_raises
             assert [str(row["item_id"]) for row in leased] == [item["item_id"]]
             async with conn.transaction():
                 return await transitions.release_unsent(
-                    conn, tenant="acme", worker="gone", leases=leased
+                    conn, tenant="acme", worker="gone", key_id="0123456789abcdef", leases=leased
                 )
 
     assert asyncio.run(acquire_then_release()) == 1

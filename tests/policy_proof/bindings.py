@@ -556,6 +556,14 @@ EXTRA_PROOFS: tuple[Binding, ...] = (
         + "test_a_triage_replayed_under_its_accepted_key_after_a_successor_answers_the_original_200",
         "triage-replay-rechecks-authority",
     ),
+    Binding(
+        LW,
+        FENCING,
+        HOLDER,
+        "tests/api/test_lease_keys.py::"
+        "test_another_worker_key_with_the_holders_name_and_fence_is_not_the_holder",
+        "any-key-holds-the-lease",
+    ),
     Binding(LW, FENCING, HOLDER, _SINGLE, "drop-holder-guard"),
     Binding(LW, RESUMING, HOLDER, _SINGLE, "drop-expiry-guard"),
     # drop-fence-guard (the single routes and triage) is caught by more than its bound test.

@@ -129,6 +129,7 @@ def test_rolled_back_transition_leaves_no_outbox_row(api: Api, database_url: str
                 tenant="acme",
                 item_id=str(item["item_id"]),
                 worker="w1",
+                key_id=api.keys["worker"].split("_")[1],  # the key that took the lease
                 fence=int(str(lease["fence"])),
                 result=None,
             )

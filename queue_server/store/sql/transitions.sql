@@ -130,6 +130,7 @@ WITH terms AS (
     UPDATE work_items w
     SET state = 'leased', fence = w.fence + 1, acquisition_count = w.acquisition_count + 1,
         lease_holder = %(worker)s,
+        lease_key_id = %(key_id)s,
         lease_expires_at = statement_timestamp() + (SELECT least(ttl, deadline) FROM terms),
         lease_deadline_at = statement_timestamp() + (SELECT deadline FROM terms),
         leased_at = statement_timestamp(), updated_at = statement_timestamp(),
@@ -222,6 +223,7 @@ WITH input AS (
     FROM input i
     WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(%(ids)s::uuid[]) AND w.item_id = i.item_id
       AND w.state = 'leased' AND w.fence = i.fence AND w.lease_holder = %(worker)s
+      AND coalesce(w.lease_key_id, %(key_id)s) = %(key_id)s
     RETURNING w.*
 ), ev AS (
     INSERT INTO item_events (tenant_id, item_id, seq, at, kind, fence, actor, data)
@@ -253,6 +255,7 @@ WITH upd AS (
         updated_at = statement_timestamp(), event_seq = event_seq + 1
     WHERE tenant_id = %(tenant)s AND item_id = %(item_id)s
       AND state = 'leased' AND fence = %(fence)s AND lease_holder = %(worker)s
+      AND coalesce(lease_key_id, %(key_id)s) = %(key_id)s
       AND lease_expires_at > statement_timestamp()
     RETURNING *
 ), ev AS (
@@ -270,6 +273,7 @@ WITH upd AS (
         updated_at = statement_timestamp(), event_seq = event_seq + 1
     WHERE tenant_id = %(tenant)s AND item_id = %(item_id)s
       AND state = 'leased' AND fence = %(fence)s AND lease_holder = %(worker)s
+      AND coalesce(lease_key_id, %(key_id)s) = %(key_id)s
       AND lease_expires_at > statement_timestamp()
     RETURNING *
 ), ev AS (
@@ -322,6 +326,7 @@ WITH upd AS (
         event_seq = event_seq + 1
     WHERE tenant_id = %(tenant)s AND item_id = %(item_id)s
       AND state = 'leased' AND fence = %(fence)s AND lease_holder = %(worker)s
+      AND coalesce(lease_key_id, %(key_id)s) = %(key_id)s
       AND lease_expires_at > statement_timestamp()
     RETURNING *
 ), ev AS (
@@ -366,6 +371,7 @@ WITH upd AS (
         updated_at = statement_timestamp(), event_seq = event_seq + 1
     WHERE tenant_id = %(tenant)s AND item_id = %(item_id)s
       AND state = 'leased' AND fence = %(fence)s AND lease_holder = %(worker)s
+      AND coalesce(lease_key_id, %(key_id)s) = %(key_id)s
       AND lease_expires_at > statement_timestamp()
     RETURNING *
 ), ev AS (
@@ -407,6 +413,7 @@ WITH upd AS (
         lease_expires_at = NULL, updated_at = statement_timestamp(), event_seq = event_seq + 1
     WHERE tenant_id = %(tenant)s AND item_id = %(item_id)s
       AND state = 'leased' AND fence = %(fence)s AND lease_holder = %(worker)s
+      AND coalesce(lease_key_id, %(key_id)s) = %(key_id)s
       AND lease_expires_at > statement_timestamp()
     RETURNING *
 ), ev AS (
@@ -476,7 +483,7 @@ INSERT INTO item_events (tenant_id, item_id, seq, at, kind, fence, actor, data)
     FROM upd;
 
 -- name: explain_rejections
-SELECT item_id::text AS item_id, state, fence, lease_holder, lease_expires_at,
+SELECT item_id::text AS item_id, state, fence, lease_holder, lease_key_id, lease_expires_at,
        lease_deadline_at, lease_expires_at <= statement_timestamp() AS expired,
        -- Who cancelled a cancelled item, when, and whose lease it ended.
        CASE WHEN state = 'cancelled' THEN
@@ -506,6 +513,7 @@ WITH input AS (
     FROM input i
     WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(%(ids)s::uuid[]) AND w.item_id = i.item_id
       AND w.state = 'leased' AND w.fence = i.fence AND w.lease_holder = %(worker)s
+      AND coalesce(w.lease_key_id, %(key_id)s) = %(key_id)s
       AND w.lease_expires_at > statement_timestamp()
     RETURNING w.*
 ), ev AS (
@@ -527,6 +535,7 @@ WITH input AS (
     FROM input i
     WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(%(ids)s::uuid[]) AND w.item_id = i.item_id
       AND w.state = 'leased' AND w.fence = i.fence AND w.lease_holder = %(worker)s
+      AND coalesce(w.lease_key_id, %(key_id)s) = %(key_id)s
       AND w.lease_expires_at > statement_timestamp()
     RETURNING w.*
 ), ev AS (
