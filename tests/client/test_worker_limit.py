@@ -1,9 +1,11 @@
 """At start the worker says when the queue leases fewer items at a time than its own
-`concurrency`, on both faces."""
+`concurrency`, and it follows the queue's limit as it changes, on both faces."""
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -50,3 +52,35 @@ def test_a_worker_within_the_queues_limit_says_nothing(
     with caplog.at_level(logging.WARNING):
         assert worker.run(drain=True) == 1
     assert limit_warnings(caplog) == []
+
+
+def test_an_approval_made_while_the_worker_runs_raises_its_slots_at_the_next_limit_read(
+    api: Api, face: Face
+) -> None:
+    with QueueClient(api.url, api.keys["worker"], tenant=api.tenant) as qs:
+        for n in range(5):
+            qs.enqueue("q", n)
+    lock = threading.Lock()
+    running = [0]
+    peak = [0]
+    first = threading.Event()
+
+    def handler(job: AnyJob) -> Any:
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        first.set()
+        time.sleep(0.25)
+        with lock:
+            running[0] -= 1
+        return job.payload
+
+    worker = face.worker(api, "q", handler, name="w1", concurrency=3, wait=0, limit_refresh=0.1)
+    runner = threading.Thread(target=lambda: worker.run(drain=True, handle_signals=False))
+    runner.start()
+    assert first.wait(10)
+    assert peak[0] == 1  # the queue's own limit, until an operator approves more
+    api.approve("q", 3)
+    runner.join(20)
+    assert not runner.is_alive()
+    assert peak[0] == 3
