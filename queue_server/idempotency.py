@@ -46,11 +46,16 @@ class Answer:
     body: bytes
     replayed: bool = False
     problem: bool = False
+    # What the receipt keeps for a replay when it is not `body`: the answer without what is
+    # shown once (a signing secret is never stored a second time).
+    retained: bytes | None = None
 
     @classmethod
-    def of(cls, status: int, body: Any, *, replayed: bool = False) -> Answer:
-        """A JSON answer rendered as the API renders every body."""
-        return cls(status=status, body=views.dumps(body), replayed=replayed)
+    def of(cls, status: int, body: Any, *, replayed: bool = False, retained: Any = None) -> Answer:
+        """A JSON answer rendered as the API renders every body; `retained`, the body a
+        replay of its key gets instead."""
+        kept = None if retained is None else views.dumps(retained)
+        return cls(status=status, body=views.dumps(body), replayed=replayed, retained=kept)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +114,11 @@ async def replay(conn: Conn, *, tenant: str, idem: Idempotency) -> Answer:
 async def fill(conn: Conn, *, tenant: str, idem: Idempotency, answer: Answer) -> None:
     """Keep the answer on the claimed receipt, for every repeat of the key."""
     await idempotency_receipts.fill(
-        conn, tenant=tenant, key=idem.key, status=answer.status, body=answer.body.decode()
+        conn,
+        tenant=tenant,
+        key=idem.key,
+        status=answer.status,
+        body=(answer.retained or answer.body).decode(),
     )
 
 

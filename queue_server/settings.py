@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from datetime import timedelta
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 import platformdirs
 from pydantic import Field, model_validator
@@ -140,6 +142,17 @@ class Settings(BaseSettings):
     def listen_url(self, database_url: str) -> str:
         """Where the listener connects: LISTEN_DATABASE_URL, else the database itself."""
         return self.listen_database_url or database_url
+
+    def own_ports(self) -> frozenset[int]:
+        """The ports of this server's own services, which the transport allowance never
+        opens to a watcher: its API's, its database's (and PostgreSQL's and PgBouncer's
+        defaults)."""
+        ports = {self.port, 5432, 6432}
+        for url in (self.database_url, self.listen_database_url):
+            with contextlib.suppress(ValueError):
+                if url and (port := urlsplit(url).port) is not None:
+                    ports.add(port)
+        return frozenset(ports)
 
     def bounded_by(self, policy: ReliabilityPolicy) -> None:
         """Settings may lower a policy value, never raise it: PolicyError names each cell."""

@@ -68,16 +68,17 @@ def test_prepared_acquire_plan_reads_the_ready_index_not_the_whole_table(
         sql = sql.replace("%(max_items)s", "$5::int").replace("%(shard)s", "$6::int")
         sql = sql.replace("%(shared)s", "$7::bool").replace("%(slack)s", "$8::int")
         sql = sql.replace("%(deadline)s", "$9::interval").replace("%(base_limit)s", "$10::int")
-        sql = sql.replace("%(max_ttl)s", "$11::interval")
+        sql = sql.replace("%(max_ttl)s", "$11::interval").replace("%(max_approved)s", "$12::int")
+        sql = sql.replace("%(key_id)s", "$13::text")
         conn.execute(
-            "PREPARE acq(text, text, text, interval, int, int, bool, int, interval, int, interval)"
-            f" AS {sql}"
+            "PREPARE acq(text, text, text, interval, int, int, bool, int, interval, int, interval,"
+            f" int, text) AS {sql}"
         )
         generic = "\n".join(
             row["QUERY PLAN"]
             for row in conn.execute(
                 "EXPLAIN EXECUTE acq('t', 'q', 'w', '30 seconds', 50, 0, false, 0, '900 seconds', 1,"
-                " '30 seconds')"
+                " '30 seconds', 1000, '0123456789abcdef')"
             ).fetchall()
         )
         custom = "\n".join(
@@ -88,6 +89,8 @@ def test_prepared_acquire_plan_reads_the_ready_index_not_the_whole_table(
                     "tenant": "t",
                     "queue": "q",
                     "worker": "w",
+                    "key_id": "0123456789abcdef",
+                    "max_approved": 1000,
                     "ttl": timedelta(seconds=30),
                     "max_ttl": timedelta(seconds=30),
                     "deadline": timedelta(seconds=900),
@@ -275,6 +278,7 @@ def test_item_json_is_inlined_into_the_transitions_that_write_the_outbox(
             "tenant": "t",
             "item_id": "00000000-0000-0000-0000-000000000000",
             "worker": "w",
+            "key_id": "0123456789abcdef",
             "fence": 1,
             "shard": 0,
             "result": None,

@@ -84,7 +84,10 @@ class WatcherOut(BaseModel):
 
 
 class WatcherSecretOut(WatcherOut):
-    secret: str = Field(description="The signing secret (whsec_...); shown in this answer only")
+    secret: str | None = Field(
+        description="The signing secret (whsec_...); shown in this answer only: a replay of"
+        " the request's Idempotency-Key answers null (rotate the secret to get a new one)"
+    )
 
 
 class WatcherCancelledOut(WatcherOut):

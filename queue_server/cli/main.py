@@ -204,6 +204,8 @@ def serve(
             if db.lock is not None:
                 db.lock.note(address.read_text().strip())
             os.environ["QUEUE_SERVER_DATABASE_URL"] = db.url
+            # The API's own port: the transport allowance never opens it to a watcher.
+            os.environ["QUEUE_SERVER_PORT"] = str(port)
             os.environ["QUEUE_SERVER_DATA_DIR"] = str(settings.data_dir)
             processes = workers or os.cpu_count() or 1
             with _process_metrics(processes, metrics_listen, db.url):

@@ -7,6 +7,8 @@ worker key gets 403."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from queue_server import auth, errors, views
 from queue_server.db import Database
 from queue_server.idempotency import Answer, Effects, Idempotency
@@ -60,7 +62,7 @@ class Watchers:
         self.db = db
         self.effects = effects
         self.secret_grace = settings.watcher_secret_grace
-        self.allow = AllowList.parse(settings.transport_allow)
+        self.allow = AllowList.parse(settings.transport_allow, settings.own_ports())
 
     async def _check_url(self, url: str) -> None:
         """The SSRF policy at registration; the broker checks again at every dispatch."""
@@ -106,7 +108,7 @@ class Watchers:
                 queues=queues,
                 secret=secret,
             )
-            return Answer.of(201, {**views.watcher(row), "secret": secret})
+            return _shown_once(201, views.watcher(row), secret)
 
         return await self.effects.run(tenant, idem, instance, operation)
 
@@ -199,7 +201,7 @@ class Watchers:
                     watcher_id=watcher_id,
                     state=current["state"],
                 )
-            return Answer.of(200, {**views.watcher(row), "secret": secret})
+            return _shown_once(200, views.watcher(row), secret)
 
         return await self.effects.run(tenant, idem, instance, operation)
 
@@ -248,3 +250,9 @@ class Watchers:
         if row is None:
             raise errors.DeliveryNotFoundError(delivery_id=delivery_id)
         return Answer.of(200, views.delivery(row))
+
+
+def _shown_once(status: int, watcher: dict[str, Any], secret: str) -> Answer:
+    """The watcher with its new signing secret; a replay of the request's key answers the
+    same without it (`secret` null): the receipt never keeps a second copy of the secret."""
+    return Answer.of(status, {**watcher, "secret": secret}, retained={**watcher, "secret": None})

@@ -34,9 +34,12 @@ class AllowList:
 
     hosts: frozenset[str] = frozenset()
     networks: tuple[IPNetwork, ...] = ()
+    # Ports an allowed host or network is never reached on: the server's own (its API, its
+    # database), which the allowance would otherwise open to every watcher URL.
+    closed_ports: frozenset[int] = frozenset()
 
     @classmethod
-    def parse(cls, entries: Iterable[str]) -> AllowList:
+    def parse(cls, entries: Iterable[str], closed_ports: Iterable[int] = ()) -> AllowList:
         """Build from settings strings: a CIDR network, an IP address or a host name."""
         hosts: set[str] = set()
         networks: list[IPNetwork] = []
@@ -48,7 +51,7 @@ class AllowList:
                 networks.append(ipaddress.ip_network(entry.strip("[]"), strict=False))
             except ValueError:
                 hosts.add(_normalise_name(entry))
-        return cls(frozenset(hosts), tuple(networks))
+        return cls(frozenset(hosts), tuple(networks), frozenset(closed_ports))
 
     def allows_host(self, host: str) -> bool:
         """Whether the name itself was allowed."""
@@ -239,12 +242,19 @@ def _decide(
     parsed = [_address(a) for a in addresses]
     if not parsed:
         raise PolicyRefusedError(f"host {host!r} resolved to no address")
-    if not allow.allows_host(host):
-        for addr in parsed:
-            reason = refusal_reason(addr)
-            # One forbidden answer refuses the whole name, so mixed answers cannot slip through.
-            if reason is not None and not allow.allows_address(addr):
-                raise PolicyRefusedError(f"host {host!r} resolves to {addr}, which is {reason}")
+    allowed = allow.allows_host(host)
+    for addr in parsed:
+        reason = refusal_reason(addr)
+        if reason is None:
+            continue
+        # One forbidden answer refuses the whole name, so mixed answers cannot slip through.
+        if not allowed and not allow.allows_address(addr):
+            raise PolicyRefusedError(f"host {host!r} resolves to {addr}, which is {reason}")
+        if port in allow.closed_ports:
+            raise PolicyRefusedError(
+                f"port {port} of {host!r} is one of the server's own (its API or its database):"
+                " the transport allowance does not open it"
+            )
     first = parsed[0]
     # Connect to a mapped address over IPv4: it is the same host, and v4-only hosts exist.
     pinned = first.ipv4_mapped if isinstance(first, ipaddress.IPv6Address) else None

@@ -70,6 +70,7 @@ from queue_server.settings import Settings
 from queue_server.store import outbox, watchers
 from queue_server.store.types import Row
 from queue_server.transport import (
+    AllowList,
     BrokerSnapshot,
     Budget,
     BudgetExhaustedError,
@@ -180,6 +181,7 @@ class Deliverer:
         policy: ReliabilityPolicy | None = None,
     ) -> None:
         self.settings = settings
+        self.allow = AllowList.parse(settings.transport_allow, settings.own_ports())
         self.policy = policy or runtime_policy(settings.policy or None)
         settings.bounded_by(self.policy)
         delivery = self.policy.delivery
@@ -370,7 +372,7 @@ class Deliverer:
         """This attempt's run: the attempt timeout per request, the delivery's time left."""
         return TransportBroker(
             budget=self.budget,
-            allow=self.settings.transport_allow,
+            allow=self.allow,
             request_timeout=self.attempt_timeout,
             wall_deadline=max(float(row["deadline_in"]), 0.0),
             max_receipts=4,

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import pytest
 
+from queue_server.settings import Settings
 from queue_server.transport import (
     AllowList,
     PolicyRefusedError,
@@ -185,3 +186,22 @@ def test_allowed_broker_reaches_receiver_through_an_odd_spelling(canary: Receive
 )
 def test_refusal_reason_names_the_category(address: str, reason: str | None) -> None:
     assert refusal_reason(ipaddress.ip_address(address)) == reason
+
+
+def test_the_allowance_never_opens_the_servers_own_ports() -> None:
+    allow = AllowList.parse(["127.0.0.1", "10.0.0.0/8"], closed_ports=[5432, 8080])
+    for url in ("http://127.0.0.1:5432/", "http://127.0.0.1:8080/x", "http://10.1.2.3:5432/"):
+        with pytest.raises(PolicyRefusedError, match="one of the server's own"):
+            check_target(url, allow)
+    assert check_target("http://127.0.0.1:9000/", allow).port == 9000
+    # A public address is not opened by the allowance: its ports are its own business.
+    assert check_target("http://8.8.8.8:5432/", allow).port == 5432
+
+
+def test_the_servers_own_ports_are_its_api_and_its_databases() -> None:
+    settings = Settings(
+        port=9000,
+        database_url="postgresql://u:p@db.internal:6543/queue",
+        listen_database_url="postgresql://u:p@db.internal:5433/queue",
+    )
+    assert {9000, 6543, 5433, 5432, 6432} <= settings.own_ports()

@@ -29,7 +29,7 @@ def test_registration_answers_the_secret_once_and_never_again(
     assert all("secret" not in w for w in listed)
 
 
-def test_registration_is_idempotent_by_key(api: Api, receiver: ModeReceiver) -> None:
+def test_registration_is_idempotent_by_key(api: Api, receiver: ModeReceiver, db: Db) -> None:
     body = {"url": receiver.url("/hook"), "events": ["item.completed"]}
     first = api.operator.post(
         "/v1/tenants/acme/watchers", json=body, headers={"Idempotency-Key": "k"}
@@ -41,6 +41,26 @@ def test_registration_is_idempotent_by_key(api: Api, receiver: ModeReceiver) -> 
     assert again.headers["Idempotent-Replayed"] == "true"
     assert again.json()["watcher_id"] == first.json()["watcher_id"]
     assert len(api.operator.get("/v1/tenants/acme/watchers").json()["watchers"]) == 1
+    # The secret is shown once: the receipt keeps the answer without it.
+    secret = first.json()["secret"]
+    assert secret.startswith("whsec_")
+    assert again.json()["secret"] is None
+    receipts = db.execute("SELECT response_body FROM idempotency_receipts").fetchall()
+    assert receipts
+    assert all(secret not in str(r["response_body"]) for r in receipts)
+    rotated = api.operator.post(
+        f"/v1/tenants/acme/watchers/{first.json()['watcher_id']}/rotate-secret",
+        headers={"Idempotency-Key": "rotate"},
+    )
+    new_secret = rotated.json()["secret"]
+    assert new_secret.startswith("whsec_")
+    rotated_again = api.operator.post(
+        f"/v1/tenants/acme/watchers/{first.json()['watcher_id']}/rotate-secret",
+        headers={"Idempotency-Key": "rotate"},
+    )
+    assert rotated_again.json()["secret"] is None
+    receipts = db.execute("SELECT response_body FROM idempotency_receipts").fetchall()
+    assert all(new_secret not in str(r["response_body"]) for r in receipts)
     missing = api.operator.post("/v1/tenants/acme/watchers", json=body)
     assert missing.status_code == 400
     assert missing.json()["code"] == "idempotency-key-required"
