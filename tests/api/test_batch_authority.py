@@ -33,7 +33,7 @@ def test_batch_complete_completes_only_the_live_holders_entry_and_leaves_the_ref
     api: Api, db: Db
 ) -> None:
     cases = presentations(api, db, "c")
-    _, foreign, foreign_fence = foreign_lease(api)
+    _, foreign, foreign_fence = foreign_lease(api, db=db)
     ids = [p.item_id for p in cases.values()] + [foreign]
     before = stored(db, ids)
     entries = [{**p.entry, "result": p.case} for p in cases.values()]
@@ -63,7 +63,7 @@ def test_batch_heartbeat_extends_only_the_live_holders_lease_and_leaves_the_refu
     api: Api, db: Db
 ) -> None:
     cases = presentations(api, db, "h")
-    _, foreign, foreign_fence = foreign_lease(api)
+    _, foreign, foreign_fence = foreign_lease(api, db=db)
     ids = [p.item_id for p in cases.values()] + [foreign]
     before = stored(db, ids)
     entries = [p.entry for p in cases.values()]

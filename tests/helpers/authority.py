@@ -135,9 +135,13 @@ def codes(results: list[dict[str, Any]]) -> list[tuple[int, str]]:
     return [(r["status"], (r.get("problem") or {}).get("code", "")) for r in results]
 
 
-def foreign_lease(api: Api, tenant: str = "globex") -> tuple[Api, str, int]:
-    """Another tenant, an item of it leased by `w1`: (its clients, the item id, the fence)."""
+def foreign_lease(api: Api, tenant: str = "globex", db: Db | None = None) -> tuple[Api, str, int]:
+    """Another tenant, an item of it leased by `w1`: (its clients, the item id, the fence).
+    With `db`, the lease is one taken before leases kept their key (lease_key_id NULL), which
+    any key that names its holder and fence may act on: only the tenant guard refuses ours."""
     other = setup_tenant(api.url, api.admin, tenant)
     other.enqueue("q", payload="theirs")
     item_id, fence = _lease(other, "q")
+    if db is not None:
+        db.execute("UPDATE work_items SET lease_key_id = NULL WHERE item_id = %s", (item_id,))
     return other, item_id, fence
