@@ -224,9 +224,10 @@ def test_compose_runs_real_commands_of_the_image_against_its_database() -> None:
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
     db = services["db"]["environment"]
-    url = (
-        f"postgresql://{db['POSTGRES_USER']}:{db['POSTGRES_PASSWORD']}@db:5432/{db['POSTGRES_DB']}"
-    )
+    # The server's own role (made on a new volume by deploy/docker/single-init.sh), never
+    # the image's administrator.
+    url = f"postgresql://queue_server:{db['QUEUE_SERVER_DB_PASSWORD']}@db:5432/queue_server"
+    assert db["POSTGRES_USER"] != "queue_server"
     built = {name: s for name, s in services.items() if s.get("build") == "."}
     assert sorted(built) == ["api", "deliver", "migrate"]
     for service in built.values():

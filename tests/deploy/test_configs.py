@@ -173,3 +173,29 @@ def test_with_no_api_ready_the_load_balancer_answers_a_503_problem() -> None:
     config = (DEPLOY / "haproxy" / "api-lb.cfg").read_text()
     assert "errorfile 503 /usr/local/etc/haproxy/api-503.http" in config
     assert "option httpchk GET /readyz" in config
+
+
+def test_every_deployment_connects_as_a_role_that_is_not_the_superuser(
+    compose: dict[str, Any], local: tuple[ModuleType, Any]
+) -> None:
+    single = yaml.safe_load((DEPLOY.parent / "docker-compose.yml").read_text())
+    urls = [
+        env[name]
+        for topology in (single, compose)
+        for service in topology["services"].values()
+        if isinstance(env := service.get("environment"), dict)
+        for name in ("QUEUE_SERVER_DATABASE_URL", "QUEUE_SERVER_LISTEN_DATABASE_URL")
+        if name in env
+    ]
+    ha, _ = local
+    assert ha.APP_USER == "queue_server"
+    assert len(urls) >= 5
+    assert all(url.startswith("postgresql://queue_server:") for url in urls), urls
+    # The single-node compose makes that role on a new volume, without privileges.
+    init = (DEPLOY / "docker" / "single-init.sh").read_text()
+    assert "CREATE ROLE queue_server LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE" in init
+    assert "CREATE DATABASE queue_server OWNER queue_server" in init
+    volumes = single["services"]["db"]["volumes"]
+    assert any(
+        v.startswith("./deploy/docker/single-init.sh:/docker-entrypoint-initdb.d/") for v in volumes
+    )
