@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -102,32 +103,46 @@ def test_bridge_caller_cancelled_after_dispatch_still_settles_the_receipt(
     assert _stored(db, "r1") == {"status": "succeeded", "outcome": {"applied": True}}
 
 
+class _Held:
+    """Mutations whose effect runs until released: `fill` holds every permit of a bridge."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.running = 0
+
+    async def effect(self) -> Outcome:
+        self.running += 1
+        await self.release.wait()
+        return {"ok": True}
+
+    async def fill(
+        self, bridge: ConfirmedMutationBridge, n: int = 8, prefix: str = "k"
+    ) -> list[asyncio.Task[Any]]:
+        ref = "r" if prefix == "k" else prefix
+        tasks = [
+            asyncio.create_task(
+                bridge.mutate(
+                    idempotency_key=f"{prefix}{i}", outcome_ref=f"{ref}{i}", effect=self.effect
+                )
+            )
+            for i in range(n)
+        ]
+        while self.running < n:
+            await asyncio.sleep(0.01)
+        return tasks
+
+
 def test_bridge_rejects_the_ninth_concurrent_mutation_without_claiming(
     client: QueueClient, db: Db
 ) -> None:
     async def scenario() -> None:
-        release = asyncio.Event()
-        running = 0
-
-        async def held() -> Outcome:
-            nonlocal running
-            running += 1
-            await release.wait()
-            return {"ok": True}
-
         bridge = ConfirmedMutationBridge(client)
-        tasks = [
-            asyncio.create_task(
-                bridge.mutate(idempotency_key=f"k{i}", outcome_ref=f"r{i}", effect=held)
-            )
-            for i in range(8)
-        ]
-        while running < 8:
-            await asyncio.sleep(0.01)
+        held = _Held()
+        tasks = await held.fill(bridge)
         assert bridge.gate.in_use == 8
         with pytest.raises(PermitUnavailableError):
-            await bridge.mutate(idempotency_key="k9", outcome_ref="r9", effect=held)
-        release.set()
+            await bridge.mutate(idempotency_key="k9", outcome_ref="r9", effect=held.effect)
+        held.release.set()
         reports = await asyncio.gather(*tasks)
         assert {r.status for r in reports} == {MutationStatus.SUCCEEDED}
 
@@ -243,24 +258,9 @@ def test_bridge_replays_a_settled_mutation_while_all_permits_are_held_and_refuse
     async def scenario() -> None:
         bridge = ConfirmedMutationBridge(client)
         first = await bridge.mutate(idempotency_key="k1", outcome_ref="r1", effect=_refund)
-        release = asyncio.Event()
-        running = 0
-
-        async def held() -> Outcome:
-            nonlocal running
-            running += 1
-            await release.wait()
-            return {"ok": True}
-
-        tasks = [
-            asyncio.create_task(
-                bridge.mutate(idempotency_key=f"h{i}", outcome_ref=f"h{i}", effect=held)
-            )
-            for i in range(8)
-        ]
+        held = _Held()
+        tasks = await held.fill(bridge, prefix="h")
         try:
-            while running < 8:
-                await asyncio.sleep(0.01)
             dispatched: list[str] = []
 
             async def must_not_run() -> Outcome:
@@ -276,7 +276,7 @@ def test_bridge_replays_a_settled_mutation_while_all_permits_are_held_and_refuse
                 await bridge.mutate(idempotency_key="k9", outcome_ref="r9", effect=must_not_run)
             assert dispatched == []
         finally:
-            release.set()
+            held.release.set()
             await asyncio.gather(*tasks)
 
     asyncio.run(scenario())
@@ -287,29 +287,14 @@ def test_bridge_refuses_the_ninth_mutation_at_once_and_never_runs_it_when_a_perm
     client: QueueClient, db: Db
 ) -> None:
     async def scenario() -> None:
-        release = asyncio.Event()
-        running = 0
-
-        async def held() -> Outcome:
-            nonlocal running
-            running += 1
-            await release.wait()
-            return {"ok": True}
-
         bridge = ConfirmedMutationBridge(client)
-        tasks = [
-            asyncio.create_task(
-                bridge.mutate(idempotency_key=f"k{i}", outcome_ref=f"r{i}", effect=held)
-            )
-            for i in range(8)
-        ]
-        while running < 8:
-            await asyncio.sleep(0.01)
+        held = _Held()
+        tasks = await held.fill(bridge)
         ninth = asyncio.create_task(
-            bridge.mutate(idempotency_key="k9", outcome_ref="r9", effect=held)
+            bridge.mutate(idempotency_key="k9", outcome_ref="r9", effect=held.effect)
         )
         await asyncio.sleep(0.2)  # the ninth has its answer by now, or waits in a queue
-        release.set()
+        held.release.set()
         await asyncio.gather(*tasks)
         with pytest.raises(PermitUnavailableError):
             await ninth

@@ -24,7 +24,7 @@ from tests.helpers.api import Api, policy_file
 from tests.helpers.cli import Cli
 from tests.helpers.items import sample
 from tests.helpers.server import LiveServer
-from tests.helpers.watchers import SCALE, Db, ModeReceiver, deliver, register, wait_until
+from tests.helpers.watchers import Db, ModeReceiver, deliver, register, wait_until
 
 CAP = 20
 CELL: dict[str, dict[str, object]] = {
@@ -33,18 +33,10 @@ CELL: dict[str, dict[str, object]] = {
 
 
 @pytest.fixture
-def settings(tmp_path: Path) -> Settings:
+def settings(settings: Settings, tmp_path: Path) -> Settings:
+    """The watcher tests' settings (tests/watchers/conftest.py) under a cap of CAP."""
     policy = policy_file(tmp_path / "outbox-cap.json", CELL, version="test.outbox-cap-20")
-    return Settings(
-        data_dir=tmp_path,
-        poll_interval=0.2,
-        lock_timeout_ms=2000,
-        transport_allow=["127.0.0.1"],
-        delivery_backoff_scale=SCALE,
-        delivery_attempt_timeout=1.0,
-        delivery_poll_interval=0.05,
-        policy=str(policy),
-    )
+    return settings.model_copy(update={"policy": str(policy)})
 
 
 def _pending(db: Db, watcher_id: str) -> int:
