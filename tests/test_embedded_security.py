@@ -178,10 +178,10 @@ def test_a_cluster_made_with_trust_by_an_older_version_gets_a_password_and_keeps
     legacy_socket.mkdir()
     os.chown(legacy_socket, *_system_ids())
     legacy_socket.chmod(0o777)
-    initdb = [str(pg.bin_dir / "initdb"), "-D", str(pg.pgdata), "--auth=trust", "-U", "postgres"]
+    initdb = [str(pg.program("initdb")), "-D", str(pg.pgdata), "--auth=trust", "-U", "postgres"]
     subprocess.run(initdb, user="embedded_postgres", check=True, capture_output=True, cwd="/")
     options = f"-k {legacy_socket} -p {port} -h 127.0.0.1"
-    started = [str(pg.bin_dir / "pg_ctl"), "-D", str(pg.pgdata), "-w", "-o", options]
+    started = [str(pg.program("pg_ctl")), "-D", str(pg.pgdata), "-w", "-o", options]
     subprocess.run(
         [*started, "-l", str(pg.log_file), "start"],
         user="embedded_postgres",

@@ -196,6 +196,10 @@ class EmbeddedPostgres:
         if self._run_as is not None:
             self._require_reachable(self.pgdata.parent, "its data directory")
 
+    def program(self, name: str) -> Path:
+        """A PostgreSQL program (initdb, pg_ctl...) where the server's account can run it."""
+        return self._bin() / name
+
     def _bin(self) -> Path:
         """Where the server's account runs the PostgreSQL programs from: `bin_dir`, or a copy
         beside the data directory when, as root, the system user cannot reach `bin_dir`."""
