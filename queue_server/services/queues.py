@@ -233,10 +233,9 @@ class Queues:
             backlog = await tenants.backlog(conn, tenant)
             queues = await self._figures(conn, tenant)
             open_dead_letters = await dead_letters.count_open(conn, tenant=tenant)
-            leases = await reads.leases(conn, tenant=tenant, limit=STATUS_LEASES)
-        if principal.role is Role.WORKER:
             # A worker key sees its own leases only: no other holder's name and fence.
-            leases = [r for r in leases if r["lease_key_id"] == principal.key_id]
+            own = principal.key_id if principal.role is Role.WORKER else None
+            leases = await reads.leases(conn, tenant=tenant, limit=STATUS_LEASES, key_id=own)
         return Answer.of(
             200,
             {

@@ -46,9 +46,11 @@ async def schema_revisions(conn: Conn) -> set[str]:
     return {row["version_num"] for row in await cur.fetchall()}
 
 
-async def leases(conn: Conn, *, tenant: str, limit: int) -> list[Row]:
-    """The tenant's leased items: who holds each, since when, until when (oldest first)."""
-    cur = await conn.execute(_SQL["leases"], {"tenant": tenant, "limit": limit})
+async def leases(conn: Conn, *, tenant: str, limit: int, key_id: str | None = None) -> list[Row]:
+    """The tenant's leased items: who holds each, since when, until when (oldest first);
+    with `key_id`, only the leases that key took."""
+    params = {"tenant": tenant, "limit": limit, "key_id": key_id}
+    cur = await conn.execute(_SQL["leases"], params)
     return await cur.fetchall()
 
 

@@ -103,6 +103,27 @@ def test_bridge_caller_cancelled_after_dispatch_still_settles_the_receipt(
     assert _stored(db, "r1") == {"status": "succeeded", "outcome": {"applied": True}}
 
 
+async def _replays_yet_refuses_a_new_identity(
+    bridge: ConfirmedMutationBridge, first: Any, ref: str, refusal: type[Exception]
+) -> None:
+    """The settled mutation k1/r1 replays its retained outcome without a dispatch; a new
+    identity (`ref`) is refused with `refusal` and never runs either."""
+    dispatched: list[str] = []
+
+    async def must_not_run() -> Outcome:
+        dispatched.append("dispatched")
+        return {"refunded": 0}
+
+    again = await bridge.mutate(idempotency_key="k1", outcome_ref="r1", effect=must_not_run)
+    assert again.status is MutationStatus.SUCCEEDED
+    assert again.replayed
+    assert not again.dispatched
+    assert again.receipt == first.receipt
+    with pytest.raises(refusal):
+        await bridge.mutate(idempotency_key=f"new-{ref}", outcome_ref=ref, effect=must_not_run)
+    assert dispatched == []
+
+
 class _Held:
     """Mutations whose effect runs until released: `fill` holds every permit of a bridge."""
 
@@ -232,20 +253,7 @@ def test_bridge_replays_a_settled_mutation_while_its_circuit_is_open_and_refuses
         bridge = ConfirmedMutationBridge(client)
         for i in range(3):
             await bridge.mutate(idempotency_key=f"f{i}", outcome_ref=f"f{i}", effect=_broken)
-        dispatched: list[str] = []
-
-        async def must_not_run() -> Outcome:
-            dispatched.append("dispatched")
-            return {"refunded": 0}
-
-        again = await bridge.mutate(idempotency_key="k1", outcome_ref="r1", effect=must_not_run)
-        assert again.status is MutationStatus.SUCCEEDED
-        assert again.replayed
-        assert not again.dispatched
-        assert again.receipt == first.receipt
-        with pytest.raises(CircuitOpenError):
-            await bridge.mutate(idempotency_key="k2", outcome_ref="r2", effect=must_not_run)
-        assert dispatched == []
+        await _replays_yet_refuses_a_new_identity(bridge, first, "r2", CircuitOpenError)
 
     asyncio.run(scenario())
     assert _stored(db, "r1") == {"status": "succeeded", "outcome": {"refunded": 42}}
@@ -261,20 +269,7 @@ def test_bridge_replays_a_settled_mutation_while_all_permits_are_held_and_refuse
         held = _Held()
         tasks = await held.fill(bridge, prefix="h")
         try:
-            dispatched: list[str] = []
-
-            async def must_not_run() -> Outcome:
-                dispatched.append("dispatched")
-                return {"refunded": 0}
-
-            again = await bridge.mutate(idempotency_key="k1", outcome_ref="r1", effect=must_not_run)
-            assert again.status is MutationStatus.SUCCEEDED
-            assert again.replayed
-            assert not again.dispatched
-            assert again.receipt == first.receipt
-            with pytest.raises(PermitUnavailableError):
-                await bridge.mutate(idempotency_key="k9", outcome_ref="r9", effect=must_not_run)
-            assert dispatched == []
+            await _replays_yet_refuses_a_new_identity(bridge, first, "r9", PermitUnavailableError)
         finally:
             held.release.set()
             await asyncio.gather(*tasks)

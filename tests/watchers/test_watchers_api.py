@@ -234,3 +234,29 @@ def test_discarding_a_dead_delivery_cancels_it(
     assert discarded.status_code == 200, discarded.text
     assert discarded.json()["state"] == "cancelled"
     assert rows(db)[0]["state"] == "cancelled"
+
+
+def test_the_allowance_opens_no_port_of_the_servers_own(
+    api: Api, receiver: ModeReceiver, settings: Settings, database_url: str, db: Db
+) -> None:
+    # 127.0.0.1 is allowed here, but never on the API's port or a database's.
+    for port in (settings.port, 5432):
+        refused = api.operator.post(
+            "/v1/tenants/acme/watchers",
+            json={"url": f"http://127.0.0.1:{port}/hook", "events": ["item.completed"]},
+            headers={"Idempotency-Key": uuid.uuid4().hex},
+        )
+        assert refused.status_code == 422, refused.text
+        assert "one of the server's own" in refused.text
+    # A watcher whose URL points there anyway (changed in the database) is refused at dispatch.
+    watcher = register(api, receiver.url("/hook"), events=["item.completed"])
+    db.execute(
+        "UPDATE watchers SET url = %s WHERE watcher_id = %s",
+        (f"http://127.0.0.1:{settings.port}/hook", watcher["watcher_id"]),
+    )
+    complete_one(api)
+    deliver(settings, database_url)
+    (row,) = rows(db)
+    assert row["state"] != "delivered"
+    assert "one of the server's own" in str(row["last_outcome"])
+    assert receiver.hook_requests() == []

@@ -40,12 +40,13 @@ LIMIT %s;
 -- name: leases
 -- The leased rows come from ix_work_items_leased; each one's acquisition time is its
 -- last `acquired` event (a heartbeat moves the expiry, not the start).
-SELECT w.queue, w.item_id, w.lease_holder, w.lease_key_id, w.fence, w.lease_expires_at,
+SELECT w.queue, w.item_id, w.lease_holder, w.fence, w.lease_expires_at,
        (SELECT e.at FROM item_events e
         WHERE e.tenant_id = w.tenant_id AND e.item_id = w.item_id AND e.kind = 'acquired'
         ORDER BY e.seq DESC LIMIT 1) AS acquired_at
 FROM work_items w
 WHERE w.tenant_id = %(tenant)s AND w.state = 'leased'
+  AND (%(key_id)s::text IS NULL OR w.lease_key_id = %(key_id)s)
 ORDER BY w.queue, acquired_at, w.item_id
 LIMIT %(limit)s;
 
