@@ -26,6 +26,7 @@ from queue_server.api import (
 from queue_server.api import schedules as schedule_routes
 from queue_server.api import watchers as watcher_routes
 from queue_server.api.deps import PROBLEMS, Caller
+from queue_server.api.hot import LeasePath
 from queue_server.api.middleware import BodyLimitAndMetrics
 from queue_server.api.schemas import Problem
 from queue_server.console import install as install_console
@@ -167,6 +168,9 @@ def create_app(
             snapshot = await services.figures.snapshot(tenant)
         return Response(metrics.render(snapshot, tenant=tenant), media_type=CONTENT_TYPE)
 
+    # Inside the body limit and the metrics: the lean path's requests are counted and
+    # limited like every other.
+    app.add_middleware(LeasePath, routes_of=app.router.routes)
     app.add_middleware(
         BodyLimitAndMetrics,
         max_body=settings.max_body_bytes,

@@ -52,16 +52,21 @@ def _allowed_methods(request: Request) -> list[str]:
     return sorted(methods)
 
 
+def domain_error_response(request: Request, exc: errors.QueueServerError) -> Response:
+    """The answer to a domain error: its problem, with the headers its status calls for."""
+    body = errors.problem(exc, base_uri=_base(request), instance=request.url.path)
+    headers = {"Retry-After": "1"} if exc.status in (429, 503) else None
+    if exc.status == 401:  # RFC 9110: a 401 names the scheme that would authenticate
+        headers = {"WWW-Authenticate": 'Bearer realm="queue-server"'}
+    return problem_response(body, headers)
+
+
 def install(app: FastAPI) -> None:
     """One handler per family; Starlette finds handlers along the exception's MRO."""
 
     @app.exception_handler(errors.QueueServerError)
     async def domain_error(request: Request, exc: errors.QueueServerError) -> Response:
-        body = errors.problem(exc, base_uri=_base(request), instance=request.url.path)
-        headers = {"Retry-After": "1"} if exc.status in (429, 503) else None
-        if exc.status == 401:  # RFC 9110: a 401 names the scheme that would authenticate
-            headers = {"WWW-Authenticate": 'Bearer realm="queue-server"'}
-        return problem_response(body, headers)
+        return domain_error_response(request, exc)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:

@@ -27,6 +27,7 @@ from queue_server.api.deps import (
     QueueName,
     TenantName,
     TenantsService,
+    disconnect_probe,
     idempotency,
     respond,
 )
@@ -360,7 +361,7 @@ async def acquire(
             lease_ttl=body.lease_ttl,
             max_items=body.max_items,
             wait=body.wait,
-            client_gone=request.is_disconnected,
+            client_gone=disconnect_probe(request),
         )
     except errors.ClientDisconnectedError as exc:
         # Nobody is listening; the status is for the access log and metrics only.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -185,3 +186,23 @@ def test_an_admin_key_without_a_tenant_is_told_to_name_one(api: Api, live: LiveS
             admin.get_tenant()
         assert "tenant=" in str(refused.value)
         assert admin.get_tenant("acme").tenant == "acme"
+
+
+def test_idempotency_keys_never_repeat_in_a_process_or_in_its_forked_child() -> None:
+    import multiprocessing
+
+    from queue_server.client.core import new_idempotency_key
+
+    keys = {new_idempotency_key() for _ in range(10_000)}
+    assert len(keys) == 10_000
+    assert all(re.fullmatch(r"qs-[0-9a-f]{32}", key) for key in keys)
+    context = multiprocessing.get_context("fork")
+    with context.Pool(2) as pool:
+        children = pool.starmap(_keys_of_a_child, [(1000,), (1000,)])
+    assert len(keys | set(children[0]) | set(children[1])) == 12_000
+
+
+def _keys_of_a_child(n: int) -> list[str]:
+    from queue_server.client.core import new_idempotency_key
+
+    return [new_idempotency_key() for _ in range(n)]
