@@ -26,6 +26,7 @@ from bench.stats import CpuSplit, Figure, PhaseLoad, percentile
 
 RESULTS = Path(__file__).parent / "results"
 CONCURRENCY = (1, 4, 16)
+QUICK_CONCURRENCY = (1, 16)
 BATCH = 50
 ENQUEUE_BATCH = 500
 HOUR_EQUIVALENT_ITEMS = 100 * 3600  # an hour of the wake-up scenario's steady 100 items/s
@@ -54,6 +55,8 @@ class Plan:
     churn_items: int
     worker_s: float
     worker_reps: int
+    concurrency: tuple[int, ...] = CONCURRENCY
+    procrastinate: bool = True
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
@@ -61,16 +64,16 @@ def make_plan(args: argparse.Namespace) -> Plan:
     if args.quick:
         plan = Plan(
             reps=1, pgbench_s=1, cycle_s=1.0, enqueue_s=1.0, wake_s=2.0, peer_s=1.0,
-            profile_s=0, history=(10_000, 100_000), cost_s=1.0,
+            profile_s=0, history=(10_000, 50_000), cost_s=1.0,
             churn_s=3.0, churn_window=1.0, churn_items=HOUR_EQUIVALENT_ITEMS // 20,
-            worker_s=1.0, worker_reps=1,
+            worker_s=0.75, worker_reps=1, concurrency=QUICK_CONCURRENCY, procrastinate=False,
         )  # fmt: skip
     else:
         plan = Plan(
-            reps=2, pgbench_s=2, cycle_s=2.0, enqueue_s=2.0, wake_s=3.0, peer_s=1.5,
-            profile_s=5, history=(10_000, 1_000_000), cost_s=2.0,
-            churn_s=20.0, churn_window=5.0, churn_items=HOUR_EQUIVALENT_ITEMS,
-            worker_s=1.5, worker_reps=2,
+            reps=2, pgbench_s=2, cycle_s=1.75, enqueue_s=2.0, wake_s=2.5, peer_s=1.5,
+            profile_s=4, history=(10_000, 1_000_000), cost_s=2.0,
+            churn_s=15.0, churn_window=5.0, churn_items=HOUR_EQUIVALENT_ITEMS,
+            worker_s=1.2, worker_reps=2,
         )  # fmt: skip
     if big:
         plan.history = (*plan.history, 10_000_000)
@@ -212,7 +215,7 @@ def prefill(run: Run, tenant: Any, queue: str, n: int) -> None:
 def phase_pgbench(run: Run) -> None:
     reference.prepare(run.env.pg)
     for rep in range(run.plan.reps):
-        for clients in CONCURRENCY:
+        for clients in run.plan.concurrency:
             rate = run.rates.get(f"pgbench{clients}", 8000.0)
             reference.refill(run.env.pg, int(max(50_000, rate * run.plan.pgbench_s * 1.6)))
             say(f"pgbench lease cycle, {clients} clients, rep {rep + 1}/{run.plan.reps}")
@@ -291,7 +294,7 @@ def phase_rest_cycles(run: Run) -> None:
     run.extra["batched_completion"] = route
     for rep in range(run.plan.reps):
         for batch, mode in ((1, "unbatched"), (BATCH, "batched")):
-            for workers in CONCURRENCY:
+            for workers in run.plan.concurrency:
                 family = run.keyed(f"rest {mode} c{workers}")
                 say(
                     f"REST lease cycles, {mode}, {workers} workers [{run.env.mode}],"
@@ -390,12 +393,12 @@ def phase_peer(run: Run) -> None:
     for rep in range(run.plan.reps):
         for managers in (1, 5):
             family = f"pgqueuer dequeue+ack m{managers}"
-            rate = run.rates.get(family, 6000.0)
-            peer.reset(url, int(max(10_000, rate * run.plan.peer_s * 1.3)))
+            rate = run.rates.get(family, 3000.0 * managers**0.5)
+            peer.reset(url, int(max(2_000, rate * run.plan.peer_s * 1.3)))
             say(f"pgqueuer dequeue+ack, {managers} queue manager(s), rep {rep + 1}/{run.plan.reps}")
             start_at = time.time() + START_MARGIN
             spec = peer.PeerSpec(
-                url=url, start_at=start_at, end_at=start_at + run.plan.peer_s + 4.0,
+                url=url, start_at=start_at, end_at=start_at + run.plan.peer_s + 2.0,
                 managers=managers,
             )  # fmt: skip
             (result,) = run.measure(family, [run.pool.submit(peer.run_dequeue, spec)], start_at)
@@ -468,7 +471,7 @@ def _workers(run: Run, rows: tuple[tuple[str, str, str, int, float], ...], *, pe
     seconds = run.plan.worker_s
     for rep in range(run.plan.worker_reps):
         for row_key, row_label, kind, slots, guess in rows + (
-            PEER_ROWS if peers and rep == 0 else ()
+            PEER_ROWS if peers and rep == 0 and run.plan.procrastinate else ()
         ):
             server_bound = kind in ("thread", "async")
             key = run.keyed(row_key) if server_bound else row_key

@@ -110,7 +110,8 @@ class Snapshot:
 
     Each party is a process tree, each process counted once with what it has
     reaped (so the `true` that `queue-server work` ran counts as the benchmark's);
-    `others` is every other live process's own CPU, to name the busiest.
+    `others` is every other live process's name, start time and own CPU, to name
+    the busiest.
     """
 
     at: float
@@ -120,14 +121,16 @@ class Snapshot:
     postgres: float
     bench: float
     load: float
-    others: dict[int, tuple[str, float]]
+    others: dict[int, tuple[str, float, float]]
 
     def until(self, later: Snapshot, *, cores: int) -> PhaseLoad:
         """What ran between this snapshot and `later`."""
         grew: list[tuple[str, float]] = []
-        for pid, (name, cpu) in later.others.items():
+        for pid, (name, started, cpu) in later.others.items():
+            # The same process (a kernel worker renames itself after its work item); one
+            # started since counts from nothing.
             before = self.others.get(pid)
-            spent = cpu - (before[1] if before and before[0] == name else 0.0)
+            spent = cpu - (before[2] if before and before[1] == started else 0.0)
             if spent >= 0.05:
                 grew.append((name, spent))
         grew.sort(key=lambda x: -x[1])
@@ -334,11 +337,14 @@ class Environment:
         taken = {p.pid for p in server} | {p.pid for p in postgres}
         bench = [p for p in _tree(self._self) if p.pid not in taken]
         taken |= {p.pid for p in bench}
-        others: dict[int, tuple[str, float]] = {}
-        for proc in psutil.process_iter(["name", "cpu_times"]):
-            times = proc.info["cpu_times"]
-            if proc.pid not in taken and times is not None:
-                others[proc.pid] = (str(proc.info["name"]), times.user + times.system)
+        others: dict[int, tuple[str, float, float]] = {}
+        for proc in psutil.process_iter(["name", "create_time", "cpu_times"]):
+            times, started = proc.info["cpu_times"], proc.info["create_time"]
+            if proc.pid not in taken and times is not None and started is not None:
+                # A kernel worker's name ends in its current work item: `kworker/u8:3-iou_exit`.
+                name = str(proc.info["name"])
+                name = name.split("-", 1)[0] if name.startswith("kworker/") else name
+                others[proc.pid] = (name, float(started), times.user + times.system)
         return Snapshot(
             at=time.time(),
             busy=busy,

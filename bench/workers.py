@@ -145,7 +145,13 @@ def _cli(spec: WorkerSpec, result: WorkerResult) -> None:
     proc = subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
     )
-    timer = threading.Timer(max(0.0, spec.end_at - time.time()), proc.terminate)
+    stopped = threading.Event()
+
+    def stop() -> None:
+        stopped.set()
+        proc.terminate()
+
+    timer = threading.Timer(max(0.0, spec.end_at - time.time()), stop)
     timer.start()
     assert proc.stdout is not None
     try:
@@ -158,7 +164,8 @@ def _cli(spec: WorkerSpec, result: WorkerResult) -> None:
     finally:
         timer.cancel()
         _, stderr = proc.communicate()
-    if proc.returncode != 0:
+    # Stopped at the deadline before the queue ran dry: not a failure of the worker.
+    if proc.returncode != 0 and not stopped.is_set():
         result.error(f"exit {proc.returncode}: {stderr.decode()[-300:]}")
 
 
