@@ -63,17 +63,17 @@ def make_plan(args: argparse.Namespace) -> Plan:
     big = os.environ.get("BENCH_SCALE", "") == "big"
     if args.quick:
         plan = Plan(
-            reps=1, pgbench_s=1, cycle_s=1.0, enqueue_s=1.0, wake_s=2.0, peer_s=1.0,
+            reps=1, pgbench_s=1, cycle_s=1.0, enqueue_s=1.0, wake_s=1.5, peer_s=0.75,
             profile_s=0, history=(10_000, 50_000), cost_s=1.0,
-            churn_s=3.0, churn_window=1.0, churn_items=HOUR_EQUIVALENT_ITEMS // 20,
-            worker_s=0.75, worker_reps=1, concurrency=QUICK_CONCURRENCY, procrastinate=False,
+            churn_s=2.0, churn_window=1.0, churn_items=HOUR_EQUIVALENT_ITEMS // 40,
+            worker_s=0.5, worker_reps=1, concurrency=QUICK_CONCURRENCY, procrastinate=False,
         )  # fmt: skip
     else:
         plan = Plan(
-            reps=2, pgbench_s=2, cycle_s=1.75, enqueue_s=2.0, wake_s=2.5, peer_s=1.5,
-            profile_s=4, history=(10_000, 1_000_000), cost_s=2.0,
-            churn_s=15.0, churn_window=5.0, churn_items=HOUR_EQUIVALENT_ITEMS,
-            worker_s=1.2, worker_reps=2,
+            reps=2, pgbench_s=2, cycle_s=1.5, enqueue_s=2.0, wake_s=2.0, peer_s=1.5,
+            profile_s=3, history=(10_000, 1_000_000), cost_s=2.0,
+            churn_s=12.0, churn_window=4.0, churn_items=HOUR_EQUIVALENT_ITEMS,
+            worker_s=1.0, worker_reps=2,
         )  # fmt: skip
     if big:
         plan.history = (*plan.history, 10_000_000)
@@ -808,64 +808,64 @@ def main(argv: list[str] | None = None) -> int:
             fn(run)
             steps[f"{name} [{run.mode}]" if run.mode else name] = round(time.time() - began, 1)
 
-    with (
-        ProcessPoolExecutor(max_workers=max(2, args.client_procs), mp_context=ctx) as pool,
+    with ProcessPoolExecutor(max_workers=max(2, args.client_procs), mp_context=ctx) as pool:
+        # The load generators start while PostgreSQL and the server do.
+        warming = [pool.submit(_warm, 1.0) for _ in range(max(2, args.client_procs))]
         # The server's default mode first: its phases run before the history-heavy ones.
-        environment(server_workers=None if both else args.workers, keep=args.keep) as env,
-    ):
-        for f in [pool.submit(_warm, 1.0) for _ in range(max(2, args.client_procs))]:
-            f.result()
-        steps["start"] = round(time.time() - t0, 1)
-        run = Run(env=env, plan=plan, pool=pool, client_procs=args.client_procs)
-        say(f"batch completion route: {'present' if env.batch_completion_route else 'absent'}")
-        step(run, "pgbench", phase_pgbench)
-        step(run, "peer", phase_peer)
-        if both:
-            run.mode = DEFAULT
-            modes[DEFAULT] = env.mode
+        with environment(server_workers=None if both else args.workers, keep=args.keep) as env:
+            for f in warming:
+                f.result()
+            steps["start"] = round(time.time() - t0, 1)
+            run = Run(env=env, plan=plan, pool=pool, client_procs=args.client_procs)
+            say(f"batch completion route: {'present' if env.batch_completion_route else 'absent'}")
+            step(run, "pgbench", phase_pgbench)
+            step(run, "peer", phase_peer)
+            if both:
+                run.mode = DEFAULT
+                modes[DEFAULT] = env.mode
+                step(run, "cycles", phase_rest_cycles)
+                step(run, "workers", phase_sdk_workers)
+                peak[DEFAULT] = env.peak_rss()
+                began = time.time()
+                env.restart_server(args.workers)
+                steps["restart"] = round(time.time() - began, 1)
+            run.mode = single
+            modes[single] = env.mode
             step(run, "cycles", phase_rest_cycles)
-            step(run, "workers", phase_sdk_workers)
-            peak[DEFAULT] = env.peak_rss()
-            began = time.time()
-            env.restart_server(args.workers)
-            steps["restart"] = round(time.time() - began, 1)
-        run.mode = single
-        modes[single] = env.mode
-        step(run, "cycles", phase_rest_cycles)
-        step(run, "workers", phase_workers)
-        run.mode = ""
-        for name, fn in (
-            ("enqueue", phase_enqueue),
-            ("wake", phase_wake),
-            ("profile", phase_profile),
-            ("cost", phase_cost_growth),
-            ("churn", phase_churn),
-        ):
-            step(run, name, fn)
-        peak[single] = env.peak_rss()
-        doc = report.build(
-            run_figures=run.figures,
-            cpu=run.cpu,
-            extra={**run.extra, "step_wall_s": steps},
-            errors=run.errors,
-            machine=machine,
-            config={
-                "quick": args.quick,
-                "reps": plan.reps,
-                "server_workers": args.workers,
-                "modes": modes,
-                "single_mode": single,
-                "client_procs": args.client_procs,
-                "scale": os.environ.get("BENCH_SCALE", "default"),
-                "plan": plan.__dict__,
-                "batch_completion_route": env.batch_completion_route,
-                "postgres": env.sql("SHOW server_version")[0][0],
-                "commit": _commit(),
-                "started_at": datetime.fromtimestamp(t0, UTC).strftime("%Y-%m-%d %H:%M UTC"),
-            },
-            peak_rss=peak,
-            wall=time.time() - t0,
-        )
+            step(run, "workers", phase_workers)
+            run.mode = ""
+            for name, fn in (
+                ("enqueue", phase_enqueue),
+                ("wake", phase_wake),
+                ("profile", phase_profile),
+                ("cost", phase_cost_growth),
+                ("churn", phase_churn),
+            ):
+                step(run, name, fn)
+            peak[single] = env.peak_rss()
+            doc = report.build(
+                run_figures=run.figures,
+                cpu=run.cpu,
+                extra={**run.extra, "step_wall_s": steps},
+                errors=run.errors,
+                machine=machine,
+                config={
+                    "quick": args.quick,
+                    "reps": plan.reps,
+                    "server_workers": args.workers,
+                    "modes": modes,
+                    "single_mode": single,
+                    "client_procs": args.client_procs,
+                    "scale": os.environ.get("BENCH_SCALE", "default"),
+                    "plan": plan.__dict__,
+                    "batch_completion_route": env.batch_completion_route,
+                    "postgres": env.sql("SHOW server_version")[0][0],
+                    "commit": _commit(),
+                    "started_at": datetime.fromtimestamp(t0, UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                },
+                peak_rss=peak,
+                wall=time.time() - t0,
+            )
     json_path = args.out.with_suffix(".json")
     md_path = args.out.with_suffix(".md")
     json_path.write_text(json.dumps(doc, indent=2) + "\n")

@@ -53,9 +53,14 @@ def _verdict(
     if value is None or any(f is None for f in figures):
         entry.update(value=None, met=None, status=NOT_MEASURED, detail="not measured")
         return entry
-    loud = [f.why_not_quiet() for f in figures if f is not None and not f.quiet]
+    loud = [f for f in figures if f is not None and not f.quiet]
     if loud:
-        entry.update(met=None, status=NOT_COMPARABLE, not_comparable_because=loud)
+        entry.update(
+            met=None,
+            status=NOT_COMPARABLE,
+            not_comparable_because=[f.why_not_quiet() for f in loud],
+            not_comparable_short=[f.why_not_quiet(short=True) for f in loud],
+        )
     return entry
 
 
@@ -338,7 +343,7 @@ def readme_table(doc: dict[str, Any]) -> list[str]:
     ]
     for r in doc["ratios"]:
         if r["status"] == NOT_COMPARABLE:
-            why = "; ".join(r.get("not_comparable_because", []))
+            why = "; ".join(r.get("not_comparable_short", []))
             lines.append(f"| {r['target']} | - | - | - | not comparable: {why} |")
             continue
         value = "-" if r["value"] is None else f"{r['value']:g}"

@@ -110,13 +110,16 @@ class Figure:
             load is not None and load.quiet for load in self.loads
         )
 
-    def why_not_quiet(self) -> str:
-        """The repetition that made this figure not comparable, in words ('' when quiet)."""
+    def why_not_quiet(self, *, short: bool = False) -> str:
+        """The repetition that made this figure not comparable, in words ('' when quiet);
+        `short`: only the share, without the load average and the busiest processes."""
         if self.quiet:
             return ""
         if len(self.loads) != len(self.runs) or any(load is None for load in self.loads):
             return f"{self.label}: no record of other work during its phase"
         worst = max((load for load in self.loads if load is not None), key=lambda x: x.share)
+        if short:
+            return f"{self.label}: other work {100 * worst.share:.0f}% of the machine"
         return f"{self.label}: {worst.describe()}"
 
     def as_json(self) -> dict[str, object]:
