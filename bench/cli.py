@@ -439,17 +439,29 @@ SDK_ROWS = (
     ("sdk_async_c16", "SDK AsyncWorker, no-op, 16 slots", "async", 16, 5000.0),
 )
 # Measured in one mode only (the CLI spends its time spawning commands, not in the server).
+# The spawn floor first: `work` at 16 slots cannot outrun it, so its rate sizes that queue.
 COMMAND_ROWS = (
+    ("spawn_floor_c16", "spawn floor: 16 threads spawning true, no queue", "spawn", 16, 0.0),
     ("work_c1", "queue-server work -- true, 1 slot", "cli", 1, 400.0),
     ("work_c16", "queue-server work -- true, 16 slots", "cli", 16, 1500.0),
     ("bare_loop_c1", "bare loop: acquire, spawn true, complete", "loop", 1, 200.0),
-    ("spawn_floor_c16", "spawn floor: 16 threads spawning true, no queue", "spawn", 16, 0.0),
 )
 # A listed figure, not a target; the first repetition only.
 PEER_ROWS = (
     ("procrastinate_c1", "procrastinate worker, concurrency 1", "procrastinate", 1, 500.0),
     ("procrastinate_c10", "procrastinate worker, concurrency 10", "procrastinate", 10, 1000.0),
 )
+
+
+def _ceiling(run: Run, kind: str, slots: int) -> float:
+    """A rate this row cannot much exceed, seen earlier in the run (0.0 if none): the
+    server's best batched lease cycles for an SDK worker, the spawn floor for `work`."""
+    if kind in ("thread", "async"):
+        mode = [run.rates.get(run.keyed(f"rest batched c{c}"), 0.0) for c in CONCURRENCY]
+        return 1.2 * max(mode)
+    if kind == "cli" and slots > 1:
+        return run.rates.get("spawn_floor_c16", 0.0)
+    return 0.0
 
 
 def phase_sdk_workers(run: Run) -> None:
@@ -476,7 +488,7 @@ def _workers(run: Run, rows: tuple[tuple[str, str, str, int, float], ...], *, pe
             server_bound = kind in ("thread", "async")
             key = run.keyed(row_key) if server_bound else row_key
             label = run.labelled(row_label) if server_bound else row_label
-            rate = run.rates.get(key, guess)
+            rate = run.rates.get(key) or min(guess, _ceiling(run, kind, slots) or guess)
             items = int(max(200, rate * seconds * 1.5))
             if kind == "procrastinate":
                 user_workers.procrastinate_reset(procrastinate_url, items)

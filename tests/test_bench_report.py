@@ -104,3 +104,19 @@ def test_other_work_is_busy_time_less_the_parties() -> None:
     assert round(phase.share, 6) == 0.2
     assert not phase.quiet
     assert load(0.1).quiet
+
+
+def test_best_of_is_not_comparable_when_a_loaded_rival_may_have_lost_to_the_load() -> None:
+    # The quiet 4-worker phase is the best only because the loaded 16-worker one was slowed.
+    doc = document(
+        [
+            figure("sdk_thread_c16@w1", 4800.0, 0.0),
+            figure("rest_batched_c4@w1", 5000.0, 0.0),
+            figure("rest_batched_c16@w1", 4000.0, 0.4),
+        ]
+    )
+    r = target(
+        doc, "SDK Worker (threads), 16 slots >= 0.9x the raw batched REST loop's best [--workers 1]"
+    )
+    assert r["status"] == "not comparable"
+    assert r["not_comparable_short"] == ["rest_batched_c16@w1: other work 40% of the machine"]
