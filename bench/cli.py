@@ -56,7 +56,8 @@ class Plan:
     worker_s: float
     worker_reps: int
     concurrency: tuple[int, ...] = CONCURRENCY
-    procrastinate: bool = True
+    managers: tuple[int, ...] = (1, 5)
+    procrastinate: bool = False
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
@@ -66,7 +67,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
             reps=1, pgbench_s=1, cycle_s=1.0, enqueue_s=1.0, wake_s=1.5, peer_s=0.75,
             profile_s=0, history=(10_000, 50_000), cost_s=1.0,
             churn_s=2.0, churn_window=1.0, churn_items=HOUR_EQUIVALENT_ITEMS // 40,
-            worker_s=0.5, worker_reps=1, concurrency=QUICK_CONCURRENCY, procrastinate=False,
+            worker_s=0.5, worker_reps=1, concurrency=QUICK_CONCURRENCY, managers=(5,),
         )  # fmt: skip
     else:
         plan = Plan(
@@ -82,6 +83,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         plan.reps = plan.worker_reps = args.reps
     if args.no_profile:
         plan.profile_s = 0
+    plan.procrastinate = "procrastinate" in args.only.split(",")
     return plan
 
 
@@ -391,7 +393,7 @@ def phase_peer(run: Run) -> None:
     url = run.env.pg.url(peer.DATABASE)
     peer.install(url)
     for rep in range(run.plan.reps):
-        for managers in (1, 5):
+        for managers in run.plan.managers:
             family = f"pgqueuer dequeue+ack m{managers}"
             rate = run.rates.get(family, 3000.0 * managers**0.5)
             peer.reset(url, int(max(2_000, rate * run.plan.peer_s * 1.3)))
@@ -442,11 +444,11 @@ SDK_ROWS = (
 # The spawn floor first: `work` at 16 slots cannot outrun it, so its rate sizes that queue.
 COMMAND_ROWS = (
     ("spawn_floor_c16", "spawn floor: 16 threads spawning true, no queue", "spawn", 16, 0.0),
-    ("work_c1", "queue-server work -- true, 1 slot", "cli", 1, 400.0),
+    ("work_c1", "queue-server work -- true, 1 slot", "cli", 1, 250.0),
     ("work_c16", "queue-server work -- true, 16 slots", "cli", 16, 1500.0),
-    ("bare_loop_c1", "bare loop: acquire, spawn true, complete", "loop", 1, 200.0),
+    ("bare_loop_c1", "bare loop: acquire, spawn true, complete", "loop", 1, 80.0),
 )
-# A listed figure, not a target; the first repetition only.
+# A listed figure, not a target, with `--only ...,procrastinate`; the first repetition only.
 PEER_ROWS = (
     ("procrastinate_c1", "procrastinate worker, concurrency 1", "procrastinate", 1, 500.0),
     ("procrastinate_c10", "procrastinate worker, concurrency 10", "procrastinate", 10, 1000.0),
@@ -477,7 +479,7 @@ def phase_workers(run: Run) -> None:
 def _workers(run: Run, rows: tuple[tuple[str, str, str, int, float], ...], *, peers: bool) -> None:
     """What users run, each from its own process over a prefilled queue: steady and wall."""
     procrastinate_url = run.env.pg.url(user_workers.PROCRASTINATE_DATABASE)
-    if peers:
+    if peers and run.plan.procrastinate:
         with psycopg.connect(run.env.pg.url(), autocommit=True) as conn:
             conn.execute(f"CREATE DATABASE {user_workers.PROCRASTINATE_DATABASE}")
     seconds = run.plan.worker_s
@@ -796,7 +798,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         default="pgbench,peer,cycles,workers,modes,enqueue,wake,profile,cost,churn",
-        help="comma-separated phases to run (`modes`: cycles and SDK workers in both modes)",
+        help="comma-separated phases to run (`modes`: cycles and SDK workers in both modes;"
+        " `procrastinate`: its worker beside `work`, not in the default)",
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "latest", help="results path stem")
     parser.add_argument("--keep", action="store_true", help="keep the temporary data directory")
