@@ -58,7 +58,7 @@ $(VENV)/.bench: $(STAMP)
 bench: $(VENV)/.bench ## The benchmark (under 5 minutes): bench/results/latest.{json,md}
 	$(BIN)/python -m bench
 
-bench-quick: $(VENV)/.bench ## A smoke run of the benchmark (under 1 minute)
+bench-quick: $(VENV)/.bench ## A smoke run of the benchmark, both server modes (about 1.5 minutes)
 	$(BIN)/python -m bench --quick --out bench/results/quick
 
 bench-scale: $(VENV)/.bench ## 1, 2 and 4 API processes through PgBouncer (about 5 minutes): bench/results/scale.md

@@ -7,9 +7,11 @@ import json
 import os
 import platform
 import resource
+import subprocess
 import time
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,14 +22,17 @@ from bench import loadgen, peer, profile, reference, report
 from bench import workers as user_workers
 from bench.env import HOST, RETENTION_INTERVAL, Environment, environment, venv_bin
 from bench.progress import say
-from bench.stats import CpuSplit, Figure, percentile
+from bench.stats import CpuSplit, Figure, PhaseLoad, percentile
 
 RESULTS = Path(__file__).parent / "results"
 CONCURRENCY = (1, 4, 16)
+QUICK_CONCURRENCY = (1, 16)
 BATCH = 50
 ENQUEUE_BATCH = 500
 HOUR_EQUIVALENT_ITEMS = 100 * 3600  # an hour of the wake-up scenario's steady 100 items/s
-START_MARGIN = 0.4
+START_MARGIN = 0.3
+# The two modes of the server: `--workers 1`, and `serve`'s own default (one process per core).
+SINGLE, DEFAULT = "w1", "default"
 
 T = TypeVar("T")
 
@@ -50,23 +55,26 @@ class Plan:
     churn_items: int
     worker_s: float
     worker_reps: int
+    concurrency: tuple[int, ...] = CONCURRENCY
+    managers: tuple[int, ...] = (1, 5)
+    procrastinate: bool = False
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
     big = os.environ.get("BENCH_SCALE", "") == "big"
     if args.quick:
         plan = Plan(
-            reps=1, pgbench_s=1, cycle_s=1.5, enqueue_s=1.5, wake_s=3.0, peer_s=1.5,
-            profile_s=0, history=(10_000, 100_000), cost_s=1.0,
-            churn_s=4.0, churn_window=1.0, churn_items=HOUR_EQUIVALENT_ITEMS // 10,
-            worker_s=1.5, worker_reps=1,
+            reps=1, pgbench_s=1, cycle_s=1.0, enqueue_s=1.0, wake_s=1.5, peer_s=0.75,
+            profile_s=0, history=(10_000, 50_000), cost_s=1.0,
+            churn_s=2.0, churn_window=1.0, churn_items=HOUR_EQUIVALENT_ITEMS // 40,
+            worker_s=0.5, worker_reps=1, concurrency=QUICK_CONCURRENCY, managers=(5,),
         )  # fmt: skip
     else:
         plan = Plan(
-            reps=2, pgbench_s=2, cycle_s=2.5, enqueue_s=2.5, wake_s=3.0, peer_s=2.0,
-            profile_s=6, history=(10_000, 1_000_000), cost_s=2.0,
-            churn_s=30.0, churn_window=5.0, churn_items=HOUR_EQUIVALENT_ITEMS,
-            worker_s=1.5, worker_reps=2,
+            reps=2, pgbench_s=2, cycle_s=1.5, enqueue_s=2.0, wake_s=2.0, peer_s=1.5,
+            profile_s=3, history=(10_000, 1_000_000), cost_s=2.0,
+            churn_s=12.0, churn_window=4.0, churn_items=HOUR_EQUIVALENT_ITEMS,
+            worker_s=1.0, worker_reps=2,
         )  # fmt: skip
     if big:
         plan.history = (*plan.history, 10_000_000)
@@ -75,6 +83,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
         plan.reps = plan.worker_reps = args.reps
     if args.no_profile:
         plan.profile_s = 0
+    plan.procrastinate = "procrastinate" in args.only.split(",")
     return plan
 
 
@@ -92,10 +101,36 @@ class Run:
     extra: dict[str, Any] = field(default_factory=dict)
     tenants: int = 0
     rates: dict[str, float] = field(default_factory=dict)
+    # The server's mode while a phase that runs in both modes is measured ("" otherwise).
+    mode: str = ""
+    last_load: PhaseLoad | None = None
 
-    def figure(self, key: str, label: str, unit: str, value: float, note: str = "") -> None:
+    def keyed(self, key: str) -> str:
+        """A figure key (or rate family) of the current mode: `rest_batched_c16@w1`."""
+        return f"{key}@{self.mode}" if self.mode else key
+
+    def labelled(self, label: str) -> str:
+        return f"{label} [{self.env.mode}]" if self.mode else label
+
+    def figure(
+        self,
+        key: str,
+        label: str,
+        unit: str,
+        value: float,
+        note: str = "",
+        load: PhaseLoad | None = None,
+    ) -> None:
+        """One repetition's value, with what else ran during its phase (the last measured)."""
         fig = self.figures.setdefault(key, Figure(key, label, unit, note=note))
         fig.runs.append(value)
+        fig.loads.append(load or self.last_load)
+
+    def account(self, family: str, load: PhaseLoad, loadgen_cpu: float) -> None:
+        self.last_load = load
+        self.cpu.setdefault(family, CpuSplit()).add(load, loadgen_cpu)
+        if not load.quiet:
+            say(f"  ~~ not quiet: {load.describe()}")
 
     def error(self, phase: str, samples: list[str], count: int) -> None:
         if count:
@@ -108,14 +143,12 @@ class Run:
 
     def measure(self, family: str, submit: list[Future[T]], wall_from: float) -> list[T]:
         """Wait for load-generator futures, charging CPU of every party to `family`."""
-        cpu0 = self.env.cpu()
         # The phase starts at wall_from; CPU before it (spawn, connect) is not the phase's.
+        time.sleep(max(0.0, wall_from - time.time()))
+        start = self.env.snapshot()
         results = [f.result() for f in submit]
-        cpu1 = self.env.cpu()
-        wall = time.time() - wall_from
         loadgen_cpu = sum(float(getattr(r, "cpu", 0.0)) for r in results)
-        delta = cpu1.minus(cpu0)
-        self.cpu.setdefault(family, CpuSplit()).add(wall, delta.server, delta.postgres, loadgen_cpu)
+        self.account(family, self.env.load_since(start), loadgen_cpu)
         return results
 
 
@@ -184,19 +217,15 @@ def prefill(run: Run, tenant: Any, queue: str, n: int) -> None:
 def phase_pgbench(run: Run) -> None:
     reference.prepare(run.env.pg)
     for rep in range(run.plan.reps):
-        for clients in CONCURRENCY:
+        for clients in run.plan.concurrency:
             rate = run.rates.get(f"pgbench{clients}", 8000.0)
             reference.refill(run.env.pg, int(max(50_000, rate * run.plan.pgbench_s * 1.6)))
             say(f"pgbench lease cycle, {clients} clients, rep {rep + 1}/{run.plan.reps}")
-            started = time.time()
-            cpu0 = run.env.cpu()
+            start = run.env.snapshot()
             result = reference.run(
                 run.env.pg, clients=clients, seconds=run.plan.pgbench_s, workdir=run.env.root
             )
-            delta = run.env.cpu().minus(cpu0)
-            run.cpu.setdefault(f"pgbench c{clients}", CpuSplit()).add(
-                time.time() - started, delta.server, delta.postgres, result.cpu
-            )
+            run.account(f"pgbench c{clients}", run.env.load_since(start), result.cpu)
             run.rates[f"pgbench{clients}"] = result.cycles_per_s
             run.figure(
                 f"pgbench_c{clients}",
@@ -267,22 +296,40 @@ def phase_rest_cycles(run: Run) -> None:
     run.extra["batched_completion"] = route
     for rep in range(run.plan.reps):
         for batch, mode in ((1, "unbatched"), (BATCH, "batched")):
-            for workers in CONCURRENCY:
-                family = f"rest {mode} c{workers}"
-                say(f"REST lease cycles, {mode}, {workers} workers, rep {rep + 1}/{run.plan.reps}")
-                rate, _, elapsed = cycles_once(
-                    run, workers=workers, batch=batch, seconds=run.plan.cycle_s, family=family
+            for workers in run.plan.concurrency:
+                family = run.keyed(f"rest {mode} c{workers}")
+                say(
+                    f"REST lease cycles, {mode}, {workers} workers [{run.env.mode}],"
+                    f" rep {rep + 1}/{run.plan.reps}"
                 )
+                # One unbatched worker on a fresh queue: the single-call latencies.
+                latency = batch == 1 and workers == 1
+                rate, res, elapsed = cycles_once(
+                    run, workers=workers, batch=batch, seconds=run.plan.cycle_s, family=family,
+                    record_latency=latency,
+                )  # fmt: skip
                 short = " (queue ran dry early)" if elapsed < run.plan.cycle_s - 0.05 else ""
                 run.figure(
-                    f"rest_{mode}_c{workers}",
-                    f"REST lease cycles, {mode}"
-                    + (f" ({BATCH}/call)" if batch > 1 else "")
-                    + f", {workers} workers",
+                    run.keyed(f"rest_{mode}_c{workers}"),
+                    run.labelled(
+                        f"REST lease cycles, {mode}"
+                        + (f" ({BATCH}/call)" if batch > 1 else "")
+                        + f", {workers} workers"
+                    ),
                     "items/s",
                     rate,
                 )
                 say(f"  {rate:,.0f} items/s over {elapsed:.1f}s{short}")
+                if latency:
+                    for op in ("acquire", "complete"):
+                        ms = [v * 1000 for r in res for v in getattr(r, f"{op}_latency")]
+                        run.figure(
+                            run.keyed(f"{op}_p50_ms_c1"),
+                            run.labelled(f"{op} p50, 1 unbatched worker, fresh queue"),
+                            "ms",
+                            percentile(ms, 50),
+                        )
+                        say(f"  {op} p50 {percentile(ms, 50):.2f} ms over {len(ms):,} calls")
 
 
 def phase_enqueue(run: Run) -> None:
@@ -346,14 +393,14 @@ def phase_peer(run: Run) -> None:
     url = run.env.pg.url(peer.DATABASE)
     peer.install(url)
     for rep in range(run.plan.reps):
-        for managers in (1, 5):
+        for managers in run.plan.managers:
             family = f"pgqueuer dequeue+ack m{managers}"
-            rate = run.rates.get(family, 6000.0)
-            peer.reset(url, int(max(10_000, rate * run.plan.peer_s * 1.3)))
+            rate = run.rates.get(family, 3000.0 * managers**0.5)
+            peer.reset(url, int(max(2_000, rate * run.plan.peer_s * 1.3)))
             say(f"pgqueuer dequeue+ack, {managers} queue manager(s), rep {rep + 1}/{run.plan.reps}")
             start_at = time.time() + START_MARGIN
             spec = peer.PeerSpec(
-                url=url, start_at=start_at, end_at=start_at + run.plan.peer_s + 4.0,
+                url=url, start_at=start_at, end_at=start_at + run.plan.peer_s + 2.0,
                 managers=managers,
             )  # fmt: skip
             (result,) = run.measure(family, [run.pool.submit(peer.run_dequeue, spec)], start_at)
@@ -387,31 +434,68 @@ def phase_peer(run: Run) -> None:
 
 
 # (figure key, label, kind, slots, first guess of items/s for the prefill)
-WORKER_ROWS = (
+SDK_ROWS = (
     ("sdk_thread_c1", "SDK Worker (threads), no-op, 1 slot", "thread", 1, 4000.0),
     ("sdk_thread_c16", "SDK Worker (threads), no-op, 16 slots", "thread", 16, 5000.0),
     ("sdk_async_c1", "SDK AsyncWorker, no-op, 1 slot", "async", 1, 4000.0),
     ("sdk_async_c16", "SDK AsyncWorker, no-op, 16 slots", "async", 16, 5000.0),
-    ("work_c1", "queue-server work -- true, 1 slot", "cli", 1, 400.0),
+)
+# Measured in one mode only (the CLI spends its time spawning commands, not in the server).
+# The spawn floor first: `work` at 16 slots cannot outrun it, so its rate sizes that queue.
+COMMAND_ROWS = (
+    ("spawn_floor_c16", "spawn floor: 16 threads spawning true, no queue", "spawn", 16, 0.0),
+    ("work_c1", "queue-server work -- true, 1 slot", "cli", 1, 250.0),
     ("work_c16", "queue-server work -- true, 16 slots", "cli", 16, 1500.0),
-    ("bare_loop_c1", "bare loop: acquire, spawn true, complete", "loop", 1, 200.0),
+    ("bare_loop_c1", "bare loop: acquire, spawn true, complete", "loop", 1, 80.0),
+)
+# A listed figure, not a target, with `--only ...,procrastinate`; the first repetition only.
+PEER_ROWS = (
     ("procrastinate_c1", "procrastinate worker, concurrency 1", "procrastinate", 1, 500.0),
     ("procrastinate_c10", "procrastinate worker, concurrency 10", "procrastinate", 10, 1000.0),
 )
 
 
+def _ceiling(run: Run, kind: str, slots: int) -> float:
+    """A rate this row cannot much exceed, seen earlier in the run (0.0 if none): the
+    server's best batched lease cycles for an SDK worker, the spawn floor for `work`."""
+    if kind in ("thread", "async"):
+        mode = [run.rates.get(run.keyed(f"rest batched c{c}"), 0.0) for c in CONCURRENCY]
+        return 1.2 * max(mode)
+    if kind == "cli" and slots > 1:
+        return run.rates.get("spawn_floor_c16", 0.0)
+    return 0.0
+
+
+def phase_sdk_workers(run: Run) -> None:
+    """The SDK workers, in the server's current mode."""
+    _workers(run, SDK_ROWS, peers=False)
+
+
 def phase_workers(run: Run) -> None:
+    """The SDK workers, `queue-server work`, the bare loop, the spawn floor, procrastinate."""
+    _workers(run, SDK_ROWS + COMMAND_ROWS, peers=True)
+
+
+def _workers(run: Run, rows: tuple[tuple[str, str, str, int, float], ...], *, peers: bool) -> None:
     """What users run, each from its own process over a prefilled queue: steady and wall."""
-    with psycopg.connect(run.env.pg.url(), autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {user_workers.PROCRASTINATE_DATABASE}")
     procrastinate_url = run.env.pg.url(user_workers.PROCRASTINATE_DATABASE)
+    if peers and run.plan.procrastinate:
+        with psycopg.connect(run.env.pg.url(), autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {user_workers.PROCRASTINATE_DATABASE}")
     seconds = run.plan.worker_s
     for rep in range(run.plan.worker_reps):
-        for key, label, kind, slots, guess in WORKER_ROWS:
-            rate = run.rates.get(key, guess)
+        for row_key, row_label, kind, slots, guess in rows + (
+            PEER_ROWS if peers and rep == 0 and run.plan.procrastinate else ()
+        ):
+            server_bound = kind in ("thread", "async")
+            key = run.keyed(row_key) if server_bound else row_key
+            label = run.labelled(row_label) if server_bound else row_label
+            rate = run.rates.get(key) or min(guess, _ceiling(run, kind, slots) or guess)
             items = int(max(200, rate * seconds * 1.5))
             if kind == "procrastinate":
                 user_workers.procrastinate_reset(procrastinate_url, items)
+                tenant = None
+            elif kind == "spawn":
                 tenant = None
             else:
                 tenant = run.new_tenant("wk")
@@ -419,7 +503,9 @@ def phase_workers(run: Run) -> None:
             say(f"{label}, rep {rep + 1}/{run.plan.worker_reps}")
             start_at = time.time() + START_MARGIN
             spec = user_workers.WorkerSpec(
-                kind=kind, slots=slots, start_at=start_at, end_at=start_at + seconds + 2.0,
+                kind=kind, slots=slots, start_at=start_at,
+                # A queue runs dry on its own; the spawn floor has none, so its deadline is the end.
+                end_at=start_at + seconds + (0.0 if kind == "spawn" else 2.0),
                 base_url=run.env.base_url, key=tenant.worker_key if tenant else "",
                 cli=venv_bin("queue-server"), database_url=procrastinate_url,
             )  # fmt: skip
@@ -555,7 +641,7 @@ def phase_churn(run: Run) -> None:
         offset += n
         futures.append(run.pool.submit(loadgen.run_cycles, spec))
     time.sleep(max(0.0, start_at - time.time()))
-    cpu0 = run.env.cpu()
+    start = run.env.snapshot()
     while not all(f.done() for f in futures):
         rows = run.env.sql(_DEAD)
         samples.append(
@@ -581,10 +667,7 @@ def phase_churn(run: Run) -> None:
         )
         time.sleep(min(plan.churn_window, 5.0))
     results = [f.result() for f in futures]
-    delta = run.env.cpu().minus(cpu0)
-    run.cpu.setdefault("churn (batched c16)", CpuSplit()).add(
-        time.time() - start_at, delta.server, delta.postgres, sum(r.cpu for r in results)
-    )
+    run.account("churn (batched c16)", run.env.load_since(start), sum(r.cpu for r in results))
     for r in results:
         run.error("churn", r.error_samples, r.errors)
     windows = [0] * max((len(r.windows) for r in results), default=0)
@@ -686,6 +769,17 @@ def _warm(seconds: float) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
+def _commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(Path(__file__).parent), "describe", "--always", "--dirty"],
+            capture_output=True, text=True, check=True, timeout=10,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="a smoke run, under a minute")
@@ -694,7 +788,8 @@ def main(argv: list[str] | None = None) -> int:
         "--workers",
         type=int,
         default=1,
-        help="server worker processes (serve's own default is one per core)",
+        help="server worker processes for the single-mode phases (default 1); with `modes`,"
+        " the lease cycles and the SDK workers also run under serve's default (one per core)",
     )
     parser.add_argument(
         "--client-procs", type=int, default=2, help="load-generator processes for 4+ workers"
@@ -702,61 +797,90 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-profile", action="store_true", help="skip the py-spy phases")
     parser.add_argument(
         "--only",
-        default="pgbench,cycles,enqueue,wake,peer,workers,profile,cost,churn",
-        help="comma-separated phases to run",
+        default="pgbench,peer,cycles,workers,modes,enqueue,wake,profile,cost,churn",
+        help="comma-separated phases to run (`modes`: cycles and SDK workers in both modes;"
+        " `procrastinate`: its worker beside `work`, not in the default)",
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "latest", help="results path stem")
     parser.add_argument("--keep", action="store_true", help="keep the temporary data directory")
     args = parser.parse_args(argv)
     plan = make_plan(args)
     phases = set(args.only.split(","))
+    both = "modes" in phases and bool(phases & {"cycles", "workers"})
+    single = f"w{args.workers}"
     RESULTS.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     machine = _machine()
     say(f"plan: {plan}")
     ctx = get_context("spawn")
-    with (
-        ProcessPoolExecutor(max_workers=max(2, args.client_procs), mp_context=ctx) as pool,
-        environment(server_workers=args.workers, keep=args.keep) as env,
-    ):
-        for f in [pool.submit(_warm, 1.0) for _ in range(max(2, args.client_procs))]:
-            f.result()
-        run = Run(env=env, plan=plan, pool=pool, client_procs=args.client_procs)
-        say(f"batch completion route: {'present' if env.batch_completion_route else 'absent'}")
-        steps = (
-            ("pgbench", phase_pgbench),
-            ("cycles", phase_rest_cycles),
-            ("peer", phase_peer),
-            ("workers", phase_workers),
-            ("enqueue", phase_enqueue),
-            ("wake", phase_wake),
-            ("profile", phase_profile),
-            ("cost", phase_cost_growth),
-            ("churn", phase_churn),
-        )
-        for name, step in steps:
-            if name in phases:
-                step(run)
-        peak = env.peak_rss()
-        doc = report.build(
-            run_figures=run.figures,
-            cpu=run.cpu,
-            extra=run.extra,
-            errors=run.errors,
-            machine=machine,
-            config={
-                "quick": args.quick,
-                "reps": plan.reps,
-                "server_workers": args.workers,
-                "client_procs": args.client_procs,
-                "scale": os.environ.get("BENCH_SCALE", "default"),
-                "plan": plan.__dict__,
-                "batch_completion_route": env.batch_completion_route,
-                "postgres": env.sql("SHOW server_version")[0][0],
-            },
-            peak_rss=peak,
-            wall=time.time() - t0,
-        )
+    steps: dict[str, float] = {}
+    peak: dict[str, int] = {}
+    modes: dict[str, str] = {}
+
+    def step(run: Run, name: str, fn: Any) -> None:
+        if name in phases:
+            began = time.time()
+            fn(run)
+            steps[f"{name} [{run.mode}]" if run.mode else name] = round(time.time() - began, 1)
+
+    with ProcessPoolExecutor(max_workers=max(2, args.client_procs), mp_context=ctx) as pool:
+        # The load generators start while PostgreSQL and the server do.
+        warming = [pool.submit(_warm, 1.0) for _ in range(max(2, args.client_procs))]
+        # The server's default mode first: its phases run before the history-heavy ones.
+        with environment(server_workers=None if both else args.workers, keep=args.keep) as env:
+            for f in warming:
+                f.result()
+            steps["start"] = round(time.time() - t0, 1)
+            run = Run(env=env, plan=plan, pool=pool, client_procs=args.client_procs)
+            say(f"batch completion route: {'present' if env.batch_completion_route else 'absent'}")
+            step(run, "pgbench", phase_pgbench)
+            step(run, "peer", phase_peer)
+            if both:
+                run.mode = DEFAULT
+                modes[DEFAULT] = env.mode
+                step(run, "cycles", phase_rest_cycles)
+                step(run, "workers", phase_sdk_workers)
+                peak[DEFAULT] = env.peak_rss()
+                began = time.time()
+                env.restart_server(args.workers)
+                steps["restart"] = round(time.time() - began, 1)
+            run.mode = single
+            modes[single] = env.mode
+            step(run, "cycles", phase_rest_cycles)
+            step(run, "workers", phase_workers)
+            run.mode = ""
+            for name, fn in (
+                ("enqueue", phase_enqueue),
+                ("wake", phase_wake),
+                ("profile", phase_profile),
+                ("cost", phase_cost_growth),
+                ("churn", phase_churn),
+            ):
+                step(run, name, fn)
+            peak[single] = env.peak_rss()
+            doc = report.build(
+                run_figures=run.figures,
+                cpu=run.cpu,
+                extra={**run.extra, "step_wall_s": steps},
+                errors=run.errors,
+                machine=machine,
+                config={
+                    "quick": args.quick,
+                    "reps": plan.reps,
+                    "server_workers": args.workers,
+                    "modes": modes,
+                    "single_mode": single,
+                    "client_procs": args.client_procs,
+                    "scale": os.environ.get("BENCH_SCALE", "default"),
+                    "plan": plan.__dict__,
+                    "batch_completion_route": env.batch_completion_route,
+                    "postgres": env.sql("SHOW server_version")[0][0],
+                    "commit": _commit(),
+                    "started_at": datetime.fromtimestamp(t0, UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                },
+                peak_rss=peak,
+                wall=time.time() - t0,
+            )
     json_path = args.out.with_suffix(".json")
     md_path = args.out.with_suffix(".md")
     json_path.write_text(json.dumps(doc, indent=2) + "\n")

@@ -28,6 +28,7 @@ import psutil
 import psycopg
 
 from bench.progress import say
+from bench.stats import PhaseLoad
 from queue_server.infra.embedded import EmbeddedPostgres
 from queue_server.infra.serve import ensure_admin_key
 from queue_server.settings import Settings
@@ -75,28 +76,76 @@ def venv_bin(name: str) -> str:
     return str(candidate) if candidate.exists() else name
 
 
-@dataclass
-class CpuTotals:
-    """Cumulative CPU seconds (user + system) of each party."""
+def _tree(root: psutil.Process) -> list[psutil.Process]:
+    """A process and its live descendants ([] once it is gone)."""
+    try:
+        return [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
 
+
+def _total_cpu(proc: psutil.Process) -> float:
+    """CPU of a process and of every descendant it has reaped (user + system)."""
+    with contextlib.suppress(psutil.Error):
+        t = proc.cpu_times()
+        return float(t.user + t.system + t.children_user + t.children_system)
+    return 0.0
+
+
+def _machine_cpu() -> tuple[float, float]:
+    """(busy, steal): CPU seconds of the machine since boot, summed over cores.
+
+    Busy is every state but idle and iowait; guest time is already inside user.
+    """
+    t = psutil.cpu_times()
+    busy = t.user + t.nice + t.system
+    for name in ("irq", "softirq", "steal"):
+        busy += getattr(t, name, 0.0)
+    return busy, getattr(t, "steal", 0.0)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Cumulative CPU seconds of the machine and of each party at one instant.
+
+    Each party is a process tree, each process counted once with what it has
+    reaped (so the `true` that `queue-server work` ran counts as the benchmark's);
+    `others` is every other live process's name, start time and own CPU, to name
+    the busiest.
+    """
+
+    at: float
+    busy: float
+    steal: float
     server: float
     postgres: float
+    bench: float
+    load: float
+    others: dict[int, tuple[str, float, float]]
 
-    def minus(self, other: CpuTotals) -> CpuTotals:
-        return CpuTotals(self.server - other.server, self.postgres - other.postgres)
-
-
-def _tree_cpu(root: psutil.Process) -> float:
-    """CPU of a process, its live descendants and the descendants it has already reaped."""
-    total = 0.0
-    with contextlib.suppress(psutil.Error):
-        t = root.cpu_times()
-        total += t.user + t.system + t.children_user + t.children_system
-        for child in root.children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                c = child.cpu_times()
-                total += c.user + c.system
-    return total
+    def until(self, later: Snapshot, *, cores: int) -> PhaseLoad:
+        """What ran between this snapshot and `later`."""
+        grew: list[tuple[str, float]] = []
+        for pid, (name, started, cpu) in later.others.items():
+            # The same process (a kernel worker renames itself after its work item); one
+            # started since counts from nothing.
+            before = self.others.get(pid)
+            spent = cpu - (before[2] if before and before[1] == started else 0.0)
+            if spent >= 0.05:
+                grew.append((name, spent))
+        grew.sort(key=lambda x: -x[1])
+        return PhaseLoad(
+            wall=later.at - self.at,
+            cores=cores,
+            busy=later.busy - self.busy,
+            server=later.server - self.server,
+            postgres=later.postgres - self.postgres,
+            bench=later.bench - self.bench,
+            steal=later.steal - self.steal,
+            load_start=self.load,
+            load_end=later.load,
+            top_other=tuple(grew[:5]),
+        )
 
 
 def _tree_rss(root: psutil.Process) -> int:
@@ -141,9 +190,14 @@ class Tenant:
 
 
 class Environment:
-    """PostgreSQL + migrated database + queue-server, all started fresh."""
+    """PostgreSQL + migrated database + queue-server, all started fresh.
 
-    def __init__(self, *, server_workers: int, keep: bool = False) -> None:
+    `server_workers` is the server's `--workers`; None leaves it to `serve`'s own
+    default (one process per core). `restart_server` swaps the server for one in
+    another mode over the same database.
+    """
+
+    def __init__(self, *, server_workers: int | None, keep: bool = False) -> None:
         self.server_workers = server_workers
         self.keep = keep
         self.root = Path(tempfile.mkdtemp(prefix="qs-bench-"))
@@ -155,9 +209,13 @@ class Environment:
         self.server_ps: psutil.Process | None = None
         self.monitor: Monitor | None = None
         self.admin: httpx.Client | None = None
+        self.admin_key = ""
         self.url = ""
         self.server_log = self.root / "server.log"
         self.batch_completion_route = False
+        self.cores = os.cpu_count() or 1
+        self._self = psutil.Process()
+        self._postmaster: psutil.Process | None = None
 
     # -- lifecycle ---------------------------------------------------------
 
@@ -167,46 +225,47 @@ class Environment:
         with psycopg.connect(self.pg.url(), autocommit=True) as conn:
             conn.execute(f"CREATE DATABASE {DATABASE_NAME}")
         self.url = self.pg.url(DATABASE_NAME)
-        env = {**os.environ, "QUEUE_SERVER_DATABASE_URL": self.url}
         say("migrating (queue-server db upgrade)")
         subprocess.run(
             [venv_bin("queue-server"), "db", "upgrade"],
-            env=env,
+            env={**os.environ, "QUEUE_SERVER_DATABASE_URL": self.url},
             check=True,
             stdout=subprocess.DEVNULL,
         )
-        data_dir = self.root / "data"
-        settings = Settings(database_url=self.url, data_dir=data_dir)
+        settings = Settings(database_url=self.url, data_dir=self.root / "data")
         admin_key = ensure_admin_key(settings, self.url)
         if admin_key is None:
             raise RuntimeError("a fresh database already had an admin key")
-        say(f"starting queue-server serve --workers {self.server_workers} on port {self.port}")
-        env["QUEUE_SERVER_DATA_DIR"] = str(data_dir)
+        self.admin_key = admin_key
+        self._start_server()
+
+    @property
+    def mode(self) -> str:
+        """`--workers 1`, or `default: a process per core, 2` for serve's own default."""
+        if self.server_workers is not None:
+            return f"--workers {self.server_workers}"
+        return f"default: a process per core, {self.cores}"
+
+    def _start_server(self) -> None:
+        env = {**os.environ, "QUEUE_SERVER_DATABASE_URL": self.url}
+        env["QUEUE_SERVER_DATA_DIR"] = str(self.root / "data")
         env["QUEUE_SERVER_POLICY"] = str(bench_policy(self.root / "bench-policy.json"))
         # Retention rounds every few seconds, so the churn's short-retention tenant shows them.
         env["QUEUE_SERVER_RETENTION_INTERVAL"] = str(RETENTION_INTERVAL)
-        with self.server_log.open("wb") as log:
+        command = [venv_bin("queue-server"), "serve", "--host", HOST, "--port", str(self.port)]
+        if self.server_workers is not None:
+            command += ["--workers", str(self.server_workers)]
+        command += ["--log-level", "warning"]
+        say(f"starting {' '.join(command[1:])}")
+        with self.server_log.open("ab") as log:
             self.server_proc = subprocess.Popen(
-                [
-                    venv_bin("queue-server"),
-                    "serve",
-                    "--host",
-                    HOST,
-                    "--port",
-                    str(self.port),
-                    "--workers",
-                    str(self.server_workers),
-                    "--log-level",
-                    "warning",
-                ],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
+                command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
         self.server_ps = psutil.Process(self.server_proc.pid)
         self.admin = httpx.Client(
-            base_url=self.base_url, headers={"Authorization": f"Bearer {admin_key}"}, timeout=60
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {self.admin_key}"},
+            timeout=60,
         )
         deadline = time.monotonic() + SERVER_START_TIMEOUT
         while True:
@@ -218,12 +277,16 @@ class Environment:
             if time.monotonic() > deadline:
                 raise RuntimeError("the server did not become ready")
             time.sleep(0.1)
+        if self.server_workers is None:
+            # Every worker process up before anything is measured (readyz answers from one).
+            while len(self.server_pids()) < self.cores and time.monotonic() < deadline:
+                time.sleep(0.1)
         paths = self.admin.get("/openapi.json").json().get("paths", {})
         self.batch_completion_route = "/v1/tenants/{tenant}/completions" in paths
         self.monitor = Monitor(self.server_ps)
         self.monitor.start()
 
-    def stop(self) -> None:
+    def _stop_server(self) -> None:
         if self.monitor is not None:
             self.monitor.stop()
         if self.admin is not None:
@@ -235,6 +298,17 @@ class Environment:
             except subprocess.TimeoutExpired:
                 self.server_proc.kill()
                 self.server_proc.wait()
+
+    def restart_server(self, server_workers: int | None) -> None:
+        """Stop the server and start it again in another mode, over the same database."""
+        self._stop_server()
+        self.server_workers = server_workers
+        self.port = free_port()
+        self.base_url = f"http://{HOST}:{self.port}"
+        self._start_server()
+
+    def stop(self) -> None:
+        self._stop_server()
         self.pg.stop("fast")
         if not self.keep:
             shutil.rmtree(self.root, ignore_errors=True)
@@ -243,8 +317,10 @@ class Environment:
     # -- probes ------------------------------------------------------------
 
     def postmaster(self) -> psutil.Process:
-        pid = int((self.pg.pgdata / "postmaster.pid").read_text().splitlines()[0])
-        return psutil.Process(pid)
+        if self._postmaster is None or not self._postmaster.is_running():
+            pid = int((self.pg.pgdata / "postmaster.pid").read_text().splitlines()[0])
+            self._postmaster = psutil.Process(pid)
+        return self._postmaster
 
     def server_pids(self) -> list[int]:
         """The pids that serve requests (the uvicorn workers, or the one process)."""
@@ -252,9 +328,37 @@ class Environment:
         children = [p.pid for p in self.server_ps.children(recursive=True)]
         return [*children] if children else [self.server_ps.pid]
 
-    def cpu(self) -> CpuTotals:
+    def snapshot(self) -> Snapshot:
+        """CPU so far of the machine, the server's tree, PostgreSQL's and the benchmark's."""
         assert self.server_ps is not None
-        return CpuTotals(server=_tree_cpu(self.server_ps), postgres=_tree_cpu(self.postmaster()))
+        busy, steal = _machine_cpu()
+        server = _tree(self.server_ps)
+        postgres = _tree(self.postmaster())
+        taken = {p.pid for p in server} | {p.pid for p in postgres}
+        bench = [p for p in _tree(self._self) if p.pid not in taken]
+        taken |= {p.pid for p in bench}
+        others: dict[int, tuple[str, float, float]] = {}
+        for proc in psutil.process_iter(["name", "create_time", "cpu_times"]):
+            times, started = proc.info["cpu_times"], proc.info["create_time"]
+            if proc.pid not in taken and times is not None and started is not None:
+                # A kernel worker's name ends in its current work item: `kworker/u8:3-iou_exit`.
+                name = str(proc.info["name"])
+                name = name.split("-", 1)[0] if name.startswith("kworker/") else name
+                others[proc.pid] = (name, float(started), times.user + times.system)
+        return Snapshot(
+            at=time.time(),
+            busy=busy,
+            steal=steal,
+            server=sum(_total_cpu(p) for p in server),
+            postgres=sum(_total_cpu(p) for p in postgres),
+            bench=sum(_total_cpu(p) for p in bench),
+            load=os.getloadavg()[0],
+            others=others,
+        )
+
+    def load_since(self, start: Snapshot) -> PhaseLoad:
+        """What ran on the machine from `start` until now."""
+        return start.until(self.snapshot(), cores=self.cores)
 
     def peak_rss(self) -> int:
         return self.monitor.peak_rss if self.monitor else 0
@@ -310,7 +414,7 @@ class Environment:
 
 
 @contextlib.contextmanager
-def environment(*, server_workers: int, keep: bool = False) -> Iterator[Environment]:
+def environment(*, server_workers: int | None, keep: bool = False) -> Iterator[Environment]:
     env = Environment(server_workers=server_workers, keep=keep)
     try:
         env.start()

@@ -10,6 +10,7 @@ import logging
 import resource
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -107,7 +108,16 @@ async def _dequeue(spec: PeerSpec) -> PeerResult:
     cpu0 = _cpu_self()
     stopper = asyncio.create_task(stop())
     await asyncio.gather(
-        *(qm.run(batch_size=spec.batch_size, mode=QueueExecutionMode.drain) for qm in managers)
+        # With the queue empty, drain mode re-checks it after the dequeue timeout (30 s by
+        # default); while work is ready it polls at once, so this only shortens the exit.
+        *(
+            qm.run(
+                batch_size=spec.batch_size,
+                mode=QueueExecutionMode.drain,
+                dequeue_timeout=timedelta(seconds=1),
+            )
+            for qm in managers
+        )
     )
     finished = min(time.time(), spec.end_at)
     stopper.cancel()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.stats import CpuSplit, Figure
+from bench.stats import QUIET_SHARE, CpuSplit, Figure
 
 # Figures quoted in the issues, measured once on this kind of machine: context, not targets.
 ISSUE_REFERENCES = {
@@ -16,72 +16,204 @@ ISSUE_REFERENCES = {
 }
 
 
-def _ratio(
-    name: str, num: Figure | None, den: Figure | None, threshold: float, detail: str
+MET, UNMET, NOT_COMPARABLE, NOT_MEASURED = "met", "unmet", "not comparable", "not measured"
+
+
+def _quantity(fig: Figure | None) -> str:
+    return f"{_fmt(fig.median, fig.unit)} {fig.unit}" if fig else "-"
+
+
+def _verdict(
+    name: str,
+    figures: list[Figure | None],
+    value: float | None,
+    threshold: float,
+    ok: bool | None,
+    detail: str,
+    *,
+    shown: str = "",
+    reference: str = "",
+    rivals: tuple[Figure, ...] = (),
 ) -> dict[str, Any]:
-    if num is None or den is None or den.median == 0:
-        return {
-            "target": name,
-            "value": None,
-            "threshold": threshold,
-            "met": None,
-            "detail": "not measured",
-        }
-    value = num.median / den.median
-    return {
+    """One target: met or unmet only when every figure it reads was measured on a quiet machine.
+
+    A figure one of whose repetitions ran while other work took more than 10% of the
+    machine makes the target "not comparable": neither met nor unmet. `rivals` are the
+    figures a "best of" was chosen from: a loaded one may have lost only because it was
+    slowed, so they must be quiet too.
+    """
+    entry: dict[str, Any] = {
         "target": name,
-        "value": round(value, 3),
+        "value": None if value is None else round(value, 3),
         "threshold": threshold,
-        "met": value >= threshold,
-        "detail": f"{detail}: {num.median:,.0f} / {den.median:,.0f}",
+        "met": ok,
+        "status": NOT_MEASURED if ok is None else (MET if ok else UNMET),
+        "detail": detail,
+        "shown": shown,
+        "reference": reference,
+        "figures": [f.key for f in figures if f is not None],
     }
+    if value is None or any(f is None for f in figures):
+        entry.update(value=None, met=None, status=NOT_MEASURED, detail="not measured")
+        return entry
+    read = [f for f in figures if f is not None]
+    loud = [f for f in read + [r for r in rivals if r not in read] if not f.quiet]
+    if loud:
+        entry.update(
+            met=None,
+            status=NOT_COMPARABLE,
+            not_comparable_because=[f.why_not_quiet() for f in loud],
+            not_comparable_short=[f.why_not_quiet(short=True) for f in loud],
+        )
+    return entry
 
 
-def _best(figs: dict[str, Figure], *keys: str) -> Figure | None:
-    found = [figs[k] for k in keys if k in figs]
-    return max(found, key=lambda f: f.median) if found else None
+def _ratio(
+    name: str,
+    num: Figure | None,
+    den: Figure | None,
+    threshold: float,
+    detail: str,
+    rivals: tuple[Figure, ...] = (),
+) -> dict[str, Any]:
+    """num / den >= threshold."""
+    value = num.median / den.median if num and den and den.median else None
+    return _verdict(
+        name,
+        [num, den],
+        value,
+        threshold,
+        None if value is None else value >= threshold,
+        f"{detail}: {num.median:,.0f} / {den.median:,.0f}" if num and den else detail,
+        shown=_quantity(num),
+        reference=f"{den.label} {_quantity(den)}" if den else "",
+        rivals=rivals,
+    )
 
 
 def _at_most(name: str, fig: Figure | None, threshold: float, detail: str) -> dict[str, Any]:
-    return {
-        "target": name,
-        "value": round(fig.median, 2) if fig else None,
-        "threshold": threshold,
-        "met": (fig.median <= threshold) if fig else None,
-        "detail": detail,
-    }
+    return _verdict(
+        name,
+        [fig],
+        fig.median if fig else None,
+        threshold,
+        fig.median <= threshold if fig else None,
+        detail,
+        shown=_quantity(fig),
+    )
 
 
-def _worker_ratios(figs: dict[str, Figure]) -> list[dict[str, Any]]:
-    """The targets of the worker rewrite: what users run against each peer at its best."""
+def _best(figs: dict[str, Figure], *keys: str) -> tuple[Figure | None, tuple[Figure, ...]]:
+    """The figure with the highest median among `keys`, and every one it was chosen from."""
+    found = tuple(figs[k] for k in keys if k in figs)
+    return (max(found, key=lambda f: f.median) if found else None), found
+
+
+def _mode_targets(figs: dict[str, Figure], mode: str, label: str) -> list[dict[str, Any]]:
+    """The targets of the phases that run in both modes of the server, for one of them."""
+
+    def fig(key: str) -> Figure | None:
+        return figs.get(f"{key}@{mode}")
+
+    tag = f" [{label}]"
     out: list[dict[str, Any]] = []
-    pgq = _best(figs, "peer_dequeue_ack", "peer_dequeue_ack_m5")
-    for kind, label in (("thread", "SDK Worker (threads)"), ("async", "SDK AsyncWorker")):
+    pgq, pgq_all = _best(figs, "peer_dequeue_ack", "peer_dequeue_ack_m5")
+    batched, batched_all = _best(figs, *(f"rest_batched_c{c}@{mode}" for c in (1, 4, 16)))
+    for kind, name in (("thread", "SDK Worker (threads)"), ("async", "SDK AsyncWorker")):
+        c16, c1 = fig(f"sdk_{kind}_c16"), fig(f"sdk_{kind}_c1")
         out.append(
             _ratio(
-                f"{label}, 16 slots >= 1.0x pgqueuer's best steady state",
-                figs.get(f"sdk_{kind}_c16"),
+                f"{name}, 16 slots >= 1.0x pgqueuer's best steady state{tag}",
+                c16,
                 pgq,
                 1.0,
-                f"steady items/s / {pgq.label if pgq else 'pgqueuer'}",
+                "steady items/s / pgqueuer steady jobs/s",
+                pgq_all,
             )
         )
         out.append(
             _ratio(
-                f"{label}, 1 slot >= 2.0x procrastinate at concurrency 1",
-                figs.get(f"sdk_{kind}_c1"),
-                figs.get("procrastinate_c1"),
-                2.0,
-                "steady items/s / procrastinate steady jobs/s",
+                f"{name}, 16 slots >= 0.9x the raw batched REST loop's best{tag}",
+                c16,
+                batched,
+                0.9,
+                "steady items/s / best batched REST items/s, same server",
+                batched_all,
+            )
+        )
+        out.append(
+            _ratio(
+                f"{name}, 16 slots >= 1.0x its 1 slot{tag}",
+                c16,
+                c1,
+                1.0,
+                "steady items/s at 16 slots / at 1 slot",
+            )
+        )
+    for op in ("acquire", "complete"):
+        out.append(
+            _at_most(
+                f"{op} p50 at one worker <= 0.8 ms{tag}",
+                fig(f"{op}_p50_ms_c1"),
+                0.8,
+                "1 unbatched worker on a fresh queue (the lease-cycle phase)",
+            )
+        )
+    for c, threshold in ((1, 0.25), (16, 0.15)):
+        out.append(
+            _ratio(
+                f"unbatched REST lease cycles >= {threshold}x pgbench, {c} client"
+                f"{'s' if c > 1 else ''}{tag}",
+                fig(f"rest_unbatched_c{c}"),
+                figs.get(f"pgbench_c{c}"),
+                threshold,
+                f"REST unbatched c{c} items/s / pgbench c{c} cycles/s",
             )
         )
     out.append(
         _ratio(
-            "queue-server work -- true, 16 slots >= 3.0x procrastinate at concurrency 10",
+            f"batched REST lease cycles >= 0.6x pgbench, 16 clients{tag}",
+            fig("rest_batched_c16"),
+            figs.get("pgbench_c16"),
+            0.6,
+            "REST batched c16 items/s / pgbench c16 cycles/s",
+        )
+    )
+    out.append(
+        _ratio(
+            f"batched REST lease cycles, best >= 1.0x pgqueuer's best steady state{tag}",
+            batched,
+            pgq,
+            1.0,
+            "best batched REST items/s / pgqueuer steady jobs/s",
+            batched_all + pgq_all,
+        )
+    )
+    return out
+
+
+def _ratios(
+    figs: dict[str, Figure], modes: dict[str, str], peak_rss: dict[str, int]
+) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for mode, label in modes.items():
+        out += _mode_targets(figs, mode, label)
+    out.append(
+        _ratio(
+            "REST batch enqueue >= 0.5x pgqueuer batch enqueue",
+            figs.get("rest_enqueue_batch"),
+            figs.get("peer_enqueue_batch"),
+            0.5,
+            "REST items/s / pgqueuer jobs/s, 500 per call",
+        )
+    )
+    out.append(
+        _ratio(
+            "queue-server work -- true, 16 slots >= 0.7x the spawn floor",
             figs.get("work_c16"),
-            figs.get("procrastinate_c10"),
-            3.0,
-            "steady items/s / procrastinate steady jobs/s",
+            figs.get("spawn_floor_c16"),
+            0.7,
+            "steady items/s / 16 threads spawning true with no queue, items/s",
         )
     )
     out.append(
@@ -93,93 +225,68 @@ def _worker_ratios(figs: dict[str, Figure]) -> list[dict[str, Any]]:
             "steady items/s / bare loop items/s",
         )
     )
-    for op in ("acquire", "complete"):
-        fig = _best(figs, f"{op}_p50_ms_h10000")
-        out.append(
-            _at_most(
-                f"{op} p50 at one worker <= 1.5 ms",
-                fig,
-                1.5,
-                "1 unbatched worker, 10,000 history rows (the cost-growth phase)",
-            )
-        )
-    return out
-
-
-def _ratios(figs: dict[str, Figure], peak_rss: int) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    batched = [
-        figs[k] for k in ("rest_batched_c1", "rest_batched_c4", "rest_batched_c16") if k in figs
-    ]
-    best_batched = max(batched, key=lambda f: f.median) if batched else None
-    pgq = _best(figs, "peer_dequeue_ack", "peer_dequeue_ack_m5")
-    out.append(
-        _ratio(
-            "batched REST >= 1.0x pgqueuer dequeue+ack (its best steady state)",
-            best_batched,
-            pgq,
-            1.0,
-            f"best batched REST ({best_batched.label if best_batched else '-'}) / pgqueuer",
-        )
-    )
-    out += _worker_ratios(figs)
-    for mode, threshold in (("batched", 0.6), ("unbatched", 0.25)):
-        for c in (16, 4, 1):
-            out.append(
-                _ratio(
-                    f"{mode} REST >= {threshold}x pgbench"
-                    + (" (headline, 16 clients)" if c == 16 else f" ({c} clients)"),
-                    figs.get(f"rest_{mode}_c{c}"),
-                    figs.get(f"pgbench_c{c}"),
-                    threshold,
-                    f"REST {mode} c{c} items/s / pgbench c{c} cycles/s",
-                )
-            )
-    out.append(
-        _ratio(
-            "batch enqueue REST >= 0.5x pgqueuer batch enqueue",
-            figs.get("rest_enqueue_batch"),
-            figs.get("peer_enqueue_batch"),
-            0.5,
-            "REST items/s / pgqueuer jobs/s",
-        )
-    )
     p99 = figs.get("wake_p99_ms")
     out.append(
-        {
-            "target": "wake-up p99 < 50 ms at 100 items/s",
-            "value": round(p99.median, 2) if p99 else None,
-            "threshold": 50.0,
-            "met": (p99.median < 50.0) if p99 else None,
-            "detail": "enqueue request sent -> lease read by the long-polling worker",
-        }
+        _verdict(
+            "wake-up p99 < 50 ms at 100 items/s",
+            [p99],
+            p99.median if p99 else None,
+            50.0,
+            p99.median < 50.0 if p99 else None,
+            "enqueue request sent -> lease read by the long-polling worker",
+            shown=_quantity(p99),
+        )
     )
     acq = sorted(
         (int(k.rsplit("_h", 1)[1]), f) for k, f in figs.items() if k.startswith("acquire_p50_ms_h")
     )
     if len(acq) >= 2:
         small, large = acq[0], next((a for a in acq if a[0] == 1_000_000), acq[-1])
-        value = large[1].median / small[1].median if small[1].median else 0.0
+        value = large[1].median / small[1].median if small[1].median else None
+        out.append(
+            _verdict(
+                "acquire p50 with 1M history <= 1.2x with 10k",
+                [large[1], small[1]],
+                value,
+                1.2,
+                None if value is None else value <= 1.2,
+                f"{large[0]:,} rows: {large[1].median:.2f} ms / {small[0]:,} rows:"
+                f" {small[1].median:.2f} ms",
+                shown=_quantity(large[1]),
+                reference=f"{small[1].label} {_quantity(small[1])}",
+            )
+        )
+    for mode, rss in peak_rss.items():
+        mb = rss / 2**20
         out.append(
             {
-                "target": "acquire p50 with 1M history <= 1.2x with 10k",
-                "value": round(value, 3),
-                "threshold": 1.2,
-                "met": value <= 1.2,
-                "detail": f"{large[0]:,} rows: {large[1].median:.2f} ms / {small[0]:,} rows: {small[1].median:.2f} ms",
+                "target": f"server peak RSS < 250 MB [{modes.get(mode, mode)}]",
+                "value": round(mb, 1),
+                "threshold": 250.0,
+                "met": mb < 250.0,
+                "status": MET if mb < 250.0 else UNMET,
+                "detail": "psutil, sum over the server's process tree, sampled every 0.2 s",
+                "shown": f"{mb:.1f} MB",
+                "reference": "",
+                "figures": [],
             }
         )
-    mb = peak_rss / 2**20
-    out.append(
-        {
-            "target": "server peak RSS < 250 MB",
-            "value": round(mb, 1),
-            "threshold": 250.0,
-            "met": mb < 250.0,
-            "detail": "psutil, sum over the server's process tree, sampled every 0.2 s",
-        }
-    )
     return out
+
+
+def _trust(cpu: dict[str, CpuSplit]) -> dict[str, Any]:
+    """Whether every phase ran on a quiet machine, and which did not."""
+    phases = [(name, p) for name, split in cpu.items() for p in split.phases]
+    loud = [(name, p) for name, p in phases if not p.quiet]
+    worst = max(phases, key=lambda x: x[1].share, default=None)
+    return {
+        "phases": len(phases),
+        "quiet": not loud and bool(phases),
+        "threshold_pct": round(100 * QUIET_SHARE),
+        "highest_other_share_pct": round(100 * worst[1].share, 1) if worst else None,
+        "highest_in": worst[0] if worst else None,
+        "not_quiet": [{"phase": name, "why": p.describe()} for name, p in loud],
+    }
 
 
 def build(
@@ -190,16 +297,18 @@ def build(
     errors: dict[str, list[str]],
     machine: dict[str, Any],
     config: dict[str, Any],
-    peak_rss: int,
+    peak_rss: dict[str, int],
     wall: float,
 ) -> dict[str, Any]:
+    modes: dict[str, str] = dict(config.get("modes", {}))
     return {
         "machine": machine,
         "config": config,
         "wall_s": round(wall, 1),
+        "trust": _trust(cpu),
         "figures": {k: f.as_json() for k, f in run_figures.items()},
-        "ratios": _ratios(run_figures, peak_rss),
-        "server_peak_rss_mb": round(peak_rss / 2**20, 1),
+        "ratios": _ratios(run_figures, modes, peak_rss),
+        "server_peak_rss_mb": {modes.get(k, k): round(v / 2**20, 1) for k, v in peak_rss.items()},
         "cpu_split": {k: v.as_json() for k, v in cpu.items()},
         "issue_references": ISSUE_REFERENCES,
         "errors": errors,
@@ -211,27 +320,87 @@ def _fmt(value: float, unit: str) -> str:
     return f"{value:,.2f}" if unit == "ms" else f"{value:,.0f}"
 
 
+_VERDICT = {MET: "yes", UNMET: "**no**", NOT_COMPARABLE: "not comparable", NOT_MEASURED: "-"}
+
+
+def _trust_line(doc: dict[str, Any]) -> str:
+    t = doc["trust"]
+    if t["quiet"]:
+        return (
+            f"**Quiet run**: in every one of its {t['phases']} phases, processes other than the"
+            f" server, PostgreSQL and the benchmark used at most {t['threshold_pct']}% of the"
+            f" machine (highest: {t['highest_other_share_pct']}%, {t['highest_in']})."
+        )
+    if not t["phases"]:
+        return "**Not judged**: no phase was probed for other work."
+    loud = len(t["not_quiet"])
+    return (
+        f"**Not a quiet run**: in {loud} of its {t['phases']} phases other work took more than"
+        f" {t['threshold_pct']}% of the machine (highest: {t['highest_other_share_pct']}%,"
+        f" {t['highest_in']}); every target reading a figure of such a phase is marked"
+        ' "not comparable", neither met nor unmet.'
+    )
+
+
+def readme_table(doc: dict[str, Any]) -> list[str]:
+    """The README's speed table, ready to paste: no figure of a phase that was not quiet."""
+    c = doc["config"]
+    kind = "quick run (one short repetition: not for the README)" if c["quick"] else "default run"
+    lines = [
+        f"From the {kind} of {c.get('started_at', '?')} at `{c.get('commit', '?')}`,"
+        f" load average {doc['machine']['load_average_at_start'][0]} at the start,"
+        f" {'a quiet run' if doc['trust']['quiet'] else 'not a quiet run'};"
+        f" medians of {c['reps']}; every figure in `bench/results/latest.md`.",
+        "",
+        "| target | queue-server | reference (same run) | value | verdict |",
+        "| --- | ---: | --- | ---: | --- |",
+    ]
+    for r in doc["ratios"]:
+        if r["status"] == NOT_COMPARABLE:
+            why = "; ".join(r.get("not_comparable_short", []))
+            lines.append(f"| {r['target']} | - | - | - | not comparable: {why} |")
+            continue
+        value = "-" if r["value"] is None else f"{r['value']:g}"
+        verdict = {MET: "met", UNMET: "**not met**", NOT_MEASURED: "not measured"}[r["status"]]
+        lines.append(
+            f"| {r['target']} | {r.get('shown') or '-'} | {r.get('reference') or ''} | {value}"
+            f" | {verdict} |"
+        )
+    return lines
+
+
 def markdown(doc: dict[str, Any]) -> str:
     m = doc["machine"]
     c = doc["config"]
+    modes = " and ".join(f"`{label}`" for label in c.get("modes", {}).values())
     lines = [
         "# queue-server benchmark results",
         "",
+        _trust_line(doc),
+        "",
         f"Measured on {m['cpus']} CPUs ({m['cpu_model']}), {m['memory_gb']} GB, Python {m['python']},"
-        f" embedded PostgreSQL {c['postgres']} with default settings; server: `queue-server serve"
-        f" --workers {c['server_workers']}`; {c['reps']} repetition(s), median shown;"
-        f" {'quick run' if c['quick'] else 'default run'}, scale {c['scale']}; wall {doc['wall_s']} s.",
-        f"Load average at start: {m['load_average_at_start']}. The cores are shared with other"
-        " work: expect noise of 10-30% between runs.",
+        f" embedded PostgreSQL {c['postgres']} with default settings; {c['reps']} repetition(s),"
+        f" median shown; {'quick run' if c['quick'] else 'default run'}, scale {c['scale']};"
+        f" started {c.get('started_at', '?')} at `{c.get('commit', '?')}`; wall {doc['wall_s']} s.",
+        f"Server modes: {modes}; the lease cycles and the SDK workers run in each (labelled), the"
+        f" other phases under `serve --workers {c['server_workers']}`.",
+        f"Load average at start: {m['load_average_at_start']}. A phase is quiet when processes"
+        " other than the server, PostgreSQL and the benchmark's own took at most"
+        f" {doc['trust']['threshold_pct']}% of the machine (cores x wall) during it.",
         "",
         "## Figures",
         "",
-        "| figure | median | unit | runs |",
-        "| --- | ---: | --- | --- |",
+        "| figure | median | unit | runs | other work, % of the machine |",
+        "| --- | ---: | --- | --- | --- |",
     ]
     for f in doc["figures"].values():
         runs = ", ".join(_fmt(v, f["unit"]) for v in f["runs"])
-        lines.append(f"| {f['label']} | {_fmt(f['median'], f['unit'])} | {f['unit']} | {runs} |")
+        other = ", ".join("?" if v is None else f"{v}" for v in f.get("other_share_pct", []))
+        flag = "" if f.get("quiet", True) else " (not quiet)"
+        lines.append(
+            f"| {f['label']} | {_fmt(f['median'], f['unit'])} | {f['unit']} | {runs}"
+            f" | {other}{flag} |"
+        )
     lines += [
         "",
         "## Targets (ratios in this run)",
@@ -240,24 +409,45 @@ def markdown(doc: dict[str, Any]) -> str:
         "| --- | ---: | ---: | --- | --- |",
     ]
     for r in doc["ratios"]:
-        met = {True: "yes", False: "**no**", None: "-"}[r["met"]]
+        met = _VERDICT[r["status"]]
         value = "-" if r["value"] is None else r["value"]
-        lines.append(f"| {r['target']} | {value} | {r['threshold']} | {met} | {r['detail']} |")
+        detail = r["detail"]
+        if r["status"] == NOT_COMPARABLE:
+            detail += "; not comparable: " + "; ".join(r["not_comparable_because"])
+        lines.append(f"| {r['target']} | {value} | {r['threshold']} | {met} | {detail} |")
+    rss = ", ".join(f"{mode} {mb} MB" for mode, mb in doc["server_peak_rss_mb"].items())
     lines += [
         "",
-        f"Server peak RSS: {doc['server_peak_rss_mb']} MB."
-        f" Batched completion: {doc.get('batched_completion', '-')}.",
+        f"Server peak RSS: {rss}. Batched completion: {doc.get('batched_completion', '-')}.",
+        "",
+        "## README speed table",
+        "",
+        *readme_table(doc),
         "",
         "## CPU split (percent of one core over the phase's wall time; 200% = both cores)",
         "",
-        "| phase | wall s | server | PostgreSQL | load generator |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "Other work: the machine's busy CPU (all but idle and iowait) less the server's, PostgreSQL's"
+        " and the benchmark's own, as a share of the machine, per repetition.",
+        "",
+        "| phase | wall s | server | PostgreSQL | load generator | other work, % of the machine"
+        " | load average (start -> end) |",
+        "| --- | ---: | ---: | ---: | ---: | --- | --- |",
     ]
     for name, s in doc["cpu_split"].items():
+        other = ", ".join(f"{v}" for v in s.get("other_share_pct", []))
+        loads = ", ".join(f"{a} -> {b}" for a, b in s.get("load_average", []))
+        flag = "" if s.get("quiet", True) else " (not quiet)"
         lines.append(
             f"| {name} | {s['wall_s']} | {s['server_pct_of_core']}% | {s['postgres_pct_of_core']}%"
-            f" | {s['loadgen_pct_of_core']}% |"
+            f" | {s['loadgen_pct_of_core']}% | {other}{flag} | {loads} |"
         )
+    if "step_wall_s" in doc:
+        lines += [
+            "",
+            "Wall time by step (s): "
+            + ", ".join(f"{k} {v}" for k, v in doc["step_wall_s"].items())
+            + ".",
+        ]
     if "cost_growth" in doc:
         lines += [
             "",

@@ -1,5 +1,6 @@
 """What users run, timed from a separate process: the SDK workers (threads and asyncio),
-`queue-server work -- true`, a bare loop around `true`, and procrastinate's worker.
+`queue-server work -- true`, a bare loop around `true`, the spawn floor (threads running
+`true` with no queue) and procrastinate's worker.
 
 Each runs in a load-generator process over a prefilled queue until its deadline or
 until the queue is empty, and reports its first and last finished item (steady
@@ -46,7 +47,7 @@ def _cpu() -> float:
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    kind: str  # thread | async | cli | loop | procrastinate
+    kind: str  # thread | async | cli | loop | spawn | procrastinate
     slots: int
     start_at: float
     end_at: float
@@ -144,7 +145,13 @@ def _cli(spec: WorkerSpec, result: WorkerResult) -> None:
     proc = subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL
     )
-    timer = threading.Timer(max(0.0, spec.end_at - time.time()), proc.terminate)
+    stopped = threading.Event()
+
+    def stop() -> None:
+        stopped.set()
+        proc.terminate()
+
+    timer = threading.Timer(max(0.0, spec.end_at - time.time()), stop)
     timer.start()
     assert proc.stdout is not None
     try:
@@ -157,7 +164,8 @@ def _cli(spec: WorkerSpec, result: WorkerResult) -> None:
     finally:
         timer.cancel()
         _, stderr = proc.communicate()
-    if proc.returncode != 0:
+    # Stopped at the deadline before the queue ran dry: not a failure of the worker.
+    if proc.returncode != 0 and not stopped.is_set():
         result.error(f"exit {proc.returncode}: {stderr.decode()[-300:]}")
 
 
@@ -172,6 +180,25 @@ def _loop(spec: WorkerSpec, result: WorkerResult) -> None:
             subprocess.run([TRUE], input=json.dumps(lease.payload).encode(), check=True)
             qs.complete(lease.item_id, worker="bare-loop", fence=lease.fence, result=None)
             result.done(time.time())
+
+
+def _spawn(spec: WorkerSpec, result: WorkerResult) -> None:
+    """The physical limit of `work -- true`: `slots` threads each running `true` in a loop,
+    no queue at all, the command's stdin, stdout and stderr piped as `work` pipes them."""
+    payload = b'{"n": 1}'
+    lock = threading.Lock()
+
+    def spawner() -> None:
+        while time.time() < spec.end_at:
+            subprocess.run([TRUE], input=payload, capture_output=True, check=True)
+            with lock:
+                result.done(time.time())
+
+    threads = [threading.Thread(target=spawner, daemon=True) for _ in range(spec.slots)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
 
 
 # -- procrastinate -------------------------------------------------------------
@@ -242,6 +269,7 @@ KINDS = {
     "async": _async,
     "cli": _cli,
     "loop": _loop,
+    "spawn": _spawn,
     "procrastinate": _procrastinate,
 }
 
