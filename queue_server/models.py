@@ -6,7 +6,6 @@ import hashlib
 import os
 import re
 import time
-import uuid
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 
@@ -28,12 +27,12 @@ class Role(StrEnum):
     ADMIN = "admin"
 
 
+_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
 def is_uuid(value: str) -> bool:
-    """Ids are canonical UUID strings; anything else names no row."""
-    try:
-        return str(uuid.UUID(value)) == value
-    except ValueError:
-        return False
+    """Ids are canonical UUID strings (lowercase, hyphenated); anything else names no row."""
+    return _CANONICAL_UUID.fullmatch(value) is not None
 
 
 def uuid7() -> str:

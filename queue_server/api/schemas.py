@@ -7,6 +7,7 @@ import math
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 
+import orjson
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
 from queue_server import wire
@@ -28,7 +29,24 @@ def _check_text(value: str) -> str:
 
 
 def check_json(value: Any) -> Any:
-    """Payloads and results: bounded depth, storable strings, finite numbers."""
+    """Payloads and results: bounded depth, storable strings, finite numbers.
+
+    orjson, in C, settles most values at once: it refuses a lone surrogate and an
+    integer outside 64 bits; what it writes shows whether a NUL, a NaN (written as
+    `null`) or a deep nesting (at most one level per bracket) could be in it. Only
+    then, or when it refused, does the walk below look (and name what is wrong).
+    """
+    try:
+        written = orjson.dumps(value)
+    except (TypeError, orjson.JSONEncodeError):
+        return _walk(value)
+    brackets = written.count(b"[") + written.count(b"{")
+    if brackets >= MAX_JSON_DEPTH or b"\\u0000" in written or b"null" in written:
+        return _walk(value)
+    return value
+
+
+def _walk(value: Any) -> Any:
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         node, depth = stack.pop()
