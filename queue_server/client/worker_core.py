@@ -210,35 +210,50 @@ class WorkerCore(abc.ABC, Generic[J]):
     # -- bookkeeping ---------------------------------------------------------
 
     def _hold(self, lease: Lease, stage: Stage) -> J:
+        return self._hold_all([lease], stage)[0]
+
+    def _hold_all(self, leases: list[Lease], stage: Stage) -> list[J]:
+        """Hold the leases of one acquire: waiting ones wake as many slots, with one signal."""
         now = time.monotonic()
-        job = self._job(lease=lease, worker=self.name, stage=stage)
-        job.beat_at = now
-        job.expires_at = now + self.lease_ttl
+        jobs = [self._job(lease=lease, worker=self.name, stage=stage) for lease in leases]
+        for job in jobs:
+            job.beat_at = now
+            job.expires_at = now + self.lease_ttl
         with self._lock:
-            self._held[job.item_id] = job
-            if stage is Stage.WAITING:
-                self._waiting.append(job)
-                self._work.notify()
-        return job
+            for job in jobs:
+                self._held[job.item_id] = job
+            if stage is Stage.WAITING and jobs:
+                self._waiting.extend(jobs)
+                self._work.notify(len(jobs))
+        return jobs
 
     def _settle(self, job: J, result: Result, *, report: bool = True) -> None:
+        self._settle_all([(job, result, report)])
+
+    def _settle_all(self, outcomes: list[tuple[J, Result, bool]]) -> None:
+        """Settle jobs (those of one batch together): their room is announced once."""
+        settled: list[tuple[J, Result, bool]] = []
         with self._lock:
-            if job.stage is Stage.SETTLED:
-                return
-            if job.stage is Stage.WAITING:
-                with suppress(ValueError):
-                    self._waiting.remove(job)
-            job.stage = Stage.SETTLED
-            job.result = result
-            self._held.pop(job.item_id, None)
-            self._settled += 1
-            self._room.notify_all()
-        job.done.set()
-        if report and self.on_result is not None:
-            try:
-                self.on_result(result)
-            except Exception:
-                self._log.exception("on_result failed for %s", result.item_id)
+            for job, result, report in outcomes:
+                if job.stage is Stage.SETTLED:
+                    continue
+                if job.stage is Stage.WAITING:
+                    with suppress(ValueError):
+                        self._waiting.remove(job)
+                job.stage = Stage.SETTLED
+                job.result = result
+                self._held.pop(job.item_id, None)
+                self._settled += 1
+                settled.append((job, result, report))
+            if settled:
+                self._room.notify_all()
+        for job, result, report in settled:
+            job.done.set()
+            if report and self.on_result is not None:
+                try:
+                    self.on_result(result)
+                except Exception:
+                    self._log.exception("on_result failed for %s", result.item_id)
 
     def _lose(self, job: J) -> None:
         job.lost.set()
@@ -429,8 +444,7 @@ class WorkerCore(abc.ABC, Generic[J]):
                 for lease in leases:
                     self._put(self._hold(lease, Stage.SETTLING), give_back(), report=False)
                 break
-            for lease in leases:
-                self._hold(lease, Stage.WAITING)
+            self._hold_all(leases, Stage.WAITING)
             taken += len(leases)
             if drain and not leases:
                 # What was due when we looked and did not come to us is not coming.
@@ -542,9 +556,16 @@ class WorkerCore(abc.ABC, Generic[J]):
                 for job, sub in chunk:
                     self._settle(job, settled(job, sub, exc), report=reports[id(job)])
                 continue
-            for (job, sub), answer in zip(chunk, answers, strict=True):
-                error = None if answer.ok else answer.error()
-                self._settle(job, settled(job, sub, error), report=reports[id(job)])
+            self._settle_all(
+                [
+                    (
+                        job,
+                        settled(job, sub, None if answer.ok else answer.error()),
+                        reports[id(job)],
+                    )
+                    for (job, sub), answer in zip(chunk, answers, strict=True)
+                ]
+            )
         for job, sub, report in batch:
             if sub.kind != "complete":
                 yield from self._single(job, sub, report)
