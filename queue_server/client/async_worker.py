@@ -50,6 +50,11 @@ class AsyncJob(HeldJob):
 AsyncHandler = Callable[[AsyncJob], Awaitable[Any] | Any]
 
 
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 class _Signal:
     """`threading.Condition`'s notify for tasks of one loop: each waiter is a future."""
 
@@ -62,6 +67,16 @@ class _Signal:
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         return waiter
+
+    async def wait_at_most(self, timeout: float) -> None:
+        """Until notified or `timeout` seconds: a timer on the waiter's future, not a task
+        (`asyncio.wait_for` makes one per wait: the outbox and the acquirer wait often)."""
+        waiter = self.wait()
+        timer = asyncio.get_running_loop().call_later(timeout, _expire, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
 
     def notify(self, n: int = 1) -> None:
         while n > 0 and self._waiters:
@@ -152,6 +167,8 @@ class AsyncWorker(WorkerCore[AsyncJob]):
                 elif type(step) is Wait:
                     if step.timeout is None:
                         await step.on.wait()
+                    elif type(step.on) is _Signal:
+                        await step.on.wait_at_most(step.timeout)
                     else:
                         with contextlib.suppress(TimeoutError):
                             await asyncio.wait_for(step.on.wait(), step.timeout)
