@@ -149,13 +149,19 @@ class Snapshot:
 
 
 def _tree_rss(root: psutil.Process) -> int:
-    total = 0
+    """The memory the server's processes hold: one process's RSS; for several (serve's
+    default, a process per core), their PSS summed, so that the pages they share (the
+    interpreter, the imported packages) count once and not once per process."""
     with contextlib.suppress(psutil.Error):
-        total += root.memory_info().rss
-        for child in root.children(recursive=True):
+        procs = [root, *root.children(recursive=True)]
+        if len(procs) == 1:
+            return int(root.memory_info().rss)
+        total = 0
+        for proc in procs:
             with contextlib.suppress(psutil.Error):
-                total += child.memory_info().rss
-    return total
+                total += int(proc.memory_full_info().pss)
+        return total
+    return 0
 
 
 @dataclass

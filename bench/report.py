@@ -265,7 +265,8 @@ def _ratios(
                 "threshold": 250.0,
                 "met": mb < 250.0,
                 "status": MET if mb < 250.0 else UNMET,
-                "detail": "psutil, sum over the server's process tree, sampled every 0.2 s",
+                "detail": "psutil, sampled every 0.2 s: one process's RSS; several processes'"
+                " PSS summed (a page they share counted once)",
                 "shown": f"{mb:.1f} MB",
                 "reference": "",
                 "figures": [],

@@ -62,6 +62,9 @@ class PhaseLoad:
             f"other work {100 * self.share:.1f}% of the machine"
             f" (load {self.load_start:.2f} -> {self.load_end:.2f}"
         )
+        if self.steal >= 0.05:
+            # The hypervisor ran someone else on our cores: no process here shows it.
+            text += f"; stolen by the host: {self.steal:.1f} s"
         if self.top_other:
             text += "; busiest: " + ", ".join(f"{n} {s:.1f} s" for n, s in self.top_other[:3])
         return text + ")"

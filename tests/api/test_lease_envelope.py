@@ -301,8 +301,9 @@ def test_a_batch_heartbeat_never_extends_a_lease_past_its_deadline(short: Api) -
         for r in results:
             assert _at(r["lease_deadline_at"]) == deadlines[r["item_id"]]
             assert _at(r["lease_expires_at"]) <= deadlines[r["item_id"]]
-        time.sleep(0.3)
-    assert time.monotonic() - started >= DEADLINE - 0.5
+        time.sleep(0.2)
+    # Refused only at the deadline (the acquires were a moment before `started`).
+    assert time.monotonic() - started >= DEADLINE - 1.0, results
     time.sleep(0.3)  # the second lease was acquired a moment after the first
     response = api.worker.post(route, json={"worker": "hung", "lease_ttl": 2, "leases": entries})
     assert [(r["status"], r["problem"]["code"]) for r in response.json()["results"]] == [
