@@ -32,7 +32,8 @@ from queue_server.services import (
 
 TenantName = Annotated[str, Path(pattern=NAME_PATTERN, description="Tenant name")]
 QueueName = Annotated[str, Path(pattern=NAME_PATTERN, description="Queue name")]
-ItemId = Annotated[str, Path(max_length=64, description="Item id (a UUID)")]
+ITEM_ID_MAX_LENGTH = 64
+ItemId = Annotated[str, Path(max_length=ITEM_ID_MAX_LENGTH, description="Item id (a UUID)")]
 Cursor = Annotated[
     str | None, Query(max_length=512, description="`next_cursor` of the previous page")
 ]

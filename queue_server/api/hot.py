@@ -34,10 +34,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from queue_server import errors
 from queue_server.api import problems, routes, schemas
+from queue_server.api.deps import ITEM_ID_MAX_LENGTH
+from queue_server.api.middleware import Replay
 from queue_server.models import NAME_PATTERN
 
 _NAME = re.compile(NAME_PATTERN)
-_ITEM_ID_MAX = 64
 _PREFIX = "/v1/tenants/"
 
 
@@ -64,7 +65,7 @@ def _path_params_ok(params: dict[str, str]) -> bool:
     """The path parameters FastAPI would accept (TenantName, QueueName, ItemId)."""
     for name, value in params.items():
         if name == "item_id":
-            if len(value) > _ITEM_ID_MAX:
+            if len(value) > ITEM_ID_MAX_LENGTH:
                 return False
         elif _NAME.fullmatch(value) is None:
             return False
@@ -106,7 +107,7 @@ class LeasePath:
             return
         message = await receive()
         if not await self._serve(hot, match.groupdict(), message, scope, receive, send):
-            await self.app(scope, _Replay(message, receive), send)
+            await self.app(scope, Replay(message, receive), send)
 
     async def _serve(
         self,
@@ -179,20 +180,3 @@ def _headers(scope: Scope) -> tuple[str | None, str | None, str | None] | None:
                 return None
             key = value.decode("latin-1")
     return authorization, content_type, key
-
-
-class _Replay:
-    """The request's receive, with its already-read body message delivered once more."""
-
-    __slots__ = ("_message", "_receive")
-
-    def __init__(self, message: Message, receive: Receive) -> None:
-        self._message: Message | None = message
-        self._receive = receive
-
-    async def __call__(self) -> Message:
-        message = self._message
-        if message is not None:
-            self._message = None
-            return message
-        return await self._receive()

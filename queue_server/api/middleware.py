@@ -24,6 +24,23 @@ class _Truncated:
 TRUNCATED = _Truncated()
 
 
+class Replay:
+    """A request's receive that first hands out a body message already read from it."""
+
+    __slots__ = ("_message", "_receive")
+
+    def __init__(self, message: Message, receive: Receive) -> None:
+        self._message: Message | None = message
+        self._receive = receive
+
+    async def __call__(self) -> Message:
+        message = self._message
+        if message is not None:
+            self._message = None
+            return message
+        return await self._receive()
+
+
 class BodyLimitAndMetrics:
     """Reads the whole body first (at most `max_body` bytes), so an oversized one is refused
     with 413 before any handler runs, whether or not it declared a Content-Length.
@@ -78,16 +95,8 @@ class BodyLimitAndMetrics:
                     ),
                 )
                 return
-            delivered = False
-
-            async def replay(_: Any = None) -> Message:
-                nonlocal delivered
-                if not delivered:
-                    delivered = True
-                    return {"type": "http.request", "body": body, "more_body": False}
-                return await receive()
-
-            await self.app(scope, replay, send_and_record)
+            message: Message = {"type": "http.request", "body": body, "more_body": False}
+            await self.app(scope, Replay(message, receive), send_and_record)
         finally:
             route = scope.get("route")
             template = getattr(route, "path", "unmatched")
