@@ -441,8 +441,8 @@ class WorkerCore(abc.ABC, Generic[J]):
             if leases:
                 self.pace.acquired(time.monotonic() - sent)
             if self.stopping.is_set():
-                for lease in leases:
-                    self._put(self._hold(lease, Stage.SETTLING), give_back(), report=False)
+                for job in self._hold_all(leases, Stage.SETTLING):
+                    self._put(job, give_back(), report=False)
                 break
             self._hold_all(leases, Stage.WAITING)
             taken += len(leases)
@@ -538,8 +538,10 @@ class WorkerCore(abc.ABC, Generic[J]):
                 raise
             except self._survives:
                 self._log.exception("sending outcomes failed")
-                for job, sub, report in batch:
-                    self._settle(job, settled(job, sub, errors.QueueClientError()), report=report)
+                failed = errors.QueueClientError()
+                self._settle_all(
+                    [(job, settled(job, sub, failed), report) for job, sub, report in batch]
+                )
 
     def _send(self, batch: list[tuple[J, Submission, bool]]) -> Steps[None]:
         reports = {id(job): report for job, _, report in batch}
@@ -553,8 +555,9 @@ class WorkerCore(abc.ABC, Generic[J]):
                     for job, sub in chunk:
                         yield from self._single(job, sub, reports[id(job)])
                     continue
-                for job, sub in chunk:
-                    self._settle(job, settled(job, sub, exc), report=reports[id(job)])
+                self._settle_all(
+                    [(job, settled(job, sub, exc), reports[id(job)]) for job, sub in chunk]
+                )
                 continue
             self._settle_all(
                 [
