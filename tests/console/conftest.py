@@ -11,10 +11,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
 
 from queue_server.settings import Settings
 from tests.helpers.server import make_admin_key
+
+# The suite runs beside these tests on two cores: a page may take longer than
+# Playwright's 5 s to draw there, as actions may (the context's 10 s below).
+expect.set_options(timeout=10_000)
 
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
