@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
+import sys
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -304,3 +308,44 @@ def test_item_json_is_inlined_into_the_transitions_that_write_the_outbox(
             assert "to_char(" in plan, name
             assert "item_json" not in plan, name
             assert "api_timestamp" not in plan, name
+
+
+def test_the_heads_read_from_the_revision_files_are_alembics(tmp_path: Path) -> None:
+    """The server reads its head revisions without alembic; alembic's graph is the truth,
+    here and in a tree that a merge revision joins and a second branch leaves open."""
+    assert migrate.head_revisions() == set(_alembic_heads(migrate.MIGRATIONS_DIR))
+    assert migrate.head_revisions()  # at least the last revision
+
+    tree = tmp_path / "migrations"
+    shutil.copytree(migrate.MIGRATIONS_DIR, tree, ignore=shutil.ignore_patterns("__pycache__"))
+    versions = tree / "versions"
+    (head,) = migrate.head_revisions()
+    for name, down in (("b1", head), ("b2", head), ("m1", ("b1", "b2")), ("x1", head)):
+        (versions / f"9_{name}.py").write_text(
+            f"revision: str = {name!r}\ndown_revision: object = {down!r}\n"
+            "def upgrade() -> None: ...\ndef downgrade() -> None: ...\n"
+        )
+    expected = set(_alembic_heads(tree))
+    assert expected == {"m1", "x1"}
+    assert migrate.heads_of(versions) == expected
+
+
+def _alembic_heads(tree: Path) -> list[str]:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    config = Config()
+    config.set_main_option("script_location", str(tree))
+    return list(ScriptDirectory.from_config(config).get_heads())
+
+
+def test_a_server_process_imports_neither_alembic_nor_sqlalchemy() -> None:
+    """About 30 MB in every server process: only migrating needs them."""
+    code = (
+        "import sys, queue_server.app, queue_server.infra.serve;"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'alembic', 'sqlalchemy'}))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert loaded == "[]"

@@ -145,11 +145,17 @@ def own_database(pg: EmbeddedPostgres) -> str:
     return pg.url(DATABASE_NAME, user=SERVER_ROLE)
 
 
+def schema_revisions(database_url: str) -> set[str]:
+    """The revisions the database's schema is at (without alembic: see `migrate`)."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        return bootstrap.schema_revisions(conn)
+
+
 @contextlib.contextmanager
 def database(settings: Settings) -> Iterator[ServedDatabase]:
     """The configured database; with no URL, an embedded one in the data directory, migrated."""
     if settings.database_url:
-        current = migrate.current_revisions(settings.database_url)
+        current = schema_revisions(settings.database_url)
         if current != migrate.head_revisions():
             raise SchemaNotAtHeadError(
                 f"The database schema is at {migrate.describe(current)}, not at"
@@ -169,7 +175,11 @@ def database(settings: Settings) -> Iterator[ServedDatabase]:
             raise NoDatabaseError(str(exc)) from None
         try:
             url = own_database(pg)
-            migrate.upgrade(url)
+            if schema_revisions(url) != migrate.head_revisions():
+                try:
+                    migrate.upgrade_apart(url)
+                except migrate.MigrationError as exc:
+                    raise NoDatabaseError(str(exc)) from None
             yield ServedDatabase(url=url, embedded=pg, lock=lock)
         finally:
             pg.stop()

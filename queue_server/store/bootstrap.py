@@ -1,6 +1,7 @@
 """The statements `queue-server serve` runs as the embedded PostgreSQL's superuser: the
 server's own role (it owns the schema's objects, and is neither superuser nor CREATEROLE),
-its database, and the hand-over of a database the superuser made before there was a role."""
+its database, and the hand-over of a database the superuser made before there was a role;
+and the schema revisions a database is at, which `serve` reads before it migrates."""
 
 from __future__ import annotations
 
@@ -41,3 +42,12 @@ def hand_over(conn: psycopg.Connection[Any]) -> None:
     """Every object of the schema that another role owns, to the server's role (connected
     to its database as the superuser; nothing to do, and quick, once done)."""
     conn.execute(_SQL["hand_over_objects"])
+
+
+def schema_revisions(conn: psycopg.Connection[Any]) -> set[str]:
+    """The alembic revisions the database's schema is at: none before its first migration."""
+    try:
+        with conn.transaction():
+            return {row[0] for row in conn.execute(_SQL["schema_revisions"]).fetchall()}
+    except psycopg.errors.UndefinedTable:
+        return set()

@@ -235,6 +235,11 @@ def test_the_image_commands_run_on_an_external_database_without_embedded_postgre
     assert "Traceback" not in out
 
 
+def _process_tree(pid: int) -> list[int]:
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [pid, *(each for child in children for each in _process_tree(int(child)))]
+
+
 @pytest.mark.slow
 def test_metrics_add_up_every_worker_process(open_dir: Path) -> None:
     port = _free_port()
@@ -271,6 +276,12 @@ def test_metrics_add_up_every_worker_process(open_dir: Path) -> None:
         seen = {healthz_count() for _ in range(6)}
         # Whichever process answers the scrape counts the requests of both.
         assert seen == {30.0}
+        # Migrated on this first start, in a child: no process left serving holds alembic's
+        # SQLAlchemy (its compiled modules would be mapped), about 30 MB each.
+        served = _process_tree(proc.pid)
+        assert len(served) >= 3  # the supervisor and its two workers
+        for pid in served:
+            assert "/sqlalchemy/" not in Path(f"/proc/{pid}/maps").read_text(), pid
     finally:
         out = _stop(proc)
     assert proc.returncode == 0, out

@@ -66,3 +66,7 @@ BEGIN
     END LOOP;
 END
 $$;
+
+-- name: schema_revisions
+-- The revisions alembic recorded (a database it never migrated has no such table).
+SELECT version_num FROM alembic_version;
