@@ -285,19 +285,27 @@ def tenant_session(
 
 
 def resolve_id(given: str, what: str, candidates: Callable[[], Iterable[str]]) -> str:
-    """A whole id as given; a prefix of exactly one of `candidates` as that id."""
+    """A whole id as given; the start or the end of exactly one of `candidates` as that id
+    (a list shows an id's end: the part of a UUIDv7 that tells two apart)."""
     if len(given) >= 32:  # a whole uuid (or a key id); the server says if it exists
         return given
-    prefix = given.lower()
-    matches = sorted({c for c in candidates() if c.lower().startswith(prefix)})
+    part = given.lower()
+    tail = part.replace("-", "")
+    matches = sorted(
+        {
+            c
+            for c in candidates()
+            if c.lower().startswith(part) or c.lower().replace("-", "").endswith(tail)
+        }
+    )
     if len(matches) == 1:
         return matches[0]
     if not matches:
-        fail(f"No {what} id starts with {given!r}", code=EXIT_REFUSED)
+        fail(f"No {what} id starts or ends with {given!r}", code=EXIT_REFUSED)
     shown = ", ".join(matches[:5]) + (", ..." if len(matches) > 5 else "")
     fail(
         f"Ambiguous {what} id {given!r}",
-        f"{len(matches)} start with it ({shown}); give more of it",
+        f"{len(matches)} start or end with it ({shown}); give more of it",
         code=EXIT_REFUSED,
     )
 
@@ -376,6 +384,10 @@ def table(
             if needed(keep, full=False) <= console.width:
                 break
             keep.remove(columns.index(name))
+        if needed(keep, full=False) > console.width:
+            # Still too wide with every column at its narrowest: wider than the terminal
+            # (it wraps the lines) rather than an id cut short.
+            out = Console(highlight=False, width=needed(keep, full=False))
     dropped = [c for i, c in enumerate(columns) if i not in keep]
     if dropped:
         note = f"(not shown: {', '.join(dropped)}; --wide shows every column)"

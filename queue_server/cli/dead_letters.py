@@ -39,7 +39,8 @@ from queue_server.client.watchers import Delivery, WatcherClient
 app = CLI(help="Triage dead letters: list, show, replay, discard.", no_args_is_help=True)
 
 
-Queue = Annotated[str | None, typer.Option("--queue", "-q", help="Only this queue.")]
+# No short flag: -q is --quiet, as in every command that prints ids.
+Queue = Annotated[str | None, typer.Option("--queue", help="Only this queue.")]
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
 
 

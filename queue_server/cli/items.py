@@ -18,6 +18,7 @@ from queue_server.cli.common import (
     Url,
     Wide,
     confirm,
+    counted,
     err_console,
     fail,
     fields,
@@ -26,11 +27,14 @@ from queue_server.cli.common import (
     table,
     tenant_session,
 )
+from queue_server.client import QueueClient
 from queue_server.client.models import Item, LedgerEvent
+from queue_server.models import is_uuid
 
 app = CLI(help="List, inspect and cancel work items.", no_args_is_help=True)
 
-Queue = Annotated[str | None, typer.Option("--queue", "-q", help="Only this queue.")]
+# No short flag: -q is --quiet, as in every command that prints ids.
+Queue = Annotated[str | None, typer.Option("--queue", help="Only this queue.")]
 State = Annotated[
     str | None,
     typer.Option(help="Only this state: ready, leased, completed, quarantined or cancelled."),
@@ -111,9 +115,15 @@ def ledger_table(item_id: str, events: list[LedgerEvent]) -> None:
     )
 
 
+def item_of(qs: QueueClient, given: str) -> str:
+    """The whole id of the item `given` names: the server resolves a unique start or end
+    of an id (as `items show` does), so an action never runs on a guess."""
+    return given if is_uuid(given) else qs.get_item(given).item_id
+
+
 @app.command("show")
 def items_show(
-    item_id: Annotated[str, typer.Argument(help="Item id.")],
+    item_id: Annotated[str, typer.Argument(help="Item id, or the start or end of exactly one's.")],
     url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
@@ -134,7 +144,7 @@ def items_show(
 
 @app.command("ledger")
 def items_ledger(
-    item_id: Annotated[str, typer.Argument(help="Item id.")],
+    item_id: Annotated[str, typer.Argument(help="Item id, or the start or end of exactly one's.")],
     url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
@@ -187,7 +197,7 @@ def items_list(
         ids([i.item_id for i in rows])
         return
     table(
-        f"{len(rows)} items",
+        counted(len(rows), "item"),
         ["item", "queue", "state", "fence", "payload", "created"],
         [(i.item_id, i.queue, i.state, i.fence, i.payload, i.created_at) for i in rows],
         drop=["fence", "created", "payload"],
@@ -197,7 +207,9 @@ def items_list(
 
 @app.command("cancel")
 def items_cancel(
-    item_ids: Annotated[list[str], typer.Argument(help="Item ids.")],
+    item_ids: Annotated[
+        list[str], typer.Argument(help="Item ids, or the start or end of exactly one's each.")
+    ],
     reason: Reason = "",
     url: Url = None,
     key: Key = None,
@@ -212,7 +224,7 @@ def items_cancel(
     done: list[Item] = []
     with tenant_session(url, key, data_dir, tenant) as qs:
         for item_id in item_ids:
-            done.append(qs.cancel_item(item_id, reason=reason))
+            done.append(qs.cancel_item(item_of(qs, item_id), reason=reason))
     if json:
         print_json(done)
         return
@@ -261,4 +273,4 @@ def items_cancel_matching(
     if json:
         print_json({"cancelled": total})
     else:
-        typer.echo(f"{total} items cancelled")
+        typer.echo(f"{counted(total, 'item')} cancelled")

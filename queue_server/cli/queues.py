@@ -17,6 +17,7 @@ from queue_server.cli.common import (
     fields,
     print_json,
     tenant_session,
+    when,
 )
 from queue_server.client.models import QueueSettings, QueueStatus, Setting
 
@@ -30,12 +31,20 @@ Reason = Annotated[str, typer.Option(help="Why: kept in the queue's ledger.")]
 
 
 def queue_fields(q: QueueStatus) -> None:
-    paused = f"since {q.paused_at} by {q.paused_by} ({q.pause_reason})" if q.paused else "no"
+    since = when(q.paused_at) if q.paused_at else "-"
+    paused = f"since {since} by {q.paused_by} ({q.pause_reason})" if q.paused else "no"
+    states = q.states or {
+        "ready": q.ready,
+        "leased": q.leased,
+        "quarantined": q.quarantined,
+        "completed": q.completed,
+        "cancelled": q.cancelled,
+    }
     fields(
         f"queue {q.queue}",
         [
             ("paused", paused),
-            ("items", q.states),
+            ("items", ", ".join(f"{n:,} {state}" for state, n in states.items())),
             ("oldest ready", age(q.oldest_ready_age)),
             ("leases", f"{q.active_leases} active of {q.concurrency_limit} allowed"),
             ("oldest lease", age(q.oldest_lease_age)),

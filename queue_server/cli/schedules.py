@@ -103,6 +103,7 @@ def list_schedules(
             )
             for s in found
         ],
+        drop=["refused", "fires", "catch up", "state"],
     )
 
 

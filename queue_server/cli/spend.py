@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
@@ -23,6 +24,7 @@ from queue_server.cli.common import (
     resolve_id,
     table,
     tenant_session,
+    when,
 )
 
 app = CLI(help="Spend approvals: the concurrency a queue may use.", no_args_is_help=True)
@@ -34,12 +36,12 @@ def parse_expiry(text: str) -> datetime:
     if text and text[-1] in units and text[:-1].replace(".", "", 1).isdigit() and text.isascii():
         return datetime.now(UTC) + timedelta(seconds=float(text[:-1]) * units[text[-1]])
     try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         fail("Invalid --expires", "use a duration like 2h, 30m, 7d or an RFC 3339 time")
-    if when.tzinfo is None:
+    if at.tzinfo is None:
         fail("Invalid --expires", "give the time zone, e.g. 2030-01-01T00:00:00Z")
-    return when
+    return at
 
 
 @app.command("approve")
@@ -86,7 +88,7 @@ def spend_approve(
         return
     console.print(
         f"{approval.queue}: up to {approval.max_concurrency} leases until"
-        f" {approval.expires_at:%Y-%m-%d %H:%M:%S %Z} (approval {approval.approval_id},"
+        f" {when(approval.expires_at)} (approval {approval.approval_id},"
         f" by key {approval.approved_by}, {approval.approved_by_role})"
     )
 
@@ -165,6 +167,14 @@ def spend_revoke(
     )
 
 
+def _time(value: object) -> object:
+    """An approval's time as every table shows times (the JSON has it as ISO 8601)."""
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return when(datetime.fromisoformat(value))
+    return value
+
+
 @app.command("show")
 def spend_show(
     queue: Annotated[str, typer.Argument(help="Queue name.")],
@@ -192,7 +202,7 @@ def spend_show(
             ("approval", approval.get("approval_id")),
             ("approved by", approval.get("approved_by")),
             ("role", approval.get("approved_by_role")),
-            ("expires", approval.get("expires_at")),
+            ("expires", _time(approval.get("expires_at"))),
             ("reason", approval.get("reason")),
         ],
     )

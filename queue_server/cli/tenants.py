@@ -33,6 +33,8 @@ from queue_server.client.models import Tenant
 NEW_MAX_ACQUISITIONS = 5
 NEW_LEASE_TTL = 30.0
 NEW_RETENTION = 7 * 24 * 3600.0
+# What `tenants list` does not count (`tenants show` does).
+_UNCOUNTED = {"ready", "leased", "completed", "quarantined", "cancelled"}
 
 app = CLI(help="Create, update, list and show tenants (admin).", no_args_is_help=True)
 
@@ -189,7 +191,9 @@ def tenants_list(
     with connect(url, key, data_dir) as qs:
         rows = qs.list_tenants()
     if json:
-        print_json(rows)
+        # The list counts each tenant's backlog, not its items by state: those are left
+        # out rather than shown as null (`tenants show` has them).
+        print_json([row.model_dump(mode="json", exclude=_UNCOUNTED) for row in rows])
     elif quiet:
         ids([row.tenant for row in rows])
     else:

@@ -289,7 +289,8 @@ class Items:
         return Answer.of(200, views.item(row))
 
     async def _item_row(self, tenant: str, item_id: str) -> Row:
-        """The item by its id, or by a prefix of exactly one item's id (a person typing)."""
+        """The item by its id, or by the start or the end of exactly one item's id (a person
+        typing, or copying the end a list shows)."""
         span = None if is_uuid(item_id) else uuid_range(item_id)
         if span is None:
             require_item_id(item_id)
@@ -297,11 +298,21 @@ class Items:
             if span is None:
                 row = await reads.get_item(conn, tenant=tenant, item_id=item_id)
             else:
-                rows = await reads.items_in_id_range(conn, tenant=tenant, span=span, limit=5)
+                digits = item_id.lower().replace("-", "")
+                found = {
+                    r["item_id"]: r
+                    for r in [
+                        *await reads.items_in_id_range(conn, tenant=tenant, span=span, limit=5),
+                        *await reads.items_with_id_ending(
+                            conn, tenant=tenant, digits=digits, limit=5
+                        ),
+                    ]
+                }
+                rows = sorted(found.values(), key=lambda r: str(r["item_id"]))[:5]
                 if len(rows) > 1:
                     raise errors.AmbiguousIdError(
-                        f"{len(rows)}{'+' if len(rows) == 5 else ''} items have an id starting"
-                        f" with {item_id!r}; give more of it.",
+                        f"{len(rows)}{'+' if len(found) >= 5 else ''} items have an id starting"
+                        f" or ending with {item_id!r}; give more of it.",
                         item_ids=[str(r["item_id"]) for r in rows],
                     )
                 row = rows[0] if rows else None

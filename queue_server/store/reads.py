@@ -21,6 +21,13 @@ async def items_in_id_range(
     return await cur.fetchall()
 
 
+async def items_with_id_ending(conn: Conn, *, tenant: str, digits: str, limit: int) -> list[Row]:
+    """Items whose id ends with the hex `digits` (dashes left out)."""
+    params = {"tenant": tenant, "digits": digits, "limit": limit}
+    cur = await conn.execute(_SQL["items_with_id_ending"], params)
+    return await cur.fetchall()
+
+
 async def ledger(conn: Conn, *, tenant: str, item_id: str) -> list[Row]:
     cur = await conn.execute(_SQL["ledger"], (tenant, item_id))
     return await cur.fetchall()

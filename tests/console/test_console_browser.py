@@ -163,7 +163,7 @@ def test_spend_approval_watchers_and_verification_runs(page: Page, api: Api, sho
 
     nav.get_by_role("link", name="Verification runs").click()
     expect(page.get_by_role("row").filter(has_text="site-2.4.0")).to_contain_text("1 / 2")
-    page.get_by_role("link", name=f"{run['run_id'][:8]}…").click()
+    page.get_by_role("link", name=f"…{run['run_id'][-12:]}").click()
     expect(page.get_by_role("heading", name="Remaining (1)")).to_be_visible()
     page.screenshot(path=str(shots / "verification-run.png"), full_page=True)
 
@@ -188,7 +188,7 @@ def test_filter_items_and_cancel_a_leased_one(page: Page, api: Api, shots: Path)
     expect(rows.nth(1)).to_contain_text("leased")
     page.screenshot(path=str(shots / "items.png"), full_page=True)
 
-    rows.nth(1).get_by_role("link", name=f"{target[:8]}…").click()
+    rows.nth(1).get_by_role("link", name=f"…{target[-12:]}").click()
     expect(page.get_by_role("heading", name=f"Item {target}")).to_contain_text("leased")
     page.get_by_role("button", name="Cancel item…").click()
     expect(page.get_by_role("heading", name="Cancel 1 item?")).to_be_visible()

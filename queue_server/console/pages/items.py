@@ -5,7 +5,7 @@ selection after a confirmation page."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
@@ -48,21 +48,6 @@ async def list_page(
     cursor: Annotated[str | None, Query(max_length=512)] = None,
 ) -> Response:
     session = await web.current_session(request)
-    if queue and not NAME_RE.match(queue):
-        raise errors.InvalidRequestError("The queue name is not valid.")
-    state = web.choice("State", state, STATES)
-    match = ItemFilter(
-        queue=queue or None,
-        state=state,
-        created_after=_instant("Created after", created_after),
-        created_before=_instant("Created before", created_before),
-        payload=payload or None,
-    )
-    page = web.answer_body(
-        await web.services(request).items.list_items(
-            session.principal, tenant, filter=match, limit=PAGE_SIZE, cursor=cursor
-        )
-    )
     filters = {
         "queue": queue or "",
         "state": state or "",
@@ -70,6 +55,27 @@ async def list_page(
         "created_before": created_before or "",
         "payload": payload or "",
     }
+    page: dict[str, Any] = {"items": [], "next_cursor": None}
+    problem = None
+    try:
+        if queue and not NAME_RE.match(queue):
+            raise errors.InvalidRequestError("The queue name is not valid.")
+        match = ItemFilter(
+            queue=queue or None,
+            state=web.choice("State", state, STATES),
+            created_after=_instant("Created after", created_after),
+            created_before=_instant("Created before", created_before),
+            payload=payload or None,
+        )
+        page = web.answer_body(
+            await web.services(request).items.list_items(
+                session.principal, tenant, filter=match, limit=PAGE_SIZE, cursor=cursor
+            )
+        )
+    except errors.InvalidRequestError as exc:
+        # Said above the form, which keeps every filter as typed: one wrong field is
+        # corrected in place, not typed again with all the others.
+        problem = exc.detail
     next_url = None
     if page["next_cursor"]:
         next_url = web.tenant_path(tenant, "items", **filters, cursor=page["next_cursor"])
@@ -77,10 +83,12 @@ async def list_page(
         request,
         "items.html",
         session,
+        status_code=422 if problem else 200,
         tenant=tenant,
         items=page["items"],
         filters=filters,
         filtered=any(filters.values()),
+        problem=problem,
         states=STATES,
         next_url=next_url,
     )

@@ -37,6 +37,14 @@ SELECT version_num FROM alembic_version;
 SELECT * FROM work_items WHERE tenant_id = %s AND item_id BETWEEN %s AND %s ORDER BY item_id
 LIMIT %s;
 
+-- name: items_with_id_ending
+-- The end of a UUIDv7 is its random part, the one that tells items apart: a person copies
+-- it. No index has it; a scan of the tenant's items, for a lookup by hand.
+SELECT * FROM work_items
+WHERE tenant_id = %(tenant)s
+  AND right(replace(item_id::text, '-', ''), length(%(digits)s)) = %(digits)s
+ORDER BY item_id LIMIT %(limit)s;
+
 -- name: leases
 -- The leased rows come from ix_work_items_leased; each one's acquisition time is its
 -- last `acquired` event (a heartbeat moves the expiry, not the start).

@@ -1,0 +1,61 @@
+"""The items list as an operator reads it: rows that never look alike, and a filter typed
+wrong that is said beside the form, which keeps every other filter."""
+
+from __future__ import annotations
+
+import html
+import re
+
+from tests.helpers.api import Api
+from tests.helpers.console import sign_in
+
+ROW_ID = re.compile(r'<a class="id" href="[^"]*/items/([0-9a-f-]{36})" title="\1">([^<]+)</a>')
+
+
+def test_a_hundred_rows_made_together_show_a_hundred_different_ids(api: Api) -> None:
+    response = api.worker.post(
+        "/v1/tenants/acme/queues/q/items:batch",
+        json={"items": [{"payload": n} for n in range(100)]},
+        headers={"Idempotency-Key": "a-hundred"},
+    )
+    assert response.status_code == 201, response.text
+    client, _ = sign_in(api.url, api.keys["operator"])
+    shown: dict[str, str] = {}
+    url: str | None = "/console/tenants/acme/items"
+    while url:
+        page = client.get(url)
+        assert page.status_code == 200
+        shown.update((text, item_id) for item_id, text in ROW_ID.findall(page.text))
+        found = re.search(r'href="([^"]+)" rel="next"', page.text)
+        url = html.unescape(found.group(1)) if found else None
+    assert len(shown) == 100  # a hundred texts: no two rows alike
+    for text, item_id in shown.items():
+        assert item_id.endswith(text.removeprefix("…")), (text, item_id)
+    # What a row shows names its item for the API (and so for the CLI).
+    text, item_id = next(iter(shown.items()))
+    got = api.operator.get(f"/v1/tenants/acme/items/{text.removeprefix('…')}")
+    assert got.json()["item_id"] == item_id
+
+
+def test_a_filter_typed_wrong_is_said_above_the_form_that_keeps_the_others(api: Api) -> None:
+    api.enqueue("mail", {"customer": 42})
+    client, _ = sign_in(api.url, api.keys["operator"])
+    for params, problem in (
+        ({"created_after": "yesterday"}, "Created after is not a date and time."),
+        ({"state": "sleeping"}, "State must be one of"),
+        ({"payload": "{customer"}, "payload"),
+    ):
+        page = client.get(
+            "/console/tenants/acme/items", params={"queue": "mail", "state": "ready", **params}
+        )
+        assert page.status_code == 422
+        (alert,) = re.findall(r'<p class="flash error" role="alert">([^<]*)</p>', page.text)
+        assert problem.lower() in alert.lower(), alert
+        assert '<input name="queue" value="mail"' in page.text  # the others, as typed
+        if "state" not in params:  # a text field shows what was typed, to correct it
+            typed = html.escape(next(iter(params.values())), quote=True)
+            assert f'value="{typed}"' in page.text
+        assert "<h1>Items</h1>" in page.text  # the page itself, not an error page
+    ok = client.get("/console/tenants/acme/items", params={"queue": "mail", "state": "ready"})
+    assert ok.status_code == 200
+    assert 'role="alert"' not in ok.text
