@@ -526,7 +526,7 @@ async def triage(
         instance=request.url.path,
         worker=body.worker,
         fence=body.fence,
-        failure=body.failure.model_dump(by_alias=True),
+        failure=body.failure.model_dump(by_alias=True, exclude_none=True),
         quarantine=body.decision == "quarantine",
         delay=schemas.delay_seconds(body.delay),
     )

@@ -68,6 +68,19 @@ def _walk(value: Any) -> Any:
 
 
 Text = Annotated[str, Field(max_length=4096), AfterValidator(_check_text)]
+# A failure's traceback, kept in the item and its ledger: at most 16 KiB of UTF-8.
+TRACEBACK_MAX_BYTES = 16 * 1024
+
+
+def _check_traceback(value: str) -> str:
+    if len(value.encode("utf-8", errors="surrogatepass")) > TRACEBACK_MAX_BYTES:
+        raise ValueError(f"must be at most {TRACEBACK_MAX_BYTES} bytes of UTF-8")
+    return _check_text(value)
+
+
+Traceback = Annotated[
+    str, Field(max_length=TRACEBACK_MAX_BYTES), AfterValidator(_check_traceback)
+]
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 Json = Annotated[Any, AfterValidator(check_json)]
 Fence = Annotated[int, Field(ge=0, le=MAX_FENCE, strict=True)]
@@ -324,6 +337,8 @@ class Failure(Body):
     class_: Text = Field(alias="class")
     message: Text = ""
     transient: bool = False
+    # What the worker saw: a handler's traceback, a command's last stderr.
+    traceback: Traceback | None = None
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 

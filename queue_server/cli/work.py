@@ -42,14 +42,24 @@ from queue_server.policy import at_most
 EXIT_TEMPFAIL = 75  # sysexits.h EX_TEMPFAIL: the failure is transient
 KILL_AFTER = 3.0  # seconds between SIGTERM and SIGKILL when a command must stop
 STDERR_TAIL = 2000
+STDERR_TRACEBACK = 4096
 
 
 class CommandFailedError(Exception):
     """The command exited non-zero (other than 75)."""
 
+    def __init__(self, message: str, traceback_text: str = "") -> None:
+        super().__init__(message)
+        # The failure's traceback: the command's last stderr, not this process's stack.
+        self.traceback_text = traceback_text
+
 
 class CommandTransientError(TransientError):
     """The command exited 75 (EX_TEMPFAIL)."""
+
+    def __init__(self, message: str, *, delay: float | None, traceback_text: str = "") -> None:
+        super().__init__(message, delay=delay)
+        self.traceback_text = traceback_text
 
 
 def register(app: typer.Typer) -> None:
@@ -192,9 +202,11 @@ class CommandHandler:
             return parse_output(stdout)
         tail = stderr.decode("utf-8", errors="replace")[-STDERR_TAIL:].strip()
         message = f"exit {code}" + (f": {tail}" if tail else "")
+        # Its last 4 KiB, whole characters only: what the item page shows.
+        last = stderr[-STDERR_TRACEBACK:].decode("utf-8", errors="ignore")
         if code == EXIT_TEMPFAIL:
-            raise CommandTransientError(message, delay=self.retry_delay)
-        raise CommandFailedError(message)
+            raise CommandTransientError(message, delay=self.retry_delay, traceback_text=last)
+        raise CommandFailedError(message, traceback_text=last)
 
 
 def parse_output(stdout: bytes) -> Any:

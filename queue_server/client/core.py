@@ -518,19 +518,23 @@ class ClientCore:
         failure_class: str,
         message: str = "",
         transient: bool = False,
+        traceback: str | None = None,
         decision: Literal["requeue", "quarantine"] = "requeue",
         delay: float | Literal["backoff"] = 0.0,
         idempotency_key: str | None = None,
         tenant: str | None = None,
     ) -> Flow[Item]:
-        """Record the failure; requeue after `delay` seconds (or "backoff", the server's
-        delay for the item's acquisition count), or quarantine."""
-        body = {
-            "worker": worker,
-            "fence": fence,
-            "failure": {"class": failure_class, "message": message, "transient": transient},
-            "decision": decision,
+        """Record the failure (with `traceback`, at most 16 KiB, kept in the item and its
+        ledger); requeue after `delay` seconds (or "backoff", the server's delay for the
+        item's acquisition count), or quarantine."""
+        failure: dict[str, Any] = {
+            "class": failure_class,
+            "message": message,
+            "transient": transient,
         }
+        if traceback is not None:
+            failure["traceback"] = traceback
+        body = {"worker": worker, "fence": fence, "failure": failure, "decision": decision}
         if delay:
             body["delay"] = delay
         key = idempotency_key or new_idempotency_key()

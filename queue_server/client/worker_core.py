@@ -650,6 +650,7 @@ class WorkerCore(abc.ABC, Generic[J]):
             failure_class=sub.failure_class,
             message=sub.message,
             transient=sub.transient,
+            traceback=sub.traceback,
             decision="quarantine" if sub.quarantine else "requeue",
             worker=name,
             fence=job.fence,

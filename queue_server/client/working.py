@@ -14,6 +14,7 @@ import json
 import os
 import platform
 import re
+import traceback as tracebacks
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -126,6 +127,7 @@ class Submission:
     reason: str = ""
     failure_class: str = ""
     message: str = ""
+    traceback: str | None = None
     transient: bool = False
     quarantine: bool = False
     # Seconds, or "backoff": the server's delay for the item's acquisition count.
@@ -164,10 +166,27 @@ def verdict(value: Any, failure: BaseException | None) -> Submission:
         str(failure),
         failure_class=type(failure).__name__,
         message=str(failure)[:4000],
+        traceback=failure_traceback(failure),
         transient=isinstance(failure, TransientError),
         quarantine=quarantine,
         delay=delay,
     )
+
+
+# What a triage may carry as failure.traceback (the server's bound).
+TRACEBACK_MAX_BYTES = 16 * 1024
+
+
+def failure_traceback(failure: BaseException) -> str:
+    """What the worker saw fail, for the item page and the ledger: the exception's own
+    account when it carries one (`queue-server work`: the command's stderr), else Python's
+    traceback; its last 16 KiB of UTF-8 (the end is where it failed)."""
+    told = getattr(failure, "traceback_text", None)
+    text = told if isinstance(told, str) else "".join(tracebacks.format_exception(failure))
+    data = text.encode("utf-8", errors="replace")
+    if len(data) <= TRACEBACK_MAX_BYTES:
+        return data.decode("utf-8")
+    return data[-TRACEBACK_MAX_BYTES:].decode("utf-8", errors="ignore")
 
 
 def give_back() -> Submission:

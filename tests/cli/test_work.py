@@ -40,6 +40,26 @@ def wait_for(path: Path, timeout: float = 20) -> None:
         time.sleep(0.05)
 
 
+def test_a_failed_commands_last_4_kib_of_stderr_is_its_items_traceback(cli: Cli, api: Api) -> None:
+    # 10,000 bytes of stderr, then 3,000 two-byte characters (the 4 KiB cut falls inside
+    # one of them), then the last words.
+    script = cli.script(
+        "noisy.sh",
+        "cat >/dev/null\n"
+        "i=0; while [ $i -lt 100 ]; do printf '%099d\\n' $i >&2; i=$((i+1)); done\n"
+        "printf 'é%.0s' $(seq 1 3000) >&2; echo ' traceback ends here' >&2; exit 1\n",
+    )
+    item = api.enqueue("noisy", "x", max_acquisitions=1)
+    cli.run("work", "noisy", "--drain", "--", script, role="worker", ok=False)
+    failure = cli.json("items", "show", str(item["item_id"]))["last_failure"]
+    trace = failure["traceback"]
+    # The last 4,096 bytes, less the half character the cut left: 4,095.
+    assert trace == "é" * 2037 + " traceback ends here\n"
+    ledger = cli.json("items", "ledger", str(item["item_id"]))
+    (triaged,) = [e for e in ledger if e["kind"] == "triaged"]
+    assert triaged["data"]["failure"]["traceback"] == trace
+
+
 def test_work_completes_retries_and_quarantines_then_a_replay_completes(cli: Cli, api: Api) -> None:
     script = cli.script("job.sh", JOB)
     fixed = cli.cwd / "fixed"
@@ -70,6 +90,7 @@ def test_work_completes_retries_and_quarantines_then_a_replay_completes(cli: Cli
     assert third["state"] == "quarantined"
     assert third["last_failure"]["message"] == "exit 3: boom"
     assert third["last_failure"]["transient"] is False
+    assert third["last_failure"]["traceback"] == "boom\n"  # the command's stderr
 
     (dead,) = cli.json("dead-letters", "list", "--queue", "jobs")
     assert dead["item_id"] == broken["item_id"]

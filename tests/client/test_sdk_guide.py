@@ -92,11 +92,9 @@ def test_every_example_of_the_sdk_guide_runs_as_written(api: Api, db: DB, tmp_pa
     ).fetchone()
     assert bob is not None
     assert bob["state"] == "quarantined"
-    assert bob["last_failure"] == {
-        "class": "TransientError",
-        "message": "mail server busy",
-        "transient": True,
-    }
+    failure = dict(bob["last_failure"])  # type: ignore[call-overload]
+    assert failure.pop("traceback").rstrip().endswith("TransientError: mail server busy")
+    assert failure == {"class": "TransientError", "message": "mail server busy", "transient": True}
 
     for n in range(10):
         api.enqueue("emails", {"to": f"async{n}@example.com"})

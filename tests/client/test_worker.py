@@ -115,12 +115,18 @@ def test_failures_are_triaged_back_to_the_queue_or_into_quarantine(api: Api, fac
         ]
         first = qs.get_item(transient.item_id)
         assert first.state == "ready"
-        assert first.last_failure == {
-            "class": "TransientError",
-            "message": "try later",
-            "transient": True,
-        }
-        assert qs.get_item(broken.item_id).last_failure["class"] == "ValueError"
+        failure = dict(first.last_failure or {})
+        trace = failure.pop("traceback")
+        assert failure == {"class": "TransientError", "message": "try later", "transient": True}
+        assert 'raise TransientError("try later")' in trace
+        # The handler's traceback, as Python prints it: where it raised, what it raised.
+        broke = qs.get_item(broken.item_id).last_failure or {}
+        assert broke["class"] == "ValueError"
+        assert broke["traceback"].startswith("Traceback (most recent call last):")
+        assert ', in handler\n    raise ValueError("bad input")' in broke["traceback"]
+        assert broke["traceback"].rstrip().endswith("ValueError: bad input")
+        (triaged,) = [e for e in qs.ledger(broken.item_id) if e.kind == "triaged"]
+        assert triaged.data["failure"]["traceback"] == broke["traceback"]
         assert qs.get_item(poisoned.item_id).state == "quarantined"
         # A failure is not retried in the worker: it goes back through the queue, each item
         # leased once and its handler run once.
