@@ -78,9 +78,7 @@ def _check_traceback(value: str) -> str:
     return _check_text(value)
 
 
-Traceback = Annotated[
-    str, Field(max_length=TRACEBACK_MAX_BYTES), AfterValidator(_check_traceback)
-]
+Traceback = Annotated[str, Field(max_length=TRACEBACK_MAX_BYTES), AfterValidator(_check_traceback)]
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 Json = Annotated[Any, AfterValidator(check_json)]
 Fence = Annotated[int, Field(ge=0, le=MAX_FENCE, strict=True)]
