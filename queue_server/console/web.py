@@ -22,7 +22,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode
@@ -32,11 +32,13 @@ from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from fastapi.templating import Jinja2Templates
+from markupsafe import Markup
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import FormData
 from starlette.responses import RedirectResponse, Response
 
 from queue_server import auth, errors
+from queue_server.console import ledger
 from queue_server.idempotency import Answer, Idempotency
 from queue_server.models import Role
 from queue_server.services import Services
@@ -52,15 +54,36 @@ _CSRF_LABEL = b"queue-server console csrf v1"
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 
 
-def _when(value: Any) -> str:
-    """An RFC 3339 time as `2026-11-30 16:50:03 UTC` (the API's times are UTC)."""
+def _when(value: Any) -> str | Markup:
+    """An RFC 3339 time (the API's are UTC): a past one as `3 min ago`, the exact time
+    (`2026-11-30 16:50:03 UTC`) on hover; a future one as that exact time, `in 4 min` on
+    hover (when it will happen is what one plans by)."""
     if not value:
         return "—"
     try:
         at = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
     except ValueError:
         return str(value)
-    return at.strftime("%Y-%m-%d %H:%M:%S UTC")
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=UTC)
+    exact = at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    seconds = (datetime.now(UTC) - at).total_seconds()
+    if seconds < -1:
+        shown, hover = exact, "in " + _span(-seconds)
+    else:
+        shown, hover = ("just now" if seconds < 5 else _span(seconds) + " ago"), exact
+    return Markup('<time datetime="{}" title="{}">{}</time>').format(at.isoformat(), hover, shown)
+
+
+def _span(seconds: float) -> str:
+    """`12 s`, `3 min`, `5 h`, `2 d`: a duration at a glance."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds // 60:.0f} min"
+    if seconds < 86400:
+        return f"{seconds // 3600:.0f} h"
+    return f"{seconds // 86400:,.0f} d"
 
 
 def _age(seconds: Any) -> str:
@@ -76,11 +99,17 @@ def _age(seconds: Any) -> str:
     return f"{left // 86400}d {left % 86400 // 3600}h"
 
 
+def _num(value: Any) -> str:
+    """A count with thousands separators: 12,345."""
+    return f"{value:,}" if isinstance(value, int) else ("—" if value is None else str(value))
+
+
 def _pretty(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
 
 
-templates.env.filters.update(when=_when, age=_age, pretty=_pretty)
+templates.env.filters.update(when=_when, age=_age, pretty=_pretty, gap=ledger.gap, num=_num)
+templates.env.globals.update(timeline=ledger.timeline)
 
 
 @dataclass(frozen=True, slots=True)

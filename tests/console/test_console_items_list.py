@@ -59,3 +59,30 @@ def test_a_filter_typed_wrong_is_said_above_the_form_that_keeps_the_others(api: 
     ok = client.get("/console/tenants/acme/items", params={"queue": "mail", "state": "ready"})
     assert ok.status_code == 200
     assert 'role="alert"' not in ok.text
+
+
+def test_counts_have_separators_times_say_how_long_ago_and_dates_are_typed_in_iso(
+    api: Api,
+) -> None:
+    item = api.enqueue("mail", "x")
+    client, _ = sign_in(api.url, api.keys["operator"])
+    queues = client.get("/console/tenants/acme/queues").text
+    assert "Backlog 1 of 1,000" in queues  # the tenant's cap, 1000
+    page = client.get("/console/tenants/acme/items").text
+    # A past time: how long ago, the exact UTC time on hover.
+    created = re.search(r'<time datetime="([^"]+)" title="([^"]+)">([^<]+)</time>', page)
+    assert created is not None
+    iso, exact, shown = created.groups()
+    assert iso.startswith(str(item["created_at"])[:19])
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2} UTC", exact)
+    assert re.fullmatch(r"just now|\d+ s ago", shown), shown
+    # No browser date picker (it shows the locale's mm/dd/yyyy under a UTC label).
+    assert "datetime-local" not in page
+    assert 'name="created_after" value="" inputmode="numeric"' in page
+    since = client.get(
+        "/console/tenants/acme/items", params={"created_after": "2000-01-01T00:00:00"}
+    )
+    assert since.status_code == 200
+    assert item["item_id"] in since.text
+    later = client.get("/console/tenants/acme/items", params={"created_after": "2999-01-01 00:00"})
+    assert "No items match." in later.text

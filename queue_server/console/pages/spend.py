@@ -3,6 +3,8 @@ the form that records a new approval (`POST .../queues/{queue}/spend-approvals`)
 
 from __future__ import annotations
 
+import contextlib
+from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
@@ -45,8 +47,10 @@ async def approve(request: Request, tenant: str) -> Response:
     if not NAME_RE.match(queue):
         raise errors.InvalidRequestError("The queue name is not valid.")
     expires = web.form_text(form, "expires_at")
-    if expires and len(expires) <= 16:  # <input type="datetime-local"> gives no zone: UTC
-        expires += ":00Z"
+    with contextlib.suppress(ValueError):  # not a time: the schema's 422 page says so
+        at = datetime.fromisoformat(expires.replace("Z", "+00:00"))
+        # Typed without a zone, as the field asks: UTC, as its label says.
+        expires = (at if at.tzinfo else at.replace(tzinfo=UTC)).isoformat()
     max_concurrency = web.form_text(form, "max_concurrency")
     body = web.body_of(
         schemas.SpendApprovalIn,
