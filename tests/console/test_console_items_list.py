@@ -83,6 +83,6 @@ def test_counts_have_separators_times_say_how_long_ago_and_dates_are_typed_in_is
         "/console/tenants/acme/items", params={"created_after": "2000-01-01T00:00:00"}
     )
     assert since.status_code == 200
-    assert item["item_id"] in since.text
+    assert str(item["item_id"])[-12:] in since.text
     later = client.get("/console/tenants/acme/items", params={"created_after": "2999-01-01 00:00"})
     assert "No items match." in later.text
