@@ -65,9 +65,10 @@ NOT_HOLDER = {
 
 # The one INSERT into the ledger: every transition appends its events with it.
 LEDGER_INSERT = "INSERT INTO item_events (tenant_id, item_id, seq, at, kind, fence, actor, data)"
-# Statements that change work_items without a ledger row: retention deletes the item
-# with its ledger.
-NO_LEDGER = {"purge_finished"}
+# Statements that change work_items without a ledger row: retention, and an operator's
+# bulk delete (the queue's own ledger keeps who deleted which), delete the item with its
+# ledger.
+NO_LEDGER = {"purge_finished", "delete_finished"}
 
 
 def _flat(text: str) -> str:

@@ -276,21 +276,79 @@ async def cancel_items(
     `next_cursor` (and a new Idempotency-Key) until it is null.
     """
     idem = idempotency(request, idempotency_key, body)
-    f = body.filter
-    match = ItemFilter(
+    answer = await items.cancel_many(
+        caller,
+        tenant,
+        idem,
+        instance=request.url.path,
+        filter=_item_filter(body.filter),
+        reason=body.reason,
+        limit=body.limit,
+        cursor=body.cursor,
+    )
+    return respond(answer)
+
+
+def _item_filter(
+    f: schemas.ItemFilterIn | schemas.RetryFilterIn | schemas.DeleteFilterIn,
+) -> ItemFilter:
+    """A bulk route's body filter as the services take it (the payload as JSON text)."""
+    return ItemFilter(
         queue=f.queue,
         state=f.state,
         created_after=f.created_after,
         created_before=f.created_before,
         payload=None if "payload" not in f.model_fields_set else orjson.dumps(f.payload).decode(),
     )
-    answer = await items.cancel_many(
+
+
+@router.post("/tenants/{tenant}/items:retry", response_model=schemas.RetryManyOut, tags=["items"])
+async def retry_items(
+    request: Request,
+    tenant: TenantName,
+    body: schemas.RetryManyIn,
+    items: ItemsService,
+    caller: Caller,
+    idempotency_key: IdempotencyKey,
+) -> Response:
+    """Make the quarantined or cancelled items of one page of the filter ready now, their
+    acquisition budget whole again, as a replay does (operator): under the backlog cap.
+
+    Items past the cap's room are left as they were and counted in `over_cap` (429 when
+    none fits); `next_cursor` resumes after the last one retried. A quarantined item's
+    open dead letter closes as `retried`.
+    """
+    idem = idempotency(request, idempotency_key, body)
+    answer = await items.retry_many(
         caller,
         tenant,
         idem,
         instance=request.url.path,
-        filter=match,
-        reason=body.reason,
+        filter=_item_filter(body.filter),
+        limit=body.limit,
+        cursor=body.cursor,
+    )
+    return respond(answer)
+
+
+@router.post("/tenants/{tenant}/items:delete", response_model=schemas.DeleteManyOut, tags=["items"])
+async def delete_items(
+    request: Request,
+    tenant: TenantName,
+    body: schemas.DeleteManyIn,
+    items: ItemsService,
+    caller: Caller,
+    idempotency_key: IdempotencyKey,
+) -> Response:
+    """Delete the completed or cancelled items of one page of the filter with their ledgers
+    (operator); each queue's ledger keeps who deleted which. `next_cursor` resumes."""
+    idem = idempotency(request, idempotency_key, body)
+    answer = await items.delete_many(
+        caller,
+        tenant,
+        idem,
+        instance=request.url.path,
+        filter=_item_filter(body.filter),
         limit=body.limit,
         cursor=body.cursor,
     )

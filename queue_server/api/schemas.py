@@ -439,6 +439,60 @@ class CancelManyIn(Body):
     )
 
 
+class _BulkFilterIn(Body):
+    queue: Name | None = None
+    created_after: AwareDatetime | None = None
+    created_before: AwareDatetime | None = None
+    payload: Json = Field(
+        default=None, description="A JSON document the payload must contain (jsonb `@>`)."
+    )
+
+
+class RetryFilterIn(_BulkFilterIn):
+    """Which items a bulk retry covers: one state, and the rest of GET /items's filter."""
+
+    state: Literal["quarantined", "cancelled"]
+
+
+class DeleteFilterIn(_BulkFilterIn):
+    """Which items a bulk delete covers: one finished state, and the rest of the filter."""
+
+    state: Literal["completed", "cancelled"]
+
+
+class _BulkPageIn(Body):
+    limit: int = Field(default=100, ge=1, le=1000, strict=True)
+    cursor: Annotated[str | None, Field(max_length=512)] = Field(
+        default=None, description="`next_cursor` of the previous call: resume after it."
+    )
+
+
+class RetryManyIn(_BulkPageIn):
+    model_config = example({"filter": {"queue": "emails", "state": "quarantined"}, "limit": 100})
+
+    filter: RetryFilterIn
+
+
+class DeleteManyIn(_BulkPageIn):
+    model_config = example({"filter": {"queue": "emails", "state": "completed"}, "limit": 100})
+
+    filter: DeleteFilterIn
+
+
+class RetryManyOut(BaseModel):
+    retried: int
+    item_ids: list[str]
+    over_cap: int
+    backlog_cap: int
+    next_cursor: str | None
+
+
+class DeleteManyOut(BaseModel):
+    deleted: int
+    item_ids: list[str]
+    next_cursor: str | None
+
+
 class CancelManyOut(BaseModel):
     cancelled: int
     item_ids: list[str]

@@ -1,4 +1,5 @@
-"""`queue-server items`: list and filter items, one item as it is now, its ledger, and cancel."""
+"""`queue-server items`: list and filter items, one item as it is now, its ledger; cancel,
+retry and delete them."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import typer
 
 from queue_server.cli.common import (
     CLI,
+    EXIT_REFUSED,
     DataDir,
     Json,
     Key,
@@ -28,10 +30,11 @@ from queue_server.cli.common import (
     tenant_session,
 )
 from queue_server.client import QueueClient
+from queue_server.client.errors import BacklogCapReachedError
 from queue_server.client.models import Item, LedgerEvent
 from queue_server.models import is_uuid
 
-app = CLI(help="List, inspect and cancel work items.", no_args_is_help=True)
+app = CLI(help="List, inspect, cancel, retry and delete work items.", no_args_is_help=True)
 
 # No short flag: -q is --quiet, as in every command that prints ids.
 Queue = Annotated[str | None, typer.Option("--queue", help="Only this queue.")]
@@ -274,3 +277,97 @@ def items_cancel_matching(
         print_json({"cancelled": total})
     else:
         typer.echo(f"{counted(total, 'item')} cancelled")
+
+
+@app.command("retry")
+def items_retry(
+    state: Annotated[str, typer.Option(help="quarantined or cancelled: the items to retry.")],
+    queue: Queue = None,
+    created_after: After = None,
+    created_before: Before = None,
+    payload: Payload = None,
+    batch: Annotated[int, typer.Option(min=1, max=1000, help="Items per request.")] = 100,
+    yes: Yes = False,
+    url: Url = None,
+    key: Key = None,
+    tenant: Tenant = None,
+    data_dir: DataDir = None,
+    json: Json = False,
+) -> None:
+    """Make every quarantined (or cancelled) item the filter matches ready now, its
+    acquisition budget whole again, as a replay does: back in the backlog, under its cap,
+    a batch at a time. At the cap it stops and says how many are left (exit 4).
+
+    Example: [bold]queue-server items retry --state quarantined --queue emails --yes[/bold]
+    """
+    if state not in ("quarantined", "cancelled"):
+        fail("Invalid --state", "retry takes quarantined or cancelled items")
+    chosen = _filters(queue, state, created_after, created_before, payload)
+    with tenant_session(url, key, data_dir, tenant) as qs:
+        confirm(f"Retry every {state} item of tenant {qs.tenant} matching this filter?", yes)
+        total, cursor, left = 0, None, 0
+        while True:
+            try:
+                page = qs.retry_items(**chosen, limit=batch, cursor=cursor)
+            except BacklogCapReachedError:
+                left = -1  # the cap had no room at all for the next batch
+                break
+            total += page.retried
+            if not json:
+                err_console.print(f"retried {total} so far")
+            cursor = page.next_cursor
+            if page.over_cap:
+                left = page.over_cap
+                break
+            if cursor is None:
+                break
+    if json:
+        print_json({"retried": total, "stopped_at_the_cap": left != 0})
+    else:
+        typer.echo(f"{counted(total, 'item')} retried")
+    if left:
+        fail(
+            "The backlog is at its cap",
+            "the rest are as they were; run the same command again when there is room",
+            code=EXIT_REFUSED,
+        )
+
+
+@app.command("delete")
+def items_delete(
+    state: Annotated[str, typer.Option(help="completed or cancelled: the items to delete.")],
+    queue: Queue = None,
+    created_after: After = None,
+    created_before: Before = None,
+    payload: Payload = None,
+    batch: Annotated[int, typer.Option(min=1, max=1000, help="Items per request.")] = 100,
+    yes: Yes = False,
+    url: Url = None,
+    key: Key = None,
+    tenant: Tenant = None,
+    data_dir: DataDir = None,
+    json: Json = False,
+) -> None:
+    """Delete every completed (or cancelled) item the filter matches, with its ledger, a
+    batch at a time; each queue's ledger keeps who deleted which.
+
+    Example: [bold]queue-server items delete --state completed --queue emails --yes[/bold]
+    """
+    if state not in ("completed", "cancelled"):
+        fail("Invalid --state", "delete takes completed or cancelled items")
+    chosen = _filters(queue, state, created_after, created_before, payload)
+    with tenant_session(url, key, data_dir, tenant) as qs:
+        confirm(f"Delete every {state} item of tenant {qs.tenant} matching this filter?", yes)
+        total, cursor = 0, None
+        while True:
+            page = qs.delete_items(**chosen, limit=batch, cursor=cursor)
+            total += page.deleted
+            if not json:
+                err_console.print(f"deleted {total} so far")
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+    if json:
+        print_json({"deleted": total})
+    else:
+        typer.echo(f"{counted(total, 'item')} deleted")

@@ -191,6 +191,8 @@ class AsyncQueueClient(ClientFace):
     list_items = awaited(ClientCore.list_items)
     cancel_item = awaited(ClientCore.cancel_item)
     cancel_items = awaited(ClientCore.cancel_items)
+    retry_items = awaited(ClientCore.retry_items)
+    delete_items = awaited(ClientCore.delete_items)
     pause_queue = awaited(ClientCore.pause_queue)
     resume_queue = awaited(ClientCore.resume_queue)
     queue_settings = awaited(ClientCore.queue_settings)

@@ -228,6 +228,8 @@ class QueueClient(ClientFace):
     list_items = blocking(ClientCore.list_items)
     cancel_item = blocking(ClientCore.cancel_item)
     cancel_items = blocking(ClientCore.cancel_items)
+    retry_items = blocking(ClientCore.retry_items)
+    delete_items = blocking(ClientCore.delete_items)
     pause_queue = blocking(ClientCore.pause_queue)
     resume_queue = blocking(ClientCore.resume_queue)
     queue_settings = blocking(ClientCore.queue_settings)

@@ -47,6 +47,7 @@ from queue_server.client.models import (
     DeadLetter,
     DeadLetterDetail,
     DeadLetterPage,
+    DeletedItems,
     Heartbeat,
     Item,
     ItemPage,
@@ -57,6 +58,7 @@ from queue_server.client.models import (
     PolicyVersion,
     QueueSettings,
     QueueStatus,
+    RetriedItems,
     SpendApproval,
     SpendApprovals,
     Status,
@@ -701,6 +703,50 @@ class ClientCore:
             body["cursor"] = cursor
         path = yield from self._at(tenant, "/items:cancel")
         return (yield from self._effect(CancelledItems, "POST", path, body, idempotency_key))
+
+    def retry_items(
+        self,
+        *,
+        state: str,
+        queue: str | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        payload: Any = None,
+        limit: int = 100,
+        cursor: str | None = None,
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> Flow[RetriedItems]:
+        """Make the quarantined or cancelled (`state`) items of one page of the filter ready
+        now, under the backlog cap; resume with `next_cursor`."""
+        match = item_filter(queue, state, created_after, created_before, payload)
+        body: dict[str, Any] = {"filter": match, "limit": limit}
+        if cursor is not None:
+            body["cursor"] = cursor
+        path = yield from self._at(tenant, "/items:retry")
+        return (yield from self._effect(RetriedItems, "POST", path, body, idempotency_key))
+
+    def delete_items(
+        self,
+        *,
+        state: str,
+        queue: str | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        payload: Any = None,
+        limit: int = 100,
+        cursor: str | None = None,
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> Flow[DeletedItems]:
+        """Delete the completed or cancelled (`state`) items of one page of the filter with
+        their ledgers; resume with `next_cursor`."""
+        match = item_filter(queue, state, created_after, created_before, payload)
+        body: dict[str, Any] = {"filter": match, "limit": limit}
+        if cursor is not None:
+            body["cursor"] = cursor
+        path = yield from self._at(tenant, "/items:delete")
+        return (yield from self._effect(DeletedItems, "POST", path, body, idempotency_key))
 
     def pause_queue(
         self,

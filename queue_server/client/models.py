@@ -44,6 +44,7 @@ __all__ = [
     "DeadLetter",
     "DeadLetterDetail",
     "DeadLetterPage",
+    "DeletedItems",
     "Heartbeat",
     "Item",
     "ItemPage",
@@ -57,6 +58,7 @@ __all__ = [
     "PolicyVersion",
     "QueueSettings",
     "QueueStatus",
+    "RetriedItems",
     "Setting",
     "SpendApproval",
     "SpendApprovals",
@@ -171,6 +173,20 @@ class ItemPage(Model):
 
 class CancelledItems(Model):
     cancelled: int
+    item_ids: list[str]
+    next_cursor: str | None = None
+
+
+class RetriedItems(Model):
+    retried: int
+    item_ids: list[str]
+    over_cap: int = 0
+    backlog_cap: int | None = None
+    next_cursor: str | None = None
+
+
+class DeletedItems(Model):
+    deleted: int
     item_ids: list[str]
     next_cursor: str | None = None
 

@@ -17,6 +17,7 @@ TONES = {
     "requeued": "warn",
     "released": "warn",
     "replayed": "info",
+    "retried": "info",
     "triaged": "bad",
     "triage_rejected": "bad",
     "quarantined": "bad",
@@ -86,6 +87,8 @@ def sentence(event: dict[str, Any]) -> str:
             )
         case "replayed":
             return f"{who} replayed it from its dead letter."
+        case "retried":
+            return f"{who} retried it: it was {data.get('from', 'finished')}, and is due now."
         case "cancelled":
             reason = f": {data['reason']}" if data.get("reason") else ""
             return f"{who} cancelled it{reason}."

@@ -79,6 +79,9 @@ class NearLimit:
 # Items one bulk cancel examines at most (one transaction).
 MAX_BULK_CANCEL = 1000
 CANCELLABLE = (ItemState.READY, ItemState.LEASED, ItemState.QUARANTINED)
+# What a bulk retry makes ready, and what a bulk delete removes.
+RETRYABLE = ("quarantined", "cancelled")
+DELETABLE = ("completed", "cancelled")
 
 
 @dataclass(frozen=True, slots=True)
@@ -445,6 +448,116 @@ class Items:
                 {
                     "cancelled": len(cancelled),
                     "item_ids": [str(row["item_id"]) for row in cancelled],
+                    "next_cursor": next_cursor,
+                },
+            )
+
+        return await self.effects.run(tenant, idem, instance, operation)
+
+    def _bulk_page(
+        self, filter: ItemFilter, allowed: tuple[str, ...], done: str, limit: int
+    ) -> ItemFilter:
+        """A bulk retry's or delete's filter, checked: one of the `allowed` states."""
+        filter = filter.checked()
+        if filter.state not in allowed:
+            raise errors.InvalidRequestError(
+                f"Only {' or '.join(allowed)} items can be {done}: filter on one of them."
+            )
+        if not 1 <= limit <= MAX_BULK_CANCEL:
+            raise errors.InvalidRequestError(f"limit must be 1 to {MAX_BULK_CANCEL}.")
+        return filter
+
+    async def retry_many(
+        self,
+        principal: auth.Principal,
+        tenant: str,
+        idem: Idempotency,
+        *,
+        instance: str,
+        filter: ItemFilter,
+        limit: int,
+        cursor: str | None,
+    ) -> Answer:
+        """Make one page of `filter`'s quarantined or cancelled items (at most `limit`) ready
+        now, as a replay: back in the backlog under the tenant's admission lock and cap. Those
+        past the cap's room are left as they were (`over_cap`; 429 when none fits), and
+        `next_cursor` resumes after the last one retried."""
+        principal.require(tenant, Role.OPERATOR)
+        filter = self._bulk_page(filter, RETRYABLE, "retried", limit)
+        after = _item_cursor(cursor)
+
+        async def operation(conn: Conn) -> Answer:
+            await require_tenant(conn, tenant)
+            page = await self._page(conn, tenant, filter, after, limit, open_only=False)
+            more = len(page) > limit
+            page = page[:limit]
+            row, backlog = await tenants.admit(conn, tenant)
+            if row is None:
+                raise errors.TenantNotFoundError(tenant=tenant)
+            cap = self.envelope.held_backlog_cap(row["backlog_cap"])
+            room = max(0, cap - backlog)
+            if page and room == 0:
+                raise errors.BacklogCapReachedError(
+                    f"Backlog {backlog} + {len(page)} retried would exceed the cap of {cap}.",
+                    backlog=backlog,
+                    backlog_cap=cap,
+                    requested=len(page),
+                )
+            chosen, over = page[:room], page[room:]
+            retried = await transitions.retry(
+                conn,
+                tenant=tenant,
+                item_ids=[str(r["item_id"]) for r in chosen],
+                state=str(filter.state),
+                actor=principal.actor,
+            )
+            next_cursor = _position(chosen[-1]) if chosen and (more or over) else None
+            return Answer.of(
+                200,
+                {
+                    "retried": len(retried),
+                    "item_ids": [str(r["item_id"]) for r in retried],
+                    "over_cap": len(over),
+                    "backlog_cap": cap,
+                    "next_cursor": next_cursor,
+                },
+            )
+
+        return await self.effects.run(tenant, idem, instance, operation)
+
+    async def delete_many(
+        self,
+        principal: auth.Principal,
+        tenant: str,
+        idem: Idempotency,
+        *,
+        instance: str,
+        filter: ItemFilter,
+        limit: int,
+        cursor: str | None,
+    ) -> Answer:
+        """Delete one page of `filter`'s completed or cancelled items (at most `limit`) with
+        their ledgers, in one transaction; `next_cursor` resumes after the page."""
+        principal.require(tenant, Role.OPERATOR)
+        filter = self._bulk_page(filter, DELETABLE, "deleted", limit)
+        after = _item_cursor(cursor)
+
+        async def operation(conn: Conn) -> Answer:
+            await require_tenant(conn, tenant)
+            page = await self._page(conn, tenant, filter, after, limit, open_only=False)
+            next_cursor = _position(page[limit - 1]) if len(page) > limit else None
+            deleted = await transitions.delete_finished(
+                conn,
+                tenant=tenant,
+                item_ids=[str(r["item_id"]) for r in page[:limit]],
+                state=str(filter.state),
+                actor=principal.actor,
+            )
+            return Answer.of(
+                200,
+                {
+                    "deleted": len(deleted),
+                    "item_ids": [str(r["item_id"]) for r in deleted],
                     "next_cursor": next_cursor,
                 },
             )

@@ -99,7 +99,7 @@ def fold(events: list[Row]) -> Row:
             )
         elif kind == "quarantined":
             _release(item, "quarantined")
-        elif kind == "replayed":
+        elif kind in ("replayed", "retried"):  # from its dead letter; in bulk
             _release(item, "ready")
             item.update(
                 acquisition_count=0,

@@ -481,6 +481,42 @@ async def replay(
     return await fetch_one(conn, _SQL["replay"], params)
 
 
+async def retry(
+    conn: Conn, *, tenant: str, item_ids: list[str], state: str, actor: str
+) -> list[Row]:
+    """quarantined or cancelled (`state`) -> ready, due now with a renewed budget, as a
+    replay; an open dead letter closes. Fence unchanged.
+
+    The items re-enter the backlog: the caller holds the tenant's admission lock
+    (`tenants.admit`) and has checked the cap for all of them. Returns the retried rows.
+    """
+    params = {
+        "tenant": tenant,
+        "item_ids": item_ids,
+        "state": state,
+        "actor": actor,
+        "shard": _shard(),
+    }
+    cur = await conn.execute(_SQL["retry"], params)
+    return await cur.fetchall()
+
+
+async def delete_finished(
+    conn: Conn, *, tenant: str, item_ids: list[str], state: str, actor: str
+) -> list[Row]:
+    """completed or cancelled (`state`) -> deleted with its ledger; the queue's ledger says
+    who deleted which. Returns the deleted (item_id, queue)."""
+    params = {
+        "tenant": tenant,
+        "item_ids": item_ids,
+        "state": state,
+        "actor": actor,
+        "shard": _shard(),
+    }
+    cur = await conn.execute(_SQL["delete_finished"], params)
+    return await cur.fetchall()
+
+
 async def discard(
     conn: Conn, *, tenant: str, dead_letter_id: str, reason: str, actor: str
 ) -> Row | None:

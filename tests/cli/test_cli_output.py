@@ -7,6 +7,7 @@ import re
 
 from tests.helpers.api import Api
 from tests.helpers.cli import Cli
+from tests.helpers.items import quarantine
 
 # `when` in queue_server/cli/common.py: local time with its zone, to the second.
 TIME = re.compile(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2} [A-Z+\-0-9]+")
@@ -75,3 +76,33 @@ def test_schedules_list_keeps_names_whole_at_80_columns(cli: Cli, api: Api) -> N
     assert re.search(r"│ heartbeat +│ pings +│", out), out
     assert max(len(line) for line in out.splitlines()) <= 80, out
     assert "--wide shows every column" in out
+
+
+def test_items_retry_and_delete_by_filter_and_the_ledger_still_verifies(cli: Cli, api: Api) -> None:
+    poisoned = [quarantine(api, "q", f"p{n}") for n in range(3)]
+    retried = cli.run("items", "retry", "--state", "quarantined", "--queue", "q", "--yes")
+    assert retried.stdout == "3 items retried\n"
+    for item_id in poisoned:
+        assert cli.json("items", "show", item_id)["state"] == "ready"
+        (lease,) = api.acquire("q")
+        done = api.holder("complete", lease["item_id"], worker="w1", fence=lease["fence"])
+        assert done.status_code == 200, done.text
+    assert cli.json("items", "delete", "--state", "completed", "--batch", "2", "--yes") == {
+        "deleted": 3
+    }
+    assert cli.run("items", "show", poisoned[0], ok=False).returncode == 4
+    verified = cli.json("ledger", "verify")
+    assert (verified["checked"], verified["mismatches"]) == (0, [])
+
+    # At the cap: what fits is retried, the command says the rest waits, and exits 4.
+    more = [quarantine(api, "q", f"m{n}") for n in range(2)]
+    api.enqueue("q", "holds the backlog")
+    cli.run("tenants", "put", "acme", "--backlog-cap", "2", "--yes", role="admin")
+    capped = cli.run("items", "retry", "--state", "quarantined", "--yes", ok=False)
+    assert capped.returncode == 4
+    assert capped.stdout == "1 item retried\n"
+    assert "The backlog is at its cap" in capped.stderr
+    states = sorted(cli.json("items", "show", i)["state"] for i in more)
+    assert states == ["quarantined", "ready"]
+    refused = cli.run("items", "delete", "--state", "ready", "--yes", ok=False)
+    assert refused.returncode == 2

@@ -789,3 +789,80 @@ SELECT (SELECT count(*) FROM scanned) AS scanned, (SELECT count(*) FROM gone) AS
 FROM (SELECT 1) AS one
 LEFT JOIN (SELECT created_at, item_id FROM scanned
            ORDER BY created_at DESC, item_id DESC LIMIT 1) AS last ON true;
+
+-- name: retry
+-- quarantined or cancelled -> ready: due now, its acquisition budget whole again (as a
+-- replay), `retried` in its ledger; a quarantined item's open dead letter closes as
+-- `retried`. Back in the backlog: the caller holds the admission lock and checked the
+-- cap. A cancelled item leaves the cancelled count as a deleted one does.
+WITH upd AS (
+    UPDATE work_items w
+    SET state = 'ready', available_at = statement_timestamp(), acquisition_count = 0,
+        updated_at = statement_timestamp(), event_seq = w.event_seq + 1
+    WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(%(item_ids)s::uuid[])
+      AND w.state = %(state)s::item_state AND w.state IN ('quarantined', 'cancelled')
+    RETURNING w.*
+), dl AS (
+    UPDATE dead_letters d SET closed_at = statement_timestamp(), resolution = 'retried'
+    WHERE d.tenant_id = %(tenant)s AND d.kind = 'item' AND d.closed_at IS NULL
+      AND d.item_id = ANY(ARRAY(SELECT item_id FROM upd))
+    RETURNING d.item_id, d.dead_letter_id
+), ev AS (
+    INSERT INTO item_events (tenant_id, item_id, seq, at, kind, fence, actor, data)
+    SELECT u.tenant_id, u.item_id, u.event_seq - 1, u.updated_at, 'retried', u.fence,
+           %(actor)s,
+           jsonb_build_object('from', %(state)s::text, 'available_at', u.available_at,
+                              'max_acquisitions', u.max_acquisitions,
+                              'dead_letter_id', dl.dead_letter_id)
+    FROM upd u LEFT JOIN dl ON dl.item_id = u.item_id
+), admitted AS (
+    UPDATE tenants SET admitted = admitted + (SELECT count(*) FROM upd)
+    WHERE tenant_id = %(tenant)s AND EXISTS (SELECT 1 FROM upd)
+), counted AS (
+    INSERT INTO queue_counters (tenant_id, queue, shard, purged_cancelled)
+    SELECT tenant_id, queue, %(shard)s, count(*) FROM upd
+    WHERE %(state)s::text = 'cancelled'
+    GROUP BY tenant_id, queue ORDER BY tenant_id, queue
+    ON CONFLICT (tenant_id, queue, shard) DO UPDATE
+    SET purged_cancelled = queue_counters.purged_cancelled + excluded.purged_cancelled
+)
+-- One row each (a single notification per queue retried into).
+SELECT upd.* FROM upd,
+     (SELECT count(pg_notify('queue_server_ready', %(tenant)s || '/' || queue)) AS n
+      FROM (SELECT DISTINCT queue FROM upd) AS retried_into) AS n;
+
+-- name: delete_finished
+-- completed or cancelled -> gone, with its ledger: an operator's delete. The queue
+-- counters count them as purged, and the queue's own ledger keeps who deleted which.
+WITH gone AS (
+    DELETE FROM work_items w
+    WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(%(item_ids)s::uuid[])
+      AND w.state = %(state)s::item_state AND w.state IN ('completed', 'cancelled')
+    RETURNING w.tenant_id, w.item_id, w.queue, w.state
+), ledger AS (
+    DELETE FROM item_events e
+    WHERE e.tenant_id = %(tenant)s AND e.item_id = ANY(ARRAY(SELECT item_id FROM gone))
+), counted AS (
+    INSERT INTO queue_counters (tenant_id, queue, shard, purged_completed, purged_cancelled)
+    SELECT tenant_id, queue, %(shard)s, count(*) FILTER (WHERE state = 'completed'),
+        count(*) FILTER (WHERE state = 'cancelled')
+    FROM gone GROUP BY tenant_id, queue ORDER BY tenant_id, queue
+    ON CONFLICT (tenant_id, queue, shard) DO UPDATE
+    SET purged_completed = queue_counters.purged_completed + excluded.purged_completed,
+        purged_cancelled = queue_counters.purged_cancelled + excluded.purged_cancelled
+), q AS (
+    INSERT INTO queues AS t (tenant_id, queue, event_seq, updated_at)
+    SELECT tenant_id, queue, 1, statement_timestamp() FROM gone
+    GROUP BY tenant_id, queue ORDER BY tenant_id, queue
+    ON CONFLICT (tenant_id, queue) DO UPDATE
+    SET event_seq = t.event_seq + 1, updated_at = excluded.updated_at
+    RETURNING t.tenant_id, t.queue, t.event_seq, t.updated_at
+), ev AS (
+    INSERT INTO queue_events (tenant_id, queue, seq, at, kind, actor, data)
+    SELECT q.tenant_id, q.queue, q.event_seq - 1, q.updated_at, 'deleted', %(actor)s,
+           jsonb_build_object('state', %(state)s::text,
+                              'item_ids', (SELECT jsonb_agg(g.item_id ORDER BY g.item_id)
+                                           FROM gone g WHERE g.queue = q.queue))
+    FROM q
+)
+SELECT gone.item_id, gone.queue FROM gone ORDER BY gone.item_id;
