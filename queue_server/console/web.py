@@ -99,7 +99,7 @@ def _age(seconds: Any) -> str:
     return f"{left // 86400}d {left % 86400 // 3600}h"
 
 
-def _num(value: Any) -> str:
+def num(value: Any) -> str:
     """A count with thousands separators: 12,345."""
     return f"{value:,}" if isinstance(value, int) else ("—" if value is None else str(value))
 
@@ -108,7 +108,7 @@ def _pretty(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
 
 
-templates.env.filters.update(when=_when, age=_age, pretty=_pretty, gap=ledger.gap, num=_num)
+templates.env.filters.update(when=_when, age=_age, pretty=_pretty, gap=ledger.gap, num=num)
 templates.env.globals.update(timeline=ledger.timeline)
 
 
@@ -391,6 +391,9 @@ def error_page(request: Request, status: int, title: str, detail: str) -> Respon
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self';"
+        # The live pages' script is a file of ours (console.js), never inline, and it asks
+        # this server only.
+        " script-src 'self'; connect-src 'self';"
         " frame-ancestors 'none'; base-uri 'none'"
     ),
     "X-Frame-Options": "DENY",

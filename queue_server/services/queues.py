@@ -3,8 +3,10 @@ queue's figures (items by state, ages, leases, dead letters, rates)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from itertools import pairwise
 from typing import Any
 
 from queue_server import auth, errors, views
@@ -79,6 +81,20 @@ def queue_figures(
         },
         "quarantines": int(f.get("quarantines", 0)),
     }
+
+
+@dataclass(frozen=True, slots=True)
+class Activity:
+    """A queue's last hour, a count per minute, oldest first."""
+
+    completed: list[int]
+    failed: list[int]
+
+
+def _rises(totals: list[int]) -> list[int]:
+    """Each minute's count from the totals at its edges (a total never falls; a counter
+    reset by a deleted tenant shows as nothing, never as a negative count)."""
+    return [max(0, later - earlier) for earlier, later in pairwise(totals)]
 
 
 class Queues:
@@ -289,6 +305,24 @@ class Queues:
                 )
             )
         return figures
+
+    async def activity(self, principal: auth.Principal, tenant: str) -> dict[str, Activity]:
+        """Per queue, its completions and failures in each of the last 60 minutes, oldest
+        first (the last is the minute now running, counted to now)."""
+        principal.require(tenant, *WORKER_OR_OPERATOR)
+        async with self.db.conn() as conn:
+            await require_tenant(conn, tenant)
+            rows = await queue_store.minute_totals(conn, tenant=tenant)
+        totals: dict[str, list[Row]] = {}
+        for row in rows:
+            totals.setdefault(row["queue"], []).append(row)
+        return {
+            queue: Activity(
+                completed=_rises([int(r["completed"]) for r in edges]),
+                failed=_rises([int(r["failed"]) for r in edges]),
+            )
+            for queue, edges in totals.items()
+        }
 
     async def get_queue(self, principal: auth.Principal, tenant: str, queue: str) -> Answer:
         """One queue's figures and its latest pause and resume events."""

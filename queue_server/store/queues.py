@@ -81,6 +81,11 @@ async def prune_samples(conn: Conn, *, limit: int) -> int:
     return cur.rowcount
 
 
+async def minute_totals(conn: Conn, *, tenant: str) -> list[Row]:
+    """(queue, ago, completed, failed): the totals 60 minutes ago to now, oldest first."""
+    return await fetch_all(conn, _SQL["minute_totals"], {"tenant": tenant})
+
+
 async def all_open_counts(conn: Conn) -> list[Row]:
     """`open_counts` of every tenant's queues (tenant_id in each row)."""
     return await fetch_all(conn, _SQL["all_open_counts"], {})

@@ -67,7 +67,7 @@ def test_counts_have_separators_times_say_how_long_ago_and_dates_are_typed_in_is
     item = api.enqueue("mail", "x")
     client, _ = sign_in(api.url, api.keys["operator"])
     queues = client.get("/console/tenants/acme/queues").text
-    assert "Backlog 1 of 1,000" in queues  # the tenant's cap, 1000
+    assert 'Backlog <span data-live="backlog">1</span> of 1,000' in queues  # cap 1000
     page = client.get("/console/tenants/acme/items").text
     # A past time: how long ago, the exact UTC time on hover.
     created = re.search(r'<time datetime="([^"]+)" title="([^"]+)">([^<]+)</time>', page)

@@ -7,11 +7,11 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
 from queue_server import errors
 from queue_server.api import schemas
-from queue_server.console import web
+from queue_server.console import charts, web
 from queue_server.models import NAME_RE, Role
 
 router = APIRouter(prefix=f"{web.PREFIX}/tenants/{{tenant}}", route_class=web.ConsoleRoute)
@@ -27,9 +27,46 @@ async def tenant_home(request: Request, tenant: str) -> Response:
 @router.get("/queues")
 async def overview(request: Request, tenant: str) -> Response:
     session = await web.current_session(request)
-    answer = await web.services(request).queues.status(session.principal, tenant)
-    status = web.answer_body(answer)
-    return web.render(request, "queues.html", session, tenant=tenant, status=status)
+    status, drawn = await _figures(request, session, tenant)
+    return web.render(request, "queues.html", session, tenant=tenant, status=status, charts=drawn)
+
+
+@router.get("/queues/live")
+async def live(request: Request, tenant: str) -> Response:
+    """The overview's numbers and charts, for its script to put in place (console.js)."""
+    session = await web.current_session(request)
+    status, drawn = await _figures(request, session, tenant)
+    return JSONResponse(
+        {"values": _values(status), "charts": drawn}, headers={"Cache-Control": "no-store"}
+    )
+
+
+async def _figures(
+    request: Request, session: web.Session, tenant: str
+) -> tuple[dict[str, Any], dict[str, dict[str, object]]]:
+    queues = web.services(request).queues
+    status = web.answer_body(await queues.status(session.principal, tenant))
+    activity = await queues.activity(session.principal, tenant)
+    drawn = {name: charts.chart(a.completed, a.failed) for name, a in activity.items()}
+    return status, drawn
+
+
+def _values(status: dict[str, Any]) -> dict[str, str]:
+    """Each number of the overview as the page shows it, by its element's data-live key."""
+    values = {
+        "backlog": web.num(status["backlog"]),
+        "open_dead_letters": web.num(status["open_dead_letters"]),
+    }
+    for q in status["queues"]:
+        name = q["queue"]
+        for state in ("ready", "leased", "completed", "quarantined", "cancelled"):
+            values[f"{name}|{state}"] = web.num(q["states"].get(state, 0))
+        values[f"{name}|active_leases"] = web.num(q["active_leases"])
+        values[f"{name}|done_minute"] = web.num(q["completions"]["last_minute"])
+        values[f"{name}|failed_minute"] = web.num(q["failures"]["last_minute"])
+        values[f"{name}|done_hour"] = web.num(q["completions"]["last_hour"])
+        values[f"{name}|failed_hour"] = web.num(q["failures"]["last_hour"])
+    return values
 
 
 @router.post("/queues/{queue}/pause/confirm")

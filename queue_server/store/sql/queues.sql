@@ -286,3 +286,25 @@ SELECT t.default_lease_ttl, t.default_max_acquisitions,
 FROM tenants t
 LEFT JOIN queues q ON q.tenant_id = t.tenant_id AND q.queue = %(queue)s
 WHERE t.tenant_id = %(tenant)s;
+
+-- name: minute_totals
+-- Each queue's completion and failure totals at the end of each of the last 60 minutes
+-- (the last sample at or before it) and now (the counters): a minute's count is the rise
+-- between two of them. One probe of the samples' key per queue and minute.
+WITH totals AS (
+    SELECT queue, sum(completed)::bigint AS completed, sum(failed)::bigint AS failed
+    FROM queue_counters WHERE tenant_id = %(tenant)s
+    GROUP BY queue
+)
+SELECT t.queue, k.ago,
+       CASE WHEN k.ago = 0 THEN t.completed ELSE coalesce(s.completed, 0) END AS completed,
+       CASE WHEN k.ago = 0 THEN t.failed ELSE coalesce(s.failed, 0) END AS failed
+FROM totals t
+CROSS JOIN generate_series(0, 60) AS k(ago)
+LEFT JOIN LATERAL (
+    SELECT completed, failed FROM queue_samples s
+    WHERE s.tenant_id = %(tenant)s AND s.queue = t.queue
+      AND s.sampled_at <= statement_timestamp() - make_interval(mins => k.ago)
+    ORDER BY s.sampled_at DESC LIMIT 1
+) s ON k.ago > 0
+ORDER BY t.queue, k.ago DESC;
