@@ -454,6 +454,24 @@ class Items:
 
         return await self.effects.run(tenant, idem, instance, operation)
 
+    async def count_items(self, principal: auth.Principal, tenant: str, filter: ItemFilter) -> int:
+        """How many items of the filter's state match it (an operator's bulk action)."""
+        principal.require(tenant, Role.OPERATOR)
+        filter = filter.checked()
+        if filter.state is None:
+            raise errors.InvalidRequestError("Counting takes a state.")
+        async with self.db.conn() as conn:
+            await require_tenant(conn, tenant)
+            return await reads.count_items(
+                conn,
+                tenant=tenant,
+                state=filter.state,
+                queue=filter.queue,
+                created_after=filter.created_after.isoformat() if filter.created_after else None,
+                created_before=filter.created_before.isoformat() if filter.created_before else None,
+                payload_json=filter.payload,
+            )
+
     def _bulk_page(
         self, filter: ItemFilter, allowed: tuple[str, ...], done: str, limit: int
     ) -> ItemFilter:

@@ -21,6 +21,30 @@ async def items_in_id_range(
     return await cur.fetchall()
 
 
+async def count_items(
+    conn: Conn,
+    *,
+    tenant: str,
+    state: str,
+    queue: str | None,
+    created_after: str | None,
+    created_before: str | None,
+    payload_json: str | None,
+) -> int:
+    """How many items of `state` match the filter (times as RFC 3339 strings)."""
+    params = {
+        "tenant": tenant,
+        "state": state,
+        "queue": queue,
+        "created_after": created_after or NO_TIME_BOUND[0],
+        "created_before": created_before or NO_TIME_BOUND[1],
+        "payload": payload_json,
+    }
+    cur = await conn.execute(_SQL["count_items"], params)
+    row = await cur.fetchone()
+    return int(row["n"]) if row else 0
+
+
 async def items_with_id_ending(conn: Conn, *, tenant: str, digits: str, limit: int) -> list[Row]:
     """Items whose id ends with the hex `digits` (dashes left out)."""
     params = {"tenant": tenant, "digits": digits, "limit": limit}

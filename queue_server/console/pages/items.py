@@ -8,13 +8,14 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
+from starlette.datastructures import FormData
 from starlette.responses import Response
 
 from queue_server import errors
 from queue_server.api import schemas
 from queue_server.console import web
 from queue_server.models import NAME_RE, ItemState, is_uuid
-from queue_server.services.items import ItemFilter
+from queue_server.services.items import DELETABLE, RETRYABLE, ItemFilter
 
 router = APIRouter(prefix=f"{web.PREFIX}/tenants/{{tenant}}", route_class=web.ConsoleRoute)
 NAV_ENTRY = web.NavEntry("items", "Items")
@@ -23,6 +24,10 @@ PAGE_SIZE = 50
 MAX_SELECTION = 100
 CANCELLABLE = ("ready", "leased")
 STATES = tuple(s.value for s in ItemState)
+BULK_STATES = frozenset((*RETRYABLE, *DELETABLE))
+BULK_PAGE = 100  # items per request of a bulk retry or delete
+FILTER_FIELDS = ("queue", "state", "created_after", "created_before", "payload")
+DONE = {"retry": "retried", "delete": "deleted"}
 
 
 def _instant(name: str, value: str | None) -> datetime | None:
@@ -57,6 +62,7 @@ async def list_page(
     }
     page: dict[str, Any] = {"items": [], "next_cursor": None}
     problem = None
+    bulk: dict[str, Any] | None = None
     try:
         if queue and not NAME_RE.match(queue):
             raise errors.InvalidRequestError("The queue name is not valid.")
@@ -72,6 +78,9 @@ async def list_page(
                 session.principal, tenant, filter=match, limit=PAGE_SIZE, cursor=cursor
             )
         )
+        if state in BULK_STATES:
+            count = await web.services(request).items.count_items(session.principal, tenant, match)
+            bulk = {"count": count, "retry": state in RETRYABLE, "delete": state in DELETABLE}
     except errors.InvalidRequestError as exc:
         # Said above the form, which keeps every filter as typed: one wrong field is
         # corrected in place, not typed again with all the others.
@@ -89,9 +98,100 @@ async def list_page(
         filters=filters,
         filtered=any(filters.values()),
         problem=problem,
+        bulk=bulk,
         states=STATES,
         next_url=next_url,
     )
+
+
+def _bulk_filter(form: FormData) -> tuple[str, ItemFilter, dict[str, str]]:
+    """A bulk action's form: the action, its filter as the services take it, and the
+    filter's fields as typed (carried to the next page)."""
+    action = web.choice("Action", web.form_text(form, "action"), ("retry", "delete"))
+    if action is None:
+        raise errors.InvalidRequestError("Choose retry or delete.")
+    fields = {name: web.form_text(form, name) for name in FILTER_FIELDS}
+    allowed = RETRYABLE if action == "retry" else DELETABLE
+    if fields["state"] not in allowed:
+        raise errors.InvalidRequestError(
+            f"Only {' or '.join(allowed)} items can be {DONE[action]}: filter on one of them."
+        )
+    if fields["queue"] and not NAME_RE.match(fields["queue"]):
+        raise errors.InvalidRequestError("The queue name is not valid.")
+    match = ItemFilter(
+        queue=fields["queue"] or None,
+        state=fields["state"],
+        created_after=_instant("Created after", fields["created_after"]),
+        created_before=_instant("Created before", fields["created_before"]),
+        payload=fields["payload"] or None,
+    )
+    return action, match, fields
+
+
+@router.post("/items/bulk/confirm")
+async def confirm_bulk(request: Request, tenant: str) -> Response:
+    """How many items a retry or delete of every matching item covers, and what it does."""
+    session = await web.current_session(request)
+    form = await web.check_form(request, session)
+    action, match, fields = _bulk_filter(form)
+    count = await web.services(request).items.count_items(session.principal, tenant, match)
+    return web.render(
+        request,
+        "items_bulk_confirm.html",
+        session,
+        tenant=tenant,
+        action=action,
+        count=count,
+        filters=fields,
+        next=web.back(request, form, web.tenant_path(tenant, "items")),
+    )
+
+
+@router.post("/items/bulk")
+async def bulk(request: Request, tenant: str) -> Response:
+    """Retry or delete every matching item through `POST .../items:retry` or `:delete`'s
+    service call, a page at a time, each page under its own idempotency key derived from
+    the confirmation page's (a resubmitted form replays). A retry stops at the cap."""
+    session = await web.current_session(request)
+    form = await web.check_form(request, session)
+    action, match, fields = _bulk_filter(form)
+    items = web.services(request).items
+    rest_path = f"/v1/tenants/{tenant}/items:{action}"
+    run = items.retry_many if action == "retry" else items.delete_many
+    done, cursor, number, stopped = 0, None, 0, ""
+    while True:
+        body = {"filter": {k: v for k, v in fields.items() if v}, "limit": BULK_PAGE}
+        idem = web.idempotency_for(
+            form, rest_path=rest_path, body={**body, "cursor": cursor}, suffix=f"page-{number}"
+        )
+        answer = await run(
+            session.principal,
+            tenant,
+            idem,
+            instance=rest_path,
+            filter=match,
+            limit=BULK_PAGE,
+            cursor=cursor,
+        )
+        if answer.problem:
+            stopped = web.problem_text(answer)
+            break
+        page = web.answer_body(answer)
+        done += page["retried" if action == "retry" else "deleted"]
+        cursor = page["next_cursor"]
+        if page.get("over_cap"):
+            stopped = (
+                f"the backlog is at its cap of {page['backlog_cap']:,}; the rest are as they were"
+            )
+            break
+        if cursor is None:
+            break
+        number += 1
+    text = f"{DONE[action].capitalize()} {done:,} item{'s' if done != 1 else ''}."
+    if stopped:
+        text += f" Stopped: {stopped}."
+    target = web.back(request, form, web.tenant_path(tenant, "items"))
+    return web.redirect(request, target, text, "error" if stopped else "ok")
 
 
 @router.get("/items/{item_id}")

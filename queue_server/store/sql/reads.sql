@@ -37,6 +37,16 @@ SELECT version_num FROM alembic_version;
 SELECT * FROM work_items WHERE tenant_id = %s AND item_id BETWEEN %s AND %s ORDER BY item_id
 LIMIT %s;
 
+-- name: count_items
+-- How many items of one state match a filter: what a bulk action's button and its
+-- confirmation say it covers. One range of the list index (a state's, a queue's).
+SELECT count(*) AS n FROM work_items w
+WHERE w.tenant_id = %(tenant)s AND w.state = %(state)s::item_state
+  AND (%(queue)s::text IS NULL OR w.queue = %(queue)s)
+  AND w.created_at > %(created_after)s::timestamptz
+  AND w.created_at < %(created_before)s::timestamptz
+  AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb);
+
 -- name: items_with_id_ending
 -- The end of a UUIDv7 is its random part, the one that tells items apart: a person copies
 -- it. No index has it; a scan of the tenant's items, for a lookup by hand.
