@@ -1,3 +1,19 @@
+// Every page: an id's copy button (shown only where this script runs) copies the whole id.
+(function () {
+  "use strict";
+  document.querySelectorAll("button.copy[data-copy]").forEach(function (button) {
+    button.hidden = false;
+    button.addEventListener("click", function () {
+      var done = function (text) {
+        button.textContent = text;
+        setTimeout(function () { button.textContent = "copy"; }, 1500);
+      };
+      navigator.clipboard.writeText(button.getAttribute("data-copy"))
+        .then(function () { done("copied"); }, function () { done("not copied"); });
+    });
+  });
+})();
+
 // The console's live pages: while "live" is on, the page asks the server for its numbers
 // every two seconds and puts each one where its element says (data-live="key"), and each
 // chart's lines (data-chart="queue"). No page reload; "Stop updating" stops asking.
