@@ -83,3 +83,41 @@ def test_the_live_numbers_are_the_pages_own_and_another_tenants_are_not_found(
     other = setup_tenant(api.url, api.admin, "globex")
     assert other.tenant == "globex"
     assert client.get("/console/tenants/globex/queues/live").status_code == 404
+
+
+def test_an_item_page_and_the_dead_letters_follow_what_happens_without_a_reload(
+    page: Page, api: Api
+) -> None:
+    item = api.enqueue("mail", "x")
+    browser_sign_in(page, api.url, api.keys["operator"])
+    page.goto(f"{api.url}/console/tenants/acme/items/{item['item_id']}")
+    loaded = page.evaluate("performance.timeOrigin")
+    heading = page.get_by_role("heading", level=1)
+    expect(heading).to_contain_text("ready")
+    (lease,) = api.acquire("mail", worker="w9")
+    expect(heading).to_contain_text("leased", timeout=5_000)
+    expect(page.get_by_text("w9 leased it, fence 1.")).to_be_visible(timeout=5_000)
+    failure = {"class": "ValueError", "message": "bad", "transient": False}
+    api.holder("triage", item["item_id"], worker="w9", fence=lease["fence"], failure=failure,
+               decision="quarantine")  # fmt: skip
+    expect(heading).to_contain_text("quarantined", timeout=5_000)
+    expect(
+        page.get_by_text("w9 reported ValueError: bad, fence 1, and quarantined it.")
+    ).to_be_visible()
+    assert page.evaluate("performance.timeOrigin") == loaded
+
+    page.goto(f"{api.url}/console/tenants/acme/dead-letters")
+    loaded = page.evaluate("performance.timeOrigin")
+    rows = page.locator('[data-live-region="list"] tbody tr')
+    expect(rows).to_have_count(1)
+    page.get_by_role("checkbox").first.check()  # the reader is choosing: left alone
+    second = api.enqueue("mail", "y")
+    (lease,) = api.acquire("mail", worker="w9")
+    assert lease["item_id"] == second["item_id"]
+    api.holder("triage", second["item_id"], worker="w9", fence=lease["fence"], failure=failure,
+               decision="quarantine")  # fmt: skip
+    page.wait_for_timeout(3_000)
+    expect(rows).to_have_count(1)
+    page.get_by_role("checkbox").first.uncheck()
+    expect(rows).to_have_count(2, timeout=5_000)
+    assert page.evaluate("performance.timeOrigin") == loaded

@@ -1,40 +1,55 @@
-// Every page: an id's copy button (shown only where this script runs) copies the whole id.
+// The console's one script (the pages' Content-Security-Policy runs no other, and
+// nothing inline). Without it every page is as the server drew it.
 (function () {
   "use strict";
-  document.querySelectorAll("button.copy[data-copy]").forEach(function (button) {
-    button.hidden = false;
-    button.addEventListener("click", function () {
-      var done = function (text) {
-        button.textContent = text;
-        setTimeout(function () { button.textContent = "copy"; }, 1500);
-      };
-      navigator.clipboard.writeText(button.getAttribute("data-copy"))
-        .then(function () { done("copied"); }, function () { done("not copied"); });
-    });
-  });
-})();
 
-// The console's live pages: while "live" is on, the page asks the server for its numbers
-// every two seconds and puts each one where its element says (data-live="key"), and each
-// chart's lines (data-chart="queue"). No page reload; "Stop updating" stops asking.
-(function () {
-  "use strict";
-  var root = document.querySelector("[data-live-url]");
-  if (!root) { return; }
-  var url = root.getAttribute("data-live-url");
+  // An id's copy button (shown only where this script runs) copies the whole id.
+  function wireCopy(scope) {
+    scope.querySelectorAll("button.copy[data-copy]").forEach(function (button) {
+      button.hidden = false;
+      button.addEventListener("click", function () {
+        var done = function (text) {
+          button.textContent = text;
+          setTimeout(function () { button.textContent = "copy"; }, 1500);
+        };
+        navigator.clipboard.writeText(button.getAttribute("data-copy"))
+          .then(function () { done("copied"); }, function () { done("not copied"); });
+      });
+    });
+  }
+  wireCopy(document);
+
+  // Live pages. Every two seconds, while live:
+  // - numbers: the JSON at data-live-url gives each number by its element's data-live
+  //   key, and each chart's lines (data-chart="queue"): the queues page;
+  // - regions: the page itself is fetched again and each [data-live-region] whose HTML
+  //   changed is put in place, unless the reader is working in it (a box checked, a
+  //   field focused): an item's facts and ledger, the lists of items and dead letters.
+  // No page reload; "Stop updating" stops asking.
+  var numbers = document.querySelector("[data-live-url]");
+  var regions = document.querySelectorAll("[data-live-region]");
+  if (!numbers && !regions.length) { return; }
   var toggle = document.querySelector("[data-live-toggle]");
   var status = document.querySelector("[data-live-status]");
   var bar = document.querySelector(".live-bar");
-  if (bar) { bar.hidden = false; }  // without this script the page is as it was drawn
+  if (bar) { bar.hidden = false; }
   var live = true;
   var timer = null;
 
   function show(state) {
     if (status) { status.textContent = state; status.setAttribute("data-state", state); }
-    if (toggle) { toggle.textContent = live ? "Stop updating" : "Update live"; toggle.setAttribute("aria-pressed", String(live)); }
+    if (toggle) {
+      toggle.textContent = live ? "Stop updating" : "Update live";
+      toggle.setAttribute("aria-pressed", String(live));
+    }
   }
 
-  function apply(data) {
+  function fetched(url, accept) {
+    return fetch(url, { credentials: "same-origin", headers: { "Accept": accept } })
+      .then(function (r) { if (!r.ok) { throw new Error(String(r.status)); } return r; });
+  }
+
+  function putNumbers(data) {
     Object.keys(data.values || {}).forEach(function (key) {
       document.querySelectorAll('[data-live="' + key + '"]').forEach(function (el) {
         if (el.textContent !== data.values[key]) { el.textContent = data.values[key]; }
@@ -51,11 +66,37 @@
     });
   }
 
+  function busy(region) {
+    var focused = document.activeElement;
+    return Boolean(region.querySelector("input:checked")) ||
+      (region.contains(focused) &&
+        focused.matches("input:not([type=checkbox]):not([type=radio]), textarea, select"));
+  }
+
+  function putRegions(html) {
+    var page = new DOMParser().parseFromString(html, "text/html");
+    regions.forEach(function (region) {
+      var name = region.getAttribute("data-live-region");
+      var fresh = page.querySelector('[data-live-region="' + name + '"]');
+      if (!fresh || fresh.innerHTML === region.innerHTML || busy(region)) { return; }
+      region.innerHTML = fresh.innerHTML;
+      wireCopy(region);
+    });
+  }
+
   function tick() {
     if (!live) { return; }
-    fetch(url, { credentials: "same-origin", headers: { "Accept": "application/json" } })
-      .then(function (r) { if (!r.ok) { throw new Error(String(r.status)); } return r.json(); })
-      .then(function (data) { apply(data); show("live"); })
+    var asks = [];
+    if (numbers) {
+      asks.push(fetched(numbers.getAttribute("data-live-url"), "application/json")
+        .then(function (r) { return r.json(); }).then(putNumbers));
+    }
+    if (regions.length) {
+      asks.push(fetched(location.href, "text/html")
+        .then(function (r) { return r.text(); }).then(putRegions));
+    }
+    Promise.all(asks)
+      .then(function () { show("live"); })
       .catch(function () { show("offline"); })
       .finally(function () { if (live) { timer = setTimeout(tick, 2000); } });
   }
