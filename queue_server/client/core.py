@@ -720,11 +720,11 @@ class ClientCore:
         """Make the quarantined or cancelled (`state`) items of one page of the filter ready
         now, under the backlog cap; resume with `next_cursor`."""
         match = item_filter(queue, state, created_after, created_before, payload)
-        body: dict[str, Any] = {"filter": match, "limit": limit}
-        if cursor is not None:
-            body["cursor"] = cursor
-        path = yield from self._at(tenant, "/items:retry")
-        return (yield from self._effect(RetriedItems, "POST", path, body, idempotency_key))
+        return (
+            yield from self._bulk(
+                "retry", RetriedItems, match, limit, cursor, idempotency_key, tenant
+            )
+        )
 
     def delete_items(
         self,
@@ -742,11 +742,28 @@ class ClientCore:
         """Delete the completed or cancelled (`state`) items of one page of the filter with
         their ledgers; resume with `next_cursor`."""
         match = item_filter(queue, state, created_after, created_before, payload)
+        return (
+            yield from self._bulk(
+                "delete", DeletedItems, match, limit, cursor, idempotency_key, tenant
+            )
+        )
+
+    def _bulk(
+        self,
+        action: str,
+        model: type[M],
+        match: dict[str, Any],
+        limit: int,
+        cursor: str | None,
+        idempotency_key: str | None,
+        tenant: str | None,
+    ) -> Flow[M]:
+        """One page of a bulk action on the items a filter matches (items:retry, :delete)."""
         body: dict[str, Any] = {"filter": match, "limit": limit}
         if cursor is not None:
             body["cursor"] = cursor
-        path = yield from self._at(tenant, "/items:delete")
-        return (yield from self._effect(DeletedItems, "POST", path, body, idempotency_key))
+        path = yield from self._at(tenant, f"/items:{action}")
+        return (yield from self._effect(model, "POST", path, body, idempotency_key))
 
     def pause_queue(
         self,

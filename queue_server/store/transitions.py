@@ -490,15 +490,7 @@ async def retry(
     The items re-enter the backlog: the caller holds the tenant's admission lock
     (`tenants.admit`) and has checked the cap for all of them. Returns the retried rows.
     """
-    params = {
-        "tenant": tenant,
-        "item_ids": item_ids,
-        "state": state,
-        "actor": actor,
-        "shard": _shard(),
-    }
-    cur = await conn.execute(_SQL["retry"], params)
-    return await cur.fetchall()
+    return await fetch_all(conn, _SQL["retry"], _bulk(tenant, item_ids, state, actor))
 
 
 async def delete_finished(
@@ -506,15 +498,18 @@ async def delete_finished(
 ) -> list[Row]:
     """completed or cancelled (`state`) -> deleted with its ledger; the queue's ledger says
     who deleted which. Returns the deleted (item_id, queue)."""
-    params = {
+    return await fetch_all(conn, _SQL["delete_finished"], _bulk(tenant, item_ids, state, actor))
+
+
+def _bulk(tenant: str, item_ids: list[str], state: str, actor: str) -> dict[str, Any]:
+    """The parameters of an operator's bulk transition of `item_ids`, those in `state`."""
+    return {
         "tenant": tenant,
         "item_ids": item_ids,
         "state": state,
         "actor": actor,
         "shard": _shard(),
     }
-    cur = await conn.execute(_SQL["delete_finished"], params)
-    return await cur.fetchall()
 
 
 async def discard(
