@@ -118,6 +118,12 @@ class ItemFilter:
         return self
 
 
+def _looks_by_hand(principal: auth.Principal) -> bool:
+    """Whether an item may be looked up by the end of its id: a scan of the tenant's items,
+    for the operators and admins who type or copy one, not for a worker key's program."""
+    return principal.role is not Role.WORKER
+
+
 def _item_cursor(cursor: str | None) -> tuple[str, str] | None:
     """A page cursor back into its (created_at, item_id) position."""
     if not cursor:
@@ -288,12 +294,12 @@ class Items:
 
     async def get_item(self, principal: auth.Principal, tenant: str, item_id: str) -> Answer:
         principal.require(tenant, *WORKER_OR_OPERATOR)
-        row = await self._item_row(tenant, item_id)
+        row = await self._item_row(tenant, item_id, by_end=_looks_by_hand(principal))
         return Answer.of(200, views.item(row))
 
-    async def _item_row(self, tenant: str, item_id: str) -> Row:
-        """The item by its id, or by the start or the end of exactly one item's id (a person
-        typing, or copying the end a list shows)."""
+    async def _item_row(self, tenant: str, item_id: str, *, by_end: bool) -> Row:
+        """The item by its id, or by the start or, `by_end`, the end of exactly one item's id
+        (a person typing, or copying the end a list shows)."""
         span = None if is_uuid(item_id) else uuid_range(item_id)
         if span is None:
             require_item_id(item_id)
@@ -302,15 +308,12 @@ class Items:
                 row = await reads.get_item(conn, tenant=tenant, item_id=item_id)
             else:
                 digits = item_id.lower().replace("-", "")
-                found = {
-                    r["item_id"]: r
-                    for r in [
-                        *await reads.items_in_id_range(conn, tenant=tenant, span=span, limit=5),
-                        *await reads.items_with_id_ending(
-                            conn, tenant=tenant, digits=digits, limit=5
-                        ),
-                    ]
-                }
+                rows = await reads.items_in_id_range(conn, tenant=tenant, span=span, limit=5)
+                if by_end:
+                    rows += await reads.items_with_id_ending(
+                        conn, tenant=tenant, digits=digits, limit=5
+                    )
+                found = {r["item_id"]: r for r in rows}
                 rows = sorted(found.values(), key=lambda r: str(r["item_id"]))[:5]
                 if len(rows) > 1:
                     raise errors.AmbiguousIdError(
@@ -584,7 +587,8 @@ class Items:
 
     async def ledger(self, principal: auth.Principal, tenant: str, item_id: str) -> Answer:
         principal.require(tenant, *WORKER_OR_OPERATOR)
-        item_id = str((await self._item_row(tenant, item_id))["item_id"])  # a prefix, resolved
+        by_end = _looks_by_hand(principal)
+        item_id = str((await self._item_row(tenant, item_id, by_end=by_end))["item_id"])
         async with self.db.conn() as conn:
             events = await reads.ledger(conn, tenant=tenant, item_id=item_id)
         return Answer.of(200, {"item_id": item_id, "events": [views.event(e) for e in events]})
