@@ -33,18 +33,11 @@ Reason = Annotated[str, typer.Option(help="Why: kept in the queue's ledger.")]
 def queue_fields(q: QueueStatus) -> None:
     since = when(q.paused_at) if q.paused_at else "-"
     paused = f"since {since} by {q.paused_by} ({q.pause_reason})" if q.paused else "no"
-    states = q.states or {
-        "ready": q.ready,
-        "leased": q.leased,
-        "quarantined": q.quarantined,
-        "completed": q.completed,
-        "cancelled": q.cancelled,
-    }
     fields(
         f"queue {q.queue}",
         [
             ("paused", paused),
-            ("items", ", ".join(f"{n:,} {state}" for state, n in states.items())),
+            ("items", ", ".join(f"{n:,} {state}" for state, n in q.states.items())),
             ("oldest ready", age(q.oldest_ready_age)),
             ("leases", f"{q.active_leases} active of {q.concurrency_limit} allowed"),
             ("oldest lease", age(q.oldest_lease_age)),
@@ -81,6 +74,8 @@ def queues_show(
             quarantined=0,
             concurrency_limit=1,
             active_leases=0,
+            # A queue with no items yet: every state, at zero, as the server lists them.
+            states=dict.fromkeys(("ready", "leased", "completed", "quarantined", "cancelled"), 0),
         )
     )
     if json:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import re
 import uuid
+from typing import TYPE_CHECKING
 
 import orjson
 
@@ -12,6 +13,9 @@ from queue_server import errors
 from queue_server.models import Role, is_uuid
 from queue_server.store import tenants
 from queue_server.store.types import Conn, Row
+
+if TYPE_CHECKING:
+    from queue_server.services.envelope import LeaseEnvelope
 
 WORKER_OR_OPERATOR = (Role.WORKER, Role.OPERATOR)
 
@@ -69,3 +73,25 @@ def decode_cursor(cursor: str, size: int) -> list[str]:
     ):
         raise foreign_cursor()
     return parts
+
+
+async def admission_room(
+    conn: Conn, tenant: str, wanted: int, envelope: LeaseEnvelope, verb: str
+) -> tuple[int, int]:
+    """Take the tenant's admission lock (until the transaction ends), as enqueue does, and
+    return (room, cap): how many items the backlog still takes for a replay or a retry
+    (`verb`). Leased items count in the backlog, so the room kept for active leases is
+    never handed out. No room at all for `wanted` items is 429 backlog-cap-reached."""
+    row, backlog = await tenants.admit(conn, tenant)
+    if row is None:
+        raise errors.TenantNotFoundError(tenant=tenant)
+    cap = envelope.held_backlog_cap(int(row["backlog_cap"]))
+    room = max(0, cap - backlog)
+    if room == 0 and wanted > 0:
+        raise errors.BacklogCapReachedError(
+            f"Backlog {backlog} + {wanted} {verb} would exceed the cap of {cap}.",
+            backlog=backlog,
+            backlog_cap=cap,
+            requested=wanted,
+        )
+    return room, cap

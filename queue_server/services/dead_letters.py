@@ -16,9 +16,9 @@ from queue_server.idempotency import Answer, Effects, Idempotency
 from queue_server.models import ItemState, Role, is_uuid
 from queue_server.policy import ReliabilityPolicy
 from queue_server.services import common, watchers
-from queue_server.services.common import require_tenant
+from queue_server.services.common import admission_room, require_tenant
 from queue_server.services.envelope import LeaseEnvelope, refuse_above
-from queue_server.store import dead_letters, outbox, reads, tenants, transitions
+from queue_server.store import dead_letters, outbox, reads, transitions
 from queue_server.store.types import Conn, Row
 
 MAX_BULK_REPLAY = 100
@@ -26,25 +26,6 @@ MAX_BULK_REPLAY = 100
 
 class _SkipItemError(Exception):
     """Rolls one item's savepoint back during a bulk replay."""
-
-
-async def _admit(conn: Conn, tenant: str, wanted: int, envelope: LeaseEnvelope) -> tuple[int, int]:
-    """Take the tenant's admission lock (until the transaction ends), as enqueue does, and
-    return (room, cap): how many items the backlog still takes. Leased items count in the
-    backlog, so the room kept for active leases is never handed to a replay."""
-    row, backlog = await tenants.admit(conn, tenant)
-    if row is None:
-        raise errors.TenantNotFoundError(tenant=tenant)
-    cap = envelope.held_backlog_cap(int(row["backlog_cap"]))
-    room = max(0, cap - backlog)
-    if room == 0 and wanted > 0:
-        raise errors.BacklogCapReachedError(
-            f"Backlog {backlog} + {wanted} replayed would exceed the cap of {cap}.",
-            backlog=backlog,
-            backlog_cap=cap,
-            requested=wanted,
-        )
-    return room, cap
 
 
 class DeadLetters:
@@ -199,7 +180,7 @@ class DeadLetters:
                     item_id=str(row["item_id"]),
                     state=row["item_state"],
                 )
-            await _admit(conn, tenant, 1, self.envelope)
+            await admission_room(conn, tenant, 1, self.envelope, "replayed")
             item = await transitions.replay(
                 conn,
                 tenant=tenant,
@@ -286,7 +267,7 @@ class DeadLetters:
             letters = await dead_letters.open_for_queue(
                 conn, tenant=tenant, queue=queue, limit=limit
             )
-            room, cap = await _admit(conn, tenant, len(letters), self.envelope)
+            room, cap = await admission_room(conn, tenant, len(letters), self.envelope, "replayed")
             for row in letters:
                 dead_letter_id = str(row["dead_letter_id"])
                 if len(replayed) >= room:

@@ -25,6 +25,7 @@ from queue_server.policy import ReliabilityPolicy
 from queue_server.services import common
 from queue_server.services.common import (
     WORKER_OR_OPERATOR,
+    admission_room,
     require_item_id,
     require_tenant,
     uuid_range,
@@ -512,18 +513,7 @@ class Items:
             page = await self._page(conn, tenant, filter, after, limit, open_only=False)
             more = len(page) > limit
             page = page[:limit]
-            row, backlog = await tenants.admit(conn, tenant)
-            if row is None:
-                raise errors.TenantNotFoundError(tenant=tenant)
-            cap = self.envelope.held_backlog_cap(row["backlog_cap"])
-            room = max(0, cap - backlog)
-            if page and room == 0:
-                raise errors.BacklogCapReachedError(
-                    f"Backlog {backlog} + {len(page)} retried would exceed the cap of {cap}.",
-                    backlog=backlog,
-                    backlog_cap=cap,
-                    requested=len(page),
-                )
+            room, cap = await admission_room(conn, tenant, len(page), self.envelope, "retried")
             chosen, over = page[:room], page[room:]
             retried = await transitions.retry(
                 conn,

@@ -39,7 +39,7 @@ LIMIT %s;
 
 -- name: count_items
 -- How many items of one state match a filter: what a bulk action's button and its
--- confirmation say it covers. One range of the list index (a state's, a queue's).
+-- confirmation say it covers. It reads the state's range of the tenant's items.
 SELECT count(*) AS n FROM work_items w
 WHERE w.tenant_id = %(tenant)s AND w.state = %(state)s::item_state
   AND (%(queue)s::text IS NULL OR w.queue = %(queue)s)
