@@ -12,6 +12,9 @@ orjson. A driver failure becomes a domain error here and nowhere else:
       on a connection that broke mid-protocol behind a pooler ("received 2 results
       from command 'BEGIN'", no SQLSTATE); the connection is closed and the pool
       drained, so no request is lent a connection to the old primary.
+    the admission's refusals (`admission_refusals`, SQLSTATEs of migration 0016):
+      QS429 -> BacklogCapReachedError (429), QS404 -> TenantNotFoundError (404),
+      QS422 -> InvalidRequestError (422, the policy envelope)
 
 Directly connected (`database_pooler = "none"`) a session gets its settings at
 connect (`options`) and prepares every statement. Through a pooler in transaction
@@ -36,9 +39,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import orjson
@@ -55,6 +59,40 @@ from queue_server.store.sessions import APPLY_ROLE_DEFAULTS, WAIT_FOR_STANDBY, W
 from queue_server.store.types import Conn
 
 log = logging.getLogger(__name__)
+
+# The refusal the admission raises at the cap: its DETAIL gives the figures.
+_CAP_DETAIL = re.compile(r"Backlog (-?\d+) \+ (\d+) new would exceed the cap of (\d+)\.")
+
+
+@contextlib.contextmanager
+def admission_refusals(tenant: str) -> Iterator[None]:
+    """The enqueue admission's SQL refusals (`queue_server.admit`) as domain errors.
+
+    The transaction is aborted by then: a caller that goes on in it after a refusal
+    (a schedule's pass) runs the admission in a savepoint.
+    """
+    try:
+        yield
+    except psycopg.Error as exc:
+        detail = exc.diag.message_detail or None
+        if exc.sqlstate == "QS429":
+            found = _CAP_DETAIL.fullmatch(detail or "")
+            figures = (
+                {}
+                if found is None
+                else {
+                    "backlog": int(found[1]),
+                    "backlog_cap": int(found[3]),
+                    "requested": int(found[2]),
+                }
+            )
+            raise errors.BacklogCapReachedError(detail, **figures) from exc
+        if exc.sqlstate == "QS404":
+            raise errors.TenantNotFoundError(tenant=tenant) from exc
+        if exc.sqlstate == "QS422":
+            raise errors.InvalidRequestError(detail) from exc
+        raise
+
 
 # psycopg converts a statement's `%(name)s` placeholders once per text and caches the
 # result, but only for statements up to 4 KiB; the acquire is twice that, and converting

@@ -84,7 +84,17 @@ def _files() -> dict[str, sql.Statements]:
     return {path.stem: sql.load(path.stem) for path in sorted(sql.SQL_DIR.glob("*.sql"))}
 
 
-TRANSITIONS = sql.load("transitions")
+def _admission() -> str:
+    """The statement of `queue_server.admit` (migration 0016), the one enqueue admission the
+    REST route and `queue_server.enqueue` share: from its RETURN QUERY to its end."""
+    text: str = importlib.import_module(ADMISSION_MIGRATION).ADMIT
+    return text[text.index("RETURN QUERY") + len("RETURN QUERY") : text.index("END\n$fn$")]
+
+
+ADMISSION_MIGRATION = "queue_server.migrations.versions.0016_transactional_enqueue"
+# Every statement that changes an item: the blocks of transitions.sql, and the admission
+# its `enqueue` block calls (a SQL function, so an application's transaction runs it too).
+TRANSITIONS = {**sql.load("transitions"), "queue_server.admit": _admission()}
 
 
 # -- the blocks and the names the code asks for -----------------------------------------
@@ -158,7 +168,7 @@ def test_every_block_is_used_and_every_name_asked_for_exists(module: str) -> Non
 
 def test_an_unknown_name_fails_loudly() -> None:
     with pytest.raises(KeyError, match=r"transitions\.sql has no statement named 'complet'"):
-        TRANSITIONS["complet"]
+        sql.load("transitions")["complet"]
 
 
 def test_a_file_with_two_blocks_of_one_name_does_not_load() -> None:

@@ -109,5 +109,5 @@ class Services:
             runs=VerificationRuns(db, effects, policy),
             schedules=Schedules(db, effects, items, settings, metrics),
             figures=Figures(db),
-            policies=PolicyHistory(db, policy),
+            policies=PolicyHistory(db, policy, receipt_retention=settings.idempotency_retention),
         )

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import orjson
 
 from queue_server import auth, errors, views
-from queue_server.db import Database
+from queue_server.db import Database, admission_refusals
 from queue_server.idempotency import Answer, Effects, Idempotency
 from queue_server.infra.metrics import Metrics
 from queue_server.models import NAME_RE, ItemState, Role, is_uuid, uuid7
@@ -231,21 +231,9 @@ class Items:
         self, conn: Conn, tenant: str, queue: str, items: list[NewItem], *, actor: str
     ) -> list[Row]:
         """Enqueue `items` in the caller's transaction, under the tenant's admission lock and
-        backlog cap (all or nothing). Every enqueue comes through here: the API's, and each
-        fire of a schedule."""
-        row, backlog = await tenants.admit(conn, tenant)
-        if row is None:
-            raise errors.TenantNotFoundError(tenant=tenant)
-        cap = self.envelope.held_backlog_cap(row["backlog_cap"])
-        if backlog + len(items) > cap:
-            raise errors.BacklogCapReachedError(
-                f"Backlog {backlog} + {len(items)} new would exceed the cap of {cap}.",
-                backlog=backlog,
-                backlog_cap=cap,
-                requested=len(items),
-            )
-        # A default stored under a looser policy is held to the loaded one.
-        default_budget = min(row["default_max_acquisitions"], self.envelope.leased.attempt_cap)
+        backlog cap (all or nothing). Every enqueue of the server comes through here: the
+        API's, and each fire of a schedule; `queue_server.enqueue` (an application's own
+        transaction) runs the same admission in SQL."""
         specs = [
             {
                 "item_id": item.item_id or uuid7(),
@@ -262,15 +250,16 @@ class Items:
             }
             for item in items
         ]
-        return await transitions.enqueue(
-            conn,
-            tenant=tenant,
-            queue=queue,
-            items=specs,
-            actor=actor,
-            default_budget=default_budget,
-            max_budget=self.envelope.leased.attempt_cap,
-        )
+        with admission_refusals(tenant):
+            return await transitions.enqueue(
+                conn,
+                tenant=tenant,
+                queue=queue,
+                items=specs,
+                actor=actor,
+                attempt_cap=self.envelope.leased.attempt_cap,
+                backlog_ceiling=self.envelope.leased.backlog_cap,
+            )
 
     async def _refuse_early_at_cap(self, tenant: str, idem: Idempotency, adding: int) -> None:
         """A tenant flooding a full backlog is refused with one read, no lock and no receipt,

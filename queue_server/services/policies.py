@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import timedelta
 
 from queue_server import auth, views
 from queue_server.db import Database
@@ -17,12 +18,20 @@ log = logging.getLogger("queue_server")
 class PolicyHistory:
     """Record the loaded version at each start; list every version (admin)."""
 
-    def __init__(self, db: Database, policy: ReliabilityPolicy) -> None:
+    def __init__(
+        self,
+        db: Database,
+        policy: ReliabilityPolicy,
+        *,
+        receipt_retention: timedelta = timedelta(hours=24),
+    ) -> None:
         self.db = db
         self.policy = policy
+        self.receipt_retention = receipt_retention
 
     async def record_load(self) -> None:
-        """One more start under the loaded policy: its first start is kept, its last is now."""
+        """One more start under the loaded policy: its first start is kept, its last is now;
+        its ceilings become those of `queue_server.enqueue` (an application's transaction)."""
         policy = self.policy
         async with self.db.tx() as conn:
             await policy_versions.record_load(
@@ -31,6 +40,13 @@ class PolicyHistory:
                 sha256=policy.sha256,
                 source=policy.source,
                 document=policy.as_document(),
+            )
+            await policy_versions.record_enqueue_envelope(
+                conn,
+                version=policy.version,
+                attempt_cap=policy.leased_work.attempt_cap,
+                backlog_cap=policy.leased_work.backlog_cap,
+                retention=self.receipt_retention,
             )
 
     async def record_load_until_done(self, retry_every: float = 5.0) -> None:

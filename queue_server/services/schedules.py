@@ -264,7 +264,10 @@ class Schedules:
             max_acquisitions=row["max_acquisitions"],
             item_id=uuid7_at(tick, f"schedule:{schedule_id}/{kind}"),
         )
-        [item] = await self.items.admit(conn, tenant, row["queue"], [new], actor=actor)
+        # A savepoint: a refusal at the cap aborts only the admission, and the pass goes on
+        # in its transaction to record it.
+        async with conn.transaction():
+            [item] = await self.items.admit(conn, tenant, row["queue"], [new], actor=actor)
         item_id = str(item["item_id"])
         await transitions.record_scheduled(
             conn,

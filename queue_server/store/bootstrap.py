@@ -19,13 +19,15 @@ SERVER_ROLE = "queue_server"
 
 
 def ensure_role(conn: psycopg.Connection[Any], password: str) -> None:
-    """The server's role, logging in with `password`, and no more privileges than that."""
+    """The server's role, logging in with `password`, and no more privileges than that; and
+    queue_server_enqueuer, which applications' roles become members of."""
     exists = conn.execute(_SQL["role_exists"], (SERVER_ROLE,)).fetchone() is not None
     with psycopg.ClientCursor(conn) as cursor:
         if exists:
             cursor.execute(_SQL["set_role_password"], {"password": password})
         else:
             cursor.execute(_SQL["create_role"], {"password": password})
+    conn.execute(_SQL["create_enqueuer_role"])
 
 
 def ensure_database(conn: psycopg.Connection[Any]) -> None:

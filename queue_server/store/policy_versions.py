@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -23,6 +24,22 @@ async def record_load(
     )
     assert row is not None
     return row
+
+
+async def record_enqueue_envelope(
+    conn: Conn, *, version: str, attempt_cap: int, backlog_cap: int, retention: timedelta
+) -> None:
+    """The ceilings `queue_server.enqueue` holds an application's items to, and its receipts'
+    retention: the loaded policy's and the server's."""
+    await conn.execute(
+        _SQL["record_enqueue_envelope"],
+        {
+            "version": version,
+            "attempt_cap": attempt_cap,
+            "backlog_cap": backlog_cap,
+            "retention": retention,
+        },
+    )
 
 
 async def list_versions(conn: Conn) -> list[Row]:

@@ -21,7 +21,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, OID, UUID
 
 metadata = MetaData(
     naming_convention={
@@ -685,4 +685,34 @@ console_sessions = Table(
     _ts("ended_at", nullable=True),
     ForeignKeyConstraint(["key_id"], ["api_keys.key_id"], ondelete="CASCADE"),
     CheckConstraint("expires_at > created_at", name="expire_later"),
+)
+
+
+# -- enqueue inside an application's transaction (0016) --------------------------------------
+
+# Which tenants a database role may enqueue for through queue_server.enqueue (the role is
+# also a member of queue_server_enqueuer). By oid: a renamed role keeps its grants, a
+# dropped one matches nothing; the name is kept for the listing.
+enqueue_grants = Table(
+    "enqueue_grants",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("role_oid", OID, primary_key=True),
+    Column("role_name", Text, nullable=False),
+    _ts("granted_at", nullable=False, server_default=func.now()),
+    ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
+)
+
+# One row: the loaded policy's ceilings that queue_server.enqueue applies (the server
+# writes its own at each start) and how long its idempotency receipts are kept.
+enqueue_envelope = Table(
+    "enqueue_envelope",
+    metadata,
+    Column("singleton", Boolean, primary_key=True, server_default=text("true")),
+    Column("policy_version", Text, nullable=False),
+    Column("attempt_cap", Integer, nullable=False),
+    Column("backlog_cap", BigInteger, nullable=False),
+    Column("receipt_retention", Interval, nullable=False),
+    _ts("updated_at", nullable=False, server_default=func.now()),
+    CheckConstraint("singleton", name="one_row"),
 )

@@ -58,21 +58,24 @@ async def enqueue(
     queue: str,
     items: list[dict[str, Any]],
     actor: str,
-    default_budget: int,
-    max_budget: int,
+    attempt_cap: int,
+    backlog_ceiling: int,
 ) -> list[Row]:
-    """(nothing) -> ready, one row per item; the caller holds the tenant's admission lock.
+    """(nothing) -> ready, one row per item, all or nothing, under the tenant's admission
+    lock (taken here, held until the caller's transaction ends) and its backlog cap.
 
-    An item without its own `max_acquisitions` gets the queue's (at most `max_budget`),
-    else `default_budget` (the tenant's default, held to the policy by the caller).
+    The one admission (`queue_server.admit`, migration 0016) that `queue_server.enqueue`
+    runs too. An item without its own `max_acquisitions` gets the queue's, else the
+    tenant's default, each at most `attempt_cap`; the cap at most `backlog_ceiling`.
+    Refusals are SQL errors (the caller translates them with `db.admission_refusals`).
     """
     params = {
         "items": Jsonb(items),
         "tenant": tenant,
         "queue": queue,
         "actor": actor,
-        "default_budget": default_budget,
-        "max_budget": max_budget,
+        "attempt_cap": attempt_cap,
+        "backlog_ceiling": backlog_ceiling,
     }
     cur = await conn.execute(_SQL["enqueue"], params)
     rows = await cur.fetchall()

@@ -15,6 +15,18 @@ CREATE ROLE queue_server LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION
 ALTER ROLE queue_server LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS
     PASSWORD %(password)s;
 
+-- name: create_enqueuer_role
+-- What an application's role is made a member of to call queue_server.enqueue (migration
+-- 0016 grants it EXECUTE on that, and nothing else); made here because the server's
+-- role may not create roles.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'queue_server_enqueuer') THEN
+        CREATE ROLE queue_server_enqueuer NOLOGIN;
+    END IF;
+END
+$$;
+
 -- name: create_database
 CREATE DATABASE queue_server OWNER queue_server;
 

@@ -15,3 +15,10 @@ RETURNING version, sha256, source, first_loaded_at, last_loaded_at, loads;
 SELECT version, sha256, source, first_loaded_at, last_loaded_at, loads
 FROM policy_versions
 ORDER BY last_loaded_at DESC, version, sha256;
+
+-- name: record_enqueue_envelope
+-- The loaded policy's ceilings that queue_server.enqueue (an application's transaction)
+-- applies, and how long its receipts are kept: the last server started decides.
+UPDATE enqueue_envelope
+SET policy_version = %(version)s, attempt_cap = %(attempt_cap)s, backlog_cap = %(backlog_cap)s,
+    receipt_retention = %(retention)s, updated_at = statement_timestamp();

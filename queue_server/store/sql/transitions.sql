@@ -3,53 +3,12 @@
 -- the text sent.
 
 -- name: enqueue
-WITH input AS (
-    SELECT * FROM jsonb_to_recordset(%(items)s::jsonb)
-        AS x(item_id uuid, payload jsonb, priority int, delay double precision,
-             max_acquisitions int)
-), ins AS (
-    INSERT INTO work_items (tenant_id, item_id, queue, payload, priority, state,
-                            available_at, max_acquisitions, event_seq,
-                            created_at, updated_at)
-    SELECT %(tenant)s, item_id, %(queue)s, coalesce(payload, 'null'::jsonb), priority, 'ready',
-           statement_timestamp() + make_interval(secs => delay),
-           -- The item's budget, else the queue's, else the tenant's default (the caller holds
-           -- both to the policy's cap).
-           coalesce(max_acquisitions,
-                    (SELECT least(q.max_acquisitions, %(max_budget)s) FROM queues q
-                     WHERE q.tenant_id = %(tenant)s AND q.queue = %(queue)s),
-                    %(default_budget)s),
-           1, statement_timestamp(), statement_timestamp()
-    FROM input
-    RETURNING *
-), ev AS (
-    INSERT INTO item_events (tenant_id, item_id, seq, at, kind, fence, actor, data)
-    SELECT tenant_id, item_id, 0, created_at, 'enqueued', fence, %(actor)s,
-           jsonb_build_object('queue', queue, 'payload', payload, 'priority', priority,
-                              'available_at', available_at,
-                              'max_acquisitions', max_acquisitions)
-    FROM ins
-), admitted AS (
-    -- The caller holds this row's lock (the admission lock) already.
-    UPDATE tenants SET admitted = admitted + (SELECT count(*) FROM ins)
-    WHERE tenant_id = %(tenant)s
-), outbox AS (
-    INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
-                                   body, state, next_attempt_at, due_at, created_at, updated_at)
-    SELECT s.tenant_id, w.watcher_id, delivery_key(w.watcher_id, s.item_id, s.event_seq - 1),
-           'item.enqueued', s.item_id, s.queue,
-           jsonb_build_object('event', 'item.enqueued',
-                              'occurred_at', api_timestamp(statement_timestamp()),
-                              'item', item_json(s)),
-           'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
-           statement_timestamp()
-    FROM ins s
-    JOIN watchers w ON w.tenant_id = s.tenant_id AND w.state = 'active'
-     AND 'item.enqueued' = ANY(w.events) AND (w.queues IS NULL OR s.queue = ANY(w.queues))
-    ORDER BY s.item_id, w.watcher_id
-)
-SELECT ins.* FROM ins,
-     (SELECT pg_notify('queue_server_ready', %(tenant)s || '/' || %(queue)s)) AS n;
+-- (nothing) -> ready: the admission of migration 0016, shared with queue_server.enqueue
+-- (an application's own transaction): the tenant's admission lock, the backlog cap, the
+-- envelope, the items, their `enqueued` ledger rows, the admitted counter, the outbox
+-- rows and the NOTIFY. Refusals are SQL errors (QS429 at the cap, QS404 no tenant).
+SELECT * FROM queue_server.admit(%(tenant)s, %(queue)s, %(items)s::jsonb, %(actor)s,
+                                 %(attempt_cap)s, %(backlog_ceiling)s);
 
 -- name: lock_queue
 -- The queue's concurrency limit (the policy's local concurrency, one, unless a live spend
