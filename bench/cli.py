@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from bench import loadgen, peer, profile, reference, report
+from bench import loadgen, peer, profile, reference, report, txenqueue
 from bench import workers as user_workers
 from bench.env import HOST, RETENTION_INTERVAL, Environment, environment, venv_bin
 from bench.progress import say
@@ -362,6 +362,40 @@ def phase_enqueue(run: Run) -> None:
                 rate,
             )
             say(f"  {rate:,.0f} items/s")
+
+
+# Items per commit of the transactional-enqueue phase: one, and a batch of an application's.
+TX_PER_COMMIT = (1, 100)
+
+
+def phase_tx_enqueue(run: Run) -> None:
+    """`queue_server.enqueue` inside an application's transaction (an order row and its item
+    per commit, or 100 of each), against a bare INSERT of the same order rows."""
+    txenqueue.prepare(run.env.url)
+    for rep in range(run.plan.reps):
+        for per_commit in TX_PER_COMMIT:
+            for enqueue in (False, True):
+                tenant = run.new_tenant("txq")
+                what = "INSERT + queue_server.enqueue" if enqueue else "bare INSERT"
+                say(f"{what}, {per_commit} per commit, rep {rep + 1}/{run.plan.reps}")
+                start_at = time.time() + START_MARGIN
+                spec = txenqueue.TxSpec(
+                    url=run.env.url, tenant=tenant.name, queue="q", per_commit=per_commit,
+                    enqueue=enqueue, start_at=start_at, end_at=start_at + run.plan.enqueue_s,
+                )  # fmt: skip
+                future = run.pool.submit(txenqueue.run, spec)
+                family = f"tx {'enqueue' if enqueue else 'insert'} {per_commit}/commit"
+                (result,) = run.measure(family, [future], start_at)
+                run.error(family, result.error_samples, result.errors)
+                rate = result.items / max(1e-9, result.finished_at - start_at)
+                key = f"tx_{'enqueue' if enqueue else 'insert'}_{per_commit}"
+                label = (
+                    f"enqueue in an application transaction, {per_commit} per commit"
+                    if enqueue
+                    else f"bare INSERT into the application's table, {per_commit} per commit"
+                )
+                run.figure(key, label, "items/s", rate)
+                say(f"  {rate:,.0f} items/s")
 
 
 def phase_wake(run: Run) -> None:
@@ -797,7 +831,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-profile", action="store_true", help="skip the py-spy phases")
     parser.add_argument(
         "--only",
-        default="pgbench,peer,cycles,workers,modes,enqueue,wake,profile,cost,churn",
+        default="pgbench,peer,cycles,workers,modes,enqueue,txenqueue,wake,profile,cost,churn",
         help="comma-separated phases to run (`modes`: cycles and SDK workers in both modes;"
         " `procrastinate`: its worker beside `work`, not in the default)",
     )
@@ -851,6 +885,7 @@ def main(argv: list[str] | None = None) -> int:
             run.mode = ""
             for name, fn in (
                 ("enqueue", phase_enqueue),
+                ("txenqueue", phase_tx_enqueue),
                 ("wake", phase_wake),
                 ("profile", phase_profile),
                 ("cost", phase_cost_growth),

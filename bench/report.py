@@ -207,6 +207,18 @@ def _ratios(
             "REST items/s / pgqueuer jobs/s, 500 per call",
         )
     )
+    for per_commit, threshold in ((1, 0.2), (100, 0.08)):
+        out.append(
+            _ratio(
+                f"enqueue in an application transaction, {per_commit} per commit >="
+                f" {threshold}x a bare INSERT",
+                figs.get(f"tx_enqueue_{per_commit}"),
+                figs.get(f"tx_insert_{per_commit}"),
+                threshold,
+                f"order rows + queue_server.enqueue{'_many' if per_commit > 1 else ''}"
+                f" items/s / order rows alone, {per_commit} per commit, one connection",
+            )
+        )
     out.append(
         _ratio(
             "queue-server work -- true, 16 slots >= 0.7x the spawn floor",

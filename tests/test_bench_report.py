@@ -120,3 +120,23 @@ def test_best_of_is_not_comparable_when_a_loaded_rival_may_have_lost_to_the_load
     )
     assert r["status"] == "not comparable"
     assert r["not_comparable_short"] == ["rest_batched_c16@w1: other work 40% of the machine"]
+
+
+def test_transactional_enqueue_rows_are_judged_against_the_bare_insert_of_the_same_run() -> None:
+    doc = document(
+        [
+            figure("tx_insert_1", 4000.0, 0.0),
+            figure("tx_enqueue_1", 1000.0, 0.0),
+            figure("tx_insert_100", 100_000.0, 0.0),
+            figure("tx_enqueue_100", 5000.0, 0.0),
+        ]
+    )
+    one = target(doc, "enqueue in an application transaction, 1 per commit >= 0.2x a bare INSERT")
+    assert (one["value"], one["status"]) == (0.25, report.MET)
+    batch = target(
+        doc, "enqueue in an application transaction, 100 per commit >= 0.08x a bare INSERT"
+    )
+    assert (batch["value"], batch["status"]) == (0.05, report.UNMET)
+    assert batch["figures"] == ["tx_enqueue_100", "tx_insert_100"]
+    markdown = report.markdown(doc)
+    assert "enqueue in an application transaction, 100 per commit" in markdown

@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from queue_server import __version__
+from queue_server.cli import db as db_commands
 from queue_server.cli import (
     dead_letters,
     enqueue,
@@ -43,8 +44,15 @@ app = CLI(
     rich_markup_mode="rich",
     pretty_exceptions_enable=False,
 )
-db_app = CLI(help="Database schema: migrate and inspect.", no_args_is_help=True)
+db_app = CLI(
+    help="Database schema: migrate and inspect; let database roles enqueue inside their own"
+    " transactions (queue_server.enqueue).",
+    no_args_is_help=True,
+)
 app.add_typer(db_app, name="db")
+db_app.command("grant-enqueue")(db_commands.grant_enqueue)
+db_app.command("revoke-enqueue")(db_commands.revoke_enqueue)
+db_app.command("grants")(db_commands.grants)
 app.add_typer(policy.app, name="policy")
 app.add_typer(tenants.app, name="tenants")
 app.add_typer(keys.app, name="keys")

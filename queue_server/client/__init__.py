@@ -6,6 +6,7 @@ from queue_server.client.async_worker import AsyncHandler, AsyncJob, AsyncWorker
 from queue_server.client.client import DEFAULT_URL, QueueClient, is_transient, new_idempotency_key
 from queue_server.client.errors import ProblemError, QueueClientError
 from queue_server.client.models import BatchEntry, Completion, NewItem
+from queue_server.client.transactional import enqueue_in, enqueue_many_in
 from queue_server.client.worker import (
     Job,
     Outcome,
@@ -35,6 +36,8 @@ __all__ = [
     "Result",
     "TransientError",
     "Worker",
+    "enqueue_in",
+    "enqueue_many_in",
     "errors",
     "is_transient",
     "new_idempotency_key",

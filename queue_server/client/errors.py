@@ -52,6 +52,8 @@ class ProblemError(QueueClientError):
     """An RFC 9457 problem answer from the server."""
 
     status_default: ClassVar[int] = 0
+    # Raised by `enqueue_in` from a refusal of queue_server.enqueue: its SQLSTATE.
+    sqlstate: str | None = None
 
     def __init__(self, status: int, body: dict[str, Any], *, retry_after: float | None = None):
         self.status = status
@@ -404,3 +406,41 @@ def from_response(response: Response) -> ProblemError:
             "detail": response.text[:500],
         }
     return problem_error(response.status_code, body, retry_after=_retry_after(response))
+
+
+# -- enqueue inside an application's transaction (queue_server.client.transactional) -------
+#
+# `queue_server.enqueue` refuses with a SQLSTATE of its own; `enqueue_in` raises the class
+# the REST route's problem has (so `except BacklogCapReachedError` covers both ways in),
+# or one of these, each keeping the driver's error as its cause and its SQLSTATE.
+
+
+class EnqueueNotGrantedError(ForbiddenError):
+    """The database role may not enqueue for this tenant (SQLSTATE 42501): an operator
+    grants it with `queue-server db grant-enqueue ROLE --tenant TENANT`."""
+
+
+class PolicyEnvelopeError(InvalidRequestError):
+    """A value above the loaded policy's envelope (SQLSTATE QS422); `detail` names the cell."""
+
+
+# SQLSTATE -> (class, HTTP status of the same refusal over REST, problem code).
+BY_SQLSTATE: dict[str, tuple[type[ProblemError], int, str]] = {
+    "QS429": (BacklogCapReachedError, 429, "backlog-cap-reached"),
+    "QS409": (IdempotencyKeyReuseError, 422, "idempotency-key-reuse"),
+    "QS422": (PolicyEnvelopeError, 422, "invalid-request"),
+    "QS400": (InvalidRequestError, 422, "invalid-request"),
+    "QS404": (TenantNotFoundError, 404, "tenant-not-found"),
+    "42501": (EnqueueNotGrantedError, 403, "forbidden"),
+}
+
+
+def from_sqlstate(sqlstate: str | None, message: str, detail: str | None) -> ProblemError | None:
+    """The typed error of a refusal of `queue_server.enqueue`, or None for another error."""
+    found = BY_SQLSTATE.get(sqlstate or "")
+    if found is None:
+        return None
+    cls, status, code = found
+    error = cls(status, {"code": code, "title": message, "detail": detail or message})
+    error.sqlstate = sqlstate
+    return error

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import quote
 
 import psycopg
 from prometheus_client import CollectorRegistry, start_http_server
@@ -274,6 +275,83 @@ def database_for_admin(settings: Settings) -> Iterator[str]:
         return
     with database(settings) as served:
         yield served.url
+
+
+@dataclass(frozen=True)
+class RolesDatabase:
+    """A session that may create roles, and how an application's role reaches the same
+    database: `app_url(role, password)`."""
+
+    url: str
+    host: str | None
+    port: int | None
+    dbname: str
+    options: dict[str, str]
+
+    def app_url(self, role: str, password: str) -> str:
+        """A postgresql:// URL for `role` on this database (a Unix socket as `host=`)."""
+        auth = f"{quote(role, safe='')}:{quote(password, safe='')}"
+        query = dict(self.options)
+        netloc = ""
+        if self.host and not self.host.startswith("/"):
+            netloc = f"[{self.host}]" if ":" in self.host else self.host
+            if self.port is not None:
+                netloc += f":{self.port}"
+        else:
+            if self.host:
+                query["host"] = self.host
+            if self.port is not None:
+                query["port"] = str(self.port)
+        tail = "&".join(f"{k}={quote(v, safe='/')}" for k, v in query.items())
+        return f"postgresql://{auth}@{netloc}/{quote(self.dbname, safe='')}" + (
+            f"?{tail}" if tail else ""
+        )
+
+
+# What an application's URL keeps of the administrator's: where and how to connect, not who.
+_KEPT_OPTIONS = ("sslmode", "sslrootcert", "target_session_attrs", "connect_timeout")
+
+
+@contextlib.contextmanager
+def database_for_roles(settings: Settings) -> Iterator[RolesDatabase]:
+    """The server's database as a role that may create roles and grant them: the URL's
+    (QUEUE_SERVER_DATABASE_URL, whose role needs CREATEROLE for a new role), or the
+    embedded cluster's superuser (started and stopped again when it is not running)."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    if settings.database_url:
+        url = settings.database_url.replace("postgresql+psycopg://", "postgresql://", 1)
+        info = conninfo_to_dict(url)
+        port = info.get("port")
+        yield RolesDatabase(
+            url=url,
+            host=str(info["host"]) if info.get("host") else None,
+            port=int(str(port)) if port else None,
+            dbname=str(info.get("dbname") or info.get("user") or "postgres"),
+            options={k: str(info[k]) for k in _KEPT_OPTIONS if info.get(k)},
+        )
+        return
+    pg = embedded_postgres(settings.data_dir / "pgdata")
+    if not (pg.pgdata / "PG_VERSION").exists():
+        raise NoDatabaseError(
+            f"No embedded database in {settings.data_dir} (and QUEUE_SERVER_DATABASE_URL is"
+            " not set): run this where `queue-server serve` keeps its data (--data-dir)."
+        )
+
+    def embedded() -> RolesDatabase:
+        return RolesDatabase(
+            url=pg.url(DATABASE_NAME),
+            host=str(pg.socket_dir),
+            port=pg.port,
+            dbname=DATABASE_NAME,
+            options={},
+        )
+
+    if pg.is_running():
+        yield embedded()
+        return
+    with database(settings):
+        yield embedded()
 
 
 ADDRESS_FILE = "server.url"  # queue_server.cli.common.ADDRESS_FILE

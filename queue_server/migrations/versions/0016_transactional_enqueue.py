@@ -324,6 +324,78 @@ BEGIN ATOMIC
 END
 """
 
+# What `queue-server db grant-enqueue` and `revoke-enqueue` run, as a role that may create
+# roles and grant queue_server_enqueuer (a superuser, or CREATEROLE with its ADMIN option):
+# identifiers are quoted here, by format(%I), never in Python. A new role logs in with
+# `password`; an existing role keeps its own. Returns whether the role was created.
+GRANT_ENQUEUE = """
+CREATE FUNCTION queue_server.grant_enqueue(p_role text, p_tenant text, p_password text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = {home}, pg_temp
+AS $fn$
+DECLARE
+    created boolean := false;
+BEGIN
+    IF p_role IS NULL OR p_role = '' OR p_role ~ '^pg_' THEN
+        RAISE EXCEPTION 'invalid-request'
+            USING ERRCODE = 'QS400', DETAIL = format('No role can be named %L here.', p_role);
+    END IF;
+    PERFORM 1 FROM tenants WHERE tenant_id = p_tenant;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'tenant-not-found'
+            USING ERRCODE = 'QS404', DETAIL = format('No tenant is named %s.', p_tenant);
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = p_role) THEN
+        IF p_password IS NULL THEN
+            RAISE EXCEPTION 'invalid-request' USING ERRCODE = 'QS400',
+                DETAIL = format('The role %s does not exist and no password was given.', p_role);
+        END IF;
+        EXECUTE format('CREATE ROLE %I LOGIN PASSWORD %L', p_role, p_password);
+        created := true;
+    END IF;
+    IF NOT pg_has_role(p_role, 'queue_server_enqueuer', 'MEMBER') THEN
+        EXECUTE format('GRANT queue_server_enqueuer TO %I', p_role);
+    END IF;
+    INSERT INTO enqueue_grants (tenant_id, role_oid, role_name)
+    SELECT p_tenant, oid, rolname FROM pg_roles WHERE rolname = p_role
+    ON CONFLICT (tenant_id, role_oid) DO UPDATE SET role_name = EXCLUDED.role_name;
+    RETURN created;
+END
+$fn$
+"""
+
+# The grant of one tenant taken back (at once: the next call is refused); with no tenant of
+# this database left to the role, its membership of queue_server_enqueuer too. The role
+# itself stays: the application may use it for its own tables. Returns whether a grant
+# was there.
+REVOKE_ENQUEUE = """
+CREATE FUNCTION queue_server.revoke_enqueue(p_role text, p_tenant text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE
+SET search_path = {home}, pg_temp
+AS $fn$
+DECLARE
+    found_grant boolean;
+BEGIN
+    DELETE FROM enqueue_grants g
+    WHERE g.tenant_id = p_tenant AND g.role_oid = (SELECT oid FROM pg_roles WHERE rolname = p_role);
+    found_grant := FOUND;
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = p_role)
+       AND NOT EXISTS (SELECT 1 FROM enqueue_grants g
+                       WHERE g.role_oid = (SELECT oid FROM pg_roles WHERE rolname = p_role))
+       AND EXISTS (SELECT 1 FROM pg_auth_members m
+                   WHERE m.member = (SELECT oid FROM pg_roles WHERE rolname = p_role)
+                     AND m.roleid = (SELECT oid FROM pg_roles
+                                     WHERE rolname = 'queue_server_enqueuer'))
+    THEN
+        EXECUTE format('REVOKE queue_server_enqueuer FROM %I', p_role);
+    END IF;
+    RETURN found_grant;
+END
+$fn$
+"""
+
 
 def _ts(name: str, **kw: object) -> sa.Column[object]:
     return sa.Column(name, sa.DateTime(timezone=True), **kw)  # type: ignore[arg-type]
@@ -376,13 +448,16 @@ def upgrade() -> None:
     if conn.execute(sa.text("SELECT current_user = 'queue_server'")).scalar_one():
         op.execute(f"ALTER ROLE CURRENT_USER SET search_path = {home}")
         op.execute(f"SET LOCAL search_path = {home}")
-    for ddl in (UUID7, ADMIT, ENQUEUE_ITEMS, ENQUEUE, ENQUEUE_MANY):
+    for ddl in (UUID7, ADMIT, ENQUEUE_ITEMS, ENQUEUE, ENQUEUE_MANY, GRANT_ENQUEUE, REVOKE_ENQUEUE):
         op.execute(ddl.replace("{home}", home).replace("{{", "{").replace("}}", "}"))
     # The schema is visible to every role; what runs is what EXECUTE allows. uuid7 and
     # admit run with their caller's rights (admit needs the tables'); enqueue_items only
-    # from the two entry points, which only queue_server_enqueuer may call.
+    # from the two entry points, which only queue_server_enqueuer may call; grant_enqueue
+    # and revoke_enqueue by the owner and superusers.
     op.execute("GRANT USAGE ON SCHEMA queue_server TO PUBLIC")
     for function in (
+        "queue_server.grant_enqueue(text, text, text)",
+        "queue_server.revoke_enqueue(text, text)",
         "queue_server.enqueue_items(text, text, jsonb, text, text)",
         "queue_server.enqueue(text, text, jsonb, text, int, interval, int)",
         "queue_server.enqueue_many(text, text, jsonb, text)",

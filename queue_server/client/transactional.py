@@ -1,0 +1,240 @@
+"""Enqueue inside the application's own database transaction: `enqueue_in` and
+`enqueue_many_in` call `queue_server.enqueue` / `queue_server.enqueue_many` (migration
+0016) on the connection the application already holds, so the item exists exactly when
+the application's own rows commit.
+
+    with psycopg.connect(url) as conn, conn.transaction():
+        order_id = conn.execute("INSERT INTO orders ... RETURNING id").fetchone()[0]
+        enqueue_in(conn, "acme", "emails", {"order": order_id}, key=f"order-{order_id}")
+
+Takes a psycopg `Connection` (returns the item id) or `AsyncConnection` (returns an
+awaitable of it), or a SQLAlchemy `Session`/`Connection` (sync) or
+`AsyncSession`/`AsyncConnection`. Never commits: the caller's transaction decides. A
+refusal is the typed error of `queue_server.client.errors` (`BacklogCapReachedError`,
+`IdempotencyKeyReuseError`, `PolicyEnvelopeError`, `InvalidRequestError`,
+`TenantNotFoundError`, `EnqueueNotGrantedError`), with the driver's error as its cause;
+after one, the transaction is aborted (roll it back, or call inside a savepoint).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, overload
+
+from queue_server.client import errors
+
+if TYPE_CHECKING:
+    import psycopg
+
+# psycopg (%(name)s) and SQLAlchemy (:name) spellings of the same two calls.
+_ENQUEUE = (
+    "SELECT queue_server.enqueue(%(tenant)s, %(queue)s, %(payload)s::jsonb, %(key)s,"
+    " %(priority)s, %(delay)s::interval, %(max_acquisitions)s)"
+)
+_ENQUEUE_MANY = "SELECT queue_server.enqueue_many(%(tenant)s, %(queue)s, %(items)s::jsonb, %(key)s)"
+_SA_ENQUEUE = (
+    "SELECT queue_server.enqueue(:tenant, :queue, CAST(:payload AS jsonb), :key,"
+    " :priority, CAST(:delay AS interval), :max_acquisitions)"
+)
+_SA_ENQUEUE_MANY = "SELECT queue_server.enqueue_many(:tenant, :queue, CAST(:items AS jsonb), :key)"
+
+
+def _delay(delay: float | timedelta) -> timedelta:
+    return delay if isinstance(delay, timedelta) else timedelta(seconds=delay)
+
+
+def _item(item: Any) -> dict[str, Any]:
+    """One entry of `enqueue_many_in`: a mapping with `payload` (and optionally `priority`,
+    `delay` in seconds or a timedelta, `max_acquisitions`), or an SDK `NewItem`."""
+    if not isinstance(item, dict):
+        item = {
+            k: getattr(item, k)
+            for k in ("payload", "priority", "delay", "max_acquisitions")
+            if hasattr(item, k)
+        }
+    out = dict(item)
+    if isinstance(out.get("delay"), timedelta):
+        out["delay"] = out["delay"].total_seconds()
+    return {k: v for k, v in out.items() if v is not None or k == "payload"}
+
+
+def _typed(exc: BaseException) -> BaseException:
+    """The SDK's typed error for a refusal of queue_server.enqueue, else `exc` itself."""
+    cause = getattr(exc, "orig", None) or exc  # SQLAlchemy wraps the driver's error
+    diag = getattr(cause, "diag", None)
+    if diag is None:
+        return exc
+    found = errors.from_sqlstate(
+        getattr(cause, "sqlstate", None), diag.message_primary or str(cause), diag.message_detail
+    )
+    return exc if found is None else found
+
+
+class _Call:
+    """One call of a function of migration 0016, ready for either kind of connection."""
+
+    def __init__(self, sql: str, sa_sql: str, params: dict[str, Any]) -> None:
+        self.sql, self.sa_sql, self.params = sql, sa_sql, params
+
+    def psycopg_params(self) -> dict[str, Any]:
+        return {
+            k: json.dumps(v) if k in ("payload", "items") else v for k, v in self.params.items()
+        }
+
+    def run(self, conn: Any) -> Any:
+        import psycopg
+
+        if isinstance(conn, psycopg.AsyncConnection):
+            return self._run_async_psycopg(conn)
+        if isinstance(conn, psycopg.Connection):
+            try:
+                row = conn.execute(self.sql, self.psycopg_params()).fetchone()
+            except psycopg.Error as exc:
+                raise _typed(exc) from exc
+            assert row is not None
+            return row[0]
+        return self._run_sqlalchemy(conn)
+
+    async def _run_async_psycopg(self, conn: psycopg.AsyncConnection[Any]) -> Any:
+        import psycopg
+
+        try:
+            cur = await conn.execute(self.sql, self.psycopg_params())
+            row = await cur.fetchone()
+        except psycopg.Error as exc:
+            raise _typed(exc) from exc
+        assert row is not None
+        return row[0]
+
+    def _run_sqlalchemy(self, conn: Any) -> Any:
+        from sqlalchemy import exc as sa_exc
+        from sqlalchemy import text
+        from sqlalchemy.engine import Connection
+        from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+        from sqlalchemy.orm import Session
+
+        if not isinstance(conn, Session | Connection | AsyncSession | AsyncConnection):
+            raise TypeError(
+                "enqueue_in takes a psycopg Connection or AsyncConnection, or a SQLAlchemy"
+                f" Session, Connection, AsyncSession or AsyncConnection, not {type(conn).__name__}"
+            )
+        statement = text(self.sa_sql)
+        params = self.psycopg_params()
+        if isinstance(conn, AsyncSession | AsyncConnection):
+
+            async def run_async() -> Any:
+                try:
+                    result = await conn.execute(statement, params)
+                except sa_exc.DBAPIError as exc:
+                    raise _typed(exc) from exc
+                return result.scalar_one()
+
+            return run_async()
+        try:
+            return conn.execute(statement, params).scalar_one()
+        except sa_exc.DBAPIError as exc:
+            raise _typed(exc) from exc
+
+
+@overload
+def enqueue_in(
+    conn: psycopg.AsyncConnection[Any],
+    tenant: str,
+    queue: str,
+    payload: Any,
+    *,
+    key: str,
+    priority: int = 0,
+    delay: float | timedelta = 0,
+    max_acquisitions: int | None = None,
+) -> Awaitable[str]: ...
+
+
+@overload
+def enqueue_in(
+    conn: Any,
+    tenant: str,
+    queue: str,
+    payload: Any,
+    *,
+    key: str,
+    priority: int = 0,
+    delay: float | timedelta = 0,
+    max_acquisitions: int | None = None,
+) -> Any: ...
+
+
+def enqueue_in(
+    conn: Any,
+    tenant: str,
+    queue: str,
+    payload: Any,
+    *,
+    key: str,
+    priority: int = 0,
+    delay: float | timedelta = 0,
+    max_acquisitions: int | None = None,
+) -> Any:
+    """Enqueue one item in `conn`'s open transaction; its id (a string), or an awaitable of
+    it for an async connection. `key`: the idempotency key (the same key and arguments
+    return the same id; other arguments raise `IdempotencyKeyReuseError`)."""
+    call = _Call(
+        _ENQUEUE,
+        _SA_ENQUEUE,
+        {
+            "tenant": tenant,
+            "queue": queue,
+            "payload": payload,
+            "key": key,
+            "priority": priority,
+            "delay": _delay(delay),
+            "max_acquisitions": max_acquisitions,
+        },
+    )
+    result = call.run(conn)
+    if isinstance(result, Awaitable):
+        return _as_str(result)
+    return str(result)
+
+
+async def _as_str(result: Awaitable[Any]) -> str:
+    return str(await result)
+
+
+async def _as_strs(result: Awaitable[Any]) -> list[str]:
+    return [str(i) for i in await result]
+
+
+@overload
+def enqueue_many_in(
+    conn: psycopg.AsyncConnection[Any],
+    tenant: str,
+    queue: str,
+    items: Sequence[Any],
+    *,
+    key: str,
+) -> Awaitable[list[str]]: ...
+
+
+@overload
+def enqueue_many_in(
+    conn: Any, tenant: str, queue: str, items: Sequence[Any], *, key: str
+) -> Any: ...
+
+
+def enqueue_many_in(conn: Any, tenant: str, queue: str, items: Sequence[Any], *, key: str) -> Any:
+    """Enqueue 1 to 500 items in `conn`'s open transaction, all or nothing against the
+    backlog cap; their ids in the order given (or an awaitable of them). Each item is a
+    mapping with `payload` and optionally `priority`, `delay` (seconds or a timedelta) and
+    `max_acquisitions`, or an SDK `NewItem`."""
+    call = _Call(
+        _ENQUEUE_MANY,
+        _SA_ENQUEUE_MANY,
+        {"tenant": tenant, "queue": queue, "items": [_item(i) for i in items], "key": key},
+    )
+    result = call.run(conn)
+    if isinstance(result, Awaitable):
+        return _as_strs(result)
+    return [str(i) for i in result]
