@@ -8,8 +8,8 @@ the application's own rows commit.
         enqueue_in(conn, "acme", "emails", {"order": order_id}, key=f"order-{order_id}")
 
 Takes a psycopg `Connection` (returns the item id) or `AsyncConnection` (returns an
-awaitable of it), or a SQLAlchemy `Session`/`Connection` (sync) or
-`AsyncSession`/`AsyncConnection`. Never commits: the caller's transaction decides. A
+awaitable of it), or a SQLAlchemy `Session` or `Connection` (on the psycopg driver,
+`postgresql+psycopg://`). Never commits: the caller's transaction decides. A
 refusal is the typed error of `queue_server.client.errors` (`BacklogCapReachedError`,
 `IdempotencyKeyReuseError`, `PolicyEnvelopeError`, `InvalidRequestError`,
 `TenantNotFoundError`, `EnqueueNotGrantedError`), with the driver's error as its cause;
@@ -112,28 +112,15 @@ class _Call:
         from sqlalchemy import exc as sa_exc
         from sqlalchemy import text
         from sqlalchemy.engine import Connection
-        from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
         from sqlalchemy.orm import Session
 
-        if not isinstance(conn, Session | Connection | AsyncSession | AsyncConnection):
+        if not isinstance(conn, Session | Connection):
             raise TypeError(
                 "enqueue_in takes a psycopg Connection or AsyncConnection, or a SQLAlchemy"
-                f" Session, Connection, AsyncSession or AsyncConnection, not {type(conn).__name__}"
+                f" Session or Connection, not {type(conn).__name__}"
             )
-        statement = text(self.sa_sql)
-        params = self.psycopg_params()
-        if isinstance(conn, AsyncSession | AsyncConnection):
-
-            async def run_async() -> Any:
-                try:
-                    result = await conn.execute(statement, params)
-                except sa_exc.DBAPIError as exc:
-                    raise _typed(exc) from exc
-                return result.scalar_one()
-
-            return run_async()
         try:
-            return conn.execute(statement, params).scalar_one()
+            return conn.execute(text(self.sa_sql), self.psycopg_params()).scalar_one()
         except sa_exc.DBAPIError as exc:
             raise _typed(exc) from exc
 
