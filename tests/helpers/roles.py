@@ -7,10 +7,11 @@ import secrets
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from urllib.parse import quote
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 # The application's own table, beside the queue's.
 ORDERS = (
@@ -25,6 +26,8 @@ class AppRole:
 
     name: str
     conninfo: str
+    # The same as a postgresql:// URL (what `queue-server db grant-enqueue` prints).
+    url: str
 
     def connect(self) -> psycopg.Connection[tuple[object, ...]]:
         return psycopg.connect(self.conninfo)
@@ -64,7 +67,12 @@ class Roles:
             conn.execute(
                 sql.SQL("GRANT SELECT, INSERT ON orders TO {}").format(sql.Identifier(name))
             )
-        return AppRole(name, make_conninfo(self.database_url, user=name, password=password))
+        info = conninfo_to_dict(self.database_url)
+        url = (
+            f"postgresql://{name}:{quote(password, safe='')}@/{info['dbname']}"
+            f"?host={quote(str(info['host']), safe='')}&port={info['port']}"
+        )
+        return AppRole(name, make_conninfo(self.database_url, user=name, password=password), url)
 
     def drop(self) -> None:
         with psycopg.connect(self.database_url, autocommit=True) as conn:
