@@ -150,7 +150,10 @@ def grants(
 
     with _administering(data_dir) as (_, conn):
         rows = enqueue_grants.list_grants(conn, tenant=tenant)
-    found = [{"tenant": r[0], "role": r[1], "role_exists": r[2], "granted_at": r[3]} for r in rows]
+    found = [
+        {"tenant": r[0], "role": r[1], "role_exists": r[2], "granted_at": r[3].isoformat()}
+        for r in rows
+    ]
     if json:
         print_json({"grants": found})
         return

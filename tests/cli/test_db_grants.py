@@ -1,0 +1,85 @@
+"""`queue-server db grant-enqueue`, `grants` and `revoke-enqueue` against the server's real
+database: a new role is made with a password whose URL is printed once and works; the grant
+is per tenant and taken back at once."""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+import pytest
+
+from queue_server.client import enqueue_in, errors
+from tests.helpers.cli import Cli
+from tests.helpers.roles import Roles
+
+
+def test_grant_enqueue_makes_a_login_role_prints_its_url_once_and_revoke_takes_it_back(
+    cli: Cli, database_url: str
+) -> None:
+    cli.env["QUEUE_SERVER_DATABASE_URL"] = database_url
+    roles = Roles(database_url)
+    name = f"app_{uuid.uuid4().hex[:10]}"
+    roles.made.append(name)
+    try:
+        done = cli.run("db", "grant-enqueue", name, "--tenant", "acme")
+        [url] = [line for line in done.stdout.splitlines() if line.startswith("postgresql://")]
+        assert url.startswith(f"postgresql://{name}:")
+        assert f"role {name} may enqueue for tenant acme" in done.stdout
+        # The URL connects as the new role, which enqueues in its own transaction.
+        with psycopg.connect(url) as conn:
+            assert conn.info.user == name
+            item_id = enqueue_in(conn, "acme", "emails", {"order": 1}, key="order-1")
+        listed = cli.api.operator.get("/v1/tenants/acme/items").json()["items"]
+        assert [i["item_id"] for i in listed] == [item_id]
+
+        # Granted again (another tenant's grant would add to it): no new password, no URL.
+        again = cli.run("db", "grant-enqueue", name, "--tenant", "acme")
+        assert "postgresql://" not in again.stdout
+        assert cli.json("db", "grants", "--tenant", "acme")["grants"] == [
+            {
+                "tenant": "acme",
+                "role": name,
+                "role_exists": True,
+                "granted_at": cli.json("db", "grants")["grants"][0]["granted_at"],
+            }
+        ]
+
+        listing = cli.run("db", "grants").stdout
+        assert "acme" in listing
+        assert name in listing
+        revoked = cli.run("db", "revoke-enqueue", name, "--tenant", "acme")
+        assert f"role {name} may no longer enqueue for tenant acme" in revoked.stdout
+        with psycopg.connect(url) as conn, pytest.raises(errors.EnqueueNotGrantedError) as denied:
+            enqueue_in(conn, "acme", "emails", {"order": 2}, key="order-2")
+        assert denied.value.sqlstate == "42501"
+        nothing = cli.run("db", "revoke-enqueue", name, "--tenant", "acme")
+        assert "nothing to revoke" in nothing.stderr
+        assert cli.json("db", "grants")["grants"] == []
+    finally:
+        roles.drop()
+
+
+def test_grant_enqueue_for_an_unknown_tenant_or_a_reserved_name_fails_clearly(
+    cli: Cli, database_url: str
+) -> None:
+    cli.env["QUEUE_SERVER_DATABASE_URL"] = database_url
+    unknown = cli.run("db", "grant-enqueue", "app_nobody", "--tenant", "nope", ok=False)
+    assert unknown.returncode == 2
+    assert "No tenant is named nope" in unknown.stderr + unknown.stdout
+    reserved = cli.run("db", "grant-enqueue", "pg_monitor", "--tenant", "acme", ok=False)
+    assert reserved.returncode == 2
+    assert "No role can be named 'pg_monitor'" in reserved.stderr + reserved.stdout
+    with psycopg.connect(database_url) as conn:
+        assert (
+            conn.execute("SELECT 1 FROM pg_roles WHERE rolname = 'app_nobody'").fetchone() is None
+        )
+
+
+def test_the_db_commands_say_what_they_do(cli: Cli) -> None:
+    text = cli.run("db", "grant-enqueue", "--help").stdout
+    assert "generated password" in text
+    assert "QUEUE_SERVER_DATABASE_URL" in text
+    assert "revoke" in cli.run("db", "--help").stdout
+    assert "no tenant left" in cli.run("db", "revoke-enqueue", "--help").stdout.lower()
+    assert "Only this tenant" in cli.run("db", "grants", "--help").stdout
