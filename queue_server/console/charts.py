@@ -39,9 +39,9 @@ def chart(completed: Sequence[int], failed: Sequence[int]) -> dict[str, object]:
 
 # -- a queue's charts: an SVG figure per measure, with axes, a title and its latest value --
 
-FIG_WIDTH = 480
-FIG_HEIGHT = 150
-LEFT, RIGHT, TOP, BOTTOM = 52, 10, 22, 22
+FIG_WIDTH = 400
+FIG_HEIGHT = 160
+LEFT, RIGHT, TOP, BOTTOM = 50, 8, 38, 24
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,10 +54,10 @@ class Line:
     values: Sequence[float | None]
 
 
-def nice_top(peak: float) -> float:
-    """The smallest 1, 2 or 5 times a power of ten at or above `peak` (at least 1)."""
-    if peak <= 1:
-        return 1
+def nice_top(peak: float, least: float = 1) -> float:
+    """The smallest 1, 2 or 5 times a power of ten at or above `peak` (at least `least`)."""
+    if peak <= least:
+        return least
     scale = 10.0 ** math.floor(math.log10(peak))
     return next(step * scale for step in (1, 2, 5, 10) if peak <= step * scale)
 
@@ -111,7 +111,8 @@ def figure(
     the left axis, the span's start, middle and end below, a legend, and a <title> (also
     its aria-label) that says what it shows and its latest value (`summary`)."""
     peak = max([v for line in lines for v in line.values if v is not None] or [0])
-    top = nice_top(peak)
+    # Counts start from a scale of 1; durations from 10 ms.
+    top = nice_top(peak, 0.01 if seconds else 1)
     label = seconds_text if seconds else count_text
     bottom = FIG_HEIGHT - BOTTOM
     right = FIG_WIDTH - RIGHT
@@ -124,7 +125,7 @@ def figure(
             ' role="img" aria-label="{described}" xmlns="http://www.w3.org/2000/svg">'
             "<title>{described}</title>"
         ).format(key=key, top=f"{top:g}", w=FIG_WIDTH, h=FIG_HEIGHT, described=described),
-        Markup('<text class="heading" x="{x}" y="14">{title}</text>').format(x=LEFT, title=title),
+        Markup('<text class="heading" x="{x}" y="15">{title}</text>').format(x=LEFT, title=title),
         Markup(
             '<line class="grid" x1="{l}" y1="{t}" x2="{r}" y2="{t}"/>'
             '<line class="grid" x1="{l}" y1="{m}" x2="{r}" y2="{m}"/>'
@@ -151,14 +152,15 @@ def figure(
             half=ago[1],
         ),
     ]
-    x = right
-    for line in reversed(lines):
+    # A legend, under the title, where lines share a figure.
+    x = LEFT
+    for line in lines if len(lines) > 1 else ():
         parts.append(
-            Markup(
-                '<text class="legend {css}" x="{x}" y="14" text-anchor="end">{label}</text>'
-            ).format(css=line.css, x=x, label=line.label)
+            Markup('<text class="legend {css}" x="{x}" y="31">■ {label}</text>').format(
+                css=line.css, x=x, label=line.label
+            )
         )
-        x -= 8 + 7 * len(line.label)
+        x += 32 + 8 * len(line.label)
     for line in lines:
         parts.append(
             Markup('<path class="line {css}" data-series="{css}" d="{d}"/>').format(
