@@ -133,3 +133,14 @@ def test_the_days_figures_put_each_quarter_hours_samples_in_its_place(api: Api, 
     ]
     assert "2 s in the latest 15 minutes with a completion" in charts.label(drawn["latency"])
     assert "0 now, at most 7" in charts.label(drawn["ready"])
+    assert "no item waiting now. Longest 4h 48m." in charts.label(drawn["age"])
+    live = client.get("/console/tenants/acme/queues/daily/charts/live", params={"span": "24h"})
+    assert live.json()["values"] == {
+        "ready": "0",
+        "oldest_ready_age": "—",
+        "completed": "70",
+        "failed": "3",
+        "latency": "2 s",
+        "span": "day",
+        "step": "quarter hour",
+    }

@@ -147,6 +147,11 @@ def test_processes_sampling_at_once_take_one_sample_of_each_change(
     assert all(not _same(a, b) for a, b in pairwise(rows)), rows
     assert [r["ready"] for r in rows] == list(range(1, 7))
 
+    # A process coming a moment after another's sample leaves the round to the next one.
+    api.enqueue("race", "late")
+    assert run(settings, database_url, lambda dbs: sweeper.sample_counters(dbs[0])) in (0, None)
+    assert latest(db, "race")["ready"] == 6
+
 
 def _quarter(t: datetime) -> datetime:
     return GRID + (t - GRID) // QUARTER * QUARTER
