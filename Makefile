@@ -39,8 +39,8 @@ unit: $(STAMP) browser ## The test suite only, in parallel workers (TEST_WORKERS
 browser: ## Debian's chromium for the console's browser tests (apt-get when missing, as root)
 	deploy/ensure-debian-packages.sh chromium
 
-console-screenshots: $(STAMP) browser ## Screenshots of the console's main pages into docs/console/
-	QUEUE_SERVER_CONSOLE_SCREENSHOTS=docs/console $(BIN)/pytest -q tests/console/test_console_browser.py
+console-screenshots: $(STAMP) browser ## Screenshots of the console's main pages (light, dark, phone) into docs/console/
+	QUEUE_SERVER_CONSOLE_SCREENSHOTS=docs/console $(BIN)/pytest -q tests/console/test_console_browser.py tests/console/test_console_charts_browser.py
 
 contract: $(STAMP) ## Prove each policy binding: its test passes as it is and fails under its weakening (under 1 min)
 	$(BIN)/python -m tests.contract

@@ -20,6 +20,7 @@ from queue_server.console import web
 from queue_server.console.pages import (
     dead_letters,
     items,
+    queue_charts,
     queues,
     runs,
     schedules,
@@ -32,6 +33,7 @@ from queue_server.console.pages import (
 PAGES: list[ModuleType] = [
     session,
     queues,
+    queue_charts,
     items,
     dead_letters,
     watchers,

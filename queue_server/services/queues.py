@@ -4,7 +4,7 @@ queue's figures (items by state, ages, leases, dead letters, rates)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from itertools import pairwise
 from typing import Any
@@ -89,6 +89,55 @@ class Activity:
 
     completed: list[int]
     failed: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A chart's window: `points` steps of `step`, on the step's grid when `aligned`."""
+
+    name: str
+    step: timedelta
+    points: int
+    aligned: bool
+
+
+# The hour: a point a minute back from now, from the samples. The day: a point each
+# quarter hour on the clock's grid (the day's samples are the last of each quarter).
+SPANS = {
+    "1h": Span("1h", timedelta(minutes=1), 60, aligned=False),
+    "24h": Span("24h", timedelta(minutes=15), 96, aligned=True),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class History:
+    """One queue over a span, a value per step, oldest first (the last step ends now):
+    completions and failures in each step, the mean acquire-to-complete seconds of the
+    step's completions (None: none was timed), and the ready items and the oldest due
+    one's age (seconds, 0 when none) at each step's end."""
+
+    span: Span
+    completed: list[int]
+    failed: list[int]
+    latency: list[float | None]
+    ready: list[int]
+    oldest_ready_age: list[float]
+
+
+def _history(span: Span, rows: list[Row]) -> History:
+    timed = _rises([int(r["timed_completions"]) for r in rows])
+    spent = _rises([int(r["completion_ms"]) for r in rows])
+    ends = rows[1:]
+    return History(
+        span=span,
+        completed=_rises([int(r["completed"]) for r in rows]),
+        failed=_rises([int(r["failed"]) for r in rows]),
+        latency=[
+            round(ms / n / 1000, 3) if n else None for n, ms in zip(timed, spent, strict=True)
+        ],
+        ready=[int(r["ready"]) for r in ends],
+        oldest_ready_age=[max(0.0, round(float(r["oldest_ready_age"] or 0), 1)) for r in ends],
+    )
 
 
 def _rises(totals: list[int]) -> list[int]:
@@ -323,6 +372,28 @@ class Queues:
             )
             for queue, edges in totals.items()
         }
+
+    async def history(
+        self, principal: auth.Principal, tenant: str, queue: str, span: str
+    ) -> History:
+        """One queue over the last hour (`1h`) or day (`24h`): rates, latency, depth, age."""
+        principal.require(tenant, *WORKER_OR_OPERATOR)
+        window = SPANS.get(span)
+        if window is None:
+            raise errors.InvalidRequestError(
+                "The span is 1h (the last hour) or 24h (the last day)."
+            )
+        async with self.db.conn() as conn:
+            await require_tenant(conn, tenant)
+            rows = await queue_store.series(
+                conn,
+                tenant=tenant,
+                queue=queue,
+                step=window.step,
+                points=window.points,
+                aligned=window.aligned,
+            )
+        return _history(window, rows)
 
     async def get_queue(self, principal: auth.Principal, tenant: str, queue: str) -> Answer:
         """One queue's figures and its latest pause and resume events."""

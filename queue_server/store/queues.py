@@ -65,12 +65,14 @@ async def open_dead_letters(conn: Conn, *, tenant: str) -> dict[str, int]:
     return {row["queue"]: int(row["n"]) for row in rows}
 
 
-# -- samples of the counters: taken by the sweeper, a row when the totals changed -------
+# -- samples of the counters, the ready items and the oldest one: taken by the sweeper, a
+# row when any of them changed; a day's worth kept at a 15-minute grain -----------------
 
 
 async def sample(conn: Conn, *, min_gap: timedelta) -> int:
-    """Record the counters' totals of every queue whose totals changed (unless a sample was
-    taken less than `min_gap` ago); returns how many."""
+    """Record the counters' totals, ready items and oldest due item of every queue where
+    any of them changed (unless a sample was taken less than `min_gap` ago); returns how
+    many."""
     cur = await conn.execute(_SQL["sample"], {"min_gap": min_gap})
     return cur.rowcount
 
@@ -79,6 +81,35 @@ async def prune_samples(conn: Conn, *, limit: int) -> int:
     """Drop up to `limit` samples no longer needed for the last hour's rates."""
     cur = await conn.execute(_SQL["prune_samples"], {"limit": limit})
     return cur.rowcount
+
+
+async def roll_up(conn: Conn) -> int:
+    """Copy each queue's last sample of each ended 15-minute bucket of the last 45 minutes
+    into the day's samples (once); returns how many were copied."""
+    cur = await conn.execute(_SQL["roll_up"], {})
+    return cur.rowcount
+
+
+async def prune_day_samples(conn: Conn, *, limit: int) -> int:
+    """Drop up to `limit` day samples no longer needed for the last day's charts."""
+    cur = await conn.execute(_SQL["prune_day_samples"], {"limit": limit})
+    return cur.rowcount
+
+
+async def series(
+    conn: Conn, *, tenant: str, queue: str, step: timedelta, points: int, aligned: bool
+) -> list[Row]:
+    """(i, at, completed, failed, timed_completions, completion_ms, ready, oldest_ready_age)
+    of one queue at `points` marks `step` apart (on the `step` grid when `aligned`) and
+    now, oldest first."""
+    params = {
+        "tenant": tenant,
+        "queue": queue,
+        "step": step,
+        "points": points,
+        "aligned": aligned,
+    }
+    return await fetch_all(conn, _SQL["queue_series"], params)
 
 
 async def minute_totals(conn: Conn, *, tenant: str) -> list[Row]:

@@ -635,6 +635,10 @@ queue_counters = Table(
     # Finished items deleted by the retention sweeper.
     Column("purged_completed", BigInteger, nullable=False, server_default=text("0")),
     Column("purged_cancelled", BigInteger, nullable=False, server_default=text("0")),
+    # Completions whose lease start is known and the sum of their acquire-to-complete times
+    # in milliseconds (0017): a window's mean latency is the rise of one over the other's.
+    Column("timed_completions", BigInteger, nullable=False, server_default=text("0")),
+    Column("completion_ms", BigInteger, nullable=False, server_default=text("0")),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
 )
 
@@ -648,8 +652,32 @@ queue_samples = Table(
     _ts("sampled_at", primary_key=True),
     Column("completed", BigInteger, nullable=False),
     Column("failed", BigInteger, nullable=False),
+    # The counters' latency totals, the ready items and the oldest due one's
+    # `available_at` at the sample (0017): the console's depth, age and latency charts.
+    Column("timed_completions", BigInteger, nullable=False, server_default=text("0")),
+    Column("completion_ms", BigInteger, nullable=False, server_default=text("0")),
+    Column("ready", BigInteger, nullable=False, server_default=text("0")),
+    _ts("oldest_ready_at", nullable=True),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
     Index("ix_queue_samples_sampled_at", "sampled_at"),
+)
+
+# The day's charts: each queue's last sample of each 15-minute bucket (copied by the
+# sweeper while the samples are still kept), for 25 hours (0017).
+queue_day_samples = Table(
+    "queue_day_samples",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("queue", Text, primary_key=True),
+    _ts("sampled_at", primary_key=True),
+    Column("completed", BigInteger, nullable=False),
+    Column("failed", BigInteger, nullable=False),
+    Column("timed_completions", BigInteger, nullable=False),
+    Column("completion_ms", BigInteger, nullable=False),
+    Column("ready", BigInteger, nullable=False),
+    _ts("oldest_ready_at", nullable=True),
+    ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
+    Index("ix_queue_day_samples_sampled_at", "sampled_at"),
 )
 
 

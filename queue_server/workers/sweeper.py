@@ -1,7 +1,10 @@
 """The sweeper: background upkeep that every API process runs, one process at a time.
 
-    every SAMPLE_INTERVAL      sample the queue counters (the last minute's and hour's rates)
-    every PRUNE_INTERVAL       drop counter samples older than the hour
+    every SAMPLE_INTERVAL      sample the queue counters, ready items and oldest ready item
+                               (the last minute's and hour's rates, the console's charts)
+    every PRUNE_INTERVAL       keep each queue's last sample of each 15 minutes for the day's
+                               charts; drop samples older than the hour and those older
+                               than the day
     every retention_interval   delete finished items past their tenant's retention, with
                                their ledgers, and idempotency receipts past theirs
 
@@ -65,7 +68,8 @@ async def locked_round(db: Database, lock: int, work: Callable[[Conn], Awaitable
 
 
 async def sample_counters(db: Database, *, min_gap: float = SAMPLE_INTERVAL - 1) -> int | None:
-    """Sample the totals of every queue whose counters moved since its last sample."""
+    """Sample every queue whose totals, ready items or oldest ready item changed since its
+    last sample."""
     gap = timedelta(seconds=max(min_gap, 0))
     return await locked_round(db, SAMPLE_LOCK, lambda conn: queues.sample(conn, min_gap=gap))
 
@@ -80,6 +84,31 @@ async def prune_samples(db: Database) -> int:
         total += done or 0
         if not done or done < PRUNE_BATCH:
             return total
+
+
+async def roll_up_samples(db: Database) -> int | None:
+    """Keep each queue's last sample of each ended 15-minute bucket for the day's charts;
+    None when another process is at it."""
+    return await locked_round(db, PRUNE_LOCK, queues.roll_up)
+
+
+async def prune_day_samples(db: Database) -> int:
+    """Drop day samples no chart needs any more, a batch per transaction."""
+    total = 0
+    while True:
+        done = await locked_round(
+            db, PRUNE_LOCK, lambda c: queues.prune_day_samples(c, limit=PRUNE_BATCH)
+        )
+        total += done or 0
+        if not done or done < PRUNE_BATCH:
+            return total
+
+
+async def tend_samples(db: Database) -> None:
+    """The day's samples first (from samples still kept), then both prunes."""
+    await roll_up_samples(db)
+    await prune_samples(db)
+    await prune_day_samples(db)
 
 
 async def purge_receipts(db: Database, *, batch: int) -> int | None:
@@ -162,7 +191,7 @@ async def sweep_forever(db: Database, settings: Settings) -> None:
     batch = settings.retention_batch
     jobs = [
         _Job("sample queue counters", SAMPLE_INTERVAL, lambda: sample_counters(db), now),
-        _Job("prune counter samples", PRUNE_INTERVAL, lambda: prune_samples(db), now),
+        _Job("roll up and prune counter samples", PRUNE_INTERVAL, lambda: tend_samples(db), now),
         _Job(
             "delete finished items past their retention",
             settings.retention_interval,

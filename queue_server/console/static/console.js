@@ -21,7 +21,8 @@
 
   // Live pages. Every two seconds, while live:
   // - numbers: the JSON at data-live-url gives each number by its element's data-live
-  //   key, and each chart's lines (data-chart="queue"): the queues page;
+  //   key, each chart's lines (data-chart="queue"): the queues page; and each figure
+  //   (data-figure="key"), drawn whole by the server: a queue's charts;
   // - regions: the page itself is fetched again and each [data-live-region] whose HTML
   //   changed is put in place, unless the reader is working in it (a box checked, a
   //   field focused): an item's facts and ledger, the lists of items and dead letters.
@@ -64,6 +65,15 @@
         svg.setAttribute("data-peak", String(chart.peak));
       });
     });
+    // A queue's figures (data-figure="key"): the server's SVG, put in place whole.
+    Object.keys(data.figures || {}).forEach(function (key) {
+      var old = document.querySelector('[data-figure="' + key + '"]');
+      if (!old) { return; }
+      var made = document.createElement("template");
+      made.innerHTML = data.figures[key];
+      var fresh = made.content.firstElementChild;
+      if (fresh) { old.replaceWith(fresh); }
+    });
   }
 
   function busy(region) {
@@ -100,6 +110,24 @@
       .catch(function () { show("offline"); })
       .finally(function () { if (live) { timer = setTimeout(tick, 2000); } });
   }
+
+  // A span switch (the hour or the day of a queue's figures): its links work as links
+  // without this script; with it the figures switch in place and the address follows.
+  document.querySelectorAll("[data-span-switch] a[data-span-url]").forEach(function (link) {
+    link.addEventListener("click", function (event) {
+      if (!numbers || event.ctrlKey || event.metaKey || event.shiftKey) { return; }
+      event.preventDefault();
+      numbers.setAttribute("data-live-url", link.getAttribute("data-span-url"));
+      document.querySelectorAll("[data-span-switch] a").forEach(function (other) {
+        if (other === link) { other.setAttribute("aria-current", "page"); }
+        else { other.removeAttribute("aria-current"); }
+      });
+      history.replaceState(null, "", link.getAttribute("href"));
+      if (timer) { clearTimeout(timer); timer = null; }
+      live = true;
+      tick();
+    });
+  });
 
   if (toggle) {
     toggle.addEventListener("click", function () {

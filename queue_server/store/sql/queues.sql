@@ -210,19 +210,52 @@ WHERE tenant_id = %(tenant)s AND closed_at IS NULL AND kind = 'item'
 GROUP BY queue;
 
 -- name: sample
+-- Each queue's counters' totals, its ready items and the oldest due one's `available_at`,
+-- a row for each queue where any of them changed since its last sample. Ready and leased
+-- items are read through their partial indexes (the leased ones only name the queues whose
+-- last ready item was just taken, so that their depth falls to zero); finished history is
+-- not read.
 WITH totals AS (
-    SELECT tenant_id, queue, sum(completed)::bigint AS completed, sum(failed)::bigint AS failed
+    SELECT tenant_id, queue, sum(completed)::bigint AS completed, sum(failed)::bigint AS failed,
+           sum(timed_completions)::bigint AS timed_completions,
+           sum(completion_ms)::bigint AS completion_ms
     FROM queue_counters GROUP BY tenant_id, queue
+), waiting AS (
+    SELECT tenant_id, queue, count(*) AS ready,
+           min(available_at) FILTER (WHERE available_at <= statement_timestamp())
+               AS oldest_ready_at
+    FROM work_items WHERE state = 'ready'
+    GROUP BY tenant_id, queue
+), named AS (
+    SELECT tenant_id, queue FROM totals
+    UNION
+    SELECT tenant_id, queue FROM waiting
+    UNION
+    SELECT tenant_id, queue FROM work_items WHERE state = 'leased'
+), current AS (
+    SELECT n.tenant_id, n.queue, coalesce(t.completed, 0) AS completed,
+           coalesce(t.failed, 0) AS failed, coalesce(t.timed_completions, 0) AS timed_completions,
+           coalesce(t.completion_ms, 0) AS completion_ms, coalesce(w.ready, 0) AS ready,
+           w.oldest_ready_at
+    FROM named n
+    LEFT JOIN totals t ON t.tenant_id = n.tenant_id AND t.queue = n.queue
+    LEFT JOIN waiting w ON w.tenant_id = n.tenant_id AND w.queue = n.queue
 )
-INSERT INTO queue_samples (tenant_id, queue, sampled_at, completed, failed)
-SELECT t.tenant_id, t.queue, statement_timestamp(), t.completed, t.failed
-FROM totals t
+INSERT INTO queue_samples (tenant_id, queue, sampled_at, completed, failed, timed_completions,
+                           completion_ms, ready, oldest_ready_at)
+SELECT c.tenant_id, c.queue, statement_timestamp(), c.completed, c.failed, c.timed_completions,
+       c.completion_ms, c.ready, c.oldest_ready_at
+FROM current c
 LEFT JOIN LATERAL (
-    SELECT completed, failed FROM queue_samples s
-    WHERE s.tenant_id = t.tenant_id AND s.queue = t.queue
+    SELECT completed, failed, timed_completions, completion_ms, ready, oldest_ready_at
+    FROM queue_samples s
+    WHERE s.tenant_id = c.tenant_id AND s.queue = c.queue
     ORDER BY s.sampled_at DESC LIMIT 1
 ) last ON true
-WHERE (last.completed IS DISTINCT FROM t.completed OR last.failed IS DISTINCT FROM t.failed)
+WHERE (last.completed, last.failed, last.timed_completions, last.completion_ms, last.ready,
+       last.oldest_ready_at)
+      IS DISTINCT FROM
+      (c.completed, c.failed, c.timed_completions, c.completion_ms, c.ready, c.oldest_ready_at)
   -- Another process sampled a moment ago: once per interval is enough.
   AND NOT EXISTS (SELECT 1 FROM queue_samples
                   WHERE sampled_at > statement_timestamp() - %(min_gap)s);
@@ -308,3 +341,99 @@ LEFT JOIN LATERAL (
     ORDER BY s.sampled_at DESC LIMIT 1
 ) s ON k.ago > 0
 ORDER BY t.queue, k.ago DESC;
+
+-- name: roll_up
+-- The day's samples: each queue's last sample of each 15-minute bucket that has ended (a
+-- minute ago, so that no sample of it is still to commit). The buckets of the last 45
+-- minutes are read again each round, all of their samples still kept (65 minutes), so a
+-- round missed now and then loses nothing; a bucket copied before is left as it is.
+INSERT INTO queue_day_samples (tenant_id, queue, sampled_at, completed, failed,
+                               timed_completions, completion_ms, ready, oldest_ready_at)
+SELECT DISTINCT ON (tenant_id, queue,
+                    date_bin('15 minutes', sampled_at, timestamptz '2000-01-01 00:00:00+00'))
+       tenant_id, queue, sampled_at, completed, failed, timed_completions, completion_ms,
+       ready, oldest_ready_at
+FROM queue_samples
+WHERE sampled_at >= date_bin('15 minutes', statement_timestamp() - interval '45 minutes',
+                             timestamptz '2000-01-01 00:00:00+00')
+  AND sampled_at < date_bin('15 minutes', statement_timestamp() - interval '1 minute',
+                            timestamptz '2000-01-01 00:00:00+00')
+ORDER BY tenant_id, queue,
+         date_bin('15 minutes', sampled_at, timestamptz '2000-01-01 00:00:00+00'),
+         sampled_at DESC
+ON CONFLICT (tenant_id, queue, sampled_at) DO NOTHING;
+
+-- name: prune_day_samples
+-- Day samples past 25 hours go, except each queue's latest one of them: the totals at the
+-- day's start are that one's while nothing changed since.
+DELETE FROM queue_day_samples d
+USING (
+    SELECT s.tenant_id, s.queue, s.sampled_at FROM queue_day_samples s
+    WHERE s.sampled_at < statement_timestamp() - interval '25 hours'
+      AND EXISTS (SELECT 1 FROM queue_day_samples n
+                  WHERE n.tenant_id = s.tenant_id AND n.queue = s.queue
+                    AND n.sampled_at > s.sampled_at
+                    AND n.sampled_at < statement_timestamp() - interval '25 hours')
+    ORDER BY s.sampled_at
+    LIMIT %(limit)s
+) old
+WHERE d.tenant_id = old.tenant_id AND d.queue = old.queue AND d.sampled_at = old.sampled_at;
+
+-- name: queue_series
+-- One queue at `points` marks a `step` apart and now (i = 0), oldest first: the totals,
+-- ready items and oldest due item as last sampled before each mark (from the samples, or
+-- the day's samples past their hour: a day sample is the last sample of its 15-minute
+-- bucket, so it is the last one before a mark on that grid), and now from the counters
+-- and the ready items' index. `aligned`: the marks fall on the `step` grid. Two probes of
+-- the samples' keys per mark.
+WITH marks AS (
+    SELECT k.i,
+           CASE WHEN k.i = 0 THEN statement_timestamp()
+                WHEN %(aligned)s THEN date_bin(%(step)s::interval, statement_timestamp(),
+                                               timestamptz '2000-01-01 00:00:00+00')
+                                      - (k.i - 1) * %(step)s::interval
+                ELSE statement_timestamp() - k.i * %(step)s::interval
+           END AS at
+    FROM generate_series(0, %(points)s) AS k(i)
+), totals AS (
+    SELECT coalesce(sum(completed), 0)::bigint AS completed,
+           coalesce(sum(failed), 0)::bigint AS failed,
+           coalesce(sum(timed_completions), 0)::bigint AS timed_completions,
+           coalesce(sum(completion_ms), 0)::bigint AS completion_ms
+    FROM queue_counters WHERE tenant_id = %(tenant)s AND queue = %(queue)s
+), waiting AS (
+    SELECT count(*) AS ready,
+           min(available_at) FILTER (WHERE available_at <= statement_timestamp())
+               AS oldest_ready_at
+    FROM work_items WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'ready'
+)
+SELECT m.i, m.at,
+       CASE WHEN m.i = 0 THEN t.completed ELSE coalesce(s.completed, 0) END AS completed,
+       CASE WHEN m.i = 0 THEN t.failed ELSE coalesce(s.failed, 0) END AS failed,
+       CASE WHEN m.i = 0 THEN t.timed_completions ELSE coalesce(s.timed_completions, 0) END
+           AS timed_completions,
+       CASE WHEN m.i = 0 THEN t.completion_ms ELSE coalesce(s.completion_ms, 0) END
+           AS completion_ms,
+       CASE WHEN m.i = 0 THEN w.ready ELSE coalesce(s.ready, 0) END AS ready,
+       extract(epoch FROM m.at - CASE WHEN m.i = 0 THEN w.oldest_ready_at
+                                      ELSE s.oldest_ready_at END) AS oldest_ready_age
+FROM marks m
+CROSS JOIN totals t
+CROSS JOIN waiting w
+LEFT JOIN LATERAL (
+    SELECT * FROM (
+        (SELECT sampled_at, completed, failed, timed_completions, completion_ms, ready,
+                oldest_ready_at
+         FROM queue_samples s
+         WHERE s.tenant_id = %(tenant)s AND s.queue = %(queue)s AND s.sampled_at < m.at
+         ORDER BY s.sampled_at DESC LIMIT 1)
+        UNION ALL
+        (SELECT sampled_at, completed, failed, timed_completions, completion_ms, ready,
+                oldest_ready_at
+         FROM queue_day_samples d
+         WHERE d.tenant_id = %(tenant)s AND d.queue = %(queue)s AND d.sampled_at < m.at
+         ORDER BY d.sampled_at DESC LIMIT 1)
+    ) AS latest
+    ORDER BY sampled_at DESC LIMIT 1
+) s ON m.i > 0
+ORDER BY m.i DESC;

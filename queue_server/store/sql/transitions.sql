@@ -260,11 +260,17 @@ WITH upd AS (
     ON CONFLICT (tenant_id, shard)
     DO UPDATE SET released = backlog_releases.released + excluded.released
 ), counted AS (
-    INSERT INTO queue_counters (tenant_id, queue, shard, completed)
-    SELECT tenant_id, queue, %(shard)s, count(*)
+    -- With each completion's acquire-to-complete time (`leased_at` is its lease's start).
+    INSERT INTO queue_counters (tenant_id, queue, shard, completed, timed_completions,
+                                completion_ms)
+    SELECT tenant_id, queue, %(shard)s, count(*), count(leased_at),
+           coalesce(sum(round(extract(epoch FROM statement_timestamp() - leased_at) * 1000)),
+                    0)::bigint
     FROM upd GROUP BY tenant_id, queue ORDER BY tenant_id, queue
     ON CONFLICT (tenant_id, queue, shard) DO UPDATE
-    SET completed = queue_counters.completed + excluded.completed
+    SET completed = queue_counters.completed + excluded.completed,
+        timed_completions = queue_counters.timed_completions + excluded.timed_completions,
+        completion_ms = queue_counters.completion_ms + excluded.completion_ms
 )
 SELECT upd.* FROM upd;
 
@@ -509,11 +515,17 @@ release AS (
     ON CONFLICT (tenant_id, shard)
     DO UPDATE SET released = backlog_releases.released + excluded.released
 ), counted AS (
-    INSERT INTO queue_counters (tenant_id, queue, shard, completed)
-    SELECT tenant_id, queue, %(shard)s, count(*)
+    -- With each completion's acquire-to-complete time (`leased_at` is its lease's start).
+    INSERT INTO queue_counters (tenant_id, queue, shard, completed, timed_completions,
+                                completion_ms)
+    SELECT tenant_id, queue, %(shard)s, count(*), count(leased_at),
+           coalesce(sum(round(extract(epoch FROM statement_timestamp() - leased_at) * 1000)),
+                    0)::bigint
     FROM upd GROUP BY tenant_id, queue ORDER BY tenant_id, queue
     ON CONFLICT (tenant_id, queue, shard) DO UPDATE
-    SET completed = queue_counters.completed + excluded.completed
+    SET completed = queue_counters.completed + excluded.completed,
+        timed_completions = queue_counters.timed_completions + excluded.timed_completions,
+        completion_ms = queue_counters.completion_ms + excluded.completion_ms
 ), outbox AS (
     INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
