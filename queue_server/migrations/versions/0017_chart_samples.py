@@ -2,7 +2,7 @@
 item in each sample, and a day of samples at a 15-minute grain
 
 Revision ID: 0017
-Revises: 0015
+Revises: 0016
 Create Date: 2026-12-03
 """
 
@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0017"
-down_revision: str | Sequence[str] | None = "0015"
+down_revision: str | Sequence[str] | None = "0016"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
