@@ -556,6 +556,7 @@ async def requeue(
         fence=body.fence,
         reason=body.reason,
         delay=schemas.delay_seconds(body.delay),
+        failure=body.failure.model_dump(by_alias=True, exclude_none=True) if body.failure else None,
     )
     return respond(answer)
 

@@ -314,6 +314,16 @@ def delay_seconds(delay: float | str) -> float | None:
     return None if delay == "backoff" else float(delay)
 
 
+class Failure(Body):
+    class_: Text = Field(alias="class")
+    message: Text = ""
+    transient: bool = False
+    # What the worker saw: a handler's traceback, a command's last stderr.
+    traceback: Traceback | None = None
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
 class RequeueIn(Body):
     model_config = example(
         {"worker": "worker-1", "fence": 3, "reason": "shutting down"},
@@ -329,16 +339,11 @@ class RequeueIn(Body):
     fence: Fence
     reason: Text = ""
     delay: Delay | Backoff = 0.0
-
-
-class Failure(Body):
-    class_: Text = Field(alias="class")
-    message: Text = ""
-    transient: bool = False
-    # What the worker saw: a handler's traceback, a command's last stderr.
-    traceback: Traceback | None = None
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    failure: Failure | None = Field(
+        default=None,
+        description="What made the worker give the item back, as triage reports it (its"
+        " `traceback` at most 16 KiB): kept as the item's `last_failure` and in the ledger.",
+    )
 
 
 class TriageIn(Body):

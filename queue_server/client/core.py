@@ -498,14 +498,23 @@ class ClientCore:
         fence: int,
         reason: str = "",
         delay: float | Literal["backoff"] = 0.0,
+        failure_class: str | None = None,
+        traceback: str | None = None,
         idempotency_key: str | None = None,
         tenant: str | None = None,
     ) -> Flow[Item]:
         """Give the item back, due after `delay` seconds, or "backoff": the server's delay
-        from the queue's retry settings and the item's acquisition count."""
+        from the queue's retry settings and the item's acquisition count. With
+        `failure_class` or `traceback` (at most 16 KiB), the server keeps the failure (the
+        reason its message) as the item's last failure and in its ledger."""
         body: dict[str, Any] = {"worker": worker, "fence": fence, "reason": reason}
         if delay:
             body["delay"] = delay
+        if failure_class is not None or traceback is not None:
+            failure: dict[str, Any] = {"class": failure_class or "Requeue", "message": reason}
+            if traceback is not None:
+                failure["traceback"] = traceback
+            body["failure"] = failure
         key = idempotency_key or new_idempotency_key()
         self._admit(item_id, fence, key)
         path = yield from self._at(tenant, f"/items/{item_id}/requeue")

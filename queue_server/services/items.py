@@ -939,9 +939,11 @@ class Items:
         fence: int,
         reason: str,
         delay: float | None = 0.0,
+        failure: dict[str, Any] | None = None,
     ) -> Answer:
         """leased -> ready, due after `delay` seconds (at most the policy's backoff cap);
-        None (`"delay": "backoff"`): the queue's backoff for the item's acquisition count."""
+        None (`"delay": "backoff"`): the queue's backoff for the item's acquisition count.
+        A `failure` (a traceback with it) becomes the item's last failure and is ledgered."""
         refuse_above([self.envelope.delay(delay, "body", "delay")])
 
         async def change(conn: Conn) -> Row | None:
@@ -955,6 +957,7 @@ class Items:
                 reason=reason,
                 delay=delay,
                 backoff=self._backoff,
+                failure=failure,
             )
 
         return await self._holder_effect(
