@@ -245,11 +245,20 @@ async def list_items(
     ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Cursor = None,
+    sort: Annotated[
+        schemas.ItemSort,
+        Query(
+            description="The order: `created` (oldest first, the default), `priority` or"
+            " `attempts` (acquisition_count), each then by creation; a leading `-`"
+            " descends (`-created`: newest first). A cursor continues its own order only."
+        ),
+    ] = "created",
 ) -> Response:
-    """Items of the tenant, oldest first (created_at, item_id), filtered (operator).
+    """Items of the tenant in `sort`'s order (oldest first by default), filtered (operator).
 
-    Pass `next_cursor` for the next page. Each state and queue is read from an index in
-    this order, so a page costs the same with any amount of finished history.
+    Pass `next_cursor` (with the same `sort`) for the next page. Each state and queue is
+    read from an index in each order, so a page costs the same with any amount of finished
+    history, and paging while items are enqueued skips and repeats none.
     """
     match = ItemFilter(
         queue=queue,
@@ -258,7 +267,9 @@ async def list_items(
         created_before=created_before,
         payload=payload,
     )
-    return respond(await items.list_items(caller, tenant, filter=match, limit=limit, cursor=cursor))
+    return respond(
+        await items.list_items(caller, tenant, filter=match, limit=limit, cursor=cursor, sort=sort)
+    )
 
 
 @router.post("/tenants/{tenant}/items:cancel", response_model=schemas.CancelManyOut, tags=["items"])

@@ -401,6 +401,8 @@ ConcurrencyOut = wire.Concurrency
 
 # -- items and queues (operators) ----------------------------------------------------
 
+# The orders of GET /items: a key, ascending, or descending with a leading "-".
+ItemSort = Literal["created", "-created", "priority", "-priority", "attempts", "-attempts"]
 ItemStateName = Literal["ready", "leased", "completed", "quarantined", "cancelled"]
 
 
