@@ -36,6 +36,9 @@ from queue_server.models import is_uuid
 
 app = CLI(help="List, inspect, cancel, retry and delete work items.", no_args_is_help=True)
 
+# The orders of `items list` (GET .../items?sort=).
+SORTS = ("created", "-created", "priority", "-priority", "attempts", "-attempts")
+
 # No short flag: -q is --quiet, as in every command that prints ids.
 Queue = Annotated[str | None, typer.Option("--queue", help="Only this queue.")]
 State = Annotated[
@@ -174,6 +177,13 @@ def items_list(
     created_before: Before = None,
     payload: Payload = None,
     limit: Annotated[int, typer.Option(help="At most this many (0: all).")] = 50,
+    sort: Annotated[
+        str,
+        typer.Option(
+            help="The order: created, priority or attempts, each then by creation; a"
+            " leading - descends. Default -created: newest first."
+        ),
+    ] = "-created",
     url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
@@ -182,14 +192,18 @@ def items_list(
     quiet: Quiet = False,
     wide: Wide = False,
 ) -> None:
-    """Items, oldest first, filtered (an operator or admin key).
+    """Items, newest first (or in --sort's order), filtered (an operator or admin key).
 
     Example: [bold]queue-server items list --queue emails --state ready --payload '{"customer": 42}'[/bold]
+    Example: [bold]queue-server items list --state quarantined --sort -attempts[/bold]
     """
+    if sort not in SORTS:
+        fail("Invalid --sort", f"use one of {', '.join(SORTS)}")
     chosen = _filters(queue, state, created_after, created_before, payload)
     rows: list[Item] = []
     with tenant_session(url, key, data_dir, tenant) as qs:
-        for item in qs.iter_items(page_size=min(limit, 500) if limit else 500, **chosen):
+        pages = qs.iter_items(page_size=min(limit, 500) if limit else 500, sort=sort, **chosen)
+        for item in pages:
             rows.append(item)
             if limit and len(rows) >= limit:
                 break
@@ -201,9 +215,21 @@ def items_list(
         return
     table(
         counted(len(rows), "item"),
-        ["item", "queue", "state", "fence", "payload", "created"],
-        [(i.item_id, i.queue, i.state, i.fence, i.payload, i.created_at) for i in rows],
-        drop=["fence", "created", "payload"],
+        ["item", "queue", "state", "priority", "tries", "fence", "payload", "created"],
+        [
+            (
+                i.item_id,
+                i.queue,
+                i.state,
+                i.priority,
+                f"{i.acquisition_count}/{i.max_acquisitions}",
+                i.fence,
+                i.payload,
+                i.created_at,
+            )
+            for i in rows
+        ],
+        drop=["fence", "priority", "tries", "created", "payload"],
         wide=wide,
     )
 

@@ -658,17 +658,23 @@ class ClientCore:
         payload: Any = None,
         limit: int = 50,
         cursor: str | None = None,
+        sort: str = "created",
         tenant: str | None = None,
     ) -> Flow[ItemPage]:
-        """One page of items, oldest first; `payload` is a document the payload must contain."""
+        """One page of items in `sort`'s order: created (oldest first), priority or attempts,
+        each then by creation, descending with a leading "-" ("-created": newest first);
+        `payload` is a document the payload must contain. A cursor continues its own order."""
         query = item_query(queue, state, created_after, created_before, payload)
+        if sort != "created":
+            query["sort"] = sort
         path = yield from self._at(tenant, "/items")
         return (yield from self._get(ItemPage, path, **query, limit=limit, cursor=cursor))
 
     def iter_items(
         self, /, *, page_size: int = 200, tenant: str | None = None, **filters: Any
     ) -> Pages[Item]:
-        """Every matching item, oldest first, page by page (filters as `list_items`)."""
+        """Every matching item, page by page, in `list_items`'s order (its filters and
+        `sort`; oldest first by default)."""
         cursor: str | None = None
         while True:
             page = yield from self.list_items(
