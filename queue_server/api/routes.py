@@ -310,6 +310,9 @@ def _item_filter(
         created_after=f.created_after,
         created_before=f.created_before,
         payload=None if "payload" not in f.model_fields_set else orjson.dumps(f.payload).decode(),
+        item_ids=None
+        if isinstance(f, schemas.ItemFilterIn) or f.item_ids is None
+        else tuple(str(i) for i in f.item_ids),
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
+from uuid import UUID
 
 import orjson
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
@@ -446,12 +447,23 @@ class CancelManyIn(Body):
     )
 
 
+# The most items a bulk retry or delete may name (a page's own bound).
+MAX_SELECTED_ITEMS = 1000
+
+
 class _BulkFilterIn(Body):
     queue: Name | None = None
     created_after: AwareDatetime | None = None
     created_before: AwareDatetime | None = None
     payload: Json = Field(
         default=None, description="A JSON document the payload must contain (jsonb `@>`)."
+    )
+    item_ids: list[UUID] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_SELECTED_ITEMS,
+        description="Only these items (a selection, at most 1,000): each still has to match"
+        " the rest of the filter; the others are left as they are.",
     )
 
 

@@ -53,6 +53,14 @@ After = Annotated[
         help="Only items created after this time, e.g. 2026-12-01T09:00:00+00:00.",
     ),
 ]
+# A selection for retry and delete: only these items, each still matching the filter.
+Selected = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="Only these items (ids, or the start or end of exactly one's each); each must"
+        " still match the filter. None: every matching item."
+    ),
+]
 Before = Annotated[
     datetime | None,
     typer.Option(
@@ -125,6 +133,15 @@ def item_of(qs: QueueClient, given: str) -> str:
     """The whole id of the item `given` names: the server resolves a unique start or end
     of an id (as `items show` does), so an action never runs on a guess."""
     return given if is_uuid(given) else qs.get_item(given).item_id
+
+
+def _selected(qs: QueueClient, given: list[str] | None) -> list[str] | None:
+    """The whole ids of the items given (at most 1,000), or None: every matching item."""
+    if not given:
+        return None
+    if len(given) > 1000:
+        fail("Too many items", "give at most 1,000 ids at once, or a filter")
+    return list(dict.fromkeys(item_of(qs, one) for one in given))
 
 
 @app.command("show")
@@ -312,6 +329,7 @@ def items_retry(
     created_after: After = None,
     created_before: Before = None,
     payload: Payload = None,
+    item_ids: Selected = None,
     batch: Annotated[int, typer.Option(min=1, max=1000, help="Items per request.")] = 100,
     yes: Yes = False,
     url: Url = None,
@@ -325,16 +343,21 @@ def items_retry(
     a batch at a time. At the cap it stops and says how many are left (exit 4).
 
     Example: [bold]queue-server items retry --state quarantined --queue emails --yes[/bold]
+    Example: [bold]queue-server items retry --state quarantined 0190f3c2-... 9be41d07 --yes[/bold]
     """
     if state not in ("quarantined", "cancelled"):
         fail("Invalid --state", "retry takes quarantined or cancelled items")
     chosen = _filters(queue, state, created_after, created_before, payload)
     with tenant_session(url, key, data_dir, tenant) as qs:
-        confirm(f"Retry every {state} item of tenant {qs.tenant} matching this filter?", yes)
+        selected = _selected(qs, item_ids)
+        if selected is None:
+            confirm(f"Retry every {state} item of tenant {qs.tenant} matching this filter?", yes)
+        else:
+            confirm(f"Retry the {counted(len(selected), 'item')} given if {state}?", yes)
         total, cursor, left = 0, None, 0
         while True:
             try:
-                page = qs.retry_items(**chosen, limit=batch, cursor=cursor)
+                page = qs.retry_items(**chosen, item_ids=selected, limit=batch, cursor=cursor)
             except BacklogCapReachedError:
                 left = -1  # the cap had no room at all for the next batch
                 break
@@ -366,6 +389,7 @@ def items_delete(
     created_after: After = None,
     created_before: Before = None,
     payload: Payload = None,
+    item_ids: Selected = None,
     batch: Annotated[int, typer.Option(min=1, max=1000, help="Items per request.")] = 100,
     yes: Yes = False,
     url: Url = None,
@@ -378,15 +402,20 @@ def items_delete(
     batch at a time; each queue's ledger keeps who deleted which.
 
     Example: [bold]queue-server items delete --state completed --queue emails --yes[/bold]
+    Example: [bold]queue-server items delete --state cancelled 0190f3c2-... --yes[/bold]
     """
     if state not in ("completed", "cancelled"):
         fail("Invalid --state", "delete takes completed or cancelled items")
     chosen = _filters(queue, state, created_after, created_before, payload)
     with tenant_session(url, key, data_dir, tenant) as qs:
-        confirm(f"Delete every {state} item of tenant {qs.tenant} matching this filter?", yes)
+        selected = _selected(qs, item_ids)
+        if selected is None:
+            confirm(f"Delete every {state} item of tenant {qs.tenant} matching this filter?", yes)
+        else:
+            confirm(f"Delete the {counted(len(selected), 'item')} given if {state}?", yes)
         total, cursor = 0, None
         while True:
-            page = qs.delete_items(**chosen, limit=batch, cursor=cursor)
+            page = qs.delete_items(**chosen, item_ids=selected, limit=batch, cursor=cursor)
             total += page.deleted
             if not json:
                 err_console.print(f"deleted {total} so far")

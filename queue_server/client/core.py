@@ -727,14 +727,18 @@ class ClientCore:
         created_after: datetime | None = None,
         created_before: datetime | None = None,
         payload: Any = None,
+        item_ids: Sequence[str] | None = None,
         limit: int = 100,
         cursor: str | None = None,
         idempotency_key: str | None = None,
         tenant: str | None = None,
     ) -> Flow[RetriedItems]:
         """Make the quarantined or cancelled (`state`) items of one page of the filter ready
-        now, under the backlog cap; resume with `next_cursor`."""
+        now, under the backlog cap; resume with `next_cursor`. `item_ids`: only these
+        (a selection, at most 1,000), each still matching the rest of the filter."""
         match = item_filter(queue, state, created_after, created_before, payload)
+        if item_ids is not None:
+            match["item_ids"] = list(item_ids)
         return (
             yield from self._bulk(
                 "retry", RetriedItems, match, limit, cursor, idempotency_key, tenant
@@ -749,14 +753,18 @@ class ClientCore:
         created_after: datetime | None = None,
         created_before: datetime | None = None,
         payload: Any = None,
+        item_ids: Sequence[str] | None = None,
         limit: int = 100,
         cursor: str | None = None,
         idempotency_key: str | None = None,
         tenant: str | None = None,
     ) -> Flow[DeletedItems]:
         """Delete the completed or cancelled (`state`) items of one page of the filter with
-        their ledgers; resume with `next_cursor`."""
+        their ledgers; resume with `next_cursor`. `item_ids`: only these (a selection, at
+        most 1,000), each still matching the rest of the filter."""
         match = item_filter(queue, state, created_after, created_before, payload)
+        if item_ids is not None:
+            match["item_ids"] = list(item_ids)
         return (
             yield from self._bulk(
                 "delete", DeletedItems, match, limit, cursor, idempotency_key, tenant

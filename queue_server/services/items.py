@@ -95,6 +95,8 @@ class ItemFilter:
     created_before: datetime | None = None
     # A JSON document the payload must contain (`@>`), as text.
     payload: str | None = None
+    # Only these items (a bulk retry's or delete's selection).
+    item_ids: tuple[str, ...] | None = None
 
     def checked(self) -> ItemFilter:
         """The filter, or 422 `invalid-request` naming what is wrong with it."""
@@ -109,6 +111,10 @@ class ItemFilter:
         ):
             if at is not None and at.tzinfo is None:
                 raise errors.InvalidRequestError(f"{name} needs a time zone (e.g. ...Z).")
+        if self.item_ids is not None and (
+            not self.item_ids or not all(is_uuid(i) for i in self.item_ids)
+        ):
+            raise errors.InvalidRequestError("item_ids must be one or more item ids (UUIDs).")
         if self.payload is not None:
             try:
                 orjson.loads(self.payload)
@@ -390,7 +396,21 @@ class Items:
         sort: str = "created",
     ) -> list[Row]:
         """Up to `limit` + 1 items after `after` in `sort`'s order: one more tells whether a
-        next page exists."""
+        next page exists. A filter naming items reads just those (a bulk action's
+        selection, in the created order)."""
+        if filter.item_ids is not None:
+            return await reads.items_with_ids(
+                conn,
+                tenant=tenant,
+                item_ids=list(filter.item_ids),
+                state=str(filter.state),
+                queue=filter.queue,
+                created_after=filter.created_after.isoformat() if filter.created_after else None,
+                created_before=filter.created_before.isoformat() if filter.created_before else None,
+                payload_json=filter.payload,
+                after=after,
+                limit=limit + 1,
+            )
         return await reads.list_items(
             conn,
             tenant=tenant,

@@ -173,3 +173,33 @@ async def list_items(
         "limit": limit,
     }
     return await fetch_all(conn, _LIST_ITEMS[sort], params)
+
+
+async def items_with_ids(
+    conn: Conn,
+    *,
+    tenant: str,
+    item_ids: list[str],
+    state: str,
+    queue: str | None,
+    created_after: str | None,
+    created_before: str | None,
+    payload_json: str | None,
+    after: tuple[int | None, str, str] | None,
+    limit: int,
+) -> list[Row]:
+    """Up to `limit` of the named items of `state` that match the rest of the filter, in
+    (created_at, item_id) order after `after`: a bulk action's selection."""
+    params = {
+        "tenant": tenant,
+        "item_ids": item_ids,
+        "state": state,
+        "queue": queue,
+        "created_after": created_after or NO_TIME_BOUND[0],
+        "created_before": created_before or NO_TIME_BOUND[1],
+        "after_at": after[1] if after else NO_TIME_BOUND[0],
+        "after_id": after[2] if after else FIRST_ITEM,
+        "payload": payload_json,
+        "limit": limit,
+    }
+    return await fetch_all(conn, _SQL["items_with_ids"], params)

@@ -47,6 +47,20 @@ WHERE w.tenant_id = %(tenant)s AND w.state = %(state)s::item_state
   AND w.created_at < %(created_before)s::timestamptz
   AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb);
 
+-- name: items_with_ids
+-- A bulk action's selection: the named items of one state that match the rest of the
+-- filter, in (created_at, item_id) order from the cursor on. A primary key probe per id.
+SELECT w.* FROM work_items w
+WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(%(item_ids)s::uuid[])
+  AND w.state = %(state)s::item_state
+  AND (%(queue)s::text IS NULL OR w.queue = %(queue)s)
+  AND w.created_at > %(created_after)s::timestamptz
+  AND w.created_at < %(created_before)s::timestamptz
+  AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+  AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
+ORDER BY w.created_at, w.item_id
+LIMIT %(limit)s;
+
 -- name: items_with_id_ending
 -- The end of a UUIDv7 is its random part, the one that tells items apart: a person copies
 -- it. No index has it; a scan of the tenant's items, for a lookup by hand.
