@@ -80,7 +80,13 @@ def test_each_order_pages_every_item_once_in_that_order(api: Api) -> None:
         assert all(len(page) == 4 for page in pages[:-1])
 
         # A filter keeps the order: one queue, one state, both.
-        queries = ({"queue": "b"}, {"state": "ready"}, {"queue": "c", "state": "ready"})
+        queries = (
+            {"queue": "b"},
+            {"state": "ready"},
+            {"queue": "c", "state": "ready"},
+            {"state": "leased"},
+            {"queue": "a", "state": "completed"},
+        )
         for query in queries:
             want = [
                 i["item_id"]
