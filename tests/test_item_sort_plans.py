@@ -113,3 +113,30 @@ def test_every_order_reads_a_pages_worth_of_its_index(history: Any) -> None:
                     if node["Node Type"] == "Sort":
                         assert node["Actual Rows"] <= 21 * 8, f"{label}: sorts {node}"
                 assert plan["Actual Rows"] == 21, (label, after)
+
+
+def test_a_selection_is_read_by_primary_key(history: Any) -> None:
+    conn = history
+    ids = [
+        r["item_id"]
+        for r in conn.execute(
+            "SELECT item_id::text FROM work_items WHERE state = 'ready' LIMIT 30", prepare=False
+        ).fetchall()
+    ]
+    params = {
+        "tenant": "t",
+        "item_ids": ids,
+        "state": "ready",
+        "queue": None,
+        "created_after": "-infinity",
+        "created_before": "infinity",
+        "after_at": "-infinity",
+        "after_id": reads.FIRST_ITEM,
+        "payload": None,
+        "limit": 101,
+    }
+    plan = _explain(conn, reads._SQL["items_with_ids"], params)
+    scans = [n for n in _nodes(plan) if n.get("Relation Name") == "work_items"]
+    assert {n.get("Index Name") for n in scans} == {"pk_work_items"}
+    assert sum(n["Actual Rows"] * n["Actual Loops"] for n in scans) == 30
+    assert plan["Actual Rows"] == 30
