@@ -80,6 +80,8 @@ class NearLimit:
 # Items one bulk cancel examines at most (one transaction).
 MAX_BULK_CANCEL = 1000
 CANCELLABLE = (ItemState.READY, ItemState.LEASED, ItemState.QUARANTINED)
+# The orders of a page of items (GET /items's `sort`): a key, "-" descending.
+SORTS = reads.SORTS
 # What a bulk retry makes ready, and what a bulk delete removes.
 RETRYABLE = ("quarantined", "cancelled")
 DELETABLE = ("completed", "cancelled")
@@ -369,9 +371,9 @@ class Items:
         descends. `next_cursor` (of that order only) is null on the last page."""
         principal.require(tenant, Role.OPERATOR)
         filter = filter.checked()
-        if sort not in reads.SORTS:
+        if sort not in SORTS:
             raise errors.InvalidRequestError(
-                f"sort must be one of: {', '.join(reads.SORTS)}.",
+                f"sort must be one of: {', '.join(SORTS)}.",
                 errors=[{"loc": ["query", "sort"], "msg": "not a sort order"}],
             )
         after = _item_cursor(cursor, sort)

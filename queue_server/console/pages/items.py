@@ -16,8 +16,7 @@ from queue_server import errors
 from queue_server.api import schemas
 from queue_server.console import web
 from queue_server.models import NAME_RE, ItemState, is_uuid
-from queue_server.services.items import DELETABLE, RETRYABLE, ItemFilter
-from queue_server.store.reads import SORTS
+from queue_server.services.items import DELETABLE, RETRYABLE, SORTS, ItemFilter
 
 router = APIRouter(prefix=f"{web.PREFIX}/tenants/{{tenant}}", route_class=web.ConsoleRoute)
 NAV_ENTRY = web.NavEntry("items", "Items")
