@@ -37,7 +37,7 @@ def test_three_checked_rows_are_retried_and_the_rest_untouched(page: Page, api: 
         page.get_by_role("checkbox", name=f"Select {item_id}").check()
     # The list updates live, but not under the reader's checked boxes.
     api.enqueue("q", "arrives while choosing")
-    page.wait_for_timeout(2_500)
+    page.wait_for_timeout(3_000)
     expect(boxes).to_have_count(6)
     for item_id in chosen:
         expect(page.get_by_role("checkbox", name=f"Select {item_id}")).to_be_checked()
