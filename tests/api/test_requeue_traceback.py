@@ -65,6 +65,14 @@ def test_a_requeue_without_a_failure_keeps_the_last_one_and_ledgers_none(api: Ap
     assert "failure" not in _requeued_event(api, str(item["item_id"]))["data"]
 
 
+def test_the_ledger_folds_to_the_failure_a_requeue_kept(api: Api) -> None:
+    failure = {"class": "TimeoutError", "message": "slow", "traceback": TRACE}
+    _requeue(api, failure)
+    verified = api.operator.get("/v1/tenants/acme/ledger-verification").json()
+    assert verified["mismatches"] == []
+    assert verified["checked"] == 1
+
+
 @pytest.mark.parametrize(
     ("traceback", "accepted"),
     [
