@@ -288,21 +288,35 @@ async def confirm_selection(request: Request, tenant: str) -> Response:
     )
 
 
+def _confirmed(form: FormData, allowed: tuple[str, ...]) -> dict[str, list[str]]:
+    """The confirmation page's selection, `state:item_id` each, by state: the states the
+    page was drawn with, so a resubmitted form sends the same requests (and replays)."""
+    by_state: dict[str, list[str]] = {}
+    for value in dict.fromkeys(str(v) for v in form.getlist("selected")):
+        state, _, item_id = value.partition(":")
+        if state not in allowed or not is_uuid(item_id):
+            raise errors.InvalidRequestError("The selection is not one this console drew.")
+        by_state.setdefault(state, []).append(item_id)
+    count = sum(len(ids) for ids in by_state.values())
+    if not count:
+        raise errors.InvalidRequestError("Select at least one item.")
+    if count > MAX_SELECTION:
+        raise errors.InvalidRequestError(f"Select at most {MAX_SELECTION} items at once.")
+    return by_state
+
+
 @router.post("/items/selection")
 async def act_on_selection(request: Request, tenant: str) -> Response:
-    """Retry or delete the selected items through `POST .../items:retry` or `:delete`'s
+    """Retry or delete the confirmed items through `POST .../items:retry` or `:delete`'s
     service call with `item_ids`, one call per state among them, each under its own
-    idempotency key derived from the confirmation page's; an item whose state no longer
-    allows it is left as it is. A retry stops at the backlog cap."""
+    idempotency key derived from the confirmation page's (a resubmitted form replays); an
+    item no longer in the state it was confirmed in is left as it is. A retry stops at the
+    backlog cap."""
     session = await web.current_session(request)
     form = await web.check_form(request, session)
     action = _selection_action(form)
-    chosen = _selection([str(v) for v in form.getlist("item_id")])
     allowed = RETRYABLE if action == "retry" else DELETABLE
-    by_state: dict[str, list[str]] = {}
-    for row in await _selected_items(request, session, tenant, chosen):
-        if row["state"] in allowed:
-            by_state.setdefault(row["state"], []).append(row["item_id"])
+    by_state = _confirmed(form, allowed)
     items = web.services(request).items
     run = items.retry_many if action == "retry" else items.delete_many
     rest_path = f"/v1/tenants/{tenant}/items:{action}"
@@ -329,11 +343,12 @@ async def act_on_selection(request: Request, tenant: str) -> Response:
             )
             break
     text = f"{DONE[action].capitalize()} {done:,} item{'s' if done != 1 else ''}."
-    left = len(chosen) - done
+    left = sum(len(ids) for ids in by_state.values()) - done
     if stopped:
         text += f" Stopped: {stopped}."
     elif left:
-        text += f" Left {left:,} as {'it was' if left == 1 else 'they were'}: not {' or '.join(allowed)}."
+        text += f" Left {left:,} as {'it was' if left == 1 else 'they were'}: no longer"
+        text += f" {' or '.join(allowed)}."
     target = web.back(request, form, web.tenant_path(tenant, "items"))
     return web.redirect(request, target, text, "error" if stopped else "ok")
 
