@@ -171,14 +171,17 @@ def test_item_pages_read_their_state_from_an_index_not_the_finished_history(
             "payload": None,
             "limit": 21,
         }
-        pages: dict[str, tuple[str, dict[str, Any]]] = {
-            "one queue": (reads._LIST_ITEMS[("state", True)], {"state": "ready", "queue": "b"}),
-            "every queue": (reads._LIST_ITEMS[("state", False)], {"state": "ready"}),
-            "open, one queue": (reads._LIST_ITEMS[("open", True)], {"queue": "b"}),
-            "open, every queue": (reads._LIST_ITEMS[("open", False)], {"queue": None}),
+        sql = reads._LIST_ITEMS["created"]
+        ready = {"states": ["ready"], "leased": False}
+        open_ = {"states": list(reads.OPEN), "leased": True}
+        pages: dict[str, dict[str, Any]] = {
+            "one queue": {**ready, "queue": "b"},
+            "every queue": {**ready, "queue": None},
+            "open, one queue": {**open_, "queue": "b"},
+            "open, every queue": {**open_, "queue": None},
         }
-        for name, (sql, params) in pages.items():
-            nodes = _explain_generic(conn, sql, {**base, "state": None, **params})
+        for name, params in pages.items():
+            nodes = _explain_generic(conn, sql, {**base, **params})
             items = [n for n in nodes if n.get("Relation Name") == "work_items"]
             assert items, name
             assert not [n for n in items if n["Node Type"] == "Seq Scan"], name

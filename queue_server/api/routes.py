@@ -245,11 +245,20 @@ async def list_items(
     ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     cursor: Cursor = None,
+    sort: Annotated[
+        schemas.ItemSort,
+        Query(
+            description="The order: `created` (oldest first, the default), `priority` or"
+            " `attempts` (acquisition_count), each then by creation; a leading `-`"
+            " descends (`-created`: newest first). A cursor continues its own order only."
+        ),
+    ] = "created",
 ) -> Response:
-    """Items of the tenant, oldest first (created_at, item_id), filtered (operator).
+    """Items of the tenant in `sort`'s order (oldest first by default), filtered (operator).
 
-    Pass `next_cursor` for the next page. Each state and queue is read from an index in
-    this order, so a page costs the same with any amount of finished history.
+    Pass `next_cursor` (with the same `sort`) for the next page. Each state and queue is
+    read from an index in each order, so a page costs the same with any amount of finished
+    history, and paging while items are enqueued skips and repeats none.
     """
     match = ItemFilter(
         queue=queue,
@@ -258,7 +267,9 @@ async def list_items(
         created_before=created_before,
         payload=payload,
     )
-    return respond(await items.list_items(caller, tenant, filter=match, limit=limit, cursor=cursor))
+    return respond(
+        await items.list_items(caller, tenant, filter=match, limit=limit, cursor=cursor, sort=sort)
+    )
 
 
 @router.post("/tenants/{tenant}/items:cancel", response_model=schemas.CancelManyOut, tags=["items"])
@@ -299,6 +310,9 @@ def _item_filter(
         created_after=f.created_after,
         created_before=f.created_before,
         payload=None if "payload" not in f.model_fields_set else orjson.dumps(f.payload).decode(),
+        item_ids=None
+        if isinstance(f, schemas.ItemFilterIn) or f.item_ids is None
+        else tuple(str(i) for i in f.item_ids),
     )
 
 
@@ -556,6 +570,7 @@ async def requeue(
         fence=body.fence,
         reason=body.reason,
         delay=schemas.delay_seconds(body.delay),
+        failure=body.failure.model_dump(by_alias=True, exclude_none=True) if body.failure else None,
     )
     return respond(answer)
 

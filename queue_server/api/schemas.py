@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
+from uuid import UUID
 
 import orjson
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
@@ -314,6 +315,16 @@ def delay_seconds(delay: float | str) -> float | None:
     return None if delay == "backoff" else float(delay)
 
 
+class Failure(Body):
+    class_: Text = Field(alias="class")
+    message: Text = ""
+    transient: bool = False
+    # What the worker saw: a handler's traceback, a command's last stderr.
+    traceback: Traceback | None = None
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
 class RequeueIn(Body):
     model_config = example(
         {"worker": "worker-1", "fence": 3, "reason": "shutting down"},
@@ -329,16 +340,11 @@ class RequeueIn(Body):
     fence: Fence
     reason: Text = ""
     delay: Delay | Backoff = 0.0
-
-
-class Failure(Body):
-    class_: Text = Field(alias="class")
-    message: Text = ""
-    transient: bool = False
-    # What the worker saw: a handler's traceback, a command's last stderr.
-    traceback: Traceback | None = None
-
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    failure: Failure | None = Field(
+        default=None,
+        description="What made the worker give the item back, as triage reports it (its"
+        " `traceback` at most 16 KiB): kept as the item's `last_failure` and in the ledger.",
+    )
 
 
 class TriageIn(Body):
@@ -396,6 +402,8 @@ ConcurrencyOut = wire.Concurrency
 
 # -- items and queues (operators) ----------------------------------------------------
 
+# The orders of GET /items: a key, ascending, or descending with a leading "-".
+ItemSort = Literal["created", "-created", "priority", "-priority", "attempts", "-attempts"]
 ItemStateName = Literal["ready", "leased", "completed", "quarantined", "cancelled"]
 
 
@@ -439,12 +447,23 @@ class CancelManyIn(Body):
     )
 
 
+# The most items a bulk retry or delete may name (a page's own bound).
+MAX_SELECTED_ITEMS = 1000
+
+
 class _BulkFilterIn(Body):
     queue: Name | None = None
     created_after: AwareDatetime | None = None
     created_before: AwareDatetime | None = None
     payload: Json = Field(
         default=None, description="A JSON document the payload must contain (jsonb `@>`)."
+    )
+    item_ids: list[UUID] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_SELECTED_ITEMS,
+        description="Only these items (a selection, at most 1,000): each still has to match"
+        " the rest of the filter; the others are left as they are.",
     )
 
 

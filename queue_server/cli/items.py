@@ -36,6 +36,9 @@ from queue_server.models import is_uuid
 
 app = CLI(help="List, inspect, cancel, retry and delete work items.", no_args_is_help=True)
 
+# The orders of `items list` (GET .../items?sort=).
+SORTS = ("created", "-created", "priority", "-priority", "attempts", "-attempts")
+
 # No short flag: -q is --quiet, as in every command that prints ids.
 Queue = Annotated[str | None, typer.Option("--queue", help="Only this queue.")]
 State = Annotated[
@@ -48,6 +51,14 @@ After = Annotated[
         "--created-after",
         formats=["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S.%f%z"],
         help="Only items created after this time, e.g. 2026-12-01T09:00:00+00:00.",
+    ),
+]
+# A selection for retry and delete: only these items, each still matching the filter.
+Selected = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="Only these items (ids, or the start or end of exactly one's each); each must"
+        " still match the filter. None: every matching item."
     ),
 ]
 Before = Annotated[
@@ -124,6 +135,15 @@ def item_of(qs: QueueClient, given: str) -> str:
     return given if is_uuid(given) else qs.get_item(given).item_id
 
 
+def _selected(qs: QueueClient, given: list[str] | None) -> list[str] | None:
+    """The whole ids of the items given (at most 1,000), or None: every matching item."""
+    if not given:
+        return None
+    if len(given) > 1000:
+        fail("Too many items", "give at most 1,000 ids at once, or a filter")
+    return list(dict.fromkeys(item_of(qs, one) for one in given))
+
+
 @app.command("show")
 def items_show(
     item_id: Annotated[str, typer.Argument(help="Item id, or the start or end of exactly one's.")],
@@ -174,6 +194,13 @@ def items_list(
     created_before: Before = None,
     payload: Payload = None,
     limit: Annotated[int, typer.Option(help="At most this many (0: all).")] = 50,
+    sort: Annotated[
+        str,
+        typer.Option(
+            help="The order: created, priority or attempts, each then by creation; a"
+            " leading - descends. Default -created: newest first."
+        ),
+    ] = "-created",
     url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
@@ -182,14 +209,18 @@ def items_list(
     quiet: Quiet = False,
     wide: Wide = False,
 ) -> None:
-    """Items, oldest first, filtered (an operator or admin key).
+    """Items, newest first (or in --sort's order), filtered (an operator or admin key).
 
     Example: [bold]queue-server items list --queue emails --state ready --payload '{"customer": 42}'[/bold]
+    Example: [bold]queue-server items list --state quarantined --sort -attempts[/bold]
     """
+    if sort not in SORTS:
+        fail("Invalid --sort", f"use one of {', '.join(SORTS)}")
     chosen = _filters(queue, state, created_after, created_before, payload)
     rows: list[Item] = []
     with tenant_session(url, key, data_dir, tenant) as qs:
-        for item in qs.iter_items(page_size=min(limit, 500) if limit else 500, **chosen):
+        pages = qs.iter_items(page_size=min(limit, 500) if limit else 500, sort=sort, **chosen)
+        for item in pages:
             rows.append(item)
             if limit and len(rows) >= limit:
                 break
@@ -201,9 +232,21 @@ def items_list(
         return
     table(
         counted(len(rows), "item"),
-        ["item", "queue", "state", "fence", "payload", "created"],
-        [(i.item_id, i.queue, i.state, i.fence, i.payload, i.created_at) for i in rows],
-        drop=["fence", "created", "payload"],
+        ["item", "queue", "state", "priority", "tries", "fence", "payload", "created"],
+        [
+            (
+                i.item_id,
+                i.queue,
+                i.state,
+                i.priority,
+                f"{i.acquisition_count}/{i.max_acquisitions}",
+                i.fence,
+                i.payload,
+                i.created_at,
+            )
+            for i in rows
+        ],
+        drop=["fence", "priority", "tries", "created", "payload"],
         wide=wide,
     )
 
@@ -286,6 +329,7 @@ def items_retry(
     created_after: After = None,
     created_before: Before = None,
     payload: Payload = None,
+    item_ids: Selected = None,
     batch: Annotated[int, typer.Option(min=1, max=1000, help="Items per request.")] = 100,
     yes: Yes = False,
     url: Url = None,
@@ -299,16 +343,21 @@ def items_retry(
     a batch at a time. At the cap it stops and says how many are left (exit 4).
 
     Example: [bold]queue-server items retry --state quarantined --queue emails --yes[/bold]
+    Example: [bold]queue-server items retry --state quarantined 0190f3c2-... 9be41d07 --yes[/bold]
     """
     if state not in ("quarantined", "cancelled"):
         fail("Invalid --state", "retry takes quarantined or cancelled items")
     chosen = _filters(queue, state, created_after, created_before, payload)
     with tenant_session(url, key, data_dir, tenant) as qs:
-        confirm(f"Retry every {state} item of tenant {qs.tenant} matching this filter?", yes)
+        selected = _selected(qs, item_ids)
+        if selected is None:
+            confirm(f"Retry every {state} item of tenant {qs.tenant} matching this filter?", yes)
+        else:
+            confirm(f"Retry the {counted(len(selected), 'item')} given if {state}?", yes)
         total, cursor, left = 0, None, 0
         while True:
             try:
-                page = qs.retry_items(**chosen, limit=batch, cursor=cursor)
+                page = qs.retry_items(**chosen, item_ids=selected, limit=batch, cursor=cursor)
             except BacklogCapReachedError:
                 left = -1  # the cap had no room at all for the next batch
                 break
@@ -340,6 +389,7 @@ def items_delete(
     created_after: After = None,
     created_before: Before = None,
     payload: Payload = None,
+    item_ids: Selected = None,
     batch: Annotated[int, typer.Option(min=1, max=1000, help="Items per request.")] = 100,
     yes: Yes = False,
     url: Url = None,
@@ -352,15 +402,20 @@ def items_delete(
     batch at a time; each queue's ledger keeps who deleted which.
 
     Example: [bold]queue-server items delete --state completed --queue emails --yes[/bold]
+    Example: [bold]queue-server items delete --state cancelled 0190f3c2-... --yes[/bold]
     """
     if state not in ("completed", "cancelled"):
         fail("Invalid --state", "delete takes completed or cancelled items")
     chosen = _filters(queue, state, created_after, created_before, payload)
     with tenant_session(url, key, data_dir, tenant) as qs:
-        confirm(f"Delete every {state} item of tenant {qs.tenant} matching this filter?", yes)
+        selected = _selected(qs, item_ids)
+        if selected is None:
+            confirm(f"Delete every {state} item of tenant {qs.tenant} matching this filter?", yes)
+        else:
+            confirm(f"Delete the {counted(len(selected), 'item')} given if {state}?", yes)
         total, cursor = 0, None
         while True:
-            page = qs.delete_items(**chosen, limit=batch, cursor=cursor)
+            page = qs.delete_items(**chosen, item_ids=selected, limit=batch, cursor=cursor)
             total += page.deleted
             if not json:
                 err_console.print(f"deleted {total} so far")

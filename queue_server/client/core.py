@@ -498,14 +498,23 @@ class ClientCore:
         fence: int,
         reason: str = "",
         delay: float | Literal["backoff"] = 0.0,
+        failure_class: str | None = None,
+        traceback: str | None = None,
         idempotency_key: str | None = None,
         tenant: str | None = None,
     ) -> Flow[Item]:
         """Give the item back, due after `delay` seconds, or "backoff": the server's delay
-        from the queue's retry settings and the item's acquisition count."""
+        from the queue's retry settings and the item's acquisition count. With
+        `failure_class` or `traceback` (at most 16 KiB), the server keeps the failure (the
+        reason its message) as the item's last failure and in its ledger."""
         body: dict[str, Any] = {"worker": worker, "fence": fence, "reason": reason}
         if delay:
             body["delay"] = delay
+        if failure_class is not None or traceback is not None:
+            failure: dict[str, Any] = {"class": failure_class or "Requeue", "message": reason}
+            if traceback is not None:
+                failure["traceback"] = traceback
+            body["failure"] = failure
         key = idempotency_key or new_idempotency_key()
         self._admit(item_id, fence, key)
         path = yield from self._at(tenant, f"/items/{item_id}/requeue")
@@ -649,17 +658,23 @@ class ClientCore:
         payload: Any = None,
         limit: int = 50,
         cursor: str | None = None,
+        sort: str = "created",
         tenant: str | None = None,
     ) -> Flow[ItemPage]:
-        """One page of items, oldest first; `payload` is a document the payload must contain."""
+        """One page of items in `sort`'s order: created (oldest first), priority or attempts,
+        each then by creation, descending with a leading "-" ("-created": newest first);
+        `payload` is a document the payload must contain. A cursor continues its own order."""
         query = item_query(queue, state, created_after, created_before, payload)
+        if sort != "created":
+            query["sort"] = sort
         path = yield from self._at(tenant, "/items")
         return (yield from self._get(ItemPage, path, **query, limit=limit, cursor=cursor))
 
     def iter_items(
         self, /, *, page_size: int = 200, tenant: str | None = None, **filters: Any
     ) -> Pages[Item]:
-        """Every matching item, oldest first, page by page (filters as `list_items`)."""
+        """Every matching item, page by page, in `list_items`'s order (its filters and
+        `sort`; oldest first by default)."""
         cursor: str | None = None
         while True:
             page = yield from self.list_items(
@@ -712,14 +727,18 @@ class ClientCore:
         created_after: datetime | None = None,
         created_before: datetime | None = None,
         payload: Any = None,
+        item_ids: Sequence[str] | None = None,
         limit: int = 100,
         cursor: str | None = None,
         idempotency_key: str | None = None,
         tenant: str | None = None,
     ) -> Flow[RetriedItems]:
         """Make the quarantined or cancelled (`state`) items of one page of the filter ready
-        now, under the backlog cap; resume with `next_cursor`."""
+        now, under the backlog cap; resume with `next_cursor`. `item_ids`: only these
+        (a selection, at most 1,000), each still matching the rest of the filter."""
         match = item_filter(queue, state, created_after, created_before, payload)
+        if item_ids is not None:
+            match["item_ids"] = list(item_ids)
         return (
             yield from self._bulk(
                 "retry", RetriedItems, match, limit, cursor, idempotency_key, tenant
@@ -734,14 +753,18 @@ class ClientCore:
         created_after: datetime | None = None,
         created_before: datetime | None = None,
         payload: Any = None,
+        item_ids: Sequence[str] | None = None,
         limit: int = 100,
         cursor: str | None = None,
         idempotency_key: str | None = None,
         tenant: str | None = None,
     ) -> Flow[DeletedItems]:
         """Delete the completed or cancelled (`state`) items of one page of the filter with
-        their ledgers; resume with `next_cursor`."""
+        their ledgers; resume with `next_cursor`. `item_ids`: only these (a selection, at
+        most 1,000), each still matching the rest of the filter."""
         match = item_filter(queue, state, created_after, created_before, payload)
+        if item_ids is not None:
+            match["item_ids"] = list(item_ids)
         return (
             yield from self._bulk(
                 "delete", DeletedItems, match, limit, cursor, idempotency_key, tenant

@@ -68,6 +68,8 @@ def sentence(event: dict[str, Any]) -> str:
             return f"{who} completed it, fence {fence}."
         case "requeued":
             reason = f": {data['reason']}" if data.get("reason") else ""
+            if data.get("failure"):
+                return f"{who} gave it back after {_failure(data)}, fence {fence}."
             return f"{who} gave it back, fence {fence}{reason}."
         case "triaged":
             then = "quarantined it" if data.get("decision") == "quarantine" else "requeued it"

@@ -80,6 +80,8 @@ class NearLimit:
 # Items one bulk cancel examines at most (one transaction).
 MAX_BULK_CANCEL = 1000
 CANCELLABLE = (ItemState.READY, ItemState.LEASED, ItemState.QUARANTINED)
+# The orders of a page of items (GET /items's `sort`): a key, "-" descending.
+SORTS = reads.SORTS
 # What a bulk retry makes ready, and what a bulk delete removes.
 RETRYABLE = ("quarantined", "cancelled")
 DELETABLE = ("completed", "cancelled")
@@ -95,6 +97,8 @@ class ItemFilter:
     created_before: datetime | None = None
     # A JSON document the payload must contain (`@>`), as text.
     payload: str | None = None
+    # Only these items (a bulk retry's or delete's selection).
+    item_ids: tuple[str, ...] | None = None
 
     def checked(self) -> ItemFilter:
         """The filter, or 422 `invalid-request` naming what is wrong with it."""
@@ -109,6 +113,10 @@ class ItemFilter:
         ):
             if at is not None and at.tzinfo is None:
                 raise errors.InvalidRequestError(f"{name} needs a time zone (e.g. ...Z).")
+        if self.item_ids is not None and (
+            not self.item_ids or not all(is_uuid(i) for i in self.item_ids)
+        ):
+            raise errors.InvalidRequestError("item_ids must be one or more item ids (UUIDs).")
         if self.payload is not None:
             try:
                 orjson.loads(self.payload)
@@ -125,22 +133,43 @@ def _looks_by_hand(principal: auth.Principal) -> bool:
     return principal.role is not Role.WORKER
 
 
-def _item_cursor(cursor: str | None) -> tuple[str, str] | None:
-    """A page cursor back into its (created_at, item_id) position."""
+Position = tuple[int | None, str, str]
+
+
+def _item_cursor(cursor: str | None, sort: str = "created") -> Position | None:
+    """A page cursor back into its position in `sort`'s order: (key, created_at, item_id),
+    the key None for the created order. A cursor of another order is refused (422)."""
     if not cursor:
         return None
-    at, item_id = common.decode_cursor(cursor, 2)
+    if sort == "created":
+        key = None
+        at, item_id = common.decode_cursor(cursor, 2)
+    else:
+        of, key_text, at, item_id = common.decode_cursor(cursor, 4)
+        if of != sort:
+            raise errors.InvalidRequestError(
+                f"The cursor is of a page sorted by {of!r}, not {sort!r}: start again without it."
+            )
+        try:
+            key = int(key_text) if reads.SORT_COLUMN[sort.lstrip("-")] else None
+        except ValueError:
+            raise common.foreign_cursor() from None
     try:
         datetime.fromisoformat(at)
     except ValueError:
         raise common.foreign_cursor() from None
     if not is_uuid(item_id):
         raise common.foreign_cursor()
-    return at, item_id
+    return key, at, item_id
 
 
-def _position(row: Row) -> str:
-    return common.encode_cursor([row["created_at"].isoformat(), str(row["item_id"])])
+def _position(row: Row, sort: str = "created") -> str:
+    """The cursor after `row` in `sort`'s order (the created order's as it always was)."""
+    where = [row["created_at"].isoformat(), str(row["item_id"])]
+    if sort == "created":
+        return common.encode_cursor(where)
+    column = reads.SORT_COLUMN[sort.lstrip("-")]
+    return common.encode_cursor([sort, str(row[column]) if column else "", *where])
 
 
 # While the listener is down, a waiting acquire looks at its queue this often, so it
@@ -324,19 +353,26 @@ class Items:
         filter: ItemFilter,
         limit: int,
         cursor: str | None,
+        sort: str = "created",
     ) -> Answer:
-        """A page of the tenant's items matching `filter`, oldest first (created_at, item_id);
-        `next_cursor` is null on the last page."""
+        """A page of the tenant's items matching `filter` in `sort`'s order: created (oldest
+        first), priority or attempts (acquisition_count), each then by creation; "-" first
+        descends. `next_cursor` (of that order only) is null on the last page."""
         principal.require(tenant, Role.OPERATOR)
         filter = filter.checked()
-        after = _item_cursor(cursor)
+        if sort not in SORTS:
+            raise errors.InvalidRequestError(
+                f"sort must be one of: {', '.join(SORTS)}.",
+                errors=[{"loc": ["query", "sort"], "msg": "not a sort order"}],
+            )
+        after = _item_cursor(cursor, sort)
         async with self.db.conn() as conn:
             await require_tenant(conn, tenant)
-            rows = await self._page(conn, tenant, filter, after, limit, open_only=False)
+            rows = await self._page(conn, tenant, filter, after, limit, open_only=False, sort=sort)
         next_cursor = None
         if len(rows) > limit:
             rows = rows[:limit]
-            next_cursor = _position(rows[-1])
+            next_cursor = _position(rows[-1], sort)
         return Answer.of(200, {"items": [views.item(r) for r in rows], "next_cursor": next_cursor})
 
     @staticmethod
@@ -344,12 +380,28 @@ class Items:
         conn: Conn,
         tenant: str,
         filter: ItemFilter,
-        after: tuple[str, str] | None,
+        after: Position | None,
         limit: int,
         *,
         open_only: bool,
+        sort: str = "created",
     ) -> list[Row]:
-        """Up to `limit` + 1 items after `after`: one more tells whether a next page exists."""
+        """Up to `limit` + 1 items after `after` in `sort`'s order: one more tells whether a
+        next page exists. A filter naming items reads just those (a bulk action's
+        selection, in the created order)."""
+        if filter.item_ids is not None:
+            return await reads.items_with_ids(
+                conn,
+                tenant=tenant,
+                item_ids=list(filter.item_ids),
+                state=str(filter.state),
+                queue=filter.queue,
+                created_after=filter.created_after.isoformat() if filter.created_after else None,
+                created_before=filter.created_before.isoformat() if filter.created_before else None,
+                payload_json=filter.payload,
+                after=after,
+                limit=limit + 1,
+            )
         return await reads.list_items(
             conn,
             tenant=tenant,
@@ -361,6 +413,7 @@ class Items:
             payload_json=filter.payload,
             after=after,
             limit=limit + 1,
+            sort=sort,
         )
 
     async def cancel(
@@ -928,9 +981,11 @@ class Items:
         fence: int,
         reason: str,
         delay: float | None = 0.0,
+        failure: dict[str, Any] | None = None,
     ) -> Answer:
         """leased -> ready, due after `delay` seconds (at most the policy's backoff cap);
-        None (`"delay": "backoff"`): the queue's backoff for the item's acquisition count."""
+        None (`"delay": "backoff"`): the queue's backoff for the item's acquisition count.
+        A `failure` (a traceback with it) becomes the item's last failure and is ledgered."""
         refuse_above([self.envelope.delay(delay, "body", "delay")])
 
         async def change(conn: Conn) -> Row | None:
@@ -944,6 +999,7 @@ class Items:
                 reason=reason,
                 delay=delay,
                 backoff=self._backoff,
+                failure=failure,
             )
 
         return await self._holder_effect(

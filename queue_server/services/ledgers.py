@@ -84,6 +84,8 @@ def fold(events: list[Row]) -> Row:
         elif kind == "requeued":
             _release(item, "ready")
             item["available_at"] = _time(data["available_at"])
+            if "failure" in data:  # the failure the holder gave it back for, if it said
+                item["last_failure"] = data["failure"]
         elif kind == "triaged":
             item["last_failure"] = data["failure"]
             if data["decision"] == "quarantine":

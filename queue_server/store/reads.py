@@ -103,22 +103,31 @@ async def ledger_page(
     return await cur.fetchall()
 
 
-# -- pages of items: keyset pagination in (created_at, item_id) order -----------------
+# -- pages of items: keyset pagination in one of six orders --------------------------
 #
-# The statement of each kind of page (reads.sql explains how each reads the list index).
+# The statement of each order (reads.sql explains how each reads its index): the sort key
+# (None: created_at alone), then created_at and item_id, all in one direction.
+SORTS = ("created", "-created", "priority", "-priority", "attempts", "-attempts")
 _LIST_ITEMS = {
-    # (state, queue given): one state's page (the state a parameter, never 'leased')
-    ("state", True): _SQL["list_items_state_queue"],
-    ("state", False): _SQL["list_items_state"],
-    ("leased", True): _SQL["list_items_leased"],
-    ("leased", False): _SQL["list_items_leased"],
-    ("all", True): _SQL["list_items_all_queue"],
-    ("all", False): _SQL["list_items_all"],
-    ("open", True): _SQL["list_items_open_queue"],
-    ("open", False): _SQL["list_items_open"],
+    "created": _SQL["list_items_created"],
+    "-created": _SQL["list_items_created_desc"],
+    "priority": _SQL["list_items_priority"],
+    "-priority": _SQL["list_items_priority_desc"],
+    "attempts": _SQL["list_items_attempts"],
+    "-attempts": _SQL["list_items_attempts_desc"],
 }
+# The column of each sort key, as a page's last row gives it to its cursor.
+SORT_COLUMN = {"created": None, "priority": "priority", "attempts": "acquisition_count"}
 
 NO_TIME_BOUND = ("-infinity", "infinity")
+# Where a page without a cursor starts, ascending and descending: before every position.
+_START = {
+    False: (-(2**31), NO_TIME_BOUND[0], "00000000-0000-0000-0000-000000000000"),
+    True: (2**31 - 1, NO_TIME_BOUND[1], "ffffffff-ffff-ffff-ffff-ffffffffffff"),
+}
+# The states each branch of a page covers: the list index's, then whether leased ones too.
+LISTED = ("ready", "quarantined", "completed", "cancelled")
+OPEN = ("ready", "quarantined")
 
 
 async def list_items(
@@ -131,29 +140,66 @@ async def list_items(
     created_after: str | None,
     created_before: str | None,
     payload_json: str | None,
-    after: tuple[str, str] | None,
+    after: tuple[int | None, str, str] | None,
     limit: int,
+    sort: str = "created",
 ) -> list[Row]:
-    """Up to `limit` items in (created_at, item_id) order after `after`, matching the filter.
+    """Up to `limit` items in `sort`'s order (one of SORTS: its key, then created_at and
+    item_id, "-" descending) after the position `after` (key, created_at, item_id; the key
+    None for the created order), matching the filter.
 
     `state` None: every state (only ready, leased and quarantined with `open_only`).
     Times are RFC 3339 strings; `payload_json` is a JSON document the payload must contain.
     """
+    descending = sort.startswith("-")
+    start = _START[descending]
     if state == "leased":
-        kind = "leased"
+        states: tuple[str, ...] = ()
     elif state is not None:
-        kind = "state"
+        states = (state,)
     else:
-        kind = "open" if open_only else "all"
+        states = OPEN if open_only else LISTED
     params = {
         "tenant": tenant,
         "queue": queue,
-        "state": state,
+        "states": list(states),
+        "leased": state in (None, "leased"),
         "created_after": created_after or NO_TIME_BOUND[0],
         "created_before": created_before or NO_TIME_BOUND[1],
-        "after_at": after[0] if after else NO_TIME_BOUND[0],
-        "after_id": after[1] if after else FIRST_ITEM,
+        "after_key": start[0] if after is None or after[0] is None else after[0],
+        "after_at": after[1] if after else start[1],
+        "after_id": after[2] if after else start[2],
         "payload": payload_json,
         "limit": limit,
     }
-    return await fetch_all(conn, _LIST_ITEMS[(kind, queue is not None)], params)
+    return await fetch_all(conn, _LIST_ITEMS[sort], params)
+
+
+async def items_with_ids(
+    conn: Conn,
+    *,
+    tenant: str,
+    item_ids: list[str],
+    state: str,
+    queue: str | None,
+    created_after: str | None,
+    created_before: str | None,
+    payload_json: str | None,
+    after: tuple[int | None, str, str] | None,
+    limit: int,
+) -> list[Row]:
+    """Up to `limit` of the named items of `state` that match the rest of the filter, in
+    (created_at, item_id) order after `after`: a bulk action's selection."""
+    params = {
+        "tenant": tenant,
+        "item_ids": item_ids,
+        "state": state,
+        "queue": queue,
+        "created_after": created_after or NO_TIME_BOUND[0],
+        "created_before": created_before or NO_TIME_BOUND[1],
+        "after_at": after[1] if after else NO_TIME_BOUND[0],
+        "after_id": after[2] if after else FIRST_ITEM,
+        "payload": payload_json,
+        "limit": limit,
+    }
+    return await fetch_all(conn, _SQL["items_with_ids"], params)

@@ -162,6 +162,27 @@ work_items = Table(
         "item_id",
         postgresql_where=text("state <> 'leased'"),
     ),
+    # The same pages sorted by priority or by attempts, then creation (0019).
+    Index(
+        "ix_work_items_list_priority",
+        "tenant_id",
+        "state",
+        "queue",
+        "priority",
+        "created_at",
+        "item_id",
+        postgresql_where=text("state <> 'leased'"),
+    ),
+    Index(
+        "ix_work_items_list_attempts",
+        "tenant_id",
+        "state",
+        "queue",
+        "acquisition_count",
+        "created_at",
+        "item_id",
+        postgresql_where=text("state <> 'leased'"),
+    ),
 )
 
 item_events = Table(

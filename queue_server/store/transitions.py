@@ -256,13 +256,16 @@ async def requeue(
     reason: str,
     delay: float | None,
     backoff: Backoff,
+    failure: dict[str, Any] | None = None,
 ) -> Row | None:
     """leased -> ready, due after `delay` seconds (None: the queue's backoff for the item's
-    acquisition count): the holder gives the item back; the next acquire raises the fence."""
+    acquisition count): the holder gives the item back; the next acquire raises the fence.
+    A `failure` becomes the item's last failure and goes into the `requeued` event."""
     params = {
         **_holder_params(tenant, item_id, worker, key_id, fence),
         "reason": reason,
         "delay": delay,
+        "failure": Jsonb(failure) if failure is not None else None,
         **backoff.params(),
     }
     return await fetch_one(conn, _SQL["requeue"], params)

@@ -199,7 +199,7 @@ def test_operator_lists_and_cancels_items_and_pauses_a_queue(cli: Cli, db: DB) -
     mine = [api.enqueue("emails", {"customer": 42, "n": i}) for i in range(3)]
     other = api.enqueue("emails", {"customer": 7})
     listed = cli.json("items", "list", "--queue", "emails", "--payload", '{"customer": 42}')
-    assert [i["item_id"] for i in listed] == [i["item_id"] for i in mine]
+    assert [i["item_id"] for i in listed] == [i["item_id"] for i in mine][::-1]  # newest first
     table = cli.run("items", "list", "--state", "ready").stdout
     assert "4 items" in table
 

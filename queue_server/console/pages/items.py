@@ -1,6 +1,7 @@
-"""Items: search (queue, state, created between, payload containment; pages), one item with
-its payload, result, last failure and its ledger as a timeline, and cancel of one or a
-selection after a confirmation page."""
+"""Items: search (queue, state, created between, payload containment; pages, newest first or
+sorted by a column), one item with its payload, result, last failure and its ledger as a
+timeline; cancel, retry or delete of a selection, and retry or delete of every matching
+item, each after a confirmation page."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from queue_server import errors
 from queue_server.api import schemas
 from queue_server.console import web
 from queue_server.models import NAME_RE, ItemState, is_uuid
-from queue_server.services.items import DELETABLE, RETRYABLE, ItemFilter
+from queue_server.services.items import DELETABLE, RETRYABLE, SORTS, ItemFilter
 
 router = APIRouter(prefix=f"{web.PREFIX}/tenants/{{tenant}}", route_class=web.ConsoleRoute)
 NAV_ENTRY = web.NavEntry("items", "Items")
@@ -28,6 +29,19 @@ BULK_STATES = frozenset((*RETRYABLE, *DELETABLE))
 BULK_PAGE = 100  # items per request of a bulk retry or delete
 FILTER_FIELDS = ("queue", "state", "created_after", "created_before", "payload")
 DONE = {"retry": "retried", "delete": "deleted"}
+# The list's order: newest first unless a column heading chose another.
+DEFAULT_SORT = "-created"
+# The columns a reader sorts by: the column's label and its key in GET /items's `sort`.
+SORTABLE = {"created": "Created", "priority": "Priority", "attempts": "Tries"}
+# The filter form's order control (the same orders as the column headings).
+SORT_CHOICES = (
+    ("-created", "newest first"),
+    ("created", "oldest first"),
+    ("-priority", "highest priority first"),
+    ("priority", "lowest priority first"),
+    ("-attempts", "most tries first"),
+    ("attempts", "fewest tries first"),
+)
 
 
 def _instant(name: str, value: str | None) -> datetime | None:
@@ -51,6 +65,7 @@ async def list_page(
     created_before: Annotated[str | None, Query(max_length=64)] = None,
     payload: Annotated[str | None, Query(max_length=4096)] = None,
     cursor: Annotated[str | None, Query(max_length=512)] = None,
+    sort: Annotated[str | None, Query(max_length=32)] = None,
 ) -> Response:
     session = await web.current_session(request)
     filters = {
@@ -60,10 +75,13 @@ async def list_page(
         "created_before": created_before or "",
         "payload": payload or "",
     }
+    order = sort if sort in SORTS else DEFAULT_SORT
     page: dict[str, Any] = {"items": [], "next_cursor": None}
     problem = None
     bulk: dict[str, Any] | None = None
     try:
+        if sort and sort not in SORTS:
+            raise errors.InvalidRequestError(f"Sort must be one of: {', '.join(SORTS)}.")
         if queue and not NAME_RE.match(queue):
             raise errors.InvalidRequestError("The queue name is not valid.")
         match = ItemFilter(
@@ -75,7 +93,12 @@ async def list_page(
         )
         page = web.answer_body(
             await web.services(request).items.list_items(
-                session.principal, tenant, filter=match, limit=PAGE_SIZE, cursor=cursor
+                session.principal,
+                tenant,
+                filter=match,
+                limit=PAGE_SIZE,
+                cursor=cursor,
+                sort=order,
             )
         )
         if state in BULK_STATES:
@@ -85,9 +108,13 @@ async def list_page(
         # Said above the form, which keeps every filter as typed: one wrong field is
         # corrected in place, not typed again with all the others.
         problem = exc.detail
+    # The order the page was drawn in is kept by its pager; the default is left out of links.
+    kept = None if order == DEFAULT_SORT else order
     next_url = None
     if page["next_cursor"]:
-        next_url = web.tenant_path(tenant, "items", **filters, cursor=page["next_cursor"])
+        next_url = web.tenant_path(
+            tenant, "items", **filters, sort=kept, cursor=page["next_cursor"]
+        )
     return web.render(
         request,
         "items.html",
@@ -101,7 +128,31 @@ async def list_page(
         bulk=bulk,
         states=STATES,
         next_url=next_url,
+        sort=order,
+        sort_kept=kept,
+        sort_choices=SORT_CHOICES,
+        columns=_sort_columns(tenant, filters, order),
     )
+
+
+def _sort_columns(tenant: str, filters: dict[str, str], order: str) -> dict[str, dict[str, Any]]:
+    """Each sortable column's heading: its link (the filters kept, the first page), whether
+    the list is sorted by it and which way (`aria-sort`). A column sorts descending first;
+    clicking the column the list is sorted by turns its direction."""
+    columns = {}
+    for key, label in SORTABLE.items():
+        current = order.lstrip("-") == key
+        descending = order.startswith("-")
+        target = key if current and descending else f"-{key}"
+        columns[key] = {
+            "label": label,
+            "href": web.tenant_path(
+                tenant, "items", **filters, sort=None if target == DEFAULT_SORT else target
+            ),
+            "aria_sort": ("descending" if descending else "ascending") if current else None,
+            "arrow": ("▼" if descending else "▲") if current else "",
+        }
+    return columns
 
 
 def _bulk_filter(form: FormData) -> tuple[str, ItemFilter, dict[str, str]]:
@@ -190,6 +241,114 @@ async def bulk(request: Request, tenant: str) -> Response:
     text = f"{DONE[action].capitalize()} {done:,} item{'s' if done != 1 else ''}."
     if stopped:
         text += f" Stopped: {stopped}."
+    target = web.back(request, form, web.tenant_path(tenant, "items"))
+    return web.redirect(request, target, text, "error" if stopped else "ok")
+
+
+def _selection_action(form: FormData) -> str:
+    action = web.choice("Action", web.form_text(form, "action"), ("retry", "delete"))
+    if action is None:
+        raise errors.InvalidRequestError("Choose retry or delete.")
+    return action
+
+
+async def _selected_items(
+    request: Request, session: web.Session, tenant: str, chosen: list[str]
+) -> list[dict[str, Any]]:
+    """The selected items as they are now (one gone since the list was drawn is left out)."""
+    items = web.services(request).items
+    rows = []
+    for item_id in chosen:
+        try:
+            rows.append(web.answer_body(await items.get_item(session.principal, tenant, item_id)))
+        except errors.ItemNotFoundError:
+            continue
+    return rows
+
+
+@router.post("/items/selection/confirm")
+async def confirm_selection(request: Request, tenant: str) -> Response:
+    """Which of the selected items a retry or delete covers (and which it leaves)."""
+    session = await web.current_session(request)
+    form = await web.check_form(request, session)
+    action = _selection_action(form)
+    chosen = _selection([str(v) for v in form.getlist("item_id")])
+    allowed = RETRYABLE if action == "retry" else DELETABLE
+    rows = await _selected_items(request, session, tenant, chosen)
+    return web.render(
+        request,
+        "items_selection_confirm.html",
+        session,
+        tenant=tenant,
+        action=action,
+        allowed=allowed,
+        covered=[r for r in rows if r["state"] in allowed],
+        left=[r for r in rows if r["state"] not in allowed],
+        next=web.back(request, form, web.tenant_path(tenant, "items")),
+    )
+
+
+def _confirmed(form: FormData, allowed: tuple[str, ...]) -> dict[str, list[str]]:
+    """The confirmation page's selection, `state:item_id` each, by state: the states the
+    page was drawn with, so a resubmitted form sends the same requests (and replays)."""
+    by_state: dict[str, list[str]] = {}
+    for value in dict.fromkeys(str(v) for v in form.getlist("selected")):
+        state, _, item_id = value.partition(":")
+        if state not in allowed or not is_uuid(item_id):
+            raise errors.InvalidRequestError("The selection is not one this console drew.")
+        by_state.setdefault(state, []).append(item_id)
+    count = sum(len(ids) for ids in by_state.values())
+    if not count:
+        raise errors.InvalidRequestError("Select at least one item.")
+    if count > MAX_SELECTION:
+        raise errors.InvalidRequestError(f"Select at most {MAX_SELECTION} items at once.")
+    return by_state
+
+
+@router.post("/items/selection")
+async def act_on_selection(request: Request, tenant: str) -> Response:
+    """Retry or delete the confirmed items through `POST .../items:retry` or `:delete`'s
+    service call with `item_ids`, one call per state among them, each under its own
+    idempotency key derived from the confirmation page's (a resubmitted form replays); an
+    item no longer in the state it was confirmed in is left as it is. A retry stops at the
+    backlog cap."""
+    session = await web.current_session(request)
+    form = await web.check_form(request, session)
+    action = _selection_action(form)
+    allowed = RETRYABLE if action == "retry" else DELETABLE
+    by_state = _confirmed(form, allowed)
+    items = web.services(request).items
+    run = items.retry_many if action == "retry" else items.delete_many
+    rest_path = f"/v1/tenants/{tenant}/items:{action}"
+    done, stopped = 0, ""
+    for state, ids in sorted(by_state.items()):
+        body = {"filter": {"state": state, "item_ids": ids}, "limit": len(ids)}
+        answer = await run(
+            session.principal,
+            tenant,
+            web.idempotency_for(form, rest_path=rest_path, body=body, suffix=f"selected-{state}"),
+            instance=rest_path,
+            filter=ItemFilter(state=state, item_ids=tuple(ids)),
+            limit=len(ids),
+            cursor=None,
+        )
+        if answer.problem:
+            stopped = web.problem_text(answer)
+            break
+        page = web.answer_body(answer)
+        done += page["retried" if action == "retry" else "deleted"]
+        if page.get("over_cap"):
+            stopped = (
+                f"the backlog is at its cap of {page['backlog_cap']:,}; the rest are as they were"
+            )
+            break
+    text = f"{DONE[action].capitalize()} {done:,} item{'s' if done != 1 else ''}."
+    left = sum(len(ids) for ids in by_state.values()) - done
+    if stopped:
+        text += f" Stopped: {stopped}."
+    elif left:
+        text += f" Left {left:,} as {'it was' if left == 1 else 'they were'}: no longer"
+        text += f" {' or '.join(allowed)}."
     target = web.back(request, form, web.tenant_path(tenant, "items"))
     return web.redirect(request, target, text, "error" if stopped else "ok")
 

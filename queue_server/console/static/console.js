@@ -19,6 +19,23 @@
   }
   wireCopy(document);
 
+  // "Select all on this page" (shown only where this script runs) checks or clears the
+  // box of every row of its form; a row's own box changed by hand updates it.
+  document.querySelectorAll("input[data-select-all]").forEach(function (all) {
+    var form = all.form;
+    var label = all.closest("label");
+    if (label) { label.hidden = false; }
+    var rows = function () { return form.querySelectorAll('input[type=checkbox][name="item_id"]'); };
+    all.addEventListener("change", function () {
+      rows().forEach(function (box) { box.checked = all.checked; });
+    });
+    form.addEventListener("change", function (event) {
+      if (event.target === all || event.target.name !== "item_id") { return; }
+      var boxes = Array.prototype.slice.call(rows());
+      all.checked = boxes.length > 0 && boxes.every(function (box) { return box.checked; });
+    });
+  });
+
   // Live pages. Every two seconds, while live:
   // - numbers: the JSON at data-live-url gives each number by its element's data-live
   //   key, each chart's lines (data-chart="queue"): the queues page; and each figure

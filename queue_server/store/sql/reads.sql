@@ -47,6 +47,20 @@ WHERE w.tenant_id = %(tenant)s AND w.state = %(state)s::item_state
   AND w.created_at < %(created_before)s::timestamptz
   AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb);
 
+-- name: items_with_ids
+-- A bulk action's selection: the named items of one state that match the rest of the
+-- filter, in (created_at, item_id) order from the cursor on. A primary key probe per id.
+SELECT w.* FROM work_items w
+WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(%(item_ids)s::uuid[])
+  AND w.state = %(state)s::item_state
+  AND (%(queue)s::text IS NULL OR w.queue = %(queue)s)
+  AND w.created_at > %(created_after)s::timestamptz
+  AND w.created_at < %(created_before)s::timestamptz
+  AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+  AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
+ORDER BY w.created_at, w.item_id
+LIMIT %(limit)s;
+
 -- name: items_with_id_ending
 -- The end of a UUIDv7 is its random part, the one that tells items apart: a person copies
 -- it. No index has it; a scan of the tenant's items, for a lookup by hand.
@@ -87,108 +101,52 @@ SELECT p.*,
 FROM page p
 ORDER BY tenant_id, item_id;
 
--- name: list_items_state_queue
--- Pages of items: keyset pagination in (created_at, item_id) order.
--- ix_work_items_list (tenant_id, state, queue, created_at, item_id) holds every state but
--- leased. Each branch reads one (state, queue) range of it from the cursor on, so a
--- page of ready items never reads finished history. Without a queue, the queues of the
--- state are found by a loose index scan (one probe per queue: the recursive q_<state>)
--- and each is read up to a page; without a state, each state is a branch of its own.
--- Leased items (the few the concurrency limit allows) come from ix_work_items_leased
--- and are sorted.
-SELECT w.* FROM work_items w
-    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = %(state)s::item_state
-      AND w.queue = %(queue)s
-      AND w.created_at > %(created_after)s::timestamptz
-      AND w.created_at < %(created_before)s::timestamptz
-      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
-      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
-    ORDER BY w.created_at, w.item_id
-    LIMIT %(limit)s;
-
--- name: list_items_state
-WITH RECURSIVE q_state AS (
-    (SELECT w.queue FROM work_items w
-     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = %(state)s::item_state
-     ORDER BY w.queue LIMIT 1)
+-- name: list_items_created
+-- Pages of items: keyset pagination in one of six orders, a statement each: created,
+-- priority or attempts (acquisition_count), ascending or descending, ties by (created_at,
+-- item_id) in the same direction. Each reads an index range per (state, queue) from the
+-- cursor on: ix_work_items_list (tenant_id, state, queue, created_at, item_id) for the
+-- created order, ix_work_items_list_priority and ix_work_items_list_attempts (the sort key
+-- before created_at) for the others, forward or backward; a page of ready items never
+-- reads finished history. The (state, queue) pairs: with a queue, the wanted states of it;
+-- without one, a loose index scan (`walked`: one probe per pair, any of these indexes)
+-- keeps the wanted states. Every state but leased is in these indexes: leased items (the
+-- few the concurrency limit allows) come from ix_work_items_leased and are sorted. Each
+-- branch reads up to a page; the union is merged and cut to a page.
+WITH RECURSIVE walked AS (
+    (SELECT w.state, w.queue FROM work_items w
+     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased'
+     ORDER BY w.state, w.queue LIMIT 1)
     UNION ALL
-    SELECT (SELECT w.queue FROM work_items w
-            WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased'
-              AND w.state = %(state)s::item_state
-              AND w.queue > q.queue
-            ORDER BY w.queue LIMIT 1)
-    FROM q_state q WHERE q.queue IS NOT NULL
+    SELECT n.state, n.queue FROM walked p CROSS JOIN LATERAL (
+        SELECT w.state, w.queue FROM work_items w
+        WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased'
+          AND (w.state, w.queue) > (p.state, p.queue)
+        ORDER BY w.state, w.queue LIMIT 1
+    ) n
+), pairs AS (
+    SELECT s.state, %(queue)s::text AS queue
+    FROM unnest(%(states)s::item_state[]) AS s(state)
+    WHERE %(queue)s::text IS NOT NULL
+    UNION ALL
+    SELECT p.state, p.queue FROM walked p
+    WHERE %(queue)s::text IS NULL AND p.state = ANY(%(states)s::item_state[])
 )
 SELECT u.* FROM (
-(SELECT p.* FROM q_state q CROSS JOIN LATERAL (
+(SELECT i.* FROM pairs p CROSS JOIN LATERAL (
     SELECT w.* FROM work_items w
-    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = %(state)s::item_state
-      AND w.queue = q.queue
+    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = p.state
+      AND w.queue = p.queue
       AND w.created_at > %(created_after)s::timestamptz
       AND w.created_at < %(created_before)s::timestamptz
       AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
       AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
     ORDER BY w.created_at, w.item_id
     LIMIT %(limit)s
-) p)
-) AS u
-ORDER BY u.created_at, u.item_id LIMIT %(limit)s;
-
--- name: list_items_leased
-SELECT w.* FROM work_items w
-    WHERE w.tenant_id = %(tenant)s AND w.state = 'leased'
-      AND (%(queue)s::text IS NULL OR w.queue = %(queue)s)
-      AND w.created_at > %(created_after)s::timestamptz
-      AND w.created_at < %(created_before)s::timestamptz
-      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
-      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
-    ORDER BY w.created_at, w.item_id
-    LIMIT %(limit)s;
-
--- name: list_items_all_queue
-SELECT u.* FROM (
-(SELECT w.* FROM work_items w
-    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'ready'
-      AND w.queue = %(queue)s
-      AND w.created_at > %(created_after)s::timestamptz
-      AND w.created_at < %(created_before)s::timestamptz
-      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
-      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
-    ORDER BY w.created_at, w.item_id
-    LIMIT %(limit)s)
+) i)
 UNION ALL
 (SELECT w.* FROM work_items w
-    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'quarantined'
-      AND w.queue = %(queue)s
-      AND w.created_at > %(created_after)s::timestamptz
-      AND w.created_at < %(created_before)s::timestamptz
-      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
-      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
-    ORDER BY w.created_at, w.item_id
-    LIMIT %(limit)s)
-UNION ALL
-(SELECT w.* FROM work_items w
-    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'completed'
-      AND w.queue = %(queue)s
-      AND w.created_at > %(created_after)s::timestamptz
-      AND w.created_at < %(created_before)s::timestamptz
-      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
-      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
-    ORDER BY w.created_at, w.item_id
-    LIMIT %(limit)s)
-UNION ALL
-(SELECT w.* FROM work_items w
-    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'cancelled'
-      AND w.queue = %(queue)s
-      AND w.created_at > %(created_after)s::timestamptz
-      AND w.created_at < %(created_before)s::timestamptz
-      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
-      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
-    ORDER BY w.created_at, w.item_id
-    LIMIT %(limit)s)
-UNION ALL
-(SELECT w.* FROM work_items w
-    WHERE w.tenant_id = %(tenant)s AND w.state = 'leased'
+    WHERE %(leased)s::boolean AND w.tenant_id = %(tenant)s AND w.state = 'leased'
       AND (%(queue)s::text IS NULL OR w.queue = %(queue)s)
       AND w.created_at > %(created_after)s::timestamptz
       AND w.created_at < %(created_before)s::timestamptz
@@ -199,198 +157,238 @@ UNION ALL
 ) AS u
 ORDER BY u.created_at, u.item_id LIMIT %(limit)s;
 
--- name: list_items_all
-WITH RECURSIVE q_ready AS (
-    (SELECT w.queue FROM work_items w
-     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'ready'
-     ORDER BY w.queue LIMIT 1)
+-- name: list_items_created_desc
+WITH RECURSIVE walked AS (
+    (SELECT w.state, w.queue FROM work_items w
+     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased'
+     ORDER BY w.state, w.queue LIMIT 1)
     UNION ALL
-    SELECT (SELECT w.queue FROM work_items w
-            WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'ready'
-              AND w.queue > q.queue
-            ORDER BY w.queue LIMIT 1)
-    FROM q_ready q WHERE q.queue IS NOT NULL
-), q_quarantined AS (
-    (SELECT w.queue FROM work_items w
-     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'quarantined'
-     ORDER BY w.queue LIMIT 1)
+    SELECT n.state, n.queue FROM walked p CROSS JOIN LATERAL (
+        SELECT w.state, w.queue FROM work_items w
+        WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased'
+          AND (w.state, w.queue) > (p.state, p.queue)
+        ORDER BY w.state, w.queue LIMIT 1
+    ) n
+), pairs AS (
+    SELECT s.state, %(queue)s::text AS queue
+    FROM unnest(%(states)s::item_state[]) AS s(state)
+    WHERE %(queue)s::text IS NOT NULL
     UNION ALL
-    SELECT (SELECT w.queue FROM work_items w
-            WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'quarantined'
-              AND w.queue > q.queue
-            ORDER BY w.queue LIMIT 1)
-    FROM q_quarantined q WHERE q.queue IS NOT NULL
-), q_completed AS (
-    (SELECT w.queue FROM work_items w
-     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'completed'
-     ORDER BY w.queue LIMIT 1)
-    UNION ALL
-    SELECT (SELECT w.queue FROM work_items w
-            WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'completed'
-              AND w.queue > q.queue
-            ORDER BY w.queue LIMIT 1)
-    FROM q_completed q WHERE q.queue IS NOT NULL
-), q_cancelled AS (
-    (SELECT w.queue FROM work_items w
-     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'cancelled'
-     ORDER BY w.queue LIMIT 1)
-    UNION ALL
-    SELECT (SELECT w.queue FROM work_items w
-            WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'cancelled'
-              AND w.queue > q.queue
-            ORDER BY w.queue LIMIT 1)
-    FROM q_cancelled q WHERE q.queue IS NOT NULL
+    SELECT p.state, p.queue FROM walked p
+    WHERE %(queue)s::text IS NULL AND p.state = ANY(%(states)s::item_state[])
 )
 SELECT u.* FROM (
-(SELECT p.* FROM q_ready q CROSS JOIN LATERAL (
+(SELECT i.* FROM pairs p CROSS JOIN LATERAL (
     SELECT w.* FROM work_items w
-    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'ready'
-      AND w.queue = q.queue
+    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = p.state
+      AND w.queue = p.queue
       AND w.created_at > %(created_after)s::timestamptz
       AND w.created_at < %(created_before)s::timestamptz
-      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+      AND (w.created_at, w.item_id) < (%(after_at)s::timestamptz, %(after_id)s::uuid)
       AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
-    ORDER BY w.created_at, w.item_id
+    ORDER BY w.created_at DESC, w.item_id DESC
     LIMIT %(limit)s
-) p)
-UNION ALL
-(SELECT p.* FROM q_quarantined q CROSS JOIN LATERAL (
-    SELECT w.* FROM work_items w
-    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'quarantined'
-      AND w.queue = q.queue
-      AND w.created_at > %(created_after)s::timestamptz
-      AND w.created_at < %(created_before)s::timestamptz
-      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
-      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
-    ORDER BY w.created_at, w.item_id
-    LIMIT %(limit)s
-) p)
-UNION ALL
-(SELECT p.* FROM q_completed q CROSS JOIN LATERAL (
-    SELECT w.* FROM work_items w
-    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'completed'
-      AND w.queue = q.queue
-      AND w.created_at > %(created_after)s::timestamptz
-      AND w.created_at < %(created_before)s::timestamptz
-      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
-      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
-    ORDER BY w.created_at, w.item_id
-    LIMIT %(limit)s
-) p)
-UNION ALL
-(SELECT p.* FROM q_cancelled q CROSS JOIN LATERAL (
-    SELECT w.* FROM work_items w
-    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'cancelled'
-      AND w.queue = q.queue
-      AND w.created_at > %(created_after)s::timestamptz
-      AND w.created_at < %(created_before)s::timestamptz
-      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
-      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
-    ORDER BY w.created_at, w.item_id
-    LIMIT %(limit)s
-) p)
+) i)
 UNION ALL
 (SELECT w.* FROM work_items w
-    WHERE w.tenant_id = %(tenant)s AND w.state = 'leased'
+    WHERE %(leased)s::boolean AND w.tenant_id = %(tenant)s AND w.state = 'leased'
       AND (%(queue)s::text IS NULL OR w.queue = %(queue)s)
       AND w.created_at > %(created_after)s::timestamptz
       AND w.created_at < %(created_before)s::timestamptz
-      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+      AND (w.created_at, w.item_id) < (%(after_at)s::timestamptz, %(after_id)s::uuid)
       AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
-    ORDER BY w.created_at, w.item_id
+    ORDER BY w.created_at DESC, w.item_id DESC
     LIMIT %(limit)s)
 ) AS u
-ORDER BY u.created_at, u.item_id LIMIT %(limit)s;
+ORDER BY u.created_at DESC, u.item_id DESC LIMIT %(limit)s;
 
--- name: list_items_open_queue
-SELECT u.* FROM (
-(SELECT w.* FROM work_items w
-    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'ready'
-      AND w.queue = %(queue)s
-      AND w.created_at > %(created_after)s::timestamptz
-      AND w.created_at < %(created_before)s::timestamptz
-      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
-      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
-    ORDER BY w.created_at, w.item_id
-    LIMIT %(limit)s)
-UNION ALL
-(SELECT w.* FROM work_items w
-    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'quarantined'
-      AND w.queue = %(queue)s
-      AND w.created_at > %(created_after)s::timestamptz
-      AND w.created_at < %(created_before)s::timestamptz
-      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
-      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
-    ORDER BY w.created_at, w.item_id
-    LIMIT %(limit)s)
-UNION ALL
-(SELECT w.* FROM work_items w
-    WHERE w.tenant_id = %(tenant)s AND w.state = 'leased'
-      AND (%(queue)s::text IS NULL OR w.queue = %(queue)s)
-      AND w.created_at > %(created_after)s::timestamptz
-      AND w.created_at < %(created_before)s::timestamptz
-      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
-      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
-    ORDER BY w.created_at, w.item_id
-    LIMIT %(limit)s)
-) AS u
-ORDER BY u.created_at, u.item_id LIMIT %(limit)s;
-
--- name: list_items_open
-WITH RECURSIVE q_ready AS (
-    (SELECT w.queue FROM work_items w
-     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'ready'
-     ORDER BY w.queue LIMIT 1)
+-- name: list_items_priority
+-- The filter is one opaque condition (coalesce: never null anyway): a generic plan then
+-- estimates it at a share of the rows, not the sliver of a creation range, and reads the
+-- sort key's index in order up to a page instead of sorting ix_work_items_list's slice.
+WITH RECURSIVE walked AS (
+    (SELECT w.state, w.queue FROM work_items w
+     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased'
+     ORDER BY w.state, w.queue LIMIT 1)
     UNION ALL
-    SELECT (SELECT w.queue FROM work_items w
-            WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'ready'
-              AND w.queue > q.queue
-            ORDER BY w.queue LIMIT 1)
-    FROM q_ready q WHERE q.queue IS NOT NULL
-), q_quarantined AS (
-    (SELECT w.queue FROM work_items w
-     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'quarantined'
-     ORDER BY w.queue LIMIT 1)
+    SELECT n.state, n.queue FROM walked p CROSS JOIN LATERAL (
+        SELECT w.state, w.queue FROM work_items w
+        WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased'
+          AND (w.state, w.queue) > (p.state, p.queue)
+        ORDER BY w.state, w.queue LIMIT 1
+    ) n
+), pairs AS (
+    SELECT s.state, %(queue)s::text AS queue
+    FROM unnest(%(states)s::item_state[]) AS s(state)
+    WHERE %(queue)s::text IS NOT NULL
     UNION ALL
-    SELECT (SELECT w.queue FROM work_items w
-            WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'quarantined'
-              AND w.queue > q.queue
-            ORDER BY w.queue LIMIT 1)
-    FROM q_quarantined q WHERE q.queue IS NOT NULL
+    SELECT p.state, p.queue FROM walked p
+    WHERE %(queue)s::text IS NULL AND p.state = ANY(%(states)s::item_state[])
 )
 SELECT u.* FROM (
-(SELECT p.* FROM q_ready q CROSS JOIN LATERAL (
+(SELECT i.* FROM pairs p CROSS JOIN LATERAL (
     SELECT w.* FROM work_items w
-    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'ready'
-      AND w.queue = q.queue
-      AND w.created_at > %(created_after)s::timestamptz
-      AND w.created_at < %(created_before)s::timestamptz
-      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
-      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
-    ORDER BY w.created_at, w.item_id
+    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = p.state
+      AND w.queue = p.queue
+      AND (w.priority, w.created_at, w.item_id)
+          > (%(after_key)s::integer, %(after_at)s::timestamptz, %(after_id)s::uuid)
+      AND coalesce(w.created_at > %(created_after)s::timestamptz
+                   AND w.created_at < %(created_before)s::timestamptz
+                   AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb), false)
+    ORDER BY w.priority, w.created_at, w.item_id
     LIMIT %(limit)s
-) p)
-UNION ALL
-(SELECT p.* FROM q_quarantined q CROSS JOIN LATERAL (
-    SELECT w.* FROM work_items w
-    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'quarantined'
-      AND w.queue = q.queue
-      AND w.created_at > %(created_after)s::timestamptz
-      AND w.created_at < %(created_before)s::timestamptz
-      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
-      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
-    ORDER BY w.created_at, w.item_id
-    LIMIT %(limit)s
-) p)
+) i)
 UNION ALL
 (SELECT w.* FROM work_items w
-    WHERE w.tenant_id = %(tenant)s AND w.state = 'leased'
+    WHERE %(leased)s::boolean AND w.tenant_id = %(tenant)s AND w.state = 'leased'
       AND (%(queue)s::text IS NULL OR w.queue = %(queue)s)
-      AND w.created_at > %(created_after)s::timestamptz
-      AND w.created_at < %(created_before)s::timestamptz
-      AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
-      AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb)
-    ORDER BY w.created_at, w.item_id
+      AND (w.priority, w.created_at, w.item_id)
+          > (%(after_key)s::integer, %(after_at)s::timestamptz, %(after_id)s::uuid)
+      AND coalesce(w.created_at > %(created_after)s::timestamptz
+                   AND w.created_at < %(created_before)s::timestamptz
+                   AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb), false)
+    ORDER BY w.priority, w.created_at, w.item_id
     LIMIT %(limit)s)
 ) AS u
-ORDER BY u.created_at, u.item_id LIMIT %(limit)s;
+ORDER BY u.priority, u.created_at, u.item_id LIMIT %(limit)s;
+
+-- name: list_items_priority_desc
+WITH RECURSIVE walked AS (
+    (SELECT w.state, w.queue FROM work_items w
+     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased'
+     ORDER BY w.state, w.queue LIMIT 1)
+    UNION ALL
+    SELECT n.state, n.queue FROM walked p CROSS JOIN LATERAL (
+        SELECT w.state, w.queue FROM work_items w
+        WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased'
+          AND (w.state, w.queue) > (p.state, p.queue)
+        ORDER BY w.state, w.queue LIMIT 1
+    ) n
+), pairs AS (
+    SELECT s.state, %(queue)s::text AS queue
+    FROM unnest(%(states)s::item_state[]) AS s(state)
+    WHERE %(queue)s::text IS NOT NULL
+    UNION ALL
+    SELECT p.state, p.queue FROM walked p
+    WHERE %(queue)s::text IS NULL AND p.state = ANY(%(states)s::item_state[])
+)
+SELECT u.* FROM (
+(SELECT i.* FROM pairs p CROSS JOIN LATERAL (
+    SELECT w.* FROM work_items w
+    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = p.state
+      AND w.queue = p.queue
+      AND (w.priority, w.created_at, w.item_id)
+          < (%(after_key)s::integer, %(after_at)s::timestamptz, %(after_id)s::uuid)
+      AND coalesce(w.created_at > %(created_after)s::timestamptz
+                   AND w.created_at < %(created_before)s::timestamptz
+                   AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb), false)
+    ORDER BY w.priority DESC, w.created_at DESC, w.item_id DESC
+    LIMIT %(limit)s
+) i)
+UNION ALL
+(SELECT w.* FROM work_items w
+    WHERE %(leased)s::boolean AND w.tenant_id = %(tenant)s AND w.state = 'leased'
+      AND (%(queue)s::text IS NULL OR w.queue = %(queue)s)
+      AND (w.priority, w.created_at, w.item_id)
+          < (%(after_key)s::integer, %(after_at)s::timestamptz, %(after_id)s::uuid)
+      AND coalesce(w.created_at > %(created_after)s::timestamptz
+                   AND w.created_at < %(created_before)s::timestamptz
+                   AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb), false)
+    ORDER BY w.priority DESC, w.created_at DESC, w.item_id DESC
+    LIMIT %(limit)s)
+) AS u
+ORDER BY u.priority DESC, u.created_at DESC, u.item_id DESC LIMIT %(limit)s;
+
+-- name: list_items_attempts
+WITH RECURSIVE walked AS (
+    (SELECT w.state, w.queue FROM work_items w
+     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased'
+     ORDER BY w.state, w.queue LIMIT 1)
+    UNION ALL
+    SELECT n.state, n.queue FROM walked p CROSS JOIN LATERAL (
+        SELECT w.state, w.queue FROM work_items w
+        WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased'
+          AND (w.state, w.queue) > (p.state, p.queue)
+        ORDER BY w.state, w.queue LIMIT 1
+    ) n
+), pairs AS (
+    SELECT s.state, %(queue)s::text AS queue
+    FROM unnest(%(states)s::item_state[]) AS s(state)
+    WHERE %(queue)s::text IS NOT NULL
+    UNION ALL
+    SELECT p.state, p.queue FROM walked p
+    WHERE %(queue)s::text IS NULL AND p.state = ANY(%(states)s::item_state[])
+)
+SELECT u.* FROM (
+(SELECT i.* FROM pairs p CROSS JOIN LATERAL (
+    SELECT w.* FROM work_items w
+    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = p.state
+      AND w.queue = p.queue
+      AND (w.acquisition_count, w.created_at, w.item_id)
+          > (%(after_key)s::integer, %(after_at)s::timestamptz, %(after_id)s::uuid)
+      AND coalesce(w.created_at > %(created_after)s::timestamptz
+                   AND w.created_at < %(created_before)s::timestamptz
+                   AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb), false)
+    ORDER BY w.acquisition_count, w.created_at, w.item_id
+    LIMIT %(limit)s
+) i)
+UNION ALL
+(SELECT w.* FROM work_items w
+    WHERE %(leased)s::boolean AND w.tenant_id = %(tenant)s AND w.state = 'leased'
+      AND (%(queue)s::text IS NULL OR w.queue = %(queue)s)
+      AND (w.acquisition_count, w.created_at, w.item_id)
+          > (%(after_key)s::integer, %(after_at)s::timestamptz, %(after_id)s::uuid)
+      AND coalesce(w.created_at > %(created_after)s::timestamptz
+                   AND w.created_at < %(created_before)s::timestamptz
+                   AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb), false)
+    ORDER BY w.acquisition_count, w.created_at, w.item_id
+    LIMIT %(limit)s)
+) AS u
+ORDER BY u.acquisition_count, u.created_at, u.item_id LIMIT %(limit)s;
+
+-- name: list_items_attempts_desc
+WITH RECURSIVE walked AS (
+    (SELECT w.state, w.queue FROM work_items w
+     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased'
+     ORDER BY w.state, w.queue LIMIT 1)
+    UNION ALL
+    SELECT n.state, n.queue FROM walked p CROSS JOIN LATERAL (
+        SELECT w.state, w.queue FROM work_items w
+        WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased'
+          AND (w.state, w.queue) > (p.state, p.queue)
+        ORDER BY w.state, w.queue LIMIT 1
+    ) n
+), pairs AS (
+    SELECT s.state, %(queue)s::text AS queue
+    FROM unnest(%(states)s::item_state[]) AS s(state)
+    WHERE %(queue)s::text IS NOT NULL
+    UNION ALL
+    SELECT p.state, p.queue FROM walked p
+    WHERE %(queue)s::text IS NULL AND p.state = ANY(%(states)s::item_state[])
+)
+SELECT u.* FROM (
+(SELECT i.* FROM pairs p CROSS JOIN LATERAL (
+    SELECT w.* FROM work_items w
+    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = p.state
+      AND w.queue = p.queue
+      AND (w.acquisition_count, w.created_at, w.item_id)
+          < (%(after_key)s::integer, %(after_at)s::timestamptz, %(after_id)s::uuid)
+      AND coalesce(w.created_at > %(created_after)s::timestamptz
+                   AND w.created_at < %(created_before)s::timestamptz
+                   AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb), false)
+    ORDER BY w.acquisition_count DESC, w.created_at DESC, w.item_id DESC
+    LIMIT %(limit)s
+) i)
+UNION ALL
+(SELECT w.* FROM work_items w
+    WHERE %(leased)s::boolean AND w.tenant_id = %(tenant)s AND w.state = 'leased'
+      AND (%(queue)s::text IS NULL OR w.queue = %(queue)s)
+      AND (w.acquisition_count, w.created_at, w.item_id)
+          < (%(after_key)s::integer, %(after_at)s::timestamptz, %(after_id)s::uuid)
+      AND coalesce(w.created_at > %(created_after)s::timestamptz
+                   AND w.created_at < %(created_before)s::timestamptz
+                   AND (%(payload)s::jsonb IS NULL OR w.payload @> %(payload)s::jsonb), false)
+    ORDER BY w.acquisition_count DESC, w.created_at DESC, w.item_id DESC
+    LIMIT %(limit)s)
+) AS u
+ORDER BY u.acquisition_count DESC, u.created_at DESC, u.item_id DESC LIMIT %(limit)s;

@@ -287,6 +287,7 @@ WITH upd AS (
             FROM (SELECT 1) AS one
             LEFT JOIN queues q ON q.tenant_id = work_items.tenant_id
                               AND q.queue = work_items.queue))),
+        last_failure = coalesce(%(failure)s::jsonb, last_failure),
         lease_holder = NULL, lease_expires_at = NULL, updated_at = statement_timestamp(),
         event_seq = event_seq + 1
     WHERE tenant_id = %(tenant)s AND item_id = %(item_id)s
@@ -300,6 +301,9 @@ WITH upd AS (
            jsonb_build_object('reason', %(reason)s::text, 'available_at', available_at,
                               'delay', round(extract(epoch FROM available_at - updated_at), 3),
                               'backoff', %(delay)s::double precision IS NULL)
+           -- The failure the worker gave it back for, when it told one (a traceback in it).
+           || CASE WHEN %(failure)s::jsonb IS NULL THEN '{}'::jsonb
+                   ELSE jsonb_build_object('failure', %(failure)s::jsonb) END
     FROM upd
 ), outbox AS (
     INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
