@@ -162,7 +162,7 @@ work_items = Table(
         "item_id",
         postgresql_where=text("state <> 'leased'"),
     ),
-    # The same pages sorted by priority or by attempts, then creation (0019).
+    # The same pages sorted by priority or by attempts, then creation (0018).
     Index(
         "ix_work_items_list_priority",
         "tenant_id",
