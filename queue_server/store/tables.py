@@ -79,6 +79,10 @@ api_keys = Table(
     CheckConstraint("(role = 'admin') = (tenant_id IS NULL)", name="admin_has_no_tenant"),
 )
 
+# A stored trace context is W3C Trace Context version 00 (the API drops any other).
+TRACEPARENT_W3C = "traceparent ~ '^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'"
+TRACESTATE_BOUNDED = "length(tracestate) <= 512"
+
 work_items = Table(
     "work_items",
     metadata,
@@ -108,8 +112,13 @@ work_items = Table(
     # The API key that acquired the latest lease: only it acts as the holder (0015; NULL for
     # a lease taken before).
     Column("lease_key_id", Text, nullable=True),
+    # The enqueue's W3C trace context (0018): each lease hands it to its worker.
+    Column("traceparent", Text, nullable=True),
+    Column("tracestate", Text, nullable=True),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
     CheckConstraint("fence >= 0", name="fence_not_negative"),
+    CheckConstraint(TRACEPARENT_W3C, name="traceparent_w3c"),
+    CheckConstraint(TRACESTATE_BOUNDED, name="tracestate_bounded"),
     CheckConstraint(
         "acquisition_count >= 0 AND acquisition_count <= max_acquisitions",
         name="acquisitions_within_budget",
@@ -528,8 +537,14 @@ schedules = Table(
     Column("skipped", BigInteger, nullable=False, server_default=text("0")),
     _ts("created_at", nullable=False, server_default=func.now()),
     _ts("updated_at", nullable=False, server_default=func.now()),
+    # The trace context of the request that created or last changed the schedule (0018):
+    # each fire's item carries it.
+    Column("traceparent", Text, nullable=True),
+    Column("tracestate", Text, nullable=True),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
     CheckConstraint("(cron IS NULL) <> (every_seconds IS NULL)", name="cron_or_every"),
+    CheckConstraint(TRACEPARENT_W3C, name="traceparent_w3c"),
+    CheckConstraint(TRACESTATE_BOUNDED, name="tracestate_bounded"),
     CheckConstraint("every_seconds >= 1", name="every_positive"),
     CheckConstraint("catch_up IN ('skip', 'latest', 'all-bounded')", name="catch_up_known"),
     CheckConstraint("catch_up_limit BETWEEN 1 AND 1000", name="catch_up_limit_range"),

@@ -6,11 +6,11 @@
 WITH input AS (
     SELECT * FROM jsonb_to_recordset(%(items)s::jsonb)
         AS x(item_id uuid, payload jsonb, priority int, delay double precision,
-             max_acquisitions int)
+             max_acquisitions int, traceparent text, tracestate text)
 ), ins AS (
     INSERT INTO work_items (tenant_id, item_id, queue, payload, priority, state,
                             available_at, max_acquisitions, event_seq,
-                            created_at, updated_at)
+                            created_at, updated_at, traceparent, tracestate)
     SELECT %(tenant)s, item_id, %(queue)s, coalesce(payload, 'null'::jsonb), priority, 'ready',
            statement_timestamp() + make_interval(secs => delay),
            -- The item's budget, else the queue's, else the tenant's default (the caller holds
@@ -19,7 +19,7 @@ WITH input AS (
                     (SELECT least(q.max_acquisitions, %(max_budget)s) FROM queues q
                      WHERE q.tenant_id = %(tenant)s AND q.queue = %(queue)s),
                     %(default_budget)s),
-           1, statement_timestamp(), statement_timestamp()
+           1, statement_timestamp(), statement_timestamp(), traceparent, tracestate
     FROM input
     RETURNING *
 ), ev AS (
@@ -28,6 +28,10 @@ WITH input AS (
            jsonb_build_object('queue', queue, 'payload', payload, 'priority', priority,
                               'available_at', available_at,
                               'max_acquisitions', max_acquisitions)
+           -- The producer's trace context, when it sent one (W3C traceparent/tracestate).
+           || CASE WHEN traceparent IS NULL THEN '{}'::jsonb
+                   ELSE jsonb_build_object('trace', jsonb_strip_nulls(jsonb_build_object(
+                            'traceparent', traceparent, 'tracestate', tracestate))) END
     FROM ins
 ), admitted AS (
     -- The caller holds this row's lock (the admission lock) already.
