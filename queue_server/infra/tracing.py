@@ -122,24 +122,29 @@ class SpanAttributes:
         chunks: list[bytes] = []
         json_answer = [False]
 
+        def annotate() -> None:
+            if current.is_recording():
+                params = scope.get("path_params") or {}
+                current.set_attributes(_attributes(params, b"".join(chunks)))
+
         async def keep(message: Message) -> None:
             if message["type"] == "http.response.start":
                 json_answer[0] = any(
                     name == b"content-type" and value.startswith(b"application/json")
                     for name, value in message.get("headers", ())
                 )
-            elif (
-                message["type"] == "http.response.body"
-                and json_answer[0]
-                and sum(map(len, chunks)) < _MAX_ANSWER
-            ):
-                chunks.append(message.get("body", b""))
+            elif message["type"] == "http.response.body":
+                if json_answer[0] and sum(map(len, chunks)) < _MAX_ANSWER:
+                    chunks.append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    # Before the last part goes: the instrumentation ends the span with it.
+                    annotate()
             await send(message)
 
         try:
             await self.app(scope, receive, keep)
         finally:
-            current.set_attributes(_attributes(scope.get("path_params") or {}, b"".join(chunks)))
+            annotate()  # no answer sent (the client left): what the path says
 
 
 def _attributes(params: dict[str, Any], body: bytes) -> dict[str, Any]:

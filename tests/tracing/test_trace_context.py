@@ -159,6 +159,18 @@ def test_a_schedules_items_carry_the_trace_context_it_was_put_with(api: Api) -> 
     trigger({"traceparent": own})
     (lease,) = api.acquire()
     assert lease["trace"]["traceparent"] == own  # type: ignore[index]
+    api.holder("complete", lease["item_id"], worker="w1", fence=lease["fence"], result=None)
+    # Put again under another trace: the fires from then on belong to it.
+    again = f"00-{'c' * 32}-{'d' * 16}-01"
+    put = api.operator.put(
+        "/v1/tenants/acme/schedules/nightly",
+        json={"queue": "q", "payload": {"job": "nightly"}, "every": 3600},
+        headers={"Idempotency-Key": uuid.uuid4().hex, "traceparent": again},
+    )
+    assert put.status_code == 200, put.text
+    trigger({})
+    (lease,) = api.acquire()
+    assert lease["trace"]["traceparent"] == again  # type: ignore[index]
 
 
 def test_the_reader_follows_the_recommendation() -> None:
