@@ -14,6 +14,7 @@ each span holds.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -68,8 +69,26 @@ def configure(service_name: str, *, database: bool = True) -> bool:
     trace.set_tracer_provider(provider)
     if database:
         PsycopgInstrumentor().instrument(tracer_provider=provider)
+    _log_trace_ids()
     _configured = True
     return True
+
+
+def _log_trace_ids() -> None:
+    """Every log line written inside a span ends with ` trace_id=<32 hex>`: the logs stay
+    plain text, and a line of a request finds its trace (and the trace its lines)."""
+    from opentelemetry import trace
+
+    make_record = logging.getLogRecordFactory()
+
+    def with_trace_id(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = make_record(*args, **kwargs)
+        context = trace.get_current_span().get_span_context()
+        if context.is_valid and "trace_id=" not in str(record.msg):
+            record.msg = f"{record.msg} trace_id={trace.format_trace_id(context.trace_id)}"
+        return record
+
+    logging.setLogRecordFactory(with_trace_id)
 
 
 def instrument_app(app: FastAPI) -> None:
