@@ -373,6 +373,8 @@ def deliver(
     resumes by itself. SIGTERM or Ctrl-C lets the deliveries in flight finish; a second
     one returns them to the outbox. Settings: QUEUE_SERVER_TRANSPORT_ALLOW (JSON list),
     QUEUE_SERVER_DELIVERY_BACKOFF_SCALE, QUEUE_SERVER_DELIVERY_ATTEMPT_TIMEOUT, ...
+    With OTEL_EXPORTER_OTLP_ENDPOINT set, each attempt is an OpenTelemetry span
+    (docs/observability.md).
 
     Example: [bold]queue-server deliver --allow 127.0.0.1[/bold]
     """

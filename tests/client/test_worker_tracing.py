@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import uuid
 from typing import Any
 
@@ -17,8 +18,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode, format_span_id, format_trace_id
 
+from queue_server.client import QueueClient
 from tests.helpers.api import Api
-from tests.helpers.faces import AnyJob, Face
+from tests.helpers.faces import AnyJob, Face, wait_for_stop
 
 Db = psycopg.Connection[dict[str, object]]
 
@@ -169,3 +171,36 @@ def test_a_worker_without_opentelemetry_installed_still_works(api: Api) -> None:
     item = api.worker.get(f"/v1/tenants/acme/items/{item_id}").json()
     assert item["state"] == "completed"
     assert item["result"] == {"seen": {"n": 7}}
+
+
+def test_a_lost_leases_span_says_lost(api: Api, face: Face, db: Db) -> None:
+    item_id = enqueue_traced(api)
+    started = threading.Event()
+
+    def handler(job: AnyJob) -> Any:
+        started.set()
+        wait_for_stop(job, 10)
+        return "late result"
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    worker = face.worker(
+        api, "q", handler, name="w1", lease_ttl=2, heartbeat_fraction=0.25, tracer_provider=provider
+    )
+    with QueueClient(api.url, api.keys["worker"], tenant=api.tenant) as qs:
+        (lease,) = qs.acquire("q", worker="w1", lease_ttl=2)
+        runner = threading.Thread(target=worker.process, args=(lease,))
+        runner.start()
+        assert started.wait(5)
+        # The lease runs out and another worker takes it over: the heartbeat is refused.
+        db.execute(
+            "UPDATE work_items SET lease_expires_at = now() - interval '1 second'"
+            " WHERE item_id = %s",
+            (item_id,),
+        )
+        qs.acquire("q", worker="w2", lease_ttl=30)
+        runner.join(10)
+    span = process_span(list(exporter.get_finished_spans()))
+    assert format_trace_id(span.context.trace_id) == TRACE_ID
+    assert (span.attributes or {})["queue_server.outcome"] == "lost"
