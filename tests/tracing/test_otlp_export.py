@@ -26,6 +26,7 @@ TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 ENQUEUE = "POST /v1/tenants/{tenant}/queues/{queue}/items"
 ACQUIRE = "POST /v1/tenants/{tenant}/queues/{queue}/leases"
 COMPLETE = "POST /v1/tenants/{tenant}/items/{item_id}/complete"
+BATCH = "POST /v1/tenants/{tenant}/queues/{queue}/items:batch"
 # Shared objects only the tracing stack brings: protobuf's (the OTLP exporter) and wrapt's
 # (the instrumentations). A process that never loaded them has neither mapped.
 TRACING_LIBRARIES = ("/google/_upb/", "/wrapt/")
@@ -142,9 +143,17 @@ def test_the_server_exports_spans_of_the_enqueue_acquire_and_complete(serve: obj
             headers={"Idempotency-Key": uuid.uuid4().hex, **traced()},
         )
         assert completed.status_code == 200
+        batch = api.worker.post(
+            "/v1/tenants/acme/queues/b/items:batch",
+            json={"items": [{"payload": 1}, {"payload": 2}]},
+            headers={"Idempotency-Key": uuid.uuid4().hex, **traced()},
+        )
+        assert batch.status_code == 201
+        batch_ids = [item["item_id"] for item in batch.json()["items"]]
 
         def all_there(spans: list[ReceivedSpan]) -> bool:
-            return all(_by_name(spans, name) for name in (ENQUEUE, ACQUIRE, COMPLETE)) and any(
+            names = (ENQUEUE, ACQUIRE, COMPLETE, BATCH)
+            return all(_by_name(spans, name) for name in names) and any(
                 s.attributes.get("db.system.name", s.attributes.get("db.system")) == "postgresql"
                 for s in spans
             )
@@ -165,6 +174,12 @@ def test_the_server_exports_spans_of_the_enqueue_acquire_and_complete(serve: obj
     (acquire,) = _by_name(spans, ACQUIRE)
     assert acquire.attributes["queue_server.item_ids"] == [item_id]
     assert acquire.attributes["queue_server.fences"] == [1]
+    (batched,) = _by_name(spans, BATCH)
+    assert batched.trace_id == TRACE_ID
+    assert batched.attributes["queue_server.queue"] == "b"
+    assert batched.attributes["queue_server.item_ids"] == batch_ids
+    assert batched.attributes["queue_server.fences"] == [0, 0]
+    assert "queue_server.item_id" not in batched.attributes
     # Each request's database round trips are its children, in its trace.
     request_ids = {
         s.span_id for name in (ENQUEUE, ACQUIRE, COMPLETE) for s in _by_name(spans, name)
