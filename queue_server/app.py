@@ -31,7 +31,7 @@ from queue_server.api.middleware import BodyLimitAndMetrics
 from queue_server.api.schemas import Problem
 from queue_server.console import install as install_console
 from queue_server.db import Database
-from queue_server.infra import migrate
+from queue_server.infra import migrate, tracing
 from queue_server.infra.http_protocol import ConnectionLimits, use_limits
 from queue_server.infra.metrics import CONTENT_TYPE, Metrics
 from queue_server.models import Role
@@ -54,6 +54,8 @@ def create_app(
     `settings.policy`). A policy document or a setting outside the envelope raises PolicyError."""
     policy = policy or runtime_policy(settings.policy or None)
     settings.bounded_by(policy)
+    # Read once, here: without an OTLP endpoint nothing of tracing is loaded or installed.
+    traced = tracing.configure("queue-server")
     metrics = Metrics()
     db = Database.for_api(settings, database_url, outbox_cap=policy.delivery.outbox_cap)
     db.on_unavailable = lambda cause: metrics.database_unavailable.labels(cause).inc()
@@ -177,6 +179,8 @@ def create_app(
         metrics=metrics,
         base_uri=settings.problem_base_uri,
     )
+    if traced:
+        tracing.instrument_app(app)
     return app
 
 

@@ -12,7 +12,7 @@ orjson. A driver failure becomes a domain error here and nowhere else:
       on a connection that broke mid-protocol behind a pooler ("received 2 results
       from command 'BEGIN'", no SQLSTATE); the connection is closed and the pool
       drained, so no request is lent a connection to the old primary.
-    the admission's refusals (`admission_refusals`, SQLSTATEs of migration 0016):
+    the admission's refusals (`admission_refusals`, SQLSTATEs of migration 0017):
       QS429 -> BacklogCapReachedError (429), QS404 -> TenantNotFoundError (404),
       QS422 -> InvalidRequestError (422, the policy envelope)
 

@@ -50,7 +50,22 @@ def lease(row: Row) -> dict[str, Any]:
         "payload": row["payload"],
         "priority": row["priority"],
         "queue": row["queue"],
+        "trace": _trace(row),
     }
+
+
+def _trace(row: Row) -> dict[str, Any] | None:
+    """The enqueue's trace context, with how long before this acquisition it was enqueued
+    (both instants from the database's clock): a worker links to a context too old to
+    parent its span."""
+    traceparent = row["traceparent"]
+    if traceparent is None:
+        return None
+    trace: dict[str, Any] = {"traceparent": traceparent}
+    if row["tracestate"] is not None:
+        trace["tracestate"] = row["tracestate"]
+    trace["age"] = (row["leased_at"] - row["created_at"]).total_seconds()
+    return trace
 
 
 def event(row: Row) -> dict[str, Any]:

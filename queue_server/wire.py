@@ -96,6 +96,12 @@ class LedgerEvent(Model):
     data: Any = None
 
 
+class LeaseTrace(Model):
+    traceparent: str
+    tracestate: str | None = None
+    age: float = 0.0
+
+
 class Lease(Model):
     item_id: str
     fence: int
@@ -109,6 +115,12 @@ class Lease(Model):
     payload: Any = None
     priority: int
     queue: str
+    trace: LeaseTrace | None = Field(
+        default=None,
+        description="The W3C trace context the item was enqueued with (its `traceparent`"
+        " and `tracestate` headers), and `age`: seconds from the enqueue to this"
+        " acquisition. Null when the enqueue sent none.",
+    )
 
 
 class Heartbeat(Model):

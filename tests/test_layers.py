@@ -11,10 +11,11 @@ Layers, top to bottom (a module imports from its own layer or a lower one):
     store                      every statement
 
 Beside them, importable from any layer and importing none: the shared values and
-utilities (errors, models, settings, views, wire, auth, store.types, the schema in
+utilities (errors, models, settings, views, wire, tracecontext, auth, store.types, the schema in
 store.tables, the reliability policy, the transport broker, the migrations, and
 infra's metrics, key cache, embedded PostgreSQL, migrate and HTTP protocol). The
-client SDK imports only itself, the policy, the transport, the wire shapes and the package
+client SDK imports only itself, the policy, the transport, the wire shapes, the W3C trace
+context reader and the package
 version.
 """
 
@@ -44,6 +45,7 @@ SHARED = {
     "queue_server.settings",
     "queue_server.views",
     "queue_server.wire",
+    "queue_server.tracecontext",
     "queue_server.auth",
     "queue_server.store.types",
     "queue_server.store.tables",
@@ -61,6 +63,7 @@ CLIENT_MAY_IMPORT = {
     "queue_server.policy",
     "queue_server.transport",
     "queue_server.wire",
+    "queue_server.tracecontext",
 }
 
 

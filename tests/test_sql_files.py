@@ -85,7 +85,7 @@ def _files() -> dict[str, sql.Statements]:
 
 
 def _admission() -> str:
-    """The statement of `queue_server.admit` (migration 0016), the one enqueue admission the
+    """The statement of `queue_server.admit` (migration 0017), the one enqueue admission the
     REST route and `queue_server.enqueue` share: from its RETURN QUERY to its end."""
     text: str = importlib.import_module(ADMISSION_MIGRATION).ADMIT
     return text[text.index("RETURN QUERY") + len("RETURN QUERY") : text.index("END\n$fn$")]

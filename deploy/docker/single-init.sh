@@ -2,7 +2,7 @@
 # Run once by the postgres image on a new volume (/docker-entrypoint-initdb.d): the server's
 # own role, which owns its database and is neither superuser nor CREATEROLE. The image's
 # POSTGRES_USER stays the administrator; the server never connects as it. Also the role
-# queue_server_enqueuer (migration 0016 needs it and the server's role may not create it):
+# queue_server_enqueuer (migration 0017 needs it and the server's role may not create it):
 # an application's role is made a member of it by `queue-server db grant-enqueue`.
 set -eu
 : "${QUEUE_SERVER_DB_PASSWORD:?set QUEUE_SERVER_DB_PASSWORD}"

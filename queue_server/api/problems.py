@@ -9,11 +9,12 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from opentelemetry import trace
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.routing import Match
 
-from queue_server import errors, views
+from queue_server import errors, tracecontext, views
 from queue_server.api.deps import caller_of
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,16 @@ def domain_error_response(request: Request, exc: errors.QueueServerError) -> Res
     if exc.status == 401:  # RFC 9110: a 401 names the scheme that would authenticate
         headers = {"WWW-Authenticate": 'Bearer realm="queue-server"'}
     return problem_response(body, headers)
+
+
+def _trace_note(request: Request) -> str:
+    """` trace_id=...` of the request: its span's when tracing is on, else the trace its
+    caller's `traceparent` names; empty when neither exists."""
+    context = trace.get_current_span().get_span_context()
+    if context.is_valid:
+        return f" trace_id={trace.format_trace_id(context.trace_id)}"
+    sent = tracecontext.from_headers(request.scope["headers"])
+    return f" trace_id={sent.trace_id}" if sent is not None else ""
 
 
 def install(app: FastAPI) -> None:
@@ -112,7 +123,9 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> Response:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        log.exception(
+            "unhandled error on %s %s%s", request.method, request.url.path, _trace_note(request)
+        )
         body = errors.problem(
             errors.QueueServerError(), base_uri=_base(request), instance=request.url.path
         )

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Path, Query, Request
 from pydantic import AwareDatetime, BaseModel
 from starlette.responses import Response
 
-from queue_server import errors, wire
+from queue_server import errors, tracecontext, wire
 from queue_server.api import schemas
 from queue_server.api.deps import (
     PROBLEMS,
@@ -34,6 +34,7 @@ from queue_server.api.deps import (
 from queue_server.api.problems import problem_response
 from queue_server.models import NAME_PATTERN, Role
 from queue_server.services.items import ItemFilter, NewItem
+from queue_server.tracecontext import TraceContext
 
 router = APIRouter(prefix="/v1", responses=PROBLEMS)
 
@@ -167,12 +168,13 @@ async def whoami(keys: KeysService, caller: Caller) -> Response:
 # -- work items ----------------------------------------------------------------
 
 
-def _new_item(item: schemas.ItemIn) -> NewItem:
+def _new_item(item: schemas.ItemIn, trace: TraceContext | None) -> NewItem:
     return NewItem(
         payload=item.payload,
         priority=item.priority,
         delay=item.delay,
         max_acquisitions=item.max_acquisitions,
+        trace=trace,
     )
 
 
@@ -191,10 +193,13 @@ async def enqueue(
     caller: Caller,
     idempotency_key: IdempotencyKey,
 ) -> Response:
-    """Enqueue one item. At the tenant's backlog cap: 429 `backlog-cap-reached`."""
+    """Enqueue one item. At the tenant's backlog cap: 429 `backlog-cap-reached`. A W3C
+    `traceparent` (and `tracestate`) header is kept with the item and handed to each of its
+    leases as `trace`; a malformed one is ignored."""
     idem = idempotency(request, idempotency_key, body)
+    new = [_new_item(body, tracecontext.from_headers(request.scope["headers"]))]
     answer = await items.enqueue(
-        caller, tenant, queue, [_new_item(body)], idem, instance=request.url.path, batch=False
+        caller, tenant, queue, new, idem, instance=request.url.path, batch=False
     )
     return respond(answer)
 
@@ -214,9 +219,11 @@ async def enqueue_batch(
     caller: Caller,
     idempotency_key: IdempotencyKey,
 ) -> Response:
-    """Enqueue 1 to 500 items, all or nothing against the backlog cap."""
+    """Enqueue 1 to 500 items, all or nothing against the backlog cap. Each item keeps the
+    request's W3C `traceparent`/`tracestate` headers, as a single enqueue does."""
     idem = idempotency(request, idempotency_key, body)
-    new = [_new_item(item) for item in body.items]
+    trace = tracecontext.from_headers(request.scope["headers"])
+    new = [_new_item(item, trace) for item in body.items]
     answer = await items.enqueue(
         caller, tenant, queue, new, idem, instance=request.url.path, batch=True
     )

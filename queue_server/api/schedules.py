@@ -10,6 +10,7 @@ from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, Field, model_validator
 from starlette.responses import Response
 
+from queue_server import tracecontext
 from queue_server.api import schemas
 from queue_server.api.deps import (
     PROBLEMS,
@@ -148,6 +149,7 @@ async def put_schedule(
         catch_up=CatchUp(body.catch_up),
         catch_up_limit=body.catch_up_limit,
         paused=body.paused,
+        trace=tracecontext.from_headers(request.scope["headers"]),
     )
     return respond(await schedules.put(caller, tenant, name, spec, idem, instance=request.url.path))
 
@@ -239,6 +241,10 @@ async def trigger_schedule(
     caller: Caller,
     idempotency_key: IdempotencyKey,
 ) -> Response:
-    """Enqueue one run now (also while paused), under the backlog cap like any enqueue."""
+    """Enqueue one run now (also while paused), under the backlog cap like any enqueue. The
+    item carries this request's W3C `traceparent`, else the one the schedule was put with."""
     idem = idempotency(request, idempotency_key, schemas.Body())
-    return respond(await schedules.trigger(caller, tenant, name, idem, instance=request.url.path))
+    trace = tracecontext.from_headers(request.scope["headers"])
+    return respond(
+        await schedules.trigger(caller, tenant, name, idem, instance=request.url.path, trace=trace)
+    )

@@ -159,7 +159,9 @@ def serve(
     With no QUEUE_SERVER_DATABASE_URL, starts an embedded PostgreSQL in the data
     directory, migrates it, and creates an admin key on first start, written readable
     only by you to <data-dir>/admin.key. Ctrl-C stops both. With a URL, the schema
-    must already be at head (`queue-server db upgrade`).
+    must already be at head (`queue-server db upgrade`). With
+    OTEL_EXPORTER_OTLP_ENDPOINT set, every worker process exports OpenTelemetry spans of
+    its requests and database round trips (docs/observability.md).
 
     Example: [bold]queue-server serve --port 9000[/bold]
     """

@@ -34,6 +34,7 @@ from queue_server.cli.common import (
     tenant_session,
 )
 from queue_server.client.watchers import Delivery, Watcher, WatcherClient
+from queue_server.infra import tracing
 
 watchers_app = CLI(
     help="Webhooks: register, list, pause, resume, cancel, rotate secrets, see deliveries.",
@@ -372,6 +373,8 @@ def deliver(
     resumes by itself. SIGTERM or Ctrl-C lets the deliveries in flight finish; a second
     one returns them to the outbox. Settings: QUEUE_SERVER_TRANSPORT_ALLOW (JSON list),
     QUEUE_SERVER_DELIVERY_BACKOFF_SCALE, QUEUE_SERVER_DELIVERY_ATTEMPT_TIMEOUT, ...
+    With OTEL_EXPORTER_OTLP_ENDPOINT set, each attempt is an OpenTelemetry span
+    (docs/observability.md).
 
     Example: [bold]queue-server deliver --allow 127.0.0.1[/bold]
     """
@@ -392,6 +395,8 @@ def deliver(
     policy = process_policy(policy_file)
     settings.bounded_by(policy)
     database_url = settings.database_url or _embedded_url(settings.data_dir)
+    # With OTEL_EXPORTER_OTLP_ENDPOINT set: a span per delivery attempt, exported over OTLP.
+    tracing.configure("queue-server-deliver")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger(__name__).info("policy %s", policy.describe())
     # Each attempt is logged by delivery key and outcome; never a secret or a URL path.

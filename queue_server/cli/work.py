@@ -36,7 +36,9 @@ from queue_server.cli.common import (
     tenant_session,
 )
 from queue_server.client import Job, Outcome, Requeue, Result, TransientError, Worker
+from queue_server.client.tracing import current_context
 from queue_server.client.worker import default_worker_name
+from queue_server.infra import tracing
 from queue_server.policy import at_most
 
 EXIT_TEMPFAIL = 75  # sysexits.h EX_TEMPFAIL: the failure is transient
@@ -168,8 +170,12 @@ class CommandHandler:
         self.retry_delay = retry_delay
 
     def __call__(self, job: Job) -> Any:
+        # The handler's span (else the item's enqueue context) continues in the command:
+        # TRACEPARENT and TRACESTATE, as OpenTelemetry's environment carriers name them.
+        inherited = ("TRACEPARENT", "TRACESTATE")
         env = {
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if k not in inherited},
+            **{k.upper(): v for k, v in current_context().items()},
             "QS_ITEM_ID": job.item_id,
             "QS_FENCE": str(job.fence),
             "QS_ACQUISITION_COUNT": str(job.acquisition_count),
@@ -266,7 +272,9 @@ def work(
 
     The payload is the command's stdin (JSON); QS_ITEM_ID, QS_FENCE and
     QS_ACQUISITION_COUNT (also QS_QUEUE, QS_TENANT, QS_WORKER) are in its
-    environment. Exit 0 completes the item with stdout (JSON if it parses, else
+    environment, and TRACEPARENT (W3C): the span of this run of the command when
+    OTEL_EXPORTER_OTLP_ENDPOINT is set, else the item's enqueue context if it
+    has one. Exit 0 completes the item with stdout (JSON if it parses, else
     text). Exit 75 is a transient failure; any other exit is a failure: both
     requeue the item while its acquisition budget lasts, due again after the
     queue's backoff (1 s, 2 s, 4 s ... up to its cap), and the server
@@ -292,6 +300,8 @@ def work(
         cell=leased.cell("backoff_cap"),
     )
     err_console.print(f"policy {policy.describe()}", highlight=False)
+    # With OTEL_EXPORTER_OTLP_ENDPOINT set, each command's span is exported from here.
+    tracing.configure("queue-server-work", database=False)
     with tenant_session(url, key, data_dir, tenant, policy) as qs:
         progress = Progress()
         worker = Worker(

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 from queue_server.client.async_client import AsyncQueueClient
 from queue_server.client.core import Call
 from queue_server.client.models import Lease
+from queue_server.client.tracing import DEFAULT_PARENT_WITHIN, current
 from queue_server.client.worker_core import HeldJob, Run, Steps, Wait, WorkerCore
 from queue_server.client.working import Result
 from queue_server.policy import ReliabilityPolicy
@@ -122,6 +123,8 @@ class AsyncWorker(WorkerCore[AsyncJob]):
         limit_refresh: float = 10.0,
         on_result: Callable[[Result], None] | None = None,
         policy: ReliabilityPolicy | None = None,
+        tracer_provider: Any = None,
+        trace_parent_within: float = DEFAULT_PARENT_WITHIN,
     ) -> None:
         self.client = client
         self.stopping = asyncio.Event()
@@ -140,6 +143,8 @@ class AsyncWorker(WorkerCore[AsyncJob]):
             limit_refresh=limit_refresh,
             on_result=on_result,
             policy=policy,
+            tracer_provider=tracer_provider,
+            trace_parent_within=trace_parent_within,
         )
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -174,9 +179,10 @@ class AsyncWorker(WorkerCore[AsyncJob]):
                             await asyncio.wait_for(step.on.wait(), step.timeout)
                 else:
                     assert isinstance(step, Run)
-                    answer = handler(step.job)
-                    if inspect.isawaitable(answer):
-                        answer = await answer
+                    with current(self.spans, step.span):
+                        answer = handler(step.job)
+                        if inspect.isawaitable(answer):
+                            answer = await answer
             except BaseException as exc:  # the loop decides what survives
                 failure = exc
 

@@ -1,6 +1,6 @@
 """Enqueue inside the application's own database transaction: `enqueue_in` and
 `enqueue_many_in` call `queue_server.enqueue` / `queue_server.enqueue_many` (migration
-0016) on the connection the application already holds, so the item exists exactly when
+0017) on the connection the application already holds, so the item exists exactly when
 the application's own rows commit.
 
     with psycopg.connect(url) as conn, conn.transaction():
@@ -73,7 +73,7 @@ def _typed(exc: BaseException) -> BaseException:
 
 
 class _Call:
-    """One call of a function of migration 0016, ready for either kind of connection."""
+    """One call of a function of migration 0017, ready for either kind of connection."""
 
     def __init__(self, sql: str, sa_sql: str, params: dict[str, Any]) -> None:
         self.sql, self.sa_sql, self.params = sql, sa_sql, params

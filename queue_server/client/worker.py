@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from queue_server.client.client import QueueClient
 from queue_server.client.core import Call
 from queue_server.client.models import Lease
+from queue_server.client.tracing import DEFAULT_PARENT_WITHIN, current
 from queue_server.client.worker_core import HeldJob, Run, Steps, Wait, WorkerCore
 from queue_server.client.working import (
     Outcome,
@@ -104,6 +105,8 @@ class Worker(WorkerCore[Job]):
         limit_refresh: float = 10.0,
         on_result: Callable[[Result], None] | None = None,
         policy: ReliabilityPolicy | None = None,
+        tracer_provider: Any = None,
+        trace_parent_within: float = DEFAULT_PARENT_WITHIN,
     ) -> None:
         self.client = client
         self.stopping = threading.Event()
@@ -122,6 +125,8 @@ class Worker(WorkerCore[Job]):
             limit_refresh=limit_refresh,
             on_result=on_result,
             policy=policy,
+            tracer_provider=tracer_provider,
+            trace_parent_within=trace_parent_within,
         )
         self._threads: list[threading.Thread] = []
 
@@ -150,7 +155,8 @@ class Worker(WorkerCore[Job]):
                     step.on.wait(step.timeout)
                 else:
                     assert isinstance(step, Run)
-                    answer = handler(step.job)
+                    with current(self.spans, step.span):
+                        answer = handler(step.job)
             except BaseException as exc:  # the loop decides what survives
                 failure = exc
 

@@ -39,9 +39,11 @@ from typing import Any, Generic, Protocol, TypeVar
 from queue_server.client import errors
 from queue_server.client.core import Call, ClientFace, new_idempotency_key
 from queue_server.client.models import Item, Lease
+from queue_server.client.tracing import DEFAULT_PARENT_WITHIN, HandlerSpans
 from queue_server.client.working import (
     MAX_ACQUIRE,
     LeaseFacts,
+    Outcome,
     Pace,
     Result,
     Stage,
@@ -103,9 +105,11 @@ class Wait:
 
 @dataclass(frozen=True, slots=True)
 class Run:
-    """Run the handler on the job; the answer is its value, or its exception thrown back."""
+    """Run the handler on the job; the answer is its value, or its exception thrown back.
+    `span`: the handler's span, current while it runs (None without tracing)."""
 
     job: Any
+    span: Any = None
 
 
 #: A loop of the worker: the steps it asks the face to perform, and what it returns.
@@ -144,6 +148,8 @@ class WorkerCore(abc.ABC, Generic[J]):
         limit_refresh: float = 10.0,
         on_result: Callable[[Result], None] | None = None,
         policy: ReliabilityPolicy | None = None,
+        tracer_provider: Any = None,
+        trace_parent_within: float = DEFAULT_PARENT_WITHIN,
     ) -> None:
         if not 0 < heartbeat_fraction < 1:
             raise ValueError("heartbeat_fraction must be between 0 and 1")
@@ -196,6 +202,8 @@ class WorkerCore(abc.ABC, Generic[J]):
         self._outbox_closed = False
         self._beats_closed = False
         self._services_users = 0
+        # Each handler's span (docs/observability.md); None without opentelemetry.
+        self.spans = HandlerSpans.create(tracer_provider, trace_parent_within)
 
     # -- what each face provides -------------------------------------------------
 
@@ -318,8 +326,9 @@ class WorkerCore(abc.ABC, Generic[J]):
             self._settle(job, lost(job))
             return
         started = time.monotonic()
+        span = None if self.spans is None else self.spans.start(job.lease, self.queue, self.name)
         try:
-            value = yield Run(job)
+            value = yield Run(job, span)
         except Exception as exc:
             failure: BaseException | None = exc
             value = None
@@ -327,11 +336,16 @@ class WorkerCore(abc.ABC, Generic[J]):
             failure = None
         self.pace.handled(time.monotonic() - started)
         if job.lost.is_set():
+            if span is not None:
+                self.spans.end(span, Outcome.LOST, failure)  # type: ignore[union-attr]
             self._settle(job, lost(job))
             return
+        sub = verdict(value, failure)
+        if span is not None:
+            self.spans.end(span, sub.outcome, failure)  # type: ignore[union-attr]
         with self._lock:
             job.stage = Stage.SETTLING
-        self._put(job, verdict(value, failure))
+        self._put(job, sub)
 
     # -- the loop ------------------------------------------------------------
 

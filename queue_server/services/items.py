@@ -35,6 +35,7 @@ from queue_server.services.queue_settings import DEFAULT_RETRY_BASE
 from queue_server.settings import Settings
 from queue_server.store import reads, tenants, transitions
 from queue_server.store.types import Conn, Row
+from queue_server.tracecontext import TraceContext
 
 # How long a queue found near its concurrency limit skips the shared-lock attempt.
 NEAR_LIMIT_MEMORY = 5.0
@@ -185,6 +186,8 @@ class NewItem:
     max_acquisitions: int | None = None
     # Default: a new time-ordered id. A schedule's fire names its item (schedule, tick).
     item_id: str | None = None
+    # The producer's W3C trace context (already validated), handed to each lease.
+    trace: TraceContext | None = None
 
 
 class Wakeups(Protocol):
@@ -276,6 +279,8 @@ class Items:
                     if item.max_acquisitions is None
                     else min(item.max_acquisitions, self.envelope.leased.attempt_cap)
                 ),
+                "traceparent": item.trace and item.trace.traceparent,
+                "tracestate": item.trace and item.trace.tracestate,
             }
             for item in items
         ]

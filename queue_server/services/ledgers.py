@@ -35,6 +35,8 @@ FOLDED = (
     "lease_expires_at",
     "result",
     "last_failure",
+    "traceparent",
+    "tracestate",
 )
 
 
@@ -67,6 +69,8 @@ def fold(events: list[Row]) -> Row:
                 "lease_expires_at": None,
                 "result": None,
                 "last_failure": None,
+                "traceparent": data.get("trace", {}).get("traceparent"),
+                "tracestate": data.get("trace", {}).get("tracestate"),
             }
         elif kind == "acquired":
             item.update(

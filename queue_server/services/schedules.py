@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from queue_server import auth, errors, views
+from queue_server import auth, errors, tracecontext, views
 from queue_server.db import Database
 from queue_server.idempotency import Answer, Effects, Idempotency
 from queue_server.infra.metrics import Metrics
@@ -37,6 +37,7 @@ from queue_server.services.ticks import CatchUp, Timing, plan
 from queue_server.settings import Settings
 from queue_server.store import schedules, transitions
 from queue_server.store.types import Conn, Row
+from queue_server.tracecontext import TraceContext
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,8 @@ class ScheduleSpec:
     catch_up: CatchUp = CatchUp.SKIP
     catch_up_limit: int = 100
     paused: bool = False
+    # The W3C trace context of the request (already validated): each fire's item carries it.
+    trace: TraceContext | None = None
 
 
 def timing_of(row: Row) -> Timing:
@@ -126,6 +129,8 @@ class Schedules:
             "catch_up": str(spec.catch_up),
             "catch_up_limit": spec.catch_up_limit,
             "paused": spec.paused,
+            "traceparent": spec.trace and spec.trace.traceparent,
+            "tracestate": spec.trace and spec.trace.tracestate,
         }
 
         async def operation(conn: Conn) -> Answer:
@@ -227,15 +232,25 @@ class Schedules:
         return await self.effects.run(tenant, idem, instance, operation)
 
     async def trigger(
-        self, principal: auth.Principal, tenant: str, name: str, idem: Idempotency, *, instance: str
+        self,
+        principal: auth.Principal,
+        tenant: str,
+        name: str,
+        idem: Idempotency,
+        *,
+        instance: str,
+        trace: TraceContext | None = None,
     ) -> Answer:
         """One fire now (paused or not), under the backlog cap like any enqueue: 201 with the
-        item, or 429 `backlog-cap-reached`. The schedule's ticks are not affected."""
+        item, or 429 `backlog-cap-reached`. The schedule's ticks are not affected. The item
+        carries the trigger's trace context, else the schedule's."""
         principal.require(tenant, Role.OPERATOR)
 
         async def operation(conn: Conn) -> Answer:
             row = await self._schedule(conn, tenant, name, lock=True)
-            item = await self._fire(conn, row, row["now"], trigger=True, actor=principal.actor)
+            item = await self._fire(
+                conn, row, row["now"], trigger=True, actor=principal.actor, trace=trace
+            )
             return Answer.of(
                 201, {"schedule": name, "tick_at": row["now"], "item": views.item(item)}
             )
@@ -252,10 +267,18 @@ class Schedules:
     # -- firing ------------------------------------------------------------------------
 
     async def _fire(
-        self, conn: Conn, row: Row, tick: datetime, *, trigger: bool, actor: str
+        self,
+        conn: Conn,
+        row: Row,
+        tick: datetime,
+        *,
+        trigger: bool,
+        actor: str,
+        trace: TraceContext | None = None,
     ) -> Row:
         """Enqueue the schedule's item for `tick` through the one admission path; its id is
-        derived from (schedule, kind, tick), its ledger says which schedule and tick."""
+        derived from (schedule, kind, tick), its ledger says which schedule and tick. Its
+        trace context: `trace`, else the one the schedule was put with."""
         kind = "trigger" if trigger else "tick"
         tenant, schedule_id = row["tenant_id"], str(row["schedule_id"])
         new = NewItem(
@@ -263,6 +286,7 @@ class Schedules:
             priority=row["priority"],
             max_acquisitions=row["max_acquisitions"],
             item_id=uuid7_at(tick, f"schedule:{schedule_id}/{kind}"),
+            trace=trace or tracecontext.parse(row["traceparent"], row["tracestate"]),
         )
         # A savepoint: a refusal at the cap aborts only the admission, and the pass goes on
         # in its transaction to record it.

@@ -1,5 +1,5 @@
 """Which database roles may enqueue for which tenant inside their own transactions
-(`queue_server.enqueue`, migration 0016): granted and revoked by an operator's command."""
+(`queue_server.enqueue`, migration 0017): granted and revoked by an operator's command."""
 
 from __future__ import annotations
 

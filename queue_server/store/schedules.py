@@ -36,6 +36,8 @@ _FIELDS = (
     "catch_up",
     "catch_up_limit",
     "paused",
+    "traceparent",
+    "tracestate",
 )
 
 

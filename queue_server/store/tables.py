@@ -79,6 +79,10 @@ api_keys = Table(
     CheckConstraint("(role = 'admin') = (tenant_id IS NULL)", name="admin_has_no_tenant"),
 )
 
+# A stored trace context is W3C Trace Context version 00 (the API drops any other).
+TRACEPARENT_W3C = "traceparent ~ '^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'"
+TRACESTATE_BOUNDED = "length(tracestate) <= 512"
+
 work_items = Table(
     "work_items",
     metadata,
@@ -108,8 +112,13 @@ work_items = Table(
     # The API key that acquired the latest lease: only it acts as the holder (0015; NULL for
     # a lease taken before).
     Column("lease_key_id", Text, nullable=True),
+    # The enqueue's W3C trace context (0016): each lease hands it to its worker.
+    Column("traceparent", Text, nullable=True),
+    Column("tracestate", Text, nullable=True),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
     CheckConstraint("fence >= 0", name="fence_not_negative"),
+    CheckConstraint(TRACEPARENT_W3C, name="traceparent_w3c"),
+    CheckConstraint(TRACESTATE_BOUNDED, name="tracestate_bounded"),
     CheckConstraint(
         "acquisition_count >= 0 AND acquisition_count <= max_acquisitions",
         name="acquisitions_within_budget",
@@ -162,7 +171,7 @@ work_items = Table(
         "item_id",
         postgresql_where=text("state <> 'leased'"),
     ),
-    # The same pages sorted by priority or by attempts, then creation (0018).
+    # The same pages sorted by priority or by attempts, then creation (0019).
     Index(
         "ix_work_items_list_priority",
         "tenant_id",
@@ -549,8 +558,14 @@ schedules = Table(
     Column("skipped", BigInteger, nullable=False, server_default=text("0")),
     _ts("created_at", nullable=False, server_default=func.now()),
     _ts("updated_at", nullable=False, server_default=func.now()),
+    # The trace context of the request that created or last changed the schedule (0016):
+    # each fire's item carries it.
+    Column("traceparent", Text, nullable=True),
+    Column("tracestate", Text, nullable=True),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
     CheckConstraint("(cron IS NULL) <> (every_seconds IS NULL)", name="cron_or_every"),
+    CheckConstraint(TRACEPARENT_W3C, name="traceparent_w3c"),
+    CheckConstraint(TRACESTATE_BOUNDED, name="tracestate_bounded"),
     CheckConstraint("every_seconds >= 1", name="every_positive"),
     CheckConstraint("catch_up IN ('skip', 'latest', 'all-bounded')", name="catch_up_known"),
     CheckConstraint("catch_up_limit BETWEEN 1 AND 1000", name="catch_up_limit_range"),
@@ -657,7 +672,7 @@ queue_counters = Table(
     Column("purged_completed", BigInteger, nullable=False, server_default=text("0")),
     Column("purged_cancelled", BigInteger, nullable=False, server_default=text("0")),
     # Completions whose lease start is known and the sum of their acquire-to-complete times
-    # in milliseconds (0017): a window's mean latency is the rise of one over the other's.
+    # in milliseconds (0018): a window's mean latency is the rise of one over the other's.
     Column("timed_completions", BigInteger, nullable=False, server_default=text("0")),
     Column("completion_ms", BigInteger, nullable=False, server_default=text("0")),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
@@ -674,7 +689,7 @@ queue_samples = Table(
     Column("completed", BigInteger, nullable=False),
     Column("failed", BigInteger, nullable=False),
     # The counters' latency totals, the ready items and the oldest due one's
-    # `available_at` at the sample (0017): the console's depth, age and latency charts.
+    # `available_at` at the sample (0018): the console's depth, age and latency charts.
     Column("timed_completions", BigInteger, nullable=False, server_default=text("0")),
     Column("completion_ms", BigInteger, nullable=False, server_default=text("0")),
     Column("ready", BigInteger, nullable=False, server_default=text("0")),
@@ -684,7 +699,7 @@ queue_samples = Table(
 )
 
 # The day's charts: each queue's last sample of each 15-minute bucket (copied by the
-# sweeper while the samples are still kept), for 25 hours (0017).
+# sweeper while the samples are still kept), for 25 hours (0018).
 queue_day_samples = Table(
     "queue_day_samples",
     metadata,
@@ -737,7 +752,7 @@ console_sessions = Table(
 )
 
 
-# -- enqueue inside an application's transaction (0016) --------------------------------------
+# -- enqueue inside an application's transaction (0017) --------------------------------------
 
 # Which tenants a database role may enqueue for through queue_server.enqueue (the role is
 # also a member of queue_server_enqueuer). By oid: a renamed role keeps its grants, a

@@ -64,7 +64,7 @@ async def enqueue(
     """(nothing) -> ready, one row per item, all or nothing, under the tenant's admission
     lock (taken here, held until the caller's transaction ends) and its backlog cap.
 
-    The one admission (`queue_server.admit`, migration 0016) that `queue_server.enqueue`
+    The one admission (`queue_server.admit`, migration 0017) that `queue_server.enqueue`
     runs too. An item without its own `max_acquisitions` gets the queue's, else the
     tenant's default, each at most `attempt_cap`; the cap at most `backlog_ceiling`.
     Refusals are SQL errors (the caller translates them with `db.admission_refusals`).

@@ -57,6 +57,8 @@ NETWORK_MODULES = (
     "paramiko",
     "asyncssh",
     "uvicorn",
+    # The OTLP exporter posts spans to the collector the operator names.
+    "opentelemetry.exporter",
 )
 # Calls that open a connection, a listening socket or a name lookup, by resolved name.
 CONNECTING_CALLS = frozenset(
@@ -241,6 +243,12 @@ ALLOWED: dict[str, Allowance] = {
         "subclasses uvicorn's HTTP protocol class to answer malformed requests as problems;"
         " it opens no socket (uvicorn does, in `serve`)",
         "import uvicorn.protocols.http.httptools_impl",
+    ),
+    # The operator's telemetry collector, only when OTEL_EXPORTER_OTLP_ENDPOINT names one.
+    "queue_server/infra/tracing.py": _allow(
+        "the OTLP/HTTP span exporter: batches of spans to the collector named by"
+        " OTEL_EXPORTER_OTLP_ENDPOINT, never a target a tenant chose (docs/observability.md)",
+        "import opentelemetry.exporter.otlp.proto.http.trace_exporter",
     ),
     # The database driver: connections to PostgreSQL, nowhere else.
     "queue_server/db.py": _allow(

@@ -17,7 +17,7 @@ ALTER ROLE queue_server LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION 
 
 -- name: create_enqueuer_role
 -- What an application's role is made a member of to call queue_server.enqueue (migration
--- 0016 grants it EXECUTE on that, and nothing else); made here because the server's
+-- 0017 grants it EXECUTE on that, and nothing else); made here because the server's
 -- role may not create roles.
 DO $$
 BEGIN

@@ -4,7 +4,7 @@
 
 -- name: grant_enqueue
 -- The role (made, logging in with the password, when it does not exist) may call
--- queue_server.enqueue for the tenant: the functions of migration 0016 quote its name.
+-- queue_server.enqueue for the tenant: the functions of migration 0017 quote its name.
 SELECT queue_server.grant_enqueue(%(role)s, %(tenant)s, %(password)s) AS created;
 
 -- name: revoke_enqueue

@@ -5,11 +5,11 @@
 -- name: insert_schedule
 INSERT INTO schedules (tenant_id, name, schedule_id, queue, payload, priority, max_acquisitions,
                        cron, every_seconds, timezone, catch_up, catch_up_limit, paused,
-                       next_tick_at, due_at, created_at, updated_at)
+                       next_tick_at, due_at, created_at, updated_at, traceparent, tracestate)
 VALUES (%(tenant)s, %(name)s, gen_random_uuid(), %(queue)s, %(payload)s, %(priority)s,
         %(max_acquisitions)s, %(cron)s, %(every_seconds)s, %(timezone)s, %(catch_up)s,
         %(catch_up_limit)s, %(paused)s, %(next_tick)s, %(next_tick)s,
-        statement_timestamp(), statement_timestamp())
+        statement_timestamp(), statement_timestamp(), %(traceparent)s, %(tracestate)s)
 RETURNING *;
 
 -- name: update_schedule
@@ -19,7 +19,9 @@ SET queue = %(queue)s, payload = %(payload)s, priority = %(priority)s,
     timezone = %(timezone)s, catch_up = %(catch_up)s, catch_up_limit = %(catch_up_limit)s,
     paused = %(paused)s, next_tick_at = %(next_tick)s,
     due_at = CASE WHEN next_tick_at = %(next_tick)s THEN due_at ELSE %(next_tick)s END,
-    updated_at = statement_timestamp()
+    updated_at = statement_timestamp(),
+    -- The latest put's trace context: the fires from now on belong to its trace.
+    traceparent = %(traceparent)s, tracestate = %(tracestate)s
 WHERE tenant_id = %(tenant)s AND name = %(name)s
 RETURNING *;
 

@@ -3,7 +3,7 @@
 -- the text sent.
 
 -- name: enqueue
--- (nothing) -> ready: the admission of migration 0016, shared with queue_server.enqueue
+-- (nothing) -> ready: the admission of migration 0017, shared with queue_server.enqueue
 -- (an application's own transaction): the tenant's admission lock, the backlog cap, the
 -- envelope, the items, their `enqueued` ledger rows, the admitted counter, the outbox
 -- rows and the NOTIFY. Refusals are SQL errors (QS429 at the cap, QS404 no tenant).

@@ -2,8 +2,8 @@
 transaction, through the one admission the REST route uses (queue_server.admit); the role
 queue_server_enqueuer and the per-tenant grants it is checked against
 
-Revision ID: 0016
-Revises: 0015
+Revision ID: 0017
+Revises: 0016
 Create Date: 2026-12-03
 """
 
@@ -13,8 +13,8 @@ import sqlalchemy as sa
 from alembic import op
 from sqlalchemy.dialects import postgresql
 
-revision: str = "0016"
-down_revision: str | Sequence[str] | None = "0015"
+revision: str = "0017"
+down_revision: str | Sequence[str] | None = "0016"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -119,11 +119,11 @@ BEGIN
     WITH input AS (
         SELECT * FROM jsonb_to_recordset(p_items)
             AS x(item_id uuid, payload jsonb, priority int, delay double precision,
-                 max_acquisitions int)
+                 max_acquisitions int, traceparent text, tracestate text)
     ), ins AS (
         INSERT INTO work_items (tenant_id, item_id, queue, payload, priority, state,
                                 available_at, max_acquisitions, event_seq,
-                                created_at, updated_at)
+                                created_at, updated_at, traceparent, tracestate)
         SELECT p_tenant, x.item_id, p_queue, coalesce(x.payload, 'null'::jsonb),
                coalesce(x.priority, 0), 'ready',
                statement_timestamp() + make_interval(secs => coalesce(x.delay, 0)),
@@ -133,7 +133,7 @@ BEGIN
                         (SELECT least(q.max_acquisitions, p_attempt_cap) FROM queues q
                          WHERE q.tenant_id = p_tenant AND q.queue = p_queue),
                         least(t.default_max_acquisitions, p_attempt_cap)),
-               1, statement_timestamp(), statement_timestamp()
+               1, statement_timestamp(), statement_timestamp(), x.traceparent, x.tracestate
         FROM input x
         RETURNING *
     ), ev AS (
@@ -142,6 +142,10 @@ BEGIN
                jsonb_build_object('queue', queue, 'payload', payload, 'priority', priority,
                                   'available_at', available_at,
                                   'max_acquisitions', max_acquisitions)
+               -- The producer's trace context, when it sent one (W3C traceparent/tracestate).
+               || CASE WHEN traceparent IS NULL THEN '{{}}'::jsonb
+                       ELSE jsonb_build_object('trace', jsonb_strip_nulls(jsonb_build_object(
+                                'traceparent', traceparent, 'tracestate', tracestate))) END
         FROM ins
     ), admitted AS (
         -- This transaction holds the row's lock (the admission lock) already.
