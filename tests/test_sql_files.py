@@ -91,7 +91,7 @@ def _admission() -> str:
     return text[text.index("RETURN QUERY") + len("RETURN QUERY") : text.index("END\n$fn$")]
 
 
-ADMISSION_MIGRATION = "queue_server.migrations.versions.0016_transactional_enqueue"
+ADMISSION_MIGRATION = "queue_server.migrations.versions.0017_transactional_enqueue"
 # Every statement that changes an item: the blocks of transitions.sql, and the admission
 # its `enqueue` block calls (a SQL function, so an application's transaction runs it too).
 TRANSITIONS = {**sql.load("transitions"), "queue_server.admit": _admission()}
