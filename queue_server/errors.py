@@ -61,7 +61,8 @@ Not answers of the API, each in its own module:
         ├── InternalServerError 500, HeadersTooLargeError 431, ClientDisconnectedError 499,
         │   UnauthorizedError 401, PayloadTooLargeError 413
         ├── BadRequestError 400: IdempotencyKeyRequiredError, MalformedRequestError
-        ├── ForbiddenError 403: ForbiddenRoleError, CsrfRefusedError
+        ├── ForbiddenError 403: ForbiddenRoleError, CsrfRefusedError, EnqueueNotGrantedError
+        │   (SQLSTATE 42501 of queue_server.enqueue: `enqueue_in`, by BY_SQLSTATE)
         ├── NotFoundError 404: TenantNotFoundError, ItemNotFoundError, DeadLetterNotFoundError,
         │   KeyNotFoundError, WatcherNotFoundError, DeliveryNotFoundError,
         │   ReceiptNotFoundError, VerificationRunNotFoundError, ScheduleNotFoundError
@@ -74,7 +75,7 @@ Not answers of the API, each in its own module:
         │       LeaseExpiredError, ItemNotLeasedError, LeaseDeadlineExceededError,
         │       ItemCancelledError
         ├── InvalidRequestError 422: IdempotencyKeyReuseError, TargetRefusedError,
-        │   ItemNotDeclaredError, AdmissionRefusedError
+        │   ItemNotDeclaredError, AdmissionRefusedError, PolicyEnvelopeError (SQLSTATE QS422)
         ├── TooManyRequestsError 429: BacklogCapReachedError, PermitUnavailableError
         └── ServiceUnavailableError 503: TimeoutExceededError, CircuitOpenError
     DependencyStatusError, TransientError, Quarantine, Requeue   queue_server.client

@@ -105,6 +105,31 @@ def test_serve_starts_embedded_database_creates_admin_key_and_reuses_data(open_d
     # The server connects as a role of its own: not the superuser, no CREATEROLE.
     assert _server_roles(data_dir) == [("queue_server", False, False, False)]
 
+    # An application's role on the embedded database: made by the superuser, its URL printed
+    # once; it enqueues inside its own transaction, and the API lists the item.
+    granted = subprocess.run(
+        [str(BIN), "db", "grant-enqueue", "orders_app", "--tenant", "acme", "--data-dir",
+         str(data_dir)],
+        capture_output=True, text=True, timeout=60,
+        env={k: v for k, v in os.environ.items() if k != "QUEUE_SERVER_DATABASE_URL"},
+    )  # fmt: skip
+    assert granted.returncode == 0, granted.stderr
+    [app_url] = [u for u in granted.stdout.splitlines() if u.startswith("postgresql://")]
+    with psycopg.connect(app_url) as conn:
+        conn.execute("SELECT queue_server.enqueue('acme', 'emails', '{\"order\": 1}', 'o-1')")
+    listed = httpx.get(f"{url}/v1/tenants/acme/items", headers=headers).json()["items"]
+    assert [i["payload"] for i in listed] == [{"order": 1}]
+    # The server's role is named like the functions' schema ("$user" in the default
+    # search_path): what it creates unqualified (a later migration's tables) still goes to
+    # public, where the tables are.
+    pg = EmbeddedPostgres(data_dir / "pgdata")
+    with psycopg.connect(pg.url("queue_server", user="queue_server")) as conn:
+        assert conn.execute("SELECT current_schema()").fetchone() == ("public",)
+        tables = conn.execute(
+            "SELECT DISTINCT schemaname FROM pg_tables WHERE tableowner = 'queue_server'"
+        ).fetchall()
+    assert tables == [("public",)]
+
     # A second server on the same data directory is refused before it touches anything.
     second = _serve(data_dir, _free_port())
     refused, _ = second.communicate(timeout=60)

@@ -205,19 +205,20 @@ def test_enqueue_many_is_all_or_nothing_against_the_cap_and_keeps_the_order_give
         with pytest.raises(errors.BacklogCapReachedError):
             enqueue_many_in(conn, "acme", "emails", [{"payload": n} for n in range(4)], key="k4")
         conn.rollback()
-        ids = enqueue_many_in(
-            conn,
-            "acme",
-            "emails",
-            [{"payload": "a"}, {"payload": "b", "priority": 5, "delay": 60}, {"payload": "c"}],
-            key="k3",
-        )
+        assert listed(api) == []
+        assert api.admin.put("/v1/tenants/acme", json={"backlog_cap": 10}).status_code == 200
+        batch = [{"payload": n} for n in range(10)]
+        batch[1] = {"payload": 1, "priority": 5, "delay": 60}
+        ids = enqueue_many_in(conn, "acme", "emails", batch, key="k10")
+        conn.commit()
+        # The key again: the same ids, in the same order.
+        assert enqueue_many_in(conn, "acme", "emails", batch, key="k10") == ids
         conn.commit()
     items = {i["item_id"]: i for i in listed(api)}
-    assert [items[i]["payload"] for i in ids] == ["a", "b", "c"]
+    assert [items[i]["payload"] for i in ids] == list(range(10))
     assert items[ids[1]]["priority"] == 5
     assert count(db, "SELECT count(*) FROM work_items WHERE available_at > now()") == 1
-    assert len(set(ids)) == 3
+    assert len(set(ids)) == 10
     assert all(uuid.UUID(i).version == 7 for i in ids)  # time-ordered, like the REST route's
 
 
@@ -269,15 +270,35 @@ def test_a_role_without_the_grant_gets_permission_denied_and_sees_no_table(
             assert denied.value.sqlstate == "42501"
             assert message in str(denied.value.__cause__), role
     # EXECUTE on the two functions and nothing else: no table, no inner function.
-    for statement in (
-        "SELECT count(*) FROM work_items",
-        "INSERT INTO tenants (tenant_id, backlog_cap, default_max_acquisitions,"
-        " default_lease_ttl) VALUES ('x', 1, 1, '1 s')",
-        "SELECT * FROM queue_server.admit('acme', 'q', '[]', 'me', 100, 1000000)",
-        "SELECT queue_server.enqueue_items('acme', 'q', '[{\"payload\": 1}]', 'k', 'x')",
-        "SELECT queue_server.grant_enqueue('someone', 'acme', 'pw')",
+    for statement, refusal in (
+        ("SELECT count(*) FROM work_items", "permission denied for table work_items"),
+        (
+            "INSERT INTO tenants (tenant_id, backlog_cap, default_max_acquisitions,"
+            " default_lease_ttl) VALUES ('x', 1, 1, '1 s')",
+            "permission denied for table tenants",
+        ),
+        # admit runs with its caller's rights: none on the tables.
+        (
+            "SELECT * FROM queue_server.admit('acme', 'q', '[]', 'me', 100, 1000000)",
+            "permission denied for table",
+        ),
+        (
+            "SELECT queue_server.enqueue_items('acme', 'q', '[{\"payload\": 1}]', 'k', 'x')",
+            "permission denied for function enqueue_items",
+        ),
+        (
+            "SELECT queue_server.grant_enqueue('someone', 'acme', 'pw')",
+            "permission denied for function grant_enqueue",
+        ),
+        (
+            "SELECT queue_server.revoke_enqueue('someone', 'acme')",
+            "permission denied for function revoke_enqueue",
+        ),
     ):
-        with granted.connect() as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        with (
+            granted.connect() as conn,
+            pytest.raises(psycopg.errors.InsufficientPrivilege, match=refusal),
+        ):
             conn.execute(statement)
     assert count(db, "SELECT count(*) FROM work_items") == 0
 
