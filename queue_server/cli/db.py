@@ -55,17 +55,14 @@ def _administering(
     failure, with PostgreSQL's message, detail and hint."""
     import psycopg
 
-    from queue_server.infra.serve import NoDatabaseError, database_for_roles
+    from queue_server.infra.serve import NoDatabaseError, roles_session
     from queue_server.settings import Settings
 
     settings = Settings()
     if data_dir is not None:
         settings = settings.model_copy(update={"data_dir": data_dir})
     try:
-        with (
-            database_for_roles(settings) as target,
-            psycopg.connect(target.url, autocommit=True) as conn,
-        ):
+        with roles_session(settings) as (target, conn):
             yield target, conn
     except NoDatabaseError as exc:
         fail("No database", str(exc))

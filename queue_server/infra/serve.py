@@ -17,7 +17,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import psycopg
@@ -352,6 +352,16 @@ def database_for_roles(settings: Settings) -> Iterator[RolesDatabase]:
         return
     with database(settings):
         yield embedded()
+
+
+@contextlib.contextmanager
+def roles_session(settings: Settings) -> Iterator[tuple[RolesDatabase, psycopg.Connection[Any]]]:
+    """A session on `database_for_roles` (autocommit), for `queue-server db`'s grants."""
+    with (
+        database_for_roles(settings) as target,
+        psycopg.connect(target.url, autocommit=True) as conn,
+    ):
+        yield target, conn
 
 
 ADDRESS_FILE = "server.url"  # queue_server.cli.common.ADDRESS_FILE

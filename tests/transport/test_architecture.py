@@ -261,7 +261,8 @@ ALLOWED: dict[str, Allowance] = {
         "psycopg.AsyncConnection.connect",
     ),
     "queue_server/infra/serve.py": _allow(
-        "creates the server's database in the embedded PostgreSQL before migrating it",
+        "creates the server's database in the embedded PostgreSQL before migrating it, and"
+        " opens the session of `queue-server db`'s role grants",
         "psycopg.connect",
     ),
     "queue_server/infra/migrate.py": _allow(
