@@ -179,7 +179,7 @@ def _drop_fence_guard(mp: pytest.MonkeyPatch) -> None:
 @weakening("drop-backlog-cap", "enqueue admits past the tenant's backlog cap")
 def _drop_backlog_cap(mp: pytest.MonkeyPatch) -> None:
     from queue_server.services.items import Items
-    from queue_server.store import tenants
+    from queue_server.store import tenants, transitions
 
     original = tenants.admit
 
@@ -190,7 +190,31 @@ def _drop_backlog_cap(mp: pytest.MonkeyPatch) -> None:
     async def no_early_refusal(*_: Any) -> None:
         return None
 
+    # The enqueue's admission holds the cap in SQL (queue_server.admit): lift the tenant's
+    # cap and the policy's ceiling around it, inside the admission's own transaction.
+    original_enqueue = transitions.enqueue
+
+    async def enqueue(conn: Any, **kw: Any) -> Any:
+        cur = await conn.execute(
+            "SELECT backlog_cap FROM tenants WHERE tenant_id = %s FOR NO KEY UPDATE",
+            (kw["tenant"],),
+        )
+        row = await cur.fetchone()
+        if row is None:
+            return await original_enqueue(conn, **kw)
+        cap = row["backlog_cap"] if isinstance(row, dict) else row[0]
+        await conn.execute(
+            "UPDATE tenants SET backlog_cap = 2147483647 WHERE tenant_id = %s", (kw["tenant"],)
+        )
+        try:
+            return await original_enqueue(conn, **{**kw, "backlog_ceiling": 2**62})
+        finally:
+            await conn.execute(
+                "UPDATE tenants SET backlog_cap = %s WHERE tenant_id = %s", (cap, kw["tenant"])
+            )
+
     mp.setattr(tenants, "admit", admit)
+    mp.setattr(transitions, "enqueue", enqueue)
     mp.setattr(Items, "_refuse_early_at_cap", no_early_refusal)
 
 
