@@ -742,6 +742,9 @@ def up(state: State, n_api: int, via: str = "pgbouncer") -> None:
         state,
         HAPROXY_PRIMARY,
         f"CREATE ROLE {APP_USER} LOGIN PASSWORD '{app_pw}';\n"
+        # The role applications' roles are made members of to enqueue in their own
+        # transactions: a cluster role the server's own (no CREATEROLE) may not create.
+        "CREATE ROLE queue_server_enqueuer NOLOGIN;\n"
         f"CREATE DATABASE {DATABASE} OWNER {APP_USER};",
     )
     start_service(state, "pgbouncer")
