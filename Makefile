@@ -15,6 +15,8 @@ help: ## Show the targets
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	# Barman's psycopg2 is built against libpq-dev; its restore copies with rsync.
+	deploy/ensure-debian-packages.sh libpq-dev rsync
 	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[embedded,dev]'
 	touch $(STAMP)
 
