@@ -75,12 +75,20 @@ def repository(repo: Path | None, data_dir: Path | None) -> backup.Repository:
         fail("Not a backup repository", str(exc))
 
 
-def _require_live(repo: backup.Repository) -> None:
-    """The repository's database is running (a base backup reads it)."""
-    from queue_server.infra.serve import embedded_postgres
+def _live(repo: backup.Repository) -> bool:
+    """Whether the database the repository backs up is running."""
+    from queue_server.infra.serve import NoDatabaseError, embedded_postgres
 
     pgdata = repo.live_pgdata()
-    if pgdata is None or not embedded_postgres(pgdata).is_running():
+    try:
+        return pgdata is not None and embedded_postgres(pgdata).is_running()
+    except NoDatabaseError:
+        return False
+
+
+def _require_live(repo: backup.Repository) -> None:
+    """The repository's database is running (a base backup reads it)."""
+    if not _live(repo):
         data_dir = repo.live_data_dir()
         fail(
             "The database is not running",
@@ -149,6 +157,10 @@ def backup_create(
         args += ["--incremental", "latest"]
     started = time.monotonic()
     try:
+        if not repo.archived_wal():
+            # Barman's first backup wants a WAL segment in the archive already: one now,
+            # rather than once the server has written 16 MiB.
+            repo.archive_current()
         repo.barman(*args, timeout=3600)
     except backup.BackupError as exc:
         fail("The backup failed", str(exc), EXIT_FAILURES)
@@ -337,6 +349,9 @@ def restore(
     from queue_server.infra.serve import finish_restore
 
     try:
+        if _live(repo):
+            # The moment may be in the last seconds: the server's WAL until now, archived.
+            repo.archive_current()
         new.mkdir(parents=True, exist_ok=True)
         repo.restore(chosen, target, new / "pgdata")
         finish_restore(new)

@@ -51,6 +51,7 @@ NOTE = "backup.repo"
 # Seconds the last WAL segment may take to reach the archive (a backup's end, a stop).
 ARCHIVE_TIMEOUT = 60
 
+_CLOSED = re.compile(r"The WAL file ([0-9A-F]{24}) has been closed")
 _RETENTION = re.compile(r"^\s*(\d+)\s*([dwm]?)\s*$", re.IGNORECASE)
 _WINDOW = {"d": "DAYS", "w": "WEEKS", "m": "MONTHS"}
 
@@ -268,6 +269,39 @@ immediate_checkpoint = true
             raise BackupError(f"barman {' '.join(args)} failed:\n{said}")
         return done
 
+    def close_segment(self, timeout: float = ARCHIVE_TIMEOUT) -> str | None:
+        """Switch the database to a new WAL segment and wait until the receiver holds the one
+        it closed: every transaction committed before this call is then in the repository.
+        The closed segment's name (None when the current one was empty: nothing to close)."""
+        done = self.barman("switch-wal", "--force", SERVER, timeout=timeout)
+        closed = _CLOSED.search(done.stdout + done.stderr)
+        if closed is None:
+            return None
+        name = closed.group(1)
+        deadline = time.monotonic() + timeout
+        while not (self.home / "streaming" / name).exists():
+            if name in {n for n, _ in self.archived_wal()}:
+                break
+            if time.monotonic() > deadline:
+                raise BackupError(f"the WAL receiver did not receive {name} in {timeout:.0f} s")
+            time.sleep(0.05)
+        return name
+
+    def archive_current(self, timeout: float = ARCHIVE_TIMEOUT) -> None:
+        """Everything committed so far into the archive. Barman leaves the receiver's newest
+        complete segment in streaming/ until a later one begins (and a restore reads the
+        archive and the segment being streamed only), so the current segment is closed,
+        then the next one (the checkpoint of that switch begins it), and the first is
+        archived."""
+        first = self.close_segment(timeout)
+        self.close_segment(timeout)
+        deadline = time.monotonic() + timeout
+        while first is not None and first not in {n for n, _ in self.archived_wal()}:
+            self.barman("archive-wal", SERVER, timeout=timeout, check=False)
+            if time.monotonic() > deadline:
+                raise BackupError(f"{first} did not reach the archive in {timeout:.0f} s")
+            time.sleep(0.1)
+
     # -- what the repository holds (read from Barman's files: cheap, no process) -----------
 
     def backups(self) -> list[Backup]:
@@ -416,8 +450,8 @@ def noted_repository(data_dir: Path) -> Repository | None:
 class WalStreaming:
     """While the server runs: `barman receive-wal` streaming WAL into the repository (restarted
     when it stops), and `barman cron` every `interval` seconds (streamed segments into the
-    archive, retention). At exit, the current WAL segment is switched and archived before
-    the database stops, so a stopped server's repository holds everything it committed."""
+    archive, retention). At exit, before the database stops, the current WAL segment is
+    closed and archived: a stopped server's repository holds everything it committed."""
 
     def __init__(self, repo: Repository, interval: float) -> None:
         self.repo = repo
@@ -439,17 +473,9 @@ class WalStreaming:
         if self._proc is None or self._proc.poll() is not None:
             self._start_receiver()
         try:
-            self.repo.barman(
-                "switch-wal",
-                "--force",
-                "--archive",
-                "--archive-timeout",
-                str(ARCHIVE_TIMEOUT),
-                SERVER,
-                timeout=ARCHIVE_TIMEOUT + 30,
-            )
+            self.repo.archive_current()
         except BackupError as exc:
-            log.warning("the last WAL segment may not be archived: %s", exc)
+            log.warning("the last WAL may not have reached the repository: %s", exc)
         self._stop_receiver()
         # A receiver `barman cron` started while ours was restarting, if any.
         with contextlib.suppress(BackupError):

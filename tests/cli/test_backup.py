@@ -249,3 +249,38 @@ def test_serve_refuses_a_retention_it_cannot_read(tmp_path: Path) -> None:
 )
 def test_retention_becomes_barmans_policy(given: str, policy: str | None) -> None:
     assert backup.parse_retention(given) == policy
+
+
+@pytest.mark.slow
+def test_restore_after_a_crash_keeps_what_the_receiver_streamed_before_it() -> None:
+    with open_dir("qs-crash-") as root:
+        data, repo, new = root / "data", root / "repo", root / "restored"
+        served = Served(data, "--backup-repo", str(repo))
+        try:
+            served.wait_ready()
+            admin = served.admin()
+            assert admin.put("/v1/tenants/acme", json={"backlog_cap": 1000}).is_success
+            made = run("backup", "create", "--data-dir", str(data))
+            assert made.returncode == 0, made.stderr
+            # Acknowledged after the backup, in a WAL segment that never filled up.
+            enqueued = _enqueue(admin, "acme", range(20))
+            acknowledged = time.time()
+            # The receiver streams asynchronously: what it had not received is lost (the RPO).
+            wal = backup.Repository(repo)
+            deadline = time.monotonic() + 10
+            while (wal.last_wal_at() or 0) < acknowledged - 0.05 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            served.kill()  # the machine dies: no stop, no last switch of the WAL segment
+        env = environment(QUEUE_SERVER_DATA_DIR=str(data))
+        restored = run("restore", "--to", "latest", "--data-dir", str(new), env=env)
+        assert restored.returncode == 0, restored.stdout + restored.stderr
+        server = Served(new)
+        try:
+            server.wait_ready()
+            items = _items(server.admin(), "acme")
+            assert sorted(items) == sorted(a["item_id"] for a in enqueued.values())
+            server.stop()
+        except BaseException:
+            server.kill()
+            raise
