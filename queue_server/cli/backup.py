@@ -192,17 +192,29 @@ def backup_list(
     """
     repo = repository(backup_repo, data_dir)
     backups = repo.backups()
-    wal = repo.last_wal_at()
-    wal_at = datetime.fromtimestamp(wal, UTC) if wal is not None else None
+    received, archived = _moment(repo.last_wal_at()), _moment(repo.last_archived_at())
     if json:
-        print_json({"backups": [_row(b) for b in backups], "wal_until": _when(wal_at)})
+        print_json(
+            {
+                "backups": [_row(b) for b in backups],
+                "wal_received_until": _when(received) if received else None,
+                "wal_archived_until": _when(archived) if archived else None,
+            }
+        )
         return
     table(
         f"{len(backups)} backups in {repo.root}",
         ["backup", "kind", "status", "ended", "size"],
         [(b.backup_id, b.kind, b.status, _when(b.end_time), _size(b.size)) for b in backups],
     )
-    console.print(f"WAL until {_when(wal_at)}: restorable up to then")
+    console.print(
+        f"WAL received until {_when(received)} (restorable up to then),"
+        f" archived in complete segments until {_when(archived)}"
+    )
+
+
+def _moment(epoch: float | None) -> datetime | None:
+    return datetime.fromtimestamp(epoch, UTC) if epoch is not None else None
 
 
 @app.command("check")

@@ -329,19 +329,23 @@ immediate_checkpoint = true
                         segments.append((parts[0], float(parts[2])))
         return segments
 
-    def last_wal_at(self) -> float | None:
-        """When the newest WAL in the repository was written (epoch seconds): the newest
-        archived segment, or the one the receiver is still streaming (what a restore gets)."""
-        times = []
+    def last_archived_at(self) -> float | None:
+        """When the newest segment in the archive was completed (epoch seconds)."""
         db = self.home / "wals" / f"{SERVER}-xlog.db"
         with contextlib.suppress(OSError), db.open("rb") as handle:
             handle.seek(max(0, handle.seek(0, os.SEEK_END) - 4096))
             lines = handle.read().decode(errors="replace").strip().splitlines()
             if lines:
                 with contextlib.suppress(IndexError, ValueError):
-                    times.append(float(lines[-1].split("\t")[2]))
+                    return float(lines[-1].split("\t")[2])
+        return None
+
+    def last_wal_at(self) -> float | None:
+        """When the newest WAL in the repository was written (epoch seconds): the newest
+        archived segment, or the one the receiver is still streaming (what a restore gets)."""
+        times = [t for t in [self.last_archived_at()] if t is not None]
         with contextlib.suppress(OSError):
-            times += [p.stat().st_mtime for p in (self.home / "streaming").glob("*.partial")]
+            times += [p.stat().st_mtime for p in (self.home / "streaming").iterdir()]
         return max(times, default=None)
 
     def wal_gaps(self) -> list[str]:
@@ -355,8 +359,13 @@ immediate_checkpoint = true
         size = oldest.segment_size
         timeline, start = segment_number(oldest.begin_wal or "", size)
         have: dict[int, set[int]] = {}
-        for name, _ in self.archived_wal():
-            if len(name) == 24:
+        # The files themselves, not Barman's index of them: a segment lost from the disk is
+        # a gap however it is listed.
+        on_disk = [
+            f.name for d in (self.home / "wals").glob("*") if d.is_dir() for f in d.iterdir()
+        ]
+        for name in on_disk:
+            if len(name) == 24 and all(c in "0123456789ABCDEF" for c in name):
                 tli, number = segment_number(name, size)
                 have.setdefault(tli, set()).add(number)
         missing = []

@@ -126,11 +126,20 @@ def test_restore_to_a_moment_brings_back_everything_acknowledged_before_it_and_n
             # After the moment: work that must not come back, then the mistake.
             _enqueue(admin, "other", range(1000, 1001))
             assert admin.delete("/v1/tenants/acme").status_code == 204
+            mistake = datetime.now(UTC)
             served.stop()
             assert served.proc.returncode == 0, served.output
         except BaseException:
             served.kill()
             raise
+        # A stopped server's WAL is archived, to its last transaction.
+        listed = run("backup", "list", "--data-dir", str(data), "--json")
+        archived = json.loads(listed.stdout)["wal_archived_until"]
+        assert datetime.fromisoformat(archived) >= mistake.replace(microsecond=0)
+        # A base backup reads the running database.
+        stopped = run("backup", "create", "--data-dir", str(data))
+        assert stopped.returncode == 3
+        assert "The database is not running" in stopped.stderr
 
         # Never over the live data directory, nor into a directory that holds something.
         env = environment(QUEUE_SERVER_DATA_DIR=str(data))
@@ -200,6 +209,18 @@ def test_restore_to_a_moment_brings_back_everything_acknowledged_before_it_and_n
         except BaseException:
             server.kill()
             raise
+
+        # A WAL segment lost from the repository is a gap `backup check` finds.
+        segments = sorted((repo / "barman" / "queue-server" / "wals").glob("*/*"))
+        lost = segments[len(segments) // 2]
+        lost.unlink()
+        checked = run("backup", "check", "--data-dir", str(data), "--json")
+        assert checked.returncode == 1
+        (archive,) = [
+            c for c in json.loads(checked.stdout)["checks"] if c["check"] == "WAL archive complete"
+        ]
+        assert not archive["ok"]
+        assert lost.name in archive["detail"]
 
 
 def test_backup_commands_say_when_no_repository_is_configured(tmp_path: Path) -> None:
@@ -284,3 +305,14 @@ def test_restore_after_a_crash_keeps_what_the_receiver_streamed_before_it() -> N
         except BaseException:
             server.kill()
             raise
+        # Served again without the repository: nothing reads the slot, which would keep
+        # every WAL segment from then on; it goes.
+        again = Served(data)
+        try:
+            again.wait_ready()
+            output = again.stop()
+        except BaseException:
+            again.kill()
+            raise
+        assert "dropped the replication slot queue_server_backup" in output
+        assert not (data / "backup.repo").exists()
