@@ -6,6 +6,7 @@ Run on the server's machine, as the server's account: they read the repository d
 
 from __future__ import annotations
 
+import shutil
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -174,10 +175,8 @@ def backup_create(
     if json:
         print_json({**_row(new), "seconds": round(elapsed, 3)})
         return
-    console.print(
-        f"backup {new.backup_id} ({new.kind}, {_size(new.size)}) done in {elapsed:.1f} s;"
-        f" restorable from {_when(new.end_time)}"
-    )
+    console.print(f"backup {new.backup_id} ({new.kind}, {_size(new.size)}) done in {elapsed:.1f} s")
+    console.print(f"restorable from {_when(new.end_time)} on")
 
 
 @app.command("list")
@@ -358,8 +357,9 @@ def restore(
         fail("Nothing to restore", str(exc), EXIT_FAILURES)
     what = "latest" if target is None else target.astimezone(UTC).isoformat()
     console.print(f"restoring backup {chosen.backup_id} and its WAL to {what} into {new}")
-    from queue_server.infra.serve import finish_restore
+    from queue_server.infra.serve import DataDirInUseError, NoDatabaseError, finish_restore
 
+    made = not new.exists()
     try:
         if _live(repo):
             # The moment may be in the last seconds: the server's WAL until now, archived.
@@ -367,7 +367,16 @@ def restore(
         new.mkdir(parents=True, exist_ok=True)
         repo.restore(chosen, target, new / "pgdata")
         finish_restore(new)
-    except backup.BackupError as exc:
+    except (backup.BackupError, NoDatabaseError, DataDirInUseError, RuntimeError) as exc:
+        # Nothing half-restored left behind: the same command can run again.
+        if made:
+            shutil.rmtree(new, ignore_errors=True)
+        elif new.exists():
+            for child in new.iterdir():
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child, ignore_errors=True)
+                else:
+                    child.unlink(missing_ok=True)
         fail("The restore failed", str(exc), EXIT_FAILURES)
     elapsed = time.monotonic() - started
     console.print(f"restored in {elapsed:.1f} s: {new} is a queue-server data directory")

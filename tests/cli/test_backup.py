@@ -159,6 +159,17 @@ def test_restore_to_a_moment_brings_back_everything_acknowledged_before_it_and_n
         assert too_early.returncode == 1
         assert "no backup ended before" in too_early.stderr
         assert not new.exists()
+        too_late = run(
+            "restore",
+            "--to",
+            (moment + timedelta(hours=1)).isoformat(),
+            "--data-dir",
+            str(new),
+            env=env,
+        )
+        assert too_late.returncode == 1
+        assert "restore --to latest for everything it holds" in too_late.stderr
+        assert not new.exists()  # nothing half-restored: the command can run again
 
         restored = run("restore", "--to", moment.isoformat(), "--data-dir", str(new), env=env)
         assert restored.returncode == 0, restored.stdout + restored.stderr
