@@ -316,7 +316,16 @@ def restore(
             show_default=False,
         ),
     ],
-    backup_repo: BackupRepo = None,
+    backup_repo: Annotated[
+        Path | None,
+        typer.Option(
+            "--backup-repo",
+            envvar="QUEUE_SERVER_BACKUP_REPO",
+            help="The backup repository. Default: the one the live server streams into"
+            " (noted in its data directory: --from-data-dir).",
+            show_default=False,
+        ),
+    ] = None,
     from_data_dir: Annotated[
         Path | None,
         typer.Option(
