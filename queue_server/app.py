@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import psycopg
 from fastapi import FastAPI
@@ -31,7 +32,7 @@ from queue_server.api.middleware import BodyLimitAndMetrics
 from queue_server.api.schemas import Problem
 from queue_server.console import install as install_console
 from queue_server.db import Database
-from queue_server.infra import migrate, tracing
+from queue_server.infra import backup, migrate, tracing
 from queue_server.infra.http_protocol import ConnectionLimits, use_limits
 from queue_server.infra.metrics import CONTENT_TYPE, Metrics
 from queue_server.models import Role
@@ -168,7 +169,10 @@ def create_app(
         snapshot = None
         with contextlib.suppress(errors.QueueServerError):
             snapshot = await services.figures.snapshot(tenant)
-        return Response(metrics.render(snapshot, tenant=tenant), media_type=CONTENT_TYPE)
+        ages = await asyncio.to_thread(backup_ages, settings.backup_repo)
+        return Response(
+            metrics.render(snapshot, tenant=tenant, backup_ages=ages), media_type=CONTENT_TYPE
+        )
 
     # Inside the body limit and the metrics: the lean path's requests are counted and
     # limited like every other.
@@ -182,6 +186,14 @@ def create_app(
     if traced:
         tracing.instrument_app(app)
     return app
+
+
+def backup_ages(repo: Path | None) -> dict[str, float] | None:
+    """The backup repository's ages for /metrics (a few small files read: cheap enough for
+    every scrape); None without a repository."""
+    if repo is None:
+        return None
+    return backup.Repository(repo).ages()
 
 
 async def _ready(db: Database) -> bool:

@@ -42,6 +42,16 @@ class Settings(BaseSettings):
     # A libpq URL (postgresql://user@host/db?host=/socket/dir). Empty: embedded PostgreSQL.
     database_url: str = ""
     data_dir: Path = Field(default_factory=default_data_dir)
+    # A Barman repository directory for the embedded database (`serve --backup-repo`):
+    # WAL is streamed into it while the server runs, and `queue-server backup create`
+    # takes base backups there. Empty: no backups. docs/backup.md.
+    backup_repo: Path | None = None
+    # How long backups are kept: "7d" / "4w" (a recovery window: every point in time that
+    # recent can be restored) or "3" (the newest three full backups). Empty: kept forever.
+    backup_retention: str = ""
+    # How often the server runs the repository's maintenance (archive streamed WAL, expire
+    # backups past their retention, restart the WAL receiver if it stopped).
+    backup_maintenance_interval: float = Field(default=30.0, gt=0)
     # "transaction": DATABASE_URL is a pooler in transaction mode (PgBouncer). Nothing is
     # kept on a session between transactions: no settings sent at connect (they become
     # the role's defaults in the database), no prepared statements unless

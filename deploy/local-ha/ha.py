@@ -7,7 +7,13 @@
     queue-server serve x N (through PgBouncer; the listener through HAProxy)
     HAProxy  :25080 -> the API processes (GET /readyz); queue-server deliver x 1
 
-Commands: up, down, status, start NAME, stop NAME, restart-api, env. Everything lives in
+pgBackRest (Debian's, which knows PostgreSQL 15) keeps a repository under the state
+directory: every node archives its WAL there when it leads (archive_command), and
+`backup` takes a base backup from a standby; `restore --to TIME --data-dir NEW` restores
+it into a new, standalone cluster beside the live one (docs/backup.md).
+
+Commands: up, down, status, start NAME, stop NAME, restart-api, env, backup, backups,
+restore. Everything lives in
 one state directory (default /var/tmp/queue-server-ha; --dir or QS_HA_DIR) that `down`
 removes. Daemons run as the `postgres` user when started as root (PostgreSQL and
 PgBouncer refuse root); `up` installs missing Debian packages with apt-get first.
@@ -32,18 +38,29 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 ENSURE = REPO / "deploy" / "ensure-debian-packages.sh"
 HAPROXY_ERRORS = REPO / "deploy" / "haproxy"
-PACKAGES = ("patroni", "etcd-server", "etcd-client", "haproxy", "pgbouncer", "postgresql-15")
+PACKAGES = (
+    "patroni",
+    "etcd-server",
+    "etcd-client",
+    "haproxy",
+    "pgbouncer",
+    "postgresql-15",
+    "pgbackrest",
+)
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 HOST = "127.0.0.1"
 DATABASE = "queue_server"
 APP_USER = "queue_server"
 SCOPE = "queue-server-ha"
+# pgBackRest's stanza: WAL archived from the leader, backups taken from a standby.
+STANZA = "queue-server-ha"
 NODES = ("pg1", "pg2", "pg3")
 
 # Loopback ports (fixed, so the printed URLs stay true between runs).
@@ -410,6 +427,10 @@ def patroni_config(state: State, node: str) -> dict[str, Any]:
                         # The default 5 s adds 4-5 s to each failover in strict mode.
                         "wal_retrieve_retry_interval": "1s",
                         "password_encryption": "scram-sha-256",
+                        # Every segment to pgBackRest's repository, by whichever node leads.
+                        "archive_mode": "on",
+                        "archive_command": f"{pgbackrest_command(state)} archive-push %p",
+                        "archive_timeout": "60s",
                     },
                 },
             },
@@ -440,6 +461,58 @@ def patroni_config(state: State, node: str) -> dict[str, Any]:
             "nosync": False,
         },
     }
+
+
+def pgbackrest_config(state: State) -> str:
+    """pgBackRest for the three nodes on this host: the repository under the state
+    directory, backups from a standby (the leader only gives the start and stop)."""
+    root = state.root
+    lines = [
+        "[global]",
+        f"repo1-path={root / 'backup'}",
+        "repo1-retention-full=2",
+        "start-fast=y",
+        "backup-standby=y",
+        f"log-path={root / 'log'}",
+        f"lock-path={root / 'run'}",
+        f"spool-path={root / 'run'}",
+        "log-level-console=warn",
+        "log-level-file=info",
+        "",
+        f"[{STANZA}]",
+    ]
+    for i, node in enumerate(NODES, start=1):
+        lines += [
+            f"pg{i}-path={root / node / 'data'}",
+            f"pg{i}-port={PG_PORTS[node]}",
+            f"pg{i}-socket-path={root / node}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def pgbackrest_command(state: State) -> str:
+    return f"pgbackrest --config={state.root / 'pgbackrest.conf'} --stanza={STANZA}"
+
+
+def pgbackrest(state: State, *args: str, timeout: float = 600.0) -> str:
+    """Run pgBackRest as the daemons' user; HAError with its output when it fails."""
+    user = _daemon_user()
+    argv = [*pgbackrest_command(state).split(), *args]
+    done = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        cwd=state.root,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(state.root)},
+        user=user.pw_uid if user else None,
+        group=user.pw_gid if user else None,
+        extra_groups=[] if user else None,
+        timeout=timeout,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise HAError(f"pgbackrest {' '.join(args)} failed:\n{done.stdout}{done.stderr}")
+    return done.stdout
 
 
 def haproxy_config(state: State, api_ports: list[int]) -> str:
@@ -604,7 +677,7 @@ def api_env(state: State) -> dict[str, str]:
 
 def write_configs(state: State, n_api: int) -> None:
     root = state.root
-    for sub in ("run", "log", "pgbouncer", "haproxy", "api", *NODES):
+    for sub in ("run", "log", "pgbouncer", "haproxy", "api", "backup", *NODES):
         (root / sub).mkdir(parents=True, exist_ok=True)
         _chown(root / sub)
     (root / "etcd").mkdir(mode=0o700, exist_ok=True)
@@ -639,7 +712,13 @@ def write_configs(state: State, n_api: int) -> None:
         f'"{APP_USER}" "{pw["app"]}"\n"postgres" "{pw["postgres"]}"\n', encoding="utf-8"
     )
     userlist.chmod(0o600)
-    for path in (root / "haproxy.cfg", root / "pgbouncer" / "pgbouncer.ini", userlist):
+    (root / "pgbackrest.conf").write_text(pgbackrest_config(state), encoding="utf-8")
+    for path in (
+        root / "haproxy.cfg",
+        root / "pgbouncer" / "pgbouncer.ini",
+        userlist,
+        root / "pgbackrest.conf",
+    ):
         _chown(path)
 
     services: dict[str, Service] = {
@@ -724,6 +803,10 @@ def up(state: State, n_api: int, via: str = "pgbouncer") -> None:
         start_service(state, node)
     say("etcd is up; three Patroni nodes bootstrapping (one initdb, two base backups)")
     wait_for("a leader, a sync standby and a replica", cluster_ready, 120)
+    # The repository's stanza, then a check that the leader's WAL reaches it.
+    pgbackrest(state, "stanza-create")
+    pgbackrest(state, "check")
+    say(f"pgBackRest stanza {STANZA}: WAL archived from the leader to {state.root / 'backup'}")
     start_service(state, "haproxy")
     # HAProxy starts with every server up until its first checks fail: wait for one.
     leader = next(m["name"] for m in cluster_members() if m.get("role") == "leader")
@@ -776,6 +859,128 @@ def up(state: State, n_api: int, via: str = "pgbouncer") -> None:
     state.save()
     say(f"up in {state.data['up_seconds']} s")
     status(state)
+
+
+def backup(state: State, kind: str) -> None:
+    """A base backup of the cluster into pgBackRest's repository, copied from a standby."""
+    if not state.data or not _running(state):
+        raise HAError("the topology is not up: `make ha-up` first")
+    began = time.monotonic()
+    pgbackrest(state, "backup", f"--type={kind}", timeout=3600)
+    say(f"{kind} backup taken from a standby in {time.monotonic() - began:.1f} s")
+    print(pgbackrest(state, "info"), end="")
+
+
+def restore(state: State, to: str, data_dir: Path, port: int | None) -> None:
+    """Restore the cluster as it was at `to` (a time, or `latest`) into `data_dir`, a new
+    standalone cluster on its own port beside the live one (which is never touched)."""
+    if not state.data:
+        raise HAError(f"no topology state in {state.root}: nothing to restore from")
+    target = None if to == "latest" else _pgbackrest_time(to)
+    data_dir = data_dir.resolve()
+    if data_dir.exists() and any(data_dir.iterdir()):
+        raise HAError(f"{data_dir} exists and is not empty: restore into a new directory")
+    if state.root.resolve() in data_dir.parents:
+        raise HAError(f"{data_dir} is inside the topology's state directory: choose another")
+    began = time.monotonic()
+    if _running(state):
+        # The moment may be in the segment the leader is writing: `check` switches it and
+        # waits until it is in the archive.
+        pgbackrest(state, "check")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.chmod(0o700)
+    _chown(data_dir)
+    try:
+        _restore_into(state, target, data_dir, port, began, to)
+    except BaseException:
+        # Nothing half-restored left behind: the same command can run again.
+        for child in data_dir.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
+        raise
+
+
+def _restore_into(
+    state: State, target: str | None, data_dir: Path, port: int | None, began: float, to: str
+) -> None:
+    args = ["restore", f"--pg1-path={data_dir}", "--archive-mode=off"]
+    if target is not None:
+        args += ["--type=time", f"--target={target}", "--target-action=promote"]
+    pgbackrest(state, *args, timeout=3600)
+    port = port or free_port()
+    user = _daemon_user()
+    options = " ".join(
+        [
+            f"-p {port}",
+            f"-c listen_addresses={HOST}",
+            f"-c unix_socket_directories={data_dir}",
+            f"-c hba_file={data_dir / 'pg_hba.conf'}",
+            f"-c ident_file={data_dir / 'pg_ident.conf'}",
+            # A cluster of its own: no standby to wait for, no archive of the live one's.
+            "-c synchronous_standby_names=",
+            "-c archive_mode=off",
+            "-c cluster_name=queue-server-restored",
+        ]
+    )
+    started = subprocess.run(
+        [
+            *(str(PG_BIN / "pg_ctl"), "-D", str(data_dir), "-l", str(data_dir / "restore.log")),
+            *("-o", options, "-w", "-t", "300", "start"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        user=user.pw_uid if user else None,
+        group=user.pw_gid if user else None,
+        extra_groups=[] if user else None,
+        check=False,
+    )
+    if started.returncode != 0:
+        log = _tail(data_dir / "restore.log")
+        if "recovery ended before configured recovery target was reached" in log:
+            raise HAError(
+                f"the archive ends before {to} (nothing was committed between its last WAL"
+                " and then): restore --to latest for everything it holds"
+            )
+        raise HAError(f"the restored cluster did not start:\n{log}")
+    wait_for(
+        "the restored cluster's recovery to end",
+        lambda: psql(state, port, "SELECT NOT pg_is_in_recovery()") == "t",
+        300,
+    )
+    seconds = time.monotonic() - began
+    app_pw = state.data["passwords"]["app"]
+    say(f"restored to {to} in {seconds:.1f} s: a new cluster on {HOST}:{port}, data {data_dir}")
+    print(f"  database: postgresql://{APP_USER}:{app_pw}@{HOST}:{port}/{DATABASE}")
+    print(
+        f"  serve it: QUEUE_SERVER_DATABASE_URL=postgresql://{APP_USER}:{app_pw}@{HOST}:{port}"
+        f"/{DATABASE} queue-server serve --port 8090"
+    )
+    print(f"  stop it:  {PG_BIN / 'pg_ctl'} -D {data_dir} stop   (as the postgres user)")
+
+
+def _pgbackrest_time(text: str) -> str:
+    """An ISO 8601 / RFC 3339 time (UTC without a zone) as pgBackRest takes it: UTC, to the
+    millisecond."""
+    try:
+        moment = datetime.fromisoformat(text.strip().replace(" ", "T", 1))
+    except ValueError:
+        raise HAError(
+            f"--to {text!r} is neither `latest` nor a time (2026-12-03T09:30:00Z)"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    moment = moment.astimezone(UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%S.") + f"{moment.microsecond // 1000:03d}+00"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def wait_api(state: State, name: str, timeout: float = 60.0) -> float:
@@ -1024,6 +1229,26 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("restart-api", help="rolling restart of the API processes through HAProxy")
     sub.add_parser("env", help="print state.json (URLs, ports, passwords) as JSON")
     sub.add_parser("check", help="render the configs into a scratch directory and check them")
+    p_backup = sub.add_parser(
+        "backup", help="a base backup into pgBackRest's repository, taken from a standby"
+    )
+    p_backup.add_argument(
+        "--type",
+        choices=("full", "diff", "incr"),
+        default="full",
+        help="full (default), differential or incremental",
+    )
+    sub.add_parser("backups", help="pgBackRest's backups and WAL archive (pgbackrest info)")
+    p_restore = sub.add_parser(
+        "restore", help="restore to a moment into a new standalone cluster beside the live one"
+    )
+    p_restore.add_argument(
+        "--to", required=True, help="a time (e.g. '2026-12-03 09:30:00+00') or latest"
+    )
+    p_restore.add_argument(
+        "--data-dir", required=True, type=Path, help="the new cluster's (empty) data directory"
+    )
+    p_restore.add_argument("--port", type=int, help="its port (default: a free one)")
     args = parser.parse_args(argv)
     state = State(args.dir)
     try:
@@ -1046,6 +1271,12 @@ def main(argv: list[str] | None = None) -> int:
             check()
         elif args.command == "env":
             print(json.dumps(state.data, indent=2, sort_keys=True))
+        elif args.command == "backup":
+            backup(state, args.type)
+        elif args.command == "backups":
+            print(pgbackrest(state, "info"), end="")
+        elif args.command == "restore":
+            restore(state, args.to, args.data_dir, args.port)
     except HAError as exc:
         say(f"error: {exc}")
         return 1

@@ -16,6 +16,7 @@ import typer
 from queue_server import __version__
 from queue_server.cli import db as db_commands
 from queue_server.cli import (
+    backup,
     dead_letters,
     enqueue,
     items,
@@ -63,6 +64,8 @@ app.add_typer(dead_letters.app, name="dead-letters")
 app.add_typer(spend.app, name="spend")
 app.add_typer(ledger.app, name="ledger")
 app.add_typer(schedules.app, name="schedules")
+app.add_typer(backup.app, name="backup")
+app.command("restore")(backup.restore)
 enqueue.register(app)
 work.register(app)
 watchers.register(app)
@@ -144,6 +147,27 @@ def serve(
             " its file is, so no log keeps it).",
         ),
     ] = False,
+    backup_repo: Annotated[
+        Path | None,
+        typer.Option(
+            "--backup-repo",
+            envvar="QUEUE_SERVER_BACKUP_REPO",
+            help="Stream the embedded database's WAL into this backup repository (Barman)"
+            " while serving, so `queue-server backup create` and `queue-server restore`"
+            " work; see docs/backup.md.",
+            show_default=False,
+        ),
+    ] = None,
+    backup_retention: Annotated[
+        str | None,
+        typer.Option(
+            "--backup-retention",
+            envvar="QUEUE_SERVER_BACKUP_RETENTION",
+            help="How long backups are kept: a recovery window (7d, 4w, 6m) or a number of"
+            " full backups (3). Default: forever.",
+            show_default=False,
+        ),
+    ] = None,
     metrics_listen: Annotated[
         str | None,
         typer.Option(
@@ -163,13 +187,19 @@ def serve(
     OTEL_EXPORTER_OTLP_ENDPOINT set, every worker process exports OpenTelemetry spans of
     its requests and database round trips (docs/observability.md).
 
-    Example: [bold]queue-server serve --port 9000[/bold]
+    With --backup-repo, the embedded database's WAL is streamed into that directory
+    while it serves (docs/backup.md).
+
+    Examples: [bold]queue-server serve --port 9000[/bold]
+              [bold]queue-server serve --backup-repo /var/backups/queue-server --backup-retention 7d[/bold]
     """
+    from queue_server.infra.backup import parse_retention
     from queue_server.infra.serve import (
         DataDirInUseError,
         NoDatabaseError,
         SchemaNotAtHeadError,
         admin_key_path,
+        archiving,
         database,
         ensure_admin_key,
         write_address,
@@ -179,6 +209,14 @@ def serve(
     settings = Settings()
     if data_dir is not None:
         settings = settings.model_copy(update={"data_dir": data_dir})
+    if backup_repo is not None:
+        settings = settings.model_copy(update={"backup_repo": backup_repo.resolve()})
+    if backup_retention is not None:
+        settings = settings.model_copy(update={"backup_retention": backup_retention})
+    try:
+        retention = parse_retention(settings.backup_retention)
+    except ValueError as exc:
+        raise _fail(f"--backup-retention: {exc}", EXIT_USAGE) from None
     # Loaded and checked before anything starts: a bad document or a setting above
     # the envelope stops the server here, naming the cell.
     policy = process_policy(policy_file)
@@ -193,7 +231,7 @@ def serve(
         except ValueError as exc:
             raise _fail(f"--metrics-listen: {exc}") from None
     try:
-        with database(settings) as db:
+        with database(settings) as db, archiving(settings, db) as streaming:
             secret = ensure_admin_key(settings, db.url)
             if secret is not None:
                 path = admin_key_path(settings.data_dir)
@@ -209,6 +247,10 @@ def serve(
             )
             typer.echo(f"queue-server {__version__} on http://{host}:{port} ({where} database)")
             typer.echo(f"policy {policy.describe()}")
+            if streaming is not None:
+                kept = f", retention {retention.lower()}" if retention else ", kept forever"
+                typer.echo(f"backups: WAL streaming into {streaming.repo.root}{kept}")
+                os.environ["QUEUE_SERVER_BACKUP_REPO"] = str(streaming.repo.root)
             # The CLI on this machine reads it, as it reads admin.key: no --url needed.
             address = write_address(settings.data_dir, host, port)
             if db.lock is not None:

@@ -68,8 +68,12 @@ class EmbeddedPostgres:
         *,
         tcp_port: int | None = None,
         server_settings: dict[str, str] | None = None,
+        replication_role: str | None = None,
     ) -> None:
         self.pgdata = pgdata.expanduser().resolve()
+        # The one role that may open a replication connection (the local backup's WAL
+        # receiver and base backups), over the Unix socket only, with its password.
+        self.replication_role = replication_role
         self.tcp_port = tcp_port
         self.port = tcp_port or DEFAULT_PORT
         self.server_settings = dict(server_settings or {})
@@ -124,6 +128,12 @@ class EmbeddedPostgres:
         passfile = quote(str(self.password_file), safe="")
         return f"postgresql://{SUPERUSER}@{host}:{self.port}/{dbname}?passfile={passfile}"
 
+    def hba(self) -> str:
+        """The pg_hba.conf written at every start: HBA, and the replication role's line."""
+        if self.replication_role is None:
+            return HBA
+        return HBA + f"local   replication  {self.replication_role}  scram-sha-256\n"
+
     def is_running(self) -> bool:
         if not (self.pgdata / "PG_VERSION").exists():
             return False
@@ -143,7 +153,7 @@ class EmbeddedPostgres:
             if self.is_running():
                 self.stop()
             self._set_password()
-        self._write_owned(self.pgdata / "pg_hba.conf", HBA)
+        self._write_owned(self.pgdata / "pg_hba.conf", self.hba())
         if self.is_running():
             self._pg_ctl(["reload"], check=True)
             return
@@ -162,6 +172,21 @@ class EmbeddedPostgres:
             raise EmbeddedPostgresError(
                 f"PostgreSQL did not start in {self.pgdata}:\n{result.stderr}\n{tail}"
             )
+
+    def adopt(self) -> None:
+        """A data directory another account wrote (a restore): the server's account's, 0700,
+        without the copied socket lock a running server's pid may still be in."""
+        for stale in [*self.pgdata.glob(".s.PGSQL.*.lock"), self.pgdata / "postmaster.pid"]:
+            stale.unlink(missing_ok=True)
+        if self._run_as is not None:
+            owner = self._owner()
+            for dirpath, dirnames, filenames in os.walk(self.pgdata):
+                for name in [*dirnames, *filenames]:
+                    os.lchown(Path(dirpath) / name, owner.pw_uid, owner.pw_gid)
+        self._prepare()
+
+    def log_tail(self, size: int = 2000) -> str:
+        return self.log_file.read_text(errors="replace")[-size:] if self.log_file.exists() else ""
 
     def stop(self, mode: str = "fast") -> None:
         """Stop the server (`fast`: roll back open transactions; `immediate`: a crash)."""

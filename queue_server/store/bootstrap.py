@@ -16,6 +16,8 @@ _SQL = load("bootstrap")
 # The database the embedded PostgreSQL serves the queue from, and the role that owns it.
 DATABASE_NAME = "queue_server"
 SERVER_ROLE = "queue_server"
+# The local backup's role (replication and base backups only), made by `serve --backup-repo`.
+BACKUP_ROLE = "queue_server_backup"
 
 
 def ensure_role(conn: psycopg.Connection[Any], password: str) -> None:
@@ -28,6 +30,22 @@ def ensure_role(conn: psycopg.Connection[Any], password: str) -> None:
         else:
             cursor.execute(_SQL["create_role"], {"password": password})
     conn.execute(_SQL["create_enqueuer_role"])
+
+
+def ensure_backup_role(conn: psycopg.Connection[Any], password: str) -> None:
+    """The local backup's role, logging in with `password`: replication and base backups."""
+    exists = conn.execute(_SQL["role_exists"], (BACKUP_ROLE,)).fetchone() is not None
+    with psycopg.ClientCursor(conn) as cursor:
+        if exists:
+            cursor.execute(_SQL["set_backup_role_password"], {"password": password})
+        else:
+            cursor.execute(_SQL["create_backup_role"], {"password": password})
+    conn.execute(_SQL["grant_backup_privileges"])
+
+
+def drop_replication_slot(conn: psycopg.Connection[Any], slot: str) -> bool:
+    """Drop the replication slot `slot` if it exists and nobody reads it; whether it did."""
+    return conn.execute(_SQL["drop_replication_slot"], (slot,)).fetchone() is not None
 
 
 def ensure_database(conn: psycopg.Connection[Any]) -> None:
@@ -53,3 +71,9 @@ def schema_revisions(conn: psycopg.Connection[Any]) -> set[str]:
             return {row[0] for row in conn.execute(_SQL["schema_revisions"]).fetchall()}
     except psycopg.errors.UndefinedTable:
         return set()
+
+
+def in_recovery(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the server is still replaying WAL (a restore not yet promoted)."""
+    row = conn.execute(_SQL["in_recovery"]).fetchone()
+    return bool(row and row[0])

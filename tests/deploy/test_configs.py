@@ -199,3 +199,42 @@ def test_every_deployment_connects_as_a_role_that_is_not_the_superuser(
     assert any(
         v.startswith("./deploy/docker/single-init.sh:/docker-entrypoint-initdb.d/") for v in volumes
     )
+
+
+def test_the_local_cluster_archives_to_pgbackrest_and_backs_up_from_a_standby(
+    local: tuple[ModuleType, Any],
+) -> None:
+    ha, state = local
+    config = yaml.safe_load((state.root / "pg1" / "patroni.yml").read_text())
+    parameters = config["bootstrap"]["dcs"]["postgresql"]["parameters"]
+    assert parameters["archive_mode"] == "on"
+    assert parameters["archive_command"] == (
+        f"pgbackrest --config={state.root / 'pgbackrest.conf'} --stanza=queue-server-ha"
+        " archive-push %p"
+    )
+    conf = configparser.ConfigParser()
+    conf.read_string((state.root / "pgbackrest.conf").read_text())
+    assert conf["global"]["backup-standby"] == "y"
+    assert conf["global"]["repo1-path"] == str(state.root / "backup")
+    stanza = conf["queue-server-ha"]
+    assert [stanza[f"pg{i}-port"] for i in (1, 2, 3)] == [
+        str(port) for port in ha.PG_PORTS.values()
+    ]
+    assert [stanza[f"pg{i}-path"] for i in (1, 2, 3)] == [
+        str(state.root / node / "data") for node in ha.NODES
+    ]
+    assert "pgbackrest" in ha.PACKAGES
+    makefile = (DEPLOY.parent / "Makefile").read_text()
+    assert "ha-backup:" in makefile
+    assert "ha.py backup" in makefile
+
+
+def test_the_local_restore_gives_pgbackrest_a_utc_time_to_the_millisecond(
+    local: tuple[ModuleType, Any],
+) -> None:
+    ha, _ = local
+    assert ha._pgbackrest_time("2026-12-03T09:30:00.123456Z") == "2026-12-03 09:30:00.123+00"
+    assert ha._pgbackrest_time("2026-12-03 10:30:00+01:00") == "2026-12-03 09:30:00.000+00"
+    assert ha._pgbackrest_time("2026-12-03 09:30:00") == "2026-12-03 09:30:00.000+00"
+    with pytest.raises(ha.HAError, match="neither `latest` nor a time"):
+        ha._pgbackrest_time("yesterday")

@@ -82,3 +82,33 @@ $$;
 -- name: schema_revisions
 -- The revisions alembic recorded (a database it never migrated has no such table).
 SELECT version_num FROM alembic_version;
+
+-- name: create_backup_role
+-- The local backup's role (`serve --backup-repo`): it streams WAL and takes base backups
+-- over a replication connection (pg_hba.conf lets it in over the Unix socket only), and
+-- may start and stop a backup, switch WAL and read the settings a backup checks; it owns
+-- nothing and reads no table.
+CREATE ROLE queue_server_backup LOGIN REPLICATION NOSUPERUSER NOCREATEDB NOCREATEROLE
+    NOBYPASSRLS PASSWORD %(password)s;
+
+-- name: set_backup_role_password
+ALTER ROLE queue_server_backup LOGIN REPLICATION NOSUPERUSER NOCREATEDB NOCREATEROLE
+    NOBYPASSRLS PASSWORD %(password)s;
+
+-- name: grant_backup_privileges
+-- What Barman asks of a backup role that is not a superuser.
+GRANT pg_read_all_settings, pg_read_all_stats, pg_checkpoint TO queue_server_backup;
+GRANT EXECUTE ON FUNCTION pg_backup_start(text, boolean) TO queue_server_backup;
+GRANT EXECUTE ON FUNCTION pg_backup_stop(boolean) TO queue_server_backup;
+GRANT EXECUTE ON FUNCTION pg_switch_wal() TO queue_server_backup;
+GRANT EXECUTE ON FUNCTION pg_create_restore_point(text) TO queue_server_backup;
+
+-- name: drop_replication_slot
+-- The backup's slot, once archiving is turned off: a slot nobody reads keeps every WAL
+-- segment from then on, until the disk is full.
+SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+WHERE slot_name = %s AND NOT active;
+
+-- name: in_recovery
+-- A restored database replays WAL until its target, then is promoted and takes writes.
+SELECT pg_is_in_recovery();
