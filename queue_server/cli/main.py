@@ -14,7 +14,6 @@ from typing import Annotated
 import typer
 
 from queue_server import __version__
-from queue_server.cli import db as db_commands
 from queue_server.cli import (
     backup,
     dead_letters,
@@ -31,6 +30,7 @@ from queue_server.cli import (
     watchers,
     work,
 )
+from queue_server.cli import db as db_commands
 from queue_server.cli.common import CLI, EXIT_FAILURES, EXIT_USAGE, PolicyFile, process_policy
 
 app = CLI(
