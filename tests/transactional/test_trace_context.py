@@ -23,7 +23,7 @@ from psycopg.types.json import Jsonb
 from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 
-from queue_server.client import enqueue_in, enqueue_many_in
+from queue_server.client import enqueue_in, enqueue_many_in, errors
 from tests.helpers.api import Api
 from tests.helpers.roles import AppRole, Roles
 
@@ -283,7 +283,7 @@ class Refuse:
         return None
 sys.meta_path.insert(0, Refuse())
 import psycopg
-from queue_server.client import enqueue_in, enqueue_many_in
+from queue_server.client import enqueue_in, enqueue_many_in, errors
 with psycopg.connect(sys.argv[1]) as conn:
     print(enqueue_in(conn, "acme", "emails", {"n": 1}, key="plain"))
     print(enqueue_in(conn, "acme", "emails", {"n": 2}, key="given", traceparent=sys.argv[2]))
@@ -308,3 +308,20 @@ def test_without_opentelemetry_installed_enqueue_in_works_as_before(api: Api, ro
     assert leases[plain]["trace"] is None
     assert kept(leases[given]["trace"]) == {"traceparent": OTHER}
     assert leases[many]["trace"] is None
+
+
+def test_a_trace_context_inside_an_item_of_enqueue_many_is_refused_by_name(
+    api: Api, roles: Roles
+) -> None:
+    """One context per call: an item object with its own is an unknown field, and the
+    refusal says where the context goes."""
+    app = roles.make("acme")
+    with app.connect() as conn, pytest.raises(errors.InvalidRequestError) as refused:
+        enqueue_many_in(
+            conn, "acme", "emails", [{"payload": 1}, {"payload": 2, "traceparent": TRACEPARENT}],
+            key="k",
+        )  # fmt: skip
+    assert refused.value.detail == (
+        "items[1]: only payload, priority, delay and max_acquisitions are known"
+        " (the trace context is an argument of the call, for every item)."
+    )

@@ -259,6 +259,9 @@ BEGIN
                   WHEN EXISTS (SELECT 1 FROM jsonb_object_keys(e) k WHERE k NOT IN
                                ('payload', 'priority', 'delay', 'max_acquisitions'))
                       THEN 'only payload, priority, delay and max_acquisitions are known'
+                           || CASE WHEN e ? 'traceparent' OR e ? 'tracestate'
+                                   THEN ' (the trace context is an argument of the call,'
+                                        ' for every item)' ELSE '' END
                   WHEN jsonb_typeof(e->'priority') NOT IN ('number', 'null')
                       THEN 'priority must be a whole number'
                   WHEN (e->>'priority')::numeric NOT BETWEEN -1000000 AND 1000000
