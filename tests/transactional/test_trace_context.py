@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from typing import Any
 
 import psycopg
@@ -30,6 +31,7 @@ from tests.helpers.roles import AppRole, Roles
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 TRACEPARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
 TRACESTATE = "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7"
+DB = psycopg.Connection[dict[str, object]]
 OTHER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
@@ -325,3 +327,45 @@ def test_a_trace_context_inside_an_item_of_enqueue_many_is_refused_by_name(
         "items[1]: only payload, priority, delay and max_acquisitions are known"
         " (the trace context is an argument of the call, for every item)."
     )
+
+
+def test_concurrent_retries_from_different_traces_make_one_item(
+    api: Api, roles: Roles, db: DB
+) -> None:
+    """Eight transactions, each in its own trace, race the same key: every one commits with
+    the same id, one item and one receipt exist, and the item keeps one of their contexts."""
+    app = roles.make("acme")
+    parents = [f"00-{n + 1:032x}-{n + 1:016x}-01" for n in range(8)]
+    start = threading.Barrier(len(parents))
+    ids: list[str] = []
+    failures: list[BaseException] = []
+
+    def retry(traceparent: str) -> None:
+        try:
+            with app.connect() as conn:
+                start.wait(timeout=30)
+                ids.append(
+                    enqueue_in(
+                        conn, "acme", "emails", {"order": 9}, key="order-9",
+                        traceparent=traceparent,
+                    )
+                )  # fmt: skip
+                conn.commit()
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=retry, args=(p,)) for p in parents]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert failures == []
+    assert len(ids) == len(parents)
+    assert len(set(ids)) == 1
+    rows = db.execute("SELECT item_id, traceparent FROM work_items").fetchall()
+    assert [str(r["item_id"]) for r in rows] == [ids[0]]
+    assert rows[0]["traceparent"] in parents
+    receipts = db.execute(
+        "SELECT count(*) AS n FROM idempotency_receipts WHERE idempotency_key = 'order-9'"
+    ).fetchone()
+    assert receipts == {"n": 1}
