@@ -3,7 +3,10 @@
 An enqueue keeps its producer's `traceparent` and `tracestate` with the item, and each lease
 hands them to its worker. A header that is not exactly what the recommendation writes is
 dropped, never refused: tracing is the producer's business, and a bad header must not cost
-it its enqueue. Pure standard library: the server, the SDK and the CLI all read it.
+it its enqueue. Pure standard library: the server, the SDK and the CLI all read it. Its
+SQL twin, `queue_server.trace_context` (migration 0017), reads the arguments of an enqueue
+inside an application's transaction; tests/transactional/test_trace_context_in_sql.py
+holds the two to the same answers: change both together.
 """
 
 from __future__ import annotations

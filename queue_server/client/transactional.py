@@ -14,6 +14,10 @@ refusal is the typed error of `queue_server.client.errors` (`BacklogCapReachedEr
 `IdempotencyKeyReuseError`, `PolicyEnvelopeError`, `InvalidRequestError`,
 `TenantNotFoundError`, `EnqueueNotGrantedError`), with the driver's error as its cause;
 after one, the transaction is aborted (roll it back, or call inside a savepoint).
+
+The items keep a W3C trace context (`traceparent`, `tracestate`): the one given, else,
+when opentelemetry-api is installed and a valid span is current, that span's (in the W3C
+propagator's format). The database drops a malformed one; it never refuses the enqueue.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, overload
 
 from queue_server.client import errors
+from queue_server.client.tracing import current_context
 
 if TYPE_CHECKING:
     import psycopg
@@ -31,18 +36,35 @@ if TYPE_CHECKING:
 # psycopg (%(name)s) and SQLAlchemy (:name) spellings of the same two calls.
 _ENQUEUE = (
     "SELECT queue_server.enqueue(%(tenant)s, %(queue)s, %(payload)s::jsonb, %(key)s,"
-    " %(priority)s, %(delay)s::interval, %(max_acquisitions)s)"
+    " %(priority)s, %(delay)s::interval, %(max_acquisitions)s,"
+    " %(traceparent)s::text, %(tracestate)s::text)"
 )
-_ENQUEUE_MANY = "SELECT queue_server.enqueue_many(%(tenant)s, %(queue)s, %(items)s::jsonb, %(key)s)"
+_ENQUEUE_MANY = (
+    "SELECT queue_server.enqueue_many(%(tenant)s, %(queue)s, %(items)s::jsonb, %(key)s,"
+    " %(traceparent)s::text, %(tracestate)s::text)"
+)
 _SA_ENQUEUE = (
     "SELECT queue_server.enqueue(:tenant, :queue, CAST(:payload AS jsonb), :key,"
-    " :priority, CAST(:delay AS interval), :max_acquisitions)"
+    " :priority, CAST(:delay AS interval), :max_acquisitions,"
+    " CAST(:traceparent AS text), CAST(:tracestate AS text))"
 )
-_SA_ENQUEUE_MANY = "SELECT queue_server.enqueue_many(:tenant, :queue, CAST(:items AS jsonb), :key)"
+_SA_ENQUEUE_MANY = (
+    "SELECT queue_server.enqueue_many(:tenant, :queue, CAST(:items AS jsonb), :key,"
+    " CAST(:traceparent AS text), CAST(:tracestate AS text))"
+)
 
 
 def _delay(delay: float | timedelta) -> timedelta:
     return delay if isinstance(delay, timedelta) else timedelta(seconds=delay)
+
+
+def _trace(traceparent: str | None, tracestate: str | None) -> dict[str, str | None]:
+    """The trace context to send: the one given, else the current span's (none without
+    opentelemetry, or without a valid current span)."""
+    if traceparent is None and tracestate is None:
+        carrier = current_context()
+        traceparent, tracestate = carrier.get("traceparent"), carrier.get("tracestate")
+    return {"traceparent": traceparent, "tracestate": tracestate}
 
 
 def _item(item: Any) -> dict[str, Any]:
@@ -136,6 +158,8 @@ def enqueue_in(
     priority: int = 0,
     delay: float | timedelta = 0,
     max_acquisitions: int | None = None,
+    traceparent: str | None = None,
+    tracestate: str | None = None,
 ) -> Awaitable[str]: ...
 
 
@@ -150,6 +174,8 @@ def enqueue_in(
     priority: int = 0,
     delay: float | timedelta = 0,
     max_acquisitions: int | None = None,
+    traceparent: str | None = None,
+    tracestate: str | None = None,
 ) -> Any: ...
 
 
@@ -163,10 +189,14 @@ def enqueue_in(
     priority: int = 0,
     delay: float | timedelta = 0,
     max_acquisitions: int | None = None,
+    traceparent: str | None = None,
+    tracestate: str | None = None,
 ) -> Any:
     """Enqueue one item in `conn`'s open transaction; its id (a string), or an awaitable of
     it for an async connection. `key`: the idempotency key (the same key and arguments
-    return the same id; other arguments raise `IdempotencyKeyReuseError`)."""
+    return the same id; other arguments raise `IdempotencyKeyReuseError`; the trace context
+    is not one of them). `traceparent`/`tracestate`: the W3C trace context to keep with the
+    item; when neither is given, the current OpenTelemetry span's, if any."""
     call = _Call(
         _ENQUEUE,
         _SA_ENQUEUE,
@@ -178,6 +208,7 @@ def enqueue_in(
             "priority": priority,
             "delay": _delay(delay),
             "max_acquisitions": max_acquisitions,
+            **_trace(traceparent, tracestate),
         },
     )
     result = call.run(conn)
@@ -202,24 +233,49 @@ def enqueue_many_in(
     items: Sequence[Any],
     *,
     key: str,
+    traceparent: str | None = None,
+    tracestate: str | None = None,
 ) -> Awaitable[list[str]]: ...
 
 
 @overload
 def enqueue_many_in(
-    conn: Any, tenant: str, queue: str, items: Sequence[Any], *, key: str
+    conn: Any,
+    tenant: str,
+    queue: str,
+    items: Sequence[Any],
+    *,
+    key: str,
+    traceparent: str | None = None,
+    tracestate: str | None = None,
 ) -> Any: ...
 
 
-def enqueue_many_in(conn: Any, tenant: str, queue: str, items: Sequence[Any], *, key: str) -> Any:
+def enqueue_many_in(
+    conn: Any,
+    tenant: str,
+    queue: str,
+    items: Sequence[Any],
+    *,
+    key: str,
+    traceparent: str | None = None,
+    tracestate: str | None = None,
+) -> Any:
     """Enqueue 1 to 500 items in `conn`'s open transaction, all or nothing against the
     backlog cap; their ids in the order given (or an awaitable of them). Each item is a
     mapping with `payload` and optionally `priority`, `delay` (seconds or a timedelta) and
-    `max_acquisitions`, or an SDK `NewItem`."""
+    `max_acquisitions`, or an SDK `NewItem`. `traceparent`/`tracestate`: one W3C trace
+    context for every item (as `enqueue_in`'s, the current span's when neither is given)."""
     call = _Call(
         _ENQUEUE_MANY,
         _SA_ENQUEUE_MANY,
-        {"tenant": tenant, "queue": queue, "items": [_item(i) for i in items], "key": key},
+        {
+            "tenant": tenant,
+            "queue": queue,
+            "items": [_item(i) for i in items],
+            "key": key,
+            **_trace(traceparent, tracestate),
+        },
     )
     result = call.run(conn)
     if isinstance(result, Awaitable):

@@ -283,7 +283,8 @@ def test_a_role_without_the_grant_gets_permission_denied_and_sees_no_table(
             "permission denied for table",
         ),
         (
-            "SELECT queue_server.enqueue_items('acme', 'q', '[{\"payload\": 1}]', 'k', 'x')",
+            "SELECT queue_server.enqueue_items('acme', 'q', '[{\"payload\": 1}]', 'k', 'x',"
+            " NULL, NULL)",
             "permission denied for function enqueue_items",
         ),
         (

@@ -41,6 +41,7 @@ def test_every_example_of_the_guide_runs_as_written(
         "orders_psycopg.py",
         "orders_async.py",
         "orders_sqlalchemy.py",
+        "orders_traced.py",
     }
     app = roles.make("acme")
     for name, text in code.items():
@@ -76,11 +77,19 @@ def test_every_example_of_the_guide_runs_as_written(
     assert pages == "2"
     # SQLAlchemy: linus commits, eve rolls back.
     assert run("orders_sqlalchemy.py") == "done"
+    # OpenTelemetry: tim's receipt is in the trace of the span it was enqueued in.
+    receipt_id, trace_id = run("orders_traced.py").split()
 
     orders = db.execute("SELECT order_id, customer FROM orders ORDER BY order_id").fetchall()
-    assert [o["customer"] for o in orders] == ["ada", "ada", "grace", "linus"]
+    assert [o["customer"] for o in orders] == ["ada", "ada", "grace", "linus", "tim"]
     emails = {str(i["item_id"]): i["payload"] for i in items(api, "emails")}
     assert sorted(p["order"] for p in emails.values()) == [1, 3, 5, 6]  # type: ignore[index]
     assert emails[item_id] == {"order": 5}
     invoices = items(api, "invoices")
     assert sorted(i["payload"]["page"] for i in invoices) == [1, 2]  # type: ignore[index]
+    [receipt] = api.acquire("receipts")
+    assert receipt["item_id"] == receipt_id
+    assert receipt["payload"] == {"order": orders[-1]["order_id"]}
+    trace = receipt["trace"]
+    assert isinstance(trace, dict)
+    assert trace["traceparent"].split("-")[1] == trace_id

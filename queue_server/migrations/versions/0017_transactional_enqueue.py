@@ -59,6 +59,38 @@ RETURN encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
     FROM 1 FOR 6), 52, 1), 53, 1), 'hex')::uuid
 """
 
+# The W3C trace context an enqueue keeps, read with exactly the rules of
+# queue_server/tracecontext.py (`parse`): {"traceparent": ..., "tracestate": ...} (without
+# tracestate when it is absent, malformed or longer than 512 characters), or NULL when
+# traceparent is missing or malformed. Never an error: a bad header costs no enqueue.
+# tests/transactional/test_trace_context_in_sql.py holds it to the Python rules.
+TRACE_CONTEXT = """
+CREATE FUNCTION queue_server.trace_context(traceparent text, tracestate text DEFAULT NULL)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE
+    -- Version 00, lower-case hex; a trace id and a parent id that are not all zeros.
+    WHEN traceparent ~ '^00-[0-9a-f]{{32}}-[0-9a-f]{{16}}-[0-9a-f]{{2}}$'
+     AND substr(traceparent, 4, 32) <> repeat('0', 32)
+     AND substr(traceparent, 37, 16) <> repeat('0', 16)
+    THEN jsonb_build_object('traceparent', traceparent)
+         -- tracestate: at most 512 characters; 1 to 32 list members `key=value` (empty
+         -- ones and the spaces and tabs around each skipped), each key once.
+         || CASE WHEN length(tracestate) <= 512 AND (
+                    SELECT count(*) BETWEEN 1 AND 32
+                       AND bool_and(m ~ ('^(?:[a-z][a-z0-9_*/-]{{0,255}}'
+                                         '|[a-z0-9][a-z0-9_*/-]{{0,240}}@[a-z][a-z0-9_*/-]{{0,13}})'
+                                         '=[\\x20-\\x2b\\x2d-\\x3c\\x3e-\\x7e]{{0,255}}'
+                                         '[\\x21-\\x2b\\x2d-\\x3c\\x3e-\\x7e]$'))
+                       AND count(DISTINCT split_part(m, '=', 1)) = count(*)
+                    FROM (SELECT btrim(member, E' \\t') AS m
+                          FROM regexp_split_to_table(tracestate, ',') AS member) AS members
+                    WHERE m <> '')
+                 THEN jsonb_build_object('tracestate', tracestate)
+                 ELSE '{{}}'::jsonb END
+END
+"""
+
 # The admission of every enqueue: the REST route's (`transitions.enqueue` calls it), each
 # fire of a schedule, and queue_server.enqueue's. In the caller's transaction: the tenant's
 # admission lock, the backlog cap, the policy envelope, then the items with their ledger
@@ -175,10 +207,14 @@ $fn$
 # What an application calls (SECURITY DEFINER: as the owner of the tables, which the
 # caller cannot see). The calling session's role must be granted the tenant; its
 # idempotency key is the tenant's, in the receipts the REST routes keep: the same key with
-# the same arguments returns the first call's ids, with others raises QS409.
+# the same arguments returns the first call's ids, with others raises QS409. The caller's
+# trace context (p_traceparent, p_tracestate: the W3C headers' values) goes with every
+# item, read by queue_server.trace_context (malformed: none); it is not part of the
+# request's fingerprint: a retry from another trace is the same request.
 ENQUEUE_ITEMS = """
 CREATE FUNCTION queue_server.enqueue_items(p_tenant text, p_queue text, p_items jsonb,
-                                           p_key text, p_call text)
+                                           p_key text, p_call text, p_traceparent text,
+                                           p_tracestate text)
 RETURNS uuid[]
 LANGUAGE plpgsql VOLATILE
 SET search_path = {home}, pg_temp
@@ -191,6 +227,7 @@ DECLARE
     ids uuid[];
     body jsonb;
     bad text;
+    trace_ctx jsonb := coalesce(queue_server.trace_context(p_traceparent, p_tracestate), '{{}}');
 BEGIN
     -- session_user: inside a SECURITY DEFINER function current_user is the owner. A login
     -- role may enqueue for a tenant granted to it or to a role it is a member of; the
@@ -222,6 +259,9 @@ BEGIN
                   WHEN EXISTS (SELECT 1 FROM jsonb_object_keys(e) k WHERE k NOT IN
                                ('payload', 'priority', 'delay', 'max_acquisitions'))
                       THEN 'only payload, priority, delay and max_acquisitions are known'
+                           || CASE WHEN e ? 'traceparent' OR e ? 'tracestate'
+                                   THEN ' (the trace context is an argument of the call,'
+                                        ' for every item)' ELSE '' END
                   WHEN jsonb_typeof(e->'priority') NOT IN ('number', 'null')
                       THEN 'priority must be a whole number'
                   WHEN (e->>'priority')::numeric NOT BETWEEN -1000000 AND 1000000
@@ -253,7 +293,8 @@ BEGIN
             USING ERRCODE = 'QS404', DETAIL = format('No tenant is named %s.', p_tenant);
     END IF;
     SELECT * INTO STRICT env FROM enqueue_envelope;
-    -- Each item as admitted, defaults filled: the same call is the same fingerprint.
+    -- Each item as admitted, defaults filled: the same call is the same fingerprint (the
+    -- trace context is not in it).
     SELECT jsonb_agg(jsonb_build_object(
                'payload', e->'payload',
                'priority', coalesce((e->>'priority')::int, 0),
@@ -288,7 +329,7 @@ BEGIN
         INTO body
     FROM queue_server.admit(
         p_tenant, p_queue,
-        (SELECT jsonb_agg(s || jsonb_build_object('item_id', ids[i]) ORDER BY i)
+        (SELECT jsonb_agg(s || jsonb_build_object('item_id', ids[i]) || trace_ctx ORDER BY i)
          FROM jsonb_array_elements(specs) WITH ORDINALITY AS x(s, i)),
         'role:' || session_user, env.attempt_cap, env.backlog_cap) AS a;
     UPDATE idempotency_receipts r SET response_status = 201, response_body = body::text
@@ -302,7 +343,9 @@ ENQUEUE = """
 CREATE FUNCTION queue_server.enqueue(tenant text, queue text, payload jsonb,
                                      idempotency_key text, priority int DEFAULT 0,
                                      delay interval DEFAULT '0',
-                                     max_acquisitions int DEFAULT NULL)
+                                     max_acquisitions int DEFAULT NULL,
+                                     traceparent text DEFAULT NULL,
+                                     tracestate text DEFAULT NULL)
 RETURNS uuid
 LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = {home}, pg_temp
@@ -312,19 +355,21 @@ BEGIN ATOMIC
         jsonb_build_array(jsonb_build_object(
             'payload', payload, 'priority', priority,
             'delay', extract(epoch FROM delay), 'max_acquisitions', max_acquisitions)),
-        idempotency_key, 'queue_server.enqueue'))[1];
+        idempotency_key, 'queue_server.enqueue', traceparent, tracestate))[1];
 END
 """
 
 ENQUEUE_MANY = """
 CREATE FUNCTION queue_server.enqueue_many(tenant text, queue text, items jsonb,
-                                          idempotency_key text)
+                                          idempotency_key text,
+                                          traceparent text DEFAULT NULL,
+                                          tracestate text DEFAULT NULL)
 RETURNS uuid[]
 LANGUAGE sql VOLATILE SECURITY DEFINER
 SET search_path = {home}, pg_temp
 BEGIN ATOMIC
     SELECT queue_server.enqueue_items(tenant, queue, items, idempotency_key,
-                                      'queue_server.enqueue_many');
+                                      'queue_server.enqueue_many', traceparent, tracestate);
 END
 """
 
@@ -452,24 +497,34 @@ def upgrade() -> None:
     if conn.execute(sa.text("SELECT current_user = 'queue_server'")).scalar_one():
         op.execute(f"ALTER ROLE CURRENT_USER SET search_path = {home}")
         op.execute(f"SET LOCAL search_path = {home}")
-    for ddl in (UUID7, ADMIT, ENQUEUE_ITEMS, ENQUEUE, ENQUEUE_MANY, GRANT_ENQUEUE, REVOKE_ENQUEUE):
+    for ddl in (
+        UUID7,
+        TRACE_CONTEXT,
+        ADMIT,
+        ENQUEUE_ITEMS,
+        ENQUEUE,
+        ENQUEUE_MANY,
+        GRANT_ENQUEUE,
+        REVOKE_ENQUEUE,
+    ):
         op.execute(ddl.replace("{home}", home).replace("{{", "{").replace("}}", "}"))
     # The schema is visible to every role; what runs is what EXECUTE allows. uuid7 and
-    # admit run with their caller's rights (admit needs the tables'); enqueue_items only
-    # from the two entry points, which only queue_server_enqueuer may call; grant_enqueue
-    # and revoke_enqueue by the owner and superusers.
+    # admit run with their caller's rights (admit needs the tables'), trace_context (it
+    # reads no table) by anyone; enqueue_items only from the two entry points, which only
+    # queue_server_enqueuer may call; grant_enqueue and revoke_enqueue by the owner and
+    # superusers.
     op.execute("GRANT USAGE ON SCHEMA queue_server TO PUBLIC")
     for function in (
         "queue_server.grant_enqueue(text, text, text)",
         "queue_server.revoke_enqueue(text, text)",
-        "queue_server.enqueue_items(text, text, jsonb, text, text)",
-        "queue_server.enqueue(text, text, jsonb, text, int, interval, int)",
-        "queue_server.enqueue_many(text, text, jsonb, text)",
+        "queue_server.enqueue_items(text, text, jsonb, text, text, text, text)",
+        "queue_server.enqueue(text, text, jsonb, text, int, interval, int, text, text)",
+        "queue_server.enqueue_many(text, text, jsonb, text, text, text)",
     ):
         op.execute(f"REVOKE EXECUTE ON FUNCTION {function} FROM PUBLIC")
     for function in (
-        "queue_server.enqueue(text, text, jsonb, text, int, interval, int)",
-        "queue_server.enqueue_many(text, text, jsonb, text)",
+        "queue_server.enqueue(text, text, jsonb, text, int, interval, int, text, text)",
+        "queue_server.enqueue_many(text, text, jsonb, text, text, text)",
     ):
         op.execute(f"GRANT EXECUTE ON FUNCTION {function} TO queue_server_enqueuer")
 
