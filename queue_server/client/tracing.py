@@ -26,11 +26,23 @@ class HandlerSpans:
     """Starts and ends the span of each handler; `None` from `create` when tracing is
     unavailable (no opentelemetry installed)."""
 
-    def __init__(self, api: Any, propagator: Any, tracer: Any, parent_within: float) -> None:
+    def __init__(
+        self,
+        api: Any,
+        propagator: Any,
+        tracer: Any,
+        parent_within: float,
+        *,
+        unset: tuple[type, ...] = (),
+    ) -> None:
         self._api = api
         self._propagator = propagator
         self._tracer = tracer
         self.parent_within = parent_within
+        # The global providers that record nothing (none set yet, or a no-op one): under
+        # them an item without a trace gets no span at all. Empty for a worker given a
+        # provider of its own.
+        self._unset = unset
 
     @classmethod
     def create(
@@ -46,11 +58,16 @@ class HandlerSpans:
         from queue_server import __version__
 
         tracer = trace.get_tracer("queue_server.client", __version__, tracer_provider)
-        return cls(trace, TraceContextTextMapPropagator(), tracer, parent_within)
+        unset = () if tracer_provider is not None else _unset_providers(trace)
+        return cls(trace, TraceContextTextMapPropagator(), tracer, parent_within, unset=unset)
 
     def start(self, lease: Lease, queue: str, worker: str) -> Any:
-        """The handler's span, started (not yet current)."""
+        """The handler's span, started (not yet current); `None` for an item without a trace
+        while no tracer provider is set: such a span would record nothing and carry no
+        context on, and making it is most of a no-op item's tracing cost."""
         api = self._api
+        if lease.trace is None and isinstance(api.get_tracer_provider(), self._unset):
+            return None
         attributes: dict[str, Any] = {
             "messaging.system": "queue-server",
             "messaging.operation.type": "process",
@@ -102,6 +119,19 @@ class HandlerSpans:
         carrier: dict[str, str] = {}
         self._propagator.inject(carrier, context=self._api.set_span_in_context(span))
         return carrier.get("traceparent")
+
+
+def _unset_providers(trace: Any) -> tuple[type, ...]:
+    """The API's global tracer providers that record nothing: the proxy before one is set,
+    and the no-op one."""
+    return tuple(
+        t
+        for t in (
+            getattr(trace, "ProxyTracerProvider", None),
+            getattr(trace, "NoOpTracerProvider", None),
+        )
+        if isinstance(t, type)
+    )
 
 
 def current_context() -> dict[str, str]:

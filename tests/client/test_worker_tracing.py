@@ -204,3 +204,59 @@ def test_a_lost_leases_span_says_lost(api: Api, face: Face, db: Db) -> None:
     span = process_span(list(exporter.get_finished_spans()))
     assert format_trace_id(span.context.trace_id) == TRACE_ID
     assert (span.attributes or {})["queue_server.outcome"] == "lost"
+
+
+_UNSET_PROVIDER = """
+import sys
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from queue_server.client import QueueClient, Worker, tracing
+
+made = []
+original = tracing.HandlerSpans.start
+def start(self, *args, **kwargs):
+    span = original(self, *args, **kwargs)
+    made.append(span)
+    return span
+tracing.HandlerSpans.start = start
+
+with QueueClient(sys.argv[1], sys.argv[2], tenant="acme") as qs:
+    worker = Worker(qs, "q", lambda job: None, wait=0)
+    if sys.argv[3] == "late":
+        # A provider set after the worker was made: its items are recorded.
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        trace.set_tracer_provider(provider)
+    handled = worker.run(drain=True, handle_signals=False)
+if sys.argv[3] == "late":
+    print(handled, len([s for s in exporter.get_finished_spans() if s.name == "process q"]))
+else:
+    print(handled, sum(s is None for s in made), sum(s is not None for s in made))
+"""
+
+
+def _run_unset(api: Api, mode: str) -> list[int]:
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_UNSET_PROVIDER), api.url, api.keys["worker"], mode],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if not k.startswith("OTEL_")},
+    )
+    assert done.returncode == 0, done.stderr
+    return [int(n) for n in done.stdout.split()]
+
+
+def test_without_a_tracer_provider_only_a_traced_item_gets_a_span(api: Api) -> None:
+    # Nothing would record an untraced item's span and no context continues through it:
+    # none is made (most of a no-op item's tracing cost). A traced item's span still
+    # carries its enqueue context on (TRACEPARENT of `queue-server work`'s command).
+    api.enqueue()
+    enqueue_traced(api, {"n": 2})
+    assert _run_unset(api, "unset") == [2, 1, 1]
+    # A provider set after the worker was made is used for the next untraced item.
+    api.enqueue()
+    assert _run_unset(api, "late") == [1, 1]
