@@ -144,7 +144,8 @@ def _backup(fields: dict[str, str], backup_id: str) -> Backup:
 
 
 def segment_number(name: str, segment_size: int) -> tuple[int, int]:
-    """(timeline, segment number) of a WAL file name (TTTTTTTTXXXXXXXXYYYYYYYY)."""
+    """(timeline, segment number) of a WAL file name: 24 hex digits, the timeline, then the
+    log id and the segment within it (8 each)."""
     per_id = 0x100000000 // segment_size
     return int(name[:8], 16), int(name[8:16], 16) * per_id + int(name[16:24], 16)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 
 from queue_server.settings import Settings
 from tests.helpers.api import Api
+from tests.helpers.wake import ParkedAcquire
 
 Db = psycopg.Connection[dict[str, object]]
 
@@ -30,25 +30,12 @@ def test_a_new_item_wakes_a_waiting_acquire_within_100_ms(api: Api) -> None:
     of three must be within 100 ms and every one well before the poll."""
 
     def one_wake(queue: str) -> float:
-        result: dict[str, float] = {}
-
-        def wait_for_work() -> None:
-            with api.client(api.keys["worker"]) as client:
-                response = client.post(
-                    f"/v1/tenants/acme/queues/{queue}/leases",
-                    json={"worker": "w1", "lease_ttl": 30, "wait": 10},
-                )
-                result["leased_at"] = time.monotonic()
-                result["count"] = len(response.json()["leases"])
-
-        thread = threading.Thread(target=wait_for_work)
-        thread.start()
-        time.sleep(0.5)  # the acquire is now parked on its notification
+        parked = ParkedAcquire(api, queue)
         enqueued_at = time.monotonic()
         api.enqueue(queue)
-        thread.join(timeout=15)
-        assert result["count"] == 1
-        return result["leased_at"] - enqueued_at
+        count, leased_at = parked.join()
+        assert count == 1
+        return leased_at - enqueued_at
 
     wakes = [one_wake(queue) for queue in ("q1", "q2", "q3")]  # a lease each (concurrency 1)
     assert min(wakes) < 0.1, wakes

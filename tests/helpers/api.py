@@ -149,3 +149,28 @@ def live_api(
             yield setup_tenant(server.url, admin, tenant, backlog_cap)
     finally:
         server.stop()
+
+
+def tight_policy(path: Path, *, max_acquisitions: int, max_queued: int) -> Path:
+    """A policy file whose retry cell caps an item's budget at `max_acquisitions` and whose
+    backpressure cell holds every tenant's backlog cap to `max_queued`."""
+    return policy_file(
+        path,
+        {
+            "durable-leased-work": {
+                "retry": {
+                    "kind": "queue-reacquisition",
+                    "max-acquisitions": max_acquisitions,
+                    "delay-seconds": 0,
+                    "advances-fence": True,
+                    "advances-acquisition-count": True,
+                    "on-exhausted": "quarantine",
+                },
+                "backpressure": {
+                    "mechanism": "durable-backlog-cap",
+                    "max-queued": max_queued,
+                    "reserve-for-active": True,
+                },
+            }
+        },
+    )

@@ -5,7 +5,6 @@ may enqueue only for the tenants it was granted."""
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -19,6 +18,7 @@ from queue_server.client import enqueue_in, enqueue_many_in, errors
 from queue_server.settings import Settings
 from tests.helpers.api import Api, setup_tenant
 from tests.helpers.roles import Roles
+from tests.helpers.wake import ParkedAcquire
 
 DB = psycopg.Connection[dict[str, object]]
 ENQUEUE = "SELECT queue_server.enqueue(%s, %s, %s, %s)"
@@ -104,30 +104,17 @@ def test_a_commit_wakes_a_waiting_long_poll_acquire_within_100_ms(api: Api, role
     app = roles.make("acme")
 
     def one_wake(queue: str) -> float:
-        result: dict[str, float] = {}
-
-        def wait_for_work() -> None:
-            with api.client(api.keys["worker"]) as client:
-                response = client.post(
-                    f"/v1/tenants/acme/queues/{queue}/leases",
-                    json={"worker": "w1", "lease_ttl": 30, "wait": 10},
-                )
-                result["leased_at"] = time.monotonic()
-                result["count"] = len(response.json()["leases"])
-
-        thread = threading.Thread(target=wait_for_work)
-        thread.start()
-        time.sleep(0.5)  # the acquire is now parked on its notification
+        parked = ParkedAcquire(api, queue)
         with app.connect() as conn:
             conn.execute("INSERT INTO orders (customer) VALUES ('ada')")
             enqueue_in(conn, "acme", queue, {"n": 1}, key=uuid.uuid4().hex)
             time.sleep(0.3)  # uncommitted: nothing to wake for yet
-            assert "leased_at" not in result
+            assert not parked.answered
             conn.commit()
             committed_at = time.monotonic()
-        thread.join(timeout=15)
-        assert result["count"] == 1
-        return result["leased_at"] - committed_at
+        count, leased_at = parked.join()
+        assert count == 1
+        return leased_at - committed_at
 
     wakes = [one_wake(queue) for queue in ("q1", "q2", "q3")]
     assert min(wakes) < 0.1, wakes

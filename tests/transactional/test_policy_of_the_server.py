@@ -12,7 +12,7 @@ import pytest
 
 from queue_server.client import enqueue_in, errors
 from queue_server.settings import Settings
-from tests.helpers.api import live_api, policy_file
+from tests.helpers.api import live_api, tight_policy
 from tests.helpers.roles import Roles
 
 DB = psycopg.Connection[dict[str, object]]
@@ -21,26 +21,7 @@ DB = psycopg.Connection[dict[str, object]]
 def test_the_function_applies_the_started_servers_attempt_cap_max_queued_and_retention(
     tmp_path: Path, database_url: str, db: DB, roles: Roles
 ) -> None:
-    path = policy_file(
-        tmp_path / "tight.json",
-        {
-            "durable-leased-work": {
-                "retry": {
-                    "kind": "queue-reacquisition",
-                    "max-acquisitions": 3,
-                    "delay-seconds": 0,
-                    "advances-fence": True,
-                    "advances-acquisition-count": True,
-                    "on-exhausted": "quarantine",
-                },
-                "backpressure": {
-                    "mechanism": "durable-backlog-cap",
-                    "max-queued": 2,
-                    "reserve-for-active": True,
-                },
-            }
-        },
-    )
+    path = tight_policy(tmp_path / "tight.json", max_acquisitions=3, max_queued=2)
     settings = Settings(
         data_dir=tmp_path, policy=str(path), idempotency_retention=timedelta(hours=30)
     )

@@ -14,7 +14,7 @@ import pytest
 
 from queue_server.services.items import Items
 from queue_server.settings import Settings
-from tests.helpers.api import Api, client_for, policy_file, setup_tenant
+from tests.helpers.api import Api, client_for, setup_tenant, tight_policy
 from tests.helpers.server import LiveServer, make_admin_key
 
 DB = psycopg.Connection[dict[str, object]]
@@ -24,26 +24,7 @@ DB = psycopg.Connection[dict[str, object]]
 def tight(tmp_path: Path, database_url: str, db: DB) -> Iterator[Api]:
     """A server under a policy of attempt cap 3 and max-queued 3, and a tenant stored under
     a looser one (cap 1000, default budget 5); its early refusal turned off."""
-    path = policy_file(
-        tmp_path / "tight.json",
-        {
-            "durable-leased-work": {
-                "retry": {
-                    "kind": "queue-reacquisition",
-                    "max-acquisitions": 3,
-                    "delay-seconds": 0,
-                    "advances-fence": True,
-                    "advances-acquisition-count": True,
-                    "on-exhausted": "quarantine",
-                },
-                "backpressure": {
-                    "mechanism": "durable-backlog-cap",
-                    "max-queued": 3,
-                    "reserve-for-active": True,
-                },
-            }
-        },
-    )
+    path = tight_policy(tmp_path / "tight.json", max_acquisitions=3, max_queued=3)
     settings = Settings(data_dir=tmp_path, poll_interval=0.2, policy=str(path))
     server = LiveServer(settings, database_url)
     server.start()
