@@ -31,7 +31,7 @@ import psycopg.errors
 from queue_server import errors, views
 from queue_server.db import Database
 from queue_server.store import idempotency_receipts
-from queue_server.store.sessions import WAIT_FOR_STANDBY
+from queue_server.store.sessions import WAIT_FOR_STANDBY, pipelined_transaction
 from queue_server.store.types import Conn
 
 # The refusals a receipt keeps: the same request would be refused the same way again.
@@ -154,7 +154,7 @@ class Effects:
         try:
             async with self.db.conn() as conn:
                 try:
-                    async with conn.pipeline(), conn.transaction():
+                    async with pipelined_transaction(conn):
                         claimed = await idempotency_receipts.start_claim(
                             conn,
                             tenant=tenant,

@@ -37,3 +37,13 @@ $$;
 -- for the synchronous standby (a transaction that only took an id writes no WAL before
 -- its commit record, and PostgreSQL does not make such a COMMIT wait).
 SELECT pg_logical_emit_message(true, 'queue-server', 'confirm');
+
+-- name: begin
+-- The three statements of a transaction sent inside a pipeline (`pipelined_transaction`).
+BEGIN;
+
+-- name: commit
+COMMIT;
+
+-- name: rollback
+ROLLBACK;
