@@ -51,6 +51,7 @@ import psycopg.errors
 from psycopg import _queries
 from psycopg.rows import dict_row
 from psycopg.types.json import set_json_dumps, set_json_loads
+from psycopg.types.string import TextLoader
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from queue_server import errors
@@ -220,10 +221,13 @@ class Database:
 
     async def _configure(self, conn: Conn) -> None:
         """jsonb in and out through orjson (several times faster than the standard library
-        on the payloads of a batch); when the connection was opened; and a watch for a
-        cancelled synchronous-replication wait."""
+        on the payloads of a batch); uuids as text; when the connection was opened; and a
+        watch for a cancelled synchronous-replication wait."""
         set_json_dumps(orjson.dumps, context=conn)
         set_json_loads(orjson.loads, context=conn)
+        # Ids arrive as the text the API shows: no uuid.UUID made and turned back into a
+        # string for every id of every row (profiled: 4% of a batched lease cycle's CPU).
+        conn.adapters.register_loader("uuid", TextLoader)
         self._opened[conn] = time.monotonic()
 
         def on_notice(diag: psycopg.errors.Diagnostic) -> None:
