@@ -250,9 +250,9 @@ class Items:
         items: Sequence[ItemSpec],
         idem: Idempotency,
         *,
-        trace: TraceContext | None,
         instance: str,
         batch: bool,
+        trace: TraceContext | None = None,
     ) -> Answer:
         """Enqueue `items` (new ids), each with the producer's `trace`, once per key.
 

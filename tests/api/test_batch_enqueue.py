@@ -154,5 +154,6 @@ def test_a_batch_enqueue_waits_for_the_tenant_lock_only_at_its_last_statement(
         assert "SELECT queue_server.admit_seal(" in str(waiting[0]["query"])
         holder.rollback()
     thread.join(timeout=10)
-    assert outcome and outcome[0].status_code == 201, outcome
+    assert len(outcome) == 1
+    assert outcome[0].status_code == 201, outcome[0].text
     assert len(orjson.loads(outcome[0].content)["items"]) == 50
