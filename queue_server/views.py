@@ -3,6 +3,7 @@ datetimes as RFC 3339 UTC."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -38,6 +39,42 @@ def item(row: Row) -> dict[str, Any]:
         "created_at": row["created_at"],
         "updated_at": row["updated_at"],
     }
+
+
+def enqueued(
+    tenant: str,
+    queue: str,
+    specs: list[dict[str, Any]],
+    written: dict[str, tuple[int, datetime, datetime]],
+) -> list[dict[str, Any]]:
+    """New items as `item` shapes their rows, in the order of `specs` (what was enqueued),
+    from what the enqueue sent and what the database decided (`transitions.enqueue_rows`:
+    budget, available_at, created_at by item id): no row is read back for the answer."""
+    shaped = []
+    for spec in specs:
+        budget, available_at, created_at = written[spec["item_id"]]
+        shaped.append(
+            {
+                "item_id": spec["item_id"],
+                "tenant": tenant,
+                "queue": queue,
+                "state": "ready",
+                "payload": spec["payload"],
+                "priority": spec["priority"],
+                "available_at": available_at,
+                "fence": 0,
+                "acquisition_count": 0,
+                "max_acquisitions": budget,
+                "lease_holder": None,
+                "lease_expires_at": None,
+                "lease_deadline_at": None,
+                "result": None,
+                "last_failure": None,
+                "created_at": created_at,
+                "updated_at": created_at,
+            }
+        )
+    return shaped
 
 
 def lease(row: Row) -> dict[str, Any]:

@@ -85,16 +85,17 @@ def _files() -> dict[str, sql.Statements]:
 
 
 def _admission() -> str:
-    """The statement of `queue_server.admit` (migration 0017), the one enqueue admission the
-    REST route and `queue_server.enqueue` share: from its RETURN QUERY to its end."""
-    text: str = importlib.import_module(ADMISSION_MIGRATION).ADMIT
+    """The statement of `queue_server.admit_rows` (migration 0020), the rows of the one
+    enqueue admission the REST route and `queue_server.enqueue` share: from its RETURN QUERY
+    to its end."""
+    text: str = importlib.import_module(ADMISSION_MIGRATION).ADMIT_ROWS
     return text[text.index("RETURN QUERY") + len("RETURN QUERY") : text.index("END\n$fn$")]
 
 
-ADMISSION_MIGRATION = "queue_server.migrations.versions.0017_transactional_enqueue"
+ADMISSION_MIGRATION = "queue_server.migrations.versions.0020_admission_lock_last"
 # Every statement that changes an item: the blocks of transitions.sql, and the admission
 # its `enqueue` block calls (a SQL function, so an application's transaction runs it too).
-TRANSITIONS = {**sql.load("transitions"), "queue_server.admit": _admission()}
+TRANSITIONS = {**sql.load("transitions"), "queue_server.admit_rows": _admission()}
 
 
 # -- the blocks and the names the code asks for -----------------------------------------

@@ -194,27 +194,35 @@ def _drop_backlog_cap(mp: pytest.MonkeyPatch) -> None:
     # cap and the policy's ceiling around it, inside the admission's own transaction.
     original_enqueue = transitions.enqueue
 
-    async def enqueue(conn: Any, **kw: Any) -> Any:
+    async def enqueue(conn: Any, _run: Any = None, **kw: Any) -> Any:
+        run = original_enqueue if _run is None else _run
         cur = await conn.execute(
             "SELECT backlog_cap FROM tenants WHERE tenant_id = %s FOR NO KEY UPDATE",
             (kw["tenant"],),
         )
         row = await cur.fetchone()
         if row is None:
-            return await original_enqueue(conn, **kw)
+            return await run(conn, **kw)
         cap = row["backlog_cap"] if isinstance(row, dict) else row[0]
         await conn.execute(
             "UPDATE tenants SET backlog_cap = 2147483647 WHERE tenant_id = %s", (kw["tenant"],)
         )
         try:
-            return await original_enqueue(conn, **{**kw, "backlog_ceiling": 2**62})
+            return await run(conn, **{**kw, "backlog_ceiling": 2**62})
         finally:
             await conn.execute(
                 "UPDATE tenants SET backlog_cap = %s WHERE tenant_id = %s", (cap, kw["tenant"])
             )
 
+    # The REST route's admission is its last statement (`admit_seal`): the same lift there.
+    original_seal = transitions.admit_seal
+
+    async def admit_seal(conn: Any, **kw: Any) -> Any:
+        return await enqueue(conn, **kw, _run=original_seal)
+
     mp.setattr(tenants, "admit", admit)
     mp.setattr(transitions, "enqueue", enqueue)
+    mp.setattr(transitions, "admit_seal", admit_seal)
     mp.setattr(Items, "_refuse_early_at_cap", no_early_refusal)
 
 

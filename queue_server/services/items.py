@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -20,7 +20,7 @@ from queue_server import auth, errors, views
 from queue_server.db import Database, admission_refusals
 from queue_server.idempotency import Answer, Effects, Idempotency
 from queue_server.infra.metrics import Metrics
-from queue_server.models import NAME_RE, ItemState, Role, is_uuid, uuid7
+from queue_server.models import NAME_RE, ItemState, Role, is_uuid, uuid7, uuid7s
 from queue_server.policy import ReliabilityPolicy
 from queue_server.services import common
 from queue_server.services.common import (
@@ -190,6 +190,22 @@ class NewItem:
     trace: TraceContext | None = None
 
 
+class ItemSpec(Protocol):
+    """One item an enqueue is asked for: a `NewItem`, or the API's body (`ItemIn`) as is."""
+
+    @property
+    def payload(self) -> Any: ...
+
+    @property
+    def priority(self) -> int: ...
+
+    @property
+    def delay(self) -> float: ...
+
+    @property
+    def max_acquisitions(self) -> int | None: ...
+
+
 class Wakeups(Protocol):
     """Where a long-polling acquire waits for `tenant/queue` to have work (the notifier)."""
 
@@ -231,12 +247,19 @@ class Items:
         principal: auth.Principal,
         tenant: str,
         queue: str,
-        items: list[NewItem],
+        items: Sequence[ItemSpec],
         idem: Idempotency,
         *,
         instance: str,
         batch: bool,
+        trace: TraceContext | None = None,
     ) -> Answer:
+        """Enqueue `items` (new ids), each with the producer's `trace`, once per key.
+
+        Its rows are written first; the tenant's admission lock, the backlog cap and the
+        counter (`admit_seal`) come last, after the answer is rendered and kept on the
+        receipt, so that concurrent enqueues of a tenant wait for each other's commit only.
+        """
         principal.require(tenant, *WORKER_OR_OPERATOR)
         refuse_above(
             [
@@ -247,17 +270,65 @@ class Items:
                     "max_acquisitions",
                 )
                 for i, item in enumerate(items)
+                if item.max_acquisitions is not None
             ]
         )
         await self._refuse_early_at_cap(tenant, idem, len(items))
+        specs = self._specs(items, uuid7s(len(items)), trace)
 
         async def operation(conn: Conn) -> Answer:
-            rows = await self.admit(conn, tenant, queue, items, actor=principal.actor)
-            if batch:
-                return Answer.of(201, {"items": [views.item(r) for r in rows]})
-            return Answer.of(201, views.item(rows[0]))
+            with admission_refusals(tenant):
+                written = await transitions.enqueue_rows(
+                    conn,
+                    tenant=tenant,
+                    queue=queue,
+                    items=specs,
+                    actor=principal.actor,
+                    attempt_cap=self.envelope.leased.attempt_cap,
+                )
+            shaped = views.enqueued(tenant, queue, specs, written)
+            return Answer(201, views.dumps({"items": shaped} if batch else shaped[0]))
 
-        return await self.effects.run(tenant, idem, instance, operation)
+        async def seal(conn: Conn) -> None:
+            # The tenant's admission lock, taken last: held from here to the commit only,
+            # not while the rows are written and the answer is rendered and kept.
+            with admission_refusals(tenant):
+                await transitions.admit_seal(
+                    conn,
+                    tenant=tenant,
+                    queue=queue,
+                    n=len(specs),
+                    backlog_ceiling=self.envelope.leased.backlog_cap,
+                )
+
+        return await self.effects.run(tenant, idem, instance, operation, seal=seal)
+
+    def _specs(
+        self, items: Sequence[ItemSpec], ids: Sequence[str], trace: TraceContext | None
+    ) -> list[dict[str, Any]]:
+        """The items as the admission reads them (`queue_server.admit_rows`), with `ids`;
+        the trace context only when there is one."""
+        cap = self.envelope.leased.attempt_cap
+        traced = (
+            {}
+            if trace is None
+            else {"traceparent": trace.traceparent, "tracestate": trace.tracestate}
+        )
+        return [
+            {
+                "item_id": item_id,
+                "payload": item.payload,
+                "priority": item.priority,
+                "delay": item.delay,
+                # A schedule stored under a looser policy fires within the loaded one; none
+                # given: the queue's budget, else the tenant's default (in the statement).
+                "max_acquisitions": (
+                    None if item.max_acquisitions is None else min(item.max_acquisitions, cap)
+                ),
+                **traced,
+            }
+            for item, item_id in zip(items, ids, strict=True)
+        ]
 
     async def admit(
         self, conn: Conn, tenant: str, queue: str, items: list[NewItem], *, actor: str
@@ -267,22 +338,9 @@ class Items:
         API's, and each fire of a schedule; `queue_server.enqueue` (an application's own
         transaction) runs the same admission in SQL."""
         specs = [
-            {
-                "item_id": item.item_id or uuid7(),
-                "payload": item.payload,
-                "priority": item.priority,
-                "delay": item.delay,
-                # A schedule stored under a looser policy fires within the loaded one; none
-                # given: the queue's budget, else the tenant's default (in the statement).
-                "max_acquisitions": (
-                    None
-                    if item.max_acquisitions is None
-                    else min(item.max_acquisitions, self.envelope.leased.attempt_cap)
-                ),
-                "traceparent": item.trace and item.trace.traceparent,
-                "tracestate": item.trace and item.trace.tracestate,
-            }
+            spec
             for item in items
+            for spec in self._specs([item], [item.item_id or uuid7()], item.trace)
         ]
         with admission_refusals(tenant):
             return await transitions.enqueue(

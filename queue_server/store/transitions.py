@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from psycopg.pq import TransactionStatus
+from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
 from queue_server import errors
@@ -83,6 +84,47 @@ async def enqueue(
     order = {item["item_id"]: i for i, item in enumerate(items)}
     rows.sort(key=lambda row: order[str(row["item_id"])])
     return rows
+
+
+# What `enqueue_rows` tells of one item: its budget, when it is available, when created.
+Written = tuple[int, datetime, datetime]
+
+
+async def enqueue_rows(
+    conn: Conn,
+    *,
+    tenant: str,
+    queue: str,
+    items: list[dict[str, Any]],
+    actor: str,
+    attempt_cap: int,
+) -> dict[str, Written]:
+    """(nothing) -> ready, not admitted: the rows of `enqueue` (items, ledger, outbox),
+    without the tenant's admission lock; `admit_seal` admits them, last in the same
+    transaction, or refuses them (and they roll back). Each item needs its `item_id`.
+
+    What the database decided, by item id: the budget (the item's, else the queue's, else
+    the tenant's default, at most `attempt_cap`), `available_at` and `created_at`.
+    """
+    params = {
+        "items": Jsonb(items),
+        "tenant": tenant,
+        "queue": queue,
+        "actor": actor,
+        "attempt_cap": attempt_cap,
+    }
+    cur = conn.cursor(row_factory=tuple_row)
+    await cur.execute(_SQL["enqueue_rows"], params)
+    return {item_id: (budget, at, created) for item_id, budget, at, created in await cur.fetchall()}
+
+
+async def admit_seal(conn: Conn, *, tenant: str, queue: str, n: int, backlog_ceiling: int) -> None:
+    """The admission of the `n` items `enqueue_rows` wrote in this transaction: the tenant's
+    admission lock (held until the transaction ends: run it last), its backlog cap (at most
+    `backlog_ceiling`), the admitted counter and the NOTIFY. Refusals are SQL errors (the
+    caller translates them with `db.admission_refusals`)."""
+    params = {"tenant": tenant, "queue": queue, "n": n, "backlog_ceiling": backlog_ceiling}
+    await conn.execute(_SQL["admit_seal"], params)
 
 
 MAX_ITEMS_PER_ACQUIRE = 100

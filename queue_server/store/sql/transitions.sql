@@ -3,12 +3,28 @@
 -- the text sent.
 
 -- name: enqueue
--- (nothing) -> ready: the admission of migration 0017, shared with queue_server.enqueue
--- (an application's own transaction): the tenant's admission lock, the backlog cap, the
--- envelope, the items, their `enqueued` ledger rows, the admitted counter, the outbox
--- rows and the NOTIFY. Refusals are SQL errors (QS429 at the cap, QS404 no tenant).
+-- (nothing) -> ready: the admission of migrations 0017 and 0020 in one statement, shared
+-- with queue_server.enqueue (an application's own transaction): the items, their
+-- `enqueued` ledger rows, the outbox rows, then the tenant's admission lock, the backlog
+-- cap, the admitted counter and the NOTIFY. Refusals are SQL errors (QS429 at the cap,
+-- QS404 no tenant).
 SELECT * FROM queue_server.admit(%(tenant)s, %(queue)s, %(items)s::jsonb, %(actor)s,
                                  %(attempt_cap)s, %(backlog_ceiling)s);
+
+-- name: enqueue_rows
+-- (nothing) -> ready, not admitted until `admit_seal` runs in the same transaction: the
+-- admission's rows (queue_server.admit_rows, migration 0020): the envelope, the items,
+-- their `enqueued` ledger rows and the outbox rows. Only what the answer cannot know
+-- before: each item's budget (a default is the queue's or the tenant's) and instants.
+SELECT item_id::text AS item_id, max_acquisitions, available_at, created_at
+FROM queue_server.admit_rows(%(tenant)s, %(queue)s, %(items)s::jsonb, %(actor)s,
+                             %(attempt_cap)s);
+
+-- name: admit_seal
+-- The admission of the rows `enqueue_rows` wrote (queue_server.admit_seal): the tenant's
+-- admission lock, held until the transaction ends, so run last; the backlog cap (QS429,
+-- and the rows roll back), the admitted counter and the NOTIFY.
+SELECT queue_server.admit_seal(%(tenant)s, %(queue)s, %(n)s, %(backlog_ceiling)s);
 
 -- name: lock_queue
 -- The queue's concurrency limit (the policy's local concurrency, one, unless a live spend

@@ -1,0 +1,159 @@
+"""The batch enqueue's lean path: its body read by orjson exactly as `json.loads` reads it,
+its fingerprint the model's dump, an answer rendered without reading its rows back that
+says what was stored, and the tenant's admission lock taken last."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from typing import Any
+
+import httpx
+import orjson
+import psycopg
+import pytest
+
+from queue_server.api import routes, schemas
+from queue_server.idempotency import Idempotency
+from tests.helpers.api import Api
+
+Db = psycopg.Connection[dict[str, object]]
+
+BATCH = "/v1/tenants/acme/queues/q/items:batch"
+
+BODIES: list[dict[str, Any]] = [
+    {"items": [{"payload": {"n": 1}}]},
+    {"items": [{"payload": None, "priority": -5, "delay": 3, "max_acquisitions": 2}]},
+    {"items": [{}, {"payload": [1, 2.5, "x", True, None, {"b": 1, "a": [{}]}]}]},
+    {"items": [{"payload": "é\u2028", "delay": 0.25}, {"payload": 2**63 - 1, "delay": 0}]},
+    {"items": [{"payload": {"z": -(2**63), "y": 1e300, "x": -0.0}, "priority": 1_000_000}]},
+]
+
+
+@pytest.mark.parametrize("body", BODIES)
+def test_the_batch_fingerprint_is_the_fingerprint_of_the_models_dump(body: dict[str, Any]) -> None:
+    batch = schemas.BatchIn.model_validate(body)
+    assert batch.canonical() == batch.model_dump(mode="json")
+    fingerprint = Idempotency.of("k", method="POST", path=BATCH, body=batch.canonical())
+    dumped = Idempotency.of("k", method="POST", path=BATCH, body=batch.model_dump(mode="json"))
+    assert fingerprint == dumped
+
+
+RAW = [
+    b'{"items": [{"payload": {"n": 1}}]}',
+    b'{"items": [{"payload": 123456789012345678}]}',
+    b'{"items": [{"payload": 1234567890123456789}]}',
+    b'{"items": [{"payload": -9999999999999999999}]}',
+    b'{"items": [{"payload": 18446744073709551615}]}',
+    b'{"items": [{"payload": 123456789012345678901234567890}]}',
+    b'{"items": [{"payload": 0.1234567890123456789}]}',
+    b'{"items": [{"payload": [1e300, -0.0, 1E2, 5e-324]}]}',
+    b'{"items": [{"payload": NaN}]}',
+    b'{"items": [{"payload": "\\ud800"}]}',
+    b'{"a": 1, "a": 2, "b": {"c": "\\u0000"}}',
+    '\ufeff{"items": []}'.encode(),
+    '{"items": [{"payload": "ü"}]}'.encode("utf-16"),
+]
+
+
+def _typed(value: Any) -> Any:
+    """A value with each number's type kept: 1 and 1.0 (and True) compare unequal."""
+    if isinstance(value, dict):
+        return {k: _typed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_typed(v) for v in value]
+    return (type(value).__name__, repr(value))
+
+
+@pytest.mark.parametrize("raw", RAW)
+def test_a_batch_body_reads_as_json_loads_reads_it(raw: bytes) -> None:
+    try:
+        expected = json.loads(raw)
+    except ValueError as exc:
+        with pytest.raises(type(exc)):
+            routes._json_loads(raw)
+        return
+    assert _typed(routes._json_loads(raw)) == _typed(expected)
+
+
+def test_a_batch_with_an_integer_beyond_64_bits_is_refused_as_a_single_enqueue_is(
+    api: Api,
+) -> None:
+    # orjson would read it as a float and let it in; json reads the int the check refuses.
+    for path, raw in (
+        (BATCH, b'{"items": [{"payload": {"n": 123456789012345678901234567890}}]}'),
+        (BATCH.removesuffix(":batch"), b'{"payload": {"n": 123456789012345678901234567890}}'),
+    ):
+        response = api.worker.post(
+            path,
+            content=raw,
+            headers={"Idempotency-Key": uuid.uuid4().hex, "Content-Type": "application/json"},
+        )
+        assert response.status_code == 422, response.text
+        assert "integers must fit in 64 bits" in response.text
+
+
+def test_a_batch_answer_shows_each_item_as_stored_and_replays_byte_for_byte(
+    api: Api, db: Db
+) -> None:
+    db.execute("UPDATE tenants SET default_max_acquisitions = 4 WHERE tenant_id = 'acme'")
+    items = [
+        {"payload": {"n": i, "nested": [i, {"k": "v"}]}, "priority": i % 3 - 1, "delay": delay}
+        for i, delay in enumerate([0, 0.000001, 0.0000005, 0.0000015, 1.2345678, 59.9999995, 3])
+    ]
+    items[2]["max_acquisitions"] = 2
+    items[4].pop("priority")
+    key = uuid.uuid4().hex
+    first = api.worker.post(BATCH, json={"items": items}, headers={"Idempotency-Key": key})
+    assert first.status_code == 201, first.text
+    answer = first.json()["items"]
+    assert [a["payload"] for a in answer] == [i["payload"] for i in items]
+    assert len({a["item_id"] for a in answer}) == len(items)
+    for shown in answer:
+        stored = api.worker.get(f"/v1/tenants/acme/items/{shown['item_id']}")
+        assert stored.status_code == 200
+        assert shown == stored.json()
+    assert [a["max_acquisitions"] for a in answer] == [4, 4, 2, 4, 4, 4, 4]
+    again = api.worker.post(BATCH, json={"items": items}, headers={"Idempotency-Key": key})
+    assert again.status_code == 201
+    assert again.content == first.content
+    assert again.headers["Idempotent-Replayed"] == "true"
+    row = db.execute("SELECT count(*) AS n FROM work_items").fetchone()
+    assert row == {"n": len(items)}
+
+
+def test_a_batch_enqueue_waits_for_the_tenant_lock_only_at_its_last_statement(
+    api: Api, db: Db, database_url: str
+) -> None:
+    outcome: list[httpx.Response] = []
+    with psycopg.connect(database_url) as holder:
+        # Another admission of the tenant, not yet committed.
+        holder.execute("SELECT 1 FROM tenants WHERE tenant_id = 'acme' FOR NO KEY UPDATE")
+        thread = threading.Thread(
+            target=lambda: outcome.append(
+                api.worker.post(
+                    BATCH,
+                    json={"items": [{"payload": i} for i in range(50)]},
+                    headers={"Idempotency-Key": uuid.uuid4().hex},
+                )
+            )
+        )
+        thread.start()
+        deadline = time.monotonic() + 10
+        waiting: list[dict[str, object]] = []
+        while not waiting and time.monotonic() < deadline:
+            waiting = db.execute(
+                "SELECT query FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND datname = current_database()"
+            ).fetchall()
+            time.sleep(0.02)
+        # It waits at its admission: its rows written, its answer rendered and kept.
+        assert len(waiting) == 1
+        assert "SELECT queue_server.admit_seal(" in str(waiting[0]["query"])
+        holder.rollback()
+    thread.join(timeout=10)
+    assert len(outcome) == 1
+    assert outcome[0].status_code == 201, outcome[0].text
+    assert len(orjson.loads(outcome[0].content)["items"]) == 50
