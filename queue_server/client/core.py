@@ -89,6 +89,9 @@ class Call:
     headers: dict[str, str] | None
     timeout: float  # per attempt: the class's attempt timeout plus any long poll
     call_class: CallClass
+    # A worker's hot call (acquire, outcomes, heartbeats): the face may send it on the
+    # transport's lean path; its flow reads only the status and the body.
+    lean: bool = False
 
 
 #: A call of the API: yields its request, receives the answer, returns the typed result.
@@ -276,6 +279,7 @@ class ClientCore:
         idempotency_key: str | None = None,
         operation: OperationClass = RO,
         long_poll: float = 0.0,
+        lean: bool = False,
     ) -> Flow[Response]:
         """One logical request of class `operation` (reads by default): each attempt within the
         class's attempt timeout (plus `long_poll`), retried only as the class allows and
@@ -291,6 +295,7 @@ class ClientCore:
                 {"Idempotency-Key": idempotency_key} if idempotency_key else None,
                 call_class.attempt_timeout + long_poll,
                 call_class,
+                lean,
             )
         )
 
@@ -306,6 +311,7 @@ class ClientCore:
         body: Any,
         key: str | None,
         operation: OperationClass = CM,
+        lean: bool = False,
     ) -> Flow[M]:
         response = yield from self.request(
             method,
@@ -313,6 +319,7 @@ class ClientCore:
             json=body,
             idempotency_key=key or new_idempotency_key(),
             operation=operation,
+            lean=lean,
         )
         return model.model_validate_json(response.content)
 
@@ -454,7 +461,9 @@ class ClientCore:
         if lease_ttl is not None:
             body["lease_ttl"] = lease_ttl
         path = yield from self._at(tenant, f"/queues/{queue}/leases")
-        response = yield from self.request("POST", path, json=body, operation=LW, long_poll=wait)
+        response = yield from self.request(
+            "POST", path, json=body, operation=LW, long_poll=wait, lean=True
+        )
         return _Leases.model_validate_json(response.content).leases
 
     def heartbeat(
@@ -471,7 +480,7 @@ class ClientCore:
             body["lease_ttl"] = lease_ttl
         self._admit(item_id, fence, f"heartbeat:{item_id}:{fence}")
         path = yield from self._at(tenant, f"/items/{item_id}/heartbeat")
-        response = yield from self.request("POST", path, json=body, operation=LW)
+        response = yield from self.request("POST", path, json=body, operation=LW, lean=True)
         return Heartbeat.model_validate_json(response.content)
 
     def complete(
@@ -488,7 +497,7 @@ class ClientCore:
         key = idempotency_key or new_idempotency_key()
         self._admit(item_id, fence, key)
         path = yield from self._at(tenant, f"/items/{item_id}/complete")
-        return (yield from self._effect(Item, "POST", path, body, key, LW))
+        return (yield from self._effect(Item, "POST", path, body, key, LW, lean=True))
 
     def requeue(
         self,
@@ -518,7 +527,7 @@ class ClientCore:
         key = idempotency_key or new_idempotency_key()
         self._admit(item_id, fence, key)
         path = yield from self._at(tenant, f"/items/{item_id}/requeue")
-        return (yield from self._effect(Item, "POST", path, body, key, LW))
+        return (yield from self._effect(Item, "POST", path, body, key, LW, lean=True))
 
     def triage(
         self,
@@ -551,7 +560,7 @@ class ClientCore:
         key = idempotency_key or new_idempotency_key()
         self._admit(item_id, fence, key)
         path = yield from self._at(tenant, f"/items/{item_id}/triage")
-        return (yield from self._effect(Item, "POST", path, body, key, LW))
+        return (yield from self._effect(Item, "POST", path, body, key, LW, lean=True))
 
     def heartbeat_many(
         self,
@@ -569,7 +578,7 @@ class ClientCore:
         if lease_ttl is not None:
             body["lease_ttl"] = lease_ttl
         path = yield from self._at(tenant, "/leases:heartbeat")
-        response = yield from self.request("POST", path, json=body)
+        response = yield from self.request("POST", path, json=body, lean=True)
         return _Entries.model_validate_json(response.content).results
 
     def complete_many(
@@ -597,7 +606,7 @@ class ClientCore:
             self._admit(c.item_id, c.fence, c.idempotency_key)
         key = idempotency_key or batch_key([c.idempotency_key for c in completions])
         path = yield from self._at(tenant, "/completions")
-        return (yield from self._effect(_Entries, "POST", path, body, key, LW)).results
+        return (yield from self._effect(_Entries, "POST", path, body, key, LW, lean=True)).results
 
     # -- spend approvals -----------------------------------------------------
 
