@@ -22,7 +22,7 @@ from typing import Any, Literal, TypeVar
 
 from queue_server.client import errors
 from queue_server.client.client import new_idempotency_key
-from queue_server.client.models import Completion, Lease
+from queue_server.client.models import Lease
 
 # One acquire leases at most this many items (`AcquireIn.max_items` of
 # queue_server/api/schemas.py: 1..100).
@@ -133,11 +133,6 @@ class Submission:
     # Seconds, or "backoff": the server's delay for the item's acquisition count.
     delay: float | Literal["backoff"] = 0.0
     key: str = field(default_factory=new_idempotency_key)
-
-    def completion(self, item_id: str, fence: int) -> Completion:
-        return Completion(
-            item_id=item_id, fence=fence, result=self.result, idempotency_key=self.key
-        )
 
 
 def verdict(value: Any, failure: BaseException | None) -> Submission:
