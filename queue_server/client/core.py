@@ -640,7 +640,7 @@ class ClientCore:
         response = yield from self._completions(entries, worker, idempotency_key, tenant)
         return _Entries.model_validate_json(response.content).results
 
-    def settle_many(
+    def _settle_many(
         self, entries: Sequence[CompletionEntry], *, worker: str, tenant: str | None = None
     ) -> Flow[list[EntryAnswer]]:
         """`complete_many` as a worker sends it: each entry (item, fence, result, its own

@@ -563,7 +563,7 @@ class WorkerCore(abc.ABC, Generic[J]):
         for chunk in batches(completions, self.max_batch):
             entries = [(job.item_id, job.fence, sub.result, sub.key) for job, sub in chunk]
             try:
-                answers = yield from self._api.settle_many(entries, worker=self.name)
+                answers = yield from self._api._settle_many(entries, worker=self.name)
             except errors.QueueClientError as exc:
                 if refuses_whole_batch(exc) and len(chunk) > 1:
                     for job, sub in chunk:
