@@ -87,9 +87,11 @@ class Flag(threading.Event):
             self._flag = False
 
     def wait(self, timeout: float | None = None) -> bool:
+        if self._flag:
+            return True
         waitable = self._condition()
         with waitable:
-            signaled = self._flag
+            signaled: bool = self._flag
             if not signaled:
                 signaled = waitable.wait(timeout)
             return signaled
