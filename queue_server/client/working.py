@@ -115,7 +115,7 @@ def default_worker_name() -> str:
     return f"{host[:50]}-{os.getpid()}".lstrip("._-") or f"worker-{os.getpid()}"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: its __init__ would set each of 13 fields the slow way
 class Submission:
     """What the server is told about one item: complete, requeue or triage, under its own key."""
 
@@ -138,6 +138,8 @@ class Submission:
 def verdict(value: Any, failure: BaseException | None) -> Submission:
     """The submission for a handler's return value, or for the exception it raised."""
     if failure is None:
+        if value is None:  # what most handlers return: no encoding to try
+            return Submission("complete", Outcome.COMPLETED, result=None, size=4)
         try:
             size = len(json.dumps(value, allow_nan=False))
         except (TypeError, ValueError) as exc:

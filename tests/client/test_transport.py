@@ -306,3 +306,25 @@ async def _wait_in_thread_then_set(flag: Flag) -> bool:
     await asyncio.sleep(0.05)
     flag.set()
     return await waiter
+
+
+def test_an_admitted_shape_is_remembered_but_a_refusal_is_raised_every_time() -> None:
+    from queue_server.client.core import ClientCore
+    from queue_server.policy import AdmissionRefused
+
+    core = ClientCore(
+        "http://127.0.0.1:9", "k", tenant="t", timeout=None, attempts=None, max_wait=None,
+        policy=None,
+    )  # fmt: skip
+    core._admit(ITEM_ID, 1, "key-1")
+    core._admit("another", 1, "key-2")  # the same shape: not asked again
+    assert len(core._admitted) == 1
+    for item_id, fence, key in (
+        (ITEM_ID, 0, "key-1"),
+        (ITEM_ID, True, "key-1"),  # a bool is no fence, though True == 1
+        (ITEM_ID, 1, " "),
+        (" ", 1, "key-1"),
+    ):
+        for _ in range(2):
+            with pytest.raises(AdmissionRefused):
+                core._admit(item_id, fence, key)
