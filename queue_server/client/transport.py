@@ -288,6 +288,7 @@ class LeanPool:
     def __init__(self, target: _Target) -> None:
         self.target = target
         self._idle: list[_Conn] = []
+        self._pid = os.getpid()
 
     @staticmethod
     def open(url: str, headers: Mapping[str, str]) -> LeanPool | None:
@@ -315,6 +316,9 @@ class LeanPool:
         return _Conn(sock)
 
     def _take(self, timeout: float) -> _Conn:
+        if os.getpid() != self._pid:
+            # A forked child: the idle connections are its parent's; it opens its own.
+            self._idle, self._pid = [], os.getpid()
         idle = self._idle
         while idle:
             try:

@@ -328,3 +328,24 @@ def test_an_admitted_shape_is_remembered_but_a_refusal_is_raised_every_time() ->
         for _ in range(2):
             with pytest.raises(AdmissionRefused):
                 core._admit(item_id, fence, key)
+
+
+def test_a_forked_child_opens_its_own_connection(scripted: list[ScriptedServer]) -> None:
+    import os
+
+    server = serve(scripted, leases)
+    with client(server) as qs:
+        acquire(qs)
+        pid = os.fork()
+        if pid == 0:  # the child: one call on a connection of its own, then out
+            code = 0
+            try:
+                acquire(qs)
+            except BaseException:
+                code = 1
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        acquire(qs)  # the parent's kept connection is still its own
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert server.connections == 2
+    assert [s.connection for s in server.seen] == [0, 1, 0]
