@@ -23,6 +23,7 @@ from queue_server.client.core import (
 )
 from queue_server.client.transport import (
     AsyncHttpClient,
+    AsyncLeanPool,
     Response,
     TransportFailure,
     connect_async,
@@ -90,6 +91,10 @@ class AsyncQueueClient(ClientFace):
         self._owns_http = http is None
         self._http = http or connect_async(self._core.url, timeout=30.0)
         self._http.headers.update(self._core.headers)
+        # The worker's hot calls skip httpx when this client owns its connections.
+        self._lean = (
+            AsyncLeanPool.open(self._core.url, self._core.headers) if http is None else None
+        )
 
     async def __aenter__(self) -> AsyncQueueClient:
         return self
@@ -100,10 +105,18 @@ class AsyncQueueClient(ClientFace):
     async def aclose(self) -> None:
         if self._owns_http:
             await self._http.aclose()
+        if self._lean is not None:
+            self._lean.close()
 
     # -- the send: the only part that differs from QueueClient ----------------------
 
     async def _attempt(self, call: Call) -> Response:
+        if call.lean and self._lean is not None and call.params is None:
+            lean = await self._lean.request(
+                call.method, call.path, call.json, call.headers, call.timeout
+            )
+            if lean is not None:
+                return answer(lean)
         return answer(
             await self._http.request(
                 call.method,

@@ -73,6 +73,8 @@ T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
 
 DEFAULT_URL = "http://127.0.0.1:8080"
+# At most this many admitted shapes (fences, in practice) are remembered at once.
+ADMITTED_SHAPES = 1024
 URL_ENV = "QUEUE_SERVER_URL"
 KEY_ENV = "QUEUE_SERVER_KEY"
 TENANT_ENV = "QUEUE_SERVER_TENANT"
@@ -89,6 +91,9 @@ class Call:
     headers: dict[str, str] | None
     timeout: float  # per attempt: the class's attempt timeout plus any long poll
     call_class: CallClass
+    # A worker's hot call (acquire, outcomes, heartbeats): the face may send it on the
+    # transport's lean path; its flow reads only the status and the body.
+    lean: bool = False
 
 
 #: A call of the API: yields its request, receives the answer, returns the typed result.
@@ -218,6 +223,47 @@ class _Entries(BaseModel):
     results: list[BatchEntry]
 
 
+#: One completion of a batch as a worker sends it: item, fence, result, its own key.
+CompletionEntry: TypeAlias = tuple[str, int, Any, str]
+
+
+@dataclass(frozen=True, slots=True)
+class EntryAnswer:
+    """One entry's answer in a batch as a worker reads it: its status and its problem."""
+
+    item_id: str
+    status: int
+    problem: dict[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+    def error(self) -> errors.ProblemError:
+        """The typed exception a single request would have raised for this entry."""
+        return errors.problem_error(self.status, self.problem or {})
+
+
+def entry_answers(content: bytes) -> list[EntryAnswer]:
+    """A batch answer's entries, their items unread: pydantic validated every field of
+    every item, a few microseconds of a worker's item for fields it never reads."""
+    results = orjson.loads(content).get("results")
+    if not isinstance(results, list):
+        raise ValueError("a batch answer without its results")
+    answers = []
+    for entry in results:
+        item_id, status = entry.get("item_id"), entry.get("status")
+        problem = entry.get("problem")
+        if (
+            type(item_id) is not str
+            or type(status) is not int
+            or not (problem is None or type(problem) is dict)
+        ):
+            raise ValueError(f"a malformed batch entry: {entry!r:.200}")
+        answers.append(EntryAnswer(item_id, status, problem))
+    return answers
+
+
 class ClientCore:
     """What a client of one queue server knows, and every route of its API as a flow.
 
@@ -243,6 +289,8 @@ class ClientCore:
         self.calls = call_classes(
             self.reliability_policy, attempts=attempts, timeout=timeout, max_wait=max_wait
         )
+        # The shapes of leased work admitted under that policy (`_admit`).
+        self._admitted: set[tuple[type, int, bool, bool]] = set()
         self.headers = {"User-Agent": f"queue-server-client/{__version__}"}
         if key:
             self.headers["Authorization"] = f"Bearer {key}"
@@ -276,6 +324,7 @@ class ClientCore:
         idempotency_key: str | None = None,
         operation: OperationClass = RO,
         long_poll: float = 0.0,
+        lean: bool = False,
     ) -> Flow[Response]:
         """One logical request of class `operation` (reads by default): each attempt within the
         class's attempt timeout (plus `long_poll`), retried only as the class allows and
@@ -291,6 +340,7 @@ class ClientCore:
                 {"Idempotency-Key": idempotency_key} if idempotency_key else None,
                 call_class.attempt_timeout + long_poll,
                 call_class,
+                lean,
             )
         )
 
@@ -306,6 +356,7 @@ class ClientCore:
         body: Any,
         key: str | None,
         operation: OperationClass = CM,
+        lean: bool = False,
     ) -> Flow[M]:
         response = yield from self.request(
             method,
@@ -313,11 +364,21 @@ class ClientCore:
             json=body,
             idempotency_key=key or new_idempotency_key(),
             operation=operation,
+            lean=lean,
         )
         return model.model_validate_json(response.content)
 
     def _admit(self, item_id: str, fence: int, key: str) -> None:
-        """Leased work is admitted before dispatch: its key, its item and its current fence."""
+        """Leased work is admitted before dispatch: its key, its item and its current fence.
+
+        Under the client's one policy, admission reads of these only whether the key and
+        the item are given and the fence (its type and value): a shape admitted once is
+        admitted again without asking (about 5 us each, and a worker admits every item).
+        A refusal is never remembered: it is raised again each time.
+        """
+        shape = (type(fence), fence, bool(key.strip()), bool(item_id.strip()))
+        if shape in self._admitted:
+            return
         admit_operation(
             LW,
             idempotency_key=key,
@@ -325,6 +386,9 @@ class ClientCore:
             fence=fence,
             policy=self.reliability_policy,
         )
+        if len(self._admitted) >= ADMITTED_SHAPES:
+            self._admitted.clear()
+        self._admitted.add(shape)
 
     # -- service -------------------------------------------------------------
 
@@ -454,7 +518,9 @@ class ClientCore:
         if lease_ttl is not None:
             body["lease_ttl"] = lease_ttl
         path = yield from self._at(tenant, f"/queues/{queue}/leases")
-        response = yield from self.request("POST", path, json=body, operation=LW, long_poll=wait)
+        response = yield from self.request(
+            "POST", path, json=body, operation=LW, long_poll=wait, lean=True
+        )
         return _Leases.model_validate_json(response.content).leases
 
     def heartbeat(
@@ -471,7 +537,7 @@ class ClientCore:
             body["lease_ttl"] = lease_ttl
         self._admit(item_id, fence, f"heartbeat:{item_id}:{fence}")
         path = yield from self._at(tenant, f"/items/{item_id}/heartbeat")
-        response = yield from self.request("POST", path, json=body, operation=LW)
+        response = yield from self.request("POST", path, json=body, operation=LW, lean=True)
         return Heartbeat.model_validate_json(response.content)
 
     def complete(
@@ -488,7 +554,7 @@ class ClientCore:
         key = idempotency_key or new_idempotency_key()
         self._admit(item_id, fence, key)
         path = yield from self._at(tenant, f"/items/{item_id}/complete")
-        return (yield from self._effect(Item, "POST", path, body, key, LW))
+        return (yield from self._effect(Item, "POST", path, body, key, LW, lean=True))
 
     def requeue(
         self,
@@ -518,7 +584,7 @@ class ClientCore:
         key = idempotency_key or new_idempotency_key()
         self._admit(item_id, fence, key)
         path = yield from self._at(tenant, f"/items/{item_id}/requeue")
-        return (yield from self._effect(Item, "POST", path, body, key, LW))
+        return (yield from self._effect(Item, "POST", path, body, key, LW, lean=True))
 
     def triage(
         self,
@@ -551,7 +617,7 @@ class ClientCore:
         key = idempotency_key or new_idempotency_key()
         self._admit(item_id, fence, key)
         path = yield from self._at(tenant, f"/items/{item_id}/triage")
-        return (yield from self._effect(Item, "POST", path, body, key, LW))
+        return (yield from self._effect(Item, "POST", path, body, key, LW, lean=True))
 
     def heartbeat_many(
         self,
@@ -569,7 +635,7 @@ class ClientCore:
         if lease_ttl is not None:
             body["lease_ttl"] = lease_ttl
         path = yield from self._at(tenant, "/leases:heartbeat")
-        response = yield from self.request("POST", path, json=body)
+        response = yield from self.request("POST", path, json=body, lean=True)
         return _Entries.model_validate_json(response.content).results
 
     def complete_many(
@@ -586,18 +652,42 @@ class ClientCore:
         would have answered. Without `idempotency_key`, the batch's key is derived
         from its entries' own keys, so the same entries always make the same request.
         """
+        entries = [(c.item_id, c.fence, c.result, c.idempotency_key) for c in completions]
+        response = yield from self._completions(entries, worker, idempotency_key, tenant)
+        return _Entries.model_validate_json(response.content).results
+
+    def _settle_many(
+        self, entries: Sequence[CompletionEntry], *, worker: str, tenant: str | None = None
+    ) -> Flow[list[EntryAnswer]]:
+        """`complete_many` as a worker sends it: each entry (item, fence, result, its own
+        key); each answer's status and problem, its item left unread (a worker needs none)."""
+        response = yield from self._completions(entries, worker, None, tenant)
+        return entry_answers(response.content)
+
+    def _completions(
+        self,
+        entries: Sequence[CompletionEntry],
+        worker: str,
+        idempotency_key: str | None,
+        tenant: str | None,
+    ) -> Flow[Response]:
         body = {
             "worker": worker,
             "completions": [
-                {"item_id": c.item_id, "fence": c.fence, "result": c.result} for c in completions
+                {"item_id": item_id, "fence": fence, "result": result}
+                for item_id, fence, result, _ in entries
             ],
         }
         # Every entry is admitted on its own: its key, its item and its current fence.
-        for c in completions:
-            self._admit(c.item_id, c.fence, c.idempotency_key)
-        key = idempotency_key or batch_key([c.idempotency_key for c in completions])
+        for item_id, fence, _, key in entries:
+            self._admit(item_id, fence, key)
+        key = idempotency_key or batch_key([key for *_, key in entries])
         path = yield from self._at(tenant, "/completions")
-        return (yield from self._effect(_Entries, "POST", path, body, key, LW)).results
+        return (
+            yield from self.request(
+                "POST", path, json=body, idempotency_key=key, operation=LW, lean=True
+            )
+        )
 
     # -- spend approvals -----------------------------------------------------
 

@@ -374,7 +374,7 @@ BY_STATUS: dict[int, type[ProblemError]] = {
 
 
 def _retry_after(response: Response) -> float | None:
-    value = response.headers.get("Retry-After")
+    value = response.headers.get("retry-after")  # httpx's headers: any case
     if value is None:
         return None
     try:

@@ -561,9 +561,9 @@ class WorkerCore(abc.ABC, Generic[J]):
         reports = {id(job): report for job, _, report in batch}
         completions = [(job, sub) for job, sub, _ in batch if sub.kind == "complete"]
         for chunk in batches(completions, self.max_batch):
-            entries = [sub.completion(job.item_id, job.fence) for job, sub in chunk]
+            entries = [(job.item_id, job.fence, sub.result, sub.key) for job, sub in chunk]
             try:
-                answers = yield from self._api.complete_many(entries, worker=self.name)
+                answers = yield from self._api._settle_many(entries, worker=self.name)
             except errors.QueueClientError as exc:
                 if refuses_whole_batch(exc) and len(chunk) > 1:
                     for job, sub in chunk:

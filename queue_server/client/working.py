@@ -22,7 +22,7 @@ from typing import Any, Literal, TypeVar
 
 from queue_server.client import errors
 from queue_server.client.client import new_idempotency_key
-from queue_server.client.models import Completion, Lease
+from queue_server.client.models import Lease
 
 # One acquire leases at most this many items (`AcquireIn.max_items` of
 # queue_server/api/schemas.py: 1..100).
@@ -115,7 +115,7 @@ def default_worker_name() -> str:
     return f"{host[:50]}-{os.getpid()}".lstrip("._-") or f"worker-{os.getpid()}"
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: its __init__ would set each of 13 fields the slow way
 class Submission:
     """What the server is told about one item: complete, requeue or triage, under its own key."""
 
@@ -134,15 +134,12 @@ class Submission:
     delay: float | Literal["backoff"] = 0.0
     key: str = field(default_factory=new_idempotency_key)
 
-    def completion(self, item_id: str, fence: int) -> Completion:
-        return Completion(
-            item_id=item_id, fence=fence, result=self.result, idempotency_key=self.key
-        )
-
 
 def verdict(value: Any, failure: BaseException | None) -> Submission:
     """The submission for a handler's return value, or for the exception it raised."""
     if failure is None:
+        if value is None:  # what most handlers return: no encoding to try
+            return Submission("complete", Outcome.COMPLETED, result=None, size=4)
         try:
             size = len(json.dumps(value, allow_nan=False))
         except (TypeError, ValueError) as exc:
