@@ -175,14 +175,27 @@ def _ddl(text: str, home: str) -> str:
     return text.replace("{home}", home).replace("{{", "{").replace("}}", "}")
 
 
+def _home() -> str:
+    """The tables' schema (public, unless the database says otherwise). Not
+    current_schema(): for a role named like the `queue_server` schema (the embedded
+    server's, the image's) that is the schema 0017 made, first in its search_path."""
+    found = op.get_bind().execute(
+        sa.text(
+            "SELECT relnamespace::regnamespace::text FROM pg_class"
+            " WHERE oid = 'work_items'::regclass"
+        )
+    )
+    return str(found.scalar_one())
+
+
 def upgrade() -> None:
-    home = op.get_bind().execute(sa.text("SELECT current_schema()")).scalar_one()
+    home = _home()
     for ddl in (ADMIT_ROWS, ADMIT_SEAL, ADMIT):
         op.execute(_ddl(ddl, home))
 
 
 def downgrade() -> None:
-    home = op.get_bind().execute(sa.text("SELECT current_schema()")).scalar_one()
+    home = _home()
     previous = importlib.import_module(
         "queue_server.migrations.versions.0017_transactional_enqueue"
     )
