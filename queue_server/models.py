@@ -35,17 +35,18 @@ def is_uuid(value: str) -> bool:
     return _CANONICAL_UUID.fullmatch(value) is not None
 
 
+# The variant field's first hex digit (its two top bits 10) from a random hex digit.
+_VARIANT = {f"{d:x}": "89ab"[d & 3] for d in range(16)}
+
+
 def uuid7() -> str:
     """A time-ordered UUID (version 7): new rows land at the right edge of their indexes."""
-    stamp = f"{(time.time_ns() // 1_000_000) & 0xFFFF_FFFF_FFFF:012x}"
-    rand = os.urandom(10).hex()
-    variant = "89ab"[int(rand[3], 16) & 3]  # the two top bits of the variant field: 10
-    return f"{stamp[:8]}-{stamp[8:]}-7{rand[:3]}-{variant}{rand[4:7]}-{rand[7:19]}"
+    return uuid7s(1)[0]
 
 
 def uuid7s(n: int) -> list[str]:
-    """`n` time-ordered UUIDs of this millisecond, as `uuid7` makes them one at a time (a
-    batch enqueue's ids: one clock read and one call for the random bits)."""
+    """`n` time-ordered UUIDs of this millisecond (a batch enqueue's ids: one clock read and
+    one call for the random bits)."""
     stamp = f"{(time.time_ns() // 1_000_000) & 0xFFFF_FFFF_FFFF:012x}"
     head = f"{stamp[:8]}-{stamp[8:]}-7"
     rand = os.urandom(10 * n).hex()
@@ -54,9 +55,6 @@ def uuid7s(n: int) -> list[str]:
         for i in range(0, 20 * n, 20)
     ]
 
-
-# The variant field's first hex digit (its two top bits 10) from a random hex digit.
-_VARIANT = {f"{d:x}": "89ab"[d & 3] for d in range(16)}
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

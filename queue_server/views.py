@@ -47,34 +47,39 @@ def enqueued(
     specs: list[dict[str, Any]],
     written: dict[str, tuple[int, datetime, datetime]],
 ) -> list[dict[str, Any]]:
-    """New items as `item` shapes their rows, in the order of `specs` (what was enqueued),
-    from what the enqueue sent and what the database decided (`transitions.enqueue_rows`:
-    budget, available_at, created_at by item id): no row is read back for the answer."""
+    """New items as `item` shows them, in the order of `specs` (what was enqueued), from what
+    the enqueue sent and what the database decided (`transitions.enqueue_rows`: budget,
+    available_at, created_at by item id): no row is read back for the answer."""
     shaped = []
     for spec in specs:
         budget, available_at, created_at = written[spec["item_id"]]
-        shaped.append(
-            {
-                "item_id": spec["item_id"],
-                "tenant": tenant,
-                "queue": queue,
-                "state": "ready",
-                "payload": spec["payload"],
-                "priority": spec["priority"],
-                "available_at": available_at,
-                "fence": 0,
-                "acquisition_count": 0,
-                "max_acquisitions": budget,
-                "lease_holder": None,
-                "lease_expires_at": None,
-                "lease_deadline_at": None,
-                "result": None,
-                "last_failure": None,
-                "created_at": created_at,
-                "updated_at": created_at,
-            }
-        )
+        row = {
+            **_NEW_ROW,
+            "item_id": spec["item_id"],
+            "tenant_id": tenant,
+            "queue": queue,
+            "payload": spec["payload"],
+            "priority": spec["priority"],
+            "available_at": available_at,
+            "max_acquisitions": budget,
+            "created_at": created_at,
+            "updated_at": created_at,
+        }
+        shaped.append(item(row))
     return shaped
+
+
+# What every new row holds before its first acquire.
+_NEW_ROW: dict[str, Any] = {
+    "state": "ready",
+    "fence": 0,
+    "acquisition_count": 0,
+    "lease_holder": None,
+    "lease_expires_at": None,
+    "lease_deadline_at": None,
+    "result": None,
+    "last_failure": None,
+}
 
 
 def lease(row: Row) -> dict[str, Any]:

@@ -10,6 +10,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tests.helpers.receiver import parse_head
+
 
 @dataclass
 class Seen:
@@ -91,12 +93,7 @@ class ScriptedServer:
                         return
                     buf += data
                 head, _, buf = buf.partition(b"\r\n\r\n")
-                lines = head.decode("latin-1").split("\r\n")
-                method, target, _ = lines[0].split(" ", 2)
-                headers = {}
-                for line in lines[1:]:
-                    name, _, value = line.partition(":")
-                    headers[name.strip().lower()] = value.strip()
+                method, target, headers = parse_head(head)
                 length = int(headers.get("content-length", "0"))
                 while len(buf) < length:
                     buf += conn.recv(65536)

@@ -132,6 +132,17 @@ class Receiver:
                 conn.sendall(_response(404, b"no"))
 
 
+def parse_head(head: bytes) -> tuple[str, str, dict[str, str]]:
+    """A request's method, target and headers (names in lower case) from its head."""
+    lines = head.decode("latin-1").split("\r\n")
+    method, target, _ = lines[0].split(" ", 2)
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return method, target, headers
+
+
 def _read_request(conn: socket.socket) -> Seen:
     """Parse the request line, headers and a Content-Length body."""
     data = b""
@@ -141,12 +152,7 @@ def _read_request(conn: socket.socket) -> Seen:
             raise ValueError("closed before the headers ended")
         data += part
     head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    method, target, _ = lines[0].split(" ", 2)
-    headers = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
+    method, target, headers = parse_head(head)
     length = int(headers.get("content-length", "0"))
     while len(body) < length:
         part = conn.recv(65536)
