@@ -5,6 +5,10 @@ that is not the default, and each document's shell blocks pasted in order into
 one shell (a second terminal), with `set -e`: a command that fails fails the
 test. Shell blocks are the fences labelled sh, bash or shell. A block that must not run (a server that runs until Ctrl-C) says so
 right above its fence: `<!-- not run: why -->`.
+
+The guides that go on from the README's tenant run after it, on its server; the guides
+that set up their own tenant (ON_THEIR_OWN) each run on a fresh server of their own, so
+the three tests run side by side in the suite's workers.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 DEBIAN = ["curl", "make"]
 COLUMNS = 80  # a newcomer's terminal: every table fits it, ids whole
 TABLE_LINE = re.compile(r"^[┏┃┡│└]")
+# Guides that make their own tenant and keys: each needs a server, not the README's state.
+ON_THEIR_OWN = ("operators.md", "watchers.md")
 
 
 def shell_blocks(path: Path) -> list[str]:
@@ -63,7 +69,7 @@ def _free_port() -> int:
         return port
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def served() -> Iterator[Served]:
     """`make serve ARGS="--port N"` in a fresh HOME: the data directory is its default."""
     subprocess.run([str(REPO / "deploy" / "ensure-debian-packages.sh"), *DEBIAN], check=True)
@@ -151,8 +157,20 @@ def run_document(served: Served, document: Path, cwd: Path, path: str, logs: Pat
     return out
 
 
+ON_PATH = f"{REPO / '.venv' / 'bin'}:{SYSTEM_PATH}"  # as the README says
+
+
+def run_guide(served: Served, name: str, tmp_path: Path) -> str:
+    """The guide's blocks in a directory of its own, the project's commands on PATH."""
+    cwd = tmp_path / Path(name).stem
+    cwd.mkdir()
+    return run_document(served, REPO / "docs" / name, cwd, ON_PATH, cwd)
+
+
 @pytest.mark.timeout(400)
-def test_the_readme_and_every_guide_run_as_written(served: Served, tmp_path: Path) -> None:
+def test_the_readme_and_the_guides_that_follow_it_run_as_written(
+    served: Served, tmp_path: Path
+) -> None:
     # The README's second terminal: the repository's directory, a PATH without .venv/bin.
     out = run_document(served, REPO / "README.md", REPO, SYSTEM_PATH, tmp_path)
     data_dir = served.home / ".local" / "share" / "queue-server"
@@ -160,22 +178,35 @@ def test_the_readme_and_every_guide_run_as_written(served: Served, tmp_path: Pat
     assert '"kind":"completed"' in out.replace(" ", "")  # the curl walk-through's ledger
     assert "1 completed" in out  # queue-server work --drain -- cat
 
-    on_path = f"{REPO / '.venv' / 'bin'}:{SYSTEM_PATH}"  # as the README says
     outputs = {}
     for guide in GUIDES:
-        if not shell_blocks(guide):
+        if not shell_blocks(guide) or guide.name in ON_THEIR_OWN:
             continue  # a guide without commands (its examples are run elsewhere, if any)
-        cwd = tmp_path / guide.stem
-        cwd.mkdir()
-        outputs[guide.name] = run_document(served, guide, cwd, on_path, cwd)
-    assert "exit 1: an item failed" in outputs["operators.md"]
-    assert "replayed" in outputs["operators.md"]
-    assert "quarantined" in outputs["operators.md"]
-    assert "HTTP 500" in outputs["watchers.md"]  # the dead delivery's last failure
-    assert "delivered" in outputs["watchers.md"]
-    # the deliveries table keeps the delivery key whole at 80 columns
-    assert re.search(r"^│ msg_[0-9a-f]{32} │", outputs["watchers.md"], re.MULTILINE)
+        outputs[guide.name] = run_guide(served, guide.name, tmp_path)
     assert "nightly" in outputs["schedules.md"]
+
+
+def test_every_guide_with_commands_runs_in_one_of_the_tests() -> None:
+    with_commands = {guide.name for guide in GUIDES if shell_blocks(guide)}
+    assert set(ON_THEIR_OWN) <= with_commands
+    assert len(with_commands) > len(ON_THEIR_OWN)  # the README's test runs the others
+
+
+@pytest.mark.timeout(400)
+def test_the_operators_guide_runs_as_written(served: Served, tmp_path: Path) -> None:
+    out = run_guide(served, "operators.md", tmp_path)
+    assert "exit 1: an item failed" in out
+    assert "replayed" in out
+    assert "quarantined" in out
+
+
+@pytest.mark.timeout(400)
+def test_the_watchers_guide_runs_as_written(served: Served, tmp_path: Path) -> None:
+    out = run_guide(served, "watchers.md", tmp_path)
+    assert "HTTP 500" in out  # the dead delivery's last failure
+    assert "delivered" in out
+    # the deliveries table keeps the delivery key whole at 80 columns
+    assert re.search(r"^│ msg_[0-9a-f]{32} │", out, re.MULTILINE)
 
 
 def test_a_block_marked_not_to_run_is_skipped_and_must_say_why(tmp_path: Path) -> None:
