@@ -45,6 +45,37 @@ def pytest_configure(config: pytest.Config) -> None:
         config.add_cleanup(lambda: shutil.rmtree(config.option.basetemp, ignore_errors=True))
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist, each worker's first tests are its share of the `slow` ones.
+
+    `--dist worksteal` hands each worker one contiguous slice of the collection and lets an
+    idle worker take the later half of a busy one's remaining slice. A test of half a
+    minute near the end of a slice runs alone while the other workers have finished: the
+    run's tail. Dealt out to the slices' starts instead, the slow tests run while every
+    worker is busy, and what is left to steal at the end is short tests.
+    """
+    workerinput: dict[str, object] | None = getattr(config, "workerinput", None)
+    if workerinput is None:
+        return
+    workers = int(str(workerinput["workercount"]))
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if not slow or workers < 2:
+        return
+    rest = iter([item for item in items if not item.get_closest_marker("slow")])
+    # The slices' sizes as the scheduler cuts them: each of the n idle workers in turn takes
+    # len(pending) // (workers still to serve) from the front.
+    sizes, left = [], len(items)
+    for i in range(workers):
+        sizes.append(left // (workers - i))
+        left -= sizes[-1]
+    ordered: list[pytest.Item] = []
+    for i, size in enumerate(sizes):
+        share = slow[i::workers]
+        ordered += share + [next(rest) for _ in range(max(0, size - len(share)))]
+    ordered += list(rest)  # more slow tests than a slice holds: never in practice
+    items[:] = ordered
+
+
 # A running embedded PostgreSQL to share, and a migrated template on it (the contract
 # verifier runs many short sessions).
 SHARED_PGDATA_ENV = "QUEUE_SERVER_TEST_PGDATA"

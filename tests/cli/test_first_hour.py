@@ -30,6 +30,7 @@ def _command_paths(command: Any, prefix: tuple[str, ...] = ()) -> Iterator[tuple
         yield from _command_paths(sub, (*prefix, name))
 
 
+@pytest.mark.slow
 def test_help_shows_no_value_hint_on_flags_and_every_command_documents_its_exit_codes(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -273,6 +274,7 @@ def test_status_shows_completed_only_queues_and_who_holds_each_lease_since_when(
     assert str(held["item_id"]) in text
 
 
+@pytest.mark.slow
 def test_tenants_list_and_keys_list(cli: Cli, api: Api) -> None:
     cli.run("tenants", "put", "globex", "--backlog-cap", "5", role="admin")
     assert cli.run("tenants", "list", "--quiet", role="admin").stdout.split() == ["acme", "globex"]

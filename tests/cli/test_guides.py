@@ -167,6 +167,7 @@ def run_guide(served: Served, name: str, tmp_path: Path) -> str:
     return run_document(served, REPO / "docs" / name, cwd, ON_PATH, cwd)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_the_readme_and_the_guides_that_follow_it_run_as_written(
     served: Served, tmp_path: Path
@@ -192,6 +193,7 @@ def test_every_guide_with_commands_runs_in_one_of_the_tests() -> None:
     assert len(with_commands) > len(ON_THEIR_OWN)  # the README's test runs the others
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_the_operators_guide_runs_as_written(served: Served, tmp_path: Path) -> None:
     out = run_guide(served, "operators.md", tmp_path)
@@ -200,6 +202,7 @@ def test_the_operators_guide_runs_as_written(served: Served, tmp_path: Path) -> 
     assert "quarantined" in out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_the_watchers_guide_runs_as_written(served: Served, tmp_path: Path) -> None:
     out = run_guide(served, "watchers.md", tmp_path)

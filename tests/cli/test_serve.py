@@ -163,6 +163,7 @@ def test_serve_starts_embedded_database_creates_admin_key_and_reuses_data(open_d
     assert not EmbeddedPostgres(data_dir / "pgdata").is_running()
 
 
+@pytest.mark.slow
 def test_serve_refuses_an_external_database_not_at_head(
     pg: EmbeddedPostgres, tmp_path: Path
 ) -> None:

@@ -60,6 +60,7 @@ def test_a_failed_commands_last_4_kib_of_stderr_is_its_items_traceback(cli: Cli,
     assert triaged["data"]["failure"]["traceback"] == trace
 
 
+@pytest.mark.slow
 def test_work_completes_retries_and_quarantines_then_a_replay_completes(cli: Cli, api: Api) -> None:
     script = cli.script("job.sh", JOB)
     fixed = cli.cwd / "fixed"

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from tests.helpers.api import Api
 
@@ -39,6 +40,7 @@ def wait_until(db: DB, sql: str, expected: int, proc: subprocess.Popen[str]) -> 
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_every_example_of_the_sdk_guide_runs_as_written(api: Api, db: DB, tmp_path: Path) -> None:
     code = examples()
     assert set(code) == {

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import psycopg
+import pytest
 
 from queue_server.settings import Settings
 from tests.helpers.api import Api, setup_tenant
@@ -128,6 +129,7 @@ def _free_port() -> int:
         return port
 
 
+@pytest.mark.slow
 def test_two_worker_processes_are_added_up_on_both_ports(
     tmp_path: Path, settings: Settings, database_url: str
 ) -> None:

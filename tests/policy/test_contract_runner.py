@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_the_contract_runner_names_every_binding_that_proves_nothing() -> None:
     done = subprocess.run(
         [

@@ -180,6 +180,7 @@ def _serve(
     return proc, port
 
 
+@pytest.mark.slow
 def test_serve_loads_a_policy_file_and_names_it_in_policy_readyz_and_its_log(
     database_url: str, tmp_path: Path
 ) -> None:

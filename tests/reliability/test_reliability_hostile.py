@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from reliability.fuzz import _judge
 from reliability.history import JSONValue
 from reliability.hostile import hostile_cases, hostile_input
@@ -14,6 +16,7 @@ def test_chunk_coding_frames_every_piece_and_ends_with_an_empty_chunk() -> None:
     assert sum(len(p) for p in repeat_bytes(200_000, b"xy")) == 200_000
 
 
+@pytest.mark.slow
 def test_body_and_encoding_cases_get_a_fast_problem_and_write_nothing() -> None:
     # Left to the full suite, where they document open server findings (see
     # reliability/results/latest.md): headers of any size are accepted, and a URL

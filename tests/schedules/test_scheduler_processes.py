@@ -140,6 +140,7 @@ def _fires_metric(url: str, key: str) -> float:
     )
 
 
+@pytest.mark.slow
 def test_three_processes_enqueue_20_items_in_20_seconds_and_never_two_for_a_tick(
     db: Db, database_url: str, tmp_path: Any
 ) -> None:
@@ -166,6 +167,7 @@ def test_three_processes_enqueue_20_items_in_20_seconds_and_never_two_for_a_tick
     assert row["n"] == len(ticks)
 
 
+@pytest.mark.slow
 def test_a_process_killed_between_ticks_loses_no_tick_under_all_bounded(
     db: Db, database_url: str, tmp_path: Any
 ) -> None:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from queue_server.infra.embedded import EmbeddedPostgres
 from tests.helpers.api import Api
@@ -32,6 +33,7 @@ def items(api: Api, queue: str) -> list[dict[str, object]]:
     return found
 
 
+@pytest.mark.slow
 def test_every_example_of_the_guide_runs_as_written(
     api: Api, db: DB, roles: Roles, pg: EmbeddedPostgres, tmp_path: Path
 ) -> None:
