@@ -127,9 +127,6 @@ async def admit_seal(conn: Conn, *, tenant: str, queue: str, n: int, backlog_cei
     await conn.execute(_SQL["admit_seal"], params)
 
 
-MAX_ITEMS_PER_ACQUIRE = 100
-
-
 async def lock_queue(conn: Conn, *, tenant: str, queue: str) -> None:
     """The queue's lock, exclusively, until the transaction ends: every acquire in flight
     has committed, and every later one reads what this transaction commits (a pause)."""
@@ -157,7 +154,7 @@ async def acquire(
     max_items: int,
     base_limit: int = 1,
     max_approved: int | None = None,
-    slack: int | None = None,
+    shared_first: bool = False,
 ) -> Acquired:
     """ready (due) or leased (expired) -> leased, fence + 1; past the budget -> quarantined.
 
@@ -171,11 +168,11 @@ async def acquire(
     stored under a looser policy is held to the loaded one).
 
     The spend-gated concurrency limit holds when many acquires race: see the queue
-    lock above. With `slack` (the most leases in-flight acquires can hold), the
-    acquire first tries the shared lock; without it, or when the room is smaller
-    than the slack, it takes the lock exclusively. This transition owns its
-    transactions: the lock and the acquire are sent together in pipeline mode, with
-    no BEGIN or COMMIT: statements before a pipeline's Sync form one implicit
+    lock above. With `shared_first`, the acquire first tries the shared lock, which
+    leases only while the room left covers every acquire in flight (`in_flight`);
+    without it, or when the room is smaller, it takes the lock exclusively. This
+    transition owns its transactions: the lock and the acquire are sent together in
+    pipeline mode, with no BEGIN or COMMIT: statements before a pipeline's Sync form one implicit
     transaction, committed at the Sync (and rolled back whole by an error), each
     statement with its own snapshot. So the lock is held only while PostgreSQL
     works, never while the event loop is busy with other requests, and the request
@@ -186,7 +183,7 @@ async def acquire(
     if conn.info.transaction_status != TransactionStatus.IDLE:
         raise RuntimeError("acquire owns its transactions: the connection must be idle")
     contended = False
-    for shared in (True, False) if slack is not None else (False,):
+    for shared in (True, False) if shared_first else (False,):
         params = {
             "tenant": tenant,
             "queue": queue,
@@ -200,10 +197,13 @@ async def acquire(
             "max_items": max_items,
             "shard": _shard(),
             "shared": shared,
-            "slack": slack or 0,
         }
         async with conn.pipeline():
-            await conn.execute(_SQL["lock_queue_shared"] if shared else _SQL["lock_queue"], params)
+            if shared:
+                await conn.execute(_SQL["lock_queue_shared"], params)
+                await conn.execute(_SQL["in_flight"], params)
+            else:
+                await conn.execute(_SQL["lock_queue"], params)
             cur = await conn.execute(_SQL["acquire"], params)
         rows = await cur.fetchall()
         if not any(row["leased"] is None for row in rows):
