@@ -70,18 +70,17 @@ def test_prepared_acquire_plan_reads_the_ready_index_not_the_whole_table(
         sql = transitions._SQL["acquire"].replace("%(tenant)s", "$1").replace("%(queue)s", "$2")
         sql = sql.replace("%(worker)s", "$3").replace("%(ttl)s", "$4::interval")
         sql = sql.replace("%(max_items)s", "$5::int").replace("%(shard)s", "$6::int")
-        sql = sql.replace("%(shared)s", "$7::bool").replace("%(slack)s", "$8::int")
-        sql = sql.replace("%(deadline)s", "$9::interval").replace("%(base_limit)s", "$10::int")
-        sql = sql.replace("%(max_ttl)s", "$11::interval").replace("%(max_approved)s", "$12::int")
-        sql = sql.replace("%(key_id)s", "$13::text")
+        sql = sql.replace("%(shared)s", "$7::bool").replace("%(deadline)s", "$8::interval")
+        sql = sql.replace("%(base_limit)s", "$9::int").replace("%(max_ttl)s", "$10::interval")
+        sql = sql.replace("%(max_approved)s", "$11::int").replace("%(key_id)s", "$12::text")
         conn.execute(
-            "PREPARE acq(text, text, text, interval, int, int, bool, int, interval, int, interval,"
+            "PREPARE acq(text, text, text, interval, int, int, bool, interval, int, interval,"
             f" int, text) AS {sql}"
         )
         generic = "\n".join(
             row["QUERY PLAN"]
             for row in conn.execute(
-                "EXPLAIN EXECUTE acq('t', 'q', 'w', '30 seconds', 50, 0, false, 0, '900 seconds', 1,"
+                "EXPLAIN EXECUTE acq('t', 'q', 'w', '30 seconds', 50, 0, false, '900 seconds', 1,"
                 " '30 seconds', 1000, '0123456789abcdef')"
             ).fetchall()
         )
@@ -102,7 +101,6 @@ def test_prepared_acquire_plan_reads_the_ready_index_not_the_whole_table(
                     "max_items": 50,
                     "shard": 0,
                     "shared": False,
-                    "slack": 0,
                 },
             ).fetchall()
         )

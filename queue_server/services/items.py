@@ -239,7 +239,6 @@ class Items:
         self.settings = settings
         self.wakeups = wakeups
         self.metrics = metrics
-        self._slack: int | None = None
         self.near_limit = NearLimit()
 
     async def enqueue(
@@ -780,7 +779,8 @@ class Items:
                         max_items=max_items,
                         base_limit=self.envelope.leased.concurrency,
                         max_approved=self.envelope.leased.max_approved,
-                        slack=await self._slack_for(conn, tenant, queue),
+                        # A queue lately found near its limit goes exclusive at once.
+                        shared_first=not self.near_limit.recent(tenant, queue),
                     )
                     leased, quarantined = acquired.leased, acquired.quarantined
                     if acquired.contended:
@@ -793,17 +793,6 @@ class Items:
                         raise errors.ClientDisconnectedError()
             if leased or not quarantined:
                 return leased
-
-    async def _slack_for(self, conn: Conn, tenant: str, queue: str) -> int | None:
-        """The slack for a shared-lock acquire, or None where the queue was lately near its
-        limit (a default queue, limit 1, always is): then acquire goes exclusive at once."""
-        if self.near_limit.recent(tenant, queue):
-            return None
-        if self._slack is None:
-            # Every acquire in flight holds a database connection and leases at most 100.
-            connections = await reads.max_connections(conn)
-            self._slack = connections * transitions.MAX_ITEMS_PER_ACQUIRE
-        return self._slack
 
     async def heartbeat(
         self,

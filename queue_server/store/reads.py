@@ -63,14 +63,6 @@ async def state_counts(conn: Conn, *, tenant: str) -> dict[str, int]:
     return {row["state"]: int(row["n"]) for row in await cur.fetchall()}
 
 
-async def max_connections(conn: Conn) -> int:
-    """The server's `max_connections`: the most statements that can run at once."""
-    cur = await conn.execute(_SQL["max_connections"])
-    row = await cur.fetchone()
-    assert row is not None
-    return int(row["n"])
-
-
 async def schema_revisions(conn: Conn) -> set[str]:
     """The Alembic revisions the database's schema is at."""
     cur = await conn.execute(_SQL["schema_revisions"])

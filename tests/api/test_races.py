@@ -10,6 +10,7 @@ from collections import defaultdict
 import psycopg
 
 from queue_server.services.items import Items
+from queue_server.store import transitions
 from tests.helpers.api import Api
 from tests.helpers.invariants import assert_backlog_counter_matches, assert_ledgers_fold_to_rows
 from tests.helpers.server import LiveServer
@@ -202,8 +203,6 @@ def test_backlog_counters_follow_every_transition(api: Api, db: Db) -> None:
 def test_shared_lock_acquires_never_exceed_a_high_limit(api: Api, db: Db, live: LiveServer) -> None:
     """Far from the limit acquires share the queue lock; near it they go exclusive."""
     items: Items = live.app.state.services.items
-    # 20 pooled connections x 2 items per acquire: the most leases acquires in flight hold.
-    items._slack = 40
     api.approve("q", 60)
     api.worker.post(
         "/v1/tenants/acme/queues/q/items:batch",
@@ -241,3 +240,41 @@ def test_shared_lock_acquires_never_exceed_a_high_limit(api: Api, db: Db, live: 
             "UPDATE work_items SET lease_expires_at = now() - interval '1 second'"
             " WHERE state = 'leased'"
         )
+    # Near the limit the shared attempts found too little room: the queue went exclusive.
+    assert items.near_limit.recent("acme", "q")
+
+
+def _announce(database_url: str, max_items: int) -> psycopg.Connection[tuple[object, ...]]:
+    """A shared acquire in flight on acme/q that may lease `max_items`: its two locks, held
+    until the returned connection's transaction ends."""
+    conn = psycopg.connect(database_url)
+    conn.execute(
+        transitions._SQL["lock_queue_shared"],
+        {"tenant": "acme", "queue": "q", "max_items": max_items},
+    )
+    return conn
+
+
+def test_a_shared_acquire_leaves_room_for_what_acquires_in_flight_announced(
+    api: Api, database_url: str
+) -> None:
+    """Under the shared lock an acquire leases only while the room covers every acquire in
+    flight (each may take its max_items); otherwise it waits for them, exclusively."""
+    api.approve("q", 10)
+    for n in range(20):
+        api.enqueue(payload=n)
+    # 8 announced + 2 asked fit in 10: the acquire shares the lock with the one in flight.
+    with _announce(database_url, 8):
+        began = time.monotonic()
+        assert len(api.acquire(max_items=2)) == 2
+        assert time.monotonic() - began < 5
+    # 7 announced + 2 asked do not fit in the 8 left: it waits for the one in flight to end.
+    answered: list[list[dict[str, object]]] = []
+    with _announce(database_url, 7) as in_flight:
+        waiter = threading.Thread(target=lambda: answered.append(api.acquire(max_items=2)))
+        waiter.start()
+        waiter.join(timeout=1.0)
+        assert answered == [], "leased past what the acquire in flight may still take"
+        in_flight.rollback()
+        waiter.join(timeout=30)
+    assert [len(leases) for leases in answered] == [2]

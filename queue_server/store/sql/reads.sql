@@ -27,9 +27,6 @@ UNION ALL
 SELECT 'cancelled', coalesce(sum(cancelled - purged_cancelled), 0) FROM queue_counters
 WHERE tenant_id = %(tenant)s;
 
--- name: max_connections
-SELECT current_setting('max_connections')::int AS n;
-
 -- name: schema_revisions
 SELECT version_num FROM alembic_version;
 

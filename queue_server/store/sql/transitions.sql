@@ -30,13 +30,28 @@ SELECT queue_server.admit_seal(%(tenant)s, %(queue)s, %(n)s, %(backlog_ceiling)s
 -- The queue's concurrency limit (the policy's local concurrency, one, unless a live spend
 -- approval raises it: the base_limit parameter) is enforced under an advisory lock on the queue.
 -- Exclusive: the acquire counts active leases exactly, with every earlier acquire
--- committed. Shared (many acquires at once): only while the room left is at least
--- `slack`, the most leases that acquires still in flight can hold (one per database
--- connection, each at most 100 items); an exclusive acquire waits for them all.
+-- committed. Shared (many acquires at once): each also holds, until it commits, a shared
+-- lock keyed (queue, max_items) that announces how many leases it may add; it leases
+-- only while the room left is at least what every acquire in flight announced, its own
+-- included (`in_flight`). An exclusive acquire waits for them all.
 SELECT pg_advisory_xact_lock(hashtextextended(%(tenant)s || '/' || %(queue)s, 7));
 
 -- name: lock_queue_shared
-SELECT pg_advisory_xact_lock_shared(hashtextextended(%(tenant)s || '/' || %(queue)s, 7));
+SELECT pg_advisory_xact_lock_shared(hashtextextended(%(tenant)s || '/' || %(queue)s, 7)),
+       pg_advisory_xact_lock_shared(hashtext(%(tenant)s || '/' || %(queue)s), %(max_items)s);
+
+-- name: in_flight
+-- What the shared acquires in flight on the queue announced (each holder's max_items),
+-- kept for the acquire statement that follows in this transaction. Read in a statement of
+-- its own, before that statement's snapshot: an acquire that commits between the two is
+-- counted twice (announced here, its leases visible there), never missed. A hash shared
+-- with another queue only counts more.
+SELECT set_config('queue_server.in_flight', (
+    SELECT coalesce(sum(objid::int), 0) FROM pg_locks
+    WHERE locktype = 'advisory' AND objsubid = 2 AND mode = 'ShareLock' AND granted
+      AND classid = hashtext(%(tenant)s || '/' || %(queue)s)::oid
+      AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+)::text, true);
 
 -- name: acquire
 -- Runs after the lock in its own statement, so its snapshot sees every lease
@@ -71,7 +86,10 @@ WITH terms AS (
                 ELSE greatest(0, least(%(max_items)s, free)) END AS n,
            contended
     FROM (SELECT free, paused,
-                 NOT paused AND %(shared)s AND free < %(slack)s + %(max_items)s AS contended
+                 NOT paused AND %(shared)s
+                 -- Unread (not shared, or no in_flight): as if no room, never as if all.
+                 AND free < coalesce(nullif(current_setting('queue_server.in_flight', true),
+                                            '')::int, 2147483647) AS contended
           FROM counts) AS c
 ), expired AS (
     -- SKIP LOCKED: a row locked by a holder operation in flight is not ours to take.
