@@ -75,11 +75,7 @@ async def enqueue(
     Refusals are SQL errors (the caller translates them with `db.admission_refusals`).
     """
     params = {
-        "items": Jsonb(items),
-        "tenant": tenant,
-        "queue": queue,
-        "actor": actor,
-        "attempt_cap": attempt_cap,
+        **_admission(tenant, queue, items, actor, attempt_cap),
         "backlog_ceiling": backlog_ceiling,
     }
     cur = await conn.execute(_SQL["enqueue"], params)
@@ -87,6 +83,19 @@ async def enqueue(
     order = {item["item_id"]: i for i, item in enumerate(items)}
     rows.sort(key=lambda row: order[str(row["item_id"])])
     return rows
+
+
+def _admission(
+    tenant: str, queue: str, items: list[dict[str, Any]], actor: str, attempt_cap: int
+) -> dict[str, Any]:
+    """The parameters the admission's rows are written with (`enqueue`, `enqueue_rows`)."""
+    return {
+        "items": Jsonb(items),
+        "tenant": tenant,
+        "queue": queue,
+        "actor": actor,
+        "attempt_cap": attempt_cap,
+    }
 
 
 # What `enqueue_rows` tells of one item: its budget, when it is available, when created.
@@ -109,15 +118,8 @@ async def enqueue_rows(
     What the database decided, by item id: the budget (the item's, else the queue's, else
     the tenant's default, at most `attempt_cap`), `available_at` and `created_at`.
     """
-    params = {
-        "items": Jsonb(items),
-        "tenant": tenant,
-        "queue": queue,
-        "actor": actor,
-        "attempt_cap": attempt_cap,
-    }
     cur = conn.cursor(row_factory=tuple_row)
-    await cur.execute(_SQL["enqueue_rows"], params)
+    await cur.execute(_SQL["enqueue_rows"], _admission(tenant, queue, items, actor, attempt_cap))
     return {item_id: (budget, at, created) for item_id, budget, at, created in await cur.fetchall()}
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -35,9 +35,19 @@ class _Writes:
         return getattr(self.transport, name)
 
 
+def _on_a_loop(scenario: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
+    """An asyncio scenario as a test (the suite runs no asyncio plugin)."""
+
+    def test() -> None:
+        asyncio.run(scenario())
+
+    return test
+
+
 @asynccontextmanager
-async def _connection() -> AsyncIterator[tuple[_Writes, asyncio.StreamReader]]:
-    """A loopback TCP connection: the accepting side's transport, the connecting side's reader."""
+async def _connection() -> AsyncIterator[tuple[_Writes, _HeldHead, asyncio.StreamReader]]:
+    """A loopback TCP connection: the accepting side's transport (its writes kept), the
+    same wrapped for one response, and the connecting side's reader."""
     accepted: asyncio.Future[asyncio.Transport] = asyncio.get_running_loop().create_future()
 
     class Accept(asyncio.Protocol):
@@ -49,7 +59,8 @@ async def _connection() -> AsyncIterator[tuple[_Writes, asyncio.StreamReader]]:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     transport = await accepted
     try:
-        yield _Writes(transport), reader
+        raw = _Writes(transport)
+        yield raw, _HeldHead(raw), reader  # type: ignore[arg-type]
     finally:
         writer.close()
         transport.close()
@@ -57,13 +68,9 @@ async def _connection() -> AsyncIterator[tuple[_Writes, asyncio.StreamReader]]:
         await server.wait_closed()
 
 
-def test_the_head_and_the_body_leave_in_one_write() -> None:
-    asyncio.run(_the_head_and_the_body_leave_in_one_write())
-
-
-async def _the_head_and_the_body_leave_in_one_write() -> None:
-    async with _connection() as (raw, reader):
-        held = _HeldHead(raw)  # type: ignore[arg-type]
+@_on_a_loop
+async def test_the_head_and_the_body_leave_in_one_write() -> None:
+    async with _connection() as (raw, held, reader):
         held.write(HEAD)
         held.write(b"{}")
         held.write(b"more")  # a later write goes straight through
@@ -71,13 +78,9 @@ async def _the_head_and_the_body_leave_in_one_write() -> None:
         assert await reader.readexactly(len(HEAD) + 6) == HEAD + b"{}more"
 
 
-def test_a_head_with_no_body_in_its_turn_leaves_at_the_end_of_the_turn() -> None:
-    asyncio.run(_a_head_with_no_body_in_its_turn_leaves_at_the_end_of_the_turn())
-
-
-async def _a_head_with_no_body_in_its_turn_leaves_at_the_end_of_the_turn() -> None:
-    async with _connection() as (raw, reader):
-        held = _HeldHead(raw)  # type: ignore[arg-type]
+@_on_a_loop
+async def test_a_head_with_no_body_in_its_turn_leaves_at_the_end_of_the_turn() -> None:
+    async with _connection() as (raw, held, reader):
         held.write(HEAD)
         assert raw.writes == []
         assert await asyncio.wait_for(reader.readexactly(len(HEAD)), 2) == HEAD
@@ -86,13 +89,9 @@ async def _a_head_with_no_body_in_its_turn_leaves_at_the_end_of_the_turn() -> No
         assert raw.writes == [HEAD, b"{}"]
 
 
-def test_closing_writes_a_held_head_first() -> None:
-    asyncio.run(_closing_writes_a_held_head_first())
-
-
-async def _closing_writes_a_held_head_first() -> None:
-    async with _connection() as (raw, reader):
-        held = _HeldHead(raw)  # type: ignore[arg-type]
+@_on_a_loop
+async def test_closing_writes_a_held_head_first() -> None:
+    async with _connection() as (_raw, held, reader):
         held.write(HEAD)
         held.close()
         assert await asyncio.wait_for(reader.read(), 2) == HEAD
