@@ -10,6 +10,11 @@
   the request has arrived.
 - At most `max_connections` open connections per process: one more is answered 503
   `server-busy` and closed.
+- A request head (its request line and headers) is counted while it arrives: past
+  `max_head_bytes` it is answered 431 `headers-too-large` and the connection closed.
+  The parser grows a header's value by concatenation as its bytes come, so a head of tens
+  of megabytes held to the end would exhaust the process (the ASGI limit on the headers,
+  `api/middleware.py`, sees them only once all have arrived).
 - A response's head and its body leave in one write: uvicorn writes each as it comes,
   which costs a second send(2) here and a second wake-up for the client that reads it
   (profiled: an eighth of the lease routes' CPU in the server was those two writes).
@@ -35,6 +40,10 @@ class ConnectionLimits:
     body_timeout: float = 60.0
     keep_alive: float = 5.0
     max_connections: int = 1024
+    # The headers' own limit (api/middleware.py: 32 KiB of names and values, 100 fields)
+    # with room for the request line and the separators: anything larger is refused
+    # while it arrives, before the parser has held it.
+    max_head_bytes: int = 64 * 1024
 
 
 def _problem(status: int, title: str, detail: str, code: str) -> bytes:
@@ -58,6 +67,12 @@ MALFORMED = _problem(
     "Bad Request",
     "The request could not be parsed (for example, its URL is too long).",
     "malformed-request",
+)
+HEAD_TOO_LARGE = _problem(
+    431,
+    "Request header fields too large",
+    "The request line and headers exceed the bytes this server reads before a body.",
+    "headers-too-large",
 )
 BUSY = _problem(
     503,
@@ -115,6 +130,8 @@ class ProblemHttpToolsProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self.timeout_keep_alive = int(self.limits.keep_alive) or 1
         self._receiving: asyncio.TimerHandle | None = None
+        # Bytes received since the current request head began; None once it is complete.
+        self._head_bytes: int | None = 0
 
     # -- the receive clock --------------------------------------------------------------
 
@@ -133,6 +150,17 @@ class ProblemHttpToolsProtocol(HttpToolsProtocol):
             self.transport.close()
 
     # -- uvicorn's callbacks --------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        # Counted after the parser has read the chunk: a chunk that ends a head and carries
+        # a body is not the head's. A head past the limit grew by at most one chunk.
+        if self._head_bytes is not None:
+            self._head_bytes += len(data)
+            if self._head_bytes > self.limits.max_head_bytes and not self.transport.is_closing():
+                self._head_bytes = None
+                self.transport.write(HEAD_TOO_LARGE)
+                self.transport.close()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -153,6 +181,7 @@ class ProblemHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
+        self._head_bytes = None
         self._arm(self.limits.body_timeout)
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope:  # an upgrade makes no cycle
@@ -161,6 +190,7 @@ class ProblemHttpToolsProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._disarm()
+        self._head_bytes = 0
 
     def send_400_response(self, msg: str) -> None:
         self.transport.write(MALFORMED)
