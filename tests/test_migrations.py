@@ -20,6 +20,7 @@ from sqlalchemy import create_engine, pool
 from queue_server.infra import migrate
 from queue_server.store import queues as queue_store
 from queue_server.store import reads, transitions
+from queue_server.store.cursors import Cursor
 from queue_server.store.tables import metadata
 
 
@@ -73,15 +74,18 @@ def test_prepared_acquire_plan_reads_the_ready_index_not_the_whole_table(
         sql = sql.replace("%(shared)s", "$7::bool").replace("%(deadline)s", "$8::interval")
         sql = sql.replace("%(base_limit)s", "$9::int").replace("%(max_ttl)s", "$10::interval")
         sql = sql.replace("%(max_approved)s", "$11::int").replace("%(key_id)s", "$12::text")
+        sql = sql.replace("%(since_xid)s", "$13").replace("%(lane_priority)s", "$14")
+        sql = sql.replace("%(lane_at)s", "$15").replace("%(lane_id)s", "$16")
         conn.execute(
             "PREPARE acq(text, text, text, interval, int, int, bool, interval, int, interval,"
-            f" int, text) AS {sql}"
+            f" int, text, xid8, int[], timestamptz[], uuid[]) AS {sql}"
         )
         generic = "\n".join(
             row["QUERY PLAN"]
             for row in conn.execute(
                 "EXPLAIN EXECUTE acq('t', 'q', 'w', '30 seconds', 50, 0, false, '900 seconds', 1,"
-                " '30 seconds', 1000, '0123456789abcdef')"
+                " '30 seconds', 1000, '0123456789abcdef', pg_current_xact_id(), '{0}',"
+                " ARRAY[now()], ARRAY[gen_random_uuid()])"
             ).fetchall()
         )
         custom = "\n".join(
@@ -101,11 +105,14 @@ def test_prepared_acquire_plan_reads_the_ready_index_not_the_whole_table(
                     "max_items": 50,
                     "shard": 0,
                     "shared": False,
+                    **Cursor().params(),
                 },
             ).fetchall()
         )
+    # Rows made ready since a cursor are found by the transaction that made them ready.
+    assert "ix_work_items_ready_xid" in generic, generic
     for plan in (generic, custom):
-        assert "ix_work_items_ready" in plan
+        assert "ix_work_items_ready " in plan
         # Neither the candidate scan nor the update of the picked rows may read the table.
         assert "Seq Scan on work_items" not in plan
         assert "Index Scan using pk_work_items on work_items w" in plan

@@ -22,6 +22,8 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, OID, UUID
+from sqlalchemy.dialects.postgresql import base as postgresql_base
+from sqlalchemy.types import UserDefinedType
 
 metadata = MetaData(
     naming_convention={
@@ -36,6 +38,19 @@ metadata = MetaData(
 item_state = Enum(
     "ready", "leased", "completed", "quarantined", "cancelled", name="item_state", metadata=metadata
 )
+
+
+class Xid8(UserDefinedType[int]):
+    """PostgreSQL's 64-bit transaction id (`pg_current_xact_id()`)."""
+
+    cache_ok = True
+
+    def get_col_spec(self, **kw: object) -> str:
+        return "xid8"
+
+
+# So that the schema read back from the database (Alembic's comparison) knows the type.
+postgresql_base.ischema_names["xid8"] = Xid8
 
 
 def _ts(name: str, **kw: object) -> Column[object]:
@@ -115,6 +130,10 @@ work_items = Table(
     # The enqueue's W3C trace context (0016): each lease hands it to its worker.
     Column("traceparent", Text, nullable=True),
     Column("tracestate", Text, nullable=True),
+    # The transaction that made the row ready, or moved it in the acquire order (0021: the
+    # column's default, and a trigger on update). An acquire resumes the ready index from a
+    # cursor, and finds a row committed behind it by this id (queue_server/store/lanes.py).
+    Column("ready_xid", Xid8(), nullable=True, server_default=text("pg_current_xact_id()")),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
     CheckConstraint("fence >= 0", name="fence_not_negative"),
     CheckConstraint(TRACEPARENT_W3C, name="traceparent_w3c"),
@@ -143,6 +162,14 @@ work_items = Table(
         text("priority DESC"),
         "available_at",
         "item_id",
+        postgresql_where=text("state = 'ready'"),
+    ),
+    # Rows made ready since a cursor's snapshot: ids at or past that snapshot's xmin.
+    Index(
+        "ix_work_items_ready_xid",
+        "tenant_id",
+        "queue",
+        "ready_xid",
         postgresql_where=text("state = 'ready'"),
     ),
     # Expired-lease takeover and the concurrency count read this one.

@@ -38,6 +38,7 @@ from psycopg.types.json import Jsonb
 
 from queue_server import errors
 from queue_server.models import ItemState
+from queue_server.store import cursors
 from queue_server.store.reads import FIRST_ITEM
 from queue_server.store.sql import fetch_all, fetch_one, load
 from queue_server.store.types import Conn, Row
@@ -188,8 +189,10 @@ async def acquire(
     if conn.info.transaction_status != TransactionStatus.IDLE:
         raise RuntimeError("acquire owns its transactions: the connection must be idle")
     contended = False
+    cursor = cursors.get(conn, tenant, queue)
     for shared in (True, False) if shared_first else (False,):
         params = {
+            **cursor.params(),
             "tenant": tenant,
             "queue": queue,
             "worker": worker,
@@ -209,8 +212,12 @@ async def acquire(
                 await conn.execute(_SQL["in_flight"], params)
             else:
                 await conn.execute(_SQL["lock_queue"], params)
+            advanced = await conn.execute(_SQL["advance_cursor"], params)
             cur = await conn.execute(_SQL["acquire"], params)
         rows = await cur.fetchall()
+        moved = await advanced.fetchone()
+        assert moved is not None
+        cursors.put(conn, tenant, queue, cursors.Cursor.from_row(moved))
         if not any(row["leased"] is None for row in rows):
             break
         # The shared attempt found too little room; the exclusive one follows.

@@ -102,17 +102,63 @@ WITH terms AS (
     ORDER BY lease_expires_at
     LIMIT (SELECT n FROM room)
     FOR UPDATE SKIP LOCKED
+), lanes AS (
+    -- The connection's cursor on this queue (queue_server/store/cursors.py): per priority,
+    -- the first ready row it saw; no ready row it could see lay before it.
+    SELECT * FROM unnest(%(lane_priority)s::int[], %(lane_at)s::timestamptz[],
+                         %(lane_id)s::uuid[]) AS l(priority, at, id)
 ), due AS (
-    SELECT item_id, 1 AS src, priority, available_at AS since
-    FROM work_items
-    WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'ready'
-      AND available_at <= statement_timestamp()
-    ORDER BY priority DESC, available_at, item_id
-    LIMIT (SELECT n FROM room)
-    FOR UPDATE SKIP LOCKED
+    -- With no cursor yet: the ready index from its start (what the cursor spares: under an
+    -- old snapshot, every row taken since it began left an entry there to walk past).
+    SELECT * FROM (
+        SELECT item_id, 1 AS src, priority, available_at AS since
+        FROM work_items
+        WHERE %(since_xid)s::xid8 IS NULL
+          AND tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'ready'
+          AND available_at <= statement_timestamp()
+        ORDER BY priority DESC, available_at, item_id
+        LIMIT (SELECT n FROM room)
+        FOR UPDATE SKIP LOCKED
+    ) AS cold
+    UNION ALL
+    -- Each priority the cursor knows, from its place: the highest first, and no lower one
+    -- read once `n` rows are found.
+    SELECT * FROM (
+        SELECT d.* FROM (SELECT * FROM lanes ORDER BY priority DESC) AS l
+        CROSS JOIN LATERAL (
+            SELECT item_id, 1 AS src, priority, available_at AS since
+            FROM work_items
+            WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'ready'
+              AND priority = l.priority AND (available_at, item_id) >= (l.at, l.id)
+              AND available_at <= statement_timestamp()
+            ORDER BY available_at, item_id
+            LIMIT (SELECT n FROM room)
+            FOR UPDATE SKIP LOCKED
+        ) AS d
+        LIMIT (SELECT n FROM room)
+    ) AS resumed
+    UNION ALL
+    -- Rows made ready by a transaction the cursor's snapshot did not see (committed late,
+    -- behind the cursor, or of a priority it did not know), found by that transaction's id.
+    -- An array, then primary-key probes: ordered as the acquire orders, the planner would
+    -- read the ready index from its start and filter on the id.
+    SELECT * FROM (
+        SELECT item_id, 1 AS src, priority, available_at AS since
+        FROM work_items
+        WHERE tenant_id = %(tenant)s
+          AND item_id = ANY(ARRAY(SELECT item_id FROM work_items
+                                  WHERE tenant_id = %(tenant)s AND queue = %(queue)s
+                                    AND state = 'ready' AND ready_xid >= %(since_xid)s::xid8))
+          AND queue = %(queue)s AND state = 'ready' AND available_at <= statement_timestamp()
+        ORDER BY priority DESC, available_at, item_id
+        LIMIT (SELECT n FROM room)
+        FOR UPDATE SKIP LOCKED
+    ) AS late
 ), picked AS (
-    SELECT item_id FROM (SELECT item_id, src, priority, since FROM expired
-                         UNION ALL SELECT * FROM due) AS c
+    -- A row both resumed and late is one candidate.
+    SELECT item_id FROM (SELECT DISTINCT item_id, src, priority, since
+                         FROM (SELECT item_id, src, priority, since FROM expired
+                               UNION ALL SELECT * FROM due) AS a) AS c
     ORDER BY src, priority DESC, since, item_id
     LIMIT (SELECT n FROM room)
 ), overdue AS (
@@ -204,6 +250,44 @@ UNION ALL
 -- Under the shared lock with little room left: nothing leased, retry exclusively.
 SELECT NULL AS leased, w.* FROM (SELECT 1) AS one LEFT JOIN work_items w ON false
 WHERE (SELECT contended FROM room);
+
+-- name: advance_cursor
+-- The connection's next cursor on the queue, read before its acquire (whose leases it must
+-- not count as gone: a lease that rolls back is ready again where it was). Per priority:
+-- the first ready row visible now, found from the current cursor, among rows made ready
+-- since its snapshot (`since_xid`: that snapshot's xmin), or, with no cursor, in the whole
+-- ready index; with this statement's xmin, below which every transaction has ended. A row
+-- not visible now is made ready by a transaction at or past that xmin: the next acquire
+-- finds it by its `ready_xid` wherever it lies.
+WITH lanes AS (
+    SELECT * FROM unnest(%(lane_priority)s::int[], %(lane_at)s::timestamptz[],
+                         %(lane_id)s::uuid[]) AS l(priority, at, id)
+), seen AS (
+    SELECT f.priority, f.available_at, f.item_id
+    FROM lanes l CROSS JOIN LATERAL (
+        SELECT priority, available_at, item_id FROM work_items
+        WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'ready'
+          AND priority = l.priority AND (available_at, item_id) >= (l.at, l.id)
+        ORDER BY available_at, item_id
+        LIMIT 1
+    ) AS f
+    UNION ALL
+    SELECT priority, available_at, item_id FROM work_items
+    WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'ready'
+      AND ready_xid >= %(since_xid)s::xid8
+    UNION ALL
+    SELECT priority, available_at, item_id FROM work_items
+    WHERE %(since_xid)s::xid8 IS NULL
+      AND tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'ready'
+), firsts AS (
+    SELECT DISTINCT ON (priority) priority, available_at, item_id FROM seen
+    ORDER BY priority, available_at, item_id
+)
+SELECT pg_snapshot_xmin(pg_current_snapshot())::text AS xmin,
+       coalesce(array_agg(priority ORDER BY priority), '{}') AS priorities,
+       coalesce(array_agg(available_at ORDER BY priority), '{}') AS ats,
+       coalesce(array_agg(item_id ORDER BY priority), '{}') AS ids
+FROM firsts;
 
 -- name: release_unsent
 WITH input AS (

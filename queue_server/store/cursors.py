@@ -1,0 +1,67 @@
+"""Where each connection's next acquire on a queue starts reading the ready index.
+
+Every acquire changes the rows it takes (ready -> leased), and PostgreSQL keeps the old,
+ready version of each, with its index entry, while any snapshot older than the change
+is open (a pg_dump, a report, a forgotten BEGIN): a scan of the ready index from its
+start walks past every row taken since that snapshot began. So a connection keeps a
+cursor per queue: for each priority, the first ready row it saw; the next acquire reads
+each priority from there, and finds by `ready_xid` (migration 0021) the rows that were
+made ready by a transaction the cursor's snapshot did not see, wherever they lie (an
+enqueue that committed late, a requeue to an earlier instant, a new priority). Its cost
+is the rows taken and made ready since the connection's previous acquire on the queue,
+not the history behind the oldest snapshot.
+
+The cursor is the connection's own: kept with the connection object (a new connection,
+as after a failover, starts from the index's start once), and moved only by a statement
+that succeeded (`advance_cursor`, before the acquire in the same transaction).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from queue_server.store.types import Conn
+
+
+@dataclass(frozen=True, slots=True)
+class Cursor:
+    """Per priority, the first ready row (`available_at`, `item_id`) visible at a snapshot
+    whose xmin is `xmin`; None: no snapshot yet (read the whole index)."""
+
+    xmin: str | None = None
+    lanes: dict[int, tuple[datetime, str]] = field(default_factory=dict)
+
+    def params(self) -> dict[str, Any]:
+        priorities = sorted(self.lanes)
+        return {
+            "since_xid": self.xmin,
+            "lane_priority": priorities,
+            "lane_at": [self.lanes[p][0] for p in priorities],
+            "lane_id": [self.lanes[p][1] for p in priorities],
+        }
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Cursor:
+        lanes = {
+            priority: (at, str(item_id))
+            for priority, at, item_id in zip(row["priorities"], row["ats"], row["ids"], strict=True)
+        }
+        return cls(xmin=row["xmin"], lanes=lanes)
+
+
+_COLD = Cursor()
+_cursors: weakref.WeakKeyDictionary[Conn, dict[tuple[str, str], Cursor]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def get(conn: Conn, tenant: str, queue: str) -> Cursor:
+    """The connection's cursor on the queue (the index's start if it has none)."""
+    return _cursors.get(conn, {}).get((tenant, queue), _COLD)
+
+
+def put(conn: Conn, tenant: str, queue: str, cursor: Cursor) -> None:
+    _cursors.setdefault(conn, {})[(tenant, queue)] = cursor

@@ -1,0 +1,126 @@
+"""An acquire resumes the ready index from its connection's cursor (queue_server/store/
+cursors.py), so that its cost does not grow with the rows taken under an old snapshot; and
+still finds every ready row: one enqueued by a transaction that commits after later
+enqueues were taken, one made ready again behind the cursor, one of a priority the cursor
+never saw. Each check runs on one connection whose cursor has moved past the row."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from queue_server.store import cursors, transitions
+from tests.helpers.api import Api
+
+Db = psycopg.Connection[dict[str, object]]
+
+_TERMS: dict[str, Any] = {
+    "ttl": timedelta(seconds=30),
+    "max_ttl": timedelta(seconds=30),
+    "deadline": timedelta(seconds=300),
+    "base_limit": 100,
+    "key_id": "k",
+}
+
+
+def _on_one_connection(
+    database_url: str, steps: Callable[[Callable[[], Awaitable[list[Any]]]], Awaitable[None]]
+) -> None:
+    async def run() -> None:
+        async with await psycopg.AsyncConnection.connect(
+            database_url, autocommit=True, row_factory=dict_row
+        ) as conn:
+
+            async def take_one() -> list[Any]:
+                got = await transitions.acquire(
+                    conn, tenant="acme", queue="q", worker="w", max_items=1, **_TERMS
+                )
+                return [row["payload"] for row in got.leased]
+
+            await steps(take_one)
+            assert cursors.get(conn, "acme", "q").xmin is not None  # the cursor was used
+
+    asyncio.run(run())
+
+
+def test_a_row_inserted_by_a_transaction_that_commits_after_later_ones_were_taken_is_next(
+    api: Api, database_url: str
+) -> None:
+    # Written as the admission writes an item (its instant is its statement's), in a
+    # transaction left open while later enqueues commit and are taken.
+    late = psycopg.connect(database_url)
+    late.execute(
+        "INSERT INTO work_items (tenant_id, queue, payload, max_acquisitions)"
+        " VALUES ('acme', 'q', %s, 5)",
+        (Jsonb("late"),),
+    )
+    for name in ("c", "d", "e"):  # enqueued after it, committed before it
+        api.enqueue("q", name)
+
+    async def steps(take_one: Callable[[], Awaitable[list[Any]]]) -> None:
+        assert await take_one() == ["c"]
+        assert await take_one() == ["d"]  # the cursor now lies at "e", past "late"
+        await asyncio.to_thread(late.commit)
+        assert await take_one() == ["late"]
+        assert await take_one() == ["e"]
+        assert await take_one() == []
+
+    try:
+        _on_one_connection(database_url, steps)
+    finally:
+        late.close()
+
+
+def test_a_row_made_ready_again_behind_the_cursor_is_acquired_next(
+    api: Api, database_url: str
+) -> None:
+    api.enqueue("q", "x")
+    later = psycopg.connect(database_url)
+
+    async def steps(take_one: Callable[[], Awaitable[list[Any]]]) -> None:
+        assert await take_one() == ["x"]
+        # Released by a transaction that commits after later rows were taken: its instant
+        # lies before theirs, its row before the cursor.
+        await asyncio.to_thread(
+            later.execute,
+            "UPDATE work_items SET state = 'ready', lease_holder = NULL,"
+            " lease_expires_at = NULL, available_at = statement_timestamp()"
+            " WHERE tenant_id = 'acme' AND payload = '\"x\"'",
+        )
+        for name in ("p1", "p2", "p3"):
+            await asyncio.to_thread(api.enqueue, "q", name)
+        assert await take_one() == ["p1"]
+        assert await take_one() == ["p2"]
+        await asyncio.to_thread(later.commit)
+        assert await take_one() == ["x"]
+        assert await take_one() == ["p3"]
+
+    try:
+        _on_one_connection(database_url, steps)
+    finally:
+        later.close()
+
+
+def test_a_new_priority_and_a_higher_one_come_first_after_the_cursor_moved(
+    api: Api, database_url: str
+) -> None:
+    for name in ("a", "b", "c"):
+        api.enqueue("q", name)
+
+    async def steps(take_one: Callable[[], Awaitable[list[Any]]]) -> None:
+        assert await take_one() == ["a"]
+        await asyncio.to_thread(api.enqueue, "q", "urgent", priority=5)
+        await asyncio.to_thread(api.enqueue, "q", "low", priority=-5)
+        assert await take_one() == ["urgent"]
+        assert await take_one() == ["b"]
+        assert await take_one() == ["c"]
+        assert await take_one() == ["low"]
+        assert await take_one() == []
+
+    _on_one_connection(database_url, steps)
