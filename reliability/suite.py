@@ -14,6 +14,7 @@ from reliability.database import claim_storm_pg15, lock_timeouts, long_transacti
 from reliability.fuzz import schema_fuzz
 from reliability.hostile import hostile_input
 from reliability.hung_worker import hung_worker
+from reliability.pgdump import pg_dump_under_load
 from reliability.restore import restore_after_mistake
 from reliability.scenarios import SCENARIOS as FAULT_SCENARIOS
 from reliability.scenarios import ScenarioOutcome
@@ -32,6 +33,7 @@ SCENARIOS: dict[str, Callable[[], ScenarioOutcome]] = {
     "schedules-kill": schedules_under_kills,
     "hung-worker": hung_worker,
     "restore": restore_after_mistake,
+    "pg-dump": pg_dump_under_load,
 }
 
 #: ``--quick`` (``make reliability-quick``, run by CI): every scenario once with a small
@@ -52,4 +54,5 @@ QUICK: dict[str, dict[str, object]] = {
     "claim-storm-pg15": {"items": 500, "duration": 10.0},
     "schedules-kill": {"kills": 3, "duration": 10.0},
     "restore": {"duration": 10.0, "producers": 2},
+    "pg-dump": {"phase": 6.0, "hold": 10.0},
 }

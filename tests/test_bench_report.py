@@ -140,3 +140,33 @@ def test_transactional_enqueue_rows_are_judged_against_the_bare_insert_of_the_sa
     assert batch["figures"] == ["tx_enqueue_100", "tx_insert_100"]
     markdown = report.markdown(doc)
     assert "enqueue in an application transaction, 100 per commit" in markdown
+
+
+def test_held_snapshot_end_is_judged_against_its_baseline_on_both_targets() -> None:
+    doc = document(
+        [
+            figure("held_snapshot_items_s_base", 2000.0, 0.0),
+            figure("held_snapshot_items_s_end", 1900.0, 0.0),
+            figure("held_snapshot_acquire_p99_ms_base", 10.0, 0.0, unit="ms"),
+            figure("held_snapshot_acquire_p99_ms_end", 25.0, 0.0, unit="ms"),
+        ]
+    )
+    items = target(
+        doc, "held snapshot: SDK Worker items/s at the end of the hold >= 0.9x before it"
+    )
+    assert (items["value"], items["status"]) == (0.95, report.MET)
+    p99 = target(doc, "held snapshot: acquire p99 at the end of the hold <= 2x before it")
+    assert (p99["value"], p99["status"]) == (2.5, report.UNMET)
+    assert p99["figures"] == [
+        "held_snapshot_acquire_p99_ms_end",
+        "held_snapshot_acquire_p99_ms_base",
+    ]
+
+
+def test_held_snapshot_targets_are_not_measured_without_the_phase() -> None:
+    doc = document([])
+    for name in (
+        "held snapshot: SDK Worker items/s at the end of the hold >= 0.9x before it",
+        "held snapshot: acquire p99 at the end of the hold <= 2x before it",
+    ):
+        assert target(doc, name)["status"] == report.NOT_MEASURED
