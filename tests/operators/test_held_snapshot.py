@@ -1,9 +1,11 @@
-"""The server's own database sessions end a transaction left idle: it would hold its locks and a
-snapshot that holds the database's xmin horizon back."""
+"""Operators see a held snapshot coming: /metrics gives the age of the oldest snapshot holding
+the database's xmin horizon back and the hot tables' dead row versions, and the server's own
+sessions end a transaction left idle."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import psycopg
 import pytest
@@ -11,8 +13,81 @@ import pytest
 from queue_server import errors
 from queue_server.db import Database
 from queue_server.settings import Settings
+from queue_server.store import tables
+from queue_server.store.health import HOT_TABLES
+from tests.helpers.api import Api
+from tests.helpers.items import sample
 
 Db = psycopg.Connection[dict[str, object]]
+
+AGE = "queue_server_database_horizon_age_seconds"
+
+
+def test_metrics_give_the_age_of_a_held_snapshot_from_its_transactions_start(
+    api: Api, database_url: str
+) -> None:
+    with psycopg.connect(database_url) as other:
+        other.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        other.execute("SELECT count(*) FROM work_items")
+        snapshot_taken = time.monotonic()
+        time.sleep(1.5)
+        # A later statement of the same transaction: the snapshot is as old as the
+        # transaction, not as this statement.
+        other.execute("SELECT 1")
+        time.sleep(1.0)
+        held = time.monotonic() - snapshot_taken
+        scrape = api.admin.get("/metrics").text
+        mine = api.operator.get("/metrics").text
+        other.rollback()
+
+    age = sample(scrape, AGE, holder="snapshot")
+    assert age is not None, scrape
+    assert age >= held
+    assert (sample(scrape, "queue_server_database_horizon_holders", holder="snapshot") or 0) >= 1
+    assert sample(scrape, "queue_server_database_horizon_xid_age", holder="snapshot") is not None
+    for holder in ("prepared_transaction",):
+        assert sample(scrape, AGE, holder=holder) == 0
+    assert sample(scrape, "queue_server_database_horizon_holders", holder="replication_slot") == 0
+    # Database-wide, no tenant's data: the server's health, in an operator's scrape too.
+    assert (sample(mine, AGE, holder="snapshot") or 0) >= held
+
+    released = api.admin.get("/metrics").text
+    assert (sample(released, AGE, holder="snapshot") or 0) < held
+
+
+def test_metrics_give_the_dead_row_versions_of_the_hot_tables_to_the_admin_only(
+    api: Api,
+) -> None:
+    api.approve("q", 10)
+    for i in range(10):
+        api.enqueue("q", i)
+    leases = api.acquire("q", max_items=10)
+    assert len(leases) == 10
+    for lease in leases:
+        done = api.holder("complete", lease["item_id"], worker="w1", fence=lease["fence"])
+        assert done.status_code == 200, done.text
+
+    # Each backend reports its statistics at most once a second, when idle: wait for all.
+    deadline = time.monotonic() + 30
+    while True:
+        scrape = api.admin.get("/metrics").text
+        dead = sample(scrape, "queue_server_table_dead_tuples", table="work_items") or 0
+        live = sample(scrape, "queue_server_table_live_tuples", table="work_items")
+        if (dead >= 10 and live == 10) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    # Every ready -> leased -> completed transition leaves a dead version of the item row.
+    assert dead >= 10, scrape
+    assert live == 10, scrape
+    for table in HOT_TABLES:
+        assert sample(scrape, "queue_server_table_dead_tuples", table=table) is not None, table
+        assert sample(scrape, "queue_server_table_live_tuples", table=table) is not None, table
+    # Every tenant's traffic: not in an operator's scrape.
+    assert "queue_server_table_" not in api.operator.get("/metrics").text
+
+
+def test_the_hot_tables_are_tables_of_the_schema() -> None:
+    assert set(HOT_TABLES) <= set(tables.metadata.tables)
 
 
 def test_a_server_session_idle_in_a_transaction_is_ended_by_its_timeout(
