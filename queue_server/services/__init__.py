@@ -108,6 +108,6 @@ class Services:
             receipts=ConfirmationReceipts(db, effects, policy),
             runs=VerificationRuns(db, effects, policy),
             schedules=Schedules(db, effects, items, settings, metrics),
-            figures=Figures(db),
+            figures=Figures(db, horizon_warning_age=settings.horizon_warning_age),
             policies=PolicyHistory(db, policy, receipt_retention=settings.idempotency_retention),
         )

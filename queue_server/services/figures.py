@@ -122,11 +122,23 @@ async def snapshot(conn: Conn, *, tenant: str | None) -> Snapshot:
 
 
 class Figures:
-    """The scrape-time figures of the API's `/metrics`."""
+    """The scrape-time figures of the API's `/metrics`, and the console's horizon warning."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, *, horizon_warning_age: float) -> None:
         self.db = db
+        self.horizon_warning_age = horizon_warning_age
 
     async def snapshot(self, tenant: str | None) -> Snapshot:
         async with self.db.conn() as conn:
             return await snapshot(conn, tenant=tenant)
+
+    async def held_horizon(self) -> Horizon | None:
+        """The oldest snapshot or prepared transaction, when it has held the horizon longer
+        than `horizon_warning_age` seconds; else None (slots keep no time to compare)."""
+        async with self.db.conn() as conn:
+            holders = await horizon(conn)
+        timed = [h for h in holders if h.age_seconds is not None]
+        oldest = max(timed, key=lambda h: h.age_seconds or 0.0, default=None)
+        if oldest is None or (oldest.age_seconds or 0.0) < self.horizon_warning_age:
+            return None
+        return oldest

@@ -1,11 +1,14 @@
 """Operators see a held snapshot coming: /metrics gives the age of the oldest snapshot holding
-the database's xmin horizon back and the hot tables' dead row versions, and the server's own
-sessions end a transaction left idle."""
+the database's xmin horizon back and the hot tables' dead row versions, the console's queues
+page warns past a threshold, and the server's own sessions end a transaction left idle."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -16,11 +19,34 @@ from queue_server.settings import Settings
 from queue_server.store import tables
 from queue_server.store.health import HOT_TABLES
 from tests.helpers.api import Api
+from tests.helpers.console import sign_in
 from tests.helpers.items import sample
 
 Db = psycopg.Connection[dict[str, object]]
 
 AGE = "queue_server_database_horizon_age_seconds"
+BANNER = "A database session has held an old snapshot"
+WARN_AFTER = 2.0
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    """The suite's settings with a console warning after two seconds of a held snapshot."""
+    return Settings(
+        data_dir=tmp_path, poll_interval=0.2, lock_timeout_ms=2000, horizon_warning_age=WARN_AFTER
+    )
+
+
+@contextlib.contextmanager
+def held_snapshot(database_url: str) -> Iterator[float]:
+    """A second session in a REPEATABLE READ transaction that has read work_items, as a
+    pg_dump or a report holds it; yields the monotonic time its transaction began."""
+    with psycopg.connect(database_url) as other:
+        began = time.monotonic()
+        other.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        other.execute("SELECT count(*) FROM work_items")
+        yield began
+        other.rollback()
 
 
 def test_metrics_give_the_age_of_a_held_snapshot_from_its_transactions_start(
@@ -88,6 +114,33 @@ def test_metrics_give_the_dead_row_versions_of_the_hot_tables_to_the_admin_only(
 
 def test_the_hot_tables_are_tables_of_the_schema() -> None:
     assert set(HOT_TABLES) <= set(tables.metadata.tables)
+
+
+def test_the_queues_page_warns_while_a_snapshot_is_held_past_the_threshold(
+    api: Api, database_url: str
+) -> None:
+    client, answer = sign_in(api.url, api.keys["operator"])
+    assert answer.status_code == 303
+    page = "/console/tenants/acme/queues"
+    try:
+        quiet = client.get(page)
+        assert quiet.status_code == 200
+        assert BANNER not in quiet.text
+
+        with held_snapshot(database_url) as began:
+            young = client.get(page).text
+            while time.monotonic() - began < WARN_AFTER + 0.5:
+                time.sleep(0.25)
+            old = client.get(page).text
+
+        after = client.get(page).text
+    finally:
+        client.close()
+    assert BANNER not in young  # younger than the threshold
+    assert BANNER in old
+    assert "queues slow down" in old
+    assert "operators' guide (docs/operators.md)" in old
+    assert BANNER not in after
 
 
 def test_a_server_session_idle_in_a_transaction_is_ended_by_its_timeout(
