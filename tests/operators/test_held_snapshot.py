@@ -5,9 +5,7 @@ page warns past a threshold, and the server's own sessions end a transaction lef
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -20,6 +18,7 @@ from queue_server.store import tables
 from queue_server.store.health import HOT_TABLES
 from tests.helpers.api import Api
 from tests.helpers.console import sign_in
+from tests.helpers.database import held_snapshot
 from tests.helpers.items import sample
 
 Db = psycopg.Connection[dict[str, object]]
@@ -35,18 +34,6 @@ def settings(tmp_path: Path) -> Settings:
     return Settings(
         data_dir=tmp_path, poll_interval=0.2, lock_timeout_ms=2000, horizon_warning_age=WARN_AFTER
     )
-
-
-@contextlib.contextmanager
-def held_snapshot(database_url: str) -> Iterator[float]:
-    """A second session in a REPEATABLE READ transaction that has read work_items, as a
-    pg_dump or a report holds it; yields the monotonic time its transaction began."""
-    with psycopg.connect(database_url) as other:
-        began = time.monotonic()
-        other.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        other.execute("SELECT count(*) FROM work_items")
-        yield began
-        other.rollback()
 
 
 def test_metrics_give_the_age_of_a_held_snapshot_from_its_transactions_start(
@@ -132,15 +119,21 @@ def test_the_queues_page_warns_while_a_snapshot_is_held_past_the_threshold(
             while time.monotonic() - began < WARN_AFTER + 0.5:
                 time.sleep(0.25)
             old = client.get(page).text
+            # The page's script puts the live answer's figures in place (console.js).
+            live = client.get(f"{page}/live").json()["figures"]["held-horizon"]
 
         after = client.get(page).text
+        live_after = client.get(f"{page}/live").json()["figures"]["held-horizon"]
     finally:
         client.close()
     assert BANNER not in young  # younger than the threshold
     assert BANNER in old
     assert "queues slow down" in old
     assert "operators' guide (docs/operators.md)" in old
+    assert BANNER in live
+    assert live.startswith('<div data-figure="held-horizon">')
     assert BANNER not in after
+    assert live_after == '<div data-figure="held-horizon"></div>'
 
 
 def test_a_server_session_idle_in_a_transaction_is_ended_by_its_timeout(

@@ -29,8 +29,6 @@ async def tenant_home(request: Request, tenant: str) -> Response:
 async def overview(request: Request, tenant: str) -> Response:
     session = await web.current_session(request)
     status, drawn = await _figures(request, session, tenant)
-    # Database-wide, read after the tenant's own figures were allowed: a snapshot held
-    # this long slows every queue (docs/operators.md#a-held-snapshot).
     held = await web.services(request).figures.held_horizon()
     return web.render(
         request, "queues.html", session, tenant=tenant, status=status, charts=drawn, held=held
@@ -42,8 +40,11 @@ async def live(request: Request, tenant: str) -> Response:
     """The overview's numbers and charts, for its script to put in place (console.js)."""
     session = await web.current_session(request)
     status, drawn = await _figures(request, session, tenant)
+    held = await web.services(request).figures.held_horizon()
+    banner = web.templates.env.get_template("_held_horizon.html").render(held=held)
     return JSONResponse(
-        {"values": _values(status), "charts": drawn}, headers={"Cache-Control": "no-store"}
+        {"values": _values(status), "charts": drawn, "figures": {"held-horizon": banner}},
+        headers={"Cache-Control": "no-store"},
     )
 
 
