@@ -6,6 +6,9 @@ orjson. A driver failure becomes a domain error here and nowhere else:
 
     PoolTimeout (no connection within the wait)  -> ServiceUnavailableError (503)
     QueryCanceled, LockNotAvailable (timeouts)   -> TimeoutExceededError (503)
+    IdleInTransactionSessionTimeout (a transaction of ours left idle past
+      QUEUE_SERVER_IDLE_IN_TRANSACTION_TIMEOUT_MS: the server ended the session and
+      rolled it back; the pool discards the connection) -> TimeoutExceededError (503)
     the server is gone or no longer the primary  -> ServiceUnavailableError (503),
       OperationalError (connection lost, 57P01 admin shutdown, 57P03 cannot connect
       now), 25006 read-only (a demoted primary), and the InternalError psycopg raises
@@ -103,9 +106,6 @@ _queries.MAX_CACHED_STATEMENT_LENGTH = max(_queries.MAX_CACHED_STATEMENT_LENGTH,
 
 T = TypeVar("T")
 
-# An idle transaction never holds locks for longer than this.
-IDLE_IN_TRANSACTION_MS = 60_000
-
 #: PostgreSQL's warning when a COMMIT's wait for a synchronous standby is cancelled.
 SYNC_CANCEL_WARNING = "canceling wait for synchronous replication"
 
@@ -119,7 +119,10 @@ def session_settings(settings: Settings, *, outbox_cap: int | None = None) -> di
         **cap,
         "statement_timeout": str(settings.statement_timeout_ms),
         "lock_timeout": str(settings.lock_timeout_ms),
-        "idle_in_transaction_session_timeout": str(IDLE_IN_TRANSACTION_MS),
+        # A transaction of ours left idle (a request stalled between its statements) ends
+        # then: it would hold its locks, and its snapshot would hold the xmin horizon back,
+        # so every transition's dead row version stays (docs/operators.md#a-held-snapshot).
+        "idle_in_transaction_session_timeout": str(settings.idle_in_transaction_timeout_ms),
         "TimeZone": "UTC",
         # Plans that do not depend on one tenant's statistics: a tenant whose rows
         # ANALYZE has not seen yet must not send acquire down the primary key.
@@ -214,7 +217,17 @@ class Database:
             min_size=1,
             max_size=concurrency + 1,
             # Through a transaction pooler the API processes' role defaults apply.
-            options=None if pooled else "-c TimeZone=UTC -c statement_timeout=15000",
+            options=None
+            if pooled
+            else _options(
+                {
+                    "TimeZone": "UTC",
+                    "statement_timeout": "15000",
+                    "idle_in_transaction_session_timeout": str(
+                        settings.idle_in_transaction_timeout_ms
+                    ),
+                }
+            ),
             timeout=30.0,
             prepare_threshold=False if settings.uses_prepared_statements else None,
         )
@@ -267,7 +280,11 @@ class Database:
         except PoolTimeout as exc:
             self.on_unavailable("pool-timeout")
             raise errors.ServiceUnavailableError() from exc
-        except (psycopg.errors.QueryCanceled, psycopg.errors.LockNotAvailable) as exc:
+        except (
+            psycopg.errors.QueryCanceled,
+            psycopg.errors.LockNotAvailable,
+            psycopg.errors.IdleInTransactionSessionTimeout,
+        ) as exc:
             raise errors.TimeoutExceededError() from exc
         except psycopg.Error as exc:
             cause = server_connection_lost(exc)

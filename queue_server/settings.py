@@ -90,6 +90,13 @@ class Settings(BaseSettings):
     # blocked request answers with a problem instead of hanging.
     statement_timeout_ms: int = Field(default=15_000, ge=100)
     lock_timeout_ms: int = Field(default=5_000, ge=50)
+    # The server's own sessions end when they sit idle inside a transaction this long: such
+    # a transaction holds its locks and its snapshot, and while a snapshot is held no dead
+    # row version younger than it is reclaimed (docs/operators.md#a-held-snapshot).
+    idle_in_transaction_timeout_ms: int = Field(default=60_000, ge=100)
+    # The console's queues page warns once a session's snapshot (or a prepared
+    # transaction) has held the database's xmin horizon back this many seconds.
+    horizon_warning_age: float = Field(default=300.0, gt=0)
     max_body_bytes: int = 1024 * 1024
     # Slow and idle clients (queue_server.infra.http_protocol): seconds to send a request's
     # headers (an idle new connection is closed then), then its body; seconds of silence

@@ -178,11 +178,16 @@ class Metrics:
         backup_ages: dict[str, float] | None = None,
     ) -> bytes:
         """The processes' metrics, then the figures of `snapshot` (a `services.figures`
-        Snapshot: tenants, queues, watchers), then the backup repository's ages. With
-        `tenant`, only series of that tenant (and those of no tenant) are shown."""
+        Snapshot: tenants, queues, watchers, the horizon's holders, the hot tables), then
+        the backup repository's ages. With `tenant`, only series of that tenant and the
+        server's health (the horizon, the backups) are shown: the hot tables' row versions
+        count every tenant's traffic."""
         families = process_families(self.registry, tenant=tenant)
         if snapshot is not None:
             families += figure_families(snapshot.tenants, snapshot.queues, snapshot.watchers)
+            families += horizon_families(snapshot.horizon)
+            if tenant is None:
+                families += table_families(snapshot.tables)
         if backup_ages is not None:
             families += backup_families(backup_ages)
         return _text(families)
@@ -306,3 +311,54 @@ def backup_families(ages: dict[str, float]) -> list[Metric]:
         wal.add_metric([], ages["last_archived_wal"])
         families.append(wal)
     return families
+
+
+def horizon_families(holders: Iterable[Any]) -> list[Metric]:
+    """What holds back the database's xmin horizon (`services.figures.Horizon`s), by kind of
+    holder: how many, the oldest one's age in seconds (snapshots and prepared transactions:
+    slots keep no time) and in transactions. Zero when there is none: alert on the age."""
+    labels = ["holder"]
+    age = GaugeMetricFamily(
+        "queue_server_database_horizon_age_seconds",
+        "Seconds the oldest snapshot (a transaction or statement of any session, by its"
+        " backend_xmin) or prepared transaction has held back the database's xmin horizon:"
+        " no row version deleted or updated since can be reclaimed (0 when none)",
+        labels=labels,
+    )
+    xid_age = GaugeMetricFamily(
+        "queue_server_database_horizon_xid_age",
+        "Transactions the oldest holder of the xmin horizon lags behind the current one"
+        " (age() of its backend_xmin, of a replication slot's xmin or catalog_xmin, of a"
+        " prepared transaction; 0 when none)",
+        labels=labels,
+    )
+    count = GaugeMetricFamily(
+        "queue_server_database_horizon_holders",
+        "Sessions with a snapshot, replication slots with an xmin, prepared transactions",
+        labels=labels,
+    )
+    for h in holders:
+        if h.holder != "replication_slot":
+            age.add_metric([h.holder], h.age_seconds or 0.0)
+        xid_age.add_metric([h.holder], h.xid_age)
+        count.add_metric([h.holder], h.holders)
+    return [age, xid_age, count]
+
+
+def table_families(tables: Iterable[dict[str, Any]]) -> list[Metric]:
+    """Live and dead row versions of each hot table (pg_stat_user_tables' estimates)."""
+    live = GaugeMetricFamily(
+        "queue_server_table_live_tuples",
+        "Live row versions of the table (the statistics collector's estimate)",
+        labels=["table"],
+    )
+    dead = GaugeMetricFamily(
+        "queue_server_table_dead_tuples",
+        "Dead row versions of the table not yet vacuumed: they grow while the xmin"
+        " horizon is held, and every scan of the table walks them",
+        labels=["table"],
+    )
+    for t in tables:
+        live.add_metric([t["table"]], t["live"])
+        dead.add_metric([t["table"]], t["dead"])
+    return [live, dead]

@@ -28,7 +28,13 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from queue_server import auth, db, errors
 from queue_server.infra import backup, migrate
-from queue_server.infra.metrics import backup_families, figure_families, multiprocess_dir
+from queue_server.infra.metrics import (
+    backup_families,
+    figure_families,
+    horizon_families,
+    multiprocess_dir,
+    table_families,
+)
 from queue_server.services import figures
 from queue_server.services.keys import Keys
 from queue_server.settings import Settings
@@ -512,6 +518,8 @@ class _DatabaseFigures:
             log.warning("metrics listener: could not read the figures: %s", exc)
             return
         yield from figure_families(snapshot.tenants, snapshot.queues, snapshot.watchers)
+        yield from horizon_families(snapshot.horizon)
+        yield from table_families(snapshot.tables)
         repo = os.environ.get("QUEUE_SERVER_BACKUP_REPO")
         if repo:
             yield from backup_families(backup.Repository(Path(repo)).ages())

@@ -7,7 +7,7 @@
     queue_settings  a queue's lease TTL, deadline, budget and retry backoff, below the envelope
     dead_letters  list, show, replay, discard, bulk replay
     ledgers       ledger verification: each item's events fold to its row
-    figures       what /metrics publishes of queues and watchers, read at scrape time
+    figures       what /metrics publishes of queues, watchers and the database's health
     watchers      webhook subscriptions and their deliveries
     receipts      confirmation receipts of confirmed mutations
     runs          artifact verification runs and their checkpoints
@@ -108,6 +108,6 @@ class Services:
             receipts=ConfirmationReceipts(db, effects, policy),
             runs=VerificationRuns(db, effects, policy),
             schedules=Schedules(db, effects, items, settings, metrics),
-            figures=Figures(db),
+            figures=Figures(db, horizon_warning_age=settings.horizon_warning_age),
             policies=PolicyHistory(db, policy, receipt_retention=settings.idempotency_retention),
         )

@@ -1,6 +1,8 @@
 """The figures `/metrics` publishes, read at scrape time from bounded queries only: per
 queue its items by state, ages, leases, dead letters, pause and the counters of finished
-work; per watcher its pending and dead deliveries; every tenant's items by state."""
+work; per watcher its pending and dead deliveries; every tenant's items by state; and the
+database's health: what holds back its xmin horizon, and (in the admin's view only) the
+live and dead row versions of the hot tables."""
 
 from __future__ import annotations
 
@@ -10,11 +12,23 @@ from typing import Any
 
 from queue_server.db import Database
 from queue_server.services.queues import queue_figures
-from queue_server.store import queues, tenants
+from queue_server.store import health, queues, tenants
 from queue_server.store.types import Conn, Row
 
 # Enough for every tenant of a deployment: one page of them per scrape.
 MAX_TENANTS = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class Horizon:
+    """One kind of holder of the database's xmin horizon (`snapshot`, `replication_slot`,
+    `prepared_transaction`): how many, the oldest one's age in seconds (None without one,
+    and for replication slots, which keep no time) and in transactions."""
+
+    holder: str
+    holders: int
+    age_seconds: float | None
+    xid_age: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,10 +40,29 @@ class Snapshot:
     queues: list[dict[str, Any]]
     # {"tenant", "watcher_id", "pending", "dead"} per active or paused watcher.
     watchers: list[dict[str, Any]] = field(default_factory=list)
+    # What holds back the horizon, each kind (database-wide: no tenant's data).
+    horizon: list[Horizon] = field(default_factory=list)
+    # {"table", "live", "dead"} per hot table: every tenant's traffic, so only in the
+    # view of every tenant (`tenant` None).
+    tables: list[dict[str, Any]] = field(default_factory=list)
+
+
+async def horizon(conn: Conn) -> list[Horizon]:
+    """Each kind of holder of the xmin horizon, every kind present."""
+    return [
+        Horizon(
+            holder=r["holder"],
+            holders=int(r["holders"]),
+            age_seconds=None if r["age_seconds"] is None else float(r["age_seconds"]),
+            xid_age=int(r["xid_age"]),
+        )
+        for r in await health.horizon_holders(conn)
+    ]
 
 
 async def snapshot(conn: Conn, *, tenant: str | None) -> Snapshot:
-    """Every tenant's figures (`tenant` None), or one tenant's."""
+    """Every tenant's figures (`tenant` None), or one tenant's; the horizon's holders in
+    both, the hot tables' row versions only in the first."""
     if tenant is None:
         names = [
             r["tenant_id"] for r in await tenants.list_tenants(conn, after=None, limit=MAX_TENANTS)
@@ -83,15 +116,29 @@ async def snapshot(conn: Conn, *, tenant: str | None) -> Snapshot:
             }
             for (t, w), counts in sorted(watchers.items())
         ],
+        horizon=await horizon(conn),
+        tables=[] if tenant is not None else await health.table_tuples(conn),
     )
 
 
 class Figures:
-    """The scrape-time figures of the API's `/metrics`."""
+    """The scrape-time figures of the API's `/metrics`, and the console's horizon warning."""
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, *, horizon_warning_age: float) -> None:
         self.db = db
+        self.horizon_warning_age = horizon_warning_age
 
     async def snapshot(self, tenant: str | None) -> Snapshot:
         async with self.db.conn() as conn:
             return await snapshot(conn, tenant=tenant)
+
+    async def held_horizon(self) -> Horizon | None:
+        """The oldest snapshot or prepared transaction, when it has held the horizon longer
+        than `horizon_warning_age` seconds; else None (slots keep no time to compare)."""
+        async with self.db.conn() as conn:
+            holders = await horizon(conn)
+        timed = [h for h in holders if h.age_seconds is not None]
+        oldest = max(timed, key=lambda h: h.age_seconds or 0.0, default=None)
+        if oldest is None or (oldest.age_seconds or 0.0) < self.horizon_warning_age:
+            return None
+        return oldest

@@ -21,8 +21,9 @@ BACKUP_ROLE = "queue_server_backup"
 
 
 def ensure_role(conn: psycopg.Connection[Any], password: str) -> None:
-    """The server's role, logging in with `password`, and no more privileges than that; and
-    queue_server_enqueuer, which applications' roles become members of."""
+    """The server's role, logging in with `password`, and no more privileges than that but
+    reading every session's statistics (pg_read_all_stats); and queue_server_enqueuer,
+    which applications' roles become members of."""
     exists = conn.execute(_SQL["role_exists"], (SERVER_ROLE,)).fetchone() is not None
     with psycopg.ClientCursor(conn) as cursor:
         if exists:
@@ -30,6 +31,7 @@ def ensure_role(conn: psycopg.Connection[Any], password: str) -> None:
         else:
             cursor.execute(_SQL["create_role"], {"password": password})
     conn.execute(_SQL["create_enqueuer_role"])
+    conn.execute(_SQL["grant_read_all_stats"])
 
 
 def ensure_backup_role(conn: psycopg.Connection[Any], password: str) -> None:

@@ -21,6 +21,7 @@ import pytest
 
 from queue_server.infra.embedded import EmbeddedPostgres
 from queue_server.infra.serve import admin_key_path
+from tests.helpers.items import sample
 
 BIN = Path(sys.executable).parent / "queue-server"
 
@@ -104,6 +105,16 @@ def test_serve_starts_embedded_database_creates_admin_key_and_reuses_data(open_d
     assert (data_dir / "server.url").read_text().strip() == url
     # The server connects as a role of its own: not the superuser, no CREATEROLE.
     assert _server_roles(data_dir) == [("queue_server", False, False, False)]
+    # It reads every role's sessions: a snapshot another role holds (a superuser's pg_dump)
+    # is in /metrics.
+    with psycopg.connect(EmbeddedPostgres(data_dir / "pgdata").url("queue_server")) as other:
+        other.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        other.execute("SELECT count(*) FROM work_items")
+        time.sleep(1.0)
+        scrape = httpx.get(f"http://127.0.0.1:{port}/metrics", headers=headers).text
+        other.rollback()
+    held = sample(scrape, "queue_server_database_horizon_age_seconds", holder="snapshot")
+    assert (held or 0) >= 1.0, scrape
 
     # An application's role on the embedded database: made by the superuser, its URL printed
     # once; it enqueues inside its own transaction, and the API lists the item.

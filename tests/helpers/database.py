@@ -1,6 +1,10 @@
-"""The suite's own PostgreSQL: logins that cost less CPU."""
+"""The suite's own PostgreSQL: logins that cost less CPU; a snapshot held as a pg_dump holds it."""
 
 from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
 
 import psycopg
 from psycopg import sql
@@ -19,3 +23,15 @@ def fast_logins(pg: EmbeddedPostgres) -> None:
     with psycopg.connect(pg.url("postgres"), autocommit=True) as conn:
         conn.execute("SET scram_iterations = 1")
         conn.execute(sql.SQL("ALTER ROLE postgres PASSWORD {}").format(sql.Literal(pg.password)))
+
+
+@contextlib.contextmanager
+def held_snapshot(database_url: str) -> Iterator[float]:
+    """A second session in a REPEATABLE READ transaction that has read work_items, as a
+    pg_dump or a report holds it; yields the monotonic time its transaction began."""
+    with psycopg.connect(database_url) as other:
+        began = time.monotonic()
+        other.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        other.execute("SELECT count(*) FROM work_items")
+        yield began
+        other.rollback()

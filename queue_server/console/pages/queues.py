@@ -1,6 +1,7 @@
 """The queues overview: per queue its items by state, ages, leases against the limit, open
-dead letters, completions and failures over the last minute and hour, and pause/resume; and
-each queue's settings page (lease TTL, deadline, budget, backoff), shown and edited."""
+dead letters, completions and failures over the last minute and hour, and pause/resume, under
+a warning while an old snapshot holds the database's horizon back; and each queue's settings
+page (lease TTL, deadline, budget, backoff), shown and edited."""
 
 from __future__ import annotations
 
@@ -28,7 +29,10 @@ async def tenant_home(request: Request, tenant: str) -> Response:
 async def overview(request: Request, tenant: str) -> Response:
     session = await web.current_session(request)
     status, drawn = await _figures(request, session, tenant)
-    return web.render(request, "queues.html", session, tenant=tenant, status=status, charts=drawn)
+    held = await web.services(request).figures.held_horizon()
+    return web.render(
+        request, "queues.html", session, tenant=tenant, status=status, charts=drawn, held=held
+    )
 
 
 @router.get("/queues/live")
@@ -36,8 +40,11 @@ async def live(request: Request, tenant: str) -> Response:
     """The overview's numbers and charts, for its script to put in place (console.js)."""
     session = await web.current_session(request)
     status, drawn = await _figures(request, session, tenant)
+    held = await web.services(request).figures.held_horizon()
+    banner = web.templates.env.get_template("_held_horizon.html").render(held=held)
     return JSONResponse(
-        {"values": _values(status), "charts": drawn}, headers={"Cache-Control": "no-store"}
+        {"values": _values(status), "charts": drawn, "figures": {"held-horizon": banner}},
+        headers={"Cache-Control": "no-store"},
     )
 
 

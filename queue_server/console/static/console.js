@@ -39,7 +39,8 @@
   // Live pages. Every two seconds, while live:
   // - numbers: the JSON at data-live-url gives each number by its element's data-live
   //   key, each chart's lines (data-chart="queue"): the queues page; and each figure
-  //   (data-figure="key"), drawn whole by the server: a queue's charts;
+  //   (data-figure="key"), drawn whole by the server: a queue's charts, the queues
+  //   page's warning of a held snapshot;
   // - regions: the page itself is fetched again and each [data-live-region] whose HTML
   //   changed is put in place, unless the reader is working in it (a box checked, a
   //   field focused): an item's facts and ledger, the lists of items and dead letters.

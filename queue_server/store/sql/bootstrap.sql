@@ -27,6 +27,12 @@ BEGIN
 END
 $$;
 
+-- name: grant_read_all_stats
+-- The server's role reads every session's backend_xmin and transaction start in
+-- pg_stat_activity (without it, other roles' sessions show NULLs there): /metrics and the
+-- console report the oldest snapshot holding the horizon back, a pg_dump's included.
+GRANT pg_read_all_stats TO queue_server;
+
 -- name: create_database
 CREATE DATABASE queue_server OWNER queue_server;
 
