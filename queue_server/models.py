@@ -58,6 +58,18 @@ def uuid7s(n: int) -> list[str]:
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
+# PostgreSQL reads a time-zone offset of at most 15:59:59 either way; ISO 8601, Python and
+# pydantic go to 23:59. An instant sent on with a wider offset is refused by the database.
+MAX_UTC_OFFSET = timedelta(hours=16) - timedelta(seconds=1)
+
+
+def check_utc_offset(at: datetime) -> datetime:
+    """`at` itself when PostgreSQL can read its offset (at most 15:59 from UTC either way)."""
+    offset = at.utcoffset()
+    if offset is not None and abs(offset) > MAX_UTC_OFFSET:
+        raise ValueError("must have a time-zone offset between -15:59 and +15:59")
+    return at
+
 
 def uuid7_at(at: datetime, name: str) -> str:
     """The version-7 UUID of `name` at the instant `at`: its time is `at`, its other bits a

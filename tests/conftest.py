@@ -4,6 +4,7 @@ port where a test takes `live` or is marked `live` (sockets, processes, disconne
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import socket
@@ -30,6 +31,10 @@ TEMPLATE_DB = "qs_template"
 
 # pytest's basetemp, every test database and the guides' HOME, and the subprocesses' files.
 use_scratch_dir()
+# `serve` notes the data directory it started on in the user's state directory, where the
+# CLI looks for it (queue_server/infra/address.py): the suite's servers note theirs apart.
+os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="qs-test-state-")
+atexit.register(shutil.rmtree, os.environ["XDG_STATE_HOME"], True)
 
 
 @pytest.hookimpl(tryfirst=True)

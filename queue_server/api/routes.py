@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import orjson
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.routing import APIRoute
-from pydantic import AwareDatetime, BaseModel
+from pydantic import BaseModel
 from starlette.responses import Response
 
 from queue_server import errors, tracecontext, wire
@@ -286,10 +286,10 @@ async def list_items(
     queue: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
     state: schemas.ItemStateName | None = None,
     created_after: Annotated[
-        AwareDatetime | None, Query(description="Only items created after this time")
+        schemas.Instant | None, Query(description="Only items created after this time")
     ] = None,
     created_before: Annotated[
-        AwareDatetime | None, Query(description="Only items created before this time")
+        schemas.Instant | None, Query(description="Only items created before this time")
     ] = None,
     payload: Annotated[
         str | None,

@@ -12,7 +12,7 @@ import orjson
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
 from queue_server import wire
-from queue_server.models import NAME_PATTERN
+from queue_server.models import NAME_PATTERN, check_utc_offset
 from queue_server.services import queue_settings
 
 MAX_JSON_DEPTH = 64
@@ -82,6 +82,9 @@ def _check_traceback(value: str) -> str:
 Traceback = Annotated[str, Field(max_length=TRACEBACK_MAX_BYTES), AfterValidator(_check_traceback)]
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
 Json = Annotated[Any, AfterValidator(check_json)]
+# Every instant a request gives, in a query or a body: with its zone, and an offset the
+# database can read (a wider one, still ISO 8601, would be a 500 where it reaches SQL).
+Instant = Annotated[AwareDatetime, AfterValidator(check_utc_offset)]
 Fence = Annotated[int, Field(ge=0, le=MAX_FENCE, strict=True)]
 LeaseTtl = Annotated[float, Field(ge=1, le=3600, strict=True)]
 
@@ -404,7 +407,7 @@ class SpendApprovalIn(Body):
         strict=True,
         description="At most the policy's durable-leased-work/concurrency max-approved.",
     )
-    expires_at: AwareDatetime = Field(description="In the future, at most 365 days ahead.")
+    expires_at: Instant = Field(description="In the future, at most 365 days ahead.")
     reason: Annotated[Text, Field(min_length=1)]
 
 
@@ -438,8 +441,8 @@ class ItemFilterIn(Body):
 
     queue: Name | None = None
     state: Literal["ready", "leased", "quarantined"] | None = None
-    created_after: AwareDatetime | None = None
-    created_before: AwareDatetime | None = None
+    created_after: Instant | None = None
+    created_before: Instant | None = None
     payload: Json = Field(
         default=None, description="A JSON document the payload must contain (jsonb `@>`)."
     )
@@ -468,8 +471,8 @@ MAX_SELECTED_ITEMS = 1000
 
 class _BulkFilterIn(Body):
     queue: Name | None = None
-    created_after: AwareDatetime | None = None
-    created_before: AwareDatetime | None = None
+    created_after: Instant | None = None
+    created_before: Instant | None = None
     payload: Json = Field(
         default=None, description="A JSON document the payload must contain (jsonb `@>`)."
     )

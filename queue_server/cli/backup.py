@@ -55,12 +55,12 @@ ServerDataDir = Annotated[
 
 def repository(repo: Path | None, data_dir: Path | None) -> backup.Repository:
     """--backup-repo, else the repository the local server noted in its data directory."""
-    from queue_server.settings import default_data_dir
+    from queue_server.infra.address import local_data_dir
 
     if repo is not None:
         found = backup.Repository(repo)
     else:
-        where = data_dir or default_data_dir()
+        where = local_data_dir(data_dir)
         noted = backup.noted_repository(where)
         if noted is None:
             fail(

@@ -20,10 +20,8 @@ from rich.table import Table
 
 from queue_server.client import DEFAULT_URL, QueueClient, QueueClientError
 from queue_server.client.errors import ConnectionFailedError, NoTenantError, ProblemError
+from queue_server.infra.address import ADDRESS_FILE, local_data_dir, local_url
 from queue_server.policy import PolicyError, ReliabilityPolicy
-
-# Where `queue-server serve` writes the address it listens on, beside admin.key.
-ADDRESS_FILE = "server.url"
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -33,8 +31,8 @@ Url = Annotated[
     typer.Option(
         "--url",
         envvar="QUEUE_SERVER_URL",
-        help="The server's base URL. Default: the address a local `queue-server serve` wrote"
-        f" to <data-dir>/{ADDRESS_FILE}, else {DEFAULT_URL}.",
+        help="The server's base URL. Default: the address the local `queue-server serve`"
+        f" running on the data directory wrote to <data-dir>/{ADDRESS_FILE}, else {DEFAULT_URL}.",
         rich_help_panel="Connection",
         show_default=False,
     ),
@@ -217,17 +215,16 @@ def unwrap(text: str) -> str:
 
 
 def _from_data_dir(data_dir: Path | None, name: str) -> str | None:
-    from queue_server.settings import default_data_dir
-
     try:
-        return ((data_dir or default_data_dir()) / name).read_text().strip() or None
+        return (local_data_dir(data_dir) / name).read_text().strip() or None
     except OSError:
         return None
 
 
 def server_url(url: str | None, data_dir: Path | None = None) -> str:
-    """--url or QUEUE_SERVER_URL, else the address a local server wrote, else the default."""
-    return url or _from_data_dir(data_dir, ADDRESS_FILE) or DEFAULT_URL
+    """--url or QUEUE_SERVER_URL, else the address of the local server running on the data
+    directory (a `server.url` no running server holds is stale), else the default."""
+    return url or local_url(local_data_dir(data_dir)) or DEFAULT_URL
 
 
 def admin_key(key: str | None, data_dir: Path | None = None) -> str | None:

@@ -55,12 +55,11 @@ def _administering(
     failure, with PostgreSQL's message, detail and hint."""
     import psycopg
 
+    from queue_server.infra.address import local_data_dir
     from queue_server.infra.serve import NoDatabaseError, roles_session
     from queue_server.settings import Settings
 
-    settings = Settings()
-    if data_dir is not None:
-        settings = settings.model_copy(update={"data_dir": data_dir})
+    settings = Settings().model_copy(update={"data_dir": local_data_dir(data_dir)})
     try:
         with roles_session(settings) as (target, conn):
             yield target, conn

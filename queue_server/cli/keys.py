@@ -188,6 +188,7 @@ def keys_rotate_admin(
     Examples: [bold]queue-server keys rotate-admin[/bold]
               [bold]queue-server keys rotate-admin --revoke-all[/bold]
     """
+    from queue_server.infra.address import local_data_dir
     from queue_server.infra.serve import (
         DataDirInUseError,
         NoDatabaseError,
@@ -196,9 +197,7 @@ def keys_rotate_admin(
     )
     from queue_server.settings import Settings
 
-    settings = Settings()
-    if data_dir is not None:
-        settings = settings.model_copy(update={"data_dir": data_dir})
+    settings = Settings().model_copy(update={"data_dir": local_data_dir(data_dir)})
     try:
         with database_for_admin(settings) as database_url:
             done = rotate_admin_key(settings, database_url, revoke_all=revoke_all)

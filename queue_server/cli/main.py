@@ -114,14 +114,16 @@ def data_dir_command(data_dir: DataDir = None) -> None:
     """Print the data directory the local server uses: its address (server.url) and the
     admin key (admin.key) are there.
 
-    ~/.local/share/queue-server, or /var/lib/queue-server as root, unless --data-dir or
-    QUEUE_SERVER_DATA_DIR say otherwise (as for `serve`).
+    --data-dir or QUEUE_SERVER_DATA_DIR if given; else the data directory `queue-server
+    serve` last started on (`serve --data-dir X`: X), while that server runs; else the
+    default, ~/.local/share/queue-server, or /var/lib/queue-server as root. Every command
+    that reads the data directory finds it so.
 
     Example: [bold]cat "$(queue-server data-dir)/server.url"[/bold]
     """
-    from queue_server.settings import default_data_dir
+    from queue_server.infra.address import local_data_dir
 
-    typer.echo(data_dir or default_data_dir())
+    typer.echo(local_data_dir(data_dir))
 
 
 @app.command()
@@ -193,6 +195,7 @@ def serve(
     Examples: [bold]queue-server serve --port 9000[/bold]
               [bold]queue-server serve --backup-repo /var/backups/queue-server --backup-retention 7d[/bold]
     """
+    from queue_server.infra.address import published
     from queue_server.infra.backup import parse_retention
     from queue_server.infra.serve import (
         DataDirInUseError,
@@ -202,7 +205,6 @@ def serve(
         archiving,
         database,
         ensure_admin_key,
-        write_address,
     )
     from queue_server.settings import Settings
 
@@ -251,16 +253,19 @@ def serve(
                 kept = f", retention {retention.lower()}" if retention else ", kept forever"
                 typer.echo(f"backups: WAL streaming into {streaming.repo.root}{kept}")
                 os.environ["QUEUE_SERVER_BACKUP_REPO"] = str(streaming.repo.root)
-            # The CLI on this machine reads it, as it reads admin.key: no --url needed.
-            address = write_address(settings.data_dir, host, port)
-            if db.lock is not None:
-                db.lock.note(address.read_text().strip())
             os.environ["QUEUE_SERVER_DATABASE_URL"] = db.url
             # The API's own port: the transport allowance never opens it to a watcher.
             os.environ["QUEUE_SERVER_PORT"] = str(port)
             os.environ["QUEUE_SERVER_DATA_DIR"] = str(settings.data_dir)
             processes = workers or os.cpu_count() or 1
-            with _process_metrics(processes, metrics_listen, db.url):
+            # The CLI on this machine reads it, as it reads admin.key: no --url needed, and
+            # no --data-dir either (infra/address.py); held until the server stops.
+            with (
+                published(settings.data_dir, host, port) as address,
+                _process_metrics(processes, metrics_listen, db.url),
+            ):
+                if db.lock is not None:
+                    db.lock.note(address.read_text().strip())
                 _run_uvicorn(host=host, port=port, workers=processes, log_level=log_level)
     except (SchemaNotAtHeadError, NoDatabaseError, DataDirInUseError) as exc:
         raise _fail(str(exc)) from None

@@ -79,15 +79,15 @@ def parse_retention(text: str) -> str | None:
 
 
 def barman_program() -> str:
-    """The `barman` command installed beside this Python (the `embedded` extra)."""
+    """The `barman` command installed beside this Python (the `backup` extra)."""
     beside = Path(sys.executable).parent / "barman"
     if beside.exists():
         return str(beside)
     found = shutil.which("barman")
     if found is None:
         raise BackupError(
-            "Barman is not installed: pip install 'queue-server[embedded]'"
-            " (in a checkout: make install)"
+            "Barman is not installed: pip install 'queue-server[backup]'"
+            " (in a checkout: make backup-tools)"
         )
     return found
 

@@ -485,21 +485,6 @@ def roles_session(settings: Settings) -> Iterator[tuple[RolesDatabase, psycopg.C
         yield target, conn
 
 
-ADDRESS_FILE = "server.url"  # queue_server.cli.common.ADDRESS_FILE
-
-
-def write_address(data_dir: Path, host: str, port: int) -> Path:
-    """Write the URL clients on this machine reach the server at, beside the admin key."""
-    reachable = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
-    netloc = f"[{reachable}]" if ":" in reachable else reachable
-    path = data_dir / ADDRESS_FILE
-    data_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(f"http://{netloc}:{port}\n")
-    tmp.replace(path)
-    return path
-
-
 class _DatabaseFigures:
     """A prometheus_client collector: the figures of every tenant, read at each scrape on a
     connection of its own."""

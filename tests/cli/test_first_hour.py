@@ -14,9 +14,10 @@ import psycopg
 import pytest
 import typer.main
 
-from queue_server.cli.common import ADDRESS_FILE, EXIT_CODES_HELP
+from queue_server.cli.common import EXIT_CODES_HELP
 from queue_server.cli.main import app
-from queue_server.infra import serve
+from queue_server.infra import address
+from queue_server.infra.address import ADDRESS_FILE
 from tests.helpers.api import Api
 from tests.helpers.cli import BIN, Cli
 
@@ -65,18 +66,21 @@ def test_help_shows_no_value_hint_on_flags_and_every_command_documents_its_exit_
 
 
 def test_the_cli_finds_the_address_a_local_server_wrote_beside_its_key(cli: Cli, api: Api) -> None:
-    assert ADDRESS_FILE == serve.ADDRESS_FILE
     data_dir = cli.cwd / "data"
     port = int(api.url.rsplit(":", 1)[1])
-    serve.write_address(data_dir, "0.0.0.0", port)  # what `serve --host 0.0.0.0` writes
-    assert (data_dir / ADDRESS_FILE).read_text() == f"http://127.0.0.1:{port}\n"
     env = {k: v for k, v in cli.env.items() if k != "QUEUE_SERVER_URL"}
     cli.env = env
-    assert cli.json("status")["tenant"] == "acme"
-    (data_dir / ADDRESS_FILE).unlink()  # no address: the default port, where nobody listens
+    # What `serve --host 0.0.0.0` writes, held while it serves.
+    with address.published(data_dir, "0.0.0.0", port):
+        assert (data_dir / ADDRESS_FILE).read_text() == f"http://127.0.0.1:{port}\n"
+        assert cli.json("status")["tenant"] == "acme"
+    # Its server gone, the address is stale: the default port, where nobody listens.
+    assert (data_dir / ADDRESS_FILE).exists()
     gone = cli.run("status", ok=False)
     assert gone.returncode == 3
     assert "127.0.0.1:8080" in gone.stderr
+    (data_dir / ADDRESS_FILE).unlink()  # no address: the same
+    assert cli.run("status", ok=False).returncode == 3
 
 
 def test_data_dir_names_where_serve_writes_the_address_and_the_key(tmp_path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from datetime import UTC, datetime, timedelta
 from urllib.parse import urlencode
 
 import pytest
@@ -10,6 +12,7 @@ from queue_server.cli.common import CommandError
 from queue_server.cli.spend import parse_expiry
 from tests.helpers.api import Api, setup_tenant
 from tests.helpers.console import CSRF, KEY, form_value, sign_in
+from tests.helpers.items import quarantine
 
 
 @pytest.mark.parametrize("digits", ["\u00b2", "\u0663"])
@@ -85,3 +88,40 @@ def test_the_pause_confirmation_of_another_tenants_queue_is_a_404_page(api: Api)
     )
     assert answer.status_code == 404, answer.text
     assert "globex" not in answer.text.replace("/console/tenants/globex", "")
+
+
+def test_an_offset_postgres_cannot_read_is_said_on_the_items_and_spend_pages(api: Api) -> None:
+    """Beyond 15:59 from UTC (ISO 8601 allows 23:59): the page's own 422, never a 500."""
+    quarantine(api)
+    client, _ = sign_in(api.url, api.keys["operator"])
+    wide = "2026-01-01T00:00:00+20:00"
+    page = client.get(
+        "/console/tenants/acme/items", params={"state": "quarantined", "created_after": wide}
+    )
+    assert page.status_code == 422, page.text
+    (alert,) = re.findall(r'<p class="flash error" role="alert">([^<]*)</p>', page.text)
+    assert alert.startswith("Created after must have a time-zone offset between -15:59 and +15:59.")
+    assert "<h1>Items</h1>" in page.text
+    widest = client.get(
+        "/console/tenants/acme/items",
+        params={"state": "quarantined", "created_after": "2000-01-01T00:00:00+15:59"},
+    )
+    assert widest.status_code == 200, widest.text
+    # The retry-all form of a page that filtered, posted with the offset typed in.
+    confirm = client.post(
+        "/console/tenants/acme/items/bulk/confirm",
+        data={
+            "csrf": form_value(widest.text, CSRF),
+            "action": "retry",
+            "state": "quarantined",
+            "created_before": "2999-01-01T00:00:00-16:00",
+        },
+    )
+    assert confirm.status_code == 422, confirm.text
+    assert "Created before must have a time-zone offset" in confirm.text
+    spend = client.get("/console/tenants/acme/spend").text
+    expires = (datetime.now(UTC) + timedelta(days=7)).strftime("%Y-%m-%dT%H:%M+20:00")
+    answer = client.post("/console/tenants/acme/spend", data=_spend_form(spend, expires_at=expires))
+    assert answer.status_code == 422, answer.text
+    assert "expires_at" in answer.text
+    assert api.operator.get("/v1/tenants/acme/queues/q/concurrency").json()["limit"] == 1

@@ -34,10 +34,14 @@ class CliForks:
     def __init__(self) -> None:
         self.dir = tempfile.mkdtemp(prefix="qs-cli-forks-")
         self.path = os.path.join(self.dir, "forks.sock")
-        # An environment like the commands': none of the suite's own variables.
+        # An environment like the commands': none of the suite's own variables, but the
+        # PYTHONPATH the suite runs under, so the commands import the package it tests.
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        if "PYTHONPATH" in os.environ:
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         self.proc = subprocess.Popen(
             [sys.executable, str(FORKS), self.path, str(BIN)],
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             cwd=self.dir,

@@ -15,7 +15,7 @@ from starlette.responses import Response
 from queue_server import errors
 from queue_server.api import schemas
 from queue_server.console import web
-from queue_server.models import NAME_RE, ItemState, is_uuid
+from queue_server.models import NAME_RE, ItemState, check_utc_offset, is_uuid
 from queue_server.services.items import DELETABLE, RETRYABLE, SORTS, ItemFilter
 
 router = APIRouter(prefix=f"{web.PREFIX}/tenants/{{tenant}}", route_class=web.ConsoleRoute)
@@ -52,7 +52,10 @@ def _instant(name: str, value: str | None) -> datetime | None:
         at = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         raise errors.InvalidRequestError(f"{name} is not a date and time.") from None
-    return at if at.tzinfo else at.replace(tzinfo=UTC)
+    try:
+        return check_utc_offset(at) if at.tzinfo else at.replace(tzinfo=UTC)
+    except ValueError as exc:
+        raise errors.InvalidRequestError(f"{name} {exc}.") from None
 
 
 @router.get("/items")
