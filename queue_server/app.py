@@ -159,8 +159,9 @@ def create_app(
     async def metrics_text(caller: Caller) -> Response:
         """Prometheus text format (an operator or admin key): requests and latency by route,
         then per queue items by state, ages, leases, dead letters, pause and counters of
-        finished work, and per watcher its pending and dead deliveries. An operator key
-        reads its own tenant's figures, an admin key every tenant's. Without a key,
+        finished work, per watcher its pending and dead deliveries, and what holds back the
+        database's xmin horizon. An operator key reads its own tenant's figures, an admin key
+        every tenant's and the hot tables' live and dead row versions. Without a key,
         `serve --metrics-listen` publishes the same on an address of its own."""
         if caller.role is not Role.ADMIN:
             caller.require(caller.tenant or "", Role.OPERATOR)

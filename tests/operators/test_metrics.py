@@ -202,6 +202,11 @@ def test_two_worker_processes_are_added_up_on_both_ports(
             )
             on_api = httpx.get(f"{base}/metrics", headers=admin).text
             assert sample(on_api, "queue_server_requests_total", **route, status="201") == sent
+        # The database's health is the admin's view, and the listener's.
+        for scrape in (on_listener, on_api):
+            holders = sample(scrape, "queue_server_database_horizon_holders", holder="snapshot")
+            assert holders is not None
+            assert sample(scrape, "queue_server_table_live_tuples", table="work_items") is not None
         assert httpx.get(f"{base}/metrics").status_code == 401
     finally:
         proc.send_signal(signal.SIGINT)
