@@ -1,15 +1,17 @@
-"""Where each connection's next acquire on a queue starts reading the ready index.
+"""Where each connection's next acquire on a queue starts reading the ready and leased indexes.
 
 Every acquire changes the rows it takes (ready -> leased), and PostgreSQL keeps the old,
 ready version of each, with its index entry, while any snapshot older than the change
 is open (a pg_dump, a report, a forgotten BEGIN): a scan of the ready index from its
 start walks past every row taken since that snapshot began. So a connection keeps a
 cursor per queue: for each priority, the first ready row it saw; the next acquire reads
-each priority from there, and finds by `ready_xid` (migration 0021) the rows that were
+each priority from there, and finds by `placed_xid` (migration 0021) the rows that were
 made ready by a transaction the cursor's snapshot did not see, wherever they lie (an
 enqueue that committed late, a requeue to an earlier instant, a new priority). Its cost
 is the rows taken and made ready since the connection's previous acquire on the queue,
-not the history behind the oldest snapshot.
+not the history behind the oldest snapshot. Expired leases are read the same way: from
+the first lease that had expired (or the snapshot's now), and by `placed_xid` the leases
+made or extended by a transaction the cursor's snapshot did not see.
 
 The cursor is the connection's own: kept with the connection object (a new connection,
 as after a failover, starts from the index's start once), and moved only by a statement
@@ -33,6 +35,8 @@ class Cursor:
 
     xmin: str | None = None
     lanes: dict[int, tuple[datetime, str]] = field(default_factory=dict)
+    # No lease visible at that snapshot expired before this instant (at most its now).
+    expired_from: datetime | None = None
 
     def params(self) -> dict[str, Any]:
         priorities = sorted(self.lanes)
@@ -41,6 +45,7 @@ class Cursor:
             "lane_priority": priorities,
             "lane_at": [self.lanes[p][0] for p in priorities],
             "lane_id": [self.lanes[p][1] for p in priorities],
+            "expired_from": self.expired_from,
         }
 
     @classmethod
@@ -49,7 +54,7 @@ class Cursor:
             priority: (at, str(item_id))
             for priority, at, item_id in zip(row["priorities"], row["ats"], row["ids"], strict=True)
         }
-        return cls(xmin=row["xmin"], lanes=lanes)
+        return cls(xmin=row["xmin"], lanes=lanes, expired_from=row["expired_from"])
 
 
 _COLD = Cursor()

@@ -130,10 +130,11 @@ work_items = Table(
     # The enqueue's W3C trace context (0016): each lease hands it to its worker.
     Column("traceparent", Text, nullable=True),
     Column("tracestate", Text, nullable=True),
-    # The transaction that made the row ready, or moved it in the acquire order (0021: the
-    # column's default, and a trigger on update). An acquire resumes the ready index from a
-    # cursor, and finds a row committed behind it by this id (queue_server/store/lanes.py).
-    Column("ready_xid", Xid8(), nullable=True, server_default=text("pg_current_xact_id()")),
+    # The transaction that put the row where it is in the acquire's order: made it ready or
+    # leased, or moved it (0021: the column's default, and a trigger on update). An acquire
+    # resumes the ready and leased indexes from a cursor, and finds a row committed behind it
+    # by this id (queue_server/store/cursors.py).
+    Column("placed_xid", Xid8(), nullable=True, server_default=text("pg_current_xact_id()")),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
     CheckConstraint("fence >= 0", name="fence_not_negative"),
     CheckConstraint(TRACEPARENT_W3C, name="traceparent_w3c"),
@@ -164,13 +165,20 @@ work_items = Table(
         "item_id",
         postgresql_where=text("state = 'ready'"),
     ),
-    # Rows made ready since a cursor's snapshot: ids at or past that snapshot's xmin.
+    # Rows made ready, or leased, since a cursor's snapshot: ids at or past its xmin.
     Index(
-        "ix_work_items_ready_xid",
+        "ix_work_items_ready_placed",
         "tenant_id",
         "queue",
-        "ready_xid",
+        "placed_xid",
         postgresql_where=text("state = 'ready'"),
+    ),
+    Index(
+        "ix_work_items_leased_placed",
+        "tenant_id",
+        "queue",
+        "placed_xid",
+        postgresql_where=text("state = 'leased'"),
     ),
     # Expired-lease takeover and the concurrency count read this one.
     Index(

@@ -124,3 +124,40 @@ def test_a_new_priority_and_a_higher_one_come_first_after_the_cursor_moved(
         assert await take_one() == []
 
     _on_one_connection(database_url, steps)
+
+
+def test_a_lease_extended_by_a_transaction_that_commits_late_is_taken_over_once_expired(
+    api: Api, database_url: str
+) -> None:
+    for name in ("x", "y"):
+        api.enqueue("q", name)
+    lease = (
+        "UPDATE work_items SET state = 'leased', fence = fence + 1,"
+        " acquisition_count = acquisition_count + 1, lease_holder = 'other',"
+        " lease_expires_at = statement_timestamp() + %s::interval,"
+        " lease_deadline_at = statement_timestamp() + interval '300 seconds',"
+        " leased_at = statement_timestamp() WHERE tenant_id = 'acme' AND payload = %s"
+    )
+    with psycopg.connect(database_url, autocommit=True) as other:
+        other.execute(lease, ("30 seconds", Jsonb("x")))
+        other.execute(lease, ("500 milliseconds", Jsonb("y")))
+    late = psycopg.connect(database_url)
+
+    async def steps(take_one: Callable[[], Awaitable[list[Any]]]) -> None:
+        assert await take_one() == []  # neither has expired
+        # A heartbeat with a short lease, its commit late: its expiry passes before it commits.
+        await asyncio.to_thread(
+            late.execute,
+            "UPDATE work_items SET lease_expires_at = statement_timestamp()"
+            " + interval '300 milliseconds' WHERE tenant_id = 'acme' AND payload = '\"x\"'",
+        )
+        await asyncio.sleep(1.0)
+        assert await take_one() == ["y"]  # taken over; the cursor is now past x's new expiry
+        assert await take_one() == []
+        await asyncio.to_thread(late.commit)
+        assert await take_one() == ["x"]
+
+    try:
+        _on_one_connection(database_url, steps)
+    finally:
+        late.close()

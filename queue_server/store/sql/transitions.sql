@@ -93,15 +93,36 @@ WITH terms AS (
           FROM counts) AS c
 ), expired AS (
     -- SKIP LOCKED: a row locked by a holder operation in flight is not ours to take.
-    SELECT item_id, 0 AS src, 0 AS priority, lease_expires_at AS since,
-           lease_expires_at >= lease_deadline_at AS at_deadline, lease_holder AS holder,
-           lease_deadline_at AS deadline_at
-    FROM work_items
-    WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
-      AND lease_expires_at <= statement_timestamp()
-    ORDER BY lease_expires_at
-    LIMIT (SELECT n FROM room)
-    FOR UPDATE SKIP LOCKED
+    -- From the connection's cursor (no lease it could see expired before it; with no
+    -- cursor, the leased index from its start), and the leases made or extended by a
+    -- transaction its snapshot did not see, by their `placed_xid`: as for ready rows below.
+    SELECT * FROM (
+        SELECT item_id, 0 AS src, 0 AS priority, lease_expires_at AS since,
+               lease_expires_at >= lease_deadline_at AS at_deadline, lease_holder AS holder,
+               lease_deadline_at AS deadline_at
+        FROM work_items
+        WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
+          AND lease_expires_at >= coalesce(%(expired_from)s::timestamptz, '-infinity')
+          AND lease_expires_at <= statement_timestamp()
+        ORDER BY lease_expires_at
+        LIMIT (SELECT n FROM room)
+        FOR UPDATE SKIP LOCKED
+    ) AS resumed
+    UNION
+    SELECT * FROM (
+        SELECT item_id, 0 AS src, 0 AS priority, lease_expires_at AS since,
+               lease_expires_at >= lease_deadline_at AS at_deadline, lease_holder AS holder,
+               lease_deadline_at AS deadline_at
+        FROM work_items
+        WHERE tenant_id = %(tenant)s
+          AND item_id = ANY(ARRAY(SELECT item_id FROM work_items
+                                  WHERE tenant_id = %(tenant)s AND queue = %(queue)s
+                                    AND state = 'leased' AND placed_xid >= %(since_xid)s::xid8))
+          AND queue = %(queue)s AND state = 'leased' AND lease_expires_at <= statement_timestamp()
+        ORDER BY lease_expires_at
+        LIMIT (SELECT n FROM room)
+        FOR UPDATE SKIP LOCKED
+    ) AS late
 ), lanes AS (
     -- The connection's cursor on this queue (queue_server/store/cursors.py): per priority,
     -- the first ready row it saw; no ready row it could see lay before it.
@@ -148,7 +169,7 @@ WITH terms AS (
         WHERE tenant_id = %(tenant)s
           AND item_id = ANY(ARRAY(SELECT item_id FROM work_items
                                   WHERE tenant_id = %(tenant)s AND queue = %(queue)s
-                                    AND state = 'ready' AND ready_xid >= %(since_xid)s::xid8))
+                                    AND state = 'ready' AND placed_xid >= %(since_xid)s::xid8))
           AND queue = %(queue)s AND state = 'ready' AND available_at <= statement_timestamp()
         ORDER BY priority DESC, available_at, item_id
         LIMIT (SELECT n FROM room)
@@ -253,12 +274,13 @@ WHERE (SELECT contended FROM room);
 
 -- name: advance_cursor
 -- The connection's next cursor on the queue, read before its acquire (whose leases it must
--- not count as gone: a lease that rolls back is ready again where it was). Per priority:
+-- not count as gone: a lease that rolls back is ready again where it was). For leases, the
+-- first to expire (`expired_from`, below); for ready rows, per priority:
 -- the first ready row visible now, found from the current cursor, among rows made ready
 -- since its snapshot (`since_xid`: that snapshot's xmin), or, with no cursor, in the whole
 -- ready index; with this statement's xmin, below which every transaction has ended. A row
 -- not visible now is made ready by a transaction at or past that xmin: the next acquire
--- finds it by its `ready_xid` wherever it lies.
+-- finds it by its `placed_xid` wherever it lies.
 WITH lanes AS (
     SELECT * FROM unnest(%(lane_priority)s::int[], %(lane_at)s::timestamptz[],
                          %(lane_id)s::uuid[]) AS l(priority, at, id)
@@ -274,7 +296,7 @@ WITH lanes AS (
     UNION ALL
     SELECT priority, available_at, item_id FROM work_items
     WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'ready'
-      AND ready_xid >= %(since_xid)s::xid8
+      AND placed_xid >= %(since_xid)s::xid8
     UNION ALL
     SELECT priority, available_at, item_id FROM work_items
     WHERE %(since_xid)s::xid8 IS NULL
@@ -282,11 +304,25 @@ WITH lanes AS (
 ), firsts AS (
     SELECT DISTINCT ON (priority) priority, available_at, item_id FROM seen
     ORDER BY priority, available_at, item_id
+), leases AS (
+    -- The leases: the first to expire by now from the current cursor, and every lease made
+    -- or extended since its snapshot; the cursor is now when none has expired.
+    (SELECT lease_expires_at FROM work_items
+     WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
+       AND lease_expires_at >= coalesce(%(expired_from)s::timestamptz, '-infinity')
+       AND lease_expires_at <= statement_timestamp()
+     ORDER BY lease_expires_at
+     LIMIT 1)
+    UNION ALL
+    SELECT lease_expires_at FROM work_items
+    WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
+      AND placed_xid >= %(since_xid)s::xid8
 )
 SELECT pg_snapshot_xmin(pg_current_snapshot())::text AS xmin,
        coalesce(array_agg(priority ORDER BY priority), '{}') AS priorities,
        coalesce(array_agg(available_at ORDER BY priority), '{}') AS ats,
-       coalesce(array_agg(item_id ORDER BY priority), '{}') AS ids
+       coalesce(array_agg(item_id ORDER BY priority), '{}') AS ids,
+       least(statement_timestamp(), (SELECT min(lease_expires_at) FROM leases)) AS expired_from
 FROM firsts;
 
 -- name: release_unsent
