@@ -109,19 +109,24 @@ WITH terms AS (
         FOR UPDATE SKIP LOCKED
     ) AS resumed
     UNION
+    -- Each candidate probed by its key (few: the leases placed since the cursor's snapshot
+    -- that have expired by now), so that the planner cannot choose to walk the leased index.
     SELECT * FROM (
-        SELECT item_id, 0 AS src, 0 AS priority, lease_expires_at AS since,
-               lease_expires_at >= lease_deadline_at AS at_deadline, lease_holder AS holder,
-               lease_deadline_at AS deadline_at
-        FROM work_items
-        WHERE tenant_id = %(tenant)s
-          AND item_id = ANY(ARRAY(SELECT item_id FROM work_items
-                                  WHERE tenant_id = %(tenant)s AND queue = %(queue)s
-                                    AND state = 'leased' AND placed_xid >= %(since_xid)s::xid8))
-          AND queue = %(queue)s AND state = 'leased' AND lease_expires_at <= statement_timestamp()
-        ORDER BY lease_expires_at
+        SELECT w.* FROM unnest(ARRAY(SELECT item_id FROM work_items
+                                     WHERE tenant_id = %(tenant)s AND queue = %(queue)s
+                                       AND state = 'leased'
+                                       AND placed_xid >= %(since_xid)s::xid8)) AS c(id)
+        CROSS JOIN LATERAL (
+            SELECT item_id, 0 AS src, 0 AS priority, lease_expires_at AS since,
+                   lease_expires_at >= lease_deadline_at AS at_deadline,
+                   lease_holder AS holder, lease_deadline_at AS deadline_at
+            FROM work_items
+            WHERE tenant_id = %(tenant)s AND item_id = c.id AND queue = %(queue)s
+              AND state = 'leased' AND lease_expires_at <= statement_timestamp()
+            FOR UPDATE SKIP LOCKED
+        ) AS w
+        ORDER BY w.since
         LIMIT (SELECT n FROM room)
-        FOR UPDATE SKIP LOCKED
     ) AS late
 ), lanes AS (
     -- The connection's cursor on this queue (queue_server/store/cursors.py): per priority,
@@ -161,8 +166,8 @@ WITH terms AS (
     UNION ALL
     -- Rows made ready by a transaction the cursor's snapshot did not see (committed late,
     -- behind the cursor, or of a priority it did not know), found by that transaction's id.
-    -- An array, then primary-key probes: ordered as the acquire orders, the planner would
-    -- read the ready index from its start and filter on the id.
+    -- An array, then primary-key probes, ordered by an expression (`+ 0`) that no index
+    -- holds: in the index's order, the planner would walk it from its start.
     SELECT * FROM (
         SELECT item_id, 1 AS src, priority, available_at AS since
         FROM work_items
@@ -171,7 +176,7 @@ WITH terms AS (
                                   WHERE tenant_id = %(tenant)s AND queue = %(queue)s
                                     AND state = 'ready' AND placed_xid >= %(since_xid)s::xid8))
           AND queue = %(queue)s AND state = 'ready' AND available_at <= statement_timestamp()
-        ORDER BY priority DESC, available_at, item_id
+        ORDER BY priority + 0 DESC, available_at, item_id
         LIMIT (SELECT n FROM room)
         FOR UPDATE SKIP LOCKED
     ) AS late
