@@ -8,6 +8,12 @@ RUN pip install --no-cache-dir --requirement requirements.lock
 COPY pyproject.toml README.md ./
 COPY queue_server queue_server
 RUN pip install --no-cache-dir --no-deps . && pip check
+# The admin key's directory, owned by the server's user, so that a named volume mounted on it
+# (docker-compose.yml) starts writable by it.
+RUN mkdir -p /var/lib/queue-server && chown nobody /var/lib/queue-server
+ENV QUEUE_SERVER_DATA_DIR=/var/lib/queue-server
 USER nobody
 EXPOSE 8080
+HEALTHCHECK --interval=5s --timeout=3s --retries=12 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/readyz')"]
 CMD ["queue-server", "serve", "--host", "0.0.0.0", "--port", "8080"]
