@@ -64,6 +64,9 @@ def dead_list(
     kind: Annotated[str | None, typer.Option(help="item or delivery.")] = None,
     state: Annotated[str, typer.Option("--status", help="open, closed or all.")] = "open",
     limit: Annotated[int, typer.Option(help="At most this many (0: all).")] = 50,
+    everything: Annotated[
+        bool, typer.Option("--all", help="Every one that matches, however many (--limit 0).")
+    ] = False,
     url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
@@ -72,12 +75,14 @@ def dead_list(
     quiet: Quiet = False,
     wide: Wide = False,
 ) -> None:
-    """Dead letters, oldest first.
+    """Dead letters, oldest first: the first 50 unless --limit or --all says otherwise.
 
-    Example: [bold]queue-server dead-letters list --queue emails[/bold]
+    Example: [bold]queue-server dead-letters list --queue emails --all[/bold]
     """
     if kind not in (None, "item", "delivery") or state not in ("open", "closed", "all"):
         fail("Invalid filter", "--kind is item or delivery; --status is open, closed or all")
+    if everything:
+        limit = 0
     with tenant_session(url, key, data_dir, tenant) as qs:
         rows: list[DeadLetter] = []
         for dead in qs.iter_dead_letters(

@@ -95,6 +95,8 @@ def test_dead_letters_list_show_replay_and_discard(cli: Cli, api: Api) -> None:
     listed = cli.json("dead-letters", "list", "--queue", "mail")
     assert [d["item_id"] for d in listed] == ids
     assert "poison 0" in cli.run("dead-letters", "list").stdout
+    assert len(cli.json("dead-letters", "list", "--limit", "2")) == 2
+    assert [d["item_id"] for d in cli.json("dead-letters", "list", "--limit", "2", "--all")] == ids
 
     first = listed[0]["dead_letter_id"]
     detail = cli.json("dead-letters", "show", first)

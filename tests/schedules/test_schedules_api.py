@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 import httpx
+import pytest
 import psycopg
 
 from tests.helpers.api import Api, setup_tenant
@@ -273,3 +274,13 @@ def test_the_loop_fires_each_second_pause_stops_it_and_resume_starts_after_now(
         if line.startswith("queue_server_schedule_lag_seconds_count")
     )
     assert lag_count == len(after)
+
+
+@pytest.mark.live
+def test_the_sdk_s_schedule_client_is_exported_with_the_client(api: Api) -> None:
+    from queue_server.client import QueueClient, ScheduleClient
+
+    with QueueClient(api.url, api.keys["operator"], tenant=api.tenant) as qs:
+        schedules = ScheduleClient(qs)
+        schedules.put("nightly-sdk", queue="reports", cron="30 2 * * *", timezone="UTC")
+        assert [s.name for s in schedules.list_schedules().schedules] == ["nightly-sdk"]
