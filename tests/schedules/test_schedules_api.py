@@ -10,8 +10,8 @@ from datetime import datetime
 from typing import Any
 
 import httpx
-import pytest
 import psycopg
+import pytest
 
 from tests.helpers.api import Api, setup_tenant
 
@@ -283,4 +283,4 @@ def test_the_sdk_s_schedule_client_is_exported_with_the_client(api: Api) -> None
     with QueueClient(api.url, api.keys["operator"], tenant=api.tenant) as qs:
         schedules = ScheduleClient(qs)
         schedules.put("nightly-sdk", queue="reports", cron="30 2 * * *", timezone="UTC")
-        assert [s.name for s in schedules.list_schedules().schedules] == ["nightly-sdk"]
+        assert [s.schedule for s in schedules.list_schedules().schedules] == ["nightly-sdk"]
