@@ -114,7 +114,10 @@ def fold(events: list[Row]) -> Row:
             )
         elif kind == "cancelled":
             _release(item, "cancelled")
-        elif kind not in ("triage_rejected", "scheduled", "deadline_exceeded"):
+        elif kind == "deadline_exceeded":
+            if "failure" in data:  # the attempt's failure (kept since this event carried it)
+                item["last_failure"] = data["failure"]
+        elif kind not in ("triage_rejected", "scheduled"):
             raise ValueError(f"unknown ledger event kind {kind!r} at seq {event['seq']}")
     return item
 

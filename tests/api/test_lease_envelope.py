@@ -198,6 +198,12 @@ def test_a_heartbeat_past_the_deadline_is_refused_and_the_item_taken_over_with_a
     overdue = events[kinds.index("deadline_exceeded")]
     assert (overdue["fence"], overdue["actor"]) == (lease["fence"], "server")
     assert overdue["data"]["lease_holder"] == "hung"
+    # The attempt that ran out is the item's last failure, on the item and in the ledger.
+    failure = overdue["data"]["failure"]
+    assert failure["class"] == "LeaseDeadlineExceeded"
+    assert "hung" in failure["message"]
+    taken_over = api.worker.get(f"/v1/tenants/{api.tenant}/items/{item['item_id']}").json()
+    assert taken_over["last_failure"] == failure
     # At the budget, a lease past its deadline is quarantined, as an expired lease is.
     time.sleep(0.2)  # `last` was acquired a moment after `q`
     assert api.acquire("last", worker="other", ttl=2) == []
@@ -210,6 +216,14 @@ def test_a_heartbeat_past_the_deadline_is_refused_and_the_item_taken_over_with_a
         ]
     ]
     assert last_kinds[-2:] == ["deadline_exceeded", "quarantined"]
+    assert quarantined["last_failure"]["class"] == "LeaseDeadlineExceeded"
+    # Both ledgers fold to their rows, the failure included.
+    verified = api.operator.get(f"/v1/tenants/{api.tenant}/ledger-verification").json()
+    assert verified["mismatches"] == [], verified
+    dead = api.operator.get(f"/v1/tenants/{api.tenant}/dead-letters").json()["dead_letters"]
+    assert [d["last_failure"]["class"] for d in dead if d["item_id"] == last["item_id"]] == [
+        "LeaseDeadlineExceeded"
+    ]
 
 
 def test_requeue_and_triage_delay_the_item_up_to_the_backoff_cap(api: Api) -> None:

@@ -199,6 +199,14 @@ WITH terms AS (
         lease_expires_at = statement_timestamp() + (SELECT least(ttl, deadline) FROM terms),
         lease_deadline_at = statement_timestamp() + (SELECT deadline FROM terms),
         leased_at = statement_timestamp(), updated_at = statement_timestamp(),
+        last_failure = CASE WHEN w.item_id = ANY(ARRAY(SELECT item_id FROM overdue))
+                            -- The attempt's failure: its holder never finished it.
+                            THEN jsonb_build_object(
+                                'class', 'LeaseDeadlineExceeded', 'transient', true,
+                                'message', 'the lease held by ' || w.lease_holder
+                                           || ' ran to its deadline at '
+                                           || api_timestamp(w.lease_deadline_at))
+                            ELSE w.last_failure END,
         event_seq = w.event_seq + 1 + (w.item_id = ANY(ARRAY(SELECT item_id FROM overdue)))::int
     -- An array, not a join: the planner cannot tell how few rows `picked` has, and a
     -- join would hash the whole table; `= ANY(array)` probes the primary key per item.
@@ -209,6 +217,14 @@ WITH terms AS (
     UPDATE work_items w
     SET state = 'quarantined', lease_holder = NULL, lease_expires_at = NULL,
         updated_at = statement_timestamp(),
+        last_failure = CASE WHEN w.item_id = ANY(ARRAY(SELECT item_id FROM overdue))
+                            -- The attempt's failure: its holder never finished it.
+                            THEN jsonb_build_object(
+                                'class', 'LeaseDeadlineExceeded', 'transient', true,
+                                'message', 'the lease held by ' || w.lease_holder
+                                           || ' ran to its deadline at '
+                                           || api_timestamp(w.lease_deadline_at))
+                            ELSE w.last_failure END,
         event_seq = w.event_seq + 1 + (w.item_id = ANY(ARRAY(SELECT item_id FROM overdue)))::int
     -- An array, not a join: the planner cannot tell how few rows `picked` has, and a
     -- join would hash the whole table; `= ANY(array)` probes the primary key per item.
@@ -225,7 +241,8 @@ WITH terms AS (
     INSERT INTO item_events (tenant_id, item_id, seq, at, kind, fence, actor, data)
     SELECT o.tenant_id, o.item_id, o.event_seq - 2, o.updated_at, 'deadline_exceeded',
            o.overdue_fence, 'server',
-           jsonb_build_object('lease_holder', o.holder, 'lease_deadline_at', o.deadline_at)
+           jsonb_build_object('lease_holder', o.holder, 'lease_deadline_at', o.deadline_at,
+                              'failure', o.last_failure)
     FROM (SELECT l.*, l.fence - 1 AS overdue_fence, d.holder, d.deadline_at
           FROM leased l JOIN overdue d USING (item_id)
           UNION ALL
