@@ -98,6 +98,17 @@ class DeadLetters:
             )
         return str(row["dead_letter_id"])
 
+    async def open_dead_letter_of_item(
+        self, principal: auth.Principal, tenant: str, item_id: str
+    ) -> str | None:
+        """The id of the item's open dead letter; None if it has none."""
+        principal.require(tenant, Role.OPERATOR)
+        if not is_uuid(item_id):
+            return None
+        async with self.db.conn() as conn:
+            row = await dead_letters.open_for_item(conn, tenant=tenant, item_id=item_id)
+        return None if row is None else str(row["dead_letter_id"])
+
     async def show_dead_letter(
         self, principal: auth.Principal, tenant: str, dead_letter_id: str
     ) -> Answer:

@@ -53,6 +53,12 @@ async def latest_for_delivery(conn: Conn, *, tenant: str, delivery_id: str) -> R
     return await cur.fetchone()
 
 
+async def open_for_item(conn: Conn, *, tenant: str, item_id: str) -> Row | None:
+    """The item's open dead letter, if it has one."""
+    cur = await conn.execute(_SQL["open_for_item"], (tenant, item_id))
+    return await cur.fetchone()
+
+
 async def get(conn: Conn, *, tenant: str, dead_letter_id: str) -> Row | None:
     cur = await conn.execute(_SQL["get"], (tenant, dead_letter_id))
     return await cur.fetchone()

@@ -24,6 +24,8 @@ NAV_ENTRY = web.NavEntry("items", "Items")
 PAGE_SIZE = 50
 MAX_SELECTION = 100
 CANCELLABLE = ("ready", "leased")
+# One item, from its own page: a quarantined one too (its open dead letter closes with it).
+ITEM_CANCELLABLE = (*CANCELLABLE, "quarantined")
 STATES = tuple(s.value for s in ItemState)
 BULK_STATES = frozenset((*RETRYABLE, *DELETABLE))
 BULK_PAGE = 100  # items per request of a bulk retry or delete
@@ -362,6 +364,11 @@ async def show(request: Request, tenant: str, item_id: str) -> Response:
     items = web.services(request).items
     item = web.answer_body(await items.get_item(session.principal, tenant, item_id))
     ledger = web.answer_body(await items.ledger(session.principal, tenant, item_id))
+    dead_letter = None
+    if item["state"] == "quarantined":
+        dead_letter = await web.services(request).dead_letters.open_dead_letter_of_item(
+            session.principal, tenant, str(item["item_id"])
+        )
     return web.render(
         request,
         "item.html",
@@ -369,7 +376,11 @@ async def show(request: Request, tenant: str, item_id: str) -> Response:
         tenant=tenant,
         item=item,
         events=ledger["events"],
-        cancellable=True,
+        # What an operator may do with it from here, each through its confirmation page.
+        cancellable=item["state"] in ITEM_CANCELLABLE,
+        retryable=item["state"] in RETRYABLE,
+        deletable=item["state"] in DELETABLE,
+        dead_letter=dead_letter,
     )
 
 

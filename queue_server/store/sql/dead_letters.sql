@@ -41,6 +41,11 @@ SELECT dead_letter_id, kind, item_id, delivery_id, queue, reason, last_failure, 
     closed_at, resolution FROM dead_letters WHERE tenant_id = %s AND delivery_id = %s
 ORDER BY closed_at IS NULL DESC, created_at DESC LIMIT 1;
 
+-- name: open_for_item
+-- An item's open dead letter (at most one: uq_dead_letters_open_item).
+SELECT dead_letter_id FROM dead_letters
+WHERE tenant_id = %s AND item_id = %s AND kind = 'item' AND closed_at IS NULL;
+
 -- name: get
 SELECT dead_letter_id, kind, item_id, delivery_id, queue, reason, last_failure, created_at,
     closed_at, resolution FROM dead_letters WHERE tenant_id = %s AND dead_letter_id = %s;

@@ -1,0 +1,62 @@
+"""An item's own page offers what can be done with it from there: a quarantined item links
+to its open dead letter and can be retried or cancelled; a completed one shows its result
+and can be deleted; a ready one can be cancelled. Each action goes through its confirmation
+page, and the retry from there is the same one the REST route makes."""
+
+from __future__ import annotations
+
+import re
+
+from tests.helpers.api import Api
+from tests.helpers.console import CSRF, KEY, form_value, sign_in
+from tests.helpers.items import quarantine
+
+ACTIONS = re.compile(r'name="action" value="(\w+)"')
+
+
+def test_a_quarantined_item_links_its_dead_letter_and_can_be_retried_from_its_page(
+    api: Api,
+) -> None:
+    item_id = quarantine(api, "q", "poison")
+    (dead,) = api.operator.get("/v1/tenants/acme/dead-letters").json()["dead_letters"]
+    client, _ = sign_in(api.url, api.keys["operator"])
+    page = client.get(f"/console/tenants/acme/items/{item_id}").text
+    assert f'/console/tenants/acme/dead-letters/{dead["dead_letter_id"]}"' in page
+    assert ACTIONS.findall(page) == ["retry"]
+    assert "Cancel item…" in page
+    assert "<h2>Result</h2>" not in page  # nothing to show before it completes
+
+    confirm = client.post(
+        "/console/tenants/acme/items/selection/confirm",
+        data={"csrf": form_value(page, CSRF), "action": "retry", "item_id": item_id},
+    )
+    assert confirm.status_code == 200, confirm.text
+    done = client.post(
+        "/console/tenants/acme/items/selection",
+        data={
+            "csrf": form_value(confirm.text, CSRF),
+            "idempotency_key": form_value(confirm.text, KEY),
+            "action": "retry",
+            "selected": f"quarantined:{item_id}",
+        },
+    )
+    assert done.status_code == 303, done.text
+    assert api.operator.get(f"/v1/tenants/acme/items/{item_id}").json()["state"] == "ready"
+    page = client.get(f"/console/tenants/acme/items/{item_id}").text
+    assert "/dead-letters/" not in page  # closed by the retry
+    assert ACTIONS.findall(page) == []
+    assert "Cancel item…" in page
+
+
+def test_a_completed_item_shows_its_result_and_can_be_deleted_but_not_cancelled(
+    api: Api,
+) -> None:
+    item = api.enqueue("q", "work")
+    (lease,) = api.acquire("q")
+    done = api.holder("complete", item["item_id"], worker="w1", fence=lease["fence"], result=42)
+    assert done.status_code == 200, done.text
+    client, _ = sign_in(api.url, api.keys["operator"])
+    page = client.get(f"/console/tenants/acme/items/{item['item_id']}").text
+    assert "<h2>Result</h2>" in page
+    assert ACTIONS.findall(page) == ["delete"]
+    assert "Cancel item…" not in page
