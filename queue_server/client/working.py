@@ -18,6 +18,7 @@ import traceback as tracebacks
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 from queue_server.client import errors
@@ -174,12 +175,31 @@ def verdict(value: Any, failure: BaseException | None) -> Submission:
 TRACEBACK_MAX_BYTES = 16 * 1024
 
 
+# The SDK's own source files: the frames of a handler's traceback that are the worker's.
+_SDK_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _from_the_handler(failure: BaseException) -> TracebackType | None:
+    """The exception's traceback from its first frame outside the SDK (the handler's); the
+    whole of it when every frame is the SDK's (a failure of the worker itself)."""
+    first = failure.__traceback__
+    frame = first
+    while frame is not None and frame.tb_frame.f_code.co_filename.startswith(_SDK_DIR):
+        frame = frame.tb_next
+    return frame if frame is not None else first
+
+
 def failure_traceback(failure: BaseException) -> str:
     """What the worker saw fail, for the item page and the ledger: the exception's own
     account when it carries one (`queue-server work`: the command's stderr), else Python's
-    traceback; its last 16 KiB of UTF-8 (the end is where it failed)."""
+    traceback from the handler's frame on (the worker's frames that called it are left out);
+    its last 16 KiB of UTF-8 (the end is where it failed)."""
     told = getattr(failure, "traceback_text", None)
-    text = told if isinstance(told, str) else "".join(tracebacks.format_exception(failure))
+    if isinstance(told, str):
+        text = told
+    else:
+        lines = tracebacks.format_exception(type(failure), failure, _from_the_handler(failure))
+        text = "".join(lines)
     data = text.encode("utf-8", errors="replace")
     if len(data) <= TRACEBACK_MAX_BYTES:
         return data.decode("utf-8")
