@@ -27,6 +27,7 @@ from queue_server.client.transport import (
     Response,
     TransportFailure,
     connect_async,
+    sdk_request,
 )
 from queue_server.policy import ReliabilityPolicy
 
@@ -117,16 +118,17 @@ class AsyncQueueClient(ClientFace):
             )
             if lean is not None:
                 return answer(lean)
-        return answer(
-            await self._http.request(
-                call.method,
-                call.path,
-                json=call.json,
-                params=call.params,
-                headers=call.headers,
-                timeout=call.timeout,
+        with sdk_request():
+            return answer(
+                await self._http.request(
+                    call.method,
+                    call.path,
+                    json=call.json,
+                    params=call.params,
+                    headers=call.headers,
+                    timeout=call.timeout,
+                )
             )
-        )
 
     async def _send(self, call: Call) -> Response:
         """One call: each attempt within its timeout, retried only as its class allows."""

@@ -45,6 +45,7 @@ from queue_server.client.transport import (
     Response,
     TransportFailure,
     connect,
+    sdk_request,
 )
 from queue_server.policy import ReliabilityPolicy
 
@@ -155,16 +156,17 @@ class QueueClient(ClientFace):
             lean = self._lean.request(call.method, call.path, call.json, call.headers, call.timeout)
             if lean is not None:
                 return answer(lean)
-        return answer(
-            self._http.request(
-                call.method,
-                call.path,
-                json=call.json,
-                params=call.params,
-                headers=call.headers,
-                timeout=call.timeout,
+        with sdk_request():
+            return answer(
+                self._http.request(
+                    call.method,
+                    call.path,
+                    json=call.json,
+                    params=call.params,
+                    headers=call.headers,
+                    timeout=call.timeout,
+                )
             )
-        )
 
     def _send(self, call: Call) -> Response:
         """One call: each attempt within its timeout, retried only as its class allows."""

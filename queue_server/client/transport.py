@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
+import logging
 import os
 import select
 import socket
 import ssl
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
@@ -57,6 +59,38 @@ class Response(Protocol):
     def headers(self) -> Mapping[str, str]: ...
 
     def json(self, **kwargs: Any) -> Any: ...
+
+
+# httpx logs every request it sends at INFO ("HTTP Request: POST ..."): an application that
+# logs at INFO would log every lease, heartbeat and completion of its workers. The SDK's own
+# requests are logged at DEBUG instead (shown only where httpx's DEBUG is on); the
+# application's other httpx requests keep their INFO line.
+_SDK_REQUEST: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "queue_server_sdk_request", default=False
+)
+
+
+class _SdkRequestsAtDebug(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.INFO or not _SDK_REQUEST.get():
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+_HTTPX_LOG = logging.getLogger("httpx")
+if not any(isinstance(f, _SdkRequestsAtDebug) for f in _HTTPX_LOG.filters):
+    _HTTPX_LOG.addFilter(_SdkRequestsAtDebug())
+
+
+@contextlib.contextmanager
+def sdk_request() -> Iterator[None]:
+    """Marks the requests sent within it as the SDK's (logged at DEBUG, see above)."""
+    token = _SDK_REQUEST.set(True)
+    try:
+        yield
+    finally:
+        _SDK_REQUEST.reset(token)
 
 
 #: A connection pool to the queue server (the caller may pass one of their own).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
 import time
 from datetime import UTC, datetime, timedelta
@@ -10,7 +12,7 @@ import httpx
 import psycopg
 import pytest
 
-from queue_server.client import NewItem, QueueClient, errors
+from queue_server.client import AsyncQueueClient, NewItem, QueueClient, errors
 from tests.helpers.api import Api
 from tests.helpers.server import LiveServer
 
@@ -206,3 +208,33 @@ def _keys_of_a_child(n: int) -> list[str]:
     from queue_server.client.core import new_idempotency_key
 
     return [new_idempotency_key() for _ in range(n)]
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_the_sdk_s_requests_are_logged_at_debug_and_the_application_s_at_info(
+    api: Api, caplog: pytest.LogCaptureFixture, sync: bool
+) -> None:
+    # An application that logs at INFO sees its own httpx requests, not each of its
+    # workers' leases and completions.
+    caplog.set_level(logging.INFO, logger="httpx")
+    if sync:
+        with QueueClient(api.url, api.keys["worker"], tenant=api.tenant) as qs:
+            qs.enqueue("q", {"n": 1})
+    else:
+
+        async def enqueue() -> None:
+            async with AsyncQueueClient(api.url, api.keys["worker"], tenant=api.tenant) as qs:
+                await qs.enqueue("q", {"n": 1})
+
+        asyncio.run(enqueue())
+    assert [r for r in caplog.records if r.name == "httpx"] == []
+    httpx.get(f"{api.url}/healthz")
+    (own,) = [r for r in caplog.records if r.name == "httpx"]
+    assert own.levelno == logging.INFO and "/healthz" in own.getMessage()
+    caplog.clear()
+    caplog.set_level(logging.DEBUG, logger="httpx")
+    with QueueClient(api.url, api.keys["worker"], tenant=api.tenant) as qs:
+        qs.enqueue("q", {"n": 2})
+    assert any(
+        r.levelno == logging.DEBUG and "HTTP Request" in r.getMessage() for r in caplog.records
+    )
