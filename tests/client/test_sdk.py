@@ -230,7 +230,8 @@ def test_the_sdk_s_requests_are_logged_at_debug_and_the_application_s_at_info(
     assert [r for r in caplog.records if r.name == "httpx"] == []
     httpx.get(f"{api.url}/healthz")
     (own,) = [r for r in caplog.records if r.name == "httpx"]
-    assert own.levelno == logging.INFO and "/healthz" in own.getMessage()
+    assert own.levelno == logging.INFO
+    assert "/healthz" in own.getMessage()
     caplog.clear()
     caplog.set_level(logging.DEBUG, logger="httpx")
     with QueueClient(api.url, api.keys["worker"], tenant=api.tenant) as qs:
