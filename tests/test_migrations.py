@@ -76,17 +76,17 @@ def test_prepared_acquire_plan_reads_the_ready_index_not_the_whole_table(
         sql = sql.replace("%(max_approved)s", "$11::int").replace("%(key_id)s", "$12::text")
         sql = sql.replace("%(since_xid)s", "$13").replace("%(lane_priority)s", "$14")
         sql = sql.replace("%(lane_at)s", "$15").replace("%(lane_id)s", "$16")
-        sql = sql.replace("%(expired_from)s", "$17")
+        sql = sql.replace("%(expired_from)s", "$17").replace("%(active_ids)s", "$18")
         conn.execute(
             "PREPARE acq(text, text, text, interval, int, int, bool, interval, int, interval,"
-            f" int, text, xid8, int[], timestamptz[], uuid[], timestamptz) AS {sql}"
+            f" int, text, xid8, int[], timestamptz[], uuid[], timestamptz, uuid[]) AS {sql}"
         )
         generic = "\n".join(
             row["QUERY PLAN"]
             for row in conn.execute(
                 "EXPLAIN EXECUTE acq('t', 'q', 'w', '30 seconds', 50, 0, false, '900 seconds', 1,"
                 " '30 seconds', 1000, '0123456789abcdef', pg_current_xact_id(), '{0}',"
-                " ARRAY[now()], ARRAY[gen_random_uuid()], now())"
+                " ARRAY[now()], ARRAY[gen_random_uuid()], now(), ARRAY[gen_random_uuid()])"
             ).fetchall()
         )
         custom = "\n".join(

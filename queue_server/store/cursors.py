@@ -11,7 +11,10 @@ enqueue that committed late, a requeue to an earlier instant, a new priority). I
 is the rows taken and made ready since the connection's previous acquire on the queue,
 not the history behind the oldest snapshot. Expired leases are read the same way: from
 the first lease that had expired (or the snapshot's now), and by `placed_xid` the leases
-made or extended by a transaction the cursor's snapshot did not see.
+made or extended by a transaction the cursor's snapshot did not see. And the queue's
+active leases are counted from the ones active at the cursor's snapshot, each probed by
+its key, and the ones made or extended since, instead of a scan of the leased index (which
+walks every lease ended within a TTL while an old snapshot is held).
 
 The cursor is the connection's own: kept with the connection object (a new connection,
 as after a failover, starts from the index's start once), and moved only by a statement
@@ -37,6 +40,9 @@ class Cursor:
     lanes: dict[int, tuple[datetime, str]] = field(default_factory=dict)
     # No lease visible at that snapshot expired before this instant (at most its now).
     expired_from: datetime | None = None
+    # The leases active at that snapshot: the next count probes these by key, and adds the
+    # leases made or extended since.
+    active: tuple[str, ...] = ()
 
     def params(self) -> dict[str, Any]:
         priorities = sorted(self.lanes)
@@ -46,6 +52,7 @@ class Cursor:
             "lane_at": [self.lanes[p][0] for p in priorities],
             "lane_id": [self.lanes[p][1] for p in priorities],
             "expired_from": self.expired_from,
+            "active_ids": list(self.active),
         }
 
     @classmethod
@@ -54,7 +61,12 @@ class Cursor:
             priority: (at, str(item_id))
             for priority, at, item_id in zip(row["priorities"], row["ats"], row["ids"], strict=True)
         }
-        return cls(xmin=row["xmin"], lanes=lanes, expired_from=row["expired_from"])
+        return cls(
+            xmin=row["xmin"],
+            lanes=lanes,
+            expired_from=row["expired_from"],
+            active=tuple(str(item_id) for item_id in row["active_ids"]),
+        )
 
 
 _COLD = Cursor()

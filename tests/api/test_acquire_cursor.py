@@ -161,3 +161,44 @@ def test_a_lease_extended_by_a_transaction_that_commits_late_is_taken_over_once_
         _on_one_connection(database_url, steps)
     finally:
         late.close()
+
+
+def test_the_concurrency_limit_counts_leases_seen_before_and_leases_made_since(
+    api: Api, database_url: str
+) -> None:
+    # A limit of 2: the count joins the leases active at the cursor's snapshot (each probed
+    # by its key) and those made since, by this connection or another.
+    for name in ("a", "b", "c", "d"):
+        api.enqueue("q", name)
+    terms = {**_TERMS, "base_limit": 2}
+
+    async def run() -> None:
+        async with (
+            await psycopg.AsyncConnection.connect(
+                database_url, autocommit=True, row_factory=dict_row
+            ) as mine,
+            await psycopg.AsyncConnection.connect(
+                database_url, autocommit=True, row_factory=dict_row
+            ) as other,
+        ):
+
+            async def take(conn: psycopg.AsyncConnection[Any]) -> list[Any]:
+                got = await transitions.acquire(
+                    conn, tenant="acme", queue="q", worker="w", max_items=1, **terms
+                )
+                return [row["payload"] for row in got.leased]
+
+            assert await take(mine) == ["a"]
+            assert await take(mine) == ["b"]
+            assert await take(mine) == []  # a (seen active before) and b (made since)
+            assert await take(other) == []
+            done = await mine.execute(
+                "UPDATE work_items SET state = 'completed', lease_holder = NULL,"
+                " lease_expires_at = NULL WHERE tenant_id = 'acme' AND payload = %s",
+                (Jsonb("a"),),
+            )
+            assert done.rowcount == 1
+            assert await take(other) == ["c"]  # room for one: a ended
+            assert await take(mine) == []  # b, and c made by the other connection
+
+    asyncio.run(run())

@@ -75,9 +75,28 @@ WITH terms AS (
                      WHERE tenant_id = %(tenant)s AND queue = %(queue)s
                        AND expires_at > statement_timestamp()
                        AND revoked_at IS NULL), %(base_limit)s)
-           - (SELECT count(*) FROM work_items
-              WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
-                AND lease_expires_at > statement_timestamp()) AS free,
+           -- The active leases: those the cursor's snapshot saw active, each probed by its
+           -- key, and those made or extended since (`placed_xid`); with no cursor, every
+           -- lease. A scan of the leased index would also walk every lease ended within a
+           -- TTL, which an old snapshot keeps there.
+           - (SELECT count(DISTINCT item_id) FROM (
+                  SELECT w.item_id FROM unnest(%(active_ids)s::uuid[]) AS a(id)
+                  CROSS JOIN LATERAL (
+                      SELECT item_id FROM work_items
+                      WHERE tenant_id = %(tenant)s AND item_id = a.id AND queue = %(queue)s
+                        AND state = 'leased' AND lease_expires_at > statement_timestamp()
+                  ) AS w
+                  UNION ALL
+                  SELECT item_id FROM work_items
+                  WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
+                    AND placed_xid >= %(since_xid)s::xid8
+                    AND lease_expires_at > statement_timestamp()
+                  UNION ALL
+                  SELECT item_id FROM work_items
+                  WHERE %(since_xid)s::xid8 IS NULL
+                    AND tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
+                    AND lease_expires_at > statement_timestamp()
+              ) AS active) AS free,
            -- A paused queue hands out nothing; pause takes this queue's lock exclusively.
            EXISTS (SELECT 1 FROM queues WHERE tenant_id = %(tenant)s AND queue = %(queue)s
                    AND paused_at IS NOT NULL) AS paused
@@ -296,8 +315,9 @@ WHERE (SELECT contended FROM room);
 
 -- name: advance_cursor
 -- The connection's next cursor on the queue, read before its acquire (whose leases it must
--- not count as gone: a lease that rolls back is ready again where it was). For leases, the
--- first to expire (`expired_from`, below); for ready rows, per priority:
+-- not count as gone: a lease that rolls back is ready again where it was). The active
+-- leases (`active_ids`); for leases, the first to expire (`expired_from`, below); for ready
+-- rows, per priority:
 -- the first ready row visible now, found from the current cursor, among rows made ready
 -- since its snapshot (`since_xid`: that snapshot's xmin), or, with no cursor, in the whole
 -- ready index; with this statement's xmin, below which every transaction has ended. A row
@@ -339,12 +359,30 @@ WITH lanes AS (
     SELECT lease_expires_at FROM work_items
     WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
       AND placed_xid >= %(since_xid)s::xid8
+), active AS (
+    -- The active leases now, found as the acquire's count finds them.
+    SELECT w.item_id FROM unnest(%(active_ids)s::uuid[]) AS a(id)
+    CROSS JOIN LATERAL (
+        SELECT item_id FROM work_items
+        WHERE tenant_id = %(tenant)s AND item_id = a.id AND queue = %(queue)s
+          AND state = 'leased' AND lease_expires_at > statement_timestamp()
+    ) AS w
+    UNION
+    SELECT item_id FROM work_items
+    WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
+      AND placed_xid >= %(since_xid)s::xid8 AND lease_expires_at > statement_timestamp()
+    UNION
+    SELECT item_id FROM work_items
+    WHERE %(since_xid)s::xid8 IS NULL
+      AND tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
+      AND lease_expires_at > statement_timestamp()
 )
 SELECT pg_snapshot_xmin(pg_current_snapshot())::text AS xmin,
        coalesce(array_agg(priority ORDER BY priority), '{}') AS priorities,
        coalesce(array_agg(available_at ORDER BY priority), '{}') AS ats,
        coalesce(array_agg(item_id ORDER BY priority), '{}') AS ids,
-       least(statement_timestamp(), (SELECT min(lease_expires_at) FROM leases)) AS expired_from
+       least(statement_timestamp(), (SELECT min(lease_expires_at) FROM leases)) AS expired_from,
+       ARRAY(SELECT item_id FROM active) AS active_ids
 FROM firsts;
 
 -- name: release_unsent
