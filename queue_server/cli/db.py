@@ -96,6 +96,14 @@ def grant_enqueue(
     password = secrets.token_urlsafe(24)
     with _administering(data_dir) as (target, conn):
         created = enqueue_grants.grant(conn, role=role, tenant=tenant, password=password)
+        restricted = enqueue_grants.restrict_advisory_locks(conn)
+    if not restricted:
+        err_console.print(
+            "warning: this role may not restrict advisory locks to the server's role, so"
+            f" {role} could hold another tenant's queue lock; as a superuser, run once the"
+            " statements of docs/transactional-enqueue.md (Isolation between tenants)",
+            soft_wrap=True,
+        )
     url = target.app_url(role, password) if created else None
     if json:
         body: dict[str, Any] = {"role": role, "tenant": tenant, "created": created}

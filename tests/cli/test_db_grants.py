@@ -4,12 +4,14 @@ is per tenant and taken back at once."""
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import psycopg
 import pytest
 
 from queue_server.client import enqueue_in, errors
+from tests.helpers.api import Api, setup_tenant
 from tests.helpers.cli import Cli
 from tests.helpers.roles import Roles
 
@@ -83,3 +85,48 @@ def test_the_db_commands_say_what_they_do(cli: Cli) -> None:
     assert "revoke" in cli.run("db", "--help").stdout
     assert "no tenant left" in cli.run("db", "revoke-enqueue", "--help").stdout.lower()
     assert "Only this tenant" in cli.run("db", "grants", "--help").stdout
+
+
+# Every form of taking an advisory lock, on the key of another tenant's queue lock (and of
+# the concurrency announcement beside it): what `acquire` takes, spelled by anyone.
+TAKE_ANOTHER_TENANTS_LOCK = (
+    "SELECT pg_advisory_lock(hashtextextended('beta/dosq', 7))",
+    "SELECT pg_advisory_lock_shared(hashtextextended('beta/dosq', 7))",
+    "SELECT pg_try_advisory_lock(hashtextextended('beta/dosq', 7))",
+    "SELECT pg_advisory_xact_lock(hashtextextended('beta/dosq', 7))",
+    "SELECT pg_try_advisory_xact_lock_shared(hashtext('beta/dosq'), 100)",
+    "SELECT pg_advisory_lock(hashtext('queue-server-deliveries-in-flight'))",
+)
+
+
+def test_an_enqueue_role_cannot_take_another_tenants_queue_or_admission_lock(
+    cli: Cli, database_url: str, api: Api
+) -> None:
+    cli.env["QUEUE_SERVER_DATABASE_URL"] = database_url
+    beta = setup_tenant(api.url, api.admin, "beta")
+    beta.enqueue("dosq", {"n": 1})
+    roles = Roles(database_url)
+    name = f"app_{uuid.uuid4().hex[:10]}"
+    roles.made.append(name)
+    try:
+        done = cli.run("db", "grant-enqueue", name, "--tenant", "acme")
+        assert "warning" not in done.stderr
+        [url] = [line for line in done.stdout.splitlines() if line.startswith("postgresql://")]
+        with psycopg.connect(url, autocommit=True) as conn:
+            for statement in TAKE_ANOTHER_TENANTS_LOCK:
+                with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                    conn.execute(statement)
+            # The admission lock is a row lock on the tenant: no table is readable, and
+            # queue_server.enqueue takes it only for a tenant granted to the role.
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("SELECT 1 FROM tenants WHERE tenant_id = 'beta' FOR NO KEY UPDATE")
+            with pytest.raises(errors.EnqueueNotGrantedError):
+                enqueue_in(conn, "beta", "dosq", {"n": 2}, key="squat")
+            # Its own tenant's admission, held open: beta's workers do not wait for it.
+            with conn.transaction():
+                enqueue_in(conn, "acme", "emails", {"order": 1}, key="order-1")
+                started = time.monotonic()
+                assert len(beta.acquire("dosq")) == 1
+                assert time.monotonic() - started < 2
+    finally:
+        roles.drop()

@@ -18,3 +18,27 @@ FROM enqueue_grants g LEFT JOIN pg_roles r ON r.oid = g.role_oid
 WHERE %(tenant)s::text IS NULL OR g.tenant_id = %(tenant)s
 ORDER BY g.tenant_id, 2;
 
+
+-- name: restrict_advisory_locks
+-- Advisory locks are the server's own (the queue locks of `acquire`, the deliverers' and
+-- sweepers' locks): a role that could take them, an application's role among them, could
+-- stall another tenant's workers. Their keys cannot be hidden (pg_locks shows every held
+-- key to every role), so the lock functions are taken from PUBLIC, in this database only,
+-- and given to the role that owns the queue's tables (the server's). Unlocking is left
+-- to everyone: a role can release only the locks it holds. Needs a superuser.
+DO $$
+DECLARE
+    f regprocedure;
+    server_role text := (SELECT pg_get_userbyid(relowner) FROM pg_class
+                         WHERE oid = 'work_items'::regclass);
+BEGIN
+    FOR f IN
+        SELECT p.oid::regprocedure FROM pg_proc p
+        WHERE p.pronamespace = 'pg_catalog'::regnamespace
+          AND p.proname ~ '^pg_(try_)?advisory_(xact_)?lock(_shared)?$'
+    LOOP
+        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', f, server_role);
+    END LOOP;
+END
+$$;
