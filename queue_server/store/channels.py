@@ -2,16 +2,31 @@
 
 from __future__ import annotations
 
+import hashlib
+
 from queue_server.store.sql import load
 
 _SQL = load("channels")
 
-# Payload `tenant/queue`: the queue may have work due (enqueue, requeue, replay, release).
+# PostgreSQL has no LISTEN privilege: any role of the database (an application's enqueue
+# role too) may listen on any channel, and NOTIFY on it. So a payload names no tenant, and
+# a notification is only ever a hint that makes the server look again.
+#
+# Payload `ready_tag(secret, tenant, queue)`: the queue may have work due (enqueue,
+# requeue, replay, release). Without the installation's secret it cannot be computed, so a
+# listener learns no queue name and a forged wake reaches no chosen queue; a tag seen and
+# sent again only makes that queue's waiting acquires look once more.
 READY_CHANNEL = "queue_server_ready"
-# Payload a key id: a key was revoked; every API process drops its cache of keys.
+# Payload empty: a key was revoked; every API process drops its cache of keys.
 KEYS_CHANNEL = "queue_server_keys"
 
 LISTEN_READY = _SQL["listen_ready"]
 LISTEN_KEYS = _SQL["listen_keys"]
 
 LISTENER_PROBE = _SQL["listener_probe"]
+INSTALLATION_SECRET = _SQL["installation_secret"]
+
+
+def ready_tag(secret: str, tenant: str, queue: str) -> str:
+    """The ready channel's payload for a queue: queue_server.ready_tag's (migration 0022)."""
+    return hashlib.sha256(f"{secret}/{tenant}/{queue}".encode()).hexdigest()
