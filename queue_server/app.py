@@ -219,6 +219,7 @@ def app_from_env() -> FastAPI:
             body_timeout=settings.body_timeout,
             keep_alive=settings.keep_alive_timeout,
             max_connections=settings.max_connections,
+            max_connections_per_address=settings.max_connections_per_address,
         )
     )
     return create_app(settings, settings.database_url)
