@@ -44,3 +44,11 @@ def restrict_advisory_locks(conn: psycopg.Connection[Any]) -> bool:
     except psycopg.errors.InsufficientPrivilege:
         return False
     return True
+
+
+def own_schema(conn: psycopg.Connection[Any], *, role: str) -> None:
+    """A schema named like `role`, owned by it, for the application's own tables (kept
+    when it exists and is the role's; refused when it is another's)."""
+    with conn.transaction():
+        conn.execute(_SQL["name_own_schema"], {"role": role})
+        conn.execute(_SQL["own_schema"])

@@ -130,3 +130,52 @@ def test_an_enqueue_role_cannot_take_another_tenants_queue_or_admission_lock(
                 assert time.monotonic() - started < 2
     finally:
         roles.drop()
+
+
+ORDERS = (
+    "CREATE TABLE orders (order_id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,"
+    " customer text NOT NULL)"
+)
+
+
+def test_with_own_schema_the_role_creates_its_table_and_commits_an_order_with_its_item(
+    cli: Cli, database_url: str, api: Api
+) -> None:
+    cli.env["QUEUE_SERVER_DATABASE_URL"] = database_url
+    roles = Roles(database_url)
+    plain, owner = (f"app_{uuid.uuid4().hex[:10]}" for _ in range(2))
+    roles.made += [plain, owner]
+    try:
+        # Without a schema of its own the role may enqueue, but not make its table.
+        bare = cli.json("db", "grant-enqueue", plain, "--tenant", "acme")
+        with (
+            psycopg.connect(bare["url"]) as conn,
+            pytest.raises(psycopg.errors.InsufficientPrivilege, match="schema public"),
+        ):
+            conn.execute(ORDERS)
+
+        made = cli.json("db", "grant-enqueue", owner, "--tenant", "acme", "--own-schema")
+        assert made["schema"] == owner
+        with psycopg.connect(made["url"]) as conn:
+            conn.execute(ORDERS)
+            conn.commit()
+            row = conn.execute(
+                "INSERT INTO orders (customer) VALUES ('ada') RETURNING order_id"
+            ).fetchone()
+            assert row is not None
+            item_id = enqueue_in(conn, "acme", "emails", {"order": row[0]}, key="order-1")
+            conn.commit()
+            where = conn.execute("SELECT 'orders'::regclass::text").fetchone()
+        assert where == ("orders",)  # found first on the role's own search_path
+        with psycopg.connect(database_url) as conn:
+            schema = conn.execute(
+                "SELECT relnamespace::regnamespace::text FROM pg_class WHERE oid = %s::regclass",
+                (f"{owner}.orders",),
+            ).fetchone()
+        assert schema == (owner,)
+        listed = cli.api.operator.get("/v1/tenants/acme/items").json()["items"]
+        assert [i["item_id"] for i in listed] == [item_id]
+        # Again: the schema is kept (it is the role's already).
+        assert cli.json("db", "grant-enqueue", owner, "--tenant", "acme", "--own-schema")
+    finally:
+        roles.drop()

@@ -42,3 +42,24 @@ BEGIN
     END LOOP;
 END
 $$;
+
+-- name: name_own_schema
+-- Whose schema `own_schema` makes (a DO block takes no parameter): for this transaction.
+SELECT set_config('queue_server.own_schema', %(role)s, true);
+
+-- name: own_schema
+-- A schema named like the role and owned by it, for the application's own tables beside
+-- the queue's: PostgreSQL's default search_path ("$user", public) puts it first, so the
+-- role's CREATE TABLE lands there (public takes no CREATE from other roles).
+DO $$
+DECLARE
+    r text := current_setting('queue_server.own_schema');
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = r) THEN
+        EXECUTE format('CREATE SCHEMA %I AUTHORIZATION %I', r, r);
+    ELSIF (SELECT pg_get_userbyid(nspowner) FROM pg_namespace WHERE nspname = r) <> r THEN
+        RAISE EXCEPTION 'schema % exists and belongs to another role', r
+            USING ERRCODE = 'duplicate_schema';
+    END IF;
+END
+$$;
