@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+from typing import Any
+
+from psycopg import AsyncConnection
 
 from queue_server.store.sql import load
 
@@ -30,3 +33,12 @@ INSTALLATION_SECRET = _SQL["installation_secret"]
 def ready_tag(secret: str, tenant: str, queue: str) -> str:
     """The ready channel's payload for a queue: queue_server.ready_tag's (migration 0022)."""
     return hashlib.sha256(f"{secret}/{tenant}/{queue}".encode()).hexdigest()
+
+
+async def installation_secret(conn: AsyncConnection[Any]) -> str:
+    """The installation's secret (migration 0022), which only the tables' owner reads."""
+    row = await (await conn.execute(INSTALLATION_SECRET)).fetchone()
+    if row is None:
+        raise LookupError("the installation's secret is missing (migration 0022)")
+    # A pooled connection's rows are dicts, the listener's tuples.
+    return str(row["secret"] if isinstance(row, dict) else row[0])

@@ -22,16 +22,17 @@ import contextlib
 import logging
 import random
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import psycopg
 
+from queue_server import errors
 from queue_server.store.channels import (
-    INSTALLATION_SECRET,
     KEYS_CHANNEL,
     LISTEN_KEYS,
     LISTEN_READY,
     LISTENER_PROBE,
+    installation_secret,
     ready_tag,
 )
 
@@ -51,8 +52,12 @@ class Notifier:
         on_keys_changed: Callable[[bool], None] | None = None,
         on_disconnect: Callable[[], None] | None = None,
         on_alive: Callable[[], None] | None = None,
+        read_secret: Callable[[], Awaitable[str]] | None = None,
     ) -> None:
         self._conninfo = conninfo
+        # Read by the server's own role (the listener's may be another: LISTEN_DATABASE_URL);
+        # without it, on the listener's session.
+        self._read_secret = read_secret
         self._on_keys_changed = on_keys_changed or (lambda listening: None)
         self._on_alive = on_alive or (lambda: None)
         self._on_disconnect = on_disconnect or (lambda: None)
@@ -134,11 +139,12 @@ class Notifier:
                     connect_timeout=5,
                 )
                 async with conn:
-                    row = await (await conn.execute(INSTALLATION_SECRET)).fetchone()
-                    if row is None or not isinstance(row[0], str):
-                        raise psycopg.DataError("the installation's secret is missing")
-                    if row[0] != self._secret:
-                        self._secret, self._tags = row[0], {}
+                    if self._read_secret is not None:
+                        secret = await self._read_secret()
+                    else:
+                        secret = await installation_secret(conn)
+                    if secret != self._secret:
+                        self._secret, self._tags = secret, {}
                     await conn.execute(LISTEN_READY)
                     await conn.execute(LISTEN_KEYS)
                     self.backend_pid = conn.info.backend_pid
@@ -150,7 +156,7 @@ class Notifier:
                     self._on_keys_changed(True)
                     self._wake_all()
                     await self._listen(conn)
-            except (psycopg.Error, OSError, TimeoutError) as exc:
+            except (psycopg.Error, OSError, TimeoutError, errors.QueueServerError) as exc:
                 log.warning("notification listener: %s", exc)
             if self.connected.is_set():
                 # The session was lost: the key cache turns itself off, and every waiter
