@@ -40,7 +40,7 @@ from queue_server.policy import ReliabilityPolicy, runtime_policy
 from queue_server.services import Services
 from queue_server.services.keys import Keys
 from queue_server.settings import Settings
-from queue_server.store import reads
+from queue_server.store import channels, reads
 from queue_server.workers.notifier import Notifier
 from queue_server.workers.scheduler import run_schedules_forever
 from queue_server.workers.sweeper import sweep_forever, sweep_runs_forever
@@ -61,8 +61,14 @@ def create_app(
     db = Database.for_api(settings, database_url, outbox_cap=policy.delivery.outbox_cap)
     db.on_unavailable = lambda cause: metrics.database_unavailable.labels(cause).inc()
     keys = Keys(db, trust_window=settings.key_cache_trust)
+
+    async def read_secret() -> str:
+        async with db.conn() as conn:
+            return await channels.installation_secret(conn)
+
     notifier = Notifier(
         settings.listen_url(database_url),
+        read_secret=read_secret,
         # Probes come often enough that a healthy listener always vouches for the key cache.
         probe_interval=settings.key_cache_trust / 3,
         on_keys_changed=keys.keys_changed,
@@ -219,6 +225,7 @@ def app_from_env() -> FastAPI:
             body_timeout=settings.body_timeout,
             keep_alive=settings.keep_alive_timeout,
             max_connections=settings.max_connections,
+            max_connections_per_address=settings.max_connections_per_address,
         )
     )
     return create_app(settings, settings.database_url)

@@ -1,9 +1,15 @@
-"""The receipt protocol: an effecting request runs once per (tenant, Idempotency-Key).
+"""The receipt protocol: an effecting request runs once per (tenant, caller, Idempotency-Key).
 
     claim the key --new--> run the operation in the same transaction --> fill the receipt
         |--finished receipt, same fingerprint--> replay its answer (Idempotent-Replayed)
         |--finished receipt, other fingerprint--> 422 idempotency-key-reuse
         '--receipt of a request still running (lock wait timed out)--> 409 in flight
+
+A key is its caller's (the API key that sent it): another key of the tenant that sends the
+same Idempotency-Key (a predictable one, `done-<item>`) makes a receipt of its own and can
+neither replay nor block the first caller's. Stored as `<key id> <Idempotency-Key>`: an
+Idempotency-Key has no space, so no key of one caller is another's (nor a database role's,
+whose queue_server.enqueue keys are stored as given).
 
 The receipt is claimed before any authority check, in the operation's transaction:
 a concurrent request with the same key waits on the uncommitted receipt and then
@@ -64,13 +70,20 @@ class Idempotency:
 
     key: str
     fingerprint: str
+    # The key id of the API key that sent it: the receipt is that caller's.
+    caller: str
 
     @classmethod
-    def of(cls, key: str | None, *, method: str, path: str, body: Any) -> Idempotency:
+    def of(cls, key: str | None, *, caller: str, method: str, path: str, body: Any) -> Idempotency:
         if key is None or not 1 <= len(key) <= 255 or not all(33 <= ord(c) <= 126 for c in key):
             raise errors.IdempotencyKeyRequiredError()
         canonical = orjson.dumps([method, path, body], option=orjson.OPT_SORT_KEYS)
-        return cls(key=key, fingerprint=hashlib.sha256(canonical).hexdigest())
+        return cls(key=key, fingerprint=hashlib.sha256(canonical).hexdigest(), caller=caller)
+
+    @property
+    def receipt_key(self) -> str:
+        """The receipt's key: the caller's, then the Idempotency-Key (which has no space)."""
+        return f"{self.caller} {self.key}"
 
 
 Operation = Callable[[Conn], Awaitable[Answer]]
@@ -86,7 +99,11 @@ async def claim(conn: Conn, *, tenant: str, idem: Idempotency, retention: timede
     """True when this transaction now owns the key; False when a finished receipt exists."""
     try:
         return await idempotency_receipts.claim(
-            conn, tenant=tenant, key=idem.key, fingerprint=idem.fingerprint, retention=retention
+            conn,
+            tenant=tenant,
+            key=idem.receipt_key,
+            fingerprint=idem.fingerprint,
+            retention=retention,
         )
     except psycopg.errors.LockNotAvailable as exc:
         raise errors.IdempotencyKeyInFlightError() from exc
@@ -94,7 +111,7 @@ async def claim(conn: Conn, *, tenant: str, idem: Idempotency, retention: timede
 
 async def replay(conn: Conn, *, tenant: str, idem: Idempotency) -> Answer:
     """The finished receipt's answer, or the refusal of a key reused for another request."""
-    receipt = await idempotency_receipts.get(conn, tenant=tenant, key=idem.key)
+    receipt = await idempotency_receipts.get(conn, tenant=tenant, key=idem.receipt_key)
     if receipt is None:
         raise errors.IdempotencyKeyInFlightError()
     if receipt["fingerprint"] != idem.fingerprint:
@@ -118,7 +135,7 @@ async def fill(conn: Conn, *, tenant: str, idem: Idempotency, answer: Answer) ->
     await idempotency_receipts.fill(
         conn,
         tenant=tenant,
-        key=idem.key,
+        key=idem.receipt_key,
         status=answer.status,
         body=(answer.retained or answer.body).decode(),
     )
@@ -174,7 +191,7 @@ class Effects:
                         claimed = await idempotency_receipts.start_claim(
                             conn,
                             tenant=tenant,
-                            key=idem.key,
+                            key=idem.receipt_key,
                             fingerprint=idem.fingerprint,
                             retention=self.retention,
                         )

@@ -108,6 +108,9 @@ class Settings(BaseSettings):
     body_timeout: float = Field(default=60.0, gt=0)
     keep_alive_timeout: float = Field(default=5.0, ge=1)
     max_connections: int = Field(default=1024, ge=1)
+    # Of those, what one client address may hold (None: max(8, max_connections // 4));
+    # behind a reverse proxy, set it to max_connections.
+    max_connections_per_address: int | None = Field(default=None, ge=1)
     # A long-poll acquire re-checks at least this often even without a notification
     # (expired leases and delayed items become due without one).
     poll_interval: float = Field(default=1.0, gt=0)

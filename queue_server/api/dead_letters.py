@@ -133,7 +133,7 @@ async def replay(
     """Put the quarantined item back in `ready` with a renewed budget; the next acquire
     raises its fence. The dead letter is closed."""
     body = body or ReplayIn()
-    idem = idempotency(request, idempotency_key, body)
+    idem = idempotency(request, idempotency_key, body, caller)
     answer = await dead_letters.replay(
         caller,
         tenant,
@@ -161,7 +161,7 @@ async def discard(
 ) -> Response:
     """Cancel the item for good; the dead letter is closed."""
     body = body or DiscardIn()
-    idem = idempotency(request, idempotency_key, body)
+    idem = idempotency(request, idempotency_key, body, caller)
     answer = await dead_letters.discard(
         caller, tenant, dead_letter_id, idem, instance=request.url.path, reason=body.reason
     )
@@ -188,7 +188,7 @@ async def replay_queue(
     skipped. Call again while `remaining` is above zero and the last call replayed any.
     """
     body = body or BulkReplayIn()
-    idem = idempotency(request, idempotency_key, body)
+    idem = idempotency(request, idempotency_key, body, caller)
     answer = await dead_letters.replay_queue(
         caller,
         tenant,

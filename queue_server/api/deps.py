@@ -146,7 +146,14 @@ def respond(answer: Answer) -> Response:
     return Response(answer.body, status_code=answer.status, media_type=media, headers=headers)
 
 
-def idempotency(request: Request, key: str | None, body: schemas.Body) -> Idempotency:
+def idempotency(
+    request: Request, key: str | None, body: schemas.Body, caller: Principal
+) -> Idempotency:
+    """The request's key, its caller's: another key's receipts never answer it."""
     return Idempotency.of(
-        key, method=request.method, path=request.url.path, body=body.model_dump(mode="json")
+        key,
+        caller=caller.key_id,
+        method=request.method,
+        path=request.url.path,
+        body=body.model_dump(mode="json"),
     )

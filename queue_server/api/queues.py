@@ -43,7 +43,7 @@ async def approve_spend(
 ) -> Response:
     """Record the calling operator key's approval of more than one concurrent lease on the
     queue: at most the policy's max-approved, until at most a year ahead."""
-    idem = idempotency(request, idempotency_key, body)
+    idem = idempotency(request, idempotency_key, body, caller)
     answer = await queues.approve_spend(
         caller,
         tenant,
@@ -86,7 +86,7 @@ async def revoke_spend(
 ) -> Response:
     """Revoke a spend approval (operator): from the next acquire on, it raises nothing.
     Revoking it again answers the approval as first revoked."""
-    idem = idempotency(request, idempotency_key, schemas.Body())
+    idem = idempotency(request, idempotency_key, schemas.Body(), caller)
     answer = await queues.revoke_spend(
         caller, tenant, queue, approval_id, idem, instance=request.url.path
     )
@@ -137,7 +137,7 @@ async def pause(
     """Stop handing out leases of the queue (operator); enqueues are still admitted and
     long-polling acquires keep waiting. When this answers, no new lease is committed."""
     body = body or schemas.PauseIn()
-    idem = idempotency(request, idempotency_key, body)
+    idem = idempotency(request, idempotency_key, body, caller)
     answer = await queues.pause(
         caller, tenant, queue, idem, instance=request.url.path, reason=body.reason
     )
@@ -158,7 +158,7 @@ async def resume(
 ) -> Response:
     """Hand out leases of the queue again (operator); waiting acquires wake up."""
     body = body or schemas.PauseIn()
-    idem = idempotency(request, idempotency_key, body)
+    idem = idempotency(request, idempotency_key, body, caller)
     answer = await queues.resume(
         caller, tenant, queue, idem, instance=request.url.path, reason=body.reason
     )
@@ -183,7 +183,7 @@ async def put_queue_settings(
     (operator), all at once: a field left out inherits the tenant's default, else the
     policy's. Each value above the loaded policy's envelope is 422 naming the field and the
     cell. Enqueue, acquire, heartbeat, requeue and triage read them."""
-    idem = idempotency(request, idempotency_key, body)
+    idem = idempotency(request, idempotency_key, body, caller)
     answer = await settings.put(
         caller, tenant, queue, body.given(), idem, instance=request.url.path
     )

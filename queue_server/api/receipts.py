@@ -186,7 +186,7 @@ async def resolve_receipt(
         caller,
         tenant,
         ref,
-        idempotency(request, idempotency_key, body),
+        idempotency(request, idempotency_key, body, caller),
         instance=request.url.path,
         status=body.status,
         outcome=body.outcome,

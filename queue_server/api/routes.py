@@ -191,7 +191,7 @@ async def enqueue(
     """Enqueue one item. At the tenant's backlog cap: 429 `backlog-cap-reached`. A W3C
     `traceparent` (and `tracestate`) header is kept with the item and handed to each of its
     leases as `trace`; a malformed one is ignored."""
-    idem = idempotency(request, idempotency_key, body)
+    idem = idempotency(request, idempotency_key, body, caller)
     answer = await items.enqueue(
         caller,
         tenant,
@@ -252,7 +252,11 @@ async def enqueue_batch(
     """Enqueue 1 to 500 items, all or nothing against the backlog cap. Each item keeps the
     request's W3C `traceparent`/`tracestate` headers, as a single enqueue does."""
     idem = Idempotency.of(
-        idempotency_key, method=request.method, path=request.url.path, body=body.canonical()
+        idempotency_key,
+        caller=caller.key_id,
+        method=request.method,
+        path=request.url.path,
+        body=body.canonical(),
     )
     answer = await items.enqueue(
         caller,
@@ -341,7 +345,7 @@ async def cancel_items(
     At most `limit` items are examined per call, in list order; call again with
     `next_cursor` (and a new Idempotency-Key) until it is null.
     """
-    idem = idempotency(request, idempotency_key, body)
+    idem = idempotency(request, idempotency_key, body, caller)
     answer = await items.cancel_many(
         caller,
         tenant,
@@ -387,7 +391,7 @@ async def retry_items(
     none fits); `next_cursor` resumes after the last one retried. A quarantined item's
     open dead letter closes as `retried`.
     """
-    idem = idempotency(request, idempotency_key, body)
+    idem = idempotency(request, idempotency_key, body, caller)
     answer = await items.retry_many(
         caller,
         tenant,
@@ -411,7 +415,7 @@ async def delete_items(
 ) -> Response:
     """Delete the completed or cancelled items of one page of the filter with their ledgers
     (operator); each queue's ledger keeps who deleted which. `next_cursor` resumes."""
-    idem = idempotency(request, idempotency_key, body)
+    idem = idempotency(request, idempotency_key, body, caller)
     answer = await items.delete_many(
         caller,
         tenant,
@@ -439,7 +443,7 @@ async def cancel_item(
     """Cancel a ready, leased or quarantined item (operator). A leased item's holder is
     refused with 409 `item-cancelled` at its next heartbeat or complete."""
     body = body or schemas.CancelIn()
-    idem = idempotency(request, idempotency_key, body)
+    idem = idempotency(request, idempotency_key, body, caller)
     answer = await items.cancel(
         caller, tenant, item_id, idem, instance=request.url.path, reason=body.reason
     )
@@ -532,7 +536,7 @@ async def complete(
     idempotency_key: IdempotencyKey,
 ) -> Response:
     """Complete the item with a result (holder with the current fence, lease not expired)."""
-    idem = idempotency(request, idempotency_key, body)
+    idem = idempotency(request, idempotency_key, body, caller)
     answer = await items.complete(
         caller,
         tenant,
@@ -588,7 +592,7 @@ async def complete_many(
     Answers 200 with one result per entry: the completed item, or the problem a
     single complete would have answered (stale-fence, lease-expired, ...).
     """
-    idem = idempotency(request, idempotency_key, body)
+    idem = idempotency(request, idempotency_key, body, caller)
     answer = await items.complete_many(
         caller,
         tenant,
@@ -614,7 +618,7 @@ async def requeue(
 ) -> Response:
     """Give the item back to the queue, due now or after `delay` seconds (at most the policy's
     backoff cap); the next acquire raises its fence."""
-    idem = idempotency(request, idempotency_key, body)
+    idem = idempotency(request, idempotency_key, body, caller)
     answer = await items.requeue(
         caller,
         tenant,
@@ -645,7 +649,7 @@ async def triage(
     """Record a failure and requeue or quarantine the item (holder with the current fence,
     lease not expired). Refused triage is still ledgered as `triage_rejected`, by any key of
     the tenant: an operator's key holds no lease, so its triage is always refused (409)."""
-    idem = idempotency(request, idempotency_key, body)
+    idem = idempotency(request, idempotency_key, body, caller)
     answer = await items.triage(
         caller,
         tenant,

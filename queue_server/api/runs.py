@@ -214,7 +214,7 @@ async def abandon_run(
         caller,
         tenant,
         run_id,
-        idempotency(request, idempotency_key, body),
+        idempotency(request, idempotency_key, body, caller),
         instance=request.url.path,
         reason=body.reason,
     )

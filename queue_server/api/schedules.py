@@ -137,7 +137,7 @@ async def put_schedule(
 ) -> Response:
     """Create (201) or replace (200) a schedule. A new timing (or unpausing) starts at the
     first tick after now; other changes keep the ticks already due."""
-    idem = idempotency(request, idempotency_key, body)
+    idem = idempotency(request, idempotency_key, body, caller)
     spec = ScheduleSpec(
         queue=body.queue,
         payload=body.payload,
@@ -184,7 +184,7 @@ async def delete_schedule(
     idempotency_key: IdempotencyKey,
 ) -> Response:
     """Delete the schedule; the items it enqueued stay."""
-    idem = idempotency(request, idempotency_key, schemas.Body())
+    idem = idempotency(request, idempotency_key, schemas.Body(), caller)
     return respond(await schedules.delete(caller, tenant, name, idem, instance=request.url.path))
 
 
@@ -197,7 +197,7 @@ async def _change(
     key: str | None,
     pause: bool,
 ) -> Response:
-    idem = idempotency(request, key, schemas.Body())
+    idem = idempotency(request, key, schemas.Body(), caller)
     answer = await schedules.change(
         caller, tenant, name, idem, instance=request.url.path, pause=pause
     )
@@ -243,7 +243,7 @@ async def trigger_schedule(
 ) -> Response:
     """Enqueue one run now (also while paused), under the backlog cap like any enqueue. The
     item carries this request's W3C `traceparent`, else the one the schedule was put with."""
-    idem = idempotency(request, idempotency_key, schemas.Body())
+    idem = idempotency(request, idempotency_key, schemas.Body(), caller)
     trace = tracecontext.from_headers(request.scope["headers"])
     return respond(
         await schedules.trigger(caller, tenant, name, idem, instance=request.url.path, trace=trace)

@@ -131,7 +131,7 @@ async def create_watcher(
     idempotency_key: IdempotencyKey,
 ) -> Response:
     """Register a webhook. The URL must pass the SSRF policy; the secret is shown once."""
-    idem = idempotency(request, idempotency_key, body)
+    idem = idempotency(request, idempotency_key, body, caller)
     answer = await watchers.create(
         caller,
         tenant,
@@ -167,7 +167,7 @@ async def _change(
     key: str | None,
     action: str,
 ) -> Response:
-    idem = idempotency(request, key, schemas.Body())
+    idem = idempotency(request, key, schemas.Body(), caller)
     answer = await watchers.change(
         caller, tenant, watcher_id, idem, instance=request.url.path, action=action
     )
@@ -226,7 +226,7 @@ async def rotate_secret(
 ) -> Response:
     """A new signing secret (shown once). Until `previous_secret_expires_at` every delivery
     is signed with both the new and the old secret."""
-    idem = idempotency(request, idempotency_key, schemas.Body())
+    idem = idempotency(request, idempotency_key, schemas.Body(), caller)
     answer = await watchers.rotate_secret(
         caller, tenant, watcher_id, idem, instance=request.url.path
     )

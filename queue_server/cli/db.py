@@ -78,6 +78,14 @@ def _administering(
 def grant_enqueue(
     role: Role,
     tenant: Tenant,
+    own_schema: Annotated[
+        bool,
+        typer.Option(
+            "--own-schema",
+            help="Also make a schema named like ROLE and owned by it, for the application's"
+            " own tables beside the queue's (first on the role's search_path).",
+        ),
+    ] = False,
     data_dir: DataDir = None,
     json: Json = False,
 ) -> None:
@@ -89,21 +97,39 @@ def grant_enqueue(
     secrets. An existing role keeps its password (nothing is printed but the grant).
     Granting a second tenant to a role adds to the first.
 
-    Example: [bold]queue-server db grant-enqueue orders_app --tenant acme[/bold]
+    With --own-schema the role also gets a schema of its own, named like it: its CREATE
+    TABLE lands there (the public schema takes no table from it), and its transactions
+    write its rows and enqueue together.
+
+    Example: [bold]queue-server db grant-enqueue orders_app --tenant acme --own-schema[/bold]
     """
     from queue_server.store import enqueue_grants
 
     password = secrets.token_urlsafe(24)
     with _administering(data_dir) as (target, conn):
         created = enqueue_grants.grant(conn, role=role, tenant=tenant, password=password)
+        if own_schema:
+            enqueue_grants.own_schema(conn, role=role)
+        restricted = enqueue_grants.restrict_advisory_locks(conn)
+    if not restricted:
+        err_console.print(
+            "warning: this role may not restrict advisory locks to the server's role, so"
+            f" {role} could hold another tenant's queue lock; as a superuser, run once the"
+            " statements of docs/transactional-enqueue.md (Isolation between tenants)",
+            soft_wrap=True,
+        )
     url = target.app_url(role, password) if created else None
     if json:
         body: dict[str, Any] = {"role": role, "tenant": tenant, "created": created}
+        if own_schema:
+            body["schema"] = role
         if url:
             body["url"] = url
         print_json(body)
         return
     console.print(f"role [bold]{role}[/bold] may enqueue for tenant [bold]{tenant}[/bold]")
+    if own_schema:
+        console.print(f"schema {role} is {role}'s own: its tables go there", soft_wrap=True)
     if url:
         console.print(f"created role {role}; its connection URL (shown once):", soft_wrap=True)
         console.print(url, soft_wrap=True, markup=False)

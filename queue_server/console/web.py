@@ -276,13 +276,16 @@ def form_text(form: FormData, name: str, default: str = "") -> str:
     return value.strip() if isinstance(value, str) else default
 
 
-def idempotency_for(form: FormData, *, rest_path: str, body: Any, suffix: str = "") -> Idempotency:
-    """The Idempotency of the REST request this form stands for: the key the page was rendered
-    with (a resubmitted form replays its first answer), fingerprinted as the REST route does."""
+def idempotency_for(
+    caller: str, form: FormData, *, rest_path: str, body: Any, suffix: str = ""
+) -> Idempotency:
+    """The Idempotency of the REST request this form stands for, by the session's key
+    `caller`: the key the page was rendered with (a resubmitted form replays its first
+    answer), fingerprinted as the REST route does."""
     key = form_text(form, "idempotency_key")
     if suffix:
         key = f"{key}:{suffix}"
-    return Idempotency.of(key or None, method="POST", path=rest_path, body=body)
+    return Idempotency.of(key or None, caller=caller, method="POST", path=rest_path, body=body)
 
 
 def body_of(model: type[B], **fields: Any) -> B:

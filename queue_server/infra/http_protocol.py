@@ -9,7 +9,11 @@
   `keep_alive` seconds of silence close it. A long poll is not cut: the clock stops once
   the request has arrived.
 - At most `max_connections` open connections per process: one more is answered 503
-  `server-busy` and closed.
+  `server-busy` and closed. One client address holds at most its share of them
+  (`max_connections_per_address`, by default a quarter, at least 8): past it, that
+  address's new connections are answered the same, while other addresses are still
+  served. Behind a reverse proxy every connection comes from the proxy: raise the share
+  to `max_connections` there (the proxy limits its clients).
 - A request head (its request line and headers) is counted while it arrives: past
   `max_head_bytes` it is answered 431 `headers-too-large` and the connection closed.
   The parser grows a header's value by concatenation as its bytes come, so a head of tens
@@ -40,10 +44,18 @@ class ConnectionLimits:
     body_timeout: float = 60.0
     keep_alive: float = 5.0
     max_connections: int = 1024
+    # Open connections one client address may hold; None: max(8, max_connections // 4).
+    max_connections_per_address: int | None = None
     # The headers' own limit (api/middleware.py: 32 KiB of names and values, 100 fields)
     # with room for the request line and the separators: anything larger is refused
     # while it arrives, before the parser has held it.
     max_head_bytes: int = 64 * 1024
+
+    @property
+    def address_share(self) -> int:
+        if self.max_connections_per_address is not None:
+            return self.max_connections_per_address
+        return max(8, self.max_connections // 4)
 
 
 def _problem(status: int, title: str, detail: str, code: str) -> bytes:
@@ -78,6 +90,13 @@ BUSY = _problem(
     503,
     "Service Unavailable",
     "This server process has as many open connections as it takes; retry shortly.",
+    "server-busy",
+)
+ADDRESS_BUSY = _problem(
+    503,
+    "Service Unavailable",
+    "This client address has as many open connections as one address may hold here;"
+    " close some or retry shortly.",
     "server-busy",
 )
 
@@ -168,6 +187,18 @@ class ProblemHttpToolsProtocol(HttpToolsProtocol):
             transport.write(BUSY)
             transport.close()
             return
+        # Counted over the process's open connections (this one included), not kept in a
+        # table of its own: nothing to leak, and a scan of at most max_connections.
+        host = self.client[0] if self.client else None
+        if host is not None:
+            share = self.limits.address_share
+            same = sum(
+                1 for c in self.connections if (getattr(c, "client", None) or (None,))[0] == host
+            )
+            if same > share:
+                transport.write(ADDRESS_BUSY)
+                transport.close()
+                return
         self._arm(self.limits.header_timeout)
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -38,7 +38,7 @@ from queue_server.infra.metrics import (
 from queue_server.services import figures
 from queue_server.services.keys import Keys
 from queue_server.settings import Settings
-from queue_server.store import bootstrap
+from queue_server.store import bootstrap, enqueue_grants
 from queue_server.store.bootstrap import DATABASE_NAME, SERVER_ROLE
 
 if TYPE_CHECKING:
@@ -212,6 +212,9 @@ def database(settings: Settings) -> Iterator[ServedDatabase]:
                     migrate.upgrade_apart(url)
                 except migrate.MigrationError as exc:
                     raise NoDatabaseError(str(exc)) from None
+            # As the superuser, once the tables exist: advisory locks are the server's only.
+            with psycopg.connect(pg.url(DATABASE_NAME), autocommit=True) as conn:
+                enqueue_grants.restrict_advisory_locks(conn)
             yield ServedDatabase(url=url, embedded=pg, lock=lock)
         finally:
             pg.stop()

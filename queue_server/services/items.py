@@ -360,7 +360,7 @@ class Items:
         whatever this lets through, the admission under the tenant's lock decides exactly.
         """
         async with self.db.conn() as conn:
-            row = await tenants.room(conn, tenant=tenant, key=idem.key)
+            row = await tenants.room(conn, tenant=tenant, key=idem.receipt_key)
         if row is None or row["has_receipt"]:
             return
         cap = self.envelope.held_backlog_cap(row["backlog_cap"])

@@ -32,3 +32,23 @@ def revoke(conn: psycopg.Connection[Any], *, role: str, tenant: str) -> bool:
 def list_grants(conn: psycopg.Connection[Any], *, tenant: str | None) -> list[tuple[Any, ...]]:
     """(tenant, role, role_exists, granted_at) of every grant, or of one tenant's."""
     return conn.execute(_SQL["list_grants"], {"tenant": tenant}).fetchall()
+
+
+def restrict_advisory_locks(conn: psycopg.Connection[Any]) -> bool:
+    """Only the server's role may take advisory locks in its database (an application's
+    role could otherwise hold another tenant's queue lock); whether this session could
+    make it so (it needs a superuser). Idempotent."""
+    try:
+        with conn.transaction():
+            conn.execute(_SQL["restrict_advisory_locks"])
+    except psycopg.errors.InsufficientPrivilege:
+        return False
+    return True
+
+
+def own_schema(conn: psycopg.Connection[Any], *, role: str) -> None:
+    """A schema named like `role`, owned by it, for the application's own tables (kept
+    when it exists and is the role's; refused when it is another's)."""
+    with conn.transaction():
+        conn.execute(_SQL["name_own_schema"], {"role": role})
+        conn.execute(_SQL["own_schema"])

@@ -815,3 +815,22 @@ enqueue_envelope = Table(
     _ts("updated_at", nullable=False, server_default=func.now()),
     CheckConstraint("singleton", name="one_row"),
 )
+
+
+# -- notifications that name no tenant (0022) ------------------------------------------------
+
+# One row: the installation's secret, read by the tables' owner only. The ready channel's
+# payload is a hash of it with the tenant and queue (queue_server.ready_tag), so that a role
+# listening on the channel learns nothing of any tenant's queues.
+installation_secret = Table(
+    "installation_secret",
+    metadata,
+    Column("singleton", Boolean, primary_key=True, server_default=text("true")),
+    Column(
+        "secret",
+        Text,
+        nullable=False,
+        server_default=text("gen_random_uuid()::text || gen_random_uuid()::text"),
+    ),
+    CheckConstraint("singleton", name="one_row"),
+)

@@ -1,7 +1,7 @@
 """Wakes long-polling acquires and drops revoked keys: one LISTEN session per process.
 
-Notifications on the ready channel (`tenant/queue`) wake the acquires waiting on that
-queue; a notification on the keys channel, and every (dis)connection of the
+Notifications on the ready channel (a queue's tag, made with the installation's secret:
+see `store/channels.py`) wake the acquires waiting on that queue, which look again; a notification on the keys channel, and every (dis)connection of the
 listener, tells `on_keys_changed` whether the listener is connected.
 
 The session is direct (a transaction pooler would deliver nothing) and follows the
@@ -22,17 +22,25 @@ import contextlib
 import logging
 import random
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import psycopg
 
-from queue_server.store.channels import KEYS_CHANNEL, LISTEN_KEYS, LISTEN_READY, LISTENER_PROBE
+from queue_server import errors
+from queue_server.store.channels import (
+    KEYS_CHANNEL,
+    LISTEN_KEYS,
+    LISTEN_READY,
+    LISTENER_PROBE,
+    installation_secret,
+    ready_tag,
+)
 
 log = logging.getLogger(__name__)
 
 
 class Notifier:
-    """Maps `tenant/queue` notifications from PostgreSQL to asyncio events."""
+    """Maps the ready channel's tags from PostgreSQL to the asyncio events of `tenant/queue`."""
 
     def __init__(
         self,
@@ -44,8 +52,12 @@ class Notifier:
         on_keys_changed: Callable[[bool], None] | None = None,
         on_disconnect: Callable[[], None] | None = None,
         on_alive: Callable[[], None] | None = None,
+        read_secret: Callable[[], Awaitable[str]] | None = None,
     ) -> None:
         self._conninfo = conninfo
+        # Read by the server's own role (the listener's may be another: LISTEN_DATABASE_URL);
+        # without it, on the listener's session.
+        self._read_secret = read_secret
         self._on_keys_changed = on_keys_changed or (lambda listening: None)
         self._on_alive = on_alive or (lambda: None)
         self._on_disconnect = on_disconnect or (lambda: None)
@@ -53,6 +65,10 @@ class Notifier:
         self._max_backoff = max_backoff
         self._probe_interval = probe_interval
         self._waiters: defaultdict[str, set[asyncio.Event]] = defaultdict(set)
+        # The installation's secret (read at each connection) and the tag of each
+        # `tenant/queue` waited on, made with it.
+        self._secret: str | None = None
+        self._tags: dict[str, str] = {}
         self._task: asyncio.Task[None] | None = None
         self.connected = asyncio.Event()
         #: The backend pid of the current session (0 while disconnected).
@@ -79,10 +95,24 @@ class Notifier:
             waiters.discard(event)
             if not waiters:
                 del self._waiters[key]
+                self._tags.pop(key, None)
 
-    def _wake(self, key: str) -> None:
-        for event in self._waiters.get(key, ()):
-            event.set()
+    def _tag(self, key: str) -> str | None:
+        if self._secret is None:
+            return None
+        tag = self._tags.get(key)
+        if tag is None:
+            tenant, _, queue = key.partition("/")
+            tag = self._tags[key] = ready_tag(self._secret, tenant, queue)
+        return tag
+
+    def _wake(self, tag: str) -> None:
+        """Wake the waiters of the queue whose tag this is (none, for a tag of no queue
+        waited on here: another tenant's, or a forged one)."""
+        for key, waiters in list(self._waiters.items()):
+            if self._tag(key) == tag:
+                for event in waiters:
+                    event.set()
 
     def _wake_all(self) -> None:
         for waiters in self._waiters.values():
@@ -109,6 +139,12 @@ class Notifier:
                     connect_timeout=5,
                 )
                 async with conn:
+                    if self._read_secret is not None:
+                        secret = await self._read_secret()
+                    else:
+                        secret = await installation_secret(conn)
+                    if secret != self._secret:
+                        self._secret, self._tags = secret, {}
                     await conn.execute(LISTEN_READY)
                     await conn.execute(LISTEN_KEYS)
                     self.backend_pid = conn.info.backend_pid
@@ -120,7 +156,7 @@ class Notifier:
                     self._on_keys_changed(True)
                     self._wake_all()
                     await self._listen(conn)
-            except (psycopg.Error, OSError, TimeoutError) as exc:
+            except (psycopg.Error, OSError, TimeoutError, errors.QueueServerError) as exc:
                 log.warning("notification listener: %s", exc)
             if self.connected.is_set():
                 # The session was lost: the key cache turns itself off, and every waiter

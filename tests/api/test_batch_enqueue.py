@@ -36,8 +36,12 @@ BODIES: list[dict[str, Any]] = [
 def test_the_batch_fingerprint_is_the_fingerprint_of_the_models_dump(body: dict[str, Any]) -> None:
     batch = schemas.BatchIn.model_validate(body)
     assert batch.canonical() == batch.model_dump(mode="json")
-    fingerprint = Idempotency.of("k", method="POST", path=BATCH, body=batch.canonical())
-    dumped = Idempotency.of("k", method="POST", path=BATCH, body=batch.model_dump(mode="json"))
+    fingerprint = Idempotency.of(
+        "k", caller="k1", method="POST", path=BATCH, body=batch.canonical()
+    )
+    dumped = Idempotency.of(
+        "k", caller="k1", method="POST", path=BATCH, body=batch.model_dump(mode="json")
+    )
     assert fingerprint == dumped
 
 

@@ -1,4 +1,4 @@
-"""Idempotency-Key: receipts survive the lease, keys are per tenant, one effect per key."""
+"""Idempotency-Key: receipts survive the lease, keys are per tenant and per API key, one effect per key."""
 
 from __future__ import annotations
 
@@ -141,3 +141,37 @@ def test_concurrent_same_key_enqueues_store_one_item(api: Api, db: Db) -> None:
     for thread in threads:
         thread.join()
     assert db.execute("SELECT count(*) AS n FROM work_items").fetchone() == {"n": 1}
+
+
+def test_another_keys_refused_complete_cannot_squat_the_holders_idempotency_key(
+    api: Api,
+) -> None:
+    """K2, another worker key of the tenant, sends the holder's predictable key first (the
+    same body, its fence read from the item): refused, and kept as K2's answer only. The
+    holder's complete then does what it asks, and each key's retry replays its own answer.
+    Refusing the holder instead (a conflict on the key) would still let any key of the
+    tenant block any holder's complete by guessing its key: a demanding user wants theirs."""
+    created = api.admin.post("/v1/tenants/acme/keys", json={"role": "worker"})
+    assert created.status_code == 201, created.text
+    other = api.client(created.json()["secret"])
+    item = api.enqueue()
+    [lease] = api.acquire()
+    done_x = f"done-{item['item_id']}"
+    body = {"worker": "w1", "fence": lease["fence"]}
+    path = f"/v1/tenants/acme/items/{item['item_id']}/complete"
+
+    squat = other.post(path, json=body, headers={"Idempotency-Key": done_x})
+    assert squat.status_code == 409, squat.text
+
+    done = api.worker.post(path, json=body, headers={"Idempotency-Key": done_x})
+    assert done.status_code == 200, done.text
+    assert "Idempotent-Replayed" not in done.headers
+    assert done.json()["state"] == "completed"
+
+    again = api.worker.post(path, json=body, headers={"Idempotency-Key": done_x})
+    assert again.status_code == 200
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.content == done.content
+    squat_again = other.post(path, json=body, headers={"Idempotency-Key": done_x})
+    assert squat_again.headers["Idempotent-Replayed"] == "true"
+    assert squat_again.content == squat.content

@@ -129,6 +129,45 @@ def test_one_connection_past_the_limit_is_answered_503_and_closed(bounded: LiveS
     assert httpx.get(f"{bounded.url}/healthz").status_code == 200  # room again
 
 
+def _get_healthz_from(server: LiveServer, source: str) -> bytes:
+    """A raw GET /healthz from the loopback address `source` (127.0.0.0/8 is all ours)."""
+    with socket.create_connection(
+        ("127.0.0.1", server.port), timeout=5, source_address=(source, 0)
+    ) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        return sock.recv(4096)
+
+
+def test_one_address_past_its_share_is_refused_while_another_address_is_served(
+    live: LiveServer,
+) -> None:
+    before = ProblemHttpToolsProtocol.limits
+    use_limits(ConnectionLimits(max_connections=64, max_connections_per_address=4))
+    held = [_connect(live) for _ in range(4)]
+    try:
+        time.sleep(0.1)
+        with _connect(live) as extra:
+            extra.settimeout(5)
+            answer = extra.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 503"), answer
+            assert b'"code":"server-busy"' in answer.replace(b" ", b"")
+            assert b"client address" in answer
+        # Far from the process's limit: another client is served while the first waits.
+        assert _get_healthz_from(live, "127.0.0.2").startswith(b"HTTP/1.1 200"), "refused"
+    finally:
+        for sock in held:
+            sock.close()
+        use_limits(before)
+    time.sleep(0.1)
+    assert _get_healthz_from(live, "127.0.0.1").startswith(b"HTTP/1.1 200")  # its share back
+
+
+def test_the_default_share_of_an_address_is_a_quarter_and_at_least_8() -> None:
+    assert ConnectionLimits().address_share == 256
+    assert ConnectionLimits(max_connections=10).address_share == 8
+    assert ConnectionLimits(max_connections=10, max_connections_per_address=10).address_share == 10
+
+
 def _admin(server: LiveServer) -> str:
     return make_admin_key(server.settings, server.database_url)
 

@@ -185,6 +185,13 @@ def test_the_readme_and_the_guides_that_follow_it_run_as_written(
             continue  # a guide without commands (its examples are run elsewhere, if any)
         outputs[guide.name] = run_guide(served, guide.name, tmp_path)
     assert "nightly" in outputs["schedules.md"]
+    # The application's own table, in its role's schema, and an order committed with its
+    # item, on the embedded database.
+    assert re.search(
+        r"^order 1 committed with item [0-9a-f-]{36}$",
+        outputs["transactional-enqueue.md"],
+        re.MULTILINE,
+    )
 
 
 def test_every_guide_with_commands_runs_in_one_of_the_tests() -> None:

@@ -105,6 +105,14 @@ def test_serve_starts_embedded_database_creates_admin_key_and_reuses_data(open_d
     assert (data_dir / "server.url").read_text().strip() == url
     # The server connects as a role of its own: not the superuser, no CREATEROLE.
     assert _server_roles(data_dir) == [("queue_server", False, False, False)]
+    # Advisory locks are the server's only, from its first start: an application's role
+    # (a member of queue_server_enqueuer) cannot take another tenant's queue lock.
+    with psycopg.connect(EmbeddedPostgres(data_dir / "pgdata").url("queue_server")) as conn:
+        may = conn.execute(
+            "SELECT has_function_privilege(r, 'pg_advisory_xact_lock(bigint)', 'EXECUTE')"
+            " FROM unnest(ARRAY['queue_server_enqueuer', 'queue_server']) AS r"
+        ).fetchall()
+    assert may == [(False,), (True,)]
     # It reads every role's sessions: a snapshot another role holds (a superuser's pg_dump)
     # is in /metrics.
     with psycopg.connect(EmbeddedPostgres(data_dir / "pgdata").url("queue_server")) as other:

@@ -171,7 +171,7 @@ def test_cancelling_a_request_never_cancels_its_commit(
                         api.tenant,
                         "q",
                         [NewItem(payload={"cancelled": True})],
-                        Idempotency.of(key, method="POST", path="/x", body={}),
+                        Idempotency.of(key, caller="test", method="POST", path="/x", body={}),
                         instance="/x",
                         batch=False,
                     )

@@ -40,7 +40,9 @@ class Scheduler:
     async def put(self, name: str, **fields: Any) -> dict[str, Any]:
         if "catch_up" in fields:
             fields["catch_up"] = CatchUp(fields["catch_up"])
-        idem = Idempotency.of(uuid.uuid4().hex, method="PUT", path=name, body=fields)
+        idem = Idempotency.of(
+            uuid.uuid4().hex, caller=ADMIN.key_id, method="PUT", path=name, body=fields
+        )
         answer = await self.services.schedules.put(
             ADMIN, self.tenant, name, ScheduleSpec(**fields), idem, instance=name
         )
@@ -48,7 +50,9 @@ class Scheduler:
         return {"status": answer.status}
 
     async def trigger(self, name: str) -> int:
-        idem = Idempotency.of(uuid.uuid4().hex, method="POST", path=name, body={})
+        idem = Idempotency.of(
+            uuid.uuid4().hex, caller=ADMIN.key_id, method="POST", path=name, body={}
+        )
         answer = await self.services.schedules.trigger(
             ADMIN, self.tenant, name, idem, instance=name
         )

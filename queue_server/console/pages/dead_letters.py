@@ -122,7 +122,9 @@ async def replay_queue(request: Request, tenant: str, queue: str) -> Response:
     form = await web.check_form(request, session)
     body = BulkReplayIn()
     rest_path = f"/v1/tenants/{tenant}/queues/{queue}/dead-letters:replay"
-    idem = web.idempotency_for(form, rest_path=rest_path, body=body.model_dump(mode="json"))
+    idem = web.idempotency_for(
+        session.principal.key_id, form, rest_path=rest_path, body=body.model_dump(mode="json")
+    )
     target = web.back(request, form, web.tenant_path(tenant, "dead-letters", queue=queue))
     try:
         answer = await web.services(request).dead_letters.replay_queue(
@@ -162,6 +164,7 @@ async def act(request: Request, tenant: str, action: Literal["replay", "discard"
         if action == "replay":
             replay_body = ReplayIn()
             idem = web.idempotency_for(
+                session.principal.key_id,
                 form,
                 rest_path=rest_path,
                 body=replay_body.model_dump(mode="json"),
@@ -182,6 +185,7 @@ async def act(request: Request, tenant: str, action: Literal["replay", "discard"
         else:
             discard_body = web.body_of(DiscardIn, reason=web.form_text(form, "reason"))
             idem = web.idempotency_for(
+                session.principal.key_id,
                 form,
                 rest_path=rest_path,
                 body=discard_body.model_dump(mode="json"),

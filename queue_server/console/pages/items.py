@@ -218,7 +218,11 @@ async def bulk(request: Request, tenant: str) -> Response:
     while True:
         body = {"filter": {k: v for k, v in fields.items() if v}, "limit": BULK_PAGE}
         idem = web.idempotency_for(
-            form, rest_path=rest_path, body={**body, "cursor": cursor}, suffix=f"page-{number}"
+            session.principal.key_id,
+            form,
+            rest_path=rest_path,
+            body={**body, "cursor": cursor},
+            suffix=f"page-{number}",
         )
         answer = await run(
             session.principal,
@@ -331,7 +335,13 @@ async def act_on_selection(request: Request, tenant: str) -> Response:
         answer = await run(
             session.principal,
             tenant,
-            web.idempotency_for(form, rest_path=rest_path, body=body, suffix=f"selected-{state}"),
+            web.idempotency_for(
+                session.principal.key_id,
+                form,
+                rest_path=rest_path,
+                body=body,
+                suffix=f"selected-{state}",
+            ),
             instance=rest_path,
             filter=ItemFilter(state=state, item_ids=tuple(ids)),
             limit=len(ids),
@@ -428,7 +438,11 @@ async def cancel(request: Request, tenant: str) -> Response:
     for item_id in chosen:
         rest_path = f"/v1/tenants/{tenant}/items/{item_id}/cancel"
         idem = web.idempotency_for(
-            form, rest_path=rest_path, body=body.model_dump(mode="json"), suffix=item_id
+            session.principal.key_id,
+            form,
+            rest_path=rest_path,
+            body=body.model_dump(mode="json"),
+            suffix=item_id,
         )
         answer = await items.cancel(
             session.principal, tenant, item_id, idem, instance=rest_path, reason=body.reason

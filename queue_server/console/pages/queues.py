@@ -154,7 +154,9 @@ async def save_settings(request: Request, tenant: str, queue: str) -> Response:
         },
     )
     rest_path = f"/v1/tenants/{tenant}/queues/{queue}/settings"
-    idem = web.idempotency_for(form, rest_path=rest_path, body=body.model_dump(mode="json"))
+    idem = web.idempotency_for(
+        session.principal.key_id, form, rest_path=rest_path, body=body.model_dump(mode="json")
+    )
     answer = await web.services(request).queue_settings.put(
         session.principal, tenant, queue, body.given(), idem, instance=rest_path
     )
@@ -173,7 +175,9 @@ async def change(
     form = await web.check_form(request, session)
     body = web.body_of(schemas.PauseIn, reason=web.form_text(form, "reason"))
     rest_path = f"/v1/tenants/{tenant}/queues/{queue}/{action}"
-    idem = web.idempotency_for(form, rest_path=rest_path, body=body.model_dump(mode="json"))
+    idem = web.idempotency_for(
+        session.principal.key_id, form, rest_path=rest_path, body=body.model_dump(mode="json")
+    )
     queues = web.services(request).queues
     run = queues.pause if action == "pause" else queues.resume
     answer = await run(

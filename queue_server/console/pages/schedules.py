@@ -46,7 +46,9 @@ async def act(
     session = await web.current_session(request)
     form = await web.check_form(request, session)
     rest_path = f"/v1/tenants/{tenant}/schedules/{name}/{action}"
-    idem = web.idempotency_for(form, rest_path=rest_path, body=schemas.Body().model_dump())
+    idem = web.idempotency_for(
+        session.principal.key_id, form, rest_path=rest_path, body=schemas.Body().model_dump()
+    )
     schedules = web.services(request).schedules
     target = web.back(request, form, web.tenant_path(tenant, "schedules"))
     if action == "trigger":

@@ -63,7 +63,9 @@ async def approve(request: Request, tenant: str) -> Response:
         reason=web.form_text(form, "reason"),
     )
     rest_path = f"/v1/tenants/{tenant}/queues/{queue}/spend-approvals"
-    idem = web.idempotency_for(form, rest_path=rest_path, body=body.model_dump(mode="json"))
+    idem = web.idempotency_for(
+        session.principal.key_id, form, rest_path=rest_path, body=body.model_dump(mode="json")
+    )
     answer = await web.services(request).queues.approve_spend(
         session.principal,
         tenant,

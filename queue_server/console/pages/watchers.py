@@ -68,7 +68,9 @@ async def change(
     session = await web.current_session(request)
     form = await web.check_form(request, session)
     rest_path = f"/v1/tenants/{tenant}/watchers/{watcher_id}/{action}"
-    idem = web.idempotency_for(form, rest_path=rest_path, body=schemas.Body().model_dump())
+    idem = web.idempotency_for(
+        session.principal.key_id, form, rest_path=rest_path, body=schemas.Body().model_dump()
+    )
     answer = await web.services(request).watchers.change(
         session.principal, tenant, watcher_id, idem, instance=rest_path, action=action
     )
@@ -89,7 +91,9 @@ async def replay_delivery(request: Request, tenant: str, delivery_id: str) -> Re
     dead_letter_id = await operators.dead_letter_of_delivery(session.principal, tenant, delivery_id)
     rest_path = f"/v1/tenants/{tenant}/dead-letters/{dead_letter_id}/replay"
     body = ReplayIn()
-    idem = web.idempotency_for(form, rest_path=rest_path, body=body.model_dump(mode="json"))
+    idem = web.idempotency_for(
+        session.principal.key_id, form, rest_path=rest_path, body=body.model_dump(mode="json")
+    )
     answer = await operators.replay(
         session.principal,
         tenant,

@@ -11,3 +11,8 @@ LISTEN queue_server_keys;
 -- name: listener_probe
 -- The notifier's check on a session that has been quiet for a while.
 SELECT 1;
+
+-- name: installation_secret
+-- What the ready channel's payloads are made with (queue_server.ready_tag): the listener
+-- computes the tags of the queues it waits on. Only the tables' owner may read it.
+SELECT secret FROM installation_secret;

@@ -37,7 +37,7 @@ WITH q AS (
            jsonb_build_object('reason', %(reason)s::text)
     FROM q
 )
-SELECT q.* FROM q, (SELECT pg_notify('queue_server_ready', %(tenant)s || '/' || %(queue)s)) AS n;
+SELECT q.* FROM q, (SELECT pg_notify('queue_server_ready', queue_server.ready_tag(%(tenant)s, %(queue)s))) AS n;
 
 -- name: events
 SELECT seq, at, kind, actor, data FROM queue_events

@@ -60,15 +60,15 @@ SELECT * FROM api_keys WHERE key_id = %s;
 
 -- name: revoke_key
 UPDATE api_keys SET revoked_at = coalesce(revoked_at, statement_timestamp())
-WHERE tenant_id = %s AND key_id = %s RETURNING pg_notify('queue_server_keys', key_id);
+WHERE tenant_id = %s AND key_id = %s RETURNING pg_notify('queue_server_keys', '');
 
 -- name: revoke_admin_key
 UPDATE api_keys SET revoked_at = coalesce(revoked_at, statement_timestamp())
-WHERE role = 'admin' AND key_id = %s RETURNING pg_notify('queue_server_keys', key_id);
+WHERE role = 'admin' AND key_id = %s RETURNING pg_notify('queue_server_keys', '');
 
 -- name: revoke_other_admin_keys
 UPDATE api_keys SET revoked_at = statement_timestamp() WHERE role = 'admin'
-  AND revoked_at IS NULL AND key_id <> %s RETURNING key_id, pg_notify('queue_server_keys', key_id);
+  AND revoked_at IS NULL AND key_id <> %s RETURNING key_id, pg_notify('queue_server_keys', '');
 
 -- name: list_admin_keys
 SELECT key_id, created_at, revoked_at FROM api_keys WHERE role = 'admin' ORDER BY created_at,
@@ -132,7 +132,7 @@ WITH events AS (
 ), releases AS (
     DELETE FROM backlog_releases WHERE tenant_id = %(tenant)s
 ), keys AS (
-    SELECT pg_notify('queue_server_keys', key_id) FROM api_keys WHERE tenant_id = %(tenant)s
+    SELECT pg_notify('queue_server_keys', '') FROM api_keys WHERE tenant_id = %(tenant)s
 )
 DELETE FROM tenants WHERE tenant_id = %(tenant)s
 RETURNING tenant_id, (SELECT count(*) FROM keys) AS keys;

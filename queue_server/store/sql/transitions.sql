@@ -406,7 +406,7 @@ WITH input AS (
                               'available_at', available_at)
     FROM upd
 )
-SELECT upd.item_id FROM upd, (SELECT pg_notify('queue_server_ready', %(tenant)s || '/' || queue)
+SELECT upd.item_id FROM upd, (SELECT pg_notify('queue_server_ready', queue_server.ready_tag(%(tenant)s, queue))
                                FROM upd LIMIT 1) AS n;
 
 -- name: heartbeat
@@ -535,7 +535,7 @@ WITH upd AS (
     ORDER BY s.item_id, w.watcher_id
 )
 SELECT upd.* FROM upd,
-     (SELECT pg_notify('queue_server_ready', %(tenant)s || '/' || queue) FROM upd) AS n;
+     (SELECT pg_notify('queue_server_ready', queue_server.ready_tag(%(tenant)s, queue)) FROM upd) AS n;
 
 -- name: triage_requeue
 WITH upd AS (
@@ -587,7 +587,7 @@ WITH upd AS (
     SET failed = queue_counters.failed + excluded.failed
 )
 SELECT upd.* FROM upd,
-     (SELECT pg_notify('queue_server_ready', %(tenant)s || '/' || queue) FROM upd) AS n;
+     (SELECT pg_notify('queue_server_ready', queue_server.ready_tag(%(tenant)s, queue)) FROM upd) AS n;
 
 -- name: triage_quarantine
 WITH upd AS (
@@ -805,7 +805,7 @@ WITH dl AS (
     ORDER BY s.item_id, w.watcher_id
 )
 SELECT upd.* FROM upd,
-     (SELECT pg_notify('queue_server_ready', %(tenant)s || '/' || queue) FROM upd) AS n;
+     (SELECT pg_notify('queue_server_ready', queue_server.ready_tag(%(tenant)s, queue)) FROM upd) AS n;
 
 -- name: discard
 WITH dl AS (
@@ -1017,7 +1017,7 @@ WITH upd AS (
 )
 -- One row each (a single notification per queue retried into).
 SELECT upd.* FROM upd,
-     (SELECT count(pg_notify('queue_server_ready', %(tenant)s || '/' || queue)) AS n
+     (SELECT count(pg_notify('queue_server_ready', queue_server.ready_tag(%(tenant)s, queue))) AS n
       FROM (SELECT DISTINCT queue FROM upd) AS retried_into) AS n;
 
 -- name: delete_finished

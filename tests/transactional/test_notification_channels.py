@@ -1,0 +1,76 @@
+"""PostgreSQL has no LISTEN privilege: an application's enqueue role may LISTEN on the
+server's channels and NOTIFY on them. What it hears names no tenant, queue or key, and what
+it sends makes a waiting acquire look again, nothing more."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+import pytest
+
+from queue_server.settings import Settings
+from tests.helpers.api import Api, setup_tenant
+from tests.helpers.roles import Roles
+from tests.helpers.wake import ParkedAcquire
+
+
+@pytest.fixture
+def settings(tmp_path: object) -> Settings:
+    """A poll longer than every wait here: only a notification makes an acquire look again."""
+    return Settings(data_dir=tmp_path, poll_interval=30.0)
+
+
+def _heard(conn: psycopg.Connection[tuple[object, ...]]) -> list[tuple[str, str]]:
+    return [(n.channel, n.payload) for n in conn.notifies(timeout=1.0)]
+
+
+def test_a_listening_enqueue_role_hears_no_tenants_queue_names_nor_key_ids(
+    api: Api, roles: Roles
+) -> None:
+    setup_tenant(api.url, api.admin, "beta")
+    spy = roles.make("beta")
+    with spy.connect() as conn:
+        conn.autocommit = True
+        conn.execute("LISTEN queue_server_ready")
+        conn.execute("LISTEN queue_server_keys")
+        # acme's activity: an enqueue, a key revoked.
+        api.enqueue("payroll-secret", {"n": 1})
+        created = api.admin.post("/v1/tenants/acme/keys", json={"role": "worker"}).json()
+        revoked = api.admin.delete(f"/v1/tenants/acme/keys/{created['key_id']}")
+        assert revoked.status_code in (200, 204), revoked.text
+        heard = _heard(conn)
+        assert {channel for channel, _ in heard} == {"queue_server_ready", "queue_server_keys"}
+        for _, payload in heard:
+            assert "acme" not in payload
+            assert "payroll" not in payload
+            assert created["key_id"] not in payload
+        # Nor can the role make a queue's tag: the secret and the function are the server's.
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT secret FROM installation_secret")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT queue_server.ready_tag('acme', 'payroll-secret')")
+
+
+def test_a_forged_wake_makes_a_waiting_acquire_look_again_and_nothing_more(
+    api: Api, roles: Roles
+) -> None:
+    setup_tenant(api.url, api.admin, "beta")
+    spy = roles.make("beta")
+    with spy.connect() as conn:
+        conn.autocommit = True
+        conn.execute("LISTEN queue_server_ready")
+        # A tag overheard (the queue's own, from an enqueue) and the old plain payload.
+        api.enqueue("q", {"n": 1}, delay=60)
+        [(_, tag)] = _heard(conn)
+        started = time.monotonic()
+        parked = ParkedAcquire(api, "q", wait=3)
+        for payload in (tag, "acme/q", "", "x" * 7000):
+            conn.execute("SELECT pg_notify('queue_server_ready', %s)", (payload,))
+        count, answered_at = parked.join()
+    # Woken, it looked, found nothing due (the item waits a minute) and kept waiting out
+    # its three seconds: no lease, no early empty answer.
+    assert count == 0
+    assert answered_at - started >= 2.9
+    [item] = api.operator.get("/v1/tenants/acme/items").json()["items"]
+    assert item["state"] == "ready"
