@@ -264,11 +264,14 @@ def test_backoff_without_settings_starts_at_a_second(api: Api, db: Db) -> None:
 
 
 def test_full_jitter_draws_each_delay_up_to_its_backoff(api: Api) -> None:
-    assert _put(api, "jittery", retry={"base": 100, "jitter": True}).status_code == 200
     delays = []
-    for _ in range(8):
-        item = api.enqueue("jittery")
-        _fail(api, "jittery", item["item_id"], "requeue", delay="backoff")
+    for n in range(8):
+        # A queue each: a delay drawn near 0 makes that item due again at once, and on a
+        # busy machine the next acquire of a shared queue would take it back first.
+        queue = f"jittery-{n}"
+        assert _put(api, queue, retry={"base": 100, "jitter": True}).status_code == 200
+        item = api.enqueue(queue)
+        _fail(api, queue, item["item_id"], "requeue", delay="backoff")
         delays.append(_ledger(api, item["item_id"])[-1]["data"]["delay"])
     assert all(0 <= d <= 100 for d in delays)
     # Drawn, not the full delay each time.
