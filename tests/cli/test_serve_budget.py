@@ -192,6 +192,32 @@ def _load(
     return statuses, completed
 
 
+def _stop(proc: subprocess.Popen[str]) -> None:
+    """Stop a server as Ctrl-C does; killed, with everything it started, if it hangs."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+def _refused(args: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+    """`queue-server serve ARGS`, expected to stop at start: (exit code, stdout, stderr). One
+    that serves instead is stopped, with everything it started, and fails the test."""
+    proc = subprocess.Popen(
+        [str(BIN), "serve", "--port", str(_free_port()), *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=45)
+    except subprocess.TimeoutExpired:
+        _stop(proc)
+        raise AssertionError("the server started instead of refusing") from None
+    return proc.returncode, out, err
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_sixteen_processes_on_the_embedded_database_take_64_clients_without_a_refusal(
@@ -238,12 +264,7 @@ def test_sixteen_processes_on_the_embedded_database_take_64_clients_without_a_re
         assert completed > 0
         assert peak[0] <= processes * (pool_max + 1), peak
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+        _stop(proc)
     out = output.join()
     assert REFUSED not in out
     assert REFUSED not in pg.log_tail(10_000_000)
@@ -253,22 +274,18 @@ def test_sixteen_processes_on_the_embedded_database_take_64_clients_without_a_re
 def test_a_budget_the_processes_cannot_fit_in_is_refused_at_start(open_dir: Path) -> None:
     data_dir = open_dir / "data"
     # 4 processes need 4 x (a minimum pool of 4 + a listener) + the reserve of 10 = 30.
-    done = subprocess.run(
-        [str(BIN), "serve", "--port", str(_free_port()), "--data-dir", str(data_dir),
-         "--workers", "4"],
-        capture_output=True, text=True, timeout=120,
-        env=_env(QUEUE_SERVER_DATABASE_BUDGET="29"),
-    )  # fmt: skip
-    message = " ".join(done.stderr.split())
-    assert done.returncode == 1, done.stdout + done.stderr
+    code, stdout, stderr = _refused(
+        ["--data-dir", str(data_dir), "--workers", "4"], _env(QUEUE_SERVER_DATABASE_BUDGET="29")
+    )
+    message = " ".join(stderr.split())
+    assert code == 1, stdout + stderr
     assert "4 server processes do not fit in the database's connections" in message
     assert "they need at least 30" in message
     assert "QUEUE_SERVER_DATABASE_BUDGET=29 leaves 29" in message
-    assert "Traceback" not in done.stdout + done.stderr
-    assert "Uvicorn running" not in done.stdout + done.stderr
+    assert "Traceback" not in stdout + stderr
     assert not EmbeddedPostgres(data_dir / "pgdata").is_running()  # stopped again
 
-    # One fewer connection needed (a minimum pool of 3 for one process): it fits.
+    # With a minimum pool of 3 they need 26: it fits, each pool capped at its share, 3.
     fits = _env(QUEUE_SERVER_DATABASE_BUDGET="29", QUEUE_SERVER_POOL_MIN_SIZE="3")
     port = _free_port()
     proc = subprocess.Popen(
@@ -296,8 +313,7 @@ def test_a_budget_the_processes_cannot_fit_in_is_refused_at_start(open_dir: Path
         assert set(statuses) <= {200, 201}, statuses
         assert peak[0] <= 4 * (3 + 1), peak
     finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=90)
+        _stop(proc)
     output.join()
 
 
@@ -314,15 +330,12 @@ def test_a_database_whose_max_connections_cannot_hold_the_processes_is_refused(
     usable = row[0]
     # One process more than fits with a minimum pool of 4, a listener each and the reserve.
     processes = (usable - RESERVE) // 5 + 1
-    done = subprocess.run(
-        [str(BIN), "serve", "--port", str(_free_port()), "--data-dir", str(tmp_path),
-         "--workers", str(processes)],
-        capture_output=True, text=True, timeout=60,
-        env={**_env(), "QUEUE_SERVER_DATABASE_URL": database_url},
-    )  # fmt: skip
-    message = " ".join(done.stderr.split())
-    assert done.returncode == 1, done.stdout + done.stderr
+    code, stdout, stderr = _refused(
+        ["--data-dir", str(tmp_path), "--workers", str(processes)],
+        {**_env(), "QUEUE_SERVER_DATABASE_URL": database_url},
+    )
+    message = " ".join(stderr.split())
+    assert code == 1, stdout + stderr
     assert f"{processes} server processes do not fit in the database's connections" in message
     assert f"they need at least {processes * 5 + RESERVE}" in message
     assert "the database's max_connections" in message
-    assert "Uvicorn running" not in done.stdout + done.stderr
