@@ -23,8 +23,15 @@ import httpx
 import psycopg
 import pytest
 
+from queue_server.infra.budget import (
+    ConnectionBudgetError,
+    Limits,
+    embedded_max_connections,
+    plan,
+)
 from queue_server.infra.embedded import EmbeddedPostgres
 from queue_server.infra.serve import admin_key_path
+from queue_server.settings import Settings
 from queue_server.store.bootstrap import DATABASE_NAME, SERVER_ROLE
 
 BIN = Path(sys.executable).parent / "queue-server"
@@ -339,3 +346,44 @@ def test_a_database_whose_max_connections_cannot_hold_the_processes_is_refused(
     assert f"{processes} server processes do not fit in the database's connections" in message
     assert f"they need at least {processes * 5 + RESERVE}" in message
     assert "the database's max_connections" in message
+
+
+def _settings(**values: object) -> Settings:
+    return Settings.model_validate({"database_url": "postgresql://db/qs", **values})
+
+
+def test_the_metrics_listener_and_each_processs_listener_come_out_of_the_budget() -> None:
+    limits = Limits(max_connections=101, reserved=3)
+    # (98 - 10 - 8 listeners - 1 metrics listener) // 8 = 9 (10 without the metrics listener)
+    budget = plan(_settings(), limits, processes=8, metrics_listener=True)
+    assert (budget.pool_min, budget.pool_max, budget.listeners) == (4, 9, 9)
+    assert budget.describe() == (
+        "database connections: 8 processes x pool 4-9 + 9 listeners, reserve 10,"
+        " of max_connections 101 (3 reserved for superusers)"
+    )
+    # A share above POOL_MAX_SIZE leaves the pool at it.
+    assert plan(_settings(), limits, processes=1, metrics_listener=False).pool_max == 20
+
+
+def test_through_a_transaction_pooler_the_budget_is_the_poolers() -> None:
+    pooled = {"database_pooler": "transaction", "listen_database_url": "postgresql://pg/qs"}
+    unchecked = plan(_settings(**pooled), None, processes=16, metrics_listener=False)
+    assert (unchecked.pool_min, unchecked.pool_max) == (4, 20)
+    assert "through a transaction pooler" in unchecked.describe()
+    assert "unchecked: the pooler's max_client_conn is the budget" in unchecked.describe()
+    assert "16 listeners direct to PostgreSQL" in unchecked.describe()
+    # Stated: the listeners bypass the pooler, so only the pools and the reserve count.
+    stated = plan(
+        _settings(**pooled, database_budget=90), None, processes=16, metrics_listener=False
+    )
+    assert stated.pool_max == (90 - 10) // 16
+    with pytest.raises(ConnectionBudgetError, match="QUEUE_SERVER_DATABASE_BUDGET=70 at the"):
+        plan(_settings(**pooled, database_budget=70), None, processes=16, metrics_listener=False)
+
+
+def test_the_embedded_database_gets_room_for_every_full_pool() -> None:
+    assert embedded_max_connections(_settings(), processes=2, metrics_listener=False) == 100
+    room = embedded_max_connections(_settings(), processes=16, metrics_listener=True)
+    assert room == 16 * 20 + 16 + 1 + 10 + 3
+    limits = Limits(max_connections=room, reserved=3)
+    assert plan(_settings(), limits, processes=16, metrics_listener=True).pool_max == 20
