@@ -278,6 +278,8 @@ def test_sixteen_processes_on_the_embedded_database_take_64_clients_without_a_re
     assert "Traceback" not in out
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_a_budget_the_processes_cannot_fit_in_is_refused_at_start(open_dir: Path) -> None:
     data_dir = open_dir / "data"
     # 4 processes need 4 x (a minimum pool of 4 + a listener) + the reserve of 10 = 30.
@@ -324,6 +326,7 @@ def test_a_budget_the_processes_cannot_fit_in_is_refused_at_start(open_dir: Path
     output.join()
 
 
+@pytest.mark.slow
 def test_a_database_whose_max_connections_cannot_hold_the_processes_is_refused(
     database_url: str, tmp_path: Path
 ) -> None:
