@@ -134,7 +134,9 @@ def serve(
         int | None,
         typer.Option(
             min=1,
-            help="Worker processes (default: one per CPU core); /metrics adds up all of them.",
+            help="Worker processes (default: one per CPU core); /metrics adds up all of them."
+            " Their pools share the database's connections (the start line says how; a"
+            " number whose minimum pools do not fit is refused: docs/scaling.md).",
             show_default=False,
         ),
     ] = None,
