@@ -171,13 +171,18 @@ def _refusal(
 
 def read_limits(conninfo: str) -> Limits:
     """The database's max_connections and its reserved slots (`reserved_connections`
-    is PostgreSQL 16's; older servers have none)."""
-    with psycopg.connect(conninfo, autocommit=True, connect_timeout=10) as conn:
-        row = conn.execute(
-            "SELECT current_setting('max_connections')::int,"
-            " current_setting('superuser_reserved_connections')::int,"
-            " coalesce(current_setting('reserved_connections', true)::int, 0)"
-        ).fetchone()
+    is PostgreSQL 16's; older servers have none); ConnectionBudgetError if they cannot be read."""
+    try:
+        with psycopg.connect(conninfo, autocommit=True, connect_timeout=10) as conn:
+            row = conn.execute(
+                "SELECT current_setting('max_connections')::int,"
+                " current_setting('superuser_reserved_connections')::int,"
+                " coalesce(current_setting('reserved_connections', true)::int, 0)"
+            ).fetchone()
+    except psycopg.Error as exc:
+        raise ConnectionBudgetError(
+            f"Could not read the database's max_connections to size the pools: {exc}"
+        ) from None
     assert row is not None
     return Limits(max_connections=row[0], reserved=row[1] + row[2])
 
