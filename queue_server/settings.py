@@ -70,8 +70,18 @@ class Settings(BaseSettings):
     prepared_statements: bool | None = None
     host: str = "127.0.0.1"
     port: int = 8080
+    # Each process's pool of database connections: opened with POOL_MIN_SIZE, grown up to
+    # POOL_MAX_SIZE. `serve` caps POOL_MAX_SIZE at each process's share of the connection
+    # budget, and refuses to start when a share is below POOL_MIN_SIZE (infra/budget.py).
     pool_min_size: int = Field(default=4, ge=1)
     pool_max_size: int = Field(default=20, ge=1)
+    # Database connections `serve` leaves for everyone else: psql, pg_dump, `queue-server
+    # deliver` (the delivery concurrency + 1), applications enqueuing in their transactions.
+    database_reserve: int = Field(default=10, ge=0)
+    # The most database connections `serve` may use in all, its reserve included. Unset:
+    # the database's max_connections less its superuser-reserved slots. Through a
+    # transaction pooler: the pooler's limit for this server (unset: pools unchecked).
+    database_budget: int | None = Field(default=None, ge=1)
     # How long a request waits for a pooled connection before answering 503
     # (while the database is down, every request waits this long).
     pool_timeout: float = Field(default=3.0, gt=0)

@@ -134,7 +134,9 @@ def serve(
         int | None,
         typer.Option(
             min=1,
-            help="Worker processes (default: one per CPU core); /metrics adds up all of them.",
+            help="Worker processes (default: one per CPU core); /metrics adds up all of them."
+            " Their pools share the database's connections (the start line says how; a"
+            " number whose minimum pools do not fit is refused: docs/scaling.md).",
             show_default=False,
         ),
     ] = None,
@@ -197,6 +199,11 @@ def serve(
     """
     from queue_server.infra.address import published
     from queue_server.infra.backup import parse_retention
+    from queue_server.infra.budget import (
+        ConnectionBudgetError,
+        connection_budget,
+        embedded_max_connections,
+    )
     from queue_server.infra.serve import (
         DataDirInUseError,
         NoDatabaseError,
@@ -232,8 +239,27 @@ def serve(
             parse_address(metrics_listen)
         except ValueError as exc:
             raise _fail(f"--metrics-listen: {exc}") from None
+    processes = workers or os.cpu_count() or 1
+    listening = metrics_listen is not None
+    # The embedded database is started with room for every process's full pool.
+    room = embedded_max_connections(settings, processes=processes, metrics_listener=listening)
     try:
-        with database(settings) as db, archiving(settings, db) as streaming:
+        with (
+            database(settings, max_connections=room) as db,
+            archiving(settings, db) as streaming,
+        ):
+            try:
+                budget = connection_budget(
+                    settings, db.url, processes=processes, metrics_listener=listening
+                )
+            except ConnectionBudgetError as exc:
+                raise _fail(str(exc)) from None
+            # Every process's pool is sized by the budget (the processes read it from here).
+            os.environ["QUEUE_SERVER_POOL_MIN_SIZE"] = str(budget.pool_min)
+            os.environ["QUEUE_SERVER_POOL_MAX_SIZE"] = str(budget.pool_max)
+            settings = settings.model_copy(
+                update={"pool_min_size": budget.pool_min, "pool_max_size": budget.pool_max}
+            )
             secret = ensure_admin_key(settings, db.url)
             if secret is not None:
                 path = admin_key_path(settings.data_dir)
@@ -249,6 +275,7 @@ def serve(
             )
             typer.echo(f"queue-server {__version__} on http://{host}:{port} ({where} database)")
             typer.echo(f"policy {policy.describe()}")
+            typer.echo(budget.describe())
             if streaming is not None:
                 kept = f", retention {retention.lower()}" if retention else ", kept forever"
                 typer.echo(f"backups: WAL streaming into {streaming.repo.root}{kept}")
@@ -257,7 +284,6 @@ def serve(
             # The API's own port: the transport allowance never opens it to a watcher.
             os.environ["QUEUE_SERVER_PORT"] = str(port)
             os.environ["QUEUE_SERVER_DATA_DIR"] = str(settings.data_dir)
-            processes = workers or os.cpu_count() or 1
             # The CLI on this machine reads it, as it reads admin.key: no --url needed, and
             # no --data-dir either (infra/address.py); held until the server stops.
             with (

@@ -76,19 +76,25 @@ BACKUP_SERVER_SETTINGS = {
 }
 
 
-def embedded_postgres(pgdata: Path, *, backups: bool = False) -> EmbeddedPostgres:
+def embedded_postgres(
+    pgdata: Path, *, backups: bool = False, max_connections: int | None = None
+) -> EmbeddedPostgres:
     """The embedded cluster under `pgdata` (set up for WAL streaming to a backup repository
-    with `backups`); NoDatabaseError when embedded-postgres is absent."""
+    with `backups`; started with `max_connections` if given, else PostgreSQL's default);
+    NoDatabaseError when embedded-postgres is absent."""
     try:
         from queue_server.infra.embedded import EmbeddedPostgres
     except ModuleNotFoundError as exc:
         if (exc.name or "").partition(".")[0] != "embedded_postgres":
             raise
         raise NoDatabaseError(NO_DATABASE) from None
-    if not backups:
-        return EmbeddedPostgres(pgdata)
+    server_settings = dict(BACKUP_SERVER_SETTINGS) if backups else {}
+    if max_connections is not None:
+        server_settings["max_connections"] = str(max_connections)
     return EmbeddedPostgres(
-        pgdata, server_settings=BACKUP_SERVER_SETTINGS, replication_role=bootstrap.BACKUP_ROLE
+        pgdata,
+        server_settings=server_settings,
+        replication_role=bootstrap.BACKUP_ROLE if backups else None,
     )
 
 
@@ -178,8 +184,10 @@ def schema_revisions(database_url: str) -> set[str]:
 
 
 @contextlib.contextmanager
-def database(settings: Settings) -> Iterator[ServedDatabase]:
-    """The configured database; with no URL, an embedded one in the data directory, migrated."""
+def database(settings: Settings, *, max_connections: int | None = None) -> Iterator[ServedDatabase]:
+    """The configured database; with no URL, an embedded one in the data directory, migrated,
+    started with `max_connections` (infra/budget.py sizes it for the processes it serves;
+    one already running keeps its own)."""
     if settings.database_url:
         current = schema_revisions(settings.database_url)
         if current != migrate.head_revisions():
@@ -195,7 +203,9 @@ def database(settings: Settings) -> Iterator[ServedDatabase]:
         yield ServedDatabase(url=settings.database_url, embedded=None)
         return
     backups = settings.backup_repo is not None
-    pg = embedded_postgres(settings.data_dir / "pgdata", backups=backups)
+    pg = embedded_postgres(
+        settings.data_dir / "pgdata", backups=backups, max_connections=max_connections
+    )
     # One process runs a data directory's PostgreSQL: a second `serve` on it would stop the
     # first one's database when it stops its own (it is the same one).
     from queue_server.infra.embedded import EmbeddedPostgresError  # there: pg is one
