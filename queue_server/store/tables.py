@@ -166,20 +166,8 @@ work_items = Table(
         postgresql_where=text("state = 'ready'"),
     ),
     # Rows made ready, or leased, since a cursor's snapshot: ids at or past its xmin.
-    Index(
-        "ix_work_items_ready_placed",
-        "tenant_id",
-        "queue",
-        "placed_xid",
-        postgresql_where=text("state = 'ready'"),
-    ),
-    Index(
-        "ix_work_items_leased_placed",
-        "tenant_id",
-        "queue",
-        "placed_xid",
-        postgresql_where=text("state = 'leased'"),
-    ),
+    Index("ix_work_items_ready_placed", "placed_xid", postgresql_where=text("state = 'ready'")),
+    Index("ix_work_items_leased_placed", "placed_xid", postgresql_where=text("state = 'leased'")),
     # Expired-lease takeover and the concurrency count read this one.
     Index(
         "ix_work_items_leased",

@@ -78,18 +78,26 @@ WITH terms AS (
            -- The active leases: those the cursor's snapshot saw active, each probed by its
            -- key, and those made or extended since (`placed_xid`); with no cursor, every
            -- lease. A scan of the leased index would also walk every lease ended within a
-           -- TTL, which an old snapshot keeps there.
+           -- TTL, which an old snapshot keeps there. Rows placed since are read from the
+           -- `placed_xid` index alone (`OFFSET 0` keeps the tenant and queue outside: the
+           -- planner could otherwise walk the leased or ready index for them).
            - (SELECT count(DISTINCT item_id) FROM (
-                  SELECT w.item_id FROM unnest(%(active_ids)s::uuid[]) AS a(id)
-                  CROSS JOIN LATERAL (
-                      SELECT item_id FROM work_items
-                      WHERE tenant_id = %(tenant)s AND item_id = a.id AND queue = %(queue)s
-                        AND state = 'leased' AND lease_expires_at > statement_timestamp()
-                  ) AS w
+                  SELECT item_id FROM (
+                      -- By key alone (`OFFSET 0` keeps the checks outside): with the
+                      -- queue and state beside it, the planner may walk the leased index.
+                      SELECT item_id, queue, state, lease_expires_at FROM work_items
+                      WHERE tenant_id = %(tenant)s AND item_id = ANY(%(active_ids)s::uuid[])
+                      OFFSET 0
+                  ) AS seen
+                  WHERE queue = %(queue)s AND state = 'leased'
+                    AND lease_expires_at > statement_timestamp()
                   UNION ALL
-                  SELECT item_id FROM work_items
-                  WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
-                    AND placed_xid >= %(since_xid)s::xid8
+                  SELECT item_id FROM (
+                      SELECT item_id, tenant_id, queue, lease_expires_at FROM work_items
+                      WHERE placed_xid >= %(since_xid)s::xid8 AND state = 'leased'
+                      OFFSET 0
+                  ) AS since
+                  WHERE tenant_id = %(tenant)s AND queue = %(queue)s
                     AND lease_expires_at > statement_timestamp()
                   UNION ALL
                   SELECT item_id FROM work_items
@@ -128,23 +136,28 @@ WITH terms AS (
         FOR UPDATE SKIP LOCKED
     ) AS resumed
     UNION
-    -- Each candidate probed by its key (few: the leases placed since the cursor's snapshot
-    -- that have expired by now), so that the planner cannot choose to walk the leased index.
+    -- The leases placed since the cursor's snapshot that have expired by now (few), locked
+    -- by their keys alone, then checked.
     SELECT * FROM (
-        SELECT w.* FROM unnest(ARRAY(SELECT item_id FROM work_items
-                                     WHERE tenant_id = %(tenant)s AND queue = %(queue)s
-                                       AND state = 'leased'
-                                       AND placed_xid >= %(since_xid)s::xid8)) AS c(id)
-        CROSS JOIN LATERAL (
-            SELECT item_id, 0 AS src, 0 AS priority, lease_expires_at AS since,
-                   lease_expires_at >= lease_deadline_at AS at_deadline,
-                   lease_holder AS holder, lease_deadline_at AS deadline_at
-            FROM work_items
-            WHERE tenant_id = %(tenant)s AND item_id = c.id AND queue = %(queue)s
-              AND state = 'leased' AND lease_expires_at <= statement_timestamp()
+        SELECT item_id, 0 AS src, 0 AS priority, lease_expires_at AS since,
+               lease_expires_at >= lease_deadline_at AS at_deadline, lease_holder AS holder,
+               lease_deadline_at AS deadline_at
+        FROM (
+            SELECT * FROM work_items
+            WHERE tenant_id = %(tenant)s
+              AND item_id = ANY(ARRAY(
+                  SELECT item_id FROM (
+                      SELECT item_id, tenant_id, queue, lease_expires_at FROM work_items
+                      WHERE placed_xid >= %(since_xid)s::xid8 AND state = 'leased'
+                      OFFSET 0
+                  ) AS placed
+                  WHERE tenant_id = %(tenant)s AND queue = %(queue)s
+                    AND lease_expires_at <= statement_timestamp()))
             FOR UPDATE SKIP LOCKED
+            OFFSET 0  -- keeps the checks below out of this scan
         ) AS w
-        ORDER BY w.since
+        WHERE queue = %(queue)s AND state = 'leased' AND lease_expires_at <= statement_timestamp()
+        ORDER BY lease_expires_at
         LIMIT (SELECT n FROM room)
     ) AS late
 ), lanes AS (
@@ -185,19 +198,28 @@ WITH terms AS (
     UNION ALL
     -- Rows made ready by a transaction the cursor's snapshot did not see (committed late,
     -- behind the cursor, or of a priority it did not know), found by that transaction's id.
-    -- An array, then primary-key probes, ordered by an expression (`+ 0`) that no index
-    -- holds: in the index's order, the planner would walk it from its start.
+    -- The first of them in acquire order (a few, unlocked), then locked by their keys alone
+    -- and checked: no other index can serve either step.
     SELECT * FROM (
         SELECT item_id, 1 AS src, priority, available_at AS since
-        FROM work_items
-        WHERE tenant_id = %(tenant)s
-          AND item_id = ANY(ARRAY(SELECT item_id FROM work_items
-                                  WHERE tenant_id = %(tenant)s AND queue = %(queue)s
-                                    AND state = 'ready' AND placed_xid >= %(since_xid)s::xid8))
-          AND queue = %(queue)s AND state = 'ready' AND available_at <= statement_timestamp()
-        ORDER BY priority + 0 DESC, available_at, item_id
-        LIMIT (SELECT n FROM room)
-        FOR UPDATE SKIP LOCKED
+        FROM (
+            SELECT * FROM work_items
+            WHERE tenant_id = %(tenant)s
+              AND item_id = ANY(ARRAY(
+                  SELECT item_id FROM (
+                      SELECT item_id, tenant_id, queue, priority, available_at FROM work_items
+                      WHERE placed_xid >= %(since_xid)s::xid8 AND state = 'ready'
+                      OFFSET 0
+                  ) AS placed
+                  WHERE tenant_id = %(tenant)s AND queue = %(queue)s
+                    AND available_at <= statement_timestamp()
+                  ORDER BY priority DESC, available_at, item_id
+                  LIMIT (SELECT n FROM room)))
+            FOR UPDATE SKIP LOCKED
+            OFFSET 0  -- keeps the checks below out of this scan
+        ) AS w
+        WHERE queue = %(queue)s AND state = 'ready' AND available_at <= statement_timestamp()
+        ORDER BY priority DESC, available_at, item_id
     ) AS late
 ), picked AS (
     -- A row both resumed and late is one candidate.
@@ -336,9 +358,12 @@ WITH lanes AS (
         LIMIT 1
     ) AS f
     UNION ALL
-    SELECT priority, available_at, item_id FROM work_items
-    WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'ready'
-      AND placed_xid >= %(since_xid)s::xid8
+    SELECT priority, available_at, item_id FROM (
+        SELECT tenant_id, queue, priority, available_at, item_id FROM work_items
+        WHERE placed_xid >= %(since_xid)s::xid8 AND state = 'ready'
+        OFFSET 0
+    ) AS placed
+    WHERE tenant_id = %(tenant)s AND queue = %(queue)s
     UNION ALL
     SELECT priority, available_at, item_id FROM work_items
     WHERE %(since_xid)s::xid8 IS NULL
@@ -356,21 +381,28 @@ WITH lanes AS (
      ORDER BY lease_expires_at
      LIMIT 1)
     UNION ALL
-    SELECT lease_expires_at FROM work_items
-    WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
-      AND placed_xid >= %(since_xid)s::xid8
+    SELECT lease_expires_at FROM (
+        SELECT tenant_id, queue, lease_expires_at FROM work_items
+        WHERE placed_xid >= %(since_xid)s::xid8 AND state = 'leased'
+        OFFSET 0
+    ) AS placed
+    WHERE tenant_id = %(tenant)s AND queue = %(queue)s
 ), active AS (
     -- The active leases now, found as the acquire's count finds them.
-    SELECT w.item_id FROM unnest(%(active_ids)s::uuid[]) AS a(id)
-    CROSS JOIN LATERAL (
-        SELECT item_id FROM work_items
-        WHERE tenant_id = %(tenant)s AND item_id = a.id AND queue = %(queue)s
-          AND state = 'leased' AND lease_expires_at > statement_timestamp()
-    ) AS w
+    SELECT item_id FROM (
+        SELECT item_id, queue, state, lease_expires_at FROM work_items
+        WHERE tenant_id = %(tenant)s AND item_id = ANY(%(active_ids)s::uuid[])
+        OFFSET 0
+    ) AS seen
+    WHERE queue = %(queue)s AND state = 'leased' AND lease_expires_at > statement_timestamp()
     UNION
-    SELECT item_id FROM work_items
-    WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
-      AND placed_xid >= %(since_xid)s::xid8 AND lease_expires_at > statement_timestamp()
+    SELECT item_id FROM (
+        SELECT item_id, tenant_id, queue, lease_expires_at FROM work_items
+        WHERE placed_xid >= %(since_xid)s::xid8 AND state = 'leased'
+        OFFSET 0
+    ) AS placed
+    WHERE tenant_id = %(tenant)s AND queue = %(queue)s
+      AND lease_expires_at > statement_timestamp()
     UNION
     SELECT item_id FROM work_items
     WHERE %(since_xid)s::xid8 IS NULL

@@ -1,0 +1,135 @@
+"""While another session holds an old snapshot, every row an acquire takes leaves a dead
+index entry that PostgreSQL may not remove; an acquire that read the ready or leased index
+from its start, or counted the leases by a scan, walked them all. Measured here in buffers,
+with the generic plan the API's connections run: after twenty times the history under a held
+snapshot, the acquire costs what it cost at the start."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg import sql as pgsql
+from psycopg.rows import dict_row
+
+from queue_server.store import cursors, transitions
+from tests.helpers.api import Api
+
+ORDER = (
+    "tenant", "queue", "worker", "ttl", "max_items", "shard", "shared", "deadline",
+    "base_limit", "max_ttl", "max_approved", "key_id", "since_xid", "lane_priority",
+    "lane_at", "lane_id", "expired_from", "active_ids",
+)  # fmt: skip
+TYPES = (
+    "text, text, text, interval, int, int, bool, interval, int, interval, int, text, xid8,"
+    " int[], timestamptz[], uuid[], timestamptz, uuid[]"
+)
+TERMS: dict[str, Any] = {
+    "ttl": timedelta(seconds=30),
+    "max_ttl": timedelta(seconds=30),
+    "deadline": timedelta(seconds=300),
+    "base_limit": 100,
+    "max_approved": 1000,
+    "key_id": "k",
+}
+
+
+# Some of the flow's leases last a second, so that by the time the acquire is measured they
+# have expired behind the snapshot, where the expired-lease scan reads; the others last 30 s,
+# so that theirs still lie ahead, where a count of the active leases would read.
+SHORT = {**TERMS, "ttl": timedelta(seconds=1)}
+
+
+def _prepared(conn: psycopg.Connection[Any]) -> None:
+    sql = transitions._SQL["acquire"]
+    for n, name in enumerate(ORDER, start=1):
+        sql = sql.replace(f"%({name})s", f"${n}")
+    conn.execute("SET plan_cache_mode = force_generic_plan")
+    conn.execute(f"PREPARE acq({TYPES}) AS {sql}")
+
+
+def _buffers(conn: psycopg.Connection[Any], cursor: cursors.Cursor) -> int:
+    """Shared buffers one acquire of up to 20 items reads, under its generic plan (rolled
+    back: nothing is taken)."""
+    params = {"tenant": "acme", "queue": "q", "worker": "probe", "max_items": 20,
+              "shard": 0, "shared": False, **TERMS, **cursor.params()}  # fmt: skip
+    values = pgsql.SQL(", ").join(pgsql.Literal(params[name]) for name in ORDER)
+    with conn.transaction(force_rollback=True):
+        query = pgsql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE acq({})").format(values)
+        row = conn.execute(query).fetchone()
+    assert row is not None
+    plan = row["QUERY PLAN"]
+    top = (json.loads(plan) if isinstance(plan, str) else plan)[0]["Plan"]
+    return int(top["Shared Hit Blocks"]) + int(top["Shared Read Blocks"])
+
+
+def test_an_acquire_under_a_held_snapshot_costs_the_same_after_twenty_times_the_history(
+    api: Api, database_url: str
+) -> None:
+    holder = psycopg.connect(database_url)
+    probe = psycopg.connect(database_url, autocommit=True, row_factory=dict_row)
+    _prepared(probe)
+
+    async def flow(rounds: int, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Rounds of 100 items enqueued, leased 20 at a time, and completed."""
+        for _ in range(rounds):
+            await conn.execute(
+                "INSERT INTO work_items (tenant_id, queue, payload, max_acquisitions)"
+                " SELECT 'acme', 'q', 'null', 5 FROM generate_series(1, 100)"
+            )
+            for n in range(5):
+                got = await transitions.acquire(
+                    conn, tenant="acme", queue="q", worker="w", max_items=20,
+                    **(SHORT if n % 2 else TERMS),
+                )  # fmt: skip
+                ids = [str(row["item_id"]) for row in got.leased]
+                await conn.execute(  # each lease as its heartbeat then its completion leave it
+                    "UPDATE work_items SET lease_expires_at = lease_expires_at + interval '1 s'"
+                    " WHERE tenant_id = 'acme' AND item_id = ANY(%s::uuid[])",
+                    (ids,),
+                )
+                await conn.execute(
+                    "UPDATE work_items SET state = 'completed', lease_holder = NULL,"
+                    " lease_expires_at = NULL WHERE tenant_id = 'acme'"
+                    " AND item_id = ANY(%s::uuid[])",
+                    (ids,),
+                )
+
+    async def run() -> tuple[int, int]:
+        async with await psycopg.AsyncConnection.connect(
+            database_url, autocommit=True, row_factory=dict_row
+        ) as conn:
+            holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            holder.execute("SELECT count(*) FROM work_items")
+
+            async def measured() -> int:
+                # Once the short leases have expired, with 40 items waiting, and after the
+                # acquire before it (which took 20), as in a steady flow: what it costs is
+                # what happened since that acquire.
+                await asyncio.sleep(2.5)
+                await conn.execute(
+                    "INSERT INTO work_items (tenant_id, queue, payload, max_acquisitions)"
+                    " SELECT 'acme', 'q', 'null', 5 FROM generate_series(1, 40)"
+                )
+                await transitions.acquire(
+                    conn, tenant="acme", queue="q", worker="w", max_items=20, **TERMS
+                )
+                return await asyncio.to_thread(_buffers, probe, cursors.get(conn, "acme", "q"))
+
+            await flow(3, conn)
+            early = await measured()
+            await flow(60, conn)
+            late = await measured()
+            return early, late
+
+    try:
+        early, late = asyncio.run(run())
+    finally:
+        holder.close()
+        probe.close()
+    # 6,000 more rows taken, their leases ended and expired, behind the snapshot; each
+    # would cost a buffer or so to walk past.
+    assert late < early * 1.5 + 50, (early, late)
