@@ -159,12 +159,14 @@ def _no_quarantine_at_budget(mp: pytest.MonkeyPatch) -> None:
 def _no_expired_takeover(mp: pytest.MonkeyPatch) -> None:
     from queue_server.store import transitions
 
+    # Both ways an acquire finds an expired lease (the text occurs in each): from its
+    # cursor, and among the leases placed since the cursor's snapshot.
     replace_sql(
         mp,
         transitions,
         "acquire",
-        "AND lease_expires_at <= statement_timestamp()\n    ORDER BY lease_expires_at",
-        "AND false\n    ORDER BY lease_expires_at",
+        "AND lease_expires_at <= statement_timestamp()\n        ORDER BY lease_expires_at",
+        "AND false\n        ORDER BY lease_expires_at",
     )
 
 
