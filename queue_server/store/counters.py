@@ -22,7 +22,7 @@ _SQL = load("counters")
 @dataclass(frozen=True, slots=True)
 class Fold:
     """What one fold did: deltas summed and deleted, base rows written (0 when nothing was
-    folded: the base stays), and the base's `as_of_xid`."""
+    folded: the base stays), and the horizon it folded up to (the new base's `as_of_xid`)."""
 
     deltas: int
     bases: int

@@ -41,6 +41,12 @@ def _fold(conn: Db) -> dict[str, Any] | None:
         return conn.execute(FOLD, {}).fetchone()
 
 
+def _horizon(db: Db) -> object:
+    row = db.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text AS x").fetchone()
+    assert row is not None
+    return row["x"]
+
+
 def _totals(db: Db, tenant: str = "acme") -> dict[str, dict[str, int]]:
     rows = db.execute(
         "SELECT * FROM counter_totals WHERE tenant_id = %s ORDER BY queue", (tenant,)
@@ -78,6 +84,8 @@ def _run_threads(targets: list[Callable[[], None]]) -> None:
 
 def test_a_delta_committed_after_a_fold_began_is_counted_once(db: Db, database_url: str) -> None:
     _tenant(db)
+    # Committed before the transaction below began: folded by the first fold.
+    db.execute("INSERT INTO counter_deltas (tenant_id, queue, failed) VALUES ('acme', 'q', 5)")
     with psycopg.connect(database_url, row_factory=dict_row) as late:
         # A transition's transaction, open across the fold: its delta is not visible to it.
         late.execute(
@@ -85,26 +93,32 @@ def test_a_delta_committed_after_a_fold_began_is_counted_once(db: Db, database_u
         )
         mine = late.execute("SELECT pg_current_xact_id()::text AS xid").fetchone()
         assert mine is not None
-        xid = mine["xid"]
-        # One committed after it began, and one before: both visible to the fold.
+        # Committed after it began: visible to the fold, at a higher id.
         db.execute(
             "INSERT INTO counter_deltas (tenant_id, queue, completed) VALUES ('acme', 'q', 10)"
         )
-        db.execute("INSERT INTO counter_deltas (tenant_id, queue, failed) VALUES ('acme', 'q', 5)")
+        # Transactions older than it (of any database of the cluster: ids are the
+        # cluster's) end; from then on it holds the horizon.
+        deadline = time.monotonic() + 30
+        while _horizon(db) != mine["xid"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
         folded = _fold(db)
         assert folded is not None
-        # The open transaction is the oldest running one: the base is as of its id, and
-        # what committed after it (at a higher id) waits for the next fold.
-        assert folded["as_of_xid"] == xid
-        assert _totals(db)["q"]["completed"] == 10
+        # The open transaction is the oldest running one: the new base is as of its id, with
+        # the delta below it; what committed after it began waits for the next fold.
+        assert (folded["deltas"], folded["bases"], folded["as_of_xid"]) == (1, 1, mine["xid"])
+        assert (_totals(db)["q"]["completed"], _totals(db)["q"]["failed"]) == (10, 5)
         late.commit()
-    assert _totals(db)["q"]["completed"] == 11
+    assert (_totals(db)["q"]["completed"], _totals(db)["q"]["failed"]) == (11, 5)
     again = _fold(db)
     assert again is not None
-    assert (again["deltas"], again["bases"]) == (3, 1)
+    assert (again["deltas"], again["bases"]) == (2, 1)
     assert (_totals(db)["q"]["completed"], _totals(db)["q"]["failed"]) == (11, 5)
     left = db.execute("SELECT count(*) AS n FROM counter_deltas").fetchone()
     assert left == {"n": 0}
+    bases = db.execute("SELECT count(*) AS n FROM counter_bases").fetchone()
+    assert bases == {"n": 1}
     # Nothing to fold: the base stays, with the same totals.
     idle = _fold(db)
     assert idle is not None
@@ -378,7 +392,6 @@ def test_under_a_held_snapshot_reading_the_figures_and_the_backlog_does_not_grow
                         "worker": "w1",
                         "key_id": "k1",
                         "result": Jsonb(i),
-                        "shard": 0,
                     },
                 )
                 # The sweeper's fold, every so often (every second at this pace).
@@ -397,7 +410,6 @@ def test_under_a_held_snapshot_reading_the_figures_and_the_backlog_does_not_grow
                         "worker": "w1",
                         "key_id": "k1",
                         "result": Jsonb(0),
-                        "shard": 0,
                     },
                 )
             done += 5

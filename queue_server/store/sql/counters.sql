@@ -40,8 +40,9 @@ WITH horizon AS (
            sum(c.purged_completed), sum(c.purged_cancelled), sum(c.timed_completions),
            sum(c.completion_ms)
     FROM (SELECT * FROM replaced UNION ALL SELECT * FROM folded) AS c
-    -- A deleted tenant's counters go with it.
-    WHERE EXISTS (SELECT 1 FROM tenants t WHERE t.tenant_id = c.tenant_id)
+    -- A deleted tenant's counters go with it; one being deleted is waited for (its row
+    -- locked as the foreign key's check would, so the check cannot fail).
+    WHERE EXISTS (SELECT 1 FROM tenants t WHERE t.tenant_id = c.tenant_id FOR KEY SHARE)
     GROUP BY c.tenant_id, c.queue
     ORDER BY c.tenant_id, c.queue
     RETURNING 1
