@@ -712,7 +712,8 @@ counter_deltas = Table(
     Column("queue", Text, nullable=False),
     Column("xid", Xid8(), nullable=False, server_default=text("pg_current_xact_id()")),
     *(_count(name) for name in COUNTS),
-    ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
+    # No foreign key to the tenant (a completion does not lock its row for the check):
+    # deleting a tenant deletes its deltas, and the fold drops any of a tenant gone.
     # A tenant's deltas since the last fold: its figures, its backlog (the admission).
     Index("ix_counter_deltas_tenant_id_xid", "tenant_id", "xid"),
     # Everyone's since the last fold: a scrape, the sampler, the fold itself.

@@ -218,4 +218,6 @@ async def concurrency(
 async def delete_tenant(conn: Conn, *, tenant: str) -> bool:
     """The tenant and everything of it: items, ledgers, receipts, runs, watchers, keys."""
     cur = await conn.execute(_SQL["delete_tenant"], {"tenant": tenant})
-    return await cur.fetchone() is not None
+    deleted = await cur.fetchone() is not None
+    await conn.execute(_SQL["delete_counter_deltas"], {"tenant": tenant})
+    return deleted

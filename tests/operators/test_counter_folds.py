@@ -420,3 +420,24 @@ def test_under_a_held_snapshot_reading_the_figures_and_the_backlog_does_not_grow
     for name in readers:
         assert measured[5000][name] <= measured[1000][name] + 2, (name, measured)
         assert measured[5000][name] < 40, (name, measured)
+
+
+def test_a_deleted_tenant_takes_its_counters_and_one_made_again_starts_from_nothing(
+    api: Api, db: Db
+) -> None:
+    for _ in range(3):
+        api.enqueue()
+    (lease,) = api.acquire()
+    api.holder("complete", lease["item_id"], worker="w1", fence=lease["fence"])
+    with psycopg.connect(db.info.dsn, autocommit=True, row_factory=dict_row) as conn:
+        assert _fold(conn) is not None
+    api.enqueue()  # a delta since the fold too
+    assert api.admin.delete("/v1/tenants/acme").status_code == 204
+    left = db.execute(
+        "SELECT (SELECT count(*) FROM counter_deltas) + (SELECT count(*) FROM counter_bases) AS n"
+    ).fetchone()
+    assert left == {"n": 0}
+    again = api.admin.put("/v1/tenants/acme", json={"backlog_cap": 10})
+    assert again.status_code in (200, 201), again.text
+    assert api.admin.get("/v1/tenants/acme").json()["backlog"] == 0
+    assert _totals(db) == {}

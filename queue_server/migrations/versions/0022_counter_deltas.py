@@ -140,16 +140,16 @@ def _counts() -> str:
 def upgrade() -> None:
     home = _home()
     # One row per (tenant, queue) a transition statement touched, written by it and never
-    # updated; `xid` is its transaction's id.
+    # updated; `xid` is its transaction's id. No foreign key (as backlog_releases had
+    # none): a completion does not lock the tenant's row for a check; deleting a tenant
+    # deletes its deltas, and the fold drops any of a tenant that is gone.
     op.execute(
         f"""
         CREATE TABLE counter_deltas (
             tenant_id text NOT NULL,
             queue text NOT NULL,
             xid xid8 NOT NULL DEFAULT pg_current_xact_id(),
-        {_counts()},
-            CONSTRAINT fk_counter_deltas_tenant_id_tenants FOREIGN KEY (tenant_id)
-                REFERENCES tenants (tenant_id) ON DELETE CASCADE
+        {_counts()}
         )
         """
     )

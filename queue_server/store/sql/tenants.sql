@@ -135,3 +135,10 @@ WITH events AS (
 )
 DELETE FROM tenants WHERE tenant_id = %(tenant)s
 RETURNING tenant_id, (SELECT count(*) FROM keys) AS keys;
+
+-- name: delete_counter_deltas
+-- After delete_tenant, in the same transaction and a statement of its own: its snapshot
+-- sees the deltas of every transition that held one of the tenant's items while
+-- delete_tenant waited for it (a delta has no foreign key to cascade from the tenant);
+-- a later transition finds no item of the tenant and counts nothing.
+DELETE FROM counter_deltas WHERE tenant_id = %(tenant)s;
