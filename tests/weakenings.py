@@ -260,6 +260,24 @@ def _counters_read_above_the_base(mp: pytest.MonkeyPatch) -> None:
     after_migrate(mp, weakened.replace(bound, "d.xid > (SELECT as_of_xid FROM base)"))
 
 
+@weakening(
+    "admission-updates-the-tenant",
+    "every admission updates the tenant's row again (a version per admission)",
+    own_schema=True,
+)
+def _admission_updates_the_tenant(mp: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    migration = importlib.import_module("queue_server.migrations.versions.0022_counter_deltas")
+    seal: str = migration.ADMIT_SEAL
+    insert = "    INSERT INTO counter_deltas (tenant_id, queue, admitted)"
+    if insert not in seal:
+        raise AssertionError(f"admit_seal does not contain {insert!r}")
+    update = "    UPDATE tenants SET updated_at = updated_at WHERE tenant_id = p_tenant;\n"
+    # The test databases' tables live in `public`.
+    after_migrate(mp, seal.replace(insert, update + insert).replace("{home}", "public"))
+
+
 @weakening("complete-uncounted", "a single complete inserts no counter delta")
 def _complete_uncounted(mp: pytest.MonkeyPatch) -> None:
     from queue_server.store import transitions

@@ -361,10 +361,35 @@ def _buffers(db: Db, statement: str, params: dict[str, object]) -> int:
     return int(node["Shared Hit Blocks"]) + int(node["Shared Read Blocks"])
 
 
+def _complete(item_id: str) -> dict[str, object]:
+    return {
+        "tenant": "acme",
+        "item_id": item_id,
+        "fence": 1,
+        "worker": "w1",
+        "key_id": "k1",
+        "result": Jsonb(None),
+    }
+
+
+def _admission(n: int) -> dict[str, object]:
+    """One admission of `n` items to the queue `in` (not the queue whose figures are read)."""
+    return {
+        "tenant": "acme",
+        "queue": "in",
+        "items": Jsonb([{"item_id": str(uuid.uuid4())} for _ in range(n)]),
+        "actor": "producer",
+        "attempt_cap": 5,
+        "backlog_ceiling": 10**9,
+    }
+
+
 def test_under_a_held_snapshot_reading_the_figures_and_the_backlog_does_not_grow_with_work(
     db: Db, database_url: str
 ) -> None:
-    _tenant(db, cap=100_000)
+    """A completion and an admission per step: each inserts a delta, none updates a row
+    that every reader, or every foreign-key check of an enqueue, has to walk."""
+    _tenant(db, cap=10**6)
     readers: dict[str, tuple[str, dict[str, object]]] = {
         "finished_counts": (queues._SQL["finished_counts"], {"tenant": "acme"}),
         "queue_series": (
@@ -373,27 +398,19 @@ def test_under_a_held_snapshot_reading_the_figures_and_the_backlog_does_not_grow
         ),
         "backlog": (tenants._SQL["admitted_backlog"], {"tenant": "acme"}),
     }
-    complete = transitions._SQL["complete"]
+    complete, enqueue = transitions._SQL["complete"], transitions._SQL["enqueue"]
+    version = _tenant_version(db)
     measured: dict[int, dict[str, int]] = {}
     with (
         held_snapshot(database_url),
         psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as conn,
     ):
-        done = 0
+        done = admitted = 0
         for mark in (1000, 5000):
-            ids = _leased_items(db, mark - done)
-            for i, item_id in enumerate(ids):
-                conn.execute(
-                    complete,
-                    {
-                        "tenant": "acme",
-                        "item_id": item_id,
-                        "fence": 1,
-                        "worker": "w1",
-                        "key_id": "k1",
-                        "result": Jsonb(i),
-                    },
-                )
+            for i, item_id in enumerate(_leased_items(db, mark - done)):
+                conn.execute(complete, _complete(item_id))
+                conn.execute(enqueue, _admission(1))
+                admitted += 1
                 # The sweeper's fold, every so often (every second at this pace).
                 if i % 250 == 249:
                     assert _fold(conn) is not None
@@ -401,25 +418,23 @@ def test_under_a_held_snapshot_reading_the_figures_and_the_backlog_does_not_grow
             assert _fold(conn) is not None
             # The deltas since the fold: a few transitions more, as a reader meets them.
             for item_id in _leased_items(db, 5):
-                conn.execute(
-                    complete,
-                    {
-                        "tenant": "acme",
-                        "item_id": item_id,
-                        "fence": 1,
-                        "worker": "w1",
-                        "key_id": "k1",
-                        "result": Jsonb(0),
-                    },
-                )
+                conn.execute(complete, _complete(item_id))
             done += 5
             # What the held snapshot keeps stays; the planner's figures count it.
-            db.execute("VACUUM ANALYZE counter_deltas, counter_bases, work_items")
+            db.execute("VACUUM ANALYZE counter_deltas, counter_bases, work_items, tenants")
             measured[mark] = {name: _buffers(db, sql, p) for name, (sql, p) in readers.items()}
+            # A batch enqueue: a foreign-key check of the tenant's row per item, then the
+            # admission under its lock.
+            measured[mark]["enqueue_100"] = _buffers(db, enqueue, _admission(100))
+            admitted += 100
             assert _totals(db)["q"]["completed"] == done
+            assert _totals(db)["in"]["admitted"] == admitted
     for name in readers:
         assert measured[5000][name] <= measured[1000][name] + 2, (name, measured)
         assert measured[5000][name] < 40, (name, measured)
+    assert measured[5000]["enqueue_100"] <= measured[1000]["enqueue_100"] * 1.2, measured
+    # 10,200 admissions locked the tenant's row and none updated it: one version still.
+    assert _tenant_version(db) == version
 
 
 def test_a_deleted_tenant_takes_its_counters_and_one_made_again_starts_from_nothing(

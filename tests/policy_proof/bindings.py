@@ -594,6 +594,14 @@ EXTRA_PROOFS: tuple[Binding, ...] = (
         _FOLDS_T + "test_racing_transitions_and_folds_leave_figures_equal_to_the_items_states",
         "complete-uncounted",
     ),
+    Binding(
+        LW,
+        D.BACKPRESSURE,
+        "queue_server.store.transitions.admit_seal",
+        _FOLDS_T
+        + "test_under_a_held_snapshot_reading_the_figures_and_the_backlog_does_not_grow_with_work",
+        "admission-updates-the-tenant",
+    ),
 )
 
 # Cells the policy states that no runtime path of this server proves by a weakening yet.
