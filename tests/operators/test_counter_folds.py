@@ -17,6 +17,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from queue_server.infra import migrate
 from queue_server.store import counters, queues, sweeps, tenants, transitions
 from queue_server.workers.sweeper import FOLD_LOCK
 from tests.helpers.api import Api
@@ -456,3 +457,52 @@ def test_a_deleted_tenant_takes_its_counters_and_one_made_again_starts_from_noth
     assert again.status_code in (200, 201), again.text
     assert api.admin.get("/v1/tenants/acme").json()["backlog"] == 0
     assert _totals(db) == {}
+
+
+def test_the_migration_carries_the_counters_over_as_the_first_base_and_back(
+    db: Db, database_url: str
+) -> None:
+    migrate.downgrade(database_url, "0021")
+    _tenant(db)
+    db.execute("UPDATE tenants SET admitted = 7")
+    db.execute("INSERT INTO backlog_releases VALUES ('acme', 0, 1), ('acme', 5, 3)")
+    db.execute(
+        "INSERT INTO queue_counters (tenant_id, queue, shard, completed, failed, quarantined,"
+        " cancelled, purged_completed, purged_cancelled, timed_completions, completion_ms)"
+        " VALUES ('acme', 'q1', 0, 5, 2, 1, 1, 1, 0, 5, 500),"
+        " ('acme', 'q1', 3, 1, 0, 0, 0, 0, 0, 1, 100)"
+    )
+    for queue, state in (("q1", "ready"), ("q1", "ready"), ("q2", "leased")):
+        db.execute(
+            "INSERT INTO work_items (tenant_id, queue, payload, state, fence, lease_holder,"
+            " lease_expires_at, lease_deadline_at, max_acquisitions)"
+            " VALUES ('acme', %s, 'null', %s::item_state, 1,"
+            " CASE WHEN %s = 'leased' THEN 'w1' END,"
+            " CASE WHEN %s = 'leased' THEN now() + interval '1 hour' END,"
+            " CASE WHEN %s = 'leased' THEN now() + interval '1 hour' END, 3)",
+            (queue, state, state, state, state),
+        )
+    migrate.upgrade(database_url)
+    totals = _totals(db)
+    assert totals["q1"] == {
+        "admitted": 2,
+        "released": 0,
+        "completed": 6,
+        "failed": 2,
+        "quarantined": 1,
+        "cancelled": 1,
+        "purged_completed": 1,
+        "purged_cancelled": 0,
+        "timed_completions": 6,
+        "completion_ms": 600,
+    }
+    # Each queue's backlog is its ready and leased items: the tenant's 7 - 4 in all.
+    assert (totals["q2"]["admitted"], totals["q2"]["released"]) == (1, 0)
+    assert_backlog_counter_matches(db)
+    migrate.downgrade(database_url, "0021")
+    back = db.execute(
+        "SELECT t.admitted - (SELECT sum(released) FROM backlog_releases) AS backlog,"
+        " (SELECT sum(completed) FROM queue_counters WHERE queue = 'q1') AS completed"
+        " FROM tenants t"
+    ).fetchone()
+    assert back == {"backlog": 3, "completed": 6}
