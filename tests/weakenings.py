@@ -251,7 +251,7 @@ def _counters_read_above_the_base(mp: pytest.MonkeyPatch) -> None:
     import importlib
 
     view: str = importlib.import_module(
-        "queue_server.migrations.versions.0022_counter_deltas"
+        "queue_server.migrations.versions.0023_counter_deltas"
     ).COUNTER_TOTALS
     bound = "d.xid >= (SELECT as_of_xid FROM base)"
     if bound not in view:
@@ -268,7 +268,7 @@ def _counters_read_above_the_base(mp: pytest.MonkeyPatch) -> None:
 def _admission_updates_the_tenant(mp: pytest.MonkeyPatch) -> None:
     import importlib
 
-    migration = importlib.import_module("queue_server.migrations.versions.0022_counter_deltas")
+    migration = importlib.import_module("queue_server.migrations.versions.0023_counter_deltas")
     seal: str = migration.ADMIT_SEAL
     insert = "    INSERT INTO counter_deltas (tenant_id, queue, admitted)"
     if insert not in seal:

@@ -2,7 +2,7 @@
 
 Every transition's statement inserts a row into `counter_deltas` per (tenant, queue) it
 touched, carrying its transaction's id; nothing updates one. Readers take the view
-`counter_totals` (migration 0022): the latest base plus the deltas at or above its
+`counter_totals` (migration 0023): the latest base plus the deltas at or above its
 `as_of_xid`. The fold keeps the deltas since the last base few, so a reader's cost is
 what happened since the last fold, whatever old snapshot another session holds (the
 deleted deltas and bases lie below the ranges read). The sweeper folds every

@@ -700,7 +700,7 @@ COUNTS = (
     "completion_ms",
 )
 
-# Append-only (0022): each transition's statement inserts one row per (tenant, queue) it
+# Append-only (0023): each transition's statement inserts one row per (tenant, queue) it
 # touched and nothing updates one, so no row grows a version chain that a held snapshot
 # keeps from being pruned. `xid` is the writing transaction's id: the fold
 # (store/counters.py) sums the deltas of every ended transaction into a base and deletes

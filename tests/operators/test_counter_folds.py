@@ -462,7 +462,7 @@ def test_a_deleted_tenant_takes_its_counters_and_one_made_again_starts_from_noth
 def test_the_migration_carries_the_counters_over_as_the_first_base_and_back(
     db: Db, database_url: str
 ) -> None:
-    migrate.downgrade(database_url, "0021")
+    migrate.downgrade(database_url, "0022")
     _tenant(db)
     db.execute("UPDATE tenants SET admitted = 7")
     db.execute("INSERT INTO backlog_releases VALUES ('acme', 0, 1), ('acme', 5, 3)")
@@ -499,7 +499,7 @@ def test_the_migration_carries_the_counters_over_as_the_first_base_and_back(
     # Each queue's backlog is its ready and leased items: the tenant's 7 - 4 in all.
     assert (totals["q2"]["admitted"], totals["q2"]["released"]) == (1, 0)
     assert_backlog_counter_matches(db)
-    migrate.downgrade(database_url, "0021")
+    migrate.downgrade(database_url, "0022")
     back = db.execute(
         "SELECT t.admitted - (SELECT sum(released) FROM backlog_releases) AS backlog,"
         " (SELECT sum(completed) FROM queue_counters WHERE queue = 'q1') AS completed"

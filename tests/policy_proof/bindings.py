@@ -571,7 +571,7 @@ EXTRA_PROOFS: tuple[Binding, ...] = (
     Binding(LW, FENCING, HOLDER, _SINGLE, "drop-fence-guard"),
     Binding(LW, FENCING, TRIAGE, _TRIAGE_REQUEUE, "drop-fence-guard"),
     # The backlog the cap is checked against is the counters' latest base and the deltas
-    # since (migration 0022): the fold's horizon, the readers' range and each transition's
+    # since (migration 0023): the fold's horizon, the readers' range and each transition's
     # delta each hold it exact.
     Binding(
         LW,

@@ -3,7 +3,7 @@
 -- the text sent.
 
 -- name: enqueue
--- (nothing) -> ready: the admission of migrations 0017, 0020 and 0022 in one statement, shared
+-- (nothing) -> ready: the admission of migrations 0017, 0020, 0022 and 0023 in one statement, shared
 -- with queue_server.enqueue (an application's own transaction): the items, their
 -- `enqueued` ledger rows, the outbox rows, then the tenant's admission lock, the backlog
 -- cap, the admitted counter and the NOTIFY. Refusals are SQL errors (QS429 at the cap,

@@ -9,8 +9,8 @@ written once; a fold deletes the deltas it summed, and a reader's range of the i
 (`xid >= the base's as_of_xid`) lies above them, so a reader reads the deltas since the
 last fold whatever snapshot is held.
 
-Revision ID: 0022
-Revises: 0021
+Revision ID: 0023
+Revises: 0022
 Create Date: 2026-12-04
 """
 
@@ -20,8 +20,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0022"
-down_revision: str | Sequence[str] | None = "0021"
+revision: str = "0023"
+down_revision: str | Sequence[str] | None = "0022"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -77,7 +77,7 @@ FROM (
 GROUP BY c.tenant_id, c.queue
 """
 
-# 0020's admission, its counter a delta: the tenant's admission lock (NO KEY UPDATE: the
+# The admission of 0020 (its NOTIFY carrying 0022's ready tag), its counter a delta: the tenant's admission lock (NO KEY UPDATE: the
 # row is locked, not updated, so its version chain does not grow), the exact backlog cap
 # (admitted - released of the committed work: every admission committed before the lock
 # was granted is visible, a release in flight is not yet, which only overestimates the
@@ -112,7 +112,7 @@ BEGIN
                                   backlog, p_n, cap);
     END IF;
     INSERT INTO counter_deltas (tenant_id, queue, admitted) VALUES (p_tenant, p_queue, p_n);
-    PERFORM pg_notify('queue_server_ready', p_tenant || '/' || p_queue);
+    PERFORM pg_notify('queue_server_ready', queue_server.ready_tag(p_tenant, p_queue));
 END
 $fn$
 """
@@ -251,10 +251,14 @@ def downgrade() -> None:
         " (SELECT tenant_id, sum(admitted) AS admitted FROM counter_totals GROUP BY tenant_id) c"
         " WHERE c.tenant_id = t.tenant_id"
     )
+    # 0022's admission: 0020's, its NOTIFY carrying the ready tag.
     previous = importlib.import_module("queue_server.migrations.versions.0020_admission_lock_last")
-    op.execute(
-        _ddl(previous.ADMIT_SEAL.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION"), home)
-    )
+    notify = "PERFORM pg_notify('queue_server_ready', p_tenant || '/' || p_queue);"
+    tagged = "PERFORM pg_notify('queue_server_ready', queue_server.ready_tag(p_tenant, p_queue));"
+    seal: str = previous.ADMIT_SEAL
+    assert notify in seal
+    seal = seal.replace(notify, tagged).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION")
+    op.execute(_ddl(seal, home))
     op.execute("DROP VIEW counter_totals")
     op.drop_table("counter_bases")
     op.drop_table("counter_deltas")
