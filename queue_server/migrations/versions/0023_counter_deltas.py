@@ -47,7 +47,7 @@ COUNTS = (
 # own): with it the planner takes the range for a narrow one, where a lower bound it cannot
 # know when planning is a third of the table (under a held snapshot, its dead rows too).
 COUNTER_TOTALS = """
-CREATE VIEW counter_totals AS
+CREATE VIEW {home}.counter_totals AS
 WITH base AS (
     SELECT coalesce((SELECT as_of_xid FROM counter_bases ORDER BY as_of_xid DESC LIMIT 1),
                     '0'::xid8) AS as_of_xid
@@ -145,7 +145,7 @@ def upgrade() -> None:
     # deletes its deltas, and the fold drops any of a tenant that is gone.
     op.execute(
         f"""
-        CREATE TABLE counter_deltas (
+        CREATE TABLE {home}.counter_deltas (
             tenant_id text NOT NULL,
             queue text NOT NULL,
             xid xid8 NOT NULL DEFAULT pg_current_xact_id(),
@@ -155,13 +155,15 @@ def upgrade() -> None:
     )
     # A tenant's deltas since a fold (its figures, its backlog); everyone's (a scrape, the
     # sampler, the fold).
-    op.execute("CREATE INDEX ix_counter_deltas_tenant_id_xid ON counter_deltas (tenant_id, xid)")
-    op.execute("CREATE INDEX ix_counter_deltas_xid ON counter_deltas (xid)")
+    op.execute(
+        f"CREATE INDEX ix_counter_deltas_tenant_id_xid ON {home}.counter_deltas (tenant_id, xid)"
+    )
+    op.execute(f"CREATE INDEX ix_counter_deltas_xid ON {home}.counter_deltas (xid)")
     # The totals of every (tenant, queue) as of a fold: every delta of a transaction below
     # `as_of_xid` summed. Inserted by a fold, deleted by the next, never updated.
     op.execute(
         f"""
-        CREATE TABLE counter_bases (
+        CREATE TABLE {home}.counter_bases (
             as_of_xid xid8 NOT NULL,
             tenant_id text NOT NULL,
             queue text NOT NULL,
@@ -169,7 +171,7 @@ def upgrade() -> None:
             folded_at timestamptz NOT NULL DEFAULT now(),
             CONSTRAINT pk_counter_bases PRIMARY KEY (as_of_xid, tenant_id, queue),
             CONSTRAINT fk_counter_bases_tenant_id_tenants FOREIGN KEY (tenant_id)
-                REFERENCES tenants (tenant_id) ON DELETE CASCADE
+                REFERENCES {home}.tenants (tenant_id) ON DELETE CASCADE
         )
         """
     )
@@ -179,7 +181,7 @@ def upgrade() -> None:
     # while the schema migrates).
     op.execute(
         f"""
-        INSERT INTO counter_bases (as_of_xid, tenant_id, queue, {", ".join(COUNTS)})
+        INSERT INTO {home}.counter_bases (as_of_xid, tenant_id, queue, {", ".join(COUNTS)})
         SELECT pg_current_xact_id(), tenant_id, queue, sum(admitted), 0, sum(completed),
                sum(failed), sum(quarantined), sum(cancelled), sum(purged_completed),
                sum(purged_cancelled), sum(timed_completions), sum(completion_ms)
@@ -194,11 +196,11 @@ def upgrade() -> None:
         GROUP BY tenant_id, queue
         """
     )
-    op.execute(COUNTER_TOTALS)
+    op.execute(_ddl(COUNTER_TOTALS, home))
     op.execute(_ddl(ADMIT_SEAL, home))
-    op.drop_table("queue_counters")
-    op.drop_table("backlog_releases")
-    op.drop_column("tenants", "admitted")
+    op.drop_table("queue_counters", schema=home)
+    op.drop_table("backlog_releases", schema=home)
+    op.drop_column("tenants", "admitted", schema=home)
 
 
 def downgrade() -> None:
@@ -206,6 +208,7 @@ def downgrade() -> None:
     op.add_column(
         "tenants",
         sa.Column("admitted", sa.BigInteger(), server_default=sa.text("0"), nullable=False),
+        schema=home,
     )
     op.create_table(
         "backlog_releases",
@@ -213,6 +216,7 @@ def downgrade() -> None:
         sa.Column("shard", sa.Integer(), nullable=False),
         sa.Column("released", sa.BigInteger(), server_default=sa.text("0"), nullable=False),
         sa.PrimaryKeyConstraint("tenant_id", "shard", name=op.f("pk_backlog_releases")),
+        schema=home,
     )
     op.create_table(
         "queue_counters",
@@ -230,6 +234,7 @@ def downgrade() -> None:
             ondelete="CASCADE",
         ),
         sa.PrimaryKeyConstraint("tenant_id", "queue", "shard", name=op.f("pk_queue_counters")),
+        schema=home,
     )
     # The totals go back on shard 0.
     op.execute(
@@ -259,6 +264,6 @@ def downgrade() -> None:
     assert notify in seal
     seal = seal.replace(notify, tagged).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION")
     op.execute(_ddl(seal, home))
-    op.execute("DROP VIEW counter_totals")
-    op.drop_table("counter_bases")
-    op.drop_table("counter_deltas")
+    op.execute(f"DROP VIEW {home}.counter_totals")
+    op.drop_table("counter_bases", schema=home)
+    op.drop_table("counter_deltas", schema=home)
