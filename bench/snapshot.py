@@ -33,8 +33,8 @@ from queue_server.client import Job, Outcome, QueueClient, Result, Worker
 # The tables every lease cycle, enqueue or figure touches (issue 40's list).
 HOT_TABLES = (
     "work_items",
-    "queue_counters",
-    "backlog_releases",
+    "counter_deltas",
+    "counter_bases",
     "tenants",
     "item_events",
     "outbox_deliveries",

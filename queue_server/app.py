@@ -43,7 +43,7 @@ from queue_server.settings import Settings
 from queue_server.store import channels, reads
 from queue_server.workers.notifier import Notifier
 from queue_server.workers.scheduler import run_schedules_forever
-from queue_server.workers.sweeper import sweep_forever, sweep_runs_forever
+from queue_server.workers.sweeper import fold_forever, sweep_forever, sweep_runs_forever
 
 log = logging.getLogger("queue_server")
 
@@ -92,6 +92,7 @@ def create_app(
         loops = [
             recording,
             asyncio.create_task(sweep_forever(db, settings)),
+            asyncio.create_task(fold_forever(db)),
             asyncio.create_task(sweep_runs_forever(db, settings.run_sweep_interval)),
             asyncio.create_task(
                 run_schedules_forever(

@@ -245,20 +245,41 @@ def test_every_change_to_an_item_is_ledgered_by_the_one_insert() -> None:
             assert not re.search(r"UPDATE work_items|INSERT INTO work_items", flat), name
 
 
-def test_the_counters_are_taken_in_one_order() -> None:
-    """`counted` adds to the queue counters on the statement's shard, after `release` in
-    every statement, so the two row locks are always taken in one order, and in queue
-    order when one statement counts several."""
+def test_the_counters_are_appended_never_updated() -> None:
+    """A transition's statement counts in one `counted` CTE that inserts one delta row per
+    (tenant, queue) it touched: no statement updates a counter, a base or the tenant's
+    row, so none grows a version chain an old snapshot keeps from being pruned; only the
+    fold deletes deltas and bases, and only the view `counter_totals` reads them."""
+    counting = set()
     for module, named in _files().items():
         for name, text in named.items():
             flat = _flat(text)
-            if "INSERT INTO queue_counters" not in flat:
+            assert not re.search(r"UPDATE (counter_deltas|counter_bases|tenants)\b", flat), name
+            if (module, name) != ("counters", "fold"):
+                reads = r"(?<!DELETE )FROM (counter_deltas|counter_bases)\b"
+                assert not re.search(reads, flat), name
+            if "INSERT INTO counter_deltas" not in flat:
                 continue
-            assert "counted AS ( INSERT INTO queue_counters (tenant_id, queue, shard," in flat, name
-            assert "GROUP BY tenant_id, queue ORDER BY tenant_id, queue" in flat, name
-            assert "ON CONFLICT (tenant_id, queue, shard) DO UPDATE" in flat, name
-            if "release AS (" in flat:
-                assert flat.index("release AS (") < flat.index("counted AS ("), (module, name)
+            counting.add(name)
+            assert flat.count("INSERT INTO counter_deltas") == 1, name
+            assert "counted AS ( INSERT INTO counter_deltas (tenant_id, queue," in flat, name
+            start = flat.index("counted AS (")
+            assert (
+                "ON CONFLICT" not in flat[start : flat.index("GROUP BY tenant_id, queue )", start)]
+            )
+    assert counting == {
+        "acquire",
+        "complete",
+        "complete_many",
+        "triage_requeue",
+        "triage_quarantine",
+        "replay",
+        "discard",
+        "cancel",
+        "purge_finished",
+        "retry",
+        "delete_finished",
+    }
 
 
 def _outbox(flat: str) -> str:

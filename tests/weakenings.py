@@ -228,6 +228,72 @@ def _drop_backlog_cap(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(Items, "_refuse_early_at_cap", no_early_refusal)
 
 
+@weakening(
+    "fold-past-running-transactions",
+    "the counters' fold takes its base as of its snapshot's xmax, past transactions running",
+)
+def _fold_past_running_transactions(mp: pytest.MonkeyPatch) -> None:
+    from queue_server.store import counters
+
+    replace_sql(
+        mp,
+        counters,
+        "fold",
+        "SELECT pg_snapshot_xmin(pg_current_snapshot()) AS x",
+        "SELECT pg_snapshot_xmax(pg_current_snapshot()) AS x",
+    )
+
+
+@weakening(
+    "counters-read-above-the-base",
+    "the counters' readers add only the deltas above the base's as_of_xid, not at it",
+    own_schema=True,
+)
+def _counters_read_above_the_base(mp: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    view: str = importlib.import_module(
+        "queue_server.migrations.versions.0023_counter_deltas"
+    ).COUNTER_TOTALS
+    bound = "d.xid >= (SELECT as_of_xid FROM base)"
+    if bound not in view:
+        raise AssertionError(f"counter_totals does not contain {bound!r}")
+    # The test databases' tables live in `public`.
+    weakened = view.replace("CREATE VIEW", "CREATE OR REPLACE VIEW").replace("{home}", "public")
+    after_migrate(mp, weakened.replace(bound, "d.xid > (SELECT as_of_xid FROM base)"))
+
+
+@weakening(
+    "admission-updates-the-tenant",
+    "every admission updates the tenant's row again (a version per admission)",
+    own_schema=True,
+)
+def _admission_updates_the_tenant(mp: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    migration = importlib.import_module("queue_server.migrations.versions.0023_counter_deltas")
+    seal: str = migration.ADMIT_SEAL
+    insert = "    INSERT INTO counter_deltas (tenant_id, queue, admitted)"
+    if insert not in seal:
+        raise AssertionError(f"admit_seal does not contain {insert!r}")
+    update = "    UPDATE tenants SET updated_at = updated_at WHERE tenant_id = p_tenant;\n"
+    # The test databases' tables live in `public`.
+    after_migrate(mp, seal.replace(insert, update + insert).replace("{home}", "public"))
+
+
+@weakening("complete-uncounted", "a single complete inserts no counter delta")
+def _complete_uncounted(mp: pytest.MonkeyPatch) -> None:
+    from queue_server.store import transitions
+
+    replace_sql(
+        mp,
+        transitions,
+        "complete",
+        "0)::bigint\n    FROM upd GROUP BY tenant_id, queue",
+        "0)::bigint\n    FROM upd WHERE false GROUP BY tenant_id, queue",
+    )
+
+
 @weakening("lease-to-a-gone-client", "a long poll whose client left still hands out a lease")
 def _lease_to_a_gone_client(mp: pytest.MonkeyPatch) -> None:
     from queue_server.services.items import Items

@@ -15,8 +15,8 @@ _SQL = load("health")
 HOT_TABLES = (
     "work_items",
     "item_events",
-    "queue_counters",
-    "backlog_releases",
+    "counter_deltas",
+    "counter_bases",
     "tenants",
     "outbox_deliveries",
     "idempotency_receipts",

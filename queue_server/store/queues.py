@@ -4,9 +4,10 @@
     a paused queue: acquire hands out nothing (store/transitions.py reads `paused_at`)
 
 The figures of a tenant's queues come from bounded reads only: the unfinished items
-through their partial indexes, finished work from `queue_counters` (written by each
-transition's own statement), and rates from `queue_samples` (two index probes per
-queue). Nothing here scans finished history.
+through their partial indexes, finished work from the view `counter_totals` (the latest
+base of the counters and the deltas each transition's own statement inserted since:
+store/counters.py), and rates from `queue_samples` (two index probes per queue). Nothing
+here scans finished history.
 """
 
 from __future__ import annotations

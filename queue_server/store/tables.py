@@ -64,9 +64,6 @@ tenants = Table(
     Column("backlog_cap", Integer, nullable=False),
     Column("default_max_acquisitions", Integer, nullable=False),
     Column("default_lease_ttl", Interval, nullable=False),
-    # Items that ever entered the backlog (enqueued or replayed); written under the
-    # tenant's admission lock. Backlog = admitted - sum(backlog_releases.released).
-    Column("admitted", BigInteger, nullable=False, server_default=text("0")),
     _ts("created_at", nullable=False, server_default=func.now()),
     _ts("updated_at", nullable=False, server_default=func.now()),
     # Completed and cancelled items older than this (since they finished) are deleted
@@ -541,16 +538,6 @@ outbox_deliveries = Table(
     ),
 )
 
-# Items that left the backlog (completed or quarantined), spread over shards so that
-# completions of one tenant do not all queue on one row lock held through the commit.
-backlog_releases = Table(
-    "backlog_releases",
-    metadata,
-    Column("tenant_id", Text, primary_key=True),
-    Column("shard", Integer, primary_key=True),
-    Column("released", BigInteger, nullable=False, server_default=text("0")),
-)
-
 # -- schedules (0005) -----------------------------------------------------------------
 
 # A tenant's periodic enqueue. `next_tick_at` is the cursor: every tick before it is
@@ -676,28 +663,61 @@ queue_events = Table(
     ),
 )
 
-# Monotonic totals per queue, added to by the statement of each transition they count
-# (in shards, as backlog_releases: completions do not queue on one row lock). Items
-# completed and cancelled now = completed - purged_completed, cancelled - purged_cancelled.
-queue_counters = Table(
-    "queue_counters",
+
+def _count(name: str) -> Column[int]:
+    return Column(name, BigInteger, nullable=False, server_default=text("0"))
+
+
+# What each counter counts, per (tenant, queue): items that entered the backlog (enqueued,
+# replayed, retried) and that left it (completed, quarantined, cancelled from it); those
+# completed, failed (triage, either decision), quarantined (by triage or past their budget)
+# and cancelled; finished items deleted (by the retention sweeper or an operator); and the
+# completions whose lease start is known with the sum of their acquire-to-complete times in
+# milliseconds (0018). Backlog = admitted - released; completed now = completed -
+# purged_completed, cancelled now = cancelled - purged_cancelled.
+COUNTS = (
+    "admitted",
+    "released",
+    "completed",
+    "failed",
+    "quarantined",
+    "cancelled",
+    "purged_completed",
+    "purged_cancelled",
+    "timed_completions",
+    "completion_ms",
+)
+
+# Append-only (0023): each transition's statement inserts one row per (tenant, queue) it
+# touched and nothing updates one, so no row grows a version chain that a held snapshot
+# keeps from being pruned. `xid` is the writing transaction's id: the fold
+# (store/counters.py) sums the deltas of every ended transaction into a base and deletes
+# them; readers add the deltas at or above the base's as_of_xid (the view `counter_totals`).
+counter_deltas = Table(
+    "counter_deltas",
     metadata,
+    Column("tenant_id", Text, nullable=False),
+    Column("queue", Text, nullable=False),
+    Column("xid", Xid8(), nullable=False, server_default=text("pg_current_xact_id()")),
+    *(_count(name) for name in COUNTS),
+    # No foreign key to the tenant (a completion does not lock its row for the check):
+    # deleting a tenant deletes its deltas, and the fold drops any of a tenant gone.
+    # A tenant's deltas since the last fold: its figures, its backlog (the admission).
+    Index("ix_counter_deltas_tenant_id_xid", "tenant_id", "xid"),
+    # Everyone's since the last fold: a scrape, the sampler, the fold itself.
+    Index("ix_counter_deltas_xid", "xid"),
+)
+
+# The totals as of a fold: every delta of a transaction with an id below `as_of_xid` is
+# summed here. A fold inserts a whole new set and deletes the one before; never updated.
+counter_bases = Table(
+    "counter_bases",
+    metadata,
+    Column("as_of_xid", Xid8(), primary_key=True),
     Column("tenant_id", Text, primary_key=True),
     Column("queue", Text, primary_key=True),
-    Column("shard", Integer, primary_key=True),
-    Column("completed", BigInteger, nullable=False, server_default=text("0")),
-    # Failures reported by triage (either decision).
-    Column("failed", BigInteger, nullable=False, server_default=text("0")),
-    # Items quarantined: by triage, or at acquire past their budget.
-    Column("quarantined", BigInteger, nullable=False, server_default=text("0")),
-    Column("cancelled", BigInteger, nullable=False, server_default=text("0")),
-    # Finished items deleted by the retention sweeper.
-    Column("purged_completed", BigInteger, nullable=False, server_default=text("0")),
-    Column("purged_cancelled", BigInteger, nullable=False, server_default=text("0")),
-    # Completions whose lease start is known and the sum of their acquire-to-complete times
-    # in milliseconds (0018): a window's mean latency is the rise of one over the other's.
-    Column("timed_completions", BigInteger, nullable=False, server_default=text("0")),
-    Column("completion_ms", BigInteger, nullable=False, server_default=text("0")),
+    *(_count(name) for name in COUNTS),
+    _ts("folded_at", nullable=False, server_default=func.now()),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
 )
 

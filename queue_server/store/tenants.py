@@ -56,20 +56,22 @@ async def list_keys(conn: Conn, *, tenant: str, revoked: bool) -> list[Row]:
 async def admit(conn: Conn, tenant: str) -> tuple[Row | None, int]:
     """Take the tenant's admission lock (held until the transaction ends), then read its backlog.
 
-    Backlog = items admitted (counted under this lock) - items released (completed or
-    quarantined, counted on shards without it). Two statements: the second's snapshot
-    is taken after the lock is granted, so it sees every release committed before.
-    A release still in flight is not counted yet, which errs on the side of the cap.
+    Backlog = items admitted (enqueued, replayed or retried: counted under this lock) -
+    items released (completed, quarantined or cancelled from the backlog: counted without
+    it), from the counters' latest base and deltas since. Two statements: the second's
+    snapshot is taken after the lock is granted, so it sees every admission and release
+    committed before. A release still in flight is not counted yet, which errs on the
+    side of the cap. The row is locked, never updated: its version chain does not grow.
     """
     # NO KEY UPDATE: serialises admissions without blocking inserts that reference the tenant.
     cur = await conn.execute(_SQL["admit"], (tenant,))
     row = await cur.fetchone()
     if row is None:
         return None, 0
-    cur = await conn.execute(_SQL["released"], {"tenant": tenant})
-    released = await cur.fetchone()
-    assert released is not None
-    return row, int(row["admitted"]) - int(released["released"])
+    cur = await conn.execute(_SQL["admitted_backlog"], {"tenant": tenant})
+    counted = await cur.fetchone()
+    assert counted is not None
+    return row, int(counted["backlog"])
 
 
 async def room(conn: Conn, *, tenant: str, key: str) -> Row | None:
@@ -216,4 +218,6 @@ async def concurrency(
 async def delete_tenant(conn: Conn, *, tenant: str) -> bool:
     """The tenant and everything of it: items, ledgers, receipts, runs, watchers, keys."""
     cur = await conn.execute(_SQL["delete_tenant"], {"tenant": tenant})
-    return await cur.fetchone() is not None
+    deleted = await cur.fetchone() is not None
+    await conn.execute(_SQL["delete_counter_deltas"], {"tenant": tenant})
+    return deleted

@@ -43,18 +43,7 @@ from queue_server.store.reads import FIRST_ITEM
 from queue_server.store.sql import fetch_all, fetch_one, load
 from queue_server.store.types import Conn, Row
 
-# Releases from the backlog (and each queue's counters) are spread over this many rows.
-RELEASE_SHARDS = 32
-
 _SQL = load("transitions")
-
-
-def _shard(conn: Conn) -> int:
-    """The counter rows this connection's transitions write: one per database session, so
-    transactions in flight at once (each on its own session) rarely wait for each other's
-    commit on a counter row, as they did with a shard drawn at random (two of sixteen
-    concurrent completions met on one row about two times in five)."""
-    return conn.pgconn.backend_pid % RELEASE_SHARDS
 
 
 async def enqueue(
@@ -203,7 +192,6 @@ async def acquire(
             "base_limit": base_limit,
             "max_approved": max_approved,
             "max_items": max_items,
-            "shard": _shard(conn),
             "shared": shared,
         }
         async with conn.pipeline():
@@ -273,7 +261,6 @@ def _holder_params(
         "worker": worker,
         "key_id": key_id,
         "fence": fence,
-        "shard": _shard(conn),
     }
 
 
@@ -529,7 +516,6 @@ async def complete_many(
             "tenant": tenant,
             "worker": worker,
             "key_id": key_id,
-            "shard": _shard(conn),
         },
     )
     return {str(row["item_id"]): row for row in await cur.fetchall()}
@@ -581,7 +567,6 @@ def _bulk(conn: Conn, tenant: str, item_ids: list[str], state: str, actor: str) 
         "item_ids": item_ids,
         "state": state,
         "actor": actor,
-        "shard": _shard(conn),
     }
 
 
@@ -594,7 +579,6 @@ async def discard(
         "dead_letter_id": dead_letter_id,
         "reason": reason,
         "actor": actor,
-        "shard": _shard(conn),
     }
     return await fetch_one(conn, _SQL["discard"], params)
 
@@ -620,7 +604,6 @@ async def cancel(
         "state": state,
         "reason": reason,
         "actor": actor,
-        "shard": _shard(conn),
     }
     cur = await conn.execute(_SQL["cancel"], params)
     return await cur.fetchall()
@@ -665,7 +648,6 @@ async def purge_finished(
         "after_at": after[0] if after else "-infinity",
         "after_id": after[1] if after else FIRST_ITEM,
         "limit": limit,
-        "shard": _shard(conn),
     }
     row = await fetch_one(conn, _SQL["purge_finished"], params)
     assert row is not None

@@ -8,8 +8,10 @@
     every retention_interval   delete finished items past their tenant's retention, with
                                their ledgers, and idempotency receipts past theirs
 
-and, in a loop of its own (`sweep_runs_forever`), verification runs past their deadline end
-failed.
+and, in loops of their own, every FOLD_INTERVAL the counters' deltas of every ended
+transaction are folded into a new base (`fold_forever`, store/counters.py: a reader's cost
+is the deltas since the last fold), and verification runs past their deadline end failed
+(`sweep_runs_forever`).
 
 Each batch runs in a transaction that first tries its sweep's advisory lock
 (`store.sweeps`): when another process holds it, this one leaves the round to it.
@@ -33,6 +35,7 @@ from queue_server import errors
 from queue_server.db import Database
 from queue_server.settings import Settings
 from queue_server.store import (
+    counters,
     idempotency_receipts,
     queues,
     sweeps,
@@ -54,6 +57,11 @@ SAMPLE_LOCK = 1
 PRUNE_LOCK = 2
 RECEIPT_LOCK = 3
 RETENTION_LOCK = 4
+FOLD_LOCK = 5
+
+# How often the counters' deltas are folded: a reader of the figures or of a backlog reads
+# the deltas written since the last fold.
+FOLD_INTERVAL = 1.0
 
 T = TypeVar("T")
 
@@ -72,6 +80,22 @@ async def sample_counters(db: Database, *, min_gap: float = SAMPLE_INTERVAL - 1)
     last sample."""
     gap = timedelta(seconds=max(min_gap, 0))
     return await locked_round(db, SAMPLE_LOCK, lambda conn: queues.sample(conn, min_gap=gap))
+
+
+async def fold_counters(db: Database) -> counters.Fold | None:
+    """Fold the counters' deltas into a new base; None when another process is at it."""
+    return await locked_round(db, FOLD_LOCK, counters.fold)
+
+
+async def fold_forever(db: Database, interval: float = FOLD_INTERVAL) -> None:
+    """Fold the counters every `interval` seconds until cancelled, apart from the other
+    sweeps (a long retention round does not hold the fold back)."""
+    while True:
+        try:
+            await fold_counters(db)
+        except errors.QueueServerError as exc:
+            log.warning("sweeper: could not fold the counters: %s", exc.detail)
+        await asyncio.sleep(interval)
 
 
 async def prune_samples(db: Database) -> int:

@@ -106,8 +106,8 @@ def test_the_days_figures_put_each_quarter_hours_samples_in_its_place(api: Api, 
     five = grid - timedelta(hours=5, minutes=1)
     _day_sample(db, five, (160, 3, 160, 175_000), 0, None)
     db.execute(
-        "INSERT INTO queue_counters (tenant_id, queue, shard, completed, failed,"
-        " timed_completions, completion_ms) VALUES ('acme', 'daily', 0, 160, 3, 160, 175000)"
+        "INSERT INTO counter_deltas (tenant_id, queue, completed, failed,"
+        " timed_completions, completion_ms) VALUES ('acme', 'daily', 160, 3, 160, 175000)"
     )
 
     client, _ = sign_in(api.url, api.keys["operator"])

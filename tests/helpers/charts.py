@@ -89,7 +89,7 @@ def seed_history(db: Any, tenant: str, queue: str) -> None:
                 ],
             )
     db.execute(
-        "INSERT INTO queue_counters (tenant_id, queue, shard, completed, failed,"
-        " timed_completions, completion_ms) VALUES (%s, %s, 997, %s, %s, %s, %s)",
+        "INSERT INTO counter_deltas (tenant_id, queue, completed, failed,"
+        " timed_completions, completion_ms) VALUES (%s, %s, %s, %s, %s, %s)",
         (tenant, queue, done, failed, done, spent),
     )

@@ -25,9 +25,9 @@ def assert_ledgers_fold_to_rows(db: Db) -> None:
 def assert_backlog_counter_matches(db: Db) -> None:
     """The admission counters agree with the rows: admitted - released = ready + leased."""
     rows = db.execute(
-        "SELECT t.tenant_id, t.admitted"
-        " - coalesce((SELECT sum(released) FROM backlog_releases r"
-        "             WHERE r.tenant_id = t.tenant_id), 0) AS counted,"
+        "SELECT t.tenant_id,"
+        " (SELECT coalesce(sum(admitted - released), 0) FROM counter_totals c"
+        "  WHERE c.tenant_id = t.tenant_id) AS counted,"
         " (SELECT count(*) FROM work_items w WHERE w.tenant_id = t.tenant_id"
         "  AND w.state IN ('ready', 'leased')) AS actual FROM tenants t"
     ).fetchall()

@@ -175,7 +175,7 @@ def test_the_round_runs_in_one_process_at_a_time_and_a_crash_leaves_nothing_half
     assert remaining(db) == {}
     assert any(rounds)
     assert sum(r or 0 for r in rounds) <= 9
-    purged = db.execute("SELECT sum(purged_completed) AS n FROM queue_counters").fetchone()
+    purged = db.execute("SELECT sum(purged_completed) AS n FROM counter_totals").fetchone()
     assert purged == {"n": 12}
     figures = api.operator.get("/v1/tenants/acme/queues").json()["queues"][0]
     assert figures["states"]["completed"] == 0

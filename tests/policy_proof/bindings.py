@@ -75,6 +75,7 @@ DELIVERER = "queue_server.workers.deliverer.Deliverer"
 _ENV_T = "tests/api/test_lease_envelope.py::"
 _LEASES_T = "tests/api/test_leases.py::"
 _ITEMS_T = "tests/api/test_items.py::"
+_FOLDS_T = "tests/operators/test_counter_folds.py::"
 _RUNS_T = "tests/verification/test_run_deadline.py::"
 _RUNNER_T = "tests/verification/test_verifier_runner.py::"
 _STALE_T = "tests/confirmations/test_stale_receipts.py::"
@@ -569,6 +570,38 @@ EXTRA_PROOFS: tuple[Binding, ...] = (
     # drop-fence-guard (the single routes and triage) is caught by more than its bound test.
     Binding(LW, FENCING, HOLDER, _SINGLE, "drop-fence-guard"),
     Binding(LW, FENCING, TRIAGE, _TRIAGE_REQUEUE, "drop-fence-guard"),
+    # The backlog the cap is checked against is the counters' latest base and the deltas
+    # since (migration 0023): the fold's horizon, the readers' range and each transition's
+    # delta each hold it exact.
+    Binding(
+        LW,
+        D.BACKPRESSURE,
+        "queue_server.store.counters.fold",
+        _FOLDS_T + "test_a_delta_committed_after_a_fold_began_is_counted_once",
+        "fold-past-running-transactions",
+    ),
+    Binding(
+        LW,
+        D.BACKPRESSURE,
+        "queue_server.store.tenants.admit",
+        _FOLDS_T + "test_a_delta_committed_after_a_fold_began_is_counted_once",
+        "counters-read-above-the-base",
+    ),
+    Binding(
+        LW,
+        D.BACKPRESSURE,
+        "queue_server.store.transitions.complete",
+        _FOLDS_T + "test_racing_transitions_and_folds_leave_figures_equal_to_the_items_states",
+        "complete-uncounted",
+    ),
+    Binding(
+        LW,
+        D.BACKPRESSURE,
+        "queue_server.store.transitions.admit_seal",
+        _FOLDS_T
+        + "test_under_a_held_snapshot_reading_the_figures_and_the_backlog_does_not_grow_with_work",
+        "admission-updates-the-tenant",
+    ),
 )
 
 # Cells the policy states that no runtime path of this server proves by a weakening yet.

@@ -83,7 +83,7 @@ WITH totals AS (
            sum(quarantined)::bigint AS quarantines, sum(cancelled)::bigint AS cancellations,
            sum(completed - purged_completed)::bigint AS completed,
            sum(cancelled - purged_cancelled)::bigint AS cancelled
-    FROM queue_counters
+    FROM counter_totals
     WHERE tenant_id = %(tenant)s
     GROUP BY tenant_id, queue
 )
@@ -147,7 +147,7 @@ WITH totals AS (
            sum(quarantined)::bigint AS quarantines, sum(cancelled)::bigint AS cancellations,
            sum(completed - purged_completed)::bigint AS completed,
            sum(cancelled - purged_cancelled)::bigint AS cancelled
-    FROM queue_counters
+    FROM counter_totals
 
     GROUP BY tenant_id, queue
 )
@@ -219,7 +219,7 @@ WITH totals AS (
     SELECT tenant_id, queue, sum(completed)::bigint AS completed, sum(failed)::bigint AS failed,
            sum(timed_completions)::bigint AS timed_completions,
            sum(completion_ms)::bigint AS completion_ms
-    FROM queue_counters GROUP BY tenant_id, queue
+    FROM counter_totals GROUP BY tenant_id, queue
 ), waiting AS (
     SELECT tenant_id, queue, count(*) AS ready,
            min(available_at) FILTER (WHERE available_at <= statement_timestamp())
@@ -326,7 +326,7 @@ WHERE t.tenant_id = %(tenant)s;
 -- between two of them. One probe of the samples' key per queue and minute.
 WITH totals AS (
     SELECT queue, sum(completed)::bigint AS completed, sum(failed)::bigint AS failed
-    FROM queue_counters WHERE tenant_id = %(tenant)s
+    FROM counter_totals WHERE tenant_id = %(tenant)s
     GROUP BY queue
 )
 SELECT t.queue, k.ago,
@@ -400,7 +400,7 @@ WITH marks AS (
            coalesce(sum(failed), 0)::bigint AS failed,
            coalesce(sum(timed_completions), 0)::bigint AS timed_completions,
            coalesce(sum(completion_ms), 0)::bigint AS completion_ms
-    FROM queue_counters WHERE tenant_id = %(tenant)s AND queue = %(queue)s
+    FROM counter_totals WHERE tenant_id = %(tenant)s AND queue = %(queue)s
 ), waiting AS (
     SELECT count(*) AS ready,
            min(available_at) FILTER (WHERE available_at <= statement_timestamp())

@@ -21,10 +21,10 @@ UNION ALL
 SELECT 'quarantined', count(*) FROM work_items
 WHERE tenant_id = %(tenant)s AND state = 'quarantined'
 UNION ALL
-SELECT 'completed', coalesce(sum(completed - purged_completed), 0) FROM queue_counters
+SELECT 'completed', coalesce(sum(completed - purged_completed), 0) FROM counter_totals
 WHERE tenant_id = %(tenant)s
 UNION ALL
-SELECT 'cancelled', coalesce(sum(cancelled - purged_cancelled), 0) FROM queue_counters
+SELECT 'cancelled', coalesce(sum(cancelled - purged_cancelled), 0) FROM counter_totals
 WHERE tenant_id = %(tenant)s;
 
 -- name: schema_revisions

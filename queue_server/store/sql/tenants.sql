@@ -19,10 +19,10 @@ RETURNING *;
 SELECT * FROM tenants WHERE tenant_id = %s;
 
 -- name: list_tenants
--- The backlog of tenant row t: admitted minus the releases on all its shards.
-SELECT t.*, (t.admitted - coalesce((SELECT sum(released) FROM backlog_releases r
-                                 WHERE r.tenant_id = t.tenant_id), 0))::bigint AS backlog
-                                 FROM tenants t
+-- The backlog of tenant row t: admitted minus released, over its queues.
+SELECT t.*, (SELECT coalesce(sum(c.admitted - c.released), 0) FROM counter_totals c
+             WHERE c.tenant_id = t.tenant_id)::bigint AS backlog
+FROM tenants t
 WHERE %(after)s::text IS NULL OR t.tenant_id > %(after)s
 ORDER BY t.tenant_id LIMIT %(limit)s;
 
@@ -31,26 +31,27 @@ SELECT key_id, tenant_id, role, created_at, revoked_at FROM api_keys
 WHERE tenant_id = %(tenant)s AND (%(revoked)s OR revoked_at IS NULL)
 ORDER BY created_at, key_id;
 
--- name: released
-SELECT coalesce(sum(released), 0) AS released FROM backlog_releases WHERE tenant_id = %(tenant)s;
+-- name: admitted_backlog
+SELECT coalesce(sum(admitted - released), 0)::bigint AS backlog FROM counter_totals
+WHERE tenant_id = %(tenant)s;
 
 -- name: admit
 SELECT * FROM tenants WHERE tenant_id = %s FOR NO KEY UPDATE;
 
 -- name: room
--- The backlog of tenant row t: admitted minus the releases on all its shards.
+-- The backlog of tenant row t: admitted minus released, over its queues.
 SELECT t.backlog_cap,
-       (t.admitted - coalesce((SELECT sum(released) FROM backlog_releases r
-                                 WHERE r.tenant_id = t.tenant_id), 0))::bigint AS backlog,
+       (SELECT coalesce(sum(c.admitted - c.released), 0) FROM counter_totals c
+        WHERE c.tenant_id = t.tenant_id)::bigint AS backlog,
        EXISTS (SELECT 1 FROM idempotency_receipts i
                WHERE i.tenant_id = t.tenant_id AND i.idempotency_key = %(key)s) AS has_receipt
 FROM tenants t WHERE t.tenant_id = %(tenant)s;
 
 -- name: backlog
--- The backlog of tenant row t: admitted minus the releases on all its shards.
-SELECT (t.admitted - coalesce((SELECT sum(released) FROM backlog_releases r
-                                 WHERE r.tenant_id = t.tenant_id), 0))::bigint AS backlog
-                                 FROM tenants t WHERE t.tenant_id = %s;
+-- The backlog of tenant row t: admitted minus released, over its queues.
+SELECT (SELECT coalesce(sum(c.admitted - c.released), 0) FROM counter_totals c
+        WHERE c.tenant_id = t.tenant_id)::bigint AS backlog
+FROM tenants t WHERE t.tenant_id = %s;
 
 -- name: create_key
 INSERT INTO api_keys (key_id, tenant_id, role, secret_hash) VALUES (%s, %s, %s, %s) RETURNING *;
@@ -129,10 +130,15 @@ WITH events AS (
     DELETE FROM idempotency_receipts WHERE tenant_id = %(tenant)s
 ), letters AS (
     DELETE FROM dead_letters WHERE tenant_id = %(tenant)s
-), releases AS (
-    DELETE FROM backlog_releases WHERE tenant_id = %(tenant)s
 ), keys AS (
     SELECT pg_notify('queue_server_keys', '') FROM api_keys WHERE tenant_id = %(tenant)s
 )
 DELETE FROM tenants WHERE tenant_id = %(tenant)s
 RETURNING tenant_id, (SELECT count(*) FROM keys) AS keys;
+
+-- name: delete_counter_deltas
+-- After delete_tenant, in the same transaction and a statement of its own: its snapshot
+-- sees the deltas of every transition that held one of the tenant's items while
+-- delete_tenant waited for it (a delta has no foreign key to cascade from the tenant);
+-- a later transition finds no item of the tenant and counts nothing.
+DELETE FROM counter_deltas WHERE tenant_id = %(tenant)s;

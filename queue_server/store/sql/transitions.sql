@@ -3,7 +3,7 @@
 -- the text sent.
 
 -- name: enqueue
--- (nothing) -> ready: the admission of migrations 0017 and 0020 in one statement, shared
+-- (nothing) -> ready: the admission of migrations 0017, 0020, 0022 and 0023 in one statement, shared
 -- with queue_server.enqueue (an application's own transaction): the items, their
 -- `enqueued` ledger rows, the outbox rows, then the tenant's admission lock, the backlog
 -- cap, the admitted counter and the NOTIFY. Refusals are SQL errors (QS429 at the cap,
@@ -300,18 +300,11 @@ WITH terms AS (
     SELECT tenant_id, item_id, event_seq - 1, updated_at, 'quarantined', fence, 'server',
            jsonb_build_object('reason', 'acquisition budget exhausted')
     FROM quarantined
-), release AS (
-    INSERT INTO backlog_releases (tenant_id, shard, released)
-    SELECT %(tenant)s, %(shard)s, count(*) FROM quarantined HAVING count(*) > 0
-    ON CONFLICT (tenant_id, shard)
-    DO UPDATE SET released = backlog_releases.released + excluded.released
-),
-counted AS (
-    INSERT INTO queue_counters (tenant_id, queue, shard, quarantined)
-    SELECT tenant_id, queue, %(shard)s, count(*)
-    FROM quarantined GROUP BY tenant_id, queue ORDER BY tenant_id, queue
-    ON CONFLICT (tenant_id, queue, shard) DO UPDATE
-    SET quarantined = queue_counters.quarantined + excluded.quarantined
+), counted AS (
+    -- Out of the backlog.
+    INSERT INTO counter_deltas (tenant_id, queue, released, quarantined)
+    SELECT tenant_id, queue, count(*), count(*)
+    FROM quarantined GROUP BY tenant_id, queue
 ), outbox AS (
     INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
@@ -500,23 +493,15 @@ WITH upd AS (
     JOIN watchers w ON w.tenant_id = s.tenant_id AND w.state = 'active'
      AND 'item.completed' = ANY(w.events) AND (w.queues IS NULL OR s.queue = ANY(w.queues))
     ORDER BY s.item_id, w.watcher_id
-), release AS (
-    INSERT INTO backlog_releases (tenant_id, shard, released)
-    SELECT %(tenant)s, %(shard)s, count(*) FROM upd HAVING count(*) > 0
-    ON CONFLICT (tenant_id, shard)
-    DO UPDATE SET released = backlog_releases.released + excluded.released
 ), counted AS (
-    -- With each completion's acquire-to-complete time (`leased_at` is its lease's start).
-    INSERT INTO queue_counters (tenant_id, queue, shard, completed, timed_completions,
+    -- Out of the backlog, with each completion's acquire-to-complete time (`leased_at` is
+    -- its lease's start).
+    INSERT INTO counter_deltas (tenant_id, queue, released, completed, timed_completions,
                                 completion_ms)
-    SELECT tenant_id, queue, %(shard)s, count(*), count(leased_at),
+    SELECT tenant_id, queue, count(*), count(*), count(leased_at),
            coalesce(sum(round(extract(epoch FROM statement_timestamp() - leased_at) * 1000)),
                     0)::bigint
-    FROM upd GROUP BY tenant_id, queue ORDER BY tenant_id, queue
-    ON CONFLICT (tenant_id, queue, shard) DO UPDATE
-    SET completed = queue_counters.completed + excluded.completed,
-        timed_completions = queue_counters.timed_completions + excluded.timed_completions,
-        completion_ms = queue_counters.completion_ms + excluded.completion_ms
+    FROM upd GROUP BY tenant_id, queue
 )
 SELECT upd.* FROM upd;
 
@@ -612,11 +597,9 @@ WITH upd AS (
      AND 'item.requeued' = ANY(w.events) AND (w.queues IS NULL OR s.queue = ANY(w.queues))
     ORDER BY s.item_id, w.watcher_id
 ), counted AS (
-    INSERT INTO queue_counters (tenant_id, queue, shard, failed)
-    SELECT tenant_id, queue, %(shard)s, count(*)
-    FROM upd GROUP BY tenant_id, queue ORDER BY tenant_id, queue
-    ON CONFLICT (tenant_id, queue, shard) DO UPDATE
-    SET failed = queue_counters.failed + excluded.failed
+    INSERT INTO counter_deltas (tenant_id, queue, failed)
+    SELECT tenant_id, queue, count(*)
+    FROM upd GROUP BY tenant_id, queue
 )
 SELECT upd.* FROM upd,
      (SELECT pg_notify('queue_server_ready', queue_server.ready_tag(%(tenant)s, queue)) FROM upd) AS n;
@@ -655,18 +638,11 @@ WITH upd AS (
     JOIN watchers w ON w.tenant_id = s.tenant_id AND w.state = 'active'
      AND 'item.quarantined' = ANY(w.events) AND (w.queues IS NULL OR s.queue = ANY(w.queues))
     ORDER BY s.item_id, w.watcher_id
-), release AS (
-    INSERT INTO backlog_releases (tenant_id, shard, released)
-    SELECT %(tenant)s, %(shard)s, count(*) FROM upd HAVING count(*) > 0
-    ON CONFLICT (tenant_id, shard)
-    DO UPDATE SET released = backlog_releases.released + excluded.released
 ), counted AS (
-    INSERT INTO queue_counters (tenant_id, queue, shard, failed, quarantined)
-    SELECT tenant_id, queue, %(shard)s, count(*), count(*)
-    FROM upd GROUP BY tenant_id, queue ORDER BY tenant_id, queue
-    ON CONFLICT (tenant_id, queue, shard) DO UPDATE
-    SET failed = queue_counters.failed + excluded.failed,
-        quarantined = queue_counters.quarantined + excluded.quarantined
+    -- Out of the backlog.
+    INSERT INTO counter_deltas (tenant_id, queue, released, failed, quarantined)
+    SELECT tenant_id, queue, count(*), count(*), count(*)
+    FROM upd GROUP BY tenant_id, queue
 )
 SELECT upd.* FROM upd;
 
@@ -758,24 +734,15 @@ WITH input AS (
     SELECT tenant_id, item_id, event_seq - 1, updated_at, 'completed', fence, %(worker)s,
            jsonb_build_object('result', result)
     FROM upd
-),
-release AS (
-    INSERT INTO backlog_releases (tenant_id, shard, released)
-    SELECT %(tenant)s, %(shard)s, count(*) FROM upd HAVING count(*) > 0
-    ON CONFLICT (tenant_id, shard)
-    DO UPDATE SET released = backlog_releases.released + excluded.released
 ), counted AS (
-    -- With each completion's acquire-to-complete time (`leased_at` is its lease's start).
-    INSERT INTO queue_counters (tenant_id, queue, shard, completed, timed_completions,
+    -- Out of the backlog, with each completion's acquire-to-complete time (`leased_at` is
+    -- its lease's start).
+    INSERT INTO counter_deltas (tenant_id, queue, released, completed, timed_completions,
                                 completion_ms)
-    SELECT tenant_id, queue, %(shard)s, count(*), count(leased_at),
+    SELECT tenant_id, queue, count(*), count(*), count(leased_at),
            coalesce(sum(round(extract(epoch FROM statement_timestamp() - leased_at) * 1000)),
                     0)::bigint
-    FROM upd GROUP BY tenant_id, queue ORDER BY tenant_id, queue
-    ON CONFLICT (tenant_id, queue, shard) DO UPDATE
-    SET completed = queue_counters.completed + excluded.completed,
-        timed_completions = queue_counters.timed_completions + excluded.timed_completions,
-        completion_ms = queue_counters.completion_ms + excluded.completion_ms
+    FROM upd GROUP BY tenant_id, queue
 ), outbox AS (
     INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
@@ -817,10 +784,11 @@ WITH dl AS (
                               'max_acquisitions', max_acquisitions,
                               'available_at', available_at)
     FROM upd
-), admitted AS (
+), counted AS (
     -- Back in the backlog: the caller holds the admission lock and checked the cap.
-    UPDATE tenants SET admitted = admitted + (SELECT count(*) FROM upd)
-    WHERE tenant_id = %(tenant)s AND EXISTS (SELECT 1 FROM upd)
+    INSERT INTO counter_deltas (tenant_id, queue, admitted)
+    SELECT tenant_id, queue, count(*)
+    FROM upd GROUP BY tenant_id, queue
 ), outbox AS (
     INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
@@ -861,11 +829,10 @@ WITH dl AS (
                               'reason', %(reason)s::text)
     FROM upd
 ), counted AS (
-    INSERT INTO queue_counters (tenant_id, queue, shard, cancelled)
-    SELECT tenant_id, queue, %(shard)s, count(*)
-    FROM upd GROUP BY tenant_id, queue ORDER BY tenant_id, queue
-    ON CONFLICT (tenant_id, queue, shard) DO UPDATE
-    SET cancelled = queue_counters.cancelled + excluded.cancelled
+    -- From quarantined: it had left the backlog already.
+    INSERT INTO counter_deltas (tenant_id, queue, cancelled)
+    SELECT tenant_id, queue, count(*)
+    FROM upd GROUP BY tenant_id, queue
 ), outbox AS (
     INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
@@ -916,19 +883,11 @@ WITH prev AS (
     WHERE d.tenant_id = %(tenant)s AND d.kind = 'item' AND d.closed_at IS NULL
       AND d.item_id IN (SELECT item_id FROM upd JOIN prev USING (item_id)
                         WHERE previous_state = 'quarantined')
-), release AS (
-    INSERT INTO backlog_releases (tenant_id, shard, released)
-    SELECT %(tenant)s, %(shard)s, count(*) FROM upd JOIN prev USING (item_id)
-    WHERE previous_state <> 'quarantined' HAVING count(*) > 0
-    ON CONFLICT (tenant_id, shard)
-    DO UPDATE SET released = backlog_releases.released + excluded.released
-),
-counted AS (
-    INSERT INTO queue_counters (tenant_id, queue, shard, cancelled)
-    SELECT tenant_id, queue, %(shard)s, count(*)
-    FROM upd GROUP BY tenant_id, queue ORDER BY tenant_id, queue
-    ON CONFLICT (tenant_id, queue, shard) DO UPDATE
-    SET cancelled = queue_counters.cancelled + excluded.cancelled
+), counted AS (
+    -- Those that were ready or leased leave the backlog.
+    INSERT INTO counter_deltas (tenant_id, queue, released, cancelled)
+    SELECT tenant_id, queue, count(*) FILTER (WHERE previous_state <> 'quarantined'), count(*)
+    FROM upd JOIN prev USING (item_id) GROUP BY tenant_id, queue
 ), outbox AS (
     INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
@@ -997,13 +956,10 @@ WITH cutoff AS (
     DELETE FROM item_events e
     WHERE e.tenant_id = %(tenant)s AND e.item_id = ANY(ARRAY(SELECT item_id FROM gone))
 ), counted AS (
-    INSERT INTO queue_counters (tenant_id, queue, shard, purged_completed, purged_cancelled)
-    SELECT tenant_id, queue, %(shard)s, count(*) FILTER (WHERE state = 'completed'),
+    INSERT INTO counter_deltas (tenant_id, queue, purged_completed, purged_cancelled)
+    SELECT tenant_id, queue, count(*) FILTER (WHERE state = 'completed'),
         count(*) FILTER (WHERE state = 'cancelled')
-    FROM gone GROUP BY tenant_id, queue ORDER BY tenant_id, queue
-    ON CONFLICT (tenant_id, queue, shard) DO UPDATE
-    SET purged_completed = queue_counters.purged_completed + excluded.purged_completed,
-        purged_cancelled = queue_counters.purged_cancelled + excluded.purged_cancelled
+    FROM gone GROUP BY tenant_id, queue
 )
 SELECT (SELECT count(*) FROM scanned) AS scanned, (SELECT count(*) FROM gone) AS deleted,
        last.created_at AS last_at, last.item_id::text AS last_id
@@ -1036,16 +992,12 @@ WITH upd AS (
                               'max_acquisitions', u.max_acquisitions,
                               'dead_letter_id', dl.dead_letter_id)
     FROM upd u LEFT JOIN dl ON dl.item_id = u.item_id
-), admitted AS (
-    UPDATE tenants SET admitted = admitted + (SELECT count(*) FROM upd)
-    WHERE tenant_id = %(tenant)s AND EXISTS (SELECT 1 FROM upd)
 ), counted AS (
-    INSERT INTO queue_counters (tenant_id, queue, shard, purged_cancelled)
-    SELECT tenant_id, queue, %(shard)s, count(*) FROM upd
-    WHERE %(state)s::text = 'cancelled'
-    GROUP BY tenant_id, queue ORDER BY tenant_id, queue
-    ON CONFLICT (tenant_id, queue, shard) DO UPDATE
-    SET purged_cancelled = queue_counters.purged_cancelled + excluded.purged_cancelled
+    -- Back in the backlog; a cancelled item leaves the cancelled count as a deleted one.
+    INSERT INTO counter_deltas (tenant_id, queue, admitted, purged_cancelled)
+    SELECT tenant_id, queue, count(*),
+           CASE WHEN %(state)s::text = 'cancelled' THEN count(*) ELSE 0 END
+    FROM upd GROUP BY tenant_id, queue
 )
 -- One row each (a single notification per queue retried into).
 SELECT upd.* FROM upd,
@@ -1064,13 +1016,10 @@ WITH gone AS (
     DELETE FROM item_events e
     WHERE e.tenant_id = %(tenant)s AND e.item_id = ANY(ARRAY(SELECT item_id FROM gone))
 ), counted AS (
-    INSERT INTO queue_counters (tenant_id, queue, shard, purged_completed, purged_cancelled)
-    SELECT tenant_id, queue, %(shard)s, count(*) FILTER (WHERE state = 'completed'),
+    INSERT INTO counter_deltas (tenant_id, queue, purged_completed, purged_cancelled)
+    SELECT tenant_id, queue, count(*) FILTER (WHERE state = 'completed'),
         count(*) FILTER (WHERE state = 'cancelled')
-    FROM gone GROUP BY tenant_id, queue ORDER BY tenant_id, queue
-    ON CONFLICT (tenant_id, queue, shard) DO UPDATE
-    SET purged_completed = queue_counters.purged_completed + excluded.purged_completed,
-        purged_cancelled = queue_counters.purged_cancelled + excluded.purged_cancelled
+    FROM gone GROUP BY tenant_id, queue
 ), q AS (
     INSERT INTO queues AS t (tenant_id, queue, event_seq, updated_at)
     SELECT tenant_id, queue, 1, statement_timestamp() FROM gone
