@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import psycopg
 
 from queue_server.settings import Settings
+from queue_server.store.health import CONNECTION_LIMITS
 
 # A fresh cluster's max_connections (PostgreSQL's default): the embedded database never
 # gets fewer, so a single process keeps the room it always had.
@@ -174,17 +175,13 @@ def read_limits(conninfo: str) -> Limits:
     is PostgreSQL 16's; older servers have none); ConnectionBudgetError if they cannot be read."""
     try:
         with psycopg.connect(conninfo, autocommit=True, connect_timeout=10) as conn:
-            row = conn.execute(
-                "SELECT current_setting('max_connections')::int,"
-                " current_setting('superuser_reserved_connections')::int,"
-                " coalesce(current_setting('reserved_connections', true)::int, 0)"
-            ).fetchone()
+            row = conn.execute(CONNECTION_LIMITS).fetchone()
     except psycopg.Error as exc:
         raise ConnectionBudgetError(
             f"Could not read the database's max_connections to size the pools: {exc}"
         ) from None
     assert row is not None
-    return Limits(max_connections=row[0], reserved=row[1] + row[2])
+    return Limits(max_connections=row[0], reserved=row[1])
 
 
 def embedded_max_connections(

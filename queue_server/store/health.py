@@ -32,3 +32,7 @@ async def horizon_holders(conn: Conn) -> list[Row]:
 async def table_tuples(conn: Conn, tables: tuple[str, ...] = HOT_TABLES) -> list[Row]:
     """`table`, `live` and `dead` row versions of each of `tables`."""
     return await fetch_all(conn, _SQL["table_tuples"], {"tables": list(tables)})
+
+
+# Run at start by `serve`, on a connection of its own (queue_server/infra/budget.py).
+CONNECTION_LIMITS = _SQL["connection_limits"]

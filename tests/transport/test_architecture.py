@@ -272,6 +272,11 @@ ALLOWED: dict[str, Allowance] = {
         " opens the session of `queue-server db`'s role grants",
         "psycopg.connect",
     ),
+    "queue_server/infra/budget.py": _allow(
+        "reads the database's max_connections once at start, before any pool exists, to"
+        " size the pools",
+        "psycopg.connect",
+    ),
     "queue_server/infra/migrate.py": _allow(
         "Alembic's engine for migrations (NullPool: one connection per command)",
         "sqlalchemy.create_engine",

@@ -41,3 +41,10 @@ SELECT s.relname AS "table", s.n_live_tup AS live, s.n_dead_tup AS dead
 FROM unnest(%(tables)s::text[]) AS t(name)
 JOIN pg_stat_user_tables s ON s.relid = to_regclass(t.name)
 ORDER BY s.relname;
+
+-- name: connection_limits
+-- The connections the database takes: max_connections, and the slots kept for superusers
+-- and (PostgreSQL 16 on) for roles granted pg_use_reserved_connections.
+SELECT current_setting('max_connections')::int AS max_connections,
+       current_setting('superuser_reserved_connections')::int
+       + coalesce(current_setting('reserved_connections', true)::int, 0) AS reserved;
