@@ -199,17 +199,14 @@ def serve(
     """
     from queue_server.infra.address import published
     from queue_server.infra.backup import parse_retention
-    from queue_server.infra.budget import (
-        ConnectionBudgetError,
-        connection_budget,
-        embedded_max_connections,
-    )
+    from queue_server.infra.budget import ConnectionBudgetError, embedded_max_connections
     from queue_server.infra.serve import (
         DataDirInUseError,
         NoDatabaseError,
         SchemaNotAtHeadError,
         admin_key_path,
         archiving,
+        connection_budget,
         database,
         ensure_admin_key,
     )

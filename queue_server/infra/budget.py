@@ -29,10 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import psycopg
-
 from queue_server.settings import Settings
-from queue_server.store.health import CONNECTION_LIMITS
 
 # A fresh cluster's max_connections (PostgreSQL's default): the embedded database never
 # gets fewer, so a single process keeps the room it always had.
@@ -170,20 +167,6 @@ def _refusal(
     )
 
 
-def read_limits(conninfo: str) -> Limits:
-    """The database's max_connections and its reserved slots (`reserved_connections`
-    is PostgreSQL 16's; older servers have none); ConnectionBudgetError if they cannot be read."""
-    try:
-        with psycopg.connect(conninfo, autocommit=True, connect_timeout=10) as conn:
-            row = conn.execute(CONNECTION_LIMITS).fetchone()
-    except psycopg.Error as exc:
-        raise ConnectionBudgetError(
-            f"Could not read the database's max_connections to size the pools: {exc}"
-        ) from None
-    assert row is not None
-    return Limits(max_connections=row[0], reserved=row[1])
-
-
 def embedded_max_connections(
     settings: Settings, *, processes: int, metrics_listener: bool, reserved: int = 3
 ) -> int:
@@ -197,13 +180,3 @@ def embedded_max_connections(
         + reserved
     )
     return max(EMBEDDED_MAX_CONNECTIONS_FLOOR, needed)
-
-
-def connection_budget(
-    settings: Settings, conninfo: str, *, processes: int, metrics_listener: bool
-) -> Budget:
-    """The budget of `serve` on the database at `conninfo` (its limits read now, unless it is
-    a transaction pooler's)."""
-    pooled = settings.database_pooler == "transaction"
-    limits = None if pooled else read_limits(conninfo)
-    return plan(settings, limits, processes=processes, metrics_listener=metrics_listener)

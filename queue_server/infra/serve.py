@@ -28,6 +28,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from queue_server import auth, db, errors
 from queue_server.infra import backup, migrate
+from queue_server.infra.budget import Budget, ConnectionBudgetError, Limits, plan
 from queue_server.infra.metrics import (
     backup_families,
     figure_families,
@@ -40,6 +41,7 @@ from queue_server.services.keys import Keys
 from queue_server.settings import Settings
 from queue_server.store import bootstrap, enqueue_grants
 from queue_server.store.bootstrap import DATABASE_NAME, SERVER_ROLE
+from queue_server.store.health import CONNECTION_LIMITS
 
 if TYPE_CHECKING:
     # Imported where it is used: the `embedded` extra is optional (the image leaves it out).
@@ -546,3 +548,27 @@ def start_metrics_listener(address: str, database_url: str) -> None:
     MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
     registry.register(_DatabaseFigures(database_url))
     start_http_server(port, addr=host, registry=registry)
+
+
+def read_limits(conninfo: str) -> Limits:
+    """The database's max_connections and its reserved slots (`reserved_connections`
+    is PostgreSQL 16's; older servers have none); ConnectionBudgetError if they cannot be read."""
+    try:
+        with psycopg.connect(conninfo, autocommit=True, connect_timeout=10) as conn:
+            row = conn.execute(CONNECTION_LIMITS).fetchone()
+    except psycopg.Error as exc:
+        raise ConnectionBudgetError(
+            f"Could not read the database's max_connections to size the pools: {exc}"
+        ) from None
+    assert row is not None
+    return Limits(max_connections=row[0], reserved=row[1])
+
+
+def connection_budget(
+    settings: Settings, conninfo: str, *, processes: int, metrics_listener: bool
+) -> Budget:
+    """The budget of `serve` on the database at `conninfo` (its limits read now, unless it is
+    a transaction pooler's)."""
+    pooled = settings.database_pooler == "transaction"
+    limits = None if pooled else read_limits(conninfo)
+    return plan(settings, limits, processes=processes, metrics_listener=metrics_listener)

@@ -268,13 +268,9 @@ ALLOWED: dict[str, Allowance] = {
         "psycopg.AsyncConnection.connect",
     ),
     "queue_server/infra/serve.py": _allow(
-        "creates the server's database in the embedded PostgreSQL before migrating it, and"
-        " opens the session of `queue-server db`'s role grants",
-        "psycopg.connect",
-    ),
-    "queue_server/infra/budget.py": _allow(
-        "reads the database's max_connections once at start, before any pool exists, to"
-        " size the pools",
+        "creates the server's database in the embedded PostgreSQL before migrating it, opens"
+        " the session of `queue-server db`'s role grants, and reads the database's"
+        " max_connections at start to size the pools",
         "psycopg.connect",
     ),
     "queue_server/infra/migrate.py": _allow(
