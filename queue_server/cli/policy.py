@@ -144,10 +144,12 @@ def verify(
     if server is not None:
         _verify_server(server, key, data_dir, as_json)
         return
-    from queue_server.policy import NotApplicable, PolicyError
+    from queue_server.policy import NotApplicable, PolicyError, PolicyFileError
 
     try:
         policy = process_policy(file or policy_file)
+    except PolicyFileError:
+        raise  # not a document at all: one line, exit 2
     except PolicyError as error:
         if as_json:
             problems = [{"cell": cell, "problem": reason} for cell, reason in error.problems]
