@@ -140,6 +140,24 @@ class PolicyVersion(Model):
     last_loaded_at: datetime
     loads: int
     current: bool
+    published_by: str | None = Field(
+        default=None,
+        description="The admin key that published it (`key:<id>`); null if only loaded.",
+    )
+    reason: str | None = Field(default=None, description="Why it was published.")
+    published_at: datetime | None = None
+    activated_at: datetime | None = Field(
+        default=None, description="When it was last activated: the last one runs."
+    )
+
+
+class PolicyPublishIn(Model):
+    """A policy version to publish and run: its document and why."""
+
+    document: dict[str, Any] = Field(
+        description="The whole policy document, as `policy show --json` prints it."
+    )
+    reason: str = Field(min_length=1, max_length=1000, description="Why: kept in the history.")
 
 
 class PolicyHistory(Model):

@@ -219,3 +219,40 @@ async def policy_history(policies: PoliciesService, caller: Caller) -> Response:
     its sha256, source, first and last start, how many starts, and whether it is the one
     loaded now (`current`)."""
     return respond(await policies.history(caller))
+
+
+PolicyVersionName = Annotated[
+    str,
+    Path(
+        min_length=1,
+        max_length=100,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$",
+        description="The version the document names itself.",
+    ),
+]
+
+
+@router.put(
+    "/policy/versions/{version}",
+    response_model=wire.PolicyVersion,
+    status_code=201,
+    tags=["policy"],
+)
+async def publish_policy(
+    version: PolicyVersionName,
+    body: wire.PolicyPublishIn,
+    policies: PoliciesService,
+    caller: Caller,
+    idempotency_key: IdempotencyKey,
+) -> Response:
+    """Publish a policy version and run it (admin): the document is checked as `policy
+    verify` checks a file, kept with its sha256, the publishing key and the reason, and
+    activated; this server runs it at once, every other one started without --policy within
+    its poll interval (QUEUE_SERVER_POLICY_POLL_INTERVAL, 5 s), and after a restart. 201 for
+    a new version, 200 for the same document again (activated again: the idempotency key is
+    only required, the content decides). 409 `policy-version-conflict` when the version is
+    kept with other content; 409 `policy-pinned` when this server runs under a policy file;
+    422 naming each cell that breaks a rule, or a class other than durable-leased-work
+    changed (the others are loaded at each process's start)."""
+    del idempotency_key  # publishing is idempotent by content: a version names one document
+    return respond(await policies.publish(caller, version, body.document, body.reason))
