@@ -151,15 +151,6 @@ class PolicyVersion(Model):
     )
 
 
-class PolicyPublishIn(Model):
-    """A policy version to publish and run: its document and why."""
-
-    document: dict[str, Any] = Field(
-        description="The whole policy document, as `policy show --json` prints it."
-    )
-    reason: str = Field(min_length=1, max_length=1000, description="Why: kept in the history.")
-
-
 class PolicyHistory(Model):
     versions: list[PolicyVersion]
 

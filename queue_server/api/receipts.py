@@ -65,6 +65,15 @@ class SettleIn(schemas.Body):
     outcome: schemas.Json = Field(description="What the mutation did, or why it failed")
 
 
+class PolicyPublishIn(schemas.Body):
+    """A policy version to publish and run: its whole document, and why."""
+
+    document: dict[str, Any] = Field(
+        description="The whole policy document, as `policy show --json` prints it."
+    )
+    reason: str = Field(min_length=1, max_length=1000, description="Why: kept in the history.")
+
+
 class ReceiptOut(BaseModel):
     outcome_ref: str
     idempotency_key: str
@@ -240,7 +249,7 @@ PolicyVersionName = Annotated[
 )
 async def publish_policy(
     version: PolicyVersionName,
-    body: wire.PolicyPublishIn,
+    body: PolicyPublishIn,
     policies: PoliciesService,
     caller: Caller,
     idempotency_key: IdempotencyKey,
