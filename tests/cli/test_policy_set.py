@@ -4,6 +4,7 @@ file that is no document at all is refused in one line."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -12,7 +13,9 @@ from typing import Any
 import pytest
 
 from queue_server.policy import default_policy
+from queue_server.settings import Settings
 from tests.helpers.cli import BIN, Cli
+from tests.helpers.server import LiveServer
 
 
 def enqueue(cli: Cli, budget: int, key: str) -> Any:
@@ -157,3 +160,24 @@ def test_a_file_that_is_no_policy_document_is_one_line_and_exit_2(
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("error: Not a policy document:"), line
     assert said in line
+
+
+# uvicorn ends its thread with SystemExit(3) when the app's start fails.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_server_does_not_start_under_a_file_reusing_a_kept_version_name(
+    cli: Cli, tmp_path: Path, database_url: str
+) -> None:
+    assert publish(cli, acme(25), "first").status_code == 201
+    path = tmp_path / "acme.json"
+    path.write_text(json.dumps(acme(30)))
+    settings = Settings(data_dir=tmp_path / "second", poll_interval=0.2, policy=str(path))
+    second = LiveServer(settings, database_url)
+    try:
+        with pytest.raises(RuntimeError, match="did not start"):
+            second.start()
+    finally:
+        second.stop()
+    versions = cli.json("policy", "history", role="admin")["versions"]
+    assert [(v["version"], v["loads"]) for v in versions if v["version"] == "acme.v3"] == [
+        ("acme.v3", 1)
+    ]
