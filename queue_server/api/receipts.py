@@ -9,6 +9,7 @@ returns the retained receipt with `Idempotent-Replayed: true`.
 
 from __future__ import annotations
 
+import copy
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -29,6 +30,7 @@ from queue_server.api.deps import (
     respond,
 )
 from queue_server.policy import ReliabilityPolicy
+from queue_server.policy.v2 import OPERATION_RELIABILITY_V2
 
 router = APIRouter(prefix="/v1", responses=PROBLEMS)
 
@@ -65,8 +67,18 @@ class SettleIn(schemas.Body):
     outcome: schemas.Json = Field(description="What the mutation did, or why it failed")
 
 
+def _publish_example() -> dict[str, Any]:
+    """The built-in as acme.v3 with 25 acquisitions: what `policy set attempts 25` sends."""
+    document = copy.deepcopy(OPERATION_RELIABILITY_V2)
+    document["version"] = "acme.v3"
+    document["classes"]["durable-leased-work"]["retry"]["max-acquisitions"] = 25
+    return {"document": document, "reason": "imports retry for a day"}
+
+
 class PolicyPublishIn(schemas.Body):
     """A policy version to publish and run: its whole document, and why."""
+
+    model_config = schemas.example(_publish_example())
 
     document: dict[str, Any] = Field(
         description="The whole policy document, as `policy show --json` prints it."
