@@ -407,6 +407,6 @@ def history(
             )
             for v in versions
         ],
-        drop=("first loaded", "source", "sha256"),
+        drop=("first loaded", "source", "sha256", "loads", "last loaded"),
         wide=wide,
     )
