@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -181,3 +183,13 @@ def test_a_server_does_not_start_under_a_file_reusing_a_kept_version_name(
     assert [(v["version"], v["loads"]) for v in versions if v["version"] == "acme.v3"] == [
         ("acme.v3", 1)
     ]
+
+
+def test_the_examples_of_queues_settings_help_run_in_order_under_the_built_in(cli: Cli) -> None:
+    shown = cli.run("queues", "settings", "--help").stdout
+    # The example lines: `Examples: queue-server ...` and the ones under it (not the usage).
+    found = re.findall(r"^\s*(?:Examples?: )?queue-server ([^\n]+?)\s*$", shown, re.M)
+    examples = [shlex.split(line) for line in found]
+    assert examples, shown
+    for argv in examples:
+        cli.run(*argv, role="admin" if argv[0] == "policy" else "operator")
