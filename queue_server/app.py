@@ -55,6 +55,8 @@ def create_app(
     `settings.policy`). A policy document or a setting outside the envelope raises PolicyError."""
     policy = policy or runtime_policy(settings.policy or None)
     settings.bounded_by(policy)
+    # Under a policy file the file wins; else the published version activated last runs.
+    pinned = policy.source != "built-in"
     # Read once, here: without an OTLP endpoint nothing of tracing is loaded or installed.
     traced = tracing.configure("queue-server")
     metrics = Metrics()
@@ -75,9 +77,61 @@ def create_app(
         on_disconnect=metrics.listener_disconnects.inc,
         on_alive=keys.listener_alive,
     )
-    services = Services.build(
-        settings, db, keys=keys, wakeups=notifier, metrics=metrics, policy=policy
-    )
+    switching = asyncio.Lock()
+    scheduler: list[asyncio.Task[None]] = []
+
+    def build(under: ReliabilityPolicy) -> Services:
+        return Services.build(
+            settings,
+            db,
+            keys=keys,
+            wakeups=notifier,
+            metrics=metrics,
+            policy=under,
+            pinned=pinned,
+            adopt=adopt,
+        )
+
+    async def adopt(new: ReliabilityPolicy) -> None:
+        """Run `new` in this process: every service built again under it (requests already
+        running finish under the old), its load recorded, the scheduler restarted."""
+        async with switching:
+            settings.bounded_by(new)
+            built = build(new)
+            await built.policies.record_load()
+            app.state.services, app.state.policy = built, new
+            if scheduler:
+                scheduler.pop().cancel()
+                scheduler.append(schedule(built))
+            log.info("queue-server now under policy %s", new.describe())
+
+    def schedule(under: Services) -> asyncio.Task[None]:
+        return asyncio.create_task(
+            run_schedules_forever(under.schedules, poll_interval=settings.schedule_poll_interval)
+        )
+
+    async def start_policy() -> None:
+        """The published version activated last, if this process should run it; else the
+        loaded policy's start recorded (once the database is back)."""
+        with contextlib.suppress(Exception):  # no database yet: the loaded policy runs
+            published = await app.state.services.policies.active()
+            if published is not None:
+                await adopt(published)
+                return
+        await app.state.services.policies.record_load_until_done()
+
+    async def follow_published() -> None:
+        """Every `policy_poll_interval`, run the published version activated last."""
+        while True:
+            await asyncio.sleep(settings.policy_poll_interval)
+            try:
+                published = await app.state.services.policies.active()
+                if published is not None:
+                    await adopt(published)
+            except Exception as exc:  # the next poll tries again
+                log.warning("could not load the published policy: %s", exc)
+
+    services = build(policy)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -85,24 +139,23 @@ def create_app(
         await db.open()
         # Every version the server has run under is kept, with its digest and starts. The
         # app starts without its database (readyz says so): then it is recorded when back.
-        recording = asyncio.create_task(services.policies.record_load_until_done())
+        recording = asyncio.create_task(start_policy())
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(recording), timeout=5)
         await notifier.start()
+        scheduler.append(schedule(app.state.services))
         loops = [
             recording,
             asyncio.create_task(sweep_forever(db, settings)),
             asyncio.create_task(fold_forever(db)),
             asyncio.create_task(sweep_runs_forever(db, settings.run_sweep_interval)),
-            asyncio.create_task(
-                run_schedules_forever(
-                    services.schedules, poll_interval=settings.schedule_poll_interval
-                )
-            ),
         ]
+        if not pinned:
+            loops.append(asyncio.create_task(follow_published()))
         try:
             yield
         finally:
+            loops.extend(scheduler)
             for loop in loops:
                 loop.cancel()
             for loop in loops:
@@ -152,7 +205,7 @@ def create_app(
         """The database is reachable and its schema is at the head revision; the detail
         names the loaded reliability policy."""
         if await _ready(db):
-            return JSONResponse({"status": "ready", "policy": policy.loaded()})
+            return JSONResponse({"status": "ready", "policy": app.state.policy.loaded()})
         raise errors.ServiceUnavailableError(
             "The database is unreachable or its schema is not at the head revision."
         )
@@ -176,7 +229,7 @@ def create_app(
         tenant = None if caller.role is Role.ADMIN else caller.tenant
         snapshot = None
         with contextlib.suppress(errors.QueueServerError):
-            snapshot = await services.figures.snapshot(tenant)
+            snapshot = await app.state.services.figures.snapshot(tenant)
         ages = await asyncio.to_thread(backup_ages, settings.backup_repo)
         return Response(
             metrics.render(snapshot, tenant=tenant, backup_ages=ages), media_type=CONTENT_TYPE

@@ -29,7 +29,8 @@ Every error class of the project, by family (status, code):
     │   ├── AmbiguousIdError            ambiguous-id: an id prefix naming several items
     │   ├── VerificationRunBusyError, RunKeyConflictError, CheckpointConflictError,
     │   │   VerificationIncompleteError, VerificationRunEndedError
-    │   └── ReceiptNotStaleError
+    │   ├── ReceiptNotStaleError
+    │   └── PolicyVersionConflictError, PolicyPinnedError
     ├── BacklogCapReachedError              429
     ├── ServiceUnavailableError             503 (the database is unreachable)
     ├── TimeoutExceededError                503 (a statement or lock wait timed out)
@@ -42,6 +43,7 @@ Every error class of the project, by family (status, code):
 Not answers of the API, each in its own module:
 
     PolicyError(ValueError)         queue_server.policy.errors: invalid policy data
+    └── PolicyFileError             a policy file that is no document (not UTF-8, JSON...)
     ClassifiedError                 queue_server.policy.retry: a failure with its retry class
     TransportError                  queue_server.transport.errors: outbound HTTP failed
     ├── PolicyRefusedError, BudgetExhaustedError, RequestTimeoutError,
@@ -72,7 +74,7 @@ Not answers of the API, each in its own module:
         │   │   InvalidStateError, AmbiguousIdError, LastAdminKeyError, VerificationRunBusyError,
         │   │   RunKeyConflictError, CheckpointConflictError, VerificationRunEndedError,
         │   │   VerificationIncompleteError, ReceiptNotStaleError, ReceiptConflictError,
-        │   │   OperationStoppedError
+        │   │   OperationStoppedError, PolicyVersionConflictError, PolicyPinnedError
         │   └── LeaseLostError: StaleFenceError, FenceAheadError, NotLeaseHolderError,
         │       LeaseExpiredError, ItemNotLeasedError, LeaseDeadlineExceededError,
         │       ItemCancelledError
@@ -395,6 +397,22 @@ class ReceiptNotStaleError(ConflictError):
 
     code = "receipt-not-stale"
     title = "Receipt not stale"
+
+
+class PolicyVersionConflictError(ConflictError):
+    """This policy version is kept with other content: a version names one document, so a
+    changed document needs a version of its own."""
+
+    code = "policy-version-conflict"
+    title = "Policy version conflict"
+
+
+class PolicyPinnedError(ConflictError):
+    """This server runs under a policy file (--policy or QUEUE_SERVER_POLICY), which wins
+    over a published version: restart it without one to run the versions published."""
+
+    code = "policy-pinned"
+    title = "Policy pinned"
 
 
 class VerificationIncompleteError(ConflictError):

@@ -149,6 +149,9 @@ class Settings(BaseSettings):
     # Every API process runs a scheduler loop: it wakes when the next schedule is due, and
     # at least this often to see schedules created or changed meanwhile.
     schedule_poll_interval: float = Field(default=1.0, gt=0, le=60)
+    # A server without --policy runs the published policy version activated last: the one
+    # that published it at once, every other API process within this many seconds.
+    policy_poll_interval: float = Field(default=5.0, gt=0, le=300)
     # A tick at most this many seconds old is on time and always fires; an older one was
     # missed (the servers were down) and its schedule's catch-up rule decides.
     schedule_grace: float = Field(default=15.0, ge=0)

@@ -159,6 +159,10 @@ def policy_version(row: Row, *, current: tuple[str, str]) -> dict[str, Any]:
         "last_loaded_at": row["last_loaded_at"],
         "loads": row["loads"],
         "current": (row["version"], row["sha256"]) == current,
+        "published_by": row.get("published_by"),
+        "reason": row.get("reason"),
+        "published_at": row.get("published_at"),
+        "activated_at": row.get("activated_at"),
     }
 
 

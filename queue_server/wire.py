@@ -140,6 +140,15 @@ class PolicyVersion(Model):
     last_loaded_at: datetime
     loads: int
     current: bool
+    published_by: str | None = Field(
+        default=None,
+        description="The admin key that published it (`key:<id>`); null if only loaded.",
+    )
+    reason: str | None = Field(default=None, description="Why it was published.")
+    published_at: datetime | None = None
+    activated_at: datetime | None = Field(
+        default=None, description="When it was last activated: the last one runs."
+    )
 
 
 class PolicyHistory(Model):

@@ -9,6 +9,7 @@ returns the retained receipt with `Idempotent-Replayed: true`.
 
 from __future__ import annotations
 
+import copy
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -29,6 +30,7 @@ from queue_server.api.deps import (
     respond,
 )
 from queue_server.policy import ReliabilityPolicy
+from queue_server.policy.v2 import OPERATION_RELIABILITY_V2
 
 router = APIRouter(prefix="/v1", responses=PROBLEMS)
 
@@ -63,6 +65,25 @@ class SettleIn(schemas.Body):
 
     status: Literal["succeeded", "failed"]
     outcome: schemas.Json = Field(description="What the mutation did, or why it failed")
+
+
+def _publish_example() -> dict[str, Any]:
+    """The built-in as acme.v3 with 25 acquisitions: what `policy set attempts 25` sends."""
+    document = copy.deepcopy(OPERATION_RELIABILITY_V2)
+    document["version"] = "acme.v3"
+    document["classes"]["durable-leased-work"]["retry"]["max-acquisitions"] = 25
+    return {"document": document, "reason": "imports retry for a day"}
+
+
+class PolicyPublishIn(schemas.Body):
+    """A policy version to publish and run: its whole document, and why."""
+
+    model_config = schemas.example(_publish_example())
+
+    document: dict[str, Any] = Field(
+        description="The whole policy document, as `policy show --json` prints it."
+    )
+    reason: str = Field(min_length=1, max_length=1000, description="Why: kept in the history.")
 
 
 class ReceiptOut(BaseModel):
@@ -219,3 +240,40 @@ async def policy_history(policies: PoliciesService, caller: Caller) -> Response:
     its sha256, source, first and last start, how many starts, and whether it is the one
     loaded now (`current`)."""
     return respond(await policies.history(caller))
+
+
+PolicyVersionName = Annotated[
+    str,
+    Path(
+        min_length=1,
+        max_length=100,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$",
+        description="The version the document names itself.",
+    ),
+]
+
+
+@router.put(
+    "/policy/versions/{version}",
+    response_model=wire.PolicyVersion,
+    status_code=201,
+    tags=["policy"],
+)
+async def publish_policy(
+    version: PolicyVersionName,
+    body: PolicyPublishIn,
+    policies: PoliciesService,
+    caller: Caller,
+    idempotency_key: IdempotencyKey,
+) -> Response:
+    """Publish a policy version and run it (admin): the document is checked as `policy
+    verify` checks a file, kept with its sha256, the publishing key and the reason, and
+    activated; this server runs it at once, every other one started without --policy within
+    its poll interval (QUEUE_SERVER_POLICY_POLL_INTERVAL, 5 s), and after a restart. 201 for
+    a new version, 200 for the same document again (activated again: the idempotency key is
+    only required, the content decides). 409 `policy-version-conflict` when the version is
+    kept with other content; 409 `policy-pinned` when this server runs under a policy file;
+    422 naming each cell that breaks a rule, or a class other than durable-leased-work
+    changed (the others are loaded at each process's start)."""
+    del idempotency_key  # publishing is idempotent by content: a version names one document
+    return respond(await policies.publish(caller, version, body.document, body.reason))

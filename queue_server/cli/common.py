@@ -21,7 +21,7 @@ from rich.table import Table
 from queue_server.client import DEFAULT_URL, QueueClient, QueueClientError
 from queue_server.client.errors import ConnectionFailedError, NoTenantError, ProblemError
 from queue_server.infra.address import ADDRESS_FILE, local_data_dir, local_url
-from queue_server.policy import PolicyError, ReliabilityPolicy
+from queue_server.policy import PolicyError, PolicyFileError, ReliabilityPolicy
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -171,6 +171,10 @@ class CLI(typer.Typer):
         except CommandError as exc:
             report_error(exc.title, exc.detail)
             sys.exit(exc.code)
+        except PolicyFileError as exc:
+            # Not a document at all (unreadable, not UTF-8, not JSON, too deep): one line.
+            report_error("Not a policy document", "; ".join(r for _, r in exc.problems))
+            sys.exit(EXIT_USAGE)
         except PolicyError as exc:
             report_error("Reliability policy refused", str(exc))
             sys.exit(1)

@@ -3,8 +3,12 @@ document or a live server, and list the versions the server has run under."""
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import json
+import math
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -26,8 +30,9 @@ from queue_server.cli.common import (
 )
 
 app = CLI(
-    help="The operation-reliability policy: show it, start a version of your own, verify a"
-    " document or a server, list the versions the server has run under.",
+    help="The operation-reliability policy: show it, raise or lower one of its cells on the"
+    " server (set), start a version of your own, verify a document or a server, list the"
+    " versions the server has run under.",
     no_args_is_help=True,
 )
 
@@ -144,10 +149,12 @@ def verify(
     if server is not None:
         _verify_server(server, key, data_dir, as_json)
         return
-    from queue_server.policy import NotApplicable, PolicyError
+    from queue_server.policy import NotApplicable, PolicyError, PolicyFileError
 
     try:
         policy = process_policy(file or policy_file)
+    except PolicyFileError:
+        raise  # not a document at all: one line, exit 2
     except PolicyError as error:
         if as_json:
             problems = [{"cell": cell, "problem": reason} for cell, reason in error.problems]
@@ -209,6 +216,150 @@ def _verify_server(url: str, key: str | None, data_dir: Path | None, as_json: bo
         raise typer.Exit(code=1)
 
 
+# The cells `policy set` moves on a running server (durable-leased-work, which the server
+# enforces): CELL (and its short names) -> (dimension, the cell's field, integer?).
+SETTABLE: dict[str, tuple[str, str, bool]] = {
+    "durable-leased-work/retry": ("retry", "max-acquisitions", True),
+    "durable-leased-work/deadline": ("deadline", "seconds", False),
+    "durable-leased-work/attempt-timeout": ("attempt-timeout", "seconds", False),
+    "durable-leased-work/backoff-and-jitter": ("backoff-and-jitter", "max-seconds", False),
+    "durable-leased-work/backpressure": ("backpressure", "max-queued", True),
+    "durable-leased-work/concurrency": ("concurrency", "max-approved", True),
+}
+SHORT_NAMES: dict[str, str] = {
+    "attempts": "durable-leased-work/retry",
+    "max-acquisitions": "durable-leased-work/retry",
+    "deadline": "durable-leased-work/deadline",
+    "lease-ttl": "durable-leased-work/attempt-timeout",
+    "attempt-timeout": "durable-leased-work/attempt-timeout",
+    "backoff-cap": "durable-leased-work/backoff-and-jitter",
+    "backlog": "durable-leased-work/backpressure",
+    "max-approved": "durable-leased-work/concurrency",
+}
+
+
+def derived_version(base: str, document: dict[str, Any]) -> str:
+    """The name of a version derived from `base`: its name before any `+`, then `+` and the
+    first 12 hex digits of the sha256 of the classes (the same content, the same name)."""
+    canonical = json.dumps(document["classes"], sort_keys=True, separators=(",", ":"))
+    return f"{base.split('+', 1)[0][:87]}+{hashlib.sha256(canonical.encode()).hexdigest()[:12]}"
+
+
+@app.command("set")
+def set_cell(
+    cell: Annotated[
+        str,
+        typer.Argument(
+            help="The cell: durable-leased-work/retry (attempts), /deadline (deadline),"
+            " /attempt-timeout (lease-ttl), /backoff-and-jitter (backoff-cap),"
+            " /backpressure (backlog), /concurrency (max-approved).",
+            show_default=False,
+        ),
+    ],
+    value: Annotated[
+        str,
+        typer.Argument(
+            help="Its new value: seconds, or a count for attempts, backlog and max-approved.",
+            show_default=False,
+        ),
+    ],
+    reason: Annotated[
+        str,
+        typer.Option("--reason", help="Why: kept in the history.", show_default=False),
+    ],
+    version: Annotated[
+        str | None,
+        typer.Option(
+            "--version",
+            help="The new version's name (default: the loaded one's, + a digest of the content).",
+            show_default=False,
+        ),
+    ] = None,
+    url: Url = None,
+    key: Key = None,
+    data_dir: DataDir = None,
+    as_json: Json = False,
+) -> None:
+    """Raise or lower one cell of the server's policy (an admin key): a new version is made
+    from the one the server runs with that value, checked as `policy verify` checks a file
+    (the decision's rules, and durable-leased-work's bounds: deadline 7 days, attempt
+    timeout 1 hour, 100 acquisitions, backoff cap 24 hours), published with your key and
+    --reason, and run by the server at once (every server started without --policy within
+    5 s, and after a restart). `policy history` shows who set what and why. The workers,
+    `deliver` and the SDK load their own policy at start: give them the new version with
+    `policy show --from-server --json > p.json` and --policy p.json when they need it (a
+    worker's lease TTL above 30 s does). Exits 1 when the value breaks a rule, naming the cell.
+
+    Examples: [bold]queue-server policy set attempts 25 --reason "imports retry for a day"[/bold]
+              [bold]queue-server policy set deadline 7200 --reason "reports run two hours"[/bold]
+              [bold]queue-server policy set backlog 100000 --reason "the nightly batch"[/bold]
+    """
+    from queue_server.policy import PolicyError, load_policy
+
+    name = SHORT_NAMES.get(cell, cell)
+    if name not in SETTABLE:
+        fail(
+            f"Not a cell policy set moves: {cell}",
+            "one of " + ", ".join([*SETTABLE, *SHORT_NAMES]),
+        )
+    dimension, field, integer = SETTABLE[name]
+    number = _number(value, integer, name)
+    with connect(url, key, data_dir) as client:
+        served = client.policy()
+        served.pop("loaded", None)
+        loaded = load_policy(served)  # the server's copy must validate too
+        document = copy.deepcopy(loaded.as_document())
+        cell_doc = document["classes"]["durable-leased-work"][dimension]
+        before = cell_doc.get(field)
+        if before == number:
+            console.print(f"{name} {field} is already {value} in {loaded.version}: nothing to set")
+            return
+        cell_doc[field] = number
+        document["version"] = version or derived_version(loaded.version, document)
+        try:
+            load_policy(document)
+        except PolicyError as error:
+            table(
+                f"{name} {field}={value}: policy problems",
+                ["cell", "problem"],
+                list(error.problems),
+            )
+            console.print("[bold red]policy not set[/]")
+            raise typer.Exit(code=1) from None
+        published = client.publish_policy(document, reason=reason)
+    if as_json:
+        print_json(
+            {
+                **published.model_dump(mode="json"),
+                "cell": name,
+                "field": field,
+                "before": before,
+                "value": number,
+            }
+        )
+        return
+    console.print(
+        f"policy {published.version} ({published.sha256[:12]}): {name} {field}"
+        f" {_shown(before)} -> {_shown(number)}, published by {published.published_by}"
+        f" ({published.reason}) and loaded"
+    )
+
+
+def _number(value: str, integer: bool, cell: str) -> int | float:
+    try:
+        number = int(value) if integer else float(value)
+    except ValueError:
+        kind = "a whole number" if integer else "a number of seconds"
+        fail(f"Not {kind}: {value}", f"{cell} takes {kind}")
+    if not math.isfinite(number) or number <= 0:
+        fail(f"Not a positive value: {value}", f"{cell} takes a positive value")
+    return int(number) if not integer and float(number).is_integer() else number
+
+
+def _shown(value: object) -> str:
+    return "unset" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+
 @app.command("history")
 def history(
     url: Url = None,
@@ -217,9 +368,10 @@ def history(
     as_json: Json = False,
     wide: Wide = False,
 ) -> None:
-    """Every policy version the server has started under (admin), the latest start first:
-    its sha256, where it was loaded from, its first and last start, how many process starts,
-    and which one the server runs under now.
+    """Every policy version the server has run under or an admin has published (admin),
+    the latest first: its sha256, where it was loaded from, its first and last load, how many
+    process loads, who published it and why (`policy set`), and which one the server runs
+    under now.
 
     Example: [bold]queue-server policy history[/bold]
     """
@@ -230,7 +382,17 @@ def history(
         return
     table(
         counted(len(versions), "policy version"),
-        ["version", "sha256", "source", "first loaded", "last loaded", "loads", "current"],
+        [
+            "version",
+            "sha256",
+            "source",
+            "first loaded",
+            "last loaded",
+            "loads",
+            "published by",
+            "reason",
+            "current",
+        ],
         [
             (
                 v.version,
@@ -239,10 +401,12 @@ def history(
                 v.first_loaded_at,
                 v.last_loaded_at,
                 v.loads,
+                v.published_by or "",
+                v.reason or "",
                 "yes" if v.current else "",
             )
             for v in versions
         ],
-        drop=("first loaded", "source", "sha256"),
+        drop=("first loaded", "source", "sha256", "loads", "last loaded"),
         wide=wide,
     )

@@ -221,9 +221,11 @@ def queues_settings(
     """Show a queue's settings (each effective value and where it comes from: queue, tenant,
     policy or default), or change the ones given (an operator key); the others stay. Each
     value is at most the loaded policy's envelope: above it, the server refuses naming the
-    cell (exit 4).
+    cell (exit 4); `policy set` raises the envelope first (an admin key).
 
-    Example: [bold]queue-server queues settings reports --deadline 7200 --retry-cap 600[/bold]
+    Examples: [bold]queue-server queues settings reports --deadline 600 --retry-cap 120[/bold]
+              [bold]queue-server policy set deadline 7200 --reason "reports run two hours"[/bold]
+              [bold]queue-server queues settings reports --deadline 7200[/bold]
     """
     from queue_server.cli.common import fail
 

@@ -220,6 +220,7 @@ class AsyncQueueClient(ClientFace):
     verify_ledgers = awaited(ClientCore.verify_ledgers)
     policy = awaited(ClientCore.policy)
     policy_history = awaited(ClientCore.policy_history)
+    publish_policy = awaited(ClientCore.publish_policy)
     claim_receipt = awaited(ClientCore.claim_receipt)
     settle_receipt = awaited(ClientCore.settle_receipt)
     get_receipt = awaited(ClientCore.get_receipt)

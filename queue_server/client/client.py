@@ -258,6 +258,7 @@ class QueueClient(ClientFace):
     verify_ledgers = blocking(ClientCore.verify_ledgers)
     policy = blocking(ClientCore.policy)
     policy_history = blocking(ClientCore.policy_history)
+    publish_policy = blocking(ClientCore.publish_policy)
     claim_receipt = blocking(ClientCore.claim_receipt)
     settle_receipt = blocking(ClientCore.settle_receipt)
     get_receipt = blocking(ClientCore.get_receipt)

@@ -1050,6 +1050,19 @@ class ClientCore:
         (admin; GET /v1/policy/history)."""
         return (yield from self._get(PolicyHistory, "/v1/policy/history")).versions
 
+    def publish_policy(
+        self, document: dict[str, Any], *, reason: str, idempotency_key: str | None = None
+    ) -> Flow[PolicyVersion]:
+        """Publish a policy version and have the server run it (admin; PUT
+        /v1/policy/versions/{version}): kept with its sha256, this key and `reason`."""
+        version = quote(str(document.get("version", "")), safe="")
+        body = {"document": document, "reason": reason}
+        return (
+            yield from self._effect(
+                PolicyVersion, "PUT", f"/v1/policy/versions/{version}", body, idempotency_key
+            )
+        )
+
     def claim_receipt(
         self,
         idempotency_key: str,

@@ -261,6 +261,14 @@ class ReceiptConflictError(ConflictError):
     pass
 
 
+class PolicyVersionConflictError(ConflictError):
+    pass
+
+
+class PolicyPinnedError(ConflictError):
+    pass
+
+
 class OperationStoppedError(ConflictError):
     pass
 
@@ -346,6 +354,8 @@ BY_CODE: dict[str, type[ProblemError]] = {
     "verification-incomplete": VerificationIncompleteError,
     "receipt-not-stale": ReceiptNotStaleError,
     "receipt-conflict": ReceiptConflictError,
+    "policy-version-conflict": PolicyVersionConflictError,
+    "policy-pinned": PolicyPinnedError,
     "operation-stopped": OperationStoppedError,
     "idempotency-key-reuse": IdempotencyKeyReuseError,
     "target-refused": TargetRefusedError,

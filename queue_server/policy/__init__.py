@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         OperationStoppedError,
         PermitUnavailableError,
         PolicyError,
+        PolicyFileError,
         ReceiptConflictError,
     )
     from queue_server.policy.loader import default_policy, load_policy
@@ -85,6 +86,7 @@ _WHERE: dict[str, str] = {
             "OperationStoppedError",
             "PermitUnavailableError",
             "PolicyError",
+            "PolicyFileError",
             "ReceiptConflictError",
         ),
         "errors",
@@ -179,6 +181,7 @@ __all__ = [
     "PermitGate",
     "PermitUnavailableError",
     "PolicyError",
+    "PolicyFileError",
     "Receipt",
     "ReceiptConflictError",
     "ReceiptStatus",

@@ -28,6 +28,11 @@ class PolicyError(ValueError):
         return cls([(cell, reason)])
 
 
+class PolicyFileError(PolicyError):
+    """The policy file cannot be read as a document at all (missing, not UTF-8, not JSON,
+    nested too deeply): a usage error, answered in one line."""
+
+
 # Named after the refusal of admission (docs/decisions/operation-class-policy.md, Decision
 # 6), as the API's problem is; it is an error nonetheless.
 class AdmissionRefused(QueueServerError):  # noqa: N818

@@ -376,7 +376,7 @@ class ReliabilityPolicy:
         return {
             "version": self.version,
             "digest": self.digest,
-            "source": "built-in" if self.source == "built-in" else "file",
+            "source": self.source if self.source in ("built-in", "published") else "file",
         }
 
     def describe(self) -> str:

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from queue_server.policy.errors import PolicyError
+from queue_server.policy.errors import PolicyError, PolicyFileError
 from queue_server.policy.loader import default_policy, load_policy
 from queue_server.policy.model import ReliabilityPolicy
 
@@ -33,17 +34,57 @@ N = TypeVar("N", int, float)
 
 
 def load_policy_file(path: str | Path) -> ReliabilityPolicy:
-    """The policy document in `path`, validated; `PolicyError` names what is wrong."""
+    """The policy document in `path`, validated; `PolicyError` names what is wrong, and
+    `PolicyFileError` (one line) a file that is not a document at all."""
     file = Path(path)
     try:
-        text = file.read_text()
+        data = file.read_bytes()
     except OSError as exc:
-        raise PolicyError([("document", f"cannot read {file}: {exc.strerror or exc}")]) from None
+        raise PolicyFileError(
+            [("document", f"cannot read {file}: {exc.strerror or exc}")]
+        ) from None
+    return load_policy_text(data, source=str(file))
+
+
+# JSON nested deeper than this is refused before it is parsed: a policy document is at most
+# five levels deep (document, classes, class, cell, list), and the parser recurses per level.
+MAX_DEPTH = 32
+
+
+def load_policy_text(data: bytes, *, source: str) -> ReliabilityPolicy:
+    """A policy document from the bytes of a file (UTF-8 JSON), validated; `PolicyFileError`
+    when the bytes are not UTF-8, not JSON or nested deeper than any policy is."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PolicyFileError(
+            [("document", f"{source} is not UTF-8 text (byte {exc.start}): a policy is UTF-8 JSON")]
+        ) from None
+    if _depth(text) > MAX_DEPTH:
+        raise PolicyFileError(
+            [("document", f"{source} nests deeper than {MAX_DEPTH} levels, deeper than any policy")]
+        )
     try:
         raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PolicyError([("document", f"{file} is not JSON: {exc}")]) from None
-    return load_policy(raw, source=str(file))
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise PolicyFileError([("document", f"{source} is not JSON: {exc}")]) from None
+    return load_policy(raw, source=source)
+
+
+_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def _depth(text: str) -> int:
+    """The deepest nesting of JSON arrays and objects in `text`, brackets in strings aside."""
+    depth = deepest = 0
+    for match in _TOKENS.finditer(text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token in "]}":
+            depth -= 1
+    return deepest
 
 
 def runtime_policy(

@@ -12,7 +12,7 @@
     receipts      confirmation receipts of confirmed mutations
     runs          artifact verification runs and their checkpoints
     schedules     periodic enqueues and the scheduler pass that fires them
-    policies      the policy versions the server has started under
+    policies      the policy versions the server has run under, and those an admin publishes
 
 A service takes the `Database` (and, for effecting requests, the idempotency
 `Effects`) it was built with; the statements are in `queue_server.store`.
@@ -31,7 +31,7 @@ from queue_server.services.figures import Figures
 from queue_server.services.items import Items, Wakeups
 from queue_server.services.keys import Keys
 from queue_server.services.ledgers import Ledgers
-from queue_server.services.policies import PolicyHistory
+from queue_server.services.policies import Adopt, PolicyHistory
 from queue_server.services.queue_settings import QueueSettings
 from queue_server.services.queues import Queues
 from queue_server.services.receipts import ConfirmationReceipts
@@ -87,8 +87,11 @@ class Services:
         wakeups: Wakeups,
         metrics: Metrics,
         policy: ReliabilityPolicy | None = None,
+        pinned: bool = False,
+        adopt: Adopt | None = None,
     ) -> Services:
-        """Every service, under `policy` (default: the one `settings.policy` names)."""
+        """Every service, under `policy` (default: the one `settings.policy` names); `adopt`
+        runs a published version in this process (none when `pinned` to a policy file)."""
         policy = policy or runtime_policy(settings.policy or None)
         effects = Effects(
             db,
@@ -109,5 +112,11 @@ class Services:
             runs=VerificationRuns(db, effects, policy),
             schedules=Schedules(db, effects, items, settings, metrics),
             figures=Figures(db, horizon_warning_age=settings.horizon_warning_age),
-            policies=PolicyHistory(db, policy, receipt_retention=settings.idempotency_retention),
+            policies=PolicyHistory(
+                db,
+                policy,
+                receipt_retention=settings.idempotency_retention,
+                pinned=pinned,
+                adopt=adopt,
+            ),
         )

@@ -18,6 +18,7 @@ from sqlalchemy import (
     MetaData,
     Table,
     Text,
+    UniqueConstraint,
     func,
     text,
 )
@@ -774,7 +775,19 @@ policy_versions = Table(
     _ts("first_loaded_at", nullable=False, server_default=func.now()),
     _ts("last_loaded_at", nullable=False, server_default=func.now()),
     Column("loads", BigInteger, nullable=False, server_default=text("1")),
+    # Published by an admin (0030): who, why and when; activated: the last activated is what
+    # a server without --policy runs under.
+    Column("published_by", Text),
+    Column("reason", Text),
+    _ts("published_at"),
+    _ts("activated_at"),
     CheckConstraint("sha256 ~ '^[0-9a-f]{64}$'", name="sha256"),
+    CheckConstraint(
+        "(published_at IS NULL) = (published_by IS NULL AND reason IS NULL)",
+        name="published_with_reason",
+    ),
+    # Content-addressed (0030): a version names one document.
+    UniqueConstraint("version"),
 )
 
 
