@@ -775,7 +775,7 @@ policy_versions = Table(
     _ts("first_loaded_at", nullable=False, server_default=func.now()),
     _ts("last_loaded_at", nullable=False, server_default=func.now()),
     Column("loads", BigInteger, nullable=False, server_default=text("1")),
-    # Published by an admin (0030): who, why and when; activated: the last activated is what
+    # Published by an admin (0024): who, why and when; activated: the last activated is what
     # a server without --policy runs under.
     Column("published_by", Text),
     Column("reason", Text),
@@ -786,7 +786,7 @@ policy_versions = Table(
         "(published_at IS NULL) = (published_by IS NULL AND reason IS NULL)",
         name="published_with_reason",
     ),
-    # Content-addressed (0030): a version names one document.
+    # Content-addressed (0024): a version names one document.
     UniqueConstraint("version"),
 )
 

@@ -7,8 +7,8 @@ Versions kept under one name with different content before this migration keep t
 documents; every one but the last loaded is renamed `<version>+<first 12 hex of its
 sha256>`, so that the name is unique from here on.
 
-Revision ID: 0030
-Revises: 0021
+Revision ID: 0024
+Revises: 0023
 Create Date: 2026-12-04
 """
 
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0030"
-down_revision: str | Sequence[str] | None = "0021"
+revision: str = "0024"
+down_revision: str | Sequence[str] | None = "0023"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
