@@ -337,16 +337,23 @@ async def triage(
     backoff: Backoff,
 ) -> Row | None:
     """leased -> ready after `delay` (decision requeue; None: the queue's backoff) or
-    quarantined (+ dead letter), failure recorded."""
+    quarantined (+ dead letter), failure recorded. A requeue of an item with no attempt
+    left (acquisition_count at max_acquisitions) quarantines it at once: its failure was
+    its last, and its dead letter is written now, not at the next acquire."""
     params = {
         **_holder_params(conn, tenant, item_id, worker, key_id, fence),
         "failure": Jsonb(failure),
         "delay": delay,
+        "exhausted": False,
         **backoff.params(),
     }
-    return await fetch_one(
-        conn, _SQL["triage_quarantine"] if quarantine else _SQL["triage_requeue"], params
-    )
+    if quarantine:
+        return await fetch_one(conn, _SQL["triage_quarantine"], params)
+    requeued = await fetch_one(conn, _SQL["triage_requeue"], params)
+    if requeued is not None:
+        return requeued
+    # Nothing changed: a refusal (the caller explains it), or no attempt left.
+    return await fetch_one(conn, _SQL["triage_quarantine"], {**params, "exhausted": True})
 
 
 async def record_triage_rejected(

@@ -176,6 +176,32 @@ def test_triage_quarantine_opens_a_dead_letter(api: Api, db: Db) -> None:
     assert dead == [{"kind": "item", "reason": "quarantined by triage", "last_failure": failure}]
 
 
+def test_a_failure_with_no_attempt_left_is_dead_lettered_at_once(api: Api, db: Db) -> None:
+    # Its last attempt failed: a requeue could never run it again, so it goes to the dead
+    # letters now, not when some worker next polls the queue.
+    item = api.enqueue(max_acquisitions=2)
+    failure = {"class": "Timeout", "message": "slow upstream", "transient": True}
+    for attempt, state in ((1, "ready"), (2, "quarantined")):
+        (lease,) = api.acquire()
+        response = api.holder(
+            "triage", item["item_id"], worker="w1", fence=attempt, failure=failure,
+            decision="requeue", delay=0,
+        )  # fmt: skip
+        assert response.status_code == 200, response.text
+        assert response.json()["state"] == state
+    dead = db.execute(
+        "SELECT reason, last_failure FROM dead_letters WHERE item_id = %s", (item["item_id"],)
+    ).fetchall()
+    assert dead == [{"reason": "acquisition budget exhausted", "last_failure": failure}]
+    events = api.worker.get(f"/v1/tenants/acme/items/{item['item_id']}/ledger").json()["events"]
+    assert events[-1]["kind"] == "triaged"
+    assert events[-1]["data"]["decision"] == "quarantine"
+    assert events[-1]["data"]["budget_exhausted"] is True
+    verified = api.operator.get("/v1/tenants/acme/ledger-verification").json()
+    assert verified["mismatches"] == []
+    assert api.acquire() == []
+
+
 def test_items_past_their_budget_are_quarantined_not_handed_out(api: Api, db: Db) -> None:
     item = api.enqueue(max_acquisitions=2)
     for expected_fence in (1, 2):

@@ -247,7 +247,7 @@ def test_backoff_doubles_from_the_queue_s_base_up_to_its_cap_and_is_ledgered(
 
 
 def test_backoff_without_settings_starts_at_a_second(api: Api, db: Db) -> None:
-    item = api.enqueue("q")
+    item = api.enqueue("q", None, max_acquisitions=4)  # each failure leaves an attempt
     delays = []
     for _ in range(3):
         _fail(api, "q", item["item_id"], "triage", delay="backoff")
@@ -257,8 +257,8 @@ def test_backoff_without_settings_starts_at_a_second(api: Api, db: Db) -> None:
         )
     assert delays == [1.0, 2.0, 4.0]
     # A numeric delay is ledgered as chosen, not as backoff.
-    other = api.enqueue("q")
-    _fail(api, "q", other["item_id"], "requeue", delay=7)
+    other = api.enqueue("q2")
+    _fail(api, "q2", other["item_id"], "requeue", delay=7)
     event = _ledger(api, other["item_id"])[-1]
     assert (event["data"]["delay"], event["data"]["backoff"]) == (7.0, False)
 

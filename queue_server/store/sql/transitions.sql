@@ -573,6 +573,8 @@ WITH upd AS (
       AND state = 'leased' AND fence = %(fence)s AND lease_holder = %(worker)s
       AND coalesce(lease_key_id, %(key_id)s) = %(key_id)s
       AND lease_expires_at > statement_timestamp()
+      -- With no attempt left it changes nothing: the failure is its last (triage_quarantine).
+      AND acquisition_count < max_acquisitions
     RETURNING *
 ), ev AS (
     INSERT INTO item_events (tenant_id, item_id, seq, at, kind, fence, actor, data)
@@ -605,6 +607,9 @@ SELECT upd.* FROM upd,
      (SELECT pg_notify('queue_server_ready', queue_server.ready_tag(%(tenant)s, queue)) FROM upd) AS n;
 
 -- name: triage_quarantine
+-- Also a decision requeue's failure when the item has no attempt left (`exhausted`: the
+-- requeue statement changed nothing for that reason): it is dead-lettered now, not when the
+-- next acquire finds it out of budget.
 WITH upd AS (
     UPDATE work_items
     SET state = 'quarantined', last_failure = %(failure)s, lease_holder = NULL,
@@ -613,15 +618,20 @@ WITH upd AS (
       AND state = 'leased' AND fence = %(fence)s AND lease_holder = %(worker)s
       AND coalesce(lease_key_id, %(key_id)s) = %(key_id)s
       AND lease_expires_at > statement_timestamp()
+      AND (NOT %(exhausted)s OR acquisition_count >= max_acquisitions)
     RETURNING *
 ), ev AS (
     INSERT INTO item_events (tenant_id, item_id, seq, at, kind, fence, actor, data)
     SELECT tenant_id, item_id, event_seq - 1, updated_at, 'triaged', fence, %(worker)s,
            jsonb_build_object('decision', 'quarantine', 'failure', last_failure)
+           || CASE WHEN %(exhausted)s THEN '{"budget_exhausted": true}'::jsonb
+                   ELSE '{}'::jsonb END
     FROM upd
 ), dead AS (
     INSERT INTO dead_letters (tenant_id, kind, item_id, queue, reason, last_failure, created_at)
-    SELECT tenant_id, 'item', item_id, queue, 'quarantined by triage', last_failure,
+    SELECT tenant_id, 'item', item_id, queue,
+           CASE WHEN %(exhausted)s THEN 'acquisition budget exhausted'
+                ELSE 'quarantined by triage' END, last_failure,
            statement_timestamp()
     FROM upd
 ), outbox AS (
