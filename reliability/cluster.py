@@ -54,6 +54,9 @@ SOON = (datetime.now(UTC) + timedelta(days=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
 HARNESS_APP = "reliability-harness"
 # What the sweeper writes on its own clock: never a request's effect (see `table_digest`).
 SAMPLED_TABLES = frozenset({"queue_samples", "queue_day_samples"})
+# The counters' deltas and bases, which the fold rewrites on its own clock (a second) without
+# changing a total: their totals (the view counter_totals) are digested instead.
+FOLDED_TABLES = frozenset({"counter_deltas", "counter_bases"})
 
 
 def say(message: str) -> None:
@@ -353,7 +356,7 @@ class Cluster:
         The sweeper's samples of the queues (`SAMPLED_TABLES`) are left out: it writes them
         on its own clock, a few seconds after what it samples changed, whatever the request
         in flight; a request's own writes show in the items, ledgers and counters they
-        sample."""
+        sample. The counters are digested as their totals (`FOLDED_TABLES`)."""
         out: dict[str, str] = {}
         with self.db() as conn:
             tables = conn.execute(
@@ -361,13 +364,18 @@ class Cluster:
             ).fetchall()
             for row in tables:
                 name = str(row["tablename"])
-                if name in SAMPLED_TABLES:
+                if name in SAMPLED_TABLES or name in FOLDED_TABLES:
                     continue
-                digest = conn.execute(
-                    f"SELECT md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), '')) AS d FROM \"{name}\" t"
-                ).fetchone()
-                out[name] = str(digest["d"]) if digest else ""
+                out[name] = self._digest(conn, name)
+            out["counter_totals"] = self._digest(conn, "counter_totals")
         return out
+
+    @staticmethod
+    def _digest(conn: Any, name: str) -> str:
+        digest = conn.execute(
+            f"SELECT md5(coalesce(string_agg(t::text, '|' ORDER BY t::text), '')) AS d FROM \"{name}\" t"
+        ).fetchone()
+        return str(digest["d"]) if digest else ""
 
     def terminate_api_backends(self) -> int:
         """pg_terminate_backend every client session but the harness's; returns how many."""

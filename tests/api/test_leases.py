@@ -183,6 +183,7 @@ def test_a_failure_with_no_attempt_left_is_dead_lettered_at_once(api: Api, db: D
     failure = {"class": "Timeout", "message": "slow upstream", "transient": True}
     for attempt, state in ((1, "ready"), (2, "quarantined")):
         (lease,) = api.acquire()
+        assert lease["fence"] == attempt
         response = api.holder(
             "triage", item["item_id"], worker="w1", fence=attempt, failure=failure,
             decision="requeue", delay=0,

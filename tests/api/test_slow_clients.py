@@ -209,7 +209,8 @@ def test_a_huge_request_head_is_refused_431_while_it_arrives(live: LiveServer) -
         with contextlib.suppress(ConnectionResetError):
             while chunk := sock.recv(65536):
                 answer += chunk
-    assert sent < 4 * 1024 * 1024, f"the server read {sent} bytes of one head"
+    # What was sent includes what the kernel's socket buffers took (several MB on loopback).
+    assert sent < 16 * 1024 * 1024, f"the server read {sent} bytes of one head"
     assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
     assert b'"code":"headers-too-large"' in answer.replace(b" ", b"")
     for _ in range(3):

@@ -190,8 +190,14 @@ def test_restore_to_a_moment_brings_back_everything_acknowledged_before_it_and_n
             assert verified.returncode == 0, verified.stdout + verified.stderr
             assert "150 items verified" in verified.stdout
 
-            # Receipts: a retried request with an old key replays its original answer.
-            again = admin.post(
+            # Receipts: a request retried by the key that sent it, with its Idempotency-Key,
+            # replays its original answer (a receipt is its API key's: the restore's new admin
+            # key would not replay it).
+            old_key = (data / "admin.key").read_text().strip()
+            sender = httpx.Client(
+                base_url=server.url, headers={"Authorization": f"Bearer {old_key}"}, timeout=30
+            )
+            again = sender.post(
                 "/v1/tenants/acme/queues/q/items",
                 json={"payload": {"n": 137}},
                 headers={"Idempotency-Key": "e137"},
@@ -199,7 +205,7 @@ def test_restore_to_a_moment_brings_back_everything_acknowledged_before_it_and_n
             assert again.headers.get("idempotent-replayed") == "true"
             assert again.json() == enqueued["e137"]
             lease, answer = completed["d3"]
-            replayed = admin.post(
+            replayed = sender.post(
                 f"/v1/tenants/acme/items/{lease['item_id']}/complete",
                 json={"worker": "w1", "fence": lease["fence"], "result": {"ok": 3}},
                 headers={"Idempotency-Key": "d3"},
@@ -212,7 +218,6 @@ def test_restore_to_a_moment_brings_back_everything_acknowledged_before_it_and_n
             ).json()["leases"][0]
             assert lease["fence"] == before[lease["item_id"]][1] + 1
             # The keys of the moment still work; the restore's new admin key too.
-            old_key = (data / "admin.key").read_text().strip()
             assert httpx.get(
                 f"{server.url}/v1/tenants/acme", headers={"Authorization": f"Bearer {old_key}"}
             ).is_success
