@@ -112,8 +112,7 @@ def test_work_completes_retries_and_quarantines_then_a_replay_completes(cli: Cli
         "acquired",
         "triaged",
         "acquired",
-        "triaged",
-        "quarantined",
+        "triaged",  # its last attempt: dead-lettered by this triage
         "replayed",
         "acquired",
         "completed",
