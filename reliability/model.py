@@ -316,7 +316,8 @@ class QueueModel:
                 return 200, item.view()
             decision = extra.get("decision")
             item.events.append(LedgerEvent(len(item.events) + 1, "triaged", fence))
-            if decision == "quarantine":
+            # A requeue's failure at the item's last attempt is its quarantine.
+            if decision == "quarantine" or item.acquisition_count >= item.max_acquisitions:
                 item.state, item.holder, item.expired = "quarantined", None, False
                 item.log("quarantined")
             else:
