@@ -472,8 +472,13 @@ def receipt_violations(cluster: SystemUnderTest, history: History) -> list[Viola
         rows = conn.execute(
             "SELECT tenant_id, idempotency_key, response_status FROM idempotency_receipts"
         ).fetchall()
+    # A receipt is its API key's: stored as "<key id> <Idempotency-Key>" (an SQL enqueue
+    # role's as the key itself); the client knows the Idempotency-Key.
     stored = {
-        (str(r["tenant_id"]), str(r["idempotency_key"])): int(r["response_status"]) for r in rows
+        (str(r["tenant_id"]), str(r["idempotency_key"]).rpartition(" ")[2]): int(
+            r["response_status"]
+        )
+        for r in rows
     }
     out: list[Violation] = []
     for op in history.operations:
@@ -1236,8 +1241,9 @@ def _plant_forgotten_receipt(cluster: Cluster, c: RecordingClient) -> None:
     c.enqueue("q", {"plant": "receipt"}, key=key)
     with cluster.db() as conn:
         conn.execute(
-            "DELETE FROM idempotency_receipts WHERE tenant_id = %s AND idempotency_key = %s",
-            (c.tenant, key),
+            "DELETE FROM idempotency_receipts WHERE tenant_id = %s"
+            " AND (idempotency_key = %s OR split_part(idempotency_key, ' ', 2) = %s)",
+            (c.tenant, key, key),
         )
     c.enqueue("q", {"plant": "receipt"}, key=key)
 
