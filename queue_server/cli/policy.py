@@ -7,6 +7,7 @@ import copy
 import hashlib
 import json
 import math
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -327,6 +328,7 @@ def set_cell(
             console.print("[bold red]policy not set[/]")
             raise typer.Exit(code=1) from None
         published = client.publish_policy(document, reason=reason)
+    _until_every_process_runs(url, key, data_dir, published.version)
     if as_json:
         print_json(
             {
@@ -343,6 +345,32 @@ def set_cell(
         f" {_shown(before)} -> {_shown(number)}, published by {published.published_by}"
         f" ({published.reason}) and loaded"
     )
+
+
+# The process that took the publication runs it at once; the server's other processes read
+# it within their policy poll interval (QUEUE_SERVER_POLICY_POLL_INTERVAL, 5 s by default).
+# Each check is a new connection, so that it may reach any of them.
+SETTLE_CHECKS = 8
+SETTLE_SECONDS = 30.0
+
+
+def _until_every_process_runs(url: str | None, key: str | None, data_dir: Path | None,
+                              version: str) -> None:  # fmt: skip
+    """Returns once SETTLE_CHECKS answers in a row, each on a new connection, report
+    `version` (or after SETTLE_SECONDS, saying so)."""
+    deadline = time.monotonic() + SETTLE_SECONDS
+    running = 0
+    while running < SETTLE_CHECKS:
+        with connect(url, key, data_dir) as client:
+            running = running + 1 if client.policy().get("version") == version else 0
+        if running < SETTLE_CHECKS and time.monotonic() > deadline:
+            console.print(
+                f"[yellow]not every server process reported {version} within"
+                f" {SETTLE_SECONDS:.0f} s; each reads it within its policy poll interval[/]"
+            )
+            return
+        if running == 0:
+            time.sleep(0.5)
 
 
 def _number(value: str, integer: bool, cell: str) -> int | float:
