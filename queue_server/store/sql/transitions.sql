@@ -229,8 +229,14 @@ WITH terms AS (
     ORDER BY src, priority DESC, since, item_id
     LIMIT (SELECT n FROM room)
 ), overdue AS (
-    -- Picked leases that ran to their deadline: each gets a deadline_exceeded event.
-    SELECT item_id, holder, deadline_at FROM expired
+    -- Picked leases that ran to their deadline: each gets a deadline_exceeded event, and
+    -- the attempt's failure (its holder never finished it) as its last_failure.
+    SELECT item_id, holder, deadline_at,
+           jsonb_build_object('class', 'LeaseDeadlineExceeded', 'transient', true,
+                              'message', 'the lease held by ' || holder
+                                         || ' ran to its deadline at '
+                                         || api_timestamp(deadline_at)) AS failure
+    FROM expired
     WHERE at_deadline AND item_id = ANY(ARRAY(SELECT item_id FROM picked))
 ), leased AS (
     UPDATE work_items w
@@ -240,14 +246,8 @@ WITH terms AS (
         lease_expires_at = statement_timestamp() + (SELECT least(ttl, deadline) FROM terms),
         lease_deadline_at = statement_timestamp() + (SELECT deadline FROM terms),
         leased_at = statement_timestamp(), updated_at = statement_timestamp(),
-        last_failure = CASE WHEN w.item_id = ANY(ARRAY(SELECT item_id FROM overdue))
-                            -- The attempt's failure: its holder never finished it.
-                            THEN jsonb_build_object(
-                                'class', 'LeaseDeadlineExceeded', 'transient', true,
-                                'message', 'the lease held by ' || w.lease_holder
-                                           || ' ran to its deadline at '
-                                           || api_timestamp(w.lease_deadline_at))
-                            ELSE w.last_failure END,
+        last_failure = coalesce((SELECT failure FROM overdue o WHERE o.item_id = w.item_id),
+                                w.last_failure),
         event_seq = w.event_seq + 1 + (w.item_id = ANY(ARRAY(SELECT item_id FROM overdue)))::int
     -- An array, not a join: the planner cannot tell how few rows `picked` has, and a
     -- join would hash the whole table; `= ANY(array)` probes the primary key per item.
@@ -258,14 +258,8 @@ WITH terms AS (
     UPDATE work_items w
     SET state = 'quarantined', lease_holder = NULL, lease_expires_at = NULL,
         updated_at = statement_timestamp(),
-        last_failure = CASE WHEN w.item_id = ANY(ARRAY(SELECT item_id FROM overdue))
-                            -- The attempt's failure: its holder never finished it.
-                            THEN jsonb_build_object(
-                                'class', 'LeaseDeadlineExceeded', 'transient', true,
-                                'message', 'the lease held by ' || w.lease_holder
-                                           || ' ran to its deadline at '
-                                           || api_timestamp(w.lease_deadline_at))
-                            ELSE w.last_failure END,
+        last_failure = coalesce((SELECT failure FROM overdue o WHERE o.item_id = w.item_id),
+                                w.last_failure),
         event_seq = w.event_seq + 1 + (w.item_id = ANY(ARRAY(SELECT item_id FROM overdue)))::int
     -- An array, not a join: the planner cannot tell how few rows `picked` has, and a
     -- join would hash the whole table; `= ANY(array)` probes the primary key per item.
