@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -66,6 +67,15 @@ def test_prepared_acquire_plan_reads_the_ready_index_not_the_whole_table(
             "INSERT INTO work_items (tenant_id, queue, payload, max_acquisitions)"
             " SELECT 't', 'q', '{}', 5 FROM generate_series(1, 20000)"
         )
+        # A few leases: the statistics make the whole index of leases placed since a
+        # snapshot look cheaper than a range of the leased index.
+        conn.execute(
+            "INSERT INTO work_items (tenant_id, queue, payload, state, fence, acquisition_count,"
+            " max_acquisitions, lease_holder, lease_expires_at, lease_deadline_at)"
+            " SELECT 't', 'q', '{}', 'leased', 1, 1, 5, 'w',"
+            "        now() + interval '30 seconds', now() + interval '1 hour'"
+            " FROM generate_series(1, 16)"
+        )
         conn.execute("ANALYZE work_items")
         conn.execute("SET plan_cache_mode = force_generic_plan")
         sql = transitions._SQL["acquire"].replace("%(tenant)s", "$1").replace("%(queue)s", "$2")
@@ -89,32 +99,66 @@ def test_prepared_acquire_plan_reads_the_ready_index_not_the_whole_table(
                 " ARRAY[now()], ARRAY[gen_random_uuid()], now(), ARRAY[gen_random_uuid()])"
             ).fetchall()
         )
-        custom = "\n".join(
-            row["QUERY PLAN"]
-            for row in conn.execute(
-                "EXPLAIN " + transitions._SQL["acquire"],
-                {
-                    "tenant": "t",
-                    "queue": "q",
-                    "worker": "w",
-                    "key_id": "0123456789abcdef",
-                    "max_approved": 1000,
-                    "ttl": timedelta(seconds=30),
-                    "max_ttl": timedelta(seconds=30),
-                    "deadline": timedelta(seconds=900),
-                    "base_limit": 1,
-                    "max_items": 50,
-                    "shard": 0,
-                    "shared": False,
-                    **Cursor().params(),
-                },
-            ).fetchall()
+        terms = {
+            "tenant": "t",
+            "queue": "q",
+            "worker": "w",
+            "key_id": "0123456789abcdef",
+            "max_approved": 1000,
+            "ttl": timedelta(seconds=30),
+            "max_ttl": timedelta(seconds=30),
+            "deadline": timedelta(seconds=900),
+            "base_limit": 1,
+            "max_items": 50,
+            "shard": 0,
+            "shared": False,
+        }
+        # With no cursor, and with one as a connection keeps it after its first acquire.
+        row = conn.execute(
+            "SELECT pg_current_xact_id()::text AS xmin, now() AS now,"
+            " (SELECT min(available_at) FROM work_items WHERE state = 'ready') AS at"
+        ).fetchone()
+        assert row is not None
+        warm = Cursor(
+            xmin=row["xmin"],
+            lanes={0: (row["at"], "00000000-0000-0000-0000-000000000000")},
+            expired_from=row["now"],
         )
+        custom, resumed = (
+            "\n".join(
+                r["QUERY PLAN"]
+                for r in conn.execute(
+                    "EXPLAIN " + transitions._SQL["acquire"], {**terms, **cursor.params()}
+                ).fetchall()
+            )
+            for cursor in (Cursor(), warm)
+        )
+        # The indexes of rows placed since a snapshot serve only a range of `placed_xid`:
+        # under an old snapshot they hold every row taken since it began, so a scan of one
+        # whole (as for expired leases, when statistics saw few) reads all of that. Even
+        # without the ready and leased indexes, no plan may read them otherwise.
+        with conn.transaction(force_rollback=True):
+            conn.execute("DROP INDEX ix_work_items_ready, ix_work_items_leased")
+            row = conn.execute(
+                "EXPLAIN (FORMAT JSON) " + transitions._SQL["acquire"],
+                {**terms, **warm.params()},
+            ).fetchone()
+            assert row is not None
+            placed = [
+                n
+                for n in _plan_nodes(row["QUERY PLAN"][0]["Plan"])
+                if str(n.get("Index Name", "")).endswith("_placed")
+            ]
+            assert placed
+            for node in placed:
+                assert "placed_xid >=" in node.get("Index Cond", ""), node
     # Rows made ready since a cursor are found by the transaction that made them ready.
     assert "ix_work_items_ready_placed" in generic, generic
     assert "ix_work_items_leased_placed" in generic, generic
-    for plan in (generic, custom):
+    for plan in (generic, custom, resumed):
         assert "ix_work_items_ready " in plan
+        # Expired leases are a range of the leased index: no other index holds them in order.
+        assert "using ix_work_items_leased on" in plan, plan
         # Neither the candidate scan nor the update of the picked rows may read the table.
         assert "Seq Scan on work_items" not in plan
         assert "Index Scan using pk_work_items on work_items w" in plan
@@ -199,6 +243,63 @@ def test_item_pages_read_their_state_from_an_index_not_the_finished_history(
                 for n in items
             )
             assert read <= 200, f"{name}: {read} rows read for a page of 21"
+
+
+def test_batch_holder_operations_find_their_leases_by_key_in_a_generic_plan(
+    database_url: str,
+) -> None:
+    """complete, heartbeat and release of a batch read each lease by its key, not the
+    leased index: every lease not yet expired is in that range, and while an old snapshot
+    is held, every lease that ended within a TTL too (the issue's complete_many went from
+    1,100 to 6,300 buffers in a minute)."""
+    with psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as conn:
+        conn.execute("INSERT INTO tenants VALUES ('t', 10, 5, '30 seconds', now(), now())")
+        # As in a flowing queue: the statistics see few leases among much history, so the
+        # leased index looks cheaper than sixteen probes by key.
+        conn.execute(
+            "INSERT INTO work_items (tenant_id, queue, payload, state, fence, acquisition_count,"
+            " max_acquisitions) SELECT 't', 'q', '{}', 'completed', 1, 1, 5"
+            " FROM generate_series(1, 20000)"
+        )
+        conn.execute(
+            "INSERT INTO work_items (tenant_id, queue, payload, state, fence, acquisition_count,"
+            " max_acquisitions, lease_holder, lease_expires_at, lease_deadline_at)"
+            " SELECT 't', 'q', '{}', 'leased', 1, 1, 5, 'other',"
+            "        now() + interval '30 seconds', now() + interval '1 hour'"
+            " FROM generate_series(1, 16)"
+        )
+        conn.execute("ANALYZE work_items")
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        ids = [
+            str(r["item_id"])
+            for r in conn.execute(
+                "SELECT item_id FROM work_items WHERE state = 'leased'"
+            ).fetchall()
+        ]
+        leases = json.dumps([{"item_id": i, "fence": 1, "result": None} for i in ids])
+        params = {
+            "tenant": "t",
+            "ids": ids,
+            "leases": leases,
+            "items": leases,
+            "worker": "other",
+            "key_id": "k",
+            "ttl": timedelta(seconds=30),
+            "max_ttl": timedelta(seconds=30),
+        }
+        for name in ("complete_many", "heartbeat_many", "release_unsent"):
+            conn.execute("BEGIN")
+            nodes = _explain_generic(conn, transitions._SQL[name], params)
+            conn.execute("ROLLBACK")
+            scans = {
+                n.get("Index Name")
+                for n in nodes
+                if n.get("Relation Name") == "work_items" and "Scan" in n["Node Type"]
+            }
+            assert scans == {"pk_work_items"}, (name, scans)
+            updated = [n for n in nodes if n["Node Type"] == "ModifyTable"]
+            assert updated, name
+            assert updated[0]["Actual Rows"] == 16, name
 
 
 def test_the_figures_of_a_scrape_read_no_finished_history(database_url: str) -> None:

@@ -164,8 +164,16 @@ work_items = Table(
         postgresql_where=text("state = 'ready'"),
     ),
     # Rows made ready, or leased, since a cursor's snapshot: ids at or past its xmin.
-    Index("ix_work_items_ready_placed", "placed_xid", postgresql_where=text("state = 'ready'")),
-    Index("ix_work_items_leased_placed", "placed_xid", postgresql_where=text("state = 'leased'")),
+    Index(
+        "ix_work_items_ready_placed",
+        "placed_xid",
+        postgresql_where=text("state = 'ready' AND placed_xid IS NOT NULL"),
+    ),
+    Index(
+        "ix_work_items_leased_placed",
+        "placed_xid",
+        postgresql_where=text("state = 'leased' AND placed_xid IS NOT NULL"),
+    ),
     # Expired-lease takeover and the concurrency count read this one.
     Index(
         "ix_work_items_leased",

@@ -413,8 +413,11 @@ WITH input AS (
         lease_expires_at = NULL, acquisition_count = w.acquisition_count - 1,
         updated_at = statement_timestamp(), event_seq = w.event_seq + 1
     FROM input i
+    -- Each row by its key: `state::text` keeps the partial indexes of leased rows out of
+    -- the plan (a generic plan would read every lease not yet expired, and while an old
+    -- snapshot is held, every lease that ended within a TTL).
     WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(%(ids)s::uuid[]) AND w.item_id = i.item_id
-      AND w.state = 'leased' AND w.fence = i.fence AND w.lease_holder = %(worker)s
+      AND w.state::text = 'leased' AND w.fence = i.fence AND w.lease_holder = %(worker)s
       AND coalesce(w.lease_key_id, %(key_id)s) = %(key_id)s
     RETURNING w.*
 ), ev AS (
@@ -706,8 +709,11 @@ WITH input AS (
             w.lease_deadline_at),
         updated_at = statement_timestamp(), event_seq = w.event_seq + 1
     FROM input i
+    -- Each row by its key: `state::text` keeps the partial indexes of leased rows out of
+    -- the plan (a generic plan would read every lease not yet expired, and while an old
+    -- snapshot is held, every lease that ended within a TTL).
     WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(%(ids)s::uuid[]) AND w.item_id = i.item_id
-      AND w.state = 'leased' AND w.fence = i.fence AND w.lease_holder = %(worker)s
+      AND w.state::text = 'leased' AND w.fence = i.fence AND w.lease_holder = %(worker)s
       AND coalesce(w.lease_key_id, %(key_id)s) = %(key_id)s
       AND w.lease_expires_at > statement_timestamp()
     RETURNING w.*
@@ -728,8 +734,11 @@ WITH input AS (
     SET state = 'completed', result = coalesce(i.result, 'null'::jsonb), lease_holder = NULL,
         lease_expires_at = NULL, updated_at = statement_timestamp(), event_seq = w.event_seq + 1
     FROM input i
+    -- Each row by its key: `state::text` keeps the partial indexes of leased rows out of
+    -- the plan (a generic plan would read every lease not yet expired, and while an old
+    -- snapshot is held, every lease that ended within a TTL).
     WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(%(ids)s::uuid[]) AND w.item_id = i.item_id
-      AND w.state = 'leased' AND w.fence = i.fence AND w.lease_holder = %(worker)s
+      AND w.state::text = 'leased' AND w.fence = i.fence AND w.lease_holder = %(worker)s
       AND coalesce(w.lease_key_id, %(key_id)s) = %(key_id)s
       AND w.lease_expires_at > statement_timestamp()
     RETURNING w.*
