@@ -303,8 +303,9 @@ def test_batch_holder_operations_find_their_leases_by_key_in_a_generic_plan(
 
 
 def test_the_figures_of_a_scrape_read_no_finished_history(database_url: str) -> None:
-    """Items by state at every scrape: the unfinished ones through their partial indexes,
-    finished ones from counters, however many completed rows there are."""
+    """Items by state at every scrape: the unfinished ones through their partial indexes
+    (a queue's first read, with no cursor yet), finished ones from counters, however many
+    completed rows there are."""
     with psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as conn:
         conn.execute("INSERT INTO tenants VALUES ('t', 10, 5, '30 seconds', now(), now())")
         conn.execute(
@@ -319,8 +320,7 @@ def test_the_figures_of_a_scrape_read_no_finished_history(database_url: str) -> 
         conn.execute("ANALYZE work_items")
         conn.execute("SET plan_cache_mode = force_generic_plan")
         for sql, params in (
-            (queue_store._SQL["all_open_counts"], {}),
-            (queue_store._SQL["open_counts"], {"tenant": "t"}),
+            (queue_store._SQL["open_figures"], {"tenant": "t", "queue": "q", **Cursor().params()}),
             (reads._SQL["state_counts"], {"tenant": "t"}),
         ):
             nodes = _explain_generic(conn, sql, params)

@@ -1,5 +1,5 @@
 """The figures `/metrics` publishes, read at scrape time from bounded queries only: per
-queue its items by state, ages, leases, dead letters, pause and the counters of finished
+queue its items by state (from the queue's cursor: store/queues.py `open_figures`), ages, leases, dead letters, pause and the counters of finished
 work; per watcher its pending and dead deliveries; every tenant's items by state; and the
 database's health: what holds back its xmin horizon, and (in the admin's view only) the
 live and dead row versions of the hot tables."""
@@ -67,7 +67,6 @@ async def snapshot(conn: Conn, *, tenant: str | None) -> Snapshot:
         names = [
             r["tenant_id"] for r in await tenants.list_tenants(conn, after=None, limit=MAX_TENANTS)
         ]
-        open_rows = await queues.all_open_counts(conn)
         finished = await queues.all_finished_counts(conn)
         settings = await queues.all_settings(conn)
         letters = {
@@ -76,7 +75,6 @@ async def snapshot(conn: Conn, *, tenant: str | None) -> Snapshot:
         }
     else:
         names = [tenant]
-        open_rows = await queues.open_counts(conn, tenant=tenant)
         finished = await queues.finished_counts(conn, tenant=tenant)
         settings = await queues.settings(conn, tenant=tenant)
         letters = {
@@ -84,10 +82,12 @@ async def snapshot(conn: Conn, *, tenant: str | None) -> Snapshot:
             for name, n in (await queues.open_dead_letters(conn, tenant=tenant)).items()
         }
     set_up: dict[tuple[str, str], Row] = {(r["tenant_id"], r["queue"]): r for r in settings}
-    opened = {(r["tenant_id"], r["queue"]): r for r in open_rows}
     done = {(r["tenant_id"], r["queue"]): r for r in finished}
+    # Every queue that ever admitted an item has counters.
+    keys = sorted({*done, *set_up, *letters})
+    opened = dict(zip(keys, await queues.open_figures(conn, keys), strict=True))
     figures = []
-    for key in sorted({*opened, *done, *set_up, *letters}):
+    for key in keys:
         row = queue_figures(
             key[1],
             open_row=opened.get(key),

@@ -326,17 +326,18 @@ class Queues:
     async def _figures(
         self, conn: Conn, tenant: str, only: str | None = None
     ) -> list[dict[str, Any]]:
-        """The figures of every queue that has items, counters or settings (or of `only`)."""
-        open_rows = {r["queue"]: r for r in await queue_store.open_counts(conn, tenant=tenant)}
+        """The figures of every queue that has counters, settings or dead letters (or of
+        `only`): every queue that ever admitted an item has counters."""
         finished = {r["queue"]: r for r in await queue_store.finished_counts(conn, tenant=tenant)}
         settings = {r["queue"]: r for r in await queue_store.settings(conn, tenant=tenant)}
         letters = await queue_store.open_dead_letters(conn, tenant=tenant)
-        names = sorted({*open_rows, *finished, *settings, *letters})
+        names = sorted({*finished, *settings, *letters})
         if only is not None:
             names = [only]
+        open_rows = await queue_store.open_figures(conn, [(tenant, name) for name in names])
         figures = []
-        for name in names:
-            limits = await tenants.concurrency(
+        for name, open_row in zip(names, open_rows, strict=True):
+            limits = await tenants.spend_limit(
                 conn,
                 tenant=tenant,
                 queue=name,
@@ -346,7 +347,7 @@ class Queues:
             figures.append(
                 queue_figures(
                     name,
-                    open_row=open_rows.get(name),
+                    open_row=open_row,
                     finished=finished.get(name),
                     setting=settings.get(name),
                     open_dead_letters=letters.get(name, 0),

@@ -18,7 +18,8 @@ walks every lease ended within a TTL while an old snapshot is held).
 
 The cursor is the connection's own: kept with the connection object (a new connection,
 as after a failover, starts from the index's start once), and moved only by a statement
-that succeeded (`advance_cursor`, before the acquire in the same transaction).
+that succeeded (`advance_cursor`, before the acquire in the same transaction). The
+queue's figures are read from it too (store/queues.py `open_figures`), which moves it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from queue_server.store.sql import load
 from queue_server.store.types import Conn
+
+_SQL = load("cursors")
+# The connection's next cursor on a queue, from its current one (`Cursor.params`).
+ADVANCE = _SQL["advance_cursor"]
 
 
 @dataclass(frozen=True, slots=True)

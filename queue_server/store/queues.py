@@ -4,7 +4,7 @@
     a paused queue: acquire hands out nothing (store/transitions.py reads `paused_at`)
 
 The figures of a tenant's queues come from bounded reads only: the unfinished items
-through their partial indexes, finished work from the view `counter_totals` (the latest
+from each queue's cursor (`open_figures`), finished work from the view `counter_totals` (the latest
 base of the counters and the deltas each transition's own statement inserted since:
 store/counters.py), and rates from `queue_samples` (two index probes per queue). Nothing
 here scans finished history.
@@ -12,8 +12,10 @@ here scans finished history.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import timedelta
 
+from queue_server.store import cursors
 from queue_server.store.sql import fetch_all, fetch_one, load
 from queue_server.store.types import Conn, Row
 
@@ -41,9 +43,28 @@ async def events(conn: Conn, *, tenant: str, queue: str, limit: int) -> list[Row
     return await fetch_all(conn, _SQL["events"], {"tenant": tenant, "queue": queue, "limit": limit})
 
 
-async def open_counts(conn: Conn, *, tenant: str) -> list[Row]:
-    """Per queue with unfinished items: ready, due, leased, active leases, quarantined, ages."""
-    return await fetch_all(conn, _SQL["open_counts"], {"tenant": tenant})
+async def open_figures(conn: Conn, queues: Iterable[tuple[str, str]]) -> list[Row]:
+    """Per (tenant, queue): ready, due, leased, active leases, quarantined, the oldest due
+    item's and the oldest active lease's ages; read from the connection's cursor on the
+    queue, which moves on (store/cursors.py), all in one round trip. What each costs is
+    what changed since the connection's last look at the queue, not the history an old
+    snapshot keeps in the indexes."""
+    sent = []
+    async with conn.pipeline():
+        for tenant, queue in queues:
+            params = {"tenant": tenant, "queue": queue, **cursors.get(conn, tenant, queue).params()}
+            moved = await conn.execute(cursors.ADVANCE, params)
+            read = await conn.execute(_SQL["open_figures"], params)
+            sent.append((tenant, queue, moved, read))
+    figures = []
+    for tenant, queue, moved, read in sent:
+        cursor = await moved.fetchone()
+        row = await read.fetchone()
+        assert cursor is not None
+        assert row is not None
+        cursors.put(conn, tenant, queue, cursors.Cursor.from_row(cursor))
+        figures.append(row)
+    return figures
 
 
 async def finished_counts(conn: Conn, *, tenant: str) -> list[Row]:
@@ -74,7 +95,16 @@ async def sample(conn: Conn, *, min_gap: timedelta) -> int:
     """Record the counters' totals, ready items and oldest due item of every queue where
     any of them changed (unless a sample was taken less than `min_gap` ago); returns how
     many."""
-    cur = await conn.execute(_SQL["sample"], {"min_gap": min_gap})
+    keys = [(r["tenant_id"], r["queue"]) for r in await fetch_all(conn, _SQL["counted_queues"], {})]
+    figures = await open_figures(conn, keys)
+    params = {
+        "min_gap": min_gap,
+        "tenants": [tenant for tenant, _ in keys],
+        "queues": [queue for _, queue in keys],
+        "ready": [int(row["ready"]) for row in figures],
+        "oldest_ready_at": [row["oldest_ready_at"] for row in figures],
+    }
+    cur = await conn.execute(_SQL["sample"], params)
     return cur.rowcount
 
 
@@ -116,11 +146,6 @@ async def series(
 async def minute_totals(conn: Conn, *, tenant: str) -> list[Row]:
     """(queue, ago, completed, failed): the totals 60 minutes ago to now, oldest first."""
     return await fetch_all(conn, _SQL["minute_totals"], {"tenant": tenant})
-
-
-async def all_open_counts(conn: Conn) -> list[Row]:
-    """`open_counts` of every tenant's queues (tenant_id in each row)."""
-    return await fetch_all(conn, _SQL["all_open_counts"], {})
 
 
 async def all_finished_counts(conn: Conn) -> list[Row]:

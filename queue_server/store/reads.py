@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from queue_server.store import queues
 from queue_server.store.sql import fetch_all, load
 from queue_server.store.types import Conn, Row
 
@@ -58,9 +59,18 @@ async def ledger(conn: Conn, *, tenant: str, item_id: str) -> list[Row]:
 
 
 async def state_counts(conn: Conn, *, tenant: str) -> dict[str, int]:
-    """The tenant's items by state (a state without items is absent)."""
+    """The tenant's items by state: the finished ones from the counters, the others from
+    each queue's cursor (`queues.open_figures`)."""
     cur = await conn.execute(_SQL["state_counts"], {"tenant": tenant})
-    return {row["state"]: int(row["n"]) for row in await cur.fetchall()}
+    finished = await cur.fetchall()
+    counts = {state: 0 for state in ("ready", "leased", "quarantined", "completed", "cancelled")}
+    for row in finished:
+        counts["completed"] += int(row["completed"])
+        counts["cancelled"] += int(row["cancelled"])
+    for row in await queues.open_figures(conn, [(tenant, r["queue"]) for r in finished]):
+        for state in ("ready", "leased", "quarantined"):
+            counts[state] += int(row[state])
+    return counts
 
 
 async def schema_revisions(conn: Conn) -> set[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
+from queue_server.store import queues
 from queue_server.store.sql import load
 from queue_server.store.types import Conn, Row
 
@@ -195,24 +196,32 @@ async def list_spend_approvals(conn: Conn, *, tenant: str, queue: str, limit: in
     return await cur.fetchall()
 
 
-async def concurrency(
+async def spend_limit(
     conn: Conn, *, tenant: str, queue: str, base_limit: int = 1, max_approved: int | None = None
 ) -> dict[str, Any]:
     """The queue's limit (`base_limit`, the policy's local concurrency, without a live spend
-    approval; with one, its `max_concurrency`, at most `max_approved`) and its active leases."""
-    cur = await conn.execute(_SQL["concurrency"], {"tenant": tenant, "queue": queue})
+    approval; with one, its `max_concurrency`, at most `max_approved`) and the approval."""
+    cur = await conn.execute(_SQL["live_approval"], {"tenant": tenant, "queue": queue})
     row = await cur.fetchone()
     assert row is not None
     approval = row["approval"]
-    return {
-        "limit": (
-            min(approval["max_concurrency"], max_approved or approval["max_concurrency"])
-            if approval
-            else base_limit
-        ),
-        "active_leases": row["active_leases"],
-        "approval": approval,
-    }
+    limit = (
+        min(approval["max_concurrency"], max_approved or approval["max_concurrency"])
+        if approval
+        else base_limit
+    )
+    return {"limit": limit, "approval": approval}
+
+
+async def concurrency(
+    conn: Conn, *, tenant: str, queue: str, base_limit: int = 1, max_approved: int | None = None
+) -> dict[str, Any]:
+    """`spend_limit`, with the queue's active leases (`queues.open_figures`)."""
+    limits = await spend_limit(
+        conn, tenant=tenant, queue=queue, base_limit=base_limit, max_approved=max_approved
+    )
+    (figures,) = await queues.open_figures(conn, [(tenant, queue)])
+    return {**limits, "active_leases": figures["active_leases"]}
 
 
 async def delete_tenant(conn: Conn, *, tenant: str) -> bool:

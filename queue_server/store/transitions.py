@@ -200,7 +200,7 @@ async def acquire(
                 await conn.execute(_SQL["in_flight"], params)
             else:
                 await conn.execute(_SQL["lock_queue"], params)
-            advanced = await conn.execute(_SQL["advance_cursor"], params)
+            advanced = await conn.execute(cursors.ADVANCE, params)
             cur = await conn.execute(_SQL["acquire"], params)
         rows = await cur.fetchall()
         moved = await advanced.fetchone()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
@@ -12,6 +13,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from psycopg.rows import dict_row
 
 from queue_server.settings import Settings
 from queue_server.store import queues as queue_store
@@ -171,8 +173,20 @@ def test_no_lease_is_committed_after_pause_answers_while_acquires_race(api: Api,
     assert len(api.acquire("q", max_items=3)) == 3
 
 
+def _sample(url: str) -> None:
+    """One round of the sweeper's sampling, whenever the last one was."""
+
+    async def run() -> None:
+        async with await psycopg.AsyncConnection.connect(
+            url, autocommit=True, row_factory=dict_row
+        ) as conn:
+            await queue_store.sample(conn, min_gap=timedelta(0))
+
+    asyncio.run(run())
+
+
 def test_queue_figures_count_every_state_with_ages_leases_letters_and_rates(
-    api: Api, db: Db
+    api: Api, db: Db, database_url: str
 ) -> None:
     api.approve("q", 10)
     for i in range(6):
@@ -231,14 +245,14 @@ def test_queue_figures_count_every_state_with_ages_leases_letters_and_rates(
     assert now["failures"] == {"last_minute": 1, "last_hour": 1, "total": 1}
 
     # Two minutes pass (the sample is moved back), then one more completion.
-    db.execute(queue_store._SQL["sample"], {"min_gap": timedelta(0)})
+    _sample(database_url)
     db.execute("UPDATE queue_samples SET sampled_at = sampled_at - interval '2 minutes'")
     api.holder("complete", leases[3]["item_id"], worker="w1", fence=leases[3]["fence"])
     later = figures(api)
     assert later["completions"] == {"last_minute": 1, "last_hour": 3, "total": 3}
     assert later["failures"] == {"last_minute": 0, "last_hour": 1, "total": 1}
     # Two hours pass: the hour's window starts from the old sample.
-    db.execute(queue_store._SQL["sample"], {"min_gap": timedelta(0)})
+    _sample(database_url)
     db.execute("UPDATE queue_samples SET sampled_at = sampled_at - interval '2 hours'")
     assert figures(api)["completions"] == {"last_minute": 0, "last_hour": 0, "total": 3}
     # Pruning keeps each queue's newest sample past the hour, so the window stays right.

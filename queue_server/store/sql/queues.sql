@@ -43,36 +43,79 @@ SELECT q.* FROM q, (SELECT pg_notify('queue_server_ready', queue_server.ready_ta
 SELECT seq, at, kind, actor, data FROM queue_events
 WHERE tenant_id = %(tenant)s AND queue = %(queue)s ORDER BY seq DESC LIMIT %(limit)s;
 
--- name: open_counts
--- Each state reads its own partial index (a branch per state: an IN list would be one
--- scan of the table); finished history is not read. A lease is active while it has not
--- expired; its age counts from its acquisition (`leased_at`).
-SELECT tenant_id, queue,
-       count(*) FILTER (WHERE state = 'ready') AS ready,
-       count(*) FILTER (WHERE state = 'ready' AND available_at <= statement_timestamp()) AS due,
-       count(*) FILTER (WHERE state = 'leased') AS leased,
-       count(*) FILTER (WHERE state = 'leased' AND lease_expires_at > statement_timestamp())
-           AS active_leases,
-       count(*) FILTER (WHERE state = 'quarantined') AS quarantined,
-       extract(epoch FROM statement_timestamp()
-               - min(available_at) FILTER (WHERE state = 'ready'
-                                           AND available_at <= statement_timestamp()))
-           AS oldest_ready_age,
-       extract(epoch FROM statement_timestamp()
-               - min(leased_at) FILTER (WHERE state = 'leased'
-                                        AND lease_expires_at > statement_timestamp()))
-           AS oldest_lease_age
-FROM (
-    SELECT tenant_id, queue, state, available_at, lease_expires_at, leased_at
-    FROM work_items WHERE tenant_id = %(tenant)s AND state = 'ready'
-    UNION ALL
-    SELECT tenant_id, queue, state, available_at, lease_expires_at, leased_at
-    FROM work_items WHERE tenant_id = %(tenant)s AND state = 'leased'
-    UNION ALL
-    SELECT tenant_id, queue, state, available_at, lease_expires_at, leased_at
-    FROM work_items WHERE tenant_id = %(tenant)s AND state = 'quarantined'
-) AS w
-GROUP BY tenant_id, queue;
+-- name: open_figures
+-- One queue's unfinished items, read from the connection's cursor on it (the acquire's:
+-- queue_server/store/cursors.py) instead of the ready and leased indexes from their start,
+-- which an old snapshot fills with every row taken since it began. In this statement's
+-- snapshot every ready row lies at or past its priority's first row in the cursor, or was
+-- made ready since the cursor's snapshot (`placed_xid`); every leased one was active then
+-- (`active_ids`, probed by key), or expired at or after `expired_from`, or was leased or
+-- extended since. With no cursor: the whole ranges, once. A lease is active while it has
+-- not expired; its age counts from its acquisition (`leased_at`).
+WITH lanes AS (
+    SELECT * FROM unnest(%(lane_priority)s::int[], %(lane_at)s::timestamptz[],
+                         %(lane_id)s::uuid[]) AS l(priority, at, id)
+), ready AS (
+    SELECT r.item_id, r.available_at FROM lanes l CROSS JOIN LATERAL (
+        SELECT item_id, available_at FROM work_items
+        WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'ready'
+          AND priority = l.priority AND (available_at, item_id) >= (l.at, l.id)
+        OFFSET 0  -- read per lane from its place: joined, the whole range would be
+    ) AS r
+    UNION
+    SELECT item_id, available_at FROM (
+        SELECT item_id, tenant_id, queue, available_at FROM work_items
+        WHERE placed_xid >= %(since_xid)s::xid8 AND state = 'ready'
+        OFFSET 0
+    ) AS placed
+    WHERE tenant_id = %(tenant)s AND queue = %(queue)s
+    UNION
+    SELECT item_id, available_at FROM work_items
+    WHERE %(since_xid)s::xid8 IS NULL
+      AND tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'ready'
+), leased AS (
+    SELECT item_id, lease_expires_at, leased_at FROM (
+        -- By key alone (`OFFSET 0` keeps the checks outside).
+        SELECT item_id, queue, state, lease_expires_at, leased_at FROM work_items
+        WHERE tenant_id = %(tenant)s AND item_id = ANY(%(active_ids)s::uuid[])
+        OFFSET 0
+    ) AS seen
+    WHERE queue = %(queue)s AND state = 'leased'
+    UNION
+    SELECT item_id, lease_expires_at, leased_at FROM work_items
+    WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
+      AND lease_expires_at >= coalesce(%(expired_from)s::timestamptz, '-infinity')
+      AND lease_expires_at <= statement_timestamp()
+    UNION
+    SELECT item_id, lease_expires_at, leased_at FROM (
+        SELECT item_id, tenant_id, queue, lease_expires_at, leased_at FROM work_items
+        WHERE placed_xid >= %(since_xid)s::xid8 AND state = 'leased'
+        OFFSET 0
+    ) AS placed
+    WHERE tenant_id = %(tenant)s AND queue = %(queue)s
+    UNION
+    SELECT item_id, lease_expires_at, leased_at FROM work_items
+    WHERE %(since_xid)s::xid8 IS NULL
+      AND tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
+)
+SELECT %(tenant)s::text AS tenant_id, %(queue)s::text AS queue, r.ready, r.due, l.leased,
+       l.active_leases,
+       (SELECT count(*) FROM work_items
+        WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'quarantined')
+           AS quarantined,
+       r.oldest_due_at AS oldest_ready_at,
+       extract(epoch FROM statement_timestamp() - r.oldest_due_at) AS oldest_ready_age,
+       extract(epoch FROM statement_timestamp() - l.oldest_active_at) AS oldest_lease_age
+FROM (SELECT count(*) AS ready,
+             count(*) FILTER (WHERE available_at <= statement_timestamp()) AS due,
+             min(available_at) FILTER (WHERE available_at <= statement_timestamp())
+                 AS oldest_due_at
+      FROM ready) AS r,
+     (SELECT count(*) AS leased,
+             count(*) FILTER (WHERE lease_expires_at > statement_timestamp()) AS active_leases,
+             min(leased_at) FILTER (WHERE lease_expires_at > statement_timestamp())
+                 AS oldest_active_at
+      FROM leased) AS l;
 
 -- name: finished_counts
 -- Completed and cancelled items now, and the totals that rates are taken from; with the
@@ -105,38 +148,6 @@ LEFT JOIN LATERAL (
       AND s.sampled_at <= statement_timestamp() - interval '1 hour'
     ORDER BY s.sampled_at DESC LIMIT 1
 ) h ON true;
-
--- name: all_open_counts
--- Each state reads its own partial index (a branch per state: an IN list would be one
--- scan of the table); finished history is not read. A lease is active while it has not
--- expired; its age counts from its acquisition (`leased_at`).
--- The same over every tenant (the scrape of an admin or of the metrics listener).
-SELECT tenant_id, queue,
-       count(*) FILTER (WHERE state = 'ready') AS ready,
-       count(*) FILTER (WHERE state = 'ready' AND available_at <= statement_timestamp()) AS due,
-       count(*) FILTER (WHERE state = 'leased') AS leased,
-       count(*) FILTER (WHERE state = 'leased' AND lease_expires_at > statement_timestamp())
-           AS active_leases,
-       count(*) FILTER (WHERE state = 'quarantined') AS quarantined,
-       extract(epoch FROM statement_timestamp()
-               - min(available_at) FILTER (WHERE state = 'ready'
-                                           AND available_at <= statement_timestamp()))
-           AS oldest_ready_age,
-       extract(epoch FROM statement_timestamp()
-               - min(leased_at) FILTER (WHERE state = 'leased'
-                                        AND lease_expires_at > statement_timestamp()))
-           AS oldest_lease_age
-FROM (
-    SELECT tenant_id, queue, state, available_at, lease_expires_at, leased_at
-    FROM work_items WHERE state = 'ready'
-    UNION ALL
-    SELECT tenant_id, queue, state, available_at, lease_expires_at, leased_at
-    FROM work_items WHERE state = 'leased'
-    UNION ALL
-    SELECT tenant_id, queue, state, available_at, lease_expires_at, leased_at
-    FROM work_items WHERE state = 'quarantined'
-) AS w
-GROUP BY tenant_id, queue;
 
 -- name: all_finished_counts
 -- Completed and cancelled items now, and the totals that rates are taken from; with the
@@ -209,37 +220,28 @@ SELECT queue, count(*) AS n FROM dead_letters
 WHERE tenant_id = %(tenant)s AND closed_at IS NULL AND kind = 'item'
 GROUP BY queue;
 
+-- name: counted_queues
+-- Every queue that ever admitted an item (each has counters).
+SELECT DISTINCT tenant_id, queue FROM counter_totals ORDER BY tenant_id, queue;
+
 -- name: sample
--- Each queue's counters' totals, its ready items and the oldest due one's `available_at`,
--- a row for each queue where any of them changed since its last sample. Ready and leased
--- items are read through their partial indexes (the leased ones only name the queues whose
--- last ready item was just taken, so that their depth falls to zero); finished history is
--- not read.
+-- Each queue's counters' totals, its ready items and the oldest due one's `available_at`
+-- (read by the caller from each queue's cursor: `open_figures`), a row for each queue where
+-- any of them changed since its last sample; finished history is not read.
 WITH totals AS (
     SELECT tenant_id, queue, sum(completed)::bigint AS completed, sum(failed)::bigint AS failed,
            sum(timed_completions)::bigint AS timed_completions,
            sum(completion_ms)::bigint AS completion_ms
     FROM counter_totals GROUP BY tenant_id, queue
 ), waiting AS (
-    SELECT tenant_id, queue, count(*) AS ready,
-           min(available_at) FILTER (WHERE available_at <= statement_timestamp())
-               AS oldest_ready_at
-    FROM work_items WHERE state = 'ready'
-    GROUP BY tenant_id, queue
-), named AS (
-    SELECT tenant_id, queue FROM totals
-    UNION
-    SELECT tenant_id, queue FROM waiting
-    UNION
-    SELECT tenant_id, queue FROM work_items WHERE state = 'leased'
+    SELECT * FROM unnest(%(tenants)s::text[], %(queues)s::text[], %(ready)s::bigint[],
+                         %(oldest_ready_at)s::timestamptz[])
+        AS w(tenant_id, queue, ready, oldest_ready_at)
 ), current AS (
-    SELECT n.tenant_id, n.queue, coalesce(t.completed, 0) AS completed,
-           coalesce(t.failed, 0) AS failed, coalesce(t.timed_completions, 0) AS timed_completions,
-           coalesce(t.completion_ms, 0) AS completion_ms, coalesce(w.ready, 0) AS ready,
-           w.oldest_ready_at
-    FROM named n
-    LEFT JOIN totals t ON t.tenant_id = n.tenant_id AND t.queue = n.queue
-    LEFT JOIN waiting w ON w.tenant_id = n.tenant_id AND w.queue = n.queue
+    SELECT t.tenant_id, t.queue, t.completed, t.failed, t.timed_completions, t.completion_ms,
+           coalesce(w.ready, 0) AS ready, w.oldest_ready_at
+    FROM totals t
+    LEFT JOIN waiting w ON w.tenant_id = t.tenant_id AND w.queue = t.queue
 )
 INSERT INTO queue_samples (tenant_id, queue, sampled_at, completed, failed, timed_completions,
                            completion_ms, ready, oldest_ready_at)

@@ -10,22 +10,12 @@ SELECT seq, at, kind, fence, actor, data FROM item_events
 WHERE tenant_id = %s AND item_id = %s ORDER BY seq;
 
 -- name: state_counts
--- Unfinished states from their partial indexes (a branch each: an IN list would be one scan
--- of the table); finished ones from the queue counters
--- (completed - purged, cancelled - purged): no read of finished history.
-SELECT 'ready' AS state, count(*) AS n FROM work_items
-WHERE tenant_id = %(tenant)s AND state = 'ready'
-UNION ALL
-SELECT 'leased', count(*) FROM work_items WHERE tenant_id = %(tenant)s AND state = 'leased'
-UNION ALL
-SELECT 'quarantined', count(*) FROM work_items
-WHERE tenant_id = %(tenant)s AND state = 'quarantined'
-UNION ALL
-SELECT 'completed', coalesce(sum(completed - purged_completed), 0) FROM counter_totals
-WHERE tenant_id = %(tenant)s
-UNION ALL
-SELECT 'cancelled', coalesce(sum(cancelled - purged_cancelled), 0) FROM counter_totals
-WHERE tenant_id = %(tenant)s;
+-- Per queue that ever admitted an item: its finished items, from the queue counters
+-- (completed - purged, cancelled - purged); no read of finished history.
+SELECT queue, coalesce(sum(completed - purged_completed), 0) AS completed,
+       coalesce(sum(cancelled - purged_cancelled), 0) AS cancelled
+FROM counter_totals WHERE tenant_id = %(tenant)s
+GROUP BY queue;
 
 -- name: schema_revisions
 SELECT version_num FROM alembic_version;

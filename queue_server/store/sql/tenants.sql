@@ -111,12 +111,9 @@ FROM spend_approvals WHERE tenant_id = %(tenant)s AND queue = %(queue)s
 ORDER BY created_at DESC, approval_id
 LIMIT %(limit)s;
 
--- name: concurrency
+-- name: live_approval
 -- The live approval: not expired and not revoked (a revoked one raises nothing).
-SELECT (SELECT count(*) FROM work_items
-        WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
-          AND lease_expires_at > statement_timestamp()) AS active_leases,
-       (SELECT to_jsonb(a) FROM spend_approvals a
+SELECT (SELECT to_jsonb(a) FROM spend_approvals a
         WHERE tenant_id = %(tenant)s AND queue = %(queue)s
           AND expires_at > statement_timestamp() AND revoked_at IS NULL
         ORDER BY max_concurrency DESC, created_at DESC LIMIT 1) AS approval;
