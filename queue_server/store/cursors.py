@@ -16,9 +16,10 @@ active leases are counted from the ones active at the cursor's snapshot, each pr
 its key, and the ones made or extended since, instead of a scan of the leased index (which
 walks every lease ended within a TTL while an old snapshot is held).
 
-The cursor is the connection's own: kept with the connection object (a new connection,
-as after a failover, starts from the index's start once), and moved only by a statement
-that succeeded (`advance_cursor`, before the acquire in the same transaction). The
+The cursor is kept with the connection object, and shared with the process's other
+connections to the same running server (`join`; a connection to another server, as after
+a failover, starts from the index's start once); it is moved only by a statement that
+succeeded (`advance_cursor`, before the acquire in the same transaction). The
 queue's figures are read from it too (store/queues.py `open_figures`), which moves it.
 """
 
@@ -28,6 +29,8 @@ import weakref
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+
+from psycopg.rows import tuple_row
 
 from queue_server.store.sql import load
 from queue_server.store.types import Conn
@@ -79,12 +82,44 @@ _COLD = Cursor()
 _cursors: weakref.WeakKeyDictionary[Conn, dict[tuple[str, str], Cursor]] = (
     weakref.WeakKeyDictionary()
 )
+# The server each joined connection talks to (`join`), and per (server, tenant, queue) the
+# freshest cursor any of them moved to: a cursor holds on any connection to the server
+# whose snapshot it came from, so each acquire starts from the last place any connection
+# of this process reached, and walks only what happened since.
+_servers: weakref.WeakKeyDictionary[Conn, str] = weakref.WeakKeyDictionary()
+_shared: dict[tuple[str, str, str], Cursor] = {}
+
+
+def _fresher(a: Cursor, b: Cursor) -> bool:
+    """Whether `a` came from a later snapshot than `b` (a cold cursor is the oldest)."""
+    return a.xmin is not None and (b.xmin is None or int(a.xmin) > int(b.xmin))
+
+
+async def join(conn: Conn) -> None:
+    """Share cursors with the process's other connections to the same running server,
+    known by its postmaster's start time: after a failover or a restart, when transactions
+    the old one committed may be gone, no cursor from the old one is used on the new one."""
+    cur = conn.cursor(row_factory=tuple_row)
+    started = await (await cur.execute(_SQL["server_started"])).fetchone()
+    if started is not None:
+        _servers[conn] = started[0]
 
 
 def get(conn: Conn, tenant: str, queue: str) -> Cursor:
-    """The connection's cursor on the queue (the index's start if it has none)."""
-    return _cursors.get(conn, {}).get((tenant, queue), _COLD)
+    """The freshest cursor on the queue of the connection or of its server's connections
+    (the index's start if there is none)."""
+    own = _cursors.get(conn, {}).get((tenant, queue), _COLD)
+    server = _servers.get(conn)
+    shared = None if server is None else _shared.get((server, tenant, queue))
+    return shared if shared is not None and _fresher(shared, own) else own
 
 
 def put(conn: Conn, tenant: str, queue: str, cursor: Cursor) -> None:
     _cursors.setdefault(conn, {})[(tenant, queue)] = cursor
+    server = _servers.get(conn)
+    if server is None:
+        return
+    key = (server, tenant, queue)
+    shared = _shared.get(key)
+    if shared is None or _fresher(cursor, shared):
+        _shared[key] = cursor

@@ -202,3 +202,43 @@ def test_the_concurrency_limit_counts_leases_seen_before_and_leases_made_since(
             assert await take(mine) == []  # b, and c made by the other connection
 
     asyncio.run(run())
+
+
+def test_connections_to_one_server_share_the_freshest_cursor_and_no_other_server_does(
+    api: Api, database_url: str
+) -> None:
+    """An acquire starts from the last place any connection of the process reached on the
+    server (what it walks is what happened since); a connection to another running server,
+    as after a failover, reads from the index's start."""
+    for n in range(30):
+        api.enqueue("q", n)
+
+    async def run() -> None:
+        connect = psycopg.AsyncConnection.connect
+        async with (
+            await connect(database_url, autocommit=True, row_factory=dict_row) as a,
+            await connect(database_url, autocommit=True, row_factory=dict_row) as b,
+            await connect(database_url, autocommit=True, row_factory=dict_row) as c,
+        ):
+            for conn in (a, b, c):
+                await cursors.join(conn)
+            cursors._servers[c] = "a server started since"  # as after a failover
+
+            async def take(conn: Any) -> list[Any]:
+                got = await transitions.acquire(
+                    conn, tenant="acme", queue="q", worker="w", max_items=10, **_TERMS
+                )
+                return [row["payload"] for row in got.leased]
+
+            assert await take(a) == list(range(10))
+            moved = cursors.get(a, "acme", "q")
+            assert moved.xmin is not None
+            assert cursors.get(b, "acme", "q") is moved  # b never acquired on the queue
+            assert cursors.get(c, "acme", "q").xmin is None
+            assert await take(b) == list(range(10, 20))
+            assert cursors.get(a, "acme", "q") is cursors.get(b, "acme", "q")
+            assert int(cursors.get(a, "acme", "q").xmin or 0) > int(moved.xmin)
+            assert await take(c) == list(range(20, 30))
+            assert await take(a) == []
+
+    asyncio.run(run())
