@@ -59,7 +59,6 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from queue_server import errors
 from queue_server.settings import Settings
-from queue_server.store import cursors
 from queue_server.store.sessions import APPLY_ROLE_DEFAULTS, WAIT_FOR_STANDBY, WANT_ROLE_DEFAULTS
 from queue_server.store.types import Conn
 
@@ -235,18 +234,14 @@ class Database:
 
     async def _configure(self, conn: Conn) -> None:
         """jsonb in and out through orjson (several times faster than the standard library
-        on the payloads of a batch); uuids as text; when the connection was opened; the
-        running server it reached; and a watch for a cancelled synchronous-replication
-        wait."""
+        on the payloads of a batch); uuids as text; when the connection was opened; and a
+        watch for a cancelled synchronous-replication wait."""
         set_json_dumps(orjson.dumps, context=conn)
         set_json_loads(orjson.loads, context=conn)
         # Ids arrive as the text the API shows: no uuid.UUID made and turned back into a
         # string for every id of every row (profiled: 4% of a batched lease cycle's CPU).
         conn.adapters.register_loader("uuid", TextLoader)
         self._opened[conn] = time.monotonic()
-        # Which running server this is: the acquire cursors are shared among the
-        # connections to one (store/cursors.py).
-        await cursors.join(conn)
 
         def on_notice(diag: psycopg.errors.Diagnostic) -> None:
             if (diag.message_primary or "").startswith(SYNC_CANCEL_WARNING):

@@ -39,9 +39,10 @@ HOLDER_GUARD = (
     " AND coalesce(lease_key_id, %(key_id)s) = %(key_id)s"
     " AND lease_expires_at > statement_timestamp()"
 )
-# The same for a batch: each lease's own fence, from the statement's `input` rows.
+# The same for a batch: each lease's own fence, from the statement's `input` rows (the
+# state compared as text: each row is read by its key, never a partial index of leases).
 HOLDER_GUARD_MANY = (
-    "w.state = 'leased' AND w.fence = i.fence AND w.lease_holder = %(worker)s"
+    "w.state::text = 'leased' AND w.fence = i.fence AND w.lease_holder = %(worker)s"
     " AND coalesce(w.lease_key_id, %(key_id)s) = %(key_id)s"
     " AND w.lease_expires_at > statement_timestamp()"
 )
@@ -350,6 +351,11 @@ def _values(expr: ast.expr, module: Any, local: dict[str, ast.expr]) -> list[Any
         if isinstance(expr.slice, ast.Constant):
             return [mapping[expr.slice.value]]
         return list(mapping.values())
+    if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name):
+        # A statement another store module loaded (`cursors.ADVANCE`).
+        named = getattr(getattr(module, expr.value.id, None), expr.attr, None)
+        if isinstance(named, str):
+            return [named]
     if isinstance(expr, ast.Name):
         if expr.id in local:
             return _values(local[expr.id], module, {})

@@ -17,9 +17,10 @@ its key, and the ones made or extended since, instead of a scan of the leased in
 walks every lease ended within a TTL while an old snapshot is held).
 
 The cursor is kept with the connection object, and shared with the process's other
-connections to the same running server (`join`; a connection to another server, as after
-a failover, starts from the index's start once); it is moved only by a statement that
-succeeded (`advance_cursor`, before the acquire in the same transaction). The
+connections to the same running server (known by its postmaster's start time, which
+`advance_cursor` returns: after a failover or a restart no cursor of the old server is
+used on the new one); it is moved only by a statement that succeeded (`advance_cursor`,
+before the acquire in the same transaction). The
 queue's figures are read from it too (store/queues.py `open_figures`), which moves it.
 """
 
@@ -29,8 +30,6 @@ import weakref
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
-
-from psycopg.rows import tuple_row
 
 from queue_server.store.sql import load
 from queue_server.store.types import Conn
@@ -52,6 +51,8 @@ class Cursor:
     # The leases active at that snapshot: the next count probes these by key, and adds the
     # leases made or extended since.
     active: tuple[str, ...] = ()
+    # The running server that snapshot was of: its postmaster's start time.
+    server: str | None = None
 
     def params(self) -> dict[str, Any]:
         priorities = sorted(self.lanes)
@@ -75,6 +76,7 @@ class Cursor:
             lanes=lanes,
             expired_from=row["expired_from"],
             active=tuple(str(item_id) for item_id in row["active_ids"]),
+            server=row["server"],
         )
 
 
@@ -82,8 +84,8 @@ _COLD = Cursor()
 _cursors: weakref.WeakKeyDictionary[Conn, dict[tuple[str, str], Cursor]] = (
     weakref.WeakKeyDictionary()
 )
-# The server each joined connection talks to (`join`), and per (server, tenant, queue) the
-# freshest cursor any of them moved to: a cursor holds on any connection to the server
+# The server each connection last reached, and per (server, tenant, queue) the freshest
+# cursor any connection to it moved to: a cursor holds on every connection to the server
 # whose snapshot it came from, so each acquire starts from the last place any connection
 # of this process reached, and walks only what happened since.
 _servers: weakref.WeakKeyDictionary[Conn, str] = weakref.WeakKeyDictionary()
@@ -95,31 +97,28 @@ def _fresher(a: Cursor, b: Cursor) -> bool:
     return a.xmin is not None and (b.xmin is None or int(a.xmin) > int(b.xmin))
 
 
-async def join(conn: Conn) -> None:
-    """Share cursors with the process's other connections to the same running server,
-    known by its postmaster's start time: after a failover or a restart, when transactions
-    the old one committed may be gone, no cursor from the old one is used on the new one."""
-    cur = conn.cursor(row_factory=tuple_row)
-    started = await (await cur.execute(_SQL["server_started"])).fetchone()
-    if started is not None:
-        _servers[conn] = started[0]
-
-
 def get(conn: Conn, tenant: str, queue: str) -> Cursor:
-    """The freshest cursor on the queue of the connection or of its server's connections
-    (the index's start if there is none)."""
+    """The freshest cursor on the queue of the connection or of the other connections to
+    the server it last reached (the index's start if there is none)."""
     own = _cursors.get(conn, {}).get((tenant, queue), _COLD)
     server = _servers.get(conn)
     shared = None if server is None else _shared.get((server, tenant, queue))
     return shared if shared is not None and _fresher(shared, own) else own
 
 
-def put(conn: Conn, tenant: str, queue: str, cursor: Cursor) -> None:
+def put(conn: Conn, tenant: str, queue: str, cursor: Cursor, *, used: Cursor) -> None:
+    """Keep `cursor`, moved from `used` by `advance_cursor`. When the server is another
+    than `used`'s (a failover or a restart behind the same connection, as through a
+    pooler), the move started from positions on the old server, whose last commits may be
+    gone: the connection starts again from the indexes' start."""
+    if used.server is not None and used.server != cursor.server:
+        _cursors[conn] = {}
+        cursor = Cursor(server=cursor.server)
     _cursors.setdefault(conn, {})[(tenant, queue)] = cursor
-    server = _servers.get(conn)
-    if server is None:
+    if cursor.server is None:
         return
-    key = (server, tenant, queue)
+    _servers[conn] = cursor.server
+    key = (cursor.server, tenant, queue)
     shared = _shared.get(key)
     if shared is None or _fresher(cursor, shared):
         _shared[key] = cursor

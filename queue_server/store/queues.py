@@ -52,17 +52,18 @@ async def open_figures(conn: Conn, queues: Iterable[tuple[str, str]]) -> list[Ro
     sent = []
     async with conn.pipeline():
         for tenant, queue in queues:
-            params = {"tenant": tenant, "queue": queue, **cursors.get(conn, tenant, queue).params()}
+            used = cursors.get(conn, tenant, queue)
+            params = {"tenant": tenant, "queue": queue, **used.params()}
             moved = await conn.execute(cursors.ADVANCE, params)
             read = await conn.execute(_SQL["open_figures"], params)
-            sent.append((tenant, queue, moved, read))
+            sent.append((tenant, queue, used, moved, read))
     figures = []
-    for tenant, queue, moved, read in sent:
+    for tenant, queue, used, moved, read in sent:
         cursor = await moved.fetchone()
         row = await read.fetchone()
         assert cursor is not None
         assert row is not None
-        cursors.put(conn, tenant, queue, cursors.Cursor.from_row(cursor))
+        cursors.put(conn, tenant, queue, cursors.Cursor.from_row(cursor), used=used)
         figures.append(row)
     return figures
 

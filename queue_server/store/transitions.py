@@ -205,7 +205,7 @@ async def acquire(
         rows = await cur.fetchall()
         moved = await advanced.fetchone()
         assert moved is not None
-        cursors.put(conn, tenant, queue, cursors.Cursor.from_row(moved))
+        cursors.put(conn, tenant, queue, cursors.Cursor.from_row(moved), used=cursor)
         if not any(row["leased"] is None for row in rows):
             break
         # The shared attempt found too little room; the exclusive one follows.

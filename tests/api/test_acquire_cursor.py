@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -204,12 +204,13 @@ def test_the_concurrency_limit_counts_leases_seen_before_and_leases_made_since(
     asyncio.run(run())
 
 
-def test_connections_to_one_server_share_the_freshest_cursor_and_no_other_server_does(
+def test_connections_to_one_server_share_the_freshest_cursor_and_a_new_server_starts_over(
     api: Api, database_url: str
 ) -> None:
     """An acquire starts from the last place any connection of the process reached on the
-    server (what it walks is what happened since); a connection to another running server,
-    as after a failover, reads from the index's start."""
+    server (what it walks is what happened since). A connection that finds another running
+    server behind it (a failover or a restart behind a pooler) starts from the index's
+    start, and finds what a cursor of the old server would have passed over."""
     for n in range(30):
         api.enqueue("q", n)
 
@@ -220,9 +221,6 @@ def test_connections_to_one_server_share_the_freshest_cursor_and_no_other_server
             await connect(database_url, autocommit=True, row_factory=dict_row) as b,
             await connect(database_url, autocommit=True, row_factory=dict_row) as c,
         ):
-            for conn in (a, b, c):
-                await cursors.join(conn)
-            cursors._servers[c] = "a server started since"  # as after a failover
 
             async def take(conn: Any) -> list[Any]:
                 got = await transitions.acquire(
@@ -231,14 +229,24 @@ def test_connections_to_one_server_share_the_freshest_cursor_and_no_other_server
                 return [row["payload"] for row in got.leased]
 
             assert await take(a) == list(range(10))
-            moved = cursors.get(a, "acme", "q")
-            assert moved.xmin is not None
-            assert cursors.get(b, "acme", "q") is moved  # b never acquired on the queue
-            assert cursors.get(c, "acme", "q").xmin is None
+            first = cursors.get(a, "acme", "q")
+            assert first.server is not None
             assert await take(b) == list(range(10, 20))
+            # b's cursor is the freshest: a starts from it.
             assert cursors.get(a, "acme", "q") is cursors.get(b, "acme", "q")
-            assert int(cursors.get(a, "acme", "q").xmin or 0) > int(moved.xmin)
+            assert int(cursors.get(a, "acme", "q").xmin or 0) > int(first.xmin or 0)
+            # c held a cursor of a server that ran before this one, past every row.
+            past = datetime(9999, 1, 1, tzinfo=UTC)
+            stale = cursors.Cursor(
+                xmin=cursors.get(b, "acme", "q").xmin,
+                lanes={0: (past, "00000000-0000-0000-0000-000000000000")},
+                expired_from=past,
+                server="a server before the failover",
+            )
+            cursors.put(c, "acme", "q", stale, used=cursors.Cursor())
+            assert await take(c) == []  # read from the old server's places: nothing
+            # Dropped: c now reads from this server's freshest cursor.
+            assert cursors.get(c, "acme", "q").server == first.server
             assert await take(c) == list(range(20, 30))
-            assert await take(a) == []
 
     asyncio.run(run())

@@ -77,13 +77,11 @@ WITH lanes AS (
       AND lease_expires_at > statement_timestamp()
 )
 SELECT pg_snapshot_xmin(pg_current_snapshot())::text AS xmin,
+       -- The running server (store/cursors.py shares a cursor among connections to it).
+       pg_postmaster_start_time()::text AS server,
        coalesce(array_agg(priority ORDER BY priority), '{}') AS priorities,
        coalesce(array_agg(available_at ORDER BY priority), '{}') AS ats,
        coalesce(array_agg(item_id ORDER BY priority), '{}') AS ids,
        least(statement_timestamp(), (SELECT min(lease_expires_at) FROM leases)) AS expired_from,
        ARRAY(SELECT item_id FROM active) AS active_ids
 FROM firsts;
-
--- name: server_started
--- The running server a connection reached: its cursors are shared with the others to it.
-SELECT pg_postmaster_start_time()::text;
