@@ -58,11 +58,7 @@ def test_prepared_acquire_plan_reads_the_ready_index_not_the_whole_table(
     with psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as conn:
         conn.execute("INSERT INTO tenants VALUES ('t', 10, 5, '30 seconds', now(), now())")
         # Plenty of finished history, so a scan past it would show.
-        conn.execute(
-            "INSERT INTO work_items (tenant_id, queue, payload, state, fence, acquisition_count,"
-            " max_acquisitions) SELECT 't', 'q', '{}', 'completed', 1, 1, 5"
-            " FROM generate_series(1, 20000)"
-        )
+        _completed_history(conn, 20000)
         conn.execute(
             "INSERT INTO work_items (tenant_id, queue, payload, max_acquisitions)"
             " SELECT 't', 'q', '{}', 5 FROM generate_series(1, 20000)"
@@ -164,6 +160,16 @@ def test_prepared_acquire_plan_reads_the_ready_index_not_the_whole_table(
         assert "Index Scan using pk_work_items on work_items w" in plan
 
 
+def _completed_history(conn: psycopg.Connection[Any], n: int) -> None:
+    """`n` completed items of tenant t's queue q: history a scan from the left would walk."""
+    conn.execute(
+        "INSERT INTO work_items (tenant_id, queue, payload, state, fence, acquisition_count,"
+        " max_acquisitions) SELECT 't', 'q', '{}', 'completed', 1, 1, 5"
+        " FROM generate_series(1, %s)",
+        (n,),
+    )
+
+
 def _plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
     nodes = [plan]
     for child in plan.get("Plans", []):
@@ -256,11 +262,7 @@ def test_batch_holder_operations_find_their_leases_by_key_in_a_generic_plan(
         conn.execute("INSERT INTO tenants VALUES ('t', 10, 5, '30 seconds', now(), now())")
         # As in a flowing queue: the statistics see few leases among much history, so the
         # leased index looks cheaper than sixteen probes by key.
-        conn.execute(
-            "INSERT INTO work_items (tenant_id, queue, payload, state, fence, acquisition_count,"
-            " max_acquisitions) SELECT 't', 'q', '{}', 'completed', 1, 1, 5"
-            " FROM generate_series(1, 20000)"
-        )
+        _completed_history(conn, 20000)
         conn.execute(
             "INSERT INTO work_items (tenant_id, queue, payload, state, fence, acquisition_count,"
             " max_acquisitions, lease_holder, lease_expires_at, lease_deadline_at)"

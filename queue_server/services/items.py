@@ -20,7 +20,15 @@ from queue_server import auth, errors, views
 from queue_server.db import Database, admission_refusals
 from queue_server.idempotency import Answer, Effects, Idempotency
 from queue_server.infra.metrics import Metrics
-from queue_server.models import NAME_RE, ItemState, Role, is_uuid, uuid7, uuid7s
+from queue_server.models import (
+    NAME_RE,
+    ItemState,
+    Role,
+    check_utc_offset,
+    is_uuid,
+    uuid7,
+    uuid7s,
+)
 from queue_server.policy import ReliabilityPolicy
 from queue_server.services import common
 from queue_server.services.common import (
@@ -156,7 +164,8 @@ def _item_cursor(cursor: str | None, sort: str = "created") -> Position | None:
         except ValueError:
             raise common.foreign_cursor() from None
     try:
-        datetime.fromisoformat(at)
+        # An offset PostgreSQL cannot read (past 15:59) is no cursor this server issued.
+        check_utc_offset(datetime.fromisoformat(at))
     except ValueError:
         raise common.foreign_cursor() from None
     if not is_uuid(item_id):

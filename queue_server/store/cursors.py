@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from psycopg.rows import tuple_row
+
 from queue_server.store.sql import load
 from queue_server.store.types import Conn
 
@@ -97,9 +99,25 @@ def _fresher(a: Cursor, b: Cursor) -> bool:
     return a.xmin is not None and (b.xmin is None or int(a.xmin) > int(b.xmin))
 
 
+async def learn_server(conn: Conn) -> None:
+    """Read, once per connection, which running server it reached, before its first use
+    of a cursor: a new connection then starts from the freshest cursor of that server, not
+    from the indexes' start, which under an old snapshot is a walk past every row taken
+    since it began (a pool that opened connections while a snapshot was held stalled on
+    it). Not from the server the process last reached: after a restart or a failover
+    the transaction ids of the new one may lie below an old cursor's, and its rows would
+    be passed over."""
+    if conn in _servers:
+        return
+    cur = conn.cursor(row_factory=tuple_row)
+    row = await (await cur.execute(_SQL["server_started"])).fetchone()
+    if row is not None:
+        _servers[conn] = row[0]
+
+
 def get(conn: Conn, tenant: str, queue: str) -> Cursor:
     """The freshest cursor on the queue of the connection or of the other connections to
-    the server it last reached (the index's start if there is none)."""
+    the server it reached (the index's start if there is none)."""
     own = _cursors.get(conn, {}).get((tenant, queue), _COLD)
     server = _servers.get(conn)
     shared = None if server is None else _shared.get((server, tenant, queue))

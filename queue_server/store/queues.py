@@ -50,6 +50,7 @@ async def open_figures(conn: Conn, queues: Iterable[tuple[str, str]]) -> list[Ro
     what changed since the connection's last look at the queue, not the history an old
     snapshot keeps in the indexes."""
     sent = []
+    await cursors.learn_server(conn)
     async with conn.pipeline():
         for tenant, queue in queues:
             used = cursors.get(conn, tenant, queue)

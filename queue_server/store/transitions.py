@@ -178,6 +178,7 @@ async def acquire(
     if conn.info.transaction_status != TransactionStatus.IDLE:
         raise RuntimeError("acquire owns its transactions: the connection must be idle")
     contended = False
+    await cursors.learn_server(conn)
     cursor = cursors.get(conn, tenant, queue)
     for shared in (True, False) if shared_first else (False,):
         params = {

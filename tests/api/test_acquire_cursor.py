@@ -208,7 +208,7 @@ def test_connections_to_one_server_share_the_freshest_cursor_and_a_new_server_st
     api: Api, database_url: str
 ) -> None:
     """An acquire starts from the last place any connection of the process reached on the
-    server (what it walks is what happened since). A connection that finds another running
+    server (what it walks is what happened since), a new connection's too. A connection that finds another running
     server behind it (a failover or a restart behind a pooler) starts from the index's
     start, and finds what a cursor of the old server would have passed over."""
     for n in range(30):
@@ -220,6 +220,7 @@ def test_connections_to_one_server_share_the_freshest_cursor_and_a_new_server_st
             await connect(database_url, autocommit=True, row_factory=dict_row) as a,
             await connect(database_url, autocommit=True, row_factory=dict_row) as b,
             await connect(database_url, autocommit=True, row_factory=dict_row) as c,
+            await connect(database_url, autocommit=True, row_factory=dict_row) as d,
         ):
 
             async def take(conn: Any) -> list[Any]:
@@ -235,6 +236,10 @@ def test_connections_to_one_server_share_the_freshest_cursor_and_a_new_server_st
             # b's cursor is the freshest: a starts from it.
             assert cursors.get(a, "acme", "q") is cursors.get(b, "acme", "q")
             assert int(cursors.get(a, "acme", "q").xmin or 0) > int(first.xmin or 0)
+            # A connection that never read the queue starts there too, not from the start
+            # (which, under an old snapshot, walks every row taken since it began).
+            await cursors.learn_server(d)
+            assert cursors.get(d, "acme", "q") is cursors.get(b, "acme", "q")
             # c held a cursor of a server that ran before this one, past every row.
             past = datetime(9999, 1, 1, tzinfo=UTC)
             stale = cursors.Cursor(

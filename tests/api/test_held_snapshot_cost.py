@@ -95,6 +95,15 @@ async def flow(rounds: int, conn: psycopg.AsyncConnection[Any]) -> None:
             )
 
 
+async def forty_and_an_acquire(conn: psycopg.AsyncConnection[Any]) -> None:
+    """40 items more, then an acquire of 20 (30 s leases), as in a steady flow."""
+    await conn.execute(
+        "INSERT INTO work_items (tenant_id, queue, payload, max_acquisitions)"
+        " SELECT 'acme', 'q', 'null', 5 FROM generate_series(1, 40)"
+    )
+    await transitions.acquire(conn, tenant="acme", queue="q", worker="w", max_items=20, **TERMS)
+
+
 def test_an_acquire_under_a_held_snapshot_costs_the_same_after_twenty_times_the_history(
     api: Api, database_url: str
 ) -> None:
@@ -114,13 +123,7 @@ def test_an_acquire_under_a_held_snapshot_costs_the_same_after_twenty_times_the_
                 # acquire before it (which took 20), as in a steady flow: what it costs is
                 # what happened since that acquire.
                 await asyncio.sleep(2.5)
-                await conn.execute(
-                    "INSERT INTO work_items (tenant_id, queue, payload, max_acquisitions)"
-                    " SELECT 'acme', 'q', 'null', 5 FROM generate_series(1, 40)"
-                )
-                await transitions.acquire(
-                    conn, tenant="acme", queue="q", worker="w", max_items=20, **TERMS
-                )
+                await forty_and_an_acquire(conn)
                 return await asyncio.to_thread(_buffers, probe, cursors.get(conn, "acme", "q"))
 
             await flow(3, conn)
@@ -184,13 +187,7 @@ def test_a_queues_figures_under_a_held_snapshot_cost_the_same_after_twenty_times
                 )
                 await queue_store.open_figures(conn, [("acme", "q")])
                 await asyncio.sleep(2.5)
-                await conn.execute(
-                    "INSERT INTO work_items (tenant_id, queue, payload, max_acquisitions)"
-                    " SELECT 'acme', 'q', 'null', 5 FROM generate_series(1, 40)"
-                )
-                await transitions.acquire(
-                    conn, tenant="acme", queue="q", worker="w", max_items=20, **TERMS
-                )
+                await forty_and_an_acquire(conn)
                 # And five whose leases have expired, not taken over yet.
                 await transitions.acquire(
                     conn, tenant="acme", queue="q", worker="w", max_items=5, **SHORT

@@ -85,3 +85,7 @@ SELECT pg_snapshot_xmin(pg_current_snapshot())::text AS xmin,
        least(statement_timestamp(), (SELECT min(lease_expires_at) FROM leases)) AS expired_from,
        ARRAY(SELECT item_id FROM active) AS active_ids
 FROM firsts;
+
+-- name: server_started
+-- The running server a connection reached: its cursors are shared with the others to it.
+SELECT pg_postmaster_start_time()::text;
