@@ -19,8 +19,8 @@ from psycopg.rows import dict_row
 from sqlalchemy import create_engine, pool
 
 from queue_server.infra import migrate
+from queue_server.store import cursors, reads, transitions
 from queue_server.store import queues as queue_store
-from queue_server.store import reads, transitions
 from queue_server.store.cursors import Cursor
 from queue_server.store.tables import metadata
 
@@ -462,3 +462,36 @@ def test_a_server_process_imports_neither_alembic_nor_sqlalchemy() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.strip()
     assert loaded == "[]"
+
+
+def test_a_cursor_with_no_active_lease_probes_no_index_whole_in_a_custom_plan(
+    database_url: str,
+) -> None:
+    """With no active lease, `item_id = ANY('{}')` would be a contradiction, and a custom
+    plan (the sweeper's) may then read any partial index whole: the index of leases placed
+    since a snapshot did, 87,000 buffers 15 minutes into a held snapshot. The cursor sends
+    an id that is no item's instead."""
+    with psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as conn:
+        conn.execute("INSERT INTO tenants VALUES ('t', 10, 5, '30 seconds', now(), now())")
+        _completed_history(conn, 20000)
+        conn.execute(
+            "INSERT INTO work_items (tenant_id, queue, payload, max_acquisitions)"
+            " SELECT 't', 'q', '{}', 5 FROM generate_series(1, 50)"
+        )
+        conn.execute("ANALYZE work_items")
+        conn.execute("SET plan_cache_mode = force_custom_plan")
+        row = conn.execute(
+            "SELECT pg_current_xact_id()::text AS xmin, min(available_at) AS at"
+            " FROM work_items WHERE state = 'ready'"
+        ).fetchone()
+        assert row is not None
+        cursor = Cursor(
+            xmin=row["xmin"],
+            lanes={0: (row["at"], "00000000-0000-0000-0000-000000000000")},
+            expired_from=row["at"],
+        )
+        for sql in (cursors.ADVANCE, queue_store._SQL["open_figures"]):
+            nodes = _explain_generic(conn, sql, {"tenant": "t", "queue": "q", **cursor.params()})
+            probes = [n for n in nodes if "item_id = ANY" in n.get("Index Cond", "")]
+            assert probes, sql[:80]
+            assert {n["Index Name"] for n in probes} == {"pk_work_items"}

@@ -41,6 +41,9 @@ _SQL = load("cursors")
 ADVANCE = _SQL["advance_cursor"]
 
 
+NO_ITEM = "00000000-0000-0000-0000-000000000000"
+
+
 @dataclass(frozen=True, slots=True)
 class Cursor:
     """Per priority, the first ready row (`available_at`, `item_id`) visible at a snapshot
@@ -64,7 +67,10 @@ class Cursor:
             "lane_at": [self.lanes[p][0] for p in priorities],
             "lane_id": [self.lanes[p][1] for p in priorities],
             "expired_from": self.expired_from,
-            "active_ids": list(self.active),
+            # Never empty: `item_id = ANY('{}')` is a contradiction, and a custom plan may
+            # then read any partial index whole (the leased one, under an old snapshot,
+            # holds every lease taken since it began). The nil UUID is no item's id.
+            "active_ids": list(self.active) or [NO_ITEM],
         }
 
     @classmethod
