@@ -140,8 +140,14 @@ def create_app(
         # Every version the server has run under is kept, with its digest and starts. The
         # app starts without its database (readyz says so): then it is recorded when back.
         recording = asyncio.create_task(start_policy())
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(recording), timeout=5)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(recording), timeout=5)
+        except BaseException:
+            # A refused start (a policy file reusing a kept version's name) closes the
+            # pool: its connection tasks left running could keep the process from exiting.
+            await db.close()
+            raise
         await notifier.start()
         scheduler.append(schedule(app.state.services))
         loops = [

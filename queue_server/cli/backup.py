@@ -357,6 +357,14 @@ def restore(
             f"{new} is (or holds, or is inside) the live data directory {live}: restore"
             " into a new directory, then start a server on it",
         )
+    if new == repo.root or repo.root in new.parents or new in repo.root.parents:
+        # Inside it, Barman's own files would be restored into; around it, a restore's
+        # first step (an empty directory) could never hold.
+        fail(
+            "--data-dir",
+            f"{new} is (or holds, or is inside) the backup repository {repo.root}: restore"
+            " into a directory of its own",
+        )
     if new.exists() and (not new.is_dir() or any(new.iterdir())):
         fail("--data-dir", f"{new} exists and is not empty: restore into a new directory")
     started = time.monotonic()

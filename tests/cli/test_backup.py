@@ -148,6 +148,13 @@ def test_restore_to_a_moment_brings_back_everything_acknowledged_before_it_and_n
         assert "live data directory" in live.stderr
         busy = run("restore", "--to", moment.isoformat(), "--data-dir", str(root), env=env)
         assert busy.returncode == 2
+        # Nor inside the backup repository, refused before anything is made there.
+        inside = run(
+            "restore", "--to", moment.isoformat(), "--data-dir", str(repo / "restored"), env=env
+        )
+        assert inside.returncode == 2
+        assert "backup repository" in inside.stderr
+        assert not (repo / "restored").exists()
         too_early = run(
             "restore",
             "--to",
