@@ -110,16 +110,7 @@ def test_prepared_acquire_plan_reads_the_ready_index_not_the_whole_table(
             "shared": False,
         }
         # With no cursor, and with one as a connection keeps it after its first acquire.
-        row = conn.execute(
-            "SELECT pg_current_xact_id()::text AS xmin, now() AS now,"
-            " (SELECT min(available_at) FROM work_items WHERE state = 'ready') AS at"
-        ).fetchone()
-        assert row is not None
-        warm = Cursor(
-            xmin=row["xmin"],
-            lanes={0: (row["at"], "00000000-0000-0000-0000-000000000000")},
-            expired_from=row["now"],
-        )
+        warm = _warm_cursor(conn)
         custom, resumed = (
             "\n".join(
                 r["QUERY PLAN"]
@@ -158,6 +149,19 @@ def test_prepared_acquire_plan_reads_the_ready_index_not_the_whole_table(
         # Neither the candidate scan nor the update of the picked rows may read the table.
         assert "Seq Scan on work_items" not in plan
         assert "Index Scan using pk_work_items on work_items w" in plan
+
+
+def _warm_cursor(conn: psycopg.Connection[Any]) -> Cursor:
+    """A cursor as a connection keeps it after its first acquire on tenant t's queue q: its
+    lane at the first ready row, no lease expired before now, none active."""
+    row = conn.execute(
+        "SELECT pg_current_xact_id()::text AS xmin, now() AS now,"
+        " (SELECT min(available_at) FROM work_items WHERE state = 'ready') AS at"
+    ).fetchone()
+    assert row is not None
+    return Cursor(
+        xmin=row["xmin"], lanes={0: (row["at"], cursors.NO_ITEM)}, expired_from=row["now"]
+    )
 
 
 def _completed_history(conn: psycopg.Connection[Any], n: int) -> None:
@@ -480,16 +484,7 @@ def test_a_cursor_with_no_active_lease_probes_no_index_whole_in_a_custom_plan(
         )
         conn.execute("ANALYZE work_items")
         conn.execute("SET plan_cache_mode = force_custom_plan")
-        row = conn.execute(
-            "SELECT pg_current_xact_id()::text AS xmin, min(available_at) AS at"
-            " FROM work_items WHERE state = 'ready'"
-        ).fetchone()
-        assert row is not None
-        cursor = Cursor(
-            xmin=row["xmin"],
-            lanes={0: (row["at"], "00000000-0000-0000-0000-000000000000")},
-            expired_from=row["at"],
-        )
+        cursor = _warm_cursor(conn)
         for sql in (cursors.ADVANCE, queue_store._SQL["open_figures"]):
             nodes = _explain_generic(conn, sql, {"tenant": "t", "queue": "q", **cursor.params()})
             probes = [n for n in nodes if "item_id = ANY" in n.get("Index Cond", "")]
