@@ -139,6 +139,9 @@ def test_prepared_acquire_plan_reads_the_ready_index_not_the_whole_table(
             assert placed
             for node in placed:
                 assert "placed_xid >=" in node.get("Index Cond", ""), node
+            # Nor the item list's indexes, whose ready range holds every dead version too.
+            used = {n.get("Index Name") for n in _plan_nodes(row["QUERY PLAN"][0]["Plan"])}
+            assert not {str(n) for n in used if str(n).startswith("ix_work_items_list")}, used
     # Rows made ready since a cursor are found by the transaction that made them ready.
     assert "ix_work_items_ready_placed" in generic, generic
     assert "ix_work_items_leased_placed" in generic, generic
@@ -337,6 +340,38 @@ def test_the_figures_of_a_scrape_read_no_finished_history(database_url: str) -> 
                 for n in items
             )
             assert read <= 200, f"{read} rows read to count 200 unfinished items"
+
+
+def test_no_scan_of_ready_rows_but_the_item_list_reads_the_list_indexes(
+    database_url: str,
+) -> None:
+    """The list indexes hold every ready row too, from the queue's first: under an old
+    snapshot, every dead version since it. The cursor's lane scan and the queue figures
+    read ready rows from the ready index; even with no ready index and no sequential scan
+    to choose, their generic plans never take a list index (their predicate says
+    `fence >= 0`, which only the item list's statements say)."""
+    with psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as conn:
+        conn.execute("INSERT INTO tenants VALUES ('t', 10, 5, '30 seconds', now(), now())")
+        conn.execute(
+            "INSERT INTO work_items (tenant_id, queue, payload, max_acquisitions)"
+            " SELECT 't', 'q', '{}', 5 FROM generate_series(1, 5000)"
+        )
+        conn.execute("ANALYZE work_items")
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        warm = _warm_cursor(conn)
+        statements = {
+            "advance_cursor": (cursors.ADVANCE, warm.params()),
+            "open_figures": (queue_store._SQL["open_figures"], warm.params()),
+            "state_counts": (reads._SQL["state_counts"], {}),
+        }
+        with conn.transaction(force_rollback=True):
+            conn.execute("DROP INDEX ix_work_items_ready")
+            conn.execute("SET enable_seqscan = off")
+            for name, (sql, params) in statements.items():
+                nodes = _explain_generic(conn, sql, {"tenant": "t", "queue": "q", **params})
+                used = {str(n.get("Index Name")) for n in nodes}
+                assert not {n for n in used if n.startswith("ix_work_items_list")}, (name, used)
+        # The pages themselves still read them (test_item_pages_read_... above).
 
 
 # The outbox's item as the transitions wrote it out before item_json (0012): the function

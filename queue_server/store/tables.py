@@ -198,7 +198,7 @@ work_items = Table(
         "queue",
         "created_at",
         "item_id",
-        postgresql_where=text("state <> 'leased'"),
+        postgresql_where=text("state <> 'leased' AND fence >= 0"),
     ),
     # The same pages sorted by priority or by attempts, then creation (0019).
     Index(
@@ -209,7 +209,7 @@ work_items = Table(
         "priority",
         "created_at",
         "item_id",
-        postgresql_where=text("state <> 'leased'"),
+        postgresql_where=text("state <> 'leased' AND fence >= 0"),
     ),
     Index(
         "ix_work_items_list_attempts",
@@ -219,7 +219,7 @@ work_items = Table(
         "acquisition_count",
         "created_at",
         "item_id",
-        postgresql_where=text("state <> 'leased'"),
+        postgresql_where=text("state <> 'leased' AND fence >= 0"),
     ),
 )
 

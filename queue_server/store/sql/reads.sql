@@ -100,14 +100,16 @@ ORDER BY tenant_id, item_id;
 -- keeps the wanted states. Every state but leased is in these indexes: leased items (the
 -- few the concurrency limit allows) come from ix_work_items_leased and are sorted. Each
 -- branch reads up to a page; the union is merged and cut to a page.
+-- `w.fence >= 0`, true of every row, is named by these indexes' predicate so that only the
+-- scans which say it can take them: never the acquire's lane scan of ready rows (0026).
 WITH RECURSIVE walked AS (
     (SELECT w.state, w.queue FROM work_items w
-     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased'
+     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.fence >= 0
      ORDER BY w.state, w.queue LIMIT 1)
     UNION ALL
     SELECT n.state, n.queue FROM walked p CROSS JOIN LATERAL (
         SELECT w.state, w.queue FROM work_items w
-        WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased'
+        WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.fence >= 0
           AND (w.state, w.queue) > (p.state, p.queue)
         ORDER BY w.state, w.queue LIMIT 1
     ) n
@@ -122,7 +124,7 @@ WITH RECURSIVE walked AS (
 SELECT u.* FROM (
 (SELECT i.* FROM pairs p CROSS JOIN LATERAL (
     SELECT w.* FROM work_items w
-    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = p.state
+    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.fence >= 0 AND w.state = p.state
       AND w.queue = p.queue
       AND w.created_at > %(created_after)s::timestamptz
       AND w.created_at < %(created_before)s::timestamptz
@@ -147,12 +149,12 @@ ORDER BY u.created_at, u.item_id LIMIT %(limit)s;
 -- name: list_items_created_desc
 WITH RECURSIVE walked AS (
     (SELECT w.state, w.queue FROM work_items w
-     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased'
+     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.fence >= 0
      ORDER BY w.state, w.queue LIMIT 1)
     UNION ALL
     SELECT n.state, n.queue FROM walked p CROSS JOIN LATERAL (
         SELECT w.state, w.queue FROM work_items w
-        WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased'
+        WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.fence >= 0
           AND (w.state, w.queue) > (p.state, p.queue)
         ORDER BY w.state, w.queue LIMIT 1
     ) n
@@ -167,7 +169,7 @@ WITH RECURSIVE walked AS (
 SELECT u.* FROM (
 (SELECT i.* FROM pairs p CROSS JOIN LATERAL (
     SELECT w.* FROM work_items w
-    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = p.state
+    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.fence >= 0 AND w.state = p.state
       AND w.queue = p.queue
       AND w.created_at > %(created_after)s::timestamptz
       AND w.created_at < %(created_before)s::timestamptz
@@ -195,12 +197,12 @@ ORDER BY u.created_at DESC, u.item_id DESC LIMIT %(limit)s;
 -- sort key's index in order up to a page instead of sorting ix_work_items_list's slice.
 WITH RECURSIVE walked AS (
     (SELECT w.state, w.queue FROM work_items w
-     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased'
+     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.fence >= 0
      ORDER BY w.state, w.queue LIMIT 1)
     UNION ALL
     SELECT n.state, n.queue FROM walked p CROSS JOIN LATERAL (
         SELECT w.state, w.queue FROM work_items w
-        WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased'
+        WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.fence >= 0
           AND (w.state, w.queue) > (p.state, p.queue)
         ORDER BY w.state, w.queue LIMIT 1
     ) n
@@ -215,7 +217,7 @@ WITH RECURSIVE walked AS (
 SELECT u.* FROM (
 (SELECT i.* FROM pairs p CROSS JOIN LATERAL (
     SELECT w.* FROM work_items w
-    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = p.state
+    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.fence >= 0 AND w.state = p.state
       AND w.queue = p.queue
       AND (w.priority, w.created_at, w.item_id)
           > (%(after_key)s::integer, %(after_at)s::timestamptz, %(after_id)s::uuid)
@@ -242,12 +244,12 @@ ORDER BY u.priority, u.created_at, u.item_id LIMIT %(limit)s;
 -- name: list_items_priority_desc
 WITH RECURSIVE walked AS (
     (SELECT w.state, w.queue FROM work_items w
-     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased'
+     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.fence >= 0
      ORDER BY w.state, w.queue LIMIT 1)
     UNION ALL
     SELECT n.state, n.queue FROM walked p CROSS JOIN LATERAL (
         SELECT w.state, w.queue FROM work_items w
-        WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased'
+        WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.fence >= 0
           AND (w.state, w.queue) > (p.state, p.queue)
         ORDER BY w.state, w.queue LIMIT 1
     ) n
@@ -262,7 +264,7 @@ WITH RECURSIVE walked AS (
 SELECT u.* FROM (
 (SELECT i.* FROM pairs p CROSS JOIN LATERAL (
     SELECT w.* FROM work_items w
-    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = p.state
+    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.fence >= 0 AND w.state = p.state
       AND w.queue = p.queue
       AND (w.priority, w.created_at, w.item_id)
           < (%(after_key)s::integer, %(after_at)s::timestamptz, %(after_id)s::uuid)
@@ -289,12 +291,12 @@ ORDER BY u.priority DESC, u.created_at DESC, u.item_id DESC LIMIT %(limit)s;
 -- name: list_items_attempts
 WITH RECURSIVE walked AS (
     (SELECT w.state, w.queue FROM work_items w
-     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased'
+     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.fence >= 0
      ORDER BY w.state, w.queue LIMIT 1)
     UNION ALL
     SELECT n.state, n.queue FROM walked p CROSS JOIN LATERAL (
         SELECT w.state, w.queue FROM work_items w
-        WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased'
+        WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.fence >= 0
           AND (w.state, w.queue) > (p.state, p.queue)
         ORDER BY w.state, w.queue LIMIT 1
     ) n
@@ -309,7 +311,7 @@ WITH RECURSIVE walked AS (
 SELECT u.* FROM (
 (SELECT i.* FROM pairs p CROSS JOIN LATERAL (
     SELECT w.* FROM work_items w
-    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = p.state
+    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.fence >= 0 AND w.state = p.state
       AND w.queue = p.queue
       AND (w.acquisition_count, w.created_at, w.item_id)
           > (%(after_key)s::integer, %(after_at)s::timestamptz, %(after_id)s::uuid)
@@ -336,12 +338,12 @@ ORDER BY u.acquisition_count, u.created_at, u.item_id LIMIT %(limit)s;
 -- name: list_items_attempts_desc
 WITH RECURSIVE walked AS (
     (SELECT w.state, w.queue FROM work_items w
-     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased'
+     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.fence >= 0
      ORDER BY w.state, w.queue LIMIT 1)
     UNION ALL
     SELECT n.state, n.queue FROM walked p CROSS JOIN LATERAL (
         SELECT w.state, w.queue FROM work_items w
-        WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased'
+        WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.fence >= 0
           AND (w.state, w.queue) > (p.state, p.queue)
         ORDER BY w.state, w.queue LIMIT 1
     ) n
@@ -356,7 +358,7 @@ WITH RECURSIVE walked AS (
 SELECT u.* FROM (
 (SELECT i.* FROM pairs p CROSS JOIN LATERAL (
     SELECT w.* FROM work_items w
-    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = p.state
+    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.fence >= 0 AND w.state = p.state
       AND w.queue = p.queue
       AND (w.acquisition_count, w.created_at, w.item_id)
           < (%(after_key)s::integer, %(after_at)s::timestamptz, %(after_id)s::uuid)

@@ -840,21 +840,25 @@ FROM upd JOIN prev USING (item_id) ORDER BY upd.item_id;
 -- name: finished_queues
 WITH RECURSIVE q_completed AS (
     (SELECT w.queue FROM work_items w
-     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'completed'
+     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.fence >= 0
+       AND w.state = 'completed'
      ORDER BY w.queue LIMIT 1)
     UNION ALL
     SELECT (SELECT w.queue FROM work_items w
-            WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'completed'
+            WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.fence >= 0
+              AND w.state = 'completed'
               AND w.queue > q.queue
             ORDER BY w.queue LIMIT 1)
     FROM q_completed q WHERE q.queue IS NOT NULL
 ), q_cancelled AS (
     (SELECT w.queue FROM work_items w
-     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'cancelled'
+     WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.fence >= 0
+       AND w.state = 'cancelled'
      ORDER BY w.queue LIMIT 1)
     UNION ALL
     SELECT (SELECT w.queue FROM work_items w
-            WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = 'cancelled'
+            WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.fence >= 0
+              AND w.state = 'cancelled'
               AND w.queue > q.queue
             ORDER BY w.queue LIMIT 1)
     FROM q_cancelled q WHERE q.queue IS NOT NULL
@@ -866,11 +870,13 @@ SELECT 'cancelled' AS state, queue FROM q_cancelled WHERE queue IS NOT NULL;
 -- name: purge_finished
 -- One (state, queue) range of the list index, from a position on, at most a batch: items
 -- created before the cutoff are candidates; those that also finished before it go.
+-- (`w.fence >= 0`, true of every row, is the list index's own condition: reads.sql.)
 WITH cutoff AS (
     SELECT statement_timestamp() - retention AS before FROM tenants WHERE tenant_id = %(tenant)s
 ), scanned AS (
     SELECT w.item_id, w.created_at, w.updated_at FROM work_items w
-    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.state = %(state)s::item_state
+    WHERE w.tenant_id = %(tenant)s AND w.state <> 'leased' AND w.fence >= 0
+      AND w.state = %(state)s::item_state
       AND w.queue = %(queue)s
       AND (w.created_at, w.item_id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
       AND w.created_at < (SELECT before FROM cutoff)
