@@ -174,7 +174,11 @@ def create_app(
     app = FastAPIOffline(
         title="queue-server",
         version=__version__,
-        description="A durable work-queue and lease server on PostgreSQL.",
+        description=(
+            "A durable work-queue and lease server on PostgreSQL. Request bodies are JSON"
+            " in UTF-8 with each object's member names unique (RFC 8259); any other body,"
+            " or a charset other than UTF-8, is refused with 422 `invalid-request`."
+        ),
         lifespan=lifespan,
         # Metrics are our own (/metrics); OpenTelemetry hooks would only cost time per request.
         telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},

@@ -11,6 +11,7 @@ from starlette.responses import Response
 
 from queue_server import wire
 from queue_server.api import schemas
+from queue_server.api.body import JsonRoute
 from queue_server.api.deps import (
     PROBLEMS,
     Caller,
@@ -25,7 +26,7 @@ from queue_server.api.deps import (
 from queue_server.models import NAME_PATTERN
 from queue_server.services.dead_letters import MAX_BULK_REPLAY
 
-router = APIRouter(prefix="/v1", responses=PROBLEMS)
+router = APIRouter(prefix="/v1", responses=PROBLEMS, route_class=JsonRoute)
 
 DeadLetterId = Annotated[str, Path(max_length=64, description="Dead letter id (a UUID)")]
 Budget = Annotated[int | None, Field(default=None, ge=1, le=100)]

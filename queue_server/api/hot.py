@@ -21,7 +21,6 @@ paths to the same answers.
 from __future__ import annotations
 
 import inspect
-import json
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from queue_server import errors
 from queue_server.api import problems, routes, schemas
+from queue_server.api.body import loads
 from queue_server.api.deps import ITEM_ID_MAX_LENGTH
 from queue_server.api.middleware import Replay
 from queue_server.models import NAME_PATTERN
@@ -132,8 +132,7 @@ class LeasePath:
         ):
             return False
         try:
-            # json, as FastAPI parses: orjson would read an integer past 64 bits as a float.
-            body = hot.body.model_validate(json.loads(message.get("body", b"")))
+            body = hot.body.model_validate(loads(message.get("body", b""), content_type))
         except (ValueError, RecursionError, ValidationError):
             return False
         app = scope["app"]

@@ -8,10 +8,11 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel
 from starlette.responses import Response
 
+from queue_server.api.body import JsonRoute
 from queue_server.api.deps import PROBLEMS, Caller, Cursor, LedgersService, TenantName, respond
 from queue_server.services.ledgers import MAX_VERIFY_PAGE
 
-router = APIRouter(prefix="/v1", responses=PROBLEMS)
+router = APIRouter(prefix="/v1", responses=PROBLEMS, route_class=JsonRoute)
 
 
 class MismatchOut(BaseModel):

@@ -72,6 +72,14 @@ def _trace_note(request: Request) -> str:
     return f" trace_id={sent.trace_id}" if sent is not None else ""
 
 
+def _message(error: Any) -> str:
+    """A validation error's message; a body that is not JSON also says why (api/body.py)."""
+    message = str(error.get("msg", ""))
+    if error.get("type") == "json_invalid" and "error" in error.get("ctx", {}):
+        message = f"{message}: {error['ctx']['error']}"
+    return message
+
+
 def install(app: FastAPI) -> None:
     """One handler per family; Starlette finds handlers along the exception's MRO."""
 
@@ -93,11 +101,7 @@ def install(app: FastAPI) -> None:
             body = errors.problem(key_error, base_uri=_base(request), instance=request.url.path)
             return problem_response(body)
         fields = [
-            {
-                "loc": list(err.get("loc", ())),
-                "msg": str(err.get("msg", "")),
-                "type": err.get("type"),
-            }
+            {"loc": list(err.get("loc", ())), "msg": _message(err), "type": err.get("type")}
             for err in exc.errors()
         ]
         names = ", ".join(".".join(str(p) for p in f["loc"]) for f in fields)

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Path, Request
 from starlette.responses import Response
 
 from queue_server.api import schemas
+from queue_server.api.body import JsonRoute
 from queue_server.api.deps import (
     PROBLEMS,
     Caller,
@@ -21,7 +22,7 @@ from queue_server.api.deps import (
     respond,
 )
 
-router = APIRouter(prefix="/v1", responses=PROBLEMS)
+router = APIRouter(prefix="/v1", responses=PROBLEMS, route_class=JsonRoute)
 
 ApprovalId = Annotated[str, Path(max_length=64, description="Spend approval id (a UUID)")]
 

@@ -19,6 +19,7 @@ from starlette.responses import Response
 
 from queue_server import views, wire
 from queue_server.api import schemas
+from queue_server.api.body import JsonRoute
 from queue_server.api.deps import (
     PROBLEMS,
     Caller,
@@ -32,7 +33,7 @@ from queue_server.api.deps import (
 from queue_server.policy import ReliabilityPolicy
 from queue_server.policy.v2 import OPERATION_RELIABILITY_V2
 
-router = APIRouter(prefix="/v1", responses=PROBLEMS)
+router = APIRouter(prefix="/v1", responses=PROBLEMS, route_class=JsonRoute)
 
 REF_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,254}$"
 KEY_PATTERN = r"^[\x21-\x7e]{1,255}$"

@@ -6,21 +6,17 @@ ledger verification in `api/ledgers.py`, watchers, receipts and runs in theirs.
 
 from __future__ import annotations
 
-import contextlib
-import json
-import re
-from collections.abc import Callable, Coroutine
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 import orjson
 from fastapi import APIRouter, Path, Query, Request
-from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.responses import Response
 
 from queue_server import errors, tracecontext, wire
 from queue_server.api import schemas
+from queue_server.api.body import JsonRoute
 from queue_server.api.deps import (
     PROBLEMS,
     Caller,
@@ -41,7 +37,7 @@ from queue_server.idempotency import Idempotency
 from queue_server.models import NAME_PATTERN, Role
 from queue_server.services.items import ItemFilter
 
-router = APIRouter(prefix="/v1", responses=PROBLEMS)
+router = APIRouter(prefix="/v1", responses=PROBLEMS, route_class=JsonRoute)
 
 
 # -- tenants and keys ----------------------------------------------------------
@@ -205,41 +201,6 @@ async def enqueue(
     return respond(answer)
 
 
-# A run of digits this long may be an integer beyond 64 bits, which orjson reads as a
-# float where json (and so FastAPI) reads an int that the payload check then refuses.
-_LONG_DIGITS = re.compile(rb"[0-9]{19}")
-
-
-def _json_loads(body: bytes) -> Any:
-    """The body as `json.loads` reads it (FastAPI's parser), read by orjson where the two
-    agree; anything orjson refuses (NaN, a lone surrogate, another encoding) or may read
-    otherwise is left to `json.loads`, its value or its error."""
-    if _LONG_DIGITS.search(body) is None:
-        with contextlib.suppress(orjson.JSONDecodeError):
-            return orjson.loads(body)
-    return json.loads(body)
-
-
-class _OrjsonRequest(Request):
-    async def json(self) -> Any:
-        if not hasattr(self, "_json"):
-            self._json = _json_loads(await self.body())
-        return self._json
-
-
-class _OrjsonRoute(APIRoute):
-    """A route whose JSON body FastAPI gets from orjson: a batch of 500 items parsed by
-    `json.loads` cost more CPU than anything else its request did."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def route_handler(request: Request) -> Response:
-            return await handler(_OrjsonRequest(request.scope, request.receive))
-
-        return route_handler
-
-
 async def enqueue_batch(
     request: Request,
     tenant: TenantName,
@@ -278,7 +239,6 @@ router.add_api_route(
     status_code=201,
     response_model=schemas.BatchOut,
     tags=["items"],
-    route_class_override=_OrjsonRoute,
 )
 
 

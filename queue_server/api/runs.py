@@ -15,6 +15,7 @@ from pydantic import AfterValidator, BaseModel, Field
 from starlette.responses import Response
 
 from queue_server.api import schemas
+from queue_server.api.body import JsonRoute
 from queue_server.api.deps import (
     PROBLEMS,
     Caller,
@@ -25,7 +26,7 @@ from queue_server.api.deps import (
     respond,
 )
 
-router = APIRouter(prefix="/v1", responses=PROBLEMS)
+router = APIRouter(prefix="/v1", responses=PROBLEMS, route_class=JsonRoute)
 
 MAX_ITEMS = 10_000
 

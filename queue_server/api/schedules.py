@@ -12,6 +12,7 @@ from starlette.responses import Response
 
 from queue_server import tracecontext
 from queue_server.api import schemas
+from queue_server.api.body import JsonRoute
 from queue_server.api.deps import (
     PROBLEMS,
     Caller,
@@ -25,7 +26,7 @@ from queue_server.models import NAME_PATTERN
 from queue_server.services.schedules import MAX_PAGE, ScheduleSpec
 from queue_server.services.ticks import CatchUp
 
-router = APIRouter(prefix="/v1", responses=PROBLEMS, tags=["schedules"])
+router = APIRouter(prefix="/v1", responses=PROBLEMS, route_class=JsonRoute, tags=["schedules"])
 
 ScheduleName = Annotated[str, Path(pattern=NAME_PATTERN, description="Schedule name")]
 

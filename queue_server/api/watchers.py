@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 from starlette.responses import Response
 
 from queue_server.api import schemas
+from queue_server.api.body import JsonRoute
 from queue_server.api.deps import (
     PROBLEMS,
     Caller,
@@ -23,7 +24,7 @@ from queue_server.api.deps import (
 from queue_server.models import NAME_PATTERN
 from queue_server.services.watchers import MAX_DELIVERY_PAGE
 
-router = APIRouter(prefix="/v1", responses=PROBLEMS, tags=["watchers"])
+router = APIRouter(prefix="/v1", responses=PROBLEMS, route_class=JsonRoute, tags=["watchers"])
 
 WatcherId = Annotated[str, Path(max_length=64, description="Watcher id (a UUID)")]
 Event = Literal[

@@ -15,7 +15,7 @@ import orjson
 import psycopg
 import pytest
 
-from queue_server.api import routes, schemas
+from queue_server.api import body, schemas
 from queue_server.idempotency import Idempotency
 from tests.helpers.api import Api
 
@@ -56,9 +56,26 @@ RAW = [
     b'{"items": [{"payload": [1e300, -0.0, 1E2, 5e-324]}]}',
     b'{"items": [{"payload": NaN}]}',
     b'{"items": [{"payload": "\\ud800"}]}',
-    b'{"a": 1, "a": 2, "b": {"c": "\\u0000"}}',
+    b'{"a": 1, "b": {"c": "\\u0000", "a": "x:y"}}',
+    b'{"a:b": "\\u003a", "c": "\\\\u003A"}',
+    '{"items": [{"payload": "\u00fc:"}]}'.encode(),
+]
+
+# Bytes the server refuses, all but the last read by json.loads: a member named twice (at
+# any depth, whatever escapes surround it), and a JSON text that is not UTF-8.
+REFUSED = [
+    b'{"a": 1, "a": 2}',
+    b'{"items": [{"payload": {"n": 1, "n": 1}}]}',
+    b'{"items": [{"priority": 1, "payload": {}, "priority": 9}]}',
+    b'{"k\\u003a": 1, "a": 1, "a": 2}',
+    b'{"k\\u003A\\u003a": ":", "a": 1, "\\u0061": 2}',
+    b'{"items": [{"payload": 123456789012345678901234567890, "payload": 1}]}',
+    b'{"items": [{"payload": NaN, "payload": 1}]}',
     '\ufeff{"items": []}'.encode(),
-    '{"items": [{"payload": "ü"}]}'.encode("utf-16"),
+    '{"items": [{"payload": "\u00fc"}]}'.encode("utf-16"),
+    '{"items": [{"payload": "\u00fc"}]}'.encode("utf-16-le"),
+    '{"items": []}'.encode("utf-32"),
+    b'{"items": [{"payload": "\xff"}]}',
 ]
 
 
@@ -72,14 +89,34 @@ def _typed(value: Any) -> Any:
 
 
 @pytest.mark.parametrize("raw", RAW)
-def test_a_batch_body_reads_as_json_loads_reads_it(raw: bytes) -> None:
-    try:
-        expected = json.loads(raw)
-    except ValueError as exc:
-        with pytest.raises(type(exc)):
-            routes._json_loads(raw)
-        return
-    assert _typed(routes._json_loads(raw)) == _typed(expected)
+def test_a_body_reads_as_json_loads_reads_it(raw: bytes) -> None:
+    assert _typed(body.loads(raw)) == _typed(json.loads(raw))
+
+
+@pytest.mark.parametrize("raw", REFUSED)
+def test_a_repeated_member_name_or_a_text_not_in_utf8_is_not_json_to_the_server(
+    raw: bytes,
+) -> None:
+    with pytest.raises(json.JSONDecodeError):
+        body.loads(raw)
+
+
+@pytest.mark.parametrize(
+    ("content_type", "read"),
+    [
+        ("application/json", True),
+        ("application/json; charset=utf-8", True),
+        ('application/json;charset="UTF-8"', True),
+        ("application/json; charset=utf-16", False),
+        ("application/json; charset=latin-1", False),
+    ],
+)
+def test_a_charset_other_than_utf8_is_refused(content_type: str, read: bool) -> None:
+    if read:
+        assert body.loads(b'{"a": 1}', content_type) == {"a": 1}
+    else:
+        with pytest.raises(json.JSONDecodeError, match="UTF-8"):
+            body.loads(b'{"a": 1}', content_type)
 
 
 def test_a_batch_with_an_integer_beyond_64_bits_is_refused_as_a_single_enqueue_is(
@@ -161,3 +198,47 @@ def test_a_batch_enqueue_waits_for_the_tenant_lock_only_at_its_last_statement(
     assert len(outcome) == 1
     assert outcome[0].status_code == 201, outcome[0].text
     assert len(orjson.loads(outcome[0].content)["items"]) == 50
+
+
+def test_the_routes_refuse_a_repeated_member_and_a_body_not_in_utf8_and_store_nothing(
+    api: Api, db: Db
+) -> None:
+    """The single and batch enqueues (FastAPI's path), the complete (the hot path) and an
+    operator's route answer 422 `invalid-request` naming why; nothing is stored."""
+    items = f"/v1/tenants/{api.tenant}/items"
+    enqueue = BATCH.removesuffix(":batch")
+    api.enqueue(payload={"n": 0})
+    (lease,) = api.acquire()
+    complete = f"{items}/{lease['item_id']}/complete"
+    fence = lease["fence"]
+    utf8 = "application/json; charset=utf-8"
+    cases: list[tuple[str, bytes, str, str]] = [
+        (enqueue, b'{"payload": {"n": 1}, "priority": 1, "priority": 9}', utf8, "repeated"),
+        (enqueue, b'{"payload": {"n": 1, "n": 2}}', utf8, "repeated"),
+        (BATCH, b'{"items": [{"payload": 1, "delay": 0, "delay": 60}]}', utf8, "repeated"),
+        (BATCH, '{"items": [{"payload": "\u00fc"}]}'.encode("utf-16"), utf8, "UTF-8"),
+        (enqueue, b'{"payload": 1}', "application/json; charset=utf-16", "UTF-8"),
+        (complete, f'{{"worker": "w1", "fence": {fence}, "fence": 99}}'.encode(), utf8, "repeated"),
+        (complete, f'{{"worker": "w1", "fence": {fence}}}'.encode("utf-16"), utf8, "UTF-8"),
+    ]
+    for path, raw, content_type, why in cases:
+        response = api.worker.post(
+            path,
+            content=raw,
+            headers={"Idempotency-Key": uuid.uuid4().hex, "Content-Type": content_type},
+        )
+        assert response.status_code == 422, (path, raw, response.text)
+        problem = response.json()
+        assert problem["code"] == "invalid-request"
+        assert why in problem["errors"][0]["msg"], problem
+    stored = db.execute(
+        "SELECT state::text AS state, count(*) AS n FROM work_items GROUP BY state"
+    ).fetchall()
+    assert stored == [{"state": "leased", "n": 1}]
+    # The same bodies, each name once and in UTF-8, are taken.
+    done = api.worker.post(
+        complete,
+        content=f'{{"worker": "w1", "fence": {fence}}}'.encode(),
+        headers={"Idempotency-Key": uuid.uuid4().hex, "Content-Type": utf8},
+    )
+    assert done.status_code == 200, done.text
