@@ -117,6 +117,26 @@ def test_pages_fit_a_phone_screen(page: Page, api: Api, shots: Path) -> None:
     page.screenshot(path=str(shots / "dead-letters-phone.png"), full_page=True)
 
 
+def test_the_queues_table_fits_a_laptop_screen_to_its_last_column(page: Page, api: Api) -> None:
+    """At 1366 px, the commonest laptop width, every column of the queues table (its
+    actions last) is on screen without scrolling the table."""
+    quarantine(api, "emails-to-customers", {"to": "f@example.com"})
+    for n in range(3):
+        api.enqueue("emails-to-customers", {"n": n})
+    api.enqueue("thumbnails", {"n": 0})
+    page.set_viewport_size({"width": 1366, "height": 768})
+    sign_in(page, api.url, api.keys["operator"])
+    expect(page.get_by_role("heading", name="Queues")).to_be_visible()
+    wrap = page.locator("main .table-wrap").first
+    assert wrap.evaluate("w => w.scrollWidth <= w.clientWidth"), "the queues table scrolls"
+    for name in ("Settings of thumbnails", "Pause thumbnails"):
+        box = page.get_by_role("link", name=name).or_(page.get_by_role("button", name=name))
+        bounds = box.bounding_box()
+        assert bounds is not None
+        assert bounds["x"] + bounds["width"] <= 1366, (name, bounds)
+    assert fits_the_width(page)
+
+
 def test_spend_approval_watchers_and_verification_runs(page: Page, api: Api, shots: Path) -> None:
     api.enqueue("emails", {"to": "e@example.com"})
     run = api.worker.post(

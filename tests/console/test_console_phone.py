@@ -1,5 +1,5 @@
 """At a phone's width the lists are cards: every action of the items and dead-letters
-pages is on screen, and so is a dead letter's failure reason; the tabs wrap."""
+pages is on screen, and so is a dead letter's failure reason; the tabs wrap, in two rows."""
 
 from __future__ import annotations
 
@@ -50,8 +50,13 @@ def test_every_action_of_the_lists_is_on_a_phone_screen(page: Page, api: Api) ->
         _on_screen(page.get_by_role("button", name=name))
     _on_screen(page.locator("main input[type=checkbox]").first)
 
-    # Every tab of the navigation is on screen too: the bar wraps.
+    # Every tab of the navigation is on screen too: the bar wraps, in two rows at most.
     tabs = page.get_by_role("navigation").get_by_role("link")
+    rows = set()
     for i in range(tabs.count()):
         _on_screen(tabs.nth(i))
+        box = tabs.nth(i).bounding_box()
+        assert box is not None
+        rows.add(round(box["y"]))
+    assert len(rows) <= 2, f"the tabs take {len(rows)} rows on a phone"
     assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
