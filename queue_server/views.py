@@ -117,6 +117,7 @@ def event(row: Row) -> dict[str, Any]:
         "kind": row["kind"],
         "fence": row["fence"],
         "actor": row["actor"],
+        "actor_name": row.get("actor_name"),
         "data": row["data"],
     }
 
@@ -145,6 +146,7 @@ def api_key(row: Row) -> dict[str, Any]:
         "key_id": row["key_id"],
         "tenant": row["tenant_id"],
         "role": row["role"],
+        "name": row["name"],
         "created_at": row["created_at"],
         "revoked_at": row["revoked_at"],
     }

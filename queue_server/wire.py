@@ -52,6 +52,7 @@ class ApiKey(Model):
     key_id: str
     tenant: str
     role: str
+    name: str | None = None
     secret: str
 
 
@@ -61,6 +62,7 @@ class ApiKeyInfo(Model):
     key_id: str
     tenant: str
     role: str
+    name: str | None = None
     created_at: datetime
     revoked_at: datetime | None = None
 
@@ -93,6 +95,8 @@ class LedgerEvent(Model):
     kind: str
     fence: int
     actor: str
+    # The name of the key that acted (`actor` is `key:<id>`), if it was given one.
+    actor_name: str | None = None
     data: Any = None
 
 

@@ -92,7 +92,7 @@ async def create_key(
     tenant: TenantName, body: schemas.KeyIn, tenants: KeysService, caller: Caller
 ) -> Response:
     """Create an API key for the tenant (admin). The secret is shown once."""
-    return respond(await tenants.create_key(caller, tenant, Role(body.role)))
+    return respond(await tenants.create_key(caller, tenant, Role(body.role), body.name))
 
 
 @router.get("/tenants/{tenant}/keys", response_model=schemas.KeysOut, tags=["tenants"])

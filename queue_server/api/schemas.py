@@ -148,9 +148,16 @@ class KeysOut(BaseModel):
 
 
 class KeyIn(Body):
-    model_config = example({"role": "worker"})
+    model_config = example({"role": "worker", "name": "billing-worker"})
 
     role: Literal["worker", "operator"]
+    name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        pattern=r"^[^\x00-\x1f\x7f]+$",
+        description="Shown beside the key's id wherever a ledger names the key that acted.",
+    )
 
 
 KeyOut = wire.ApiKey
@@ -624,6 +631,7 @@ class QueueEventOut(BaseModel):
     at: datetime
     kind: str
     actor: str
+    actor_name: str | None = None
     data: Any
 
 

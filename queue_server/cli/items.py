@@ -125,8 +125,13 @@ def ledger_table(item_id: str, events: list[LedgerEvent]) -> None:
     table(
         f"ledger of {item_id}",
         ["seq", "at", "kind", "fence", "actor", "data"],
-        [(e.seq, e.at, e.kind, e.fence, e.actor, e.data) for e in events],
+        [(e.seq, e.at, e.kind, e.fence, _actor(e), e.data) for e in events],
     )
+
+
+def _actor(event: LedgerEvent) -> str:
+    """Who acted: `key:<id>`, with the key's name before it when it has one."""
+    return f"{event.actor_name} ({event.actor})" if event.actor_name else event.actor
 
 
 def item_of(qs: QueueClient, given: str) -> str:

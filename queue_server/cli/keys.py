@@ -38,6 +38,10 @@ app = CLI(
 def keys_create(
     tenant: Annotated[str, typer.Argument(help="Tenant the key belongs to.")],
     role: Annotated[str, typer.Option(help="worker or operator.")] = "worker",
+    name: Annotated[
+        str | None,
+        typer.Option(help="A name shown beside the key's id in ledgers (e.g. billing-worker)."),
+    ] = None,
     url: Url = None,
     key: Key = None,
     data_dir: DataDir = None,
@@ -49,19 +53,24 @@ def keys_create(
 ) -> None:
     """Create an API key; its secret is printed once.
 
-    Example: [bold]queue-server keys create acme --role operator[/bold]
+    Example: [bold]queue-server keys create acme --role operator --name on-call[/bold]
     """
     if role not in ("worker", "operator"):
         fail("Invalid role", "--role must be worker or operator")
     with connect(url, key, data_dir) as qs:
-        created = qs.create_key("worker" if role == "worker" else "operator", tenant=tenant)
+        created = qs.create_key(
+            "worker" if role == "worker" else "operator", tenant=tenant, name=name
+        )
     if json:
         print_json(created)
         return
     if quiet:
         ids([created.secret])
         return
-    console.print(f"{created.role} key [bold]{created.key_id}[/bold] for {created.tenant}")
+    from rich.markup import escape
+
+    named = f" ({escape(created.name)})" if created.name else ""
+    console.print(f"{created.role} key [bold]{created.key_id}[/bold]{named} for {created.tenant}")
     console.print("secret (shown once; store it now):")
     console.print(created.secret, soft_wrap=True)
 
@@ -77,7 +86,7 @@ def keys_list(
     quiet: Quiet = False,
     wide: Wide = False,
 ) -> None:
-    """A tenant's API keys: id, role, created (never a secret).
+    """A tenant's API keys: id, role, name, created (never a secret).
 
     Example: [bold]queue-server keys list acme[/bold]
     """
@@ -90,9 +99,9 @@ def keys_list(
     else:
         table(
             f"{counted(len(found), 'key')} of {tenant}",
-            ["key", "role", "created", "revoked"],
-            [(k.key_id, k.role, k.created_at, k.revoked_at) for k in found],
-            drop=["revoked", "created"],
+            ["key", "role", "name", "created", "revoked"],
+            [(k.key_id, k.role, k.name, k.created_at, k.revoked_at) for k in found],
+            drop=["revoked", "created", "name"],
             wide=wide,
         )
 

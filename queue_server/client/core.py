@@ -421,10 +421,15 @@ class ClientCore:
         return (yield from self._get(Tenant, (yield from self._at(tenant, ""))))
 
     def create_key(
-        self, role: Literal["worker", "operator"], tenant: str | None = None
+        self,
+        role: Literal["worker", "operator"],
+        tenant: str | None = None,
+        name: str | None = None,
     ) -> Flow[ApiKey]:
+        """A new key of the tenant (admin); `name` is shown beside its id in ledgers."""
         path = yield from self._at(tenant, "/keys")
-        response = yield from self.request("POST", path, json={"role": role}, operation=CM)
+        body = {"role": role, **({"name": name} if name is not None else {})}
+        response = yield from self.request("POST", path, json=body, operation=CM)
         return ApiKey.model_validate_json(response.content)
 
     def list_tenants(self) -> Flow[list[Tenant]]:

@@ -38,7 +38,10 @@ class Line:
 
 def _actor(event: dict[str, Any]) -> str:
     actor = event.get("actor")
-    return "The server" if actor in (None, "", "server") else str(actor)
+    if actor in (None, "", "server"):
+        return "The server"
+    name = event.get("actor_name")
+    return f"{name} ({actor})" if name else str(actor)
 
 
 def _failure(data: dict[str, Any]) -> str:

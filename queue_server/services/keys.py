@@ -157,17 +157,24 @@ class Keys:
                 return [revoke]
             return []
 
-    async def create_key(self, principal: auth.Principal, tenant: str, role: Role) -> Answer:
+    async def create_key(
+        self, principal: auth.Principal, tenant: str, role: Role, name: str | None = None
+    ) -> Answer:
+        """A new key of the tenant (admin); `name` is shown beside its id in ledgers."""
         principal.require_admin(tenant)
         key = auth.new_key()
         async with self.db.tx() as conn:
             await require_tenant(conn, tenant)
             await tenants.create_key(
-                conn, key_id=key.key_id, tenant=tenant, role=role, secret_hash=key.secret_hash
+                conn,
+                key_id=key.key_id,
+                tenant=tenant,
+                role=role,
+                secret_hash=key.secret_hash,
+                name=name,
             )
-        return Answer.of(
-            201, {"key_id": key.key_id, "tenant": tenant, "role": role, "secret": key.secret}
-        )
+        created = {"key_id": key.key_id, "tenant": tenant, "role": role, "name": name}
+        return Answer.of(201, {**created, "secret": key.secret})
 
     async def list_keys(self, principal: auth.Principal, tenant: str, *, revoked: bool) -> Answer:
         """The tenant's keys (admin): id, role, created, revoked; never a secret or its hash."""

@@ -464,5 +464,6 @@ def _queue_event(row: Row) -> dict[str, Any]:
         "at": row["at"],
         "kind": row["kind"],
         "actor": row["actor"],
+        "actor_name": row["actor_name"],
         "data": row["data"],
     }

@@ -87,8 +87,14 @@ api_keys = Table(
     Column("secret_hash", Text, nullable=False),
     _ts("created_at", nullable=False, server_default=func.now()),
     _ts("revoked_at", nullable=True),
+    # Shown beside its id where the ledger names the key that acted (0027).
+    Column("name", Text, nullable=True),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
     CheckConstraint("role IN ('worker', 'operator', 'admin')", name="role_known"),
+    CheckConstraint(
+        "name IS NULL OR (char_length(name) BETWEEN 1 AND 64 AND name !~ '[[:cntrl:]]')",
+        name="name_printable",
+    ),
     CheckConstraint("(role = 'admin') = (tenant_id IS NULL)", name="admin_has_no_tenant"),
 )
 

@@ -89,9 +89,15 @@ async def backlog(conn: Conn, tenant: str) -> int:
 
 
 async def create_key(
-    conn: Conn, *, key_id: str, tenant: str | None, role: str, secret_hash: str
+    conn: Conn,
+    *,
+    key_id: str,
+    tenant: str | None,
+    role: str,
+    secret_hash: str,
+    name: str | None = None,
 ) -> Row:
-    cur = await conn.execute(_SQL["create_key"], (key_id, tenant, role, secret_hash))
+    cur = await conn.execute(_SQL["create_key"], (key_id, tenant, role, secret_hash, name))
     row = await cur.fetchone()
     assert row is not None
     return row

@@ -21,8 +21,13 @@ def test_admin_manages_tenants_and_keys(cli: Cli) -> None:
     assert "backlog" in table
     assert "0 of 50" in table
 
-    created = cli.json("keys", "create", "globex", "--role", "operator", role="admin")
+    created = cli.json(
+        "keys", "create", "globex", "--role", "operator", "--name", "on-call", role="admin"
+    )
     assert created["secret"].startswith("qsk_")
+    assert created["name"] == "on-call"
+    listed = cli.json("keys", "list", "globex", role="admin")
+    assert {(k["key_id"], k["name"]) for k in listed} >= {(created["key_id"], "on-call")}
     # A tenant key needs no --tenant: the CLI asks the server whose key it is.
     own = cli.run("status", "--json", "--key", created["secret"])
     assert '"tenant": "globex"' in own.stdout

@@ -40,8 +40,10 @@ WITH q AS (
 SELECT q.* FROM q, (SELECT pg_notify('queue_server_ready', queue_server.ready_tag(%(tenant)s, %(queue)s))) AS n;
 
 -- name: events
-SELECT seq, at, kind, actor, data FROM queue_events
-WHERE tenant_id = %(tenant)s AND queue = %(queue)s ORDER BY seq DESC LIMIT %(limit)s;
+SELECT e.seq, e.at, e.kind, e.actor, k.name AS actor_name, e.data FROM queue_events e
+LEFT JOIN api_keys k ON left(e.actor, 4) = 'key:' AND k.key_id = substr(e.actor, 5)
+ AND (k.tenant_id = e.tenant_id OR k.tenant_id IS NULL)
+WHERE e.tenant_id = %(tenant)s AND e.queue = %(queue)s ORDER BY e.seq DESC LIMIT %(limit)s;
 
 -- name: open_figures
 -- One queue's unfinished items, read from the connection's cursor on it (the acquire's:

@@ -6,8 +6,11 @@
 SELECT * FROM work_items WHERE tenant_id = %s AND item_id = %s;
 
 -- name: ledger
-SELECT seq, at, kind, fence, actor, data FROM item_events
-WHERE tenant_id = %s AND item_id = %s ORDER BY seq;
+-- With the name of the key that acted, if it has one (a key of this tenant or an admin's).
+SELECT e.seq, e.at, e.kind, e.fence, e.actor, k.name AS actor_name, e.data FROM item_events e
+LEFT JOIN api_keys k ON left(e.actor, 4) = 'key:' AND k.key_id = substr(e.actor, 5)
+ AND (k.tenant_id = e.tenant_id OR k.tenant_id IS NULL)
+WHERE e.tenant_id = %s AND e.item_id = %s ORDER BY e.seq;
 
 -- name: state_counts
 -- Per queue that ever admitted an item: its finished items, from the queue counters

@@ -27,7 +27,7 @@ WHERE %(after)s::text IS NULL OR t.tenant_id > %(after)s
 ORDER BY t.tenant_id LIMIT %(limit)s;
 
 -- name: list_keys
-SELECT key_id, tenant_id, role, created_at, revoked_at FROM api_keys
+SELECT key_id, tenant_id, role, name, created_at, revoked_at FROM api_keys
 WHERE tenant_id = %(tenant)s AND (%(revoked)s OR revoked_at IS NULL)
 ORDER BY created_at, key_id;
 
@@ -54,7 +54,8 @@ SELECT (SELECT coalesce(sum(c.admitted - c.released), 0) FROM counter_totals c
 FROM tenants t WHERE t.tenant_id = %s;
 
 -- name: create_key
-INSERT INTO api_keys (key_id, tenant_id, role, secret_hash) VALUES (%s, %s, %s, %s) RETURNING *;
+INSERT INTO api_keys (key_id, tenant_id, role, secret_hash, name) VALUES (%s, %s, %s, %s, %s)
+RETURNING *;
 
 -- name: get_key
 SELECT * FROM api_keys WHERE key_id = %s;
