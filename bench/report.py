@@ -386,9 +386,11 @@ def _trust_line(doc: dict[str, Any]) -> str:
 
 
 def readme_table(doc: dict[str, Any]) -> list[str]:
-    """The README's speed table, ready to paste: no figure of a phase that was not quiet."""
+    """The speed table of docs/speed.md, ready to paste: no figure of a phase that was not quiet."""
     c = doc["config"]
-    kind = "quick run (one short repetition: not for the README)" if c["quick"] else "default run"
+    kind = (
+        "quick run (one short repetition: not for docs/speed.md)" if c["quick"] else "default run"
+    )
     lines = [
         f"From the {kind} of {c.get('started_at', '?')} at `{c.get('commit', '?')}`,"
         f" load average {doc['machine']['load_average_at_start'][0]} at the start,"
@@ -463,7 +465,7 @@ def markdown(doc: dict[str, Any]) -> str:
         "",
         f"Server peak RSS: {rss}. Batched completion: {doc.get('batched_completion', '-')}.",
         "",
-        "## README speed table",
+        "## Speed table",
         "",
         *readme_table(doc),
         "",

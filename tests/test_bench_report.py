@@ -74,7 +74,7 @@ def test_ratio_whose_denominator_ran_beside_other_work_is_not_comparable() -> No
     markdown = report.markdown(doc)
     assert "not comparable" in markdown
     row = next(line for line in report.readme_table(doc) if line.startswith(f"| {ENQUEUE} "))
-    assert "100" not in row.split("not comparable")[0]  # no figure of that run in the README
+    assert "100" not in row.split("not comparable")[0]  # no figure of that run in docs/speed.md
 
 
 def test_at_most_target_of_a_loaded_phase_is_not_comparable() -> None:

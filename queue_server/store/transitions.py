@@ -435,7 +435,7 @@ def _refusal(
         return errors.StaleFenceError(item_id=item_id, current_fence=row["fence"])
     if fence > row["fence"]:
         # stale-fence is a lower fence (a newer lease superseded it); a higher one was never
-        # handed out (README.md, the refusal codes after the guarantees).
+        # handed out (docs/guarantees.md, the refusal codes).
         return errors.FenceAheadError(item_id=item_id, current_fence=row["fence"])
     if row["lease_holder"] != worker or row["lease_key_id"] not in (None, key_id):
         # Another name, or the right name and fence from a key that did not take the lease.

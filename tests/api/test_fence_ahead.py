@@ -1,5 +1,5 @@
 """A fence higher than the item's was never handed out: `fence-ahead`, distinct from
-`stale-fence` (a lower fence: a newer lease superseded this one); README.md lists both."""
+`stale-fence` (a lower fence: a newer lease superseded this one); docs/guarantees.md lists both."""
 
 from __future__ import annotations
 
