@@ -27,7 +27,8 @@ WITH lanes AS (
     UNION ALL
     SELECT priority, available_at, item_id FROM (
         SELECT tenant_id, queue, priority, available_at, item_id FROM work_items
-        WHERE placed_xid >= %(since_xid)s::xid8 AND state = 'ready'
+        WHERE placed_xid >= %(since_xid)s::xid8 AND placed_xid < %(until_xid)s::xid8
+          AND state = 'ready'
         OFFSET 0
     ) AS placed
     WHERE tenant_id = %(tenant)s AND queue = %(queue)s
@@ -50,7 +51,8 @@ WITH lanes AS (
     UNION ALL
     SELECT lease_expires_at FROM (
         SELECT tenant_id, queue, lease_expires_at FROM work_items
-        WHERE placed_xid >= %(since_xid)s::xid8 AND state = 'leased'
+        WHERE placed_xid >= %(since_xid)s::xid8 AND placed_xid < %(until_xid)s::xid8
+          AND state = 'leased'
         OFFSET 0
     ) AS placed
     WHERE tenant_id = %(tenant)s AND queue = %(queue)s
@@ -65,7 +67,8 @@ WITH lanes AS (
     UNION
     SELECT item_id FROM (
         SELECT item_id, tenant_id, queue, lease_expires_at FROM work_items
-        WHERE placed_xid >= %(since_xid)s::xid8 AND state = 'leased'
+        WHERE placed_xid >= %(since_xid)s::xid8 AND placed_xid < %(until_xid)s::xid8
+          AND state = 'leased'
         OFFSET 0
     ) AS placed
     WHERE tenant_id = %(tenant)s AND queue = %(queue)s

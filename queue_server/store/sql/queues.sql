@@ -67,7 +67,8 @@ WITH lanes AS (
     UNION
     SELECT item_id, available_at FROM (
         SELECT item_id, tenant_id, queue, available_at FROM work_items
-        WHERE placed_xid >= %(since_xid)s::xid8 AND state = 'ready'
+        WHERE placed_xid >= %(since_xid)s::xid8 AND placed_xid < %(until_xid)s::xid8
+          AND state = 'ready'
         OFFSET 0
     ) AS placed
     WHERE tenant_id = %(tenant)s AND queue = %(queue)s
@@ -91,7 +92,8 @@ WITH lanes AS (
     UNION
     SELECT item_id, lease_expires_at, leased_at FROM (
         SELECT item_id, tenant_id, queue, lease_expires_at, leased_at FROM work_items
-        WHERE placed_xid >= %(since_xid)s::xid8 AND state = 'leased'
+        WHERE placed_xid >= %(since_xid)s::xid8 AND placed_xid < %(until_xid)s::xid8
+          AND state = 'leased'
         OFFSET 0
     ) AS placed
     WHERE tenant_id = %(tenant)s AND queue = %(queue)s

@@ -94,7 +94,8 @@ WITH terms AS (
                   UNION ALL
                   SELECT item_id FROM (
                       SELECT item_id, tenant_id, queue, lease_expires_at FROM work_items
-                      WHERE placed_xid >= %(since_xid)s::xid8 AND state = 'leased'
+                      WHERE placed_xid >= %(since_xid)s::xid8 AND placed_xid < %(until_xid)s::xid8
+                        AND state = 'leased'
                       OFFSET 0
                   ) AS since
                   WHERE tenant_id = %(tenant)s AND queue = %(queue)s
@@ -148,7 +149,8 @@ WITH terms AS (
               AND item_id = ANY(ARRAY(
                   SELECT item_id FROM (
                       SELECT item_id, tenant_id, queue, lease_expires_at FROM work_items
-                      WHERE placed_xid >= %(since_xid)s::xid8 AND state = 'leased'
+                      WHERE placed_xid >= %(since_xid)s::xid8 AND placed_xid < %(until_xid)s::xid8
+                        AND state = 'leased'
                       OFFSET 0
                   ) AS placed
                   WHERE tenant_id = %(tenant)s AND queue = %(queue)s
@@ -208,7 +210,8 @@ WITH terms AS (
               AND item_id = ANY(ARRAY(
                   SELECT item_id FROM (
                       SELECT item_id, tenant_id, queue, priority, available_at FROM work_items
-                      WHERE placed_xid >= %(since_xid)s::xid8 AND state = 'ready'
+                      WHERE placed_xid >= %(since_xid)s::xid8 AND placed_xid < %(until_xid)s::xid8
+                        AND state = 'ready'
                       OFFSET 0
                   ) AS placed
                   WHERE tenant_id = %(tenant)s AND queue = %(queue)s
