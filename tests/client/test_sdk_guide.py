@@ -50,6 +50,7 @@ def test_every_example_of_the_sdk_guide_runs_as_written(api: Api, db: DB, tmp_pa
         "errors.py",
         "queue_settings.py",
         "drain.py",
+        "test_handlers.py",  # test_the_guide_s_handler_tests_pass_on_the_in_memory_server
     }
     for name, text in code.items():
         (tmp_path / name).write_text(text)
@@ -130,3 +131,16 @@ def test_every_example_of_the_sdk_guide_runs_as_written(api: Api, db: DB, tmp_pa
         {"state": "completed", "result": "resized"},
         {"state": "quarantined", "result": None},
     ]
+
+
+def test_the_guide_s_handler_tests_pass_on_the_in_memory_server(tmp_path: Path) -> None:
+    """The guide's test module, run by pytest as a user runs it: no server, this checkout's
+    SDK, each of its tests passing."""
+    (tmp_path / "test_handlers.py").write_text(examples()["test_handlers.py"])
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_handlers.py"],
+        cwd=tmp_path, env={"PYTHONPATH": str(GUIDE.parents[1]), "PATH": ""},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 passed" in done.stdout, done.stdout

@@ -1,0 +1,421 @@
+"""The SDK's in-memory server (`queue_server.client.testing`): the real `Worker`, `AsyncWorker`
+and `QueueClient` on it, on a clock the test moves, with no sleeps; and one scenario run on it
+and on a live server, whose observations must be the same."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from queue_server.client import (
+    AsyncJob,
+    AsyncWorker,
+    Job,
+    NewItem,
+    Outcome,
+    Quarantine,
+    QueueClient,
+    Requeue,
+    Result,
+    TransientError,
+    Worker,
+    errors,
+)
+from queue_server.client.models import Item
+from queue_server.client.testing import InMemoryServer
+from tests.helpers.api import Api
+
+
+def work(qs: QueueClient, handler: Callable[[Job], Any], **options: Any) -> int:
+    """One run of a new worker on queue "q" (a worker runs once): `drain` or `max_items`."""
+    run = {k: options.pop(k) for k in ("drain", "max_items") if k in options}
+    return Worker(qs, "q", handler, name="w1", **options).run(handle_signals=False, **run)
+
+
+def failure_of(item: Item) -> dict[str, Any]:
+    """The item's last failure without its traceback."""
+    failure = dict(item.last_failure or {})
+    failure.pop("traceback", None)
+    return failure
+
+
+def test_a_worker_takes_due_items_highest_priority_first_and_a_delayed_one_on_time() -> None:
+    server = InMemoryServer()
+    with server.client() as qs:
+        low = qs.enqueue("q", "low")
+        *_, later = qs.enqueue_batch(
+            "q",
+            [
+                NewItem(payload="high", priority=5),
+                NewItem(payload="mid", priority=1),
+                NewItem(payload="later", priority=9, delay=60),
+            ],
+        )
+        seen: list[tuple[str, int, int]] = []
+
+        def handler(job: Job) -> str:
+            seen.append((job.payload, job.fence, job.acquisition_count))
+            return str(job.payload).upper()
+
+        results: list[Result] = []
+        assert work(qs, handler, drain=True, on_result=results.append) == 3
+        assert seen == [("high", 1, 1), ("mid", 1, 1), ("low", 1, 1)]
+        assert [r.outcome for r in results] == [Outcome.COMPLETED] * 3
+        done = qs.get_item(low.item_id)
+        assert (done.state, done.result, done.lease_holder, done.fence) == (
+            "completed", "LOW", None, 1,
+        )  # fmt: skip
+        assert qs.get_item(later.item_id).state == "ready"
+        server.clock.advance(59.9)
+        assert work(qs, handler, drain=True) == 0
+        server.clock.advance(0.1)
+        assert work(qs, handler, drain=True) == 1
+        assert seen[-1] == ("later", 1, 1)
+        assert [i.state for i in server.items("q")] == ["completed"] * 4
+
+
+def test_a_failed_item_comes_back_after_its_backoff_until_its_last_failure_dead_letters_it() -> (
+    None
+):
+    server = InMemoryServer()
+    with server.client() as qs:
+        item = qs.enqueue("q", {"n": 1}, max_acquisitions=3)
+        attempts: list[int] = []
+
+        def handler(job: Job) -> None:
+            attempts.append(job.acquisition_count)
+            raise ValueError(f"bad input {job.acquisition_count}")
+
+        results: list[Result] = []
+        for backoff in (1, 2):  # the queue's backoff: 1 s, then 2 s
+            assert work(qs, handler, max_items=1, on_result=results.append) == 1
+            back = qs.get_item(item.item_id)
+            assert (back.state, back.lease_holder) == ("ready", None)
+            assert (back.available_at - back.updated_at).total_seconds() == backoff
+            assert failure_of(back) == {
+                "class": "ValueError", "message": f"bad input {len(attempts)}", "transient": False,
+            }  # fmt: skip
+            assert 'raise ValueError(f"bad input' in back.last_failure["traceback"]
+            assert qs.acquire("q", worker="peek") == []  # not due before its backoff
+            server.clock.advance(backoff)
+        assert work(qs, handler, max_items=1, on_result=results.append) == 1
+        assert attempts == [1, 2, 3]
+        assert [r.outcome for r in results] == [Outcome.TRIAGED] * 3
+        dead = qs.get_item(item.item_id)
+        assert (dead.state, dead.acquisition_count, dead.fence) == ("quarantined", 3, 3)
+        assert failure_of(dead)["message"] == "bad input 3"
+        (letter,) = qs.list_dead_letters(queue="q").dead_letters
+        assert (letter.item_id, letter.reason) == (item.item_id, "acquisition budget exhausted")
+        assert letter.last_failure["message"] == "bad input 3"
+        server.clock.advance(3600)
+        assert qs.acquire("q", worker="peek") == []
+
+
+def test_a_requeue_comes_back_after_its_own_delay_and_a_quarantine_is_dead_lettered_at_once() -> (
+    None
+):
+    server = InMemoryServer()
+    with server.client() as qs:
+        later, never = qs.enqueue("q", "later"), qs.enqueue("q", "never")
+
+        def handler(job: Job) -> str:
+            if job.payload == "never":
+                raise Quarantine("can never work")
+            if job.acquisition_count == 1:
+                raise Requeue("not yet", delay=30)
+            return "done"
+
+        results: list[Result] = []
+        assert work(qs, handler, max_items=2, on_result=results.append) == 2
+        assert [r.outcome for r in results] == [Outcome.REQUEUED, Outcome.QUARANTINED]
+        back = qs.get_item(later.item_id)
+        assert (back.state, back.last_failure) == ("ready", None)  # no failure recorded
+        assert (back.available_at - back.updated_at).total_seconds() == 30
+        assert qs.get_item(never.item_id).state == "quarantined"
+        (letter,) = qs.list_dead_letters().dead_letters
+        assert (letter.item_id, letter.reason) == (never.item_id, "quarantined by triage")
+        assert letter.last_failure["class"] == "Quarantine"
+        server.clock.advance(30)
+        assert work(qs, handler, drain=True) == 1
+        done = qs.get_item(later.item_id)
+        assert (done.state, done.result, done.acquisition_count, done.fence) == (
+            "completed", "done", 2, 2,
+        )  # fmt: skip
+
+
+def test_a_lease_that_ran_out_is_taken_over_and_the_late_result_is_refused() -> None:
+    server = InMemoryServer()
+    with server.client() as qs, server.client() as other:
+        item = qs.enqueue("q", "slow")
+        taken: list[Any] = []
+
+        def handler(job: Job) -> str:
+            server.clock.advance(31)  # the handler outlives its 30 s lease...
+            taken.extend(other.acquire("q", worker="w2"))  # ...and another worker takes it over
+            return "late result"
+
+        results: list[Result] = []
+        assert work(qs, handler, max_items=1, on_result=results.append) == 1
+        ((lease,), (result,)) = taken, results
+        assert (lease.item_id, lease.fence, lease.acquisition_count) == (item.item_id, 2, 2)
+        assert (result.outcome, result.fence) == (Outcome.LOST, 1)
+        assert "the server refused the outcome: Stale fence" in result.detail
+        now = qs.get_item(item.item_id)
+        assert (now.state, now.lease_holder, now.fence, now.result) == ("leased", "w2", 2, None)
+        other.complete(item.item_id, worker="w2", fence=2, result="on time")
+        with pytest.raises(errors.ItemNotLeasedError):
+            qs.complete(item.item_id, worker="w1", fence=1)
+        assert qs.get_item(item.item_id).result == "on time"
+
+
+def test_a_lease_that_ran_out_unclaimed_still_grants_nothing() -> None:
+    server = InMemoryServer()
+    with server.client() as qs:
+        item = qs.enqueue("q", "slow")
+
+        def handler(job: Job) -> str:
+            server.clock.advance(30)  # the lease's last instant has passed
+            return "late result"
+
+        results: list[Result] = []
+        assert work(qs, handler, max_items=1, on_result=results.append) == 1
+        assert results[0].outcome is Outcome.LOST
+        assert "Lease expired" in results[0].detail
+        # Nobody took it yet; the next acquire does, under the next fence.
+        assert qs.get_item(item.item_id).state == "leased"
+        (lease,) = qs.acquire("q", worker="w2")
+        assert (lease.fence, lease.acquisition_count) == (2, 2)
+
+
+def test_a_refused_heartbeat_tells_the_handler_to_stop_and_nothing_is_submitted() -> None:
+    server = InMemoryServer()
+    with server.client() as qs, server.client() as other:
+        item = qs.enqueue("q", "slow")
+        told: list[bool] = []
+
+        def handler(job: Job) -> str:
+            server.clock.advance(2)  # a 1 s lease runs out...
+            other.acquire("q", worker="w2", lease_ttl=30)  # ...and another worker takes over
+            told.append(job.stop.wait(5))  # its next heartbeat (every 50 ms) is refused
+            return "never submitted"
+
+        results: list[Result] = []
+        options = {"lease_ttl": 1, "heartbeat_fraction": 0.05, "on_result": results.append}
+        assert work(qs, handler, max_items=1, **options) == 1
+        assert told == [True]
+        (result,) = results
+        assert result.outcome is Outcome.LOST
+        assert result.detail == "the lease was lost (stale-fence); nothing was submitted"
+        now = qs.get_item(item.item_id)
+        assert (now.lease_holder, now.fence, now.result) == ("w2", 2, None)
+
+
+def test_only_the_holder_with_its_fence_may_settle_and_each_refusal_says_why() -> None:
+    server = InMemoryServer()
+    with server.client() as qs, server.client() as other:
+        item = qs.enqueue("q", "x")
+        (lease,) = qs.acquire("q", worker="w1", lease_ttl=10)
+        refusals: list[tuple[QueueClient, str, int, type[errors.ProblemError], str]] = [
+            (qs, "w2", lease.fence, errors.NotLeaseHolderError, "not-lease-holder"),
+            # the holder's name and fence from another client: a lease is its client's
+            (other, "w1", lease.fence, errors.NotLeaseHolderError, "not-lease-holder"),
+            (qs, "w1", lease.fence + 1, errors.FenceAheadError, "fence-ahead"),
+        ]
+        for client, worker, fence, error, code in refusals:
+            with pytest.raises(error) as refused:
+                client.complete(item.item_id, worker=worker, fence=fence)
+            assert (refused.value.status, refused.value.code) == (409, code)
+        beat = qs.heartbeat(item.item_id, worker="w1", fence=lease.fence, lease_ttl=20)
+        assert (beat.lease_expires_at - lease.lease_expires_at).total_seconds() == 10
+        server.clock.advance(20)
+        with pytest.raises(errors.LeaseExpiredError) as expired:
+            qs.heartbeat(item.item_id, worker="w1", fence=lease.fence)
+        assert expired.value.body["expired_at"] == beat.lease_expires_at.isoformat()
+        with pytest.raises(errors.ItemNotFoundError):
+            qs.get_item(str(uuid.uuid4()))
+        with pytest.raises(errors.InvalidRequestError) as above:
+            qs.acquire("q", worker="w1", lease_ttl=31)
+        assert above.value.body["errors"][0]["type"] == "policy_envelope"
+
+
+def test_an_idempotency_key_gets_its_first_answer_again() -> None:
+    server = InMemoryServer()
+    with server.client() as qs:
+        first = qs.enqueue("q", {"to": "ada"}, idempotency_key="order-1")
+        assert qs.enqueue("q", {"to": "ada"}, idempotency_key="order-1") == first
+        assert [i.item_id for i in server.items()] == [first.item_id]
+        with pytest.raises(errors.IdempotencyKeyReuseError):
+            qs.enqueue("q", {"to": "bob"}, idempotency_key="order-1")
+        (lease,) = qs.acquire("q", worker="w1")
+        done = qs.complete(first.item_id, worker="w1", fence=lease.fence, idempotency_key="c-1")
+        # A complete sent again (its answer was lost) is answered as the first time...
+        again = qs.complete(first.item_id, worker="w1", fence=lease.fence, idempotency_key="c-1")
+        assert again == done
+        assert done.state == "completed"
+        # ...while another complete of the finished item is refused.
+        with pytest.raises(errors.ItemNotLeasedError):
+            qs.complete(first.item_id, worker="w1", fence=lease.fence, idempotency_key="c-2")
+
+
+def test_the_queue_leases_no_more_than_its_concurrency_limit_and_a_worker_fills_it() -> None:
+    server = InMemoryServer()
+    with server.client() as qs:
+        qs.enqueue_batch("q", [NewItem(payload=n) for n in range(9)])
+        (first,) = qs.acquire("q", worker="w0", max_items=9)  # one at a time, unless approved
+        qs.complete(first.item_id, worker="w0", fence=first.fence, result=0)
+        server.approve("q", 4)
+        assert len(qs.acquire("q", worker="w0", max_items=2)) == 2
+        assert (qs.concurrency("q").limit, qs.concurrency("q").active_leases) == (4, 2)
+        server.clock.advance(30)  # those two run out: the worker takes them over
+        together = threading.Barrier(4, timeout=5)
+
+        def handler(job: Job) -> int:
+            together.wait()  # four run at once, or this times out
+            return int(job.payload) * 2
+
+        assert work(qs, handler, drain=True, concurrency=6) == 8
+        done = server.items("q", state="completed")
+        assert sorted(i.result for i in done) == [n * 2 for n in range(9)]
+        assert qs.concurrency("q").active_leases == 0
+
+
+def test_the_asyncio_worker_runs_on_it_too() -> None:
+    server = InMemoryServer()
+
+    async def scenario() -> tuple[int, list[Item]]:
+        async with server.async_client() as qs:
+            items = [await qs.enqueue("q", n) for n in range(3)]
+
+            async def handler(job: AsyncJob) -> int:
+                if job.payload == 0 and job.acquisition_count == 1:
+                    raise TransientError("busy", delay=0)  # due again at once
+                return int(job.payload) * 10
+
+            handled = await AsyncWorker(qs, "q", handler, name="w1").run(
+                drain=True, handle_signals=False
+            )
+            return handled, [await qs.get_item(i.item_id) for i in items]
+
+    handled, items = asyncio.run(scenario())
+    assert handled == 4
+    assert [(i.state, i.result, i.acquisition_count) for i in items] == [
+        ("completed", 0, 2), ("completed", 10, 1), ("completed", 20, 1),
+    ]  # fmt: skip
+
+
+# -- held to the server ---------------------------------------------------------------
+
+
+def observe(qs: QueueClient, operator: QueueClient) -> dict[str, Any]:
+    """What a handler and its client observe of one small run (no clock moved)."""
+    low = qs.enqueue("q", "low", max_acquisitions=2, idempotency_key="low-1")
+    again = qs.enqueue("q", "low", max_acquisitions=2, idempotency_key="low-1")
+    high = qs.enqueue("q", "high", priority=5, max_acquisitions=2)
+    flaky = qs.enqueue("q", "flaky", priority=1, max_acquisitions=2)
+    poison = qs.enqueue("q", "poison", priority=-1, max_acquisitions=1)
+    seen: list[tuple[Any, ...]] = []
+
+    def handler(job: Job) -> Any:
+        lease = job.lease
+        assert lease.lease_deadline_at is not None
+        life = (lease.lease_deadline_at - lease.lease_expires_at).total_seconds()
+        seen.append((job.payload, job.acquisition_count, job.fence, life, lease.queue))
+        if job.payload == "flaky" and job.acquisition_count == 1:
+            raise TransientError("busy", delay=0)
+        if job.payload == "poison":
+            raise ValueError("never")
+        return {"done": job.payload}
+
+    results: list[Result] = []
+    handled = work(qs, handler, drain=True, on_result=results.append)
+
+    def shown(item: Item) -> tuple[Any, ...]:
+        now = qs.get_item(item.item_id)
+        return (now.state, now.result, now.acquisition_count, now.fence, now.lease_holder,
+                now.lease_deadline_at, failure_of(now))  # fmt: skip
+
+    letters = operator.list_dead_letters(queue="q").dead_letters
+    refusals: list[Any] = []
+
+    def refused(call: Callable[[], object]) -> None:
+        try:
+            call()
+        except errors.ProblemError as exc:
+            # The whole problem document, but where it names this run's items.
+            problem = {k: v for k, v in exc.body.items() if k not in ("instance", "item_id")}
+            refusals.append((type(exc).__name__, exc.status, problem))
+        else:
+            refusals.append("answered")
+
+    refused(lambda: qs.complete(high.item_id, worker="w1", fence=1))
+    x = qs.enqueue("x", "x")
+    (one,) = qs.acquire("x", worker="w2")
+    qs.requeue(x.item_id, worker="w2", fence=one.fence, reason="again")
+    (two,) = qs.acquire("x", worker="w2")
+    refused(lambda: qs.complete(x.item_id, worker="w2", fence=one.fence))
+    refused(lambda: qs.complete(x.item_id, worker="w3", fence=two.fence))
+    refused(lambda: qs.heartbeat(x.item_id, worker="w2", fence=two.fence + 1))
+    refused(lambda: qs.requeue(x.item_id, worker="w2", fence=two.fence, delay=10_000))
+    refused(lambda: qs.enqueue("x", "other", idempotency_key="low-1"))
+    refused(lambda: qs.get_item(str(uuid.uuid4())))
+    refused(lambda: qs.complete(x.item_id, worker="w2", fence=two.fence, result=[1]))
+    busy = qs.enqueue("b", "b")
+    (lease,) = qs.acquire("b", worker="w2")
+    back = qs.triage(
+        busy.item_id, worker="w2", fence=lease.fence, failure_class="Busy", message="later",
+        transient=True, delay="backoff",
+    )  # fmt: skip
+    failure = failure_of(back)
+    return {
+        "same item": again.item_id == low.item_id,
+        "handled": handled,
+        "seen": seen,
+        "results": [(r.outcome, r.fence, r.detail) for r in results],
+        "items": [shown(item) for item in (low, high, flaky, poison, x)],
+        "dead letters": [(d.item_id == poison.item_id, d.reason, d.last_failure) for d in letters],
+        "refusals": refusals,
+        "backoff": (back.state, (back.available_at - back.updated_at).total_seconds(), failure),
+    }
+
+
+def test_the_in_memory_server_answers_as_a_live_server_does(api: Api) -> None:
+    with (
+        QueueClient(api.url, api.keys["worker"], tenant=api.tenant) as qs,
+        QueueClient(api.url, api.keys["operator"], tenant=api.tenant) as operator,
+    ):
+        live = observe(qs, operator)
+    server = InMemoryServer(max_acquisitions=3)  # the test tenant's default
+    with server.client(api.tenant) as qs:
+        in_memory = observe(qs, qs)
+    assert in_memory == live
+    # And what they both saw is what the API promises, not a shared mistake.
+    assert live["same item"] is True
+    assert [s[:3] for s in live["seen"]] == [
+        ("high", 1, 1), ("flaky", 1, 1), ("flaky", 2, 2), ("low", 1, 1), ("poison", 1, 1),
+    ]  # fmt: skip
+    assert {s[3] for s in live["seen"]} == {870.0}  # a 30 s lease of a 900 s deadline
+    assert [r[0] for r in live["results"]] == [
+        Outcome.COMPLETED, Outcome.TRIAGED, Outcome.COMPLETED, Outcome.COMPLETED, Outcome.TRIAGED,
+    ]  # fmt: skip
+    assert [i[:4] for i in live["items"]] == [
+        ("completed", {"done": "low"}, 1, 1),
+        ("completed", {"done": "high"}, 1, 1),
+        ("completed", {"done": "flaky"}, 2, 2),
+        ("quarantined", None, 1, 1),
+        ("completed", [1], 2, 2),
+    ]
+    ((poisoned, reason, failure),) = live["dead letters"]
+    assert (poisoned, reason) == (True, "acquisition budget exhausted")
+    assert (failure["class"], failure["message"]) == ("ValueError", "never")
+    assert [r[2]["code"] if r != "answered" else r for r in live["refusals"]] == [
+        "item-not-leased", "stale-fence", "not-lease-holder", "fence-ahead", "invalid-request",
+        "idempotency-key-reuse", "item-not-found", "answered",
+    ]  # fmt: skip
+    assert live["backoff"] == (
+        "ready", 1.0, {"class": "Busy", "message": "later", "transient": True},
+    )  # fmt: skip
