@@ -58,6 +58,7 @@ from typing import Any
 import httpx
 import orjson
 
+from queue_server.client import transport
 from queue_server.client.async_client import AsyncQueueClient
 from queue_server.client.client import QueueClient
 from queue_server.client.models import Item, Lease
@@ -115,7 +116,7 @@ class Clock:
             wake()
 
 
-class Refusal(Exception):  # noqa: N818 - an answer of the double, not an error of it
+class _Refusal(Exception):  # noqa: N818 - an answer of the double, not an error of it
     """A problem answer (RFC 9457). `kept`: a refusal of the operation itself (a 409), which
     the server keeps for its Idempotency-Key; a request refused before it ran is not kept."""
 
@@ -134,18 +135,18 @@ class Refusal(Exception):  # noqa: N818 - an answer of the double, not an error 
         return body | {k: v for k, v in self.more.items() if k not in body}
 
 
-def conflict(code: str, item_id: str, detail: str | None = None, **more: Any) -> Refusal:
+def conflict(code: str, item_id: str, detail: str | None = None, **more: Any) -> _Refusal:
     title, default = CONFLICTS[code]
-    return Refusal(409, code, title, detail or default, kept=True, item_id=item_id, **more)
+    return _Refusal(409, code, title, detail or default, kept=True, item_id=item_id, **more)
 
 
-def invalid(loc: list[Any], msg: str, kind: str = "value_error", **more: Any) -> Refusal:
+def invalid(loc: list[Any], msg: str, kind: str = "value_error", **more: Any) -> _Refusal:
     detail = f"Invalid fields: {'.'.join(str(p) for p in loc)}."
     entry: dict[str, Any] = {"loc": loc, "msg": msg, "type": kind, **more}
-    return Refusal(422, "invalid-request", "Invalid request", detail, errors=[entry])
+    return _Refusal(422, "invalid-request", "Invalid request", detail, errors=[entry])
 
 
-def above(loc: list[Any], value: float, leased: LeasedWork, ceiling: str) -> Refusal:
+def above(loc: list[Any], value: float, leased: LeasedWork, ceiling: str) -> _Refusal:
     """A value above the policy's envelope: 422 naming the field, its limit and the cell,
     which the worker reads (a delay above the backoff cap is sent again at the cap)."""
     limit, cell, what = (
@@ -283,14 +284,13 @@ class InMemoryServer:
 
     def client(self, tenant: str = TENANT, **options: Any) -> QueueClient:
         """A `QueueClient` of this server (`options`: QueueClient's `timeout`, `policy`...)."""
-        http = httpx.Client(base_url=URL, transport=httpx.MockTransport(self.handle))
+        http = transport.in_process(URL, self.handle)
         options.setdefault("policy", self.policy)
         return QueueClient(URL, self._key(), tenant=tenant, http=http, **options)
 
     def async_client(self, tenant: str = TENANT, **options: Any) -> AsyncQueueClient:
         """An `AsyncQueueClient` of this server; its requests are answered off the event loop."""
-        transport = httpx.MockTransport(self._handle_async)
-        http = httpx.AsyncClient(base_url=URL, transport=transport)
+        http = transport.in_process_async(URL, self._handle_async)
         options.setdefault("policy", self.policy)
         return AsyncQueueClient(URL, self._key(), tenant=tenant, http=http, **options)
 
@@ -326,12 +326,12 @@ class InMemoryServer:
                     if match and request.method == method:
                         return self._route(request, match.groupdict(), name, effecting)
             detail = f"{request.method} {path} is not served by the in-memory server"
-            raise Refusal(501, "not-implemented", "Not implemented", detail)
+            raise _Refusal(501, "not-implemented", "Not implemented", detail)
         except orjson.JSONDecodeError:
             refusal = invalid(["body"], "not JSON")
         except KeyError as missing:  # the fields the SDK always sends are the only ones read
             refusal = invalid(["body", *missing.args], "Field required", "missing")
-        except Refusal as refused:
+        except _Refusal as refused:
             refusal = refused
         return self._response(refusal.status, dumps(refusal.document(path)))
 
@@ -356,20 +356,20 @@ class InMemoryServer:
         key = request.headers.get("idempotency-key", "")
         if not 1 <= len(key) <= 255 or not all(33 <= ord(c) <= 126 for c in key):
             detail = "Effecting requests need an Idempotency-Key header."
-            raise Refusal(400, "idempotency-key-required", "Idempotency-Key required", detail)
+            raise _Refusal(400, "idempotency-key-required", "Idempotency-Key required", detail)
         asked_for = orjson.dumps([request.method, asked.path, body], option=orjson.OPT_SORT_KEYS)
         kept = self._receipts.get((caller, key))
         if kept is not None:
             if kept[0] != asked_for:
                 detail = "This Idempotency-Key was already used for a different request."
-                raise Refusal(
+                raise _Refusal(
                     422, "idempotency-key-reuse", "Idempotency-Key reused", detail,
                     idempotency_key=key,
                 )  # fmt: skip
             return self._response(kept[1], kept[2], replayed=True)
         try:
             status, content = self._answer(route(asked))
-        except Refusal as refusal:
+        except _Refusal as refusal:
             if not refusal.kept:
                 raise
             status, content = refusal.status, dumps(refusal.document(asked.path))
@@ -429,7 +429,7 @@ class InMemoryServer:
         record = self._items.get(item_id)
         if record is None or record.tenant != asked.args["tenant"]:
             detail = "No such item in this tenant."
-            raise Refusal(404, "item-not-found", "Item not found", detail, item_id=item_id)
+            raise _Refusal(404, "item-not-found", "Item not found", detail, item_id=item_id)
         return record
 
     # -- leases --------------------------------------------------------------------
@@ -574,12 +574,12 @@ class InMemoryServer:
         entries = [(e["item_id"], e["fence"], e.get("result")) for e in asked.body[name]]
         if len({item_id for item_id, _, _ in entries}) != len(entries):
             detail = f"Each item may appear once in a batch of {name}."
-            raise Refusal(422, "invalid-request", "Invalid request", detail)
+            raise _Refusal(422, "invalid-request", "Invalid request", detail)
         results = []
         for item_id, fence, result in entries:
             try:
                 results.append({"item_id": item_id, "status": 200, **one(item_id, fence, result)})
-            except Refusal as refusal:
+            except _Refusal as refusal:
                 problem = refusal.document(asked.path)
                 results.append({"item_id": item_id, "status": refusal.status, "problem": problem})
         return 200, {counted: sum(r["status"] == 200 for r in results), "results": results}

@@ -30,7 +30,7 @@ import os
 import select
 import socket
 import ssl
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
@@ -108,6 +108,19 @@ def connect(url: str, *, timeout: float) -> HttpClient:
 def connect_async(url: str, *, timeout: float) -> AsyncHttpClient:
     """The asyncio connection pool to the queue server whose base URL is `url`."""
     return httpx.AsyncClient(base_url=url, timeout=timeout, verify=tls_context())
+
+
+def in_process(url: str, handle: Callable[[httpx.Request], httpx.Response]) -> HttpClient:
+    """A client whose requests `handle` answers in this process, with no connection at all
+    (the SDK's test double, client/testing.py)."""
+    return httpx.Client(base_url=url, transport=httpx.MockTransport(handle))
+
+
+def in_process_async(
+    url: str, handle: Callable[[httpx.Request], Coroutine[None, None, httpx.Response]]
+) -> AsyncHttpClient:
+    """The asyncio client of `in_process`."""
+    return httpx.AsyncClient(base_url=url, transport=httpx.MockTransport(handle))
 
 
 @functools.cache

@@ -225,6 +225,12 @@ ALLOWED: dict[str, Allowance] = {
         "names httpx's exception types to classify failures; opens nothing",
         "import httpx",
     ),
+    # The SDK's in-memory double answers its clients' requests in the process.
+    "queue_server/client/testing.py": _allow(
+        "the SDK's test double: httpx's request and response types, answered in process"
+        " (its clients come from client/transport.py's in_process, with no socket)",
+        "import httpx",
+    ),
     # The SDK's one transport to the queue server itself.
     "queue_server/client/transport.py": _allow(
         "the SDK's one transport: connection pools to the queue server's own base URL"
