@@ -372,8 +372,9 @@ def phase_enqueue(run: Run) -> None:
             say(f"  {rate:,.0f} items/s")
 
 
-# Items per commit of the transactional-enqueue phase: one, and a batch of an application's.
-TX_PER_COMMIT = (1, 100)
+# The transactional-enqueue phase's variants (items per commit, application connections):
+# one item and an application's batch, on one connection and on 16 at once.
+TX_VARIANTS = ((1, 1), (100, 1), (1, 16), (100, 16))
 
 
 def phase_tx_enqueue(run: Run) -> None:
@@ -381,27 +382,32 @@ def phase_tx_enqueue(run: Run) -> None:
     per commit, or 100 of each), against a bare INSERT of the same order rows."""
     txenqueue.prepare(run.env.url)
     for rep in range(run.plan.reps):
-        for per_commit in TX_PER_COMMIT:
+        for per_commit, connections in TX_VARIANTS:
             for enqueue in (False, True):
                 tenant = run.new_tenant("txq")
                 what = "INSERT + queue_server.enqueue" if enqueue else "bare INSERT"
-                say(f"{what}, {per_commit} per commit, rep {rep + 1}/{run.plan.reps}")
+                on = f"{connections} connection{'s' if connections > 1 else ''}"
+                say(f"{what}, {per_commit} per commit, {on}, rep {rep + 1}/{run.plan.reps}")
                 start_at = time.time() + START_MARGIN
                 spec = txenqueue.TxSpec(
                     url=run.env.url, tenant=tenant.name, queue="q", per_commit=per_commit,
                     enqueue=enqueue, start_at=start_at, end_at=start_at + run.plan.enqueue_s,
+                    connections=connections,
                 )  # fmt: skip
                 future = run.pool.submit(txenqueue.run, spec)
                 family = f"tx {'enqueue' if enqueue else 'insert'} {per_commit}/commit"
+                family += f" x{connections}" if connections > 1 else ""
                 (result,) = run.measure(family, [future], start_at)
                 run.error(family, result.error_samples, result.errors)
                 rate = result.items / max(1e-9, result.finished_at - start_at)
                 key = f"tx_{'enqueue' if enqueue else 'insert'}_{per_commit}"
+                key += f"_c{connections}" if connections > 1 else ""
                 label = (
                     f"enqueue in an application transaction, {per_commit} per commit"
                     if enqueue
                     else f"bare INSERT into the application's table, {per_commit} per commit"
                 )
+                label += f", {on}" if connections > 1 else ""
                 run.figure(key, label, "items/s", rate)
                 say(f"  {rate:,.0f} items/s")
 

@@ -248,6 +248,19 @@ def _ratios(
                 f" items/s / order rows alone, {per_commit} per commit, one connection",
             )
         )
+    # 16 application connections at once: no admission waits for another's commit.
+    for per_commit, threshold in ((1, 0.5), (100, 0.3)):
+        out.append(
+            _ratio(
+                f"enqueue in an application transaction, {per_commit} per commit, 16"
+                f" connections >= {threshold}x a bare INSERT",
+                figs.get(f"tx_enqueue_{per_commit}_c16"),
+                figs.get(f"tx_insert_{per_commit}_c16"),
+                threshold,
+                f"order rows + queue_server.enqueue{'_many' if per_commit > 1 else ''}"
+                f" items/s / order rows alone, {per_commit} per commit, 16 connections",
+            )
+        )
     out.append(
         _ratio(
             "queue-server work -- true, 16 slots >= 0.7x the spawn floor",

@@ -1,8 +1,9 @@
 """Enqueue inside an application's own transaction (`queue_server.enqueue`), against a bare
 INSERT into the application's own table in the same run.
 
-One load-generator process, one connection, one transaction after another, each committed:
-an `orders` row per item, and with `enqueue` the item too (1 per commit: one
+One load-generator process with `connections` connections (a thread each), each running one
+transaction after another, each committed: an `orders` row per item, and with `enqueue` the
+item too (1 per commit: one
 `queue_server.enqueue`; 100 per commit: one `queue_server.enqueue_many` of 100 beside 100
 order rows). The bare INSERT writes the same order rows and nothing else.
 """
@@ -10,6 +11,7 @@ order rows). The bare INSERT writes the same order rows and nothing else.
 from __future__ import annotations
 
 import resource
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -44,6 +46,8 @@ class TxSpec:
     enqueue: bool
     start_at: float
     end_at: float
+    # Concurrent application connections, as an application's request handlers are.
+    connections: int = 1
 
 
 @dataclass
@@ -62,13 +66,33 @@ def prepare(url: str) -> None:
 
 
 def run(spec: TxSpec) -> TxResult:
-    """Transactions until `end_at`; the items they committed."""
-    result = TxResult()
+    """Transactions on `spec.connections` connections until `end_at`; the items they
+    committed, summed."""
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    results = [TxResult() for _ in range(spec.connections)]
+    threads = [threading.Thread(target=_connection, args=(spec, result)) for result in results]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    total = TxResult(
+        items=sum(r.items for r in results),
+        commits=sum(r.commits for r in results),
+        errors=sum(r.errors for r in results),
+        error_samples=[s for r in results for s in r.error_samples][:5],
+        finished_at=max(r.finished_at for r in results),
+    )
+    total.cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return total
+
+
+def _connection(spec: TxSpec, result: TxResult) -> None:
+    """One connection's transactions until `end_at`, counted into `result`."""
     prefix = uuid.uuid4().hex[:8]
     with psycopg.connect(spec.url, prepare_threshold=0) as conn:
         while time.time() < spec.start_at:
             time.sleep(0.001)
-        before = resource.getrusage(resource.RUSAGE_SELF)
         while time.time() < spec.end_at:
             try:
                 with conn.transaction():
@@ -92,7 +116,4 @@ def run(spec: TxSpec) -> TxResult:
                 result.errors += 1
                 if len(result.error_samples) < 5:
                     result.error_samples.append(str(exc)[:300])
-        after = resource.getrusage(resource.RUSAGE_SELF)
     result.finished_at = time.time()
-    result.cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-    return result

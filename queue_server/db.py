@@ -65,7 +65,8 @@ from queue_server.store.types import Conn
 log = logging.getLogger(__name__)
 
 # The refusal the admission raises at the cap: its DETAIL gives the figures.
-_CAP_DETAIL = re.compile(r"Backlog (-?\d+) \+ (\d+) new would exceed the cap of (\d+)\.")
+# The detail of QS429 (queue_server.admission_shards): the figures, then why.
+_CAP_DETAIL = re.compile(r"Backlog (-?\d+) \+ (\d+) new would exceed the cap of (\d+)[. ].*", re.S)
 
 
 @contextlib.contextmanager

@@ -87,8 +87,6 @@ class Idempotency:
 
 
 Operation = Callable[[Conn], Awaitable[Answer]]
-# A last step of an operation, after its receipt is filled (see `Effects.run`).
-Seal = Callable[[Conn], Awaitable[None]]
 
 
 class _NotClaimed(Exception):  # noqa: N818 - control flow: roll back, then replay
@@ -155,16 +153,8 @@ class Effects:
         idem: Idempotency,
         instance: str,
         operation: Operation,
-        *,
-        seal: Seal | None = None,
     ) -> Answer:
-        """Run `operation` once per (tenant, key); a repeat gets the first answer back.
-
-        `seal`, when given, runs after the receipt is filled, last before the commit, and
-        only after a successful answer: a lock it takes is held for the commit alone (the
-        enqueue's admission lock). A refusal it raises is never kept: the transaction,
-        the operation's effects and the receipt included, rolls back.
-        """
+        """Run `operation` once per (tenant, key); a repeat gets the first answer back."""
         async with self.db.tx() as conn:
             if not await claim(conn, tenant=tenant, idem=idem, retention=self.retention):
                 return await replay(conn, tenant=tenant, idem=idem)
@@ -176,8 +166,6 @@ class Effects:
                 body = errors.problem(exc, base_uri=self.problem_base_uri, instance=instance)
                 answer = Answer(status=exc.status, body=views.dumps(body), problem=True)
             await fill(conn, tenant=tenant, idem=idem, answer=answer)
-            if seal is not None and not answer.problem:
-                await seal(conn)
             return answer
 
     async def run_pipelined(

@@ -265,9 +265,17 @@ def test_the_counters_are_appended_never_updated() -> None:
             assert flat.count("INSERT INTO counter_deltas") == 1, name
             assert "counted AS ( INSERT INTO counter_deltas (tenant_id, queue," in flat, name
             start = flat.index("counted AS (")
-            assert (
-                "ON CONFLICT" not in flat[start : flat.index("GROUP BY tenant_id, queue )", start)]
+            end = re.compile(r"GROUP BY tenant_id, queue(, admission_shard)? \)").search(
+                flat, start
             )
+            assert end is not None, name
+            assert "ON CONFLICT" not in flat[start : end.start()]
+            # What enters or leaves the backlog is counted for the item's admission shard
+            # (migration 0028): a release gives the room back to the shard that admitted it.
+            columns = flat[start : flat.index(")", start + len("counted AS ("))]
+            if "admitted" in columns or "released" in columns:
+                assert "(tenant_id, queue, shard," in columns, name
+                assert end.group(1), name
     assert counting == {
         "acquire",
         "complete",

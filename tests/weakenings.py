@@ -183,48 +183,47 @@ def _drop_backlog_cap(mp: pytest.MonkeyPatch) -> None:
     from queue_server.services.items import Items
     from queue_server.store import tenants, transitions
 
-    original = tenants.admit
+    original_room, original_take = tenants.room, tenants.take_admission
 
-    async def admit(conn: Any, tenant: str) -> Any:
-        row, _ = await original(conn, tenant)
-        return row, 0
+    async def room(conn: Any, **kw: Any) -> Any:
+        row = await original_room(conn, **kw)
+        return None if row is None else {**row, "backlog": 0}
+
+    async def take_admission(conn: Any, **kw: Any) -> Any:
+        return await original_take(conn, **{**kw, "cap": 2**62})
 
     async def no_early_refusal(*_: Any) -> None:
         return None
 
     # The enqueue's admission holds the cap in SQL (queue_server.admit): lift the tenant's
     # cap and the policy's ceiling around it, inside the admission's own transaction.
-    original_enqueue = transitions.enqueue
-
-    async def enqueue(conn: Any, _run: Any = None, **kw: Any) -> Any:
-        run = original_enqueue if _run is None else _run
-        cur = await conn.execute(
-            "SELECT backlog_cap FROM tenants WHERE tenant_id = %s FOR NO KEY UPDATE",
-            (kw["tenant"],),
-        )
-        row = await cur.fetchone()
-        if row is None:
-            return await run(conn, **kw)
-        cap = row["backlog_cap"] if isinstance(row, dict) else row[0]
-        await conn.execute(
-            "UPDATE tenants SET backlog_cap = 2147483647 WHERE tenant_id = %s", (kw["tenant"],)
-        )
-        try:
-            return await run(conn, **{**kw, "backlog_ceiling": 2**62})
-        finally:
-            await conn.execute(
-                "UPDATE tenants SET backlog_cap = %s WHERE tenant_id = %s", (cap, kw["tenant"])
+    def lifted(run: Any) -> Any:
+        async def admission(conn: Any, **kw: Any) -> Any:
+            cur = await conn.execute(
+                "SELECT backlog_cap FROM tenants WHERE tenant_id = %s", (kw["tenant"],)
             )
+            row = await cur.fetchone()
+            if row is None:
+                return await run(conn, **kw)
+            cap = row["backlog_cap"] if isinstance(row, dict) else row[0]
+            await conn.execute(
+                "UPDATE tenants SET backlog_cap = 2147483647 WHERE tenant_id = %s",
+                (kw["tenant"],),
+            )
+            try:
+                return await run(conn, **{**kw, "backlog_ceiling": 2**62})
+            finally:
+                await conn.execute(
+                    "UPDATE tenants SET backlog_cap = %s WHERE tenant_id = %s",
+                    (cap, kw["tenant"]),
+                )
 
-    # The REST route's admission is its last statement (`admit_seal`): the same lift there.
-    original_seal = transitions.admit_seal
+        return admission
 
-    async def admit_seal(conn: Any, **kw: Any) -> Any:
-        return await enqueue(conn, **kw, _run=original_seal)
-
-    mp.setattr(tenants, "admit", admit)
-    mp.setattr(transitions, "enqueue", enqueue)
-    mp.setattr(transitions, "admit_seal", admit_seal)
+    mp.setattr(tenants, "room", room)
+    mp.setattr(tenants, "take_admission", take_admission)
+    mp.setattr(transitions, "enqueue", lifted(transitions.enqueue))
+    mp.setattr(transitions, "enqueue_rows", lifted(transitions.enqueue_rows))
     mp.setattr(Items, "_refuse_early_at_cap", no_early_refusal)
 
 
@@ -258,9 +257,21 @@ def _counters_read_above_the_base(mp: pytest.MonkeyPatch) -> None:
     bound = "d.xid >= (SELECT as_of_xid FROM base)"
     if bound not in view:
         raise AssertionError(f"counter_totals does not contain {bound!r}")
-    # The test databases' tables live in `public`.
-    weakened = view.replace("CREATE VIEW", "CREATE OR REPLACE VIEW").replace("{home}", "public")
-    after_migrate(mp, weakened.replace(bound, "d.xid > (SELECT as_of_xid FROM base)"))
+    shards: str = importlib.import_module(
+        "queue_server.migrations.versions.0028_admission_shards"
+    ).ADMISSION_BACKLOGS
+    above = "d.xid > (SELECT as_of_xid FROM base)"
+    weakened = []
+    for text in (view, shards):
+        if bound not in text:
+            raise AssertionError(f"{text[:40]!r} does not contain {bound!r}")
+        # The test databases' tables live in `public`.
+        weakened.append(
+            text.replace("CREATE VIEW", "CREATE OR REPLACE VIEW")
+            .replace("{home}", "public")
+            .replace(bound, above)
+        )
+    after_migrate(mp, *weakened)
 
 
 @weakening(
@@ -271,14 +282,51 @@ def _counters_read_above_the_base(mp: pytest.MonkeyPatch) -> None:
 def _admission_updates_the_tenant(mp: pytest.MonkeyPatch) -> None:
     import importlib
 
-    migration = importlib.import_module("queue_server.migrations.versions.0023_counter_deltas")
-    seal: str = migration.ADMIT_SEAL
-    insert = "    INSERT INTO counter_deltas (tenant_id, queue, admitted)"
-    if insert not in seal:
-        raise AssertionError(f"admit_seal does not contain {insert!r}")
+    migration = importlib.import_module("queue_server.migrations.versions.0028_admission_shards")
+    admit: str = migration.ADMIT_ROWS
+    take = "    shards := queue_server.admission_shards("
+    if take not in admit:
+        raise AssertionError(f"admit_rows does not contain {take!r}")
     update = "    UPDATE tenants SET updated_at = updated_at WHERE tenant_id = p_tenant;\n"
+    weakened = admit.replace(take, update + take).replace(
+        "CREATE FUNCTION", "CREATE OR REPLACE FUNCTION"
+    )
     # The test databases' tables live in `public`.
-    after_migrate(mp, seal.replace(insert, update + insert).replace("{home}", "public"))
+    after_migrate(mp, migration._ddl(weakened, "public"))
+
+
+@weakening(
+    "admission-shard-unlocked",
+    "an admission reads its shard's room without locking the shard",
+    own_schema=True,
+)
+def _admission_shard_unlocked(mp: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    migration = importlib.import_module("queue_server.migrations.versions.0028_admission_shards")
+    shards: str = migration.ADMISSION_SHARDS
+    lock = "        FOR NO KEY UPDATE SKIP LOCKED;"
+    if lock not in shards:
+        raise AssertionError(f"admission_shards does not contain {lock!r}")
+    weakened = shards.replace(lock, "        ;").replace(
+        "CREATE FUNCTION", "CREATE OR REPLACE FUNCTION"
+    )
+    # The test databases' tables live in `public`.
+    after_migrate(mp, migration._ddl(weakened, "public"))
+
+
+@weakening("release-to-shard-zero", "a completion gives its room back to shard 0, not its own")
+def _release_to_shard_zero(mp: pytest.MonkeyPatch) -> None:
+    from queue_server.store import transitions
+
+    for name in ("complete", "complete_many"):
+        replace_sql(
+            mp,
+            transitions,
+            name,
+            "SELECT tenant_id, queue, admission_shard, count(*), count(*), count(leased_at),",
+            "SELECT tenant_id, queue, 0, count(*), count(*), count(leased_at),",
+        )
 
 
 @weakening("complete-uncounted", "a single complete inserts no counter delta")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import orjson
 
 from queue_server import errors
+from queue_server.db import admission_refusals
 from queue_server.models import Role, is_uuid
 from queue_server.store import tenants
 from queue_server.store.types import Conn, Row
@@ -77,15 +78,17 @@ def decode_cursor(cursor: str, size: int) -> list[str]:
 
 async def admission_room(
     conn: Conn, tenant: str, wanted: int, envelope: LeaseEnvelope, verb: str
-) -> tuple[int, int]:
-    """Take the tenant's admission lock (until the transaction ends), as enqueue does, and
-    return (room, cap): how many items the backlog still takes for a replay or a retry
-    (`verb`). Leased items count in the backlog, so the room kept for active leases is
-    never handed out. No room at all for `wanted` items is 429 backlog-cap-reached."""
-    row, backlog = await tenants.admit(conn, tenant)
+) -> tuple[list[int], int]:
+    """Take room in the tenant's backlog for up to `wanted` items going back into it (a
+    replay or a retry: `verb`), as enqueue does: the admission shards of as many as the
+    cap still takes, one per item, each locked until the transaction ends, and the cap.
+    Leased items count in the backlog, so the room kept for active leases is never handed
+    out. No room at all for `wanted` items is 429 backlog-cap-reached."""
+    row = await tenants.room(conn, tenant=tenant, key="")  # no receipt has an empty key
     if row is None:
         raise errors.TenantNotFoundError(tenant=tenant)
     cap = envelope.held_backlog_cap(int(row["backlog_cap"]))
+    backlog = int(row["backlog"])
     room = max(0, cap - backlog)
     if room == 0 and wanted > 0:
         raise errors.BacklogCapReachedError(
@@ -94,4 +97,6 @@ async def admission_room(
             backlog_cap=cap,
             requested=wanted,
         )
-    return room, cap
+    with admission_refusals(tenant):
+        shards = await tenants.take_admission(conn, tenant=tenant, n=min(room, wanted), cap=cap)
+    return shards, cap

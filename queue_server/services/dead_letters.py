@@ -2,8 +2,8 @@
 
 An item's letter is resolved by `store.transitions` (replay, discard) under the
 letter's row lock; a dead webhook delivery's letter by the watchers service.
-A replayed item is back in the backlog: replay is admitted like an enqueue, under
-the tenant's admission lock and within its backlog cap (`_admit`).
+A replayed item is back in the backlog: replay is admitted like an enqueue, within the
+tenant's backlog cap, charged to an admission shard it locks (`admission_room`).
 """
 
 from __future__ import annotations
@@ -191,13 +191,14 @@ class DeadLetters:
                     item_id=str(row["item_id"]),
                     state=row["item_state"],
                 )
-            await admission_room(conn, tenant, 1, self.envelope, "replayed")
+            (shard,), _ = await admission_room(conn, tenant, 1, self.envelope, "replayed")
             item = await transitions.replay(
                 conn,
                 tenant=tenant,
                 dead_letter_id=dead_letter_id,
                 max_acquisitions=max_acquisitions,
                 actor=principal.actor,
+                shard=shard,
             )
             if item is None:
                 # Both rows are locked and were checked: a 500 rolls everything back.
@@ -278,10 +279,12 @@ class DeadLetters:
             letters = await dead_letters.open_for_queue(
                 conn, tenant=tenant, queue=queue, limit=limit
             )
-            room, cap = await admission_room(conn, tenant, len(letters), self.envelope, "replayed")
+            shards, cap = await admission_room(
+                conn, tenant, len(letters), self.envelope, "replayed"
+            )
             for row in letters:
                 dead_letter_id = str(row["dead_letter_id"])
-                if len(replayed) >= room:
+                if len(replayed) >= len(shards):
                     over_cap.append(dead_letter_id)
                     continue
                 try:
@@ -297,6 +300,7 @@ class DeadLetters:
                             dead_letter_id=dead_letter_id,
                             max_acquisitions=max_acquisitions,
                             actor=principal.actor,
+                            shard=shards[len(replayed)],
                         )
                         if item is None:
                             raise _SkipItemError()

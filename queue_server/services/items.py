@@ -264,9 +264,8 @@ class Items:
     ) -> Answer:
         """Enqueue `items` (new ids), each with the producer's `trace`, once per key.
 
-        Its rows are written first; the tenant's admission lock, the backlog cap and the
-        counter (`admit_seal`) come last, after the answer is rendered and kept on the
-        receipt, so that concurrent enqueues of a tenant wait for each other's commit only.
+        The admission locks the tenant's admission shards it is charged to until the
+        commit; concurrent enqueues of a tenant take other shards and never wait for it.
         """
         principal.require(tenant, *WORKER_OR_OPERATOR)
         refuse_above(
@@ -293,23 +292,12 @@ class Items:
                     items=specs,
                     actor=principal.actor,
                     attempt_cap=self.envelope.leased.attempt_cap,
+                    backlog_ceiling=self.envelope.leased.backlog_cap,
                 )
             shaped = views.enqueued(tenant, queue, specs, written)
             return Answer(201, views.dumps({"items": shaped} if batch else shaped[0]))
 
-        async def seal(conn: Conn) -> None:
-            # The tenant's admission lock, taken last: held from here to the commit only,
-            # not while the rows are written and the answer is rendered and kept.
-            with admission_refusals(tenant):
-                await transitions.admit_seal(
-                    conn,
-                    tenant=tenant,
-                    queue=queue,
-                    n=len(specs),
-                    backlog_ceiling=self.envelope.leased.backlog_cap,
-                )
-
-        return await self.effects.run(tenant, idem, instance, operation, seal=seal)
+        return await self.effects.run(tenant, idem, instance, operation)
 
     def _specs(
         self, items: Sequence[ItemSpec], ids: Sequence[str], trace: TraceContext | None
@@ -341,8 +329,8 @@ class Items:
     async def admit(
         self, conn: Conn, tenant: str, queue: str, items: list[NewItem], *, actor: str
     ) -> list[Row]:
-        """Enqueue `items` in the caller's transaction, under the tenant's admission lock and
-        backlog cap (all or nothing). Every enqueue of the server comes through here: the
+        """Enqueue `items` in the caller's transaction, within the tenant's backlog cap (all or
+        nothing; its admission shards locked until the transaction ends). Every enqueue of the server comes through here: the
         API's, and each fire of a schedule; `queue_server.enqueue` (an application's own
         transaction) runs the same admission in SQL."""
         specs = [
@@ -366,7 +354,7 @@ class Items:
         after a short pause (`cap_refusal_delay`) that holds no connection and no CPU.
 
         Only for a key with no receipt (a replay must still get its original answer);
-        whatever this lets through, the admission under the tenant's lock decides exactly.
+        whatever this lets through, the admission under its shards' locks decides exactly.
         """
         async with self.db.conn() as conn:
             row = await tenants.room(conn, tenant=tenant, key=idem.receipt_key)
@@ -614,7 +602,7 @@ class Items:
         cursor: str | None,
     ) -> Answer:
         """Make one page of `filter`'s quarantined or cancelled items (at most `limit`) ready
-        now, as a replay: back in the backlog under the tenant's admission lock and cap. Those
+        now, as a replay: back in the backlog within the tenant's cap (admission shards). Those
         past the cap's room are left as they were (`over_cap`; 429 when none fits), and
         `next_cursor` resumes after the last one retried."""
         principal.require(tenant, Role.OPERATOR)
@@ -626,12 +614,13 @@ class Items:
             page = await self._page(conn, tenant, filter, after, limit, open_only=False)
             more = len(page) > limit
             page = page[:limit]
-            room, cap = await admission_room(conn, tenant, len(page), self.envelope, "retried")
-            chosen, over = page[:room], page[room:]
+            shards, cap = await admission_room(conn, tenant, len(page), self.envelope, "retried")
+            chosen, over = page[: len(shards)], page[len(shards) :]
             retried = await transitions.retry(
                 conn,
                 tenant=tenant,
                 item_ids=[str(r["item_id"]) for r in chosen],
+                shards=shards,
                 state=str(filter.state),
                 actor=principal.actor,
             )

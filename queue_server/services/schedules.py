@@ -6,7 +6,7 @@ One pass over a due schedule is one transaction:
     claim the schedule row (FOR NO KEY UPDATE SKIP LOCKED: another loop holding it is
       firing it, so this one moves on) with the database's `now`
     plan the due ticks since the cursor by the catch-up rule (`services.ticks`)
-    each tick to fire, oldest first: `Items.admit` (the admission lock and backlog cap of
+    each tick to fire, oldest first: `Items.admit` (the admission shards and backlog cap of
       every enqueue) with the item id derived from (schedule, tick), its `scheduled`
       ledger event, its fire row
       '--refused at the cap: recorded, the cursor stays on that tick, retried in a second

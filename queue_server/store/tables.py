@@ -16,6 +16,7 @@ from sqlalchemy import (
     Integer,
     Interval,
     MetaData,
+    SmallInteger,
     Table,
     Text,
     UniqueConstraint,
@@ -139,6 +140,9 @@ work_items = Table(
     # resumes the ready and leased indexes from a cursor, and finds a row committed behind it
     # by this id (queue_server/store/cursors.py).
     Column("placed_xid", Xid8(), nullable=True, server_default=text("pg_current_xact_id()")),
+    # The tenant's admission shard the item was admitted under (0028): its release gives
+    # the room back to that shard.
+    Column("admission_shard", SmallInteger, nullable=False, server_default=text("0")),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
     CheckConstraint("fence >= 0", name="fence_not_negative"),
     CheckConstraint(TRACEPARENT_W3C, name="traceparent_w3c"),
@@ -714,6 +718,8 @@ counter_deltas = Table(
     Column("tenant_id", Text, nullable=False),
     Column("queue", Text, nullable=False),
     Column("xid", Xid8(), nullable=False, server_default=text("pg_current_xact_id()")),
+    # The admission shard the admitted and released counts are of (0028).
+    Column("shard", SmallInteger, nullable=False, server_default=text("0")),
     *(_count(name) for name in COUNTS),
     # No foreign key to the tenant (a completion does not lock its row for the check):
     # deleting a tenant deletes its deltas, and the fold drops any of a tenant gone.
@@ -733,6 +739,19 @@ counter_bases = Table(
     Column("queue", Text, primary_key=True),
     *(_count(name) for name in COUNTS),
     _ts("folded_at", nullable=False, server_default=func.now()),
+    Column("shard", SmallInteger, primary_key=True, server_default=text("0")),
+    ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
+)
+
+# The backlog cap in shards (0028): shard s of a tenant with cap C holds ceil((C - s) / W)
+# of it, W = least(32, C). An admission locks the shards it is charged to (FOR NO KEY
+# UPDATE, SKIP LOCKED: queue_server.admission_shards) until its transaction ends; a row is
+# a lock and nothing else, never updated. Made for every tenant by a trigger on `tenants`.
+admission_shards = Table(
+    "admission_shards",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("shard", SmallInteger, primary_key=True),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
 )
 

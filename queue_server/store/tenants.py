@@ -54,25 +54,16 @@ async def list_keys(conn: Conn, *, tenant: str, revoked: bool) -> list[Row]:
     return await cur.fetchall()
 
 
-async def admit(conn: Conn, tenant: str) -> tuple[Row | None, int]:
-    """Take the tenant's admission lock (held until the transaction ends), then read its backlog.
-
-    Backlog = items admitted (enqueued, replayed or retried: counted under this lock) -
-    items released (completed, quarantined or cancelled from the backlog: counted without
-    it), from the counters' latest base and deltas since. Two statements: the second's
-    snapshot is taken after the lock is granted, so it sees every admission and release
-    committed before. A release still in flight is not counted yet, which errs on the
-    side of the cap. The row is locked, never updated: its version chain does not grow.
+async def take_admission(conn: Conn, *, tenant: str, n: int, cap: int) -> list[int]:
+    """The tenant's admission shards that take `n` items back into its backlog (a replay,
+    a retry), one entry per item, each locked until the transaction ends
+    (`queue_server.admission_shards`, as an enqueue takes them). Refused (QS429: the caller
+    translates it with `db.admission_refusals`) when the backlog + `n` would exceed `cap`.
     """
-    # NO KEY UPDATE: serialises admissions without blocking inserts that reference the tenant.
-    cur = await conn.execute(_SQL["admit"], (tenant,))
+    cur = await conn.execute(_SQL["take_admission"], {"tenant": tenant, "n": n, "cap": cap})
     row = await cur.fetchone()
-    if row is None:
-        return None, 0
-    cur = await conn.execute(_SQL["admitted_backlog"], {"tenant": tenant})
-    counted = await cur.fetchone()
-    assert counted is not None
-    return row, int(counted["backlog"])
+    assert row is not None
+    return [int(shard) for shard in row["shards"]]
 
 
 async def room(conn: Conn, *, tenant: str, key: str) -> Row | None:

@@ -56,8 +56,10 @@ async def enqueue(
     attempt_cap: int,
     backlog_ceiling: int,
 ) -> list[Row]:
-    """(nothing) -> ready, one row per item, all or nothing, under the tenant's admission
-    lock (taken here, held until the caller's transaction ends) and its backlog cap.
+    """(nothing) -> ready, one row per item, all or nothing, within the tenant's backlog cap:
+    charged to admission shards of the tenant this transaction locks (`queue_server.
+    admission_shards`, held until the caller's transaction ends; one another transaction
+    holds is passed over, not waited for).
 
     The one admission (`queue_server.admit`, migration 0017) that `queue_server.enqueue`
     runs too. An item without its own `max_acquisitions` gets the queue's, else the
@@ -100,26 +102,20 @@ async def enqueue_rows(
     items: list[dict[str, Any]],
     actor: str,
     attempt_cap: int,
+    backlog_ceiling: int,
 ) -> dict[str, Written]:
-    """(nothing) -> ready, not admitted: the rows of `enqueue` (items, ledger, outbox),
-    without the tenant's admission lock; `admit_seal` admits them, last in the same
-    transaction, or refuses them (and they roll back). Each item needs its `item_id`.
-
-    What the database decided, by item id: the budget (the item's, else the queue's, else
-    the tenant's default, at most `attempt_cap`), `available_at` and `created_at`.
-    """
+    """(nothing) -> ready: `enqueue`'s admission (its shards locked until the caller's
+    transaction ends), telling what the database decided, by item id: the budget (the
+    item's, else the queue's, else the tenant's default, at most `attempt_cap`),
+    `available_at` and `created_at`. Each item needs its `item_id`. Refusals are SQL
+    errors (the caller translates them with `db.admission_refusals`)."""
+    params = {
+        **_admission(tenant, queue, items, actor, attempt_cap),
+        "backlog_ceiling": backlog_ceiling,
+    }
     cur = conn.cursor(row_factory=tuple_row)
-    await cur.execute(_SQL["enqueue_rows"], _admission(tenant, queue, items, actor, attempt_cap))
+    await cur.execute(_SQL["enqueue_rows"], params)
     return {item_id: (budget, at, created) for item_id, budget, at, created in await cur.fetchall()}
-
-
-async def admit_seal(conn: Conn, *, tenant: str, queue: str, n: int, backlog_ceiling: int) -> None:
-    """The admission of the `n` items `enqueue_rows` wrote in this transaction: the tenant's
-    admission lock (held until the transaction ends: run it last), its backlog cap (at most
-    `backlog_ceiling`), the admitted counter and the NOTIFY. Refusals are SQL errors (the
-    caller translates them with `db.admission_refusals`)."""
-    params = {"tenant": tenant, "queue": queue, "n": n, "backlog_ceiling": backlog_ceiling}
-    await conn.execute(_SQL["admit_seal"], params)
 
 
 async def lock_queue(conn: Conn, *, tenant: str, queue: str) -> None:
@@ -530,32 +526,41 @@ async def complete_many(
 
 
 async def replay(
-    conn: Conn, *, tenant: str, dead_letter_id: str, max_acquisitions: int | None, actor: str
+    conn: Conn,
+    *,
+    tenant: str,
+    dead_letter_id: str,
+    max_acquisitions: int | None,
+    actor: str,
+    shard: int,
 ) -> Row | None:
     """quarantined -> ready with a renewed budget; the dead letter is closed. Fence unchanged.
 
-    The item re-enters the backlog: the caller holds the tenant's admission lock
-    (`tenants.admit`) and has checked the cap, as for an enqueue.
+    The item re-enters the backlog charged to admission shard `shard`, which the caller
+    took for it (`tenants.take_admission`), as for an enqueue.
     """
     params = {
         "tenant": tenant,
         "dead_letter_id": dead_letter_id,
         "max_acquisitions": max_acquisitions,
         "actor": actor,
+        "shard": shard,
     }
     return await fetch_one(conn, _SQL["replay"], params)
 
 
 async def retry(
-    conn: Conn, *, tenant: str, item_ids: list[str], state: str, actor: str
+    conn: Conn, *, tenant: str, item_ids: list[str], shards: list[int], state: str, actor: str
 ) -> list[Row]:
     """quarantined or cancelled (`state`) -> ready, due now with a renewed budget, as a
     replay; an open dead letter closes. Fence unchanged.
 
-    The items re-enter the backlog: the caller holds the tenant's admission lock
-    (`tenants.admit`) and has checked the cap for all of them. Returns the retried rows.
+    The items re-enter the backlog, each charged to the admission shard the caller took
+    for it (`shards[i]` for `item_ids[i]`, `tenants.take_admission`). Returns the retried
+    rows.
     """
-    return await fetch_all(conn, _SQL["retry"], _bulk(conn, tenant, item_ids, state, actor))
+    params = {**_bulk(conn, tenant, item_ids, state, actor), "shards": shards}
+    return await fetch_all(conn, _SQL["retry"], params)
 
 
 async def delete_finished(

@@ -33,3 +33,16 @@ def assert_backlog_counter_matches(db: Db) -> None:
     ).fetchall()
     for row in rows:
         assert row["counted"] == row["actual"], row
+    # And per admission shard: each release gave its room back to the shard that admitted
+    # the item (migration 0028).
+    shards = db.execute(
+        "SELECT coalesce(b.tenant_id, w.tenant_id) AS tenant_id,"
+        " coalesce(b.shard, w.shard) AS shard, coalesce(b.backlog, 0) AS counted,"
+        " coalesce(w.n, 0) AS actual"
+        " FROM admission_backlogs b FULL JOIN"
+        " (SELECT tenant_id, admission_shard AS shard, count(*) AS n FROM work_items"
+        "  WHERE state IN ('ready', 'leased') GROUP BY tenant_id, admission_shard) w"
+        " ON w.tenant_id = b.tenant_id AND w.shard = b.shard"
+    ).fetchall()
+    for row in shards:
+        assert row["counted"] == row["actual"], row

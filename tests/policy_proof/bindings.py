@@ -76,6 +76,7 @@ _ENV_T = "tests/api/test_lease_envelope.py::"
 _LEASES_T = "tests/api/test_leases.py::"
 _ITEMS_T = "tests/api/test_items.py::"
 _FOLDS_T = "tests/operators/test_counter_folds.py::"
+_SHARDS_T = "tests/transactional/test_admission_shards.py::"
 _RUNS_T = "tests/verification/test_run_deadline.py::"
 _RUNNER_T = "tests/verification/test_verifier_runner.py::"
 _STALE_T = "tests/confirmations/test_stale_receipts.py::"
@@ -583,7 +584,7 @@ EXTRA_PROOFS: tuple[Binding, ...] = (
     Binding(
         LW,
         D.BACKPRESSURE,
-        "queue_server.store.tenants.admit",
+        "queue_server.store.tenants.take_admission",
         _FOLDS_T + "test_a_delta_committed_after_a_fold_began_is_counted_once",
         "counters-read-above-the-base",
     ),
@@ -597,10 +598,26 @@ EXTRA_PROOFS: tuple[Binding, ...] = (
     Binding(
         LW,
         D.BACKPRESSURE,
-        "queue_server.store.transitions.admit_seal",
+        "queue_server.store.transitions.enqueue_rows",
         _FOLDS_T
         + "test_under_a_held_snapshot_reading_the_figures_and_the_backlog_does_not_grow_with_work",
         "admission-updates-the-tenant",
+    ),
+    # The cap in admission shards (migration 0028): each shard's room is read under its
+    # lock, and each release gives the room back to the shard that admitted the item.
+    Binding(
+        LW,
+        D.BACKPRESSURE,
+        ENQUEUE,
+        _SHARDS_T + "test_racing_admissions_commits_rollbacks_and_releases_keep_the_cap_exact",
+        "admission-shard-unlocked",
+    ),
+    Binding(
+        LW,
+        D.BACKPRESSURE,
+        HOLDER,
+        _SHARDS_T + "test_racing_admissions_commits_rollbacks_and_releases_keep_the_cap_exact",
+        "release-to-shard-zero",
     ),
 )
 

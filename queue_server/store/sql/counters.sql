@@ -22,20 +22,20 @@ WITH horizon AS (
     -- From the base on: the deltas an earlier fold deleted lie below it.
     DELETE FROM counter_deltas d
     WHERE d.xid >= (SELECT as_of_xid FROM base) AND d.xid < (SELECT x FROM horizon)
-    RETURNING d.tenant_id, d.queue, d.admitted, d.released, d.completed, d.failed,
+    RETURNING d.tenant_id, d.queue, d.shard, d.admitted, d.released, d.completed, d.failed,
               d.quarantined, d.cancelled, d.purged_completed, d.purged_cancelled,
               d.timed_completions, d.completion_ms
 ), replaced AS (
     DELETE FROM counter_bases b
     WHERE b.as_of_xid = (SELECT as_of_xid FROM base) AND EXISTS (SELECT 1 FROM folded)
-    RETURNING b.tenant_id, b.queue, b.admitted, b.released, b.completed, b.failed,
+    RETURNING b.tenant_id, b.queue, b.shard, b.admitted, b.released, b.completed, b.failed,
               b.quarantined, b.cancelled, b.purged_completed, b.purged_cancelled,
               b.timed_completions, b.completion_ms
 ), based AS (
-    INSERT INTO counter_bases (as_of_xid, tenant_id, queue, admitted, released, completed,
+    INSERT INTO counter_bases (as_of_xid, tenant_id, queue, shard, admitted, released, completed,
                                failed, quarantined, cancelled, purged_completed,
                                purged_cancelled, timed_completions, completion_ms)
-    SELECT (SELECT x FROM horizon), c.tenant_id, c.queue, sum(c.admitted), sum(c.released),
+    SELECT (SELECT x FROM horizon), c.tenant_id, c.queue, c.shard, sum(c.admitted), sum(c.released),
            sum(c.completed), sum(c.failed), sum(c.quarantined), sum(c.cancelled),
            sum(c.purged_completed), sum(c.purged_cancelled), sum(c.timed_completions),
            sum(c.completion_ms)
@@ -43,8 +43,8 @@ WITH horizon AS (
     -- A deleted tenant's counters go with it; one being deleted is waited for (its row
     -- locked as the foreign key's check would, so the check cannot fail).
     WHERE EXISTS (SELECT 1 FROM tenants t WHERE t.tenant_id = c.tenant_id FOR KEY SHARE)
-    GROUP BY c.tenant_id, c.queue
-    ORDER BY c.tenant_id, c.queue
+    GROUP BY c.tenant_id, c.queue, c.shard
+    ORDER BY c.tenant_id, c.queue, c.shard
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM folded) AS deltas, (SELECT count(*) FROM based) AS bases,

@@ -31,12 +31,9 @@ SELECT key_id, tenant_id, role, name, created_at, revoked_at FROM api_keys
 WHERE tenant_id = %(tenant)s AND (%(revoked)s OR revoked_at IS NULL)
 ORDER BY created_at, key_id;
 
--- name: admitted_backlog
-SELECT coalesce(sum(admitted - released), 0)::bigint AS backlog FROM counter_totals
-WHERE tenant_id = %(tenant)s;
-
--- name: admit
-SELECT * FROM tenants WHERE tenant_id = %s FOR NO KEY UPDATE;
+-- name: take_admission
+-- `n` items' admission shards, locked until the transaction ends (migration 0028).
+SELECT queue_server.admission_shards(%(tenant)s, %(n)s, %(cap)s) AS shards;
 
 -- name: room
 -- The backlog of tenant row t: admitted minus released, over its queues.

@@ -3,28 +3,20 @@
 -- the text sent.
 
 -- name: enqueue
--- (nothing) -> ready: the admission of migrations 0017, 0020, 0022 and 0023 in one statement, shared
--- with queue_server.enqueue (an application's own transaction): the items, their
--- `enqueued` ledger rows, the outbox rows, then the tenant's admission lock, the backlog
--- cap, the admitted counter and the NOTIFY. Refusals are SQL errors (QS429 at the cap,
--- QS404 no tenant).
+-- (nothing) -> ready: the one admission (queue_server.admit, migrations 0017 and 0028),
+-- shared with queue_server.enqueue (an application's own transaction): the tenant's
+-- admission shards (locked until the transaction ends, passing over those another holds),
+-- the backlog cap, the items, their `enqueued` ledger rows, the outbox rows, the admitted
+-- counters and the NOTIFY. Refusals are SQL errors (QS429 at the cap, QS404 no tenant).
 SELECT * FROM queue_server.admit(%(tenant)s, %(queue)s, %(items)s::jsonb, %(actor)s,
                                  %(attempt_cap)s, %(backlog_ceiling)s);
 
 -- name: enqueue_rows
--- (nothing) -> ready, not admitted until `admit_seal` runs in the same transaction: the
--- admission's rows (queue_server.admit_rows, migration 0020): the envelope, the items,
--- their `enqueued` ledger rows and the outbox rows. Only what the answer cannot know
+-- The same admission (queue_server.admit_rows), telling only what the answer cannot know
 -- before: each item's budget (a default is the queue's or the tenant's) and instants.
 SELECT item_id::text AS item_id, max_acquisitions, available_at, created_at
 FROM queue_server.admit_rows(%(tenant)s, %(queue)s, %(items)s::jsonb, %(actor)s,
-                             %(attempt_cap)s);
-
--- name: admit_seal
--- The admission of the rows `enqueue_rows` wrote (queue_server.admit_seal): the tenant's
--- admission lock, held until the transaction ends, so run last; the backlog cap (QS429,
--- and the rows roll back), the admitted counter and the NOTIFY.
-SELECT queue_server.admit_seal(%(tenant)s, %(queue)s, %(n)s, %(backlog_ceiling)s);
+                             %(attempt_cap)s, %(backlog_ceiling)s);
 
 -- name: lock_queue
 -- The queue's concurrency limit (the policy's local concurrency, one, unless a live spend
@@ -299,9 +291,9 @@ WITH terms AS (
     FROM quarantined
 ), counted AS (
     -- Out of the backlog.
-    INSERT INTO counter_deltas (tenant_id, queue, released, quarantined)
-    SELECT tenant_id, queue, count(*), count(*)
-    FROM quarantined GROUP BY tenant_id, queue
+    INSERT INTO counter_deltas (tenant_id, queue, shard, released, quarantined)
+    SELECT tenant_id, queue, admission_shard, count(*), count(*)
+    FROM quarantined GROUP BY tenant_id, queue, admission_shard
 ), outbox AS (
     INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
@@ -414,12 +406,12 @@ WITH upd AS (
 ), counted AS (
     -- Out of the backlog, with each completion's acquire-to-complete time (`leased_at` is
     -- its lease's start).
-    INSERT INTO counter_deltas (tenant_id, queue, released, completed, timed_completions,
+    INSERT INTO counter_deltas (tenant_id, queue, shard, released, completed, timed_completions,
                                 completion_ms)
-    SELECT tenant_id, queue, count(*), count(*), count(leased_at),
+    SELECT tenant_id, queue, admission_shard, count(*), count(*), count(leased_at),
            coalesce(sum(round(extract(epoch FROM statement_timestamp() - leased_at) * 1000)),
                     0)::bigint
-    FROM upd GROUP BY tenant_id, queue
+    FROM upd GROUP BY tenant_id, queue, admission_shard
 )
 SELECT upd.* FROM upd;
 
@@ -568,9 +560,9 @@ WITH upd AS (
     ORDER BY s.item_id, w.watcher_id
 ), counted AS (
     -- Out of the backlog.
-    INSERT INTO counter_deltas (tenant_id, queue, released, failed, quarantined)
-    SELECT tenant_id, queue, count(*), count(*), count(*)
-    FROM upd GROUP BY tenant_id, queue
+    INSERT INTO counter_deltas (tenant_id, queue, shard, released, failed, quarantined)
+    SELECT tenant_id, queue, admission_shard, count(*), count(*), count(*)
+    FROM upd GROUP BY tenant_id, queue, admission_shard
 )
 SELECT upd.* FROM upd;
 
@@ -671,12 +663,12 @@ WITH input AS (
 ), counted AS (
     -- Out of the backlog, with each completion's acquire-to-complete time (`leased_at` is
     -- its lease's start).
-    INSERT INTO counter_deltas (tenant_id, queue, released, completed, timed_completions,
+    INSERT INTO counter_deltas (tenant_id, queue, shard, released, completed, timed_completions,
                                 completion_ms)
-    SELECT tenant_id, queue, count(*), count(*), count(leased_at),
+    SELECT tenant_id, queue, admission_shard, count(*), count(*), count(leased_at),
            coalesce(sum(round(extract(epoch FROM statement_timestamp() - leased_at) * 1000)),
                     0)::bigint
-    FROM upd GROUP BY tenant_id, queue
+    FROM upd GROUP BY tenant_id, queue, admission_shard
 ), outbox AS (
     INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
@@ -707,7 +699,8 @@ WITH dl AS (
     UPDATE work_items w
     SET state = 'ready', available_at = statement_timestamp(), acquisition_count = 0,
         max_acquisitions = coalesce(%(max_acquisitions)s, w.max_acquisitions),
-        updated_at = statement_timestamp(), event_seq = w.event_seq + 1
+        updated_at = statement_timestamp(), event_seq = w.event_seq + 1,
+        admission_shard = %(shard)s
     FROM dl
     WHERE w.tenant_id = %(tenant)s AND w.item_id = dl.item_id AND w.state = 'quarantined'
     RETURNING w.*
@@ -719,10 +712,10 @@ WITH dl AS (
                               'available_at', available_at)
     FROM upd
 ), counted AS (
-    -- Back in the backlog: the caller holds the admission lock and checked the cap.
-    INSERT INTO counter_deltas (tenant_id, queue, admitted)
-    SELECT tenant_id, queue, count(*)
-    FROM upd GROUP BY tenant_id, queue
+    -- Back in the backlog, charged to the admission shard the caller took for it.
+    INSERT INTO counter_deltas (tenant_id, queue, shard, admitted)
+    SELECT tenant_id, queue, admission_shard, count(*)
+    FROM upd GROUP BY tenant_id, queue, admission_shard
 ), outbox AS (
     INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
@@ -819,9 +812,10 @@ WITH prev AS (
                         WHERE previous_state = 'quarantined')
 ), counted AS (
     -- Those that were ready or leased leave the backlog.
-    INSERT INTO counter_deltas (tenant_id, queue, released, cancelled)
-    SELECT tenant_id, queue, count(*) FILTER (WHERE previous_state <> 'quarantined'), count(*)
-    FROM upd JOIN prev USING (item_id) GROUP BY tenant_id, queue
+    INSERT INTO counter_deltas (tenant_id, queue, shard, released, cancelled)
+    SELECT tenant_id, queue, admission_shard,
+           count(*) FILTER (WHERE previous_state <> 'quarantined'), count(*)
+    FROM upd JOIN prev USING (item_id) GROUP BY tenant_id, queue, admission_shard
 ), outbox AS (
     INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
                                    body, state, next_attempt_at, due_at, created_at, updated_at)
@@ -910,12 +904,15 @@ LEFT JOIN (SELECT created_at, item_id FROM scanned
 -- name: retry
 -- quarantined or cancelled -> ready: due now, its acquisition budget whole again (as a
 -- replay), `retried` in its ledger; a quarantined item's open dead letter closes as
--- `retried`. Back in the backlog: the caller holds the admission lock and checked the
--- cap. A cancelled item leaves the cancelled count as a deleted one does.
+-- `retried`. Back in the backlog, each item charged to the admission shard the caller
+-- took for it (`shards`, by position in `item_ids`). A cancelled item leaves the cancelled
+-- count as a deleted one does.
 WITH upd AS (
     UPDATE work_items w
     SET state = 'ready', available_at = statement_timestamp(), acquisition_count = 0,
-        updated_at = statement_timestamp(), event_seq = w.event_seq + 1
+        updated_at = statement_timestamp(), event_seq = w.event_seq + 1,
+        admission_shard = (%(shards)s::smallint[])[array_position(%(item_ids)s::uuid[],
+                                                                   w.item_id)]
     WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(%(item_ids)s::uuid[])
       AND w.state = %(state)s::item_state AND w.state IN ('quarantined', 'cancelled')
     RETURNING w.*
@@ -934,10 +931,10 @@ WITH upd AS (
     FROM upd u LEFT JOIN dl ON dl.item_id = u.item_id
 ), counted AS (
     -- Back in the backlog; a cancelled item leaves the cancelled count as a deleted one.
-    INSERT INTO counter_deltas (tenant_id, queue, admitted, purged_cancelled)
-    SELECT tenant_id, queue, count(*),
+    INSERT INTO counter_deltas (tenant_id, queue, shard, admitted, purged_cancelled)
+    SELECT tenant_id, queue, admission_shard, count(*),
            CASE WHEN %(state)s::text = 'cancelled' THEN count(*) ELSE 0 END
-    FROM upd GROUP BY tenant_id, queue
+    FROM upd GROUP BY tenant_id, queue, admission_shard
 )
 -- One row each (a single notification per queue retried into).
 SELECT upd.* FROM upd,

@@ -1,0 +1,252 @@
+"""The backlog cap in admission shards (migration 0028): an admission held open in one
+application transaction does not delay another connection's enqueue of the same tenant,
+racing admissions, commits, rollbacks and releases never overshoot the cap nor lose room,
+and the backlog in place when the migration runs is carried over shard by shard."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from queue_server.client import enqueue_in, errors
+from queue_server.infra import migrate
+from tests.helpers.api import Api
+from tests.helpers.invariants import assert_backlog_counter_matches, assert_ledgers_fold_to_rows
+from tests.helpers.roles import Roles
+
+Db = psycopg.Connection[dict[str, Any]]
+
+
+def _backlog(db: Db, tenant: str = "acme") -> int:
+    row = db.execute(
+        "SELECT count(*) AS n FROM work_items WHERE tenant_id = %s"
+        " AND state IN ('ready', 'leased')",
+        (tenant,),
+    ).fetchone()
+    assert row is not None
+    return int(row["n"])
+
+
+def test_an_enqueue_held_open_in_one_transaction_does_not_delay_anothers(
+    api: Api, db: Db, roles: Roles
+) -> None:
+    app = roles.make("acme")
+    holder, other = app.connect(), app.connect()
+    try:
+        # An application's request transaction enqueues, then goes on with its own work.
+        held = enqueue_in(holder, "acme", "emails", {"held": True}, key="held")
+        timings: list[float] = []
+        failures: list[str] = []
+
+        def enqueue_meanwhile() -> None:
+            try:
+                for n in range(20):
+                    started = time.monotonic()
+                    enqueue_in(other, "acme", "emails", {"n": n}, key=f"other-{n}")
+                    other.commit()
+                    timings.append(time.monotonic() - started)
+                started = time.monotonic()
+                response = api.worker.post(
+                    "/v1/tenants/acme/queues/emails/items",
+                    json={"payload": {"rest": True}},
+                    headers={"Idempotency-Key": "rest-meanwhile"},
+                )
+                assert response.status_code == 201, response.text
+                timings.append(time.monotonic() - started)
+            except Exception as exc:  # the test fails on it below
+                failures.append(repr(exc))
+
+        # Under one admission lock per tenant, these waited for the holder's COMMIT.
+        meanwhile = threading.Thread(target=enqueue_meanwhile)
+        meanwhile.start()
+        meanwhile.join(timeout=20)
+        assert not meanwhile.is_alive(), "another connection's enqueue waited for the holder"
+        assert failures == []
+        assert len(timings) == 21
+        assert max(timings) < 2.0, timings
+        # The holder's transaction is still open: its item is not seen yet, the others are.
+        assert _backlog(db) == 21
+        holder.commit()
+        assert _backlog(db) == 22
+        assert db.execute(
+            "SELECT state FROM work_items WHERE item_id = %s", (held,)
+        ).fetchone() == {"state": "ready"}
+    finally:
+        holder.close()
+        other.close()
+    assert_backlog_counter_matches(db)
+
+
+CAP = 50
+RACERS = 24
+
+
+def test_racing_admissions_commits_rollbacks_and_releases_keep_the_cap_exact(
+    api: Api, db: Db, roles: Roles
+) -> None:
+    """Application transactions of 1 to 3 items hold their admission a moment, a fifth of
+    them roll back, REST enqueues and completions run beside them, and one transaction
+    stays open across the whole race: the backlog never passes the cap, and once the race
+    is over the cap's whole room is still there to take, to the last item."""
+    assert api.admin.put("/v1/tenants/acme", json={"backlog_cap": CAP}).status_code == 200
+    app = roles.make("acme")
+    long_open = app.connect()
+    long_items = [{"payload": {"long": n}} for n in range(3)]
+    long_open.execute(
+        "SELECT queue_server.enqueue_many('acme', 'q', %s::jsonb, 'long')",
+        (psycopg.types.json.Jsonb(long_items),),
+    )
+    stop = time.monotonic() + 4.0
+    lock = threading.Lock()
+    peaks: list[int] = []
+    failures: list[str] = []
+    refused = [0]
+
+    def application(n: int) -> None:
+        rng = random.Random(n)
+        with app.connect() as conn:
+            while time.monotonic() < stop:
+                size = rng.randint(1, 3)
+                items = [{"payload": {"racer": n}} for _ in range(size)]
+                try:
+                    conn.execute(
+                        "SELECT queue_server.enqueue_many('acme', 'q', %s::jsonb, %s)",
+                        (psycopg.types.json.Jsonb(items), uuid.uuid4().hex),
+                    )
+                    time.sleep(rng.uniform(0, 0.01))
+                    if rng.random() < 0.2:
+                        conn.rollback()
+                    else:
+                        conn.commit()
+                except psycopg.Error as exc:
+                    conn.rollback()
+                    if exc.sqlstate != "QS429":
+                        with lock:
+                            failures.append(repr(exc))
+                    with lock:
+                        refused[0] += 1
+
+    def rest(n: int) -> None:
+        with api.client(api.keys["worker"]) as client:
+            while time.monotonic() < stop:
+                response = client.post(
+                    "/v1/tenants/acme/queues/q/items",
+                    json={"payload": {"rest": n}},
+                    headers={"Idempotency-Key": uuid.uuid4().hex},
+                )
+                if response.status_code != 201 and response.json().get("code") != (
+                    "backlog-cap-reached"
+                ):
+                    with lock:
+                        failures.append(response.text)
+
+    def releases() -> None:
+        # Items leave the backlog (completed) and give their room back to their shards.
+        with api.client(api.keys["worker"]) as client:
+            while time.monotonic() < stop:
+                leases = client.post(
+                    "/v1/tenants/acme/queues/q/leases",
+                    json={"worker": "w1", "max_items": 4},
+                ).json()
+                for lease in leases.get("leases", []):
+                    done = client.post(
+                        f"/v1/tenants/acme/items/{lease['item_id']}/complete",
+                        json={"worker": "w1", "fence": lease["fence"], "result": None},
+                        headers={"Idempotency-Key": uuid.uuid4().hex},
+                    )
+                    if done.status_code != 200:
+                        with lock:
+                            failures.append(done.text)
+                time.sleep(0.05)
+
+    def watch() -> None:
+        with psycopg.connect(db.info.dsn, autocommit=True, row_factory=dict_row) as conn:
+            while time.monotonic() < stop:
+                peaks.append(_backlog(conn))
+                time.sleep(0.01)
+
+    threads = [threading.Thread(target=application, args=(n,)) for n in range(RACERS)]
+    threads += [threading.Thread(target=rest, args=(n,)) for n in range(4)]
+    threads += [threading.Thread(target=releases), threading.Thread(target=watch)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert failures == []
+    assert refused[0] > 0, "the race never reached the cap"
+    # The long transaction's 3 items were invisible all along; their room was held.
+    assert max(peaks) <= CAP - 3, max(peaks)
+    long_open.commit()
+    long_open.close()
+    assert _backlog(db) <= CAP
+    # The room left is all there: single enqueues take it to the cap exactly, then no more.
+    with app.connect() as conn:
+        filled = 0
+        while True:
+            try:
+                enqueue_in(conn, "acme", "q", {"fill": filled}, key=f"fill-{filled}")
+                conn.commit()
+                filled += 1
+            except errors.BacklogCapReachedError:
+                conn.rollback()
+                break
+            assert filled <= CAP
+    assert _backlog(db) == CAP
+    assert api.operator.get("/v1/tenants/acme").json()["backlog"] == CAP
+    assert_backlog_counter_matches(db)
+    assert_ledgers_fold_to_rows(db)
+
+
+def test_the_migration_deals_the_backlog_over_the_shards_and_keeps_the_cap(
+    api: Api, db: Db, database_url: str
+) -> None:
+    migrate.downgrade(database_url, "0027")
+    db.execute(
+        "INSERT INTO tenants (tenant_id, backlog_cap, default_max_acquisitions,"
+        " default_lease_ttl) VALUES ('acme', 100, 3, interval '30 seconds')"
+        " ON CONFLICT (tenant_id) DO UPDATE SET backlog_cap = 100"
+    )
+    db.execute(
+        "INSERT INTO work_items (tenant_id, queue, payload, state, max_acquisitions)"
+        " SELECT 'acme', 'q', to_jsonb(g), 'ready', 3 FROM generate_series(1, 70) AS g"
+    )
+    db.execute(
+        "INSERT INTO work_items (tenant_id, queue, payload, state, fence, max_acquisitions)"
+        " SELECT 'acme', 'done', to_jsonb(g), 'completed', 1, 3"
+        " FROM generate_series(1, 5) AS g"
+    )
+    db.execute(
+        "INSERT INTO counter_deltas (tenant_id, queue, admitted, released, completed)"
+        " VALUES ('acme', 'q', 70, 0, 0), ('acme', 'done', 5, 5, 5)"
+    )
+    migrate.upgrade(database_url)
+    shards = db.execute(
+        "SELECT admission_shard AS shard, count(*) AS n FROM work_items"
+        " WHERE state = 'ready' GROUP BY admission_shard ORDER BY admission_shard"
+    ).fetchall()
+    # 70 items over 32 shards: 3 on the first 6, 2 on the rest; within each share of 100.
+    assert [row["n"] for row in shards] == [3] * 6 + [2] * 26
+    assert_backlog_counter_matches(db)
+    figures = api.operator.get("/v1/tenants/acme").json()
+    assert (figures["backlog"], figures["completed"]) == (70, 5), figures
+    # The cap holds across the shards: 30 more, then no more.
+    batch = api.worker.post(
+        "/v1/tenants/acme/queues/q/items:batch",
+        json={"items": [{"payload": n} for n in range(30)]},
+        headers={"Idempotency-Key": "to-the-cap"},
+    )
+    assert batch.status_code == 201, batch.text
+    over = api.worker.post(
+        "/v1/tenants/acme/queues/q/items",
+        json={"payload": "one more"},
+        headers={"Idempotency-Key": "over"},
+    )
+    assert over.status_code == 429, over.text
+    assert _backlog(db) == 100
+    assert_backlog_counter_matches(db)
