@@ -1,4 +1,6 @@
-"""`python -m bench.scale` (`make bench-scale`): 1, 2 and 4 API processes through PgBouncer.
+"""`python -m bench.scale` (`make bench-scale`): 1, 2 and 4 API processes through PgBouncer,
+then the scale curve: one `serve --workers N` (N = 1, 2, 4, 8) and 1, 2 and 4 SDK worker
+processes against it.
 
 One fresh embedded PostgreSQL, PgBouncer (Debian's package, installed when missing)
 in transaction mode in front of it, and N `queue-server serve` processes configured
@@ -8,9 +10,15 @@ session). Load generators in separate processes run lease cycles (acquire, then 
 fenced complete per item) spread evenly over the N processes; each figure is the
 median of the repetitions, and the ratio is to one process through the same
 PgBouncer. One process straight to PostgreSQL (prepared statements, no pooler) is
-measured too, for the pooler's own cost. Writes bench/results/scale.{json,md}.
+measured too, for the pooler's own cost.
 
-Not part of `make bench` (it keeps that under 5 minutes); about 5 minutes.
+The scale curve is what a bigger machine shows first: batched lease cycles against one
+`queue-server serve --workers N` straight to PostgreSQL for each N, and 1, 2 and 4 SDK
+`Worker` processes (16 slots each) against `serve`'s default; each with items/s and the CPU
+per item (API, PostgreSQL and load generators together), so that the curve's bend says
+which runs out first. Writes bench/results/scale.{json,md}.
+
+Not part of `make bench` (it keeps that under 8 minutes); about 7 minutes.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ import psutil
 import psycopg
 
 from bench import loadgen
+from bench import workers as user_workers
 from bench.cli import _PREFILL
 from bench.env import (
     BENCH_MAX_QUEUED,
@@ -57,6 +66,10 @@ from queue_server.store.bootstrap import DATABASE_NAME
 RESULTS = Path(__file__).parent / "results"
 ENSURE = Path(__file__).resolve().parents[1] / "deploy" / "ensure-debian-packages.sh"
 PROCESSES = (1, 2, 4)
+# The scale curve: `serve --workers N`, and SDK worker processes against `serve`.
+SERVE_WORKERS = (1, 2, 4, 8)
+SDK_PROCESSES = (1, 2, 4)
+SDK_SLOTS = 16
 WORKERS = 16
 BATCH = 50
 START_MARGIN = 0.5
@@ -177,7 +190,8 @@ max_client_conn = 1000
             )
         say(f"PgBouncer (transaction mode) on {HOST}:{self.bouncer_port}")
 
-    def start_apis(self, n: int, *, pooled: bool = True) -> None:
+    def start_apis(self, n: int, *, pooled: bool = True, workers: int | None = None) -> None:
+        """`n` API processes (`serve`, each with `--workers` when given)."""
         self.stop_apis()
         env = {
             **os.environ,
@@ -194,6 +208,7 @@ max_client_conn = 1000
                 [
                     *(venv_bin("queue-server"), "serve", "--host", HOST, "--port", str(port)),
                     *("--log-level", "warning"),
+                    *(() if workers is None else ("--workers", str(workers))),
                 ],
                 env=env,
                 stdout=subprocess.DEVNULL,
@@ -251,7 +266,7 @@ max_client_conn = 1000
                 json={
                     "backlog_cap": BENCH_MAX_QUEUED,
                     "default_max_acquisitions": 5,
-                    "default_lease_ttl": 60,
+                    "default_lease_ttl": 30,
                 },
             ).raise_for_status()
             keys: dict[str, str] = {}
@@ -317,6 +332,76 @@ def measure(
     return items / seconds, errors, (cores[0], cores[1], cores[2]), busy
 
 
+def measure_sdk(
+    bed: Bed, pool: ProcessPoolExecutor, key: str, processes: int, seconds: float
+) -> tuple[float, int, float]:
+    """SDK `Worker` processes (16 slots each) on one prefilled queue for `seconds`: items/s
+    from the agreed start, errors, and the CPU per item of the API, PostgreSQL and the
+    workers (ms)."""
+    port = bed.apis[0][1]
+    start_at = time.time() + START_MARGIN
+    spec = user_workers.WorkerSpec(
+        kind="thread", slots=SDK_SLOTS, start_at=start_at, end_at=start_at + seconds,
+        base_url=f"http://{HOST}:{port}", key=key,
+    )  # fmt: skip
+    futures = [pool.submit(user_workers.run_worker, spec) for _ in range(processes)]
+    time.sleep(max(0.0, start_at - time.time()))
+    cpu0 = bed.cpu()
+    results = [f.result() for f in futures]
+    cpu1 = bed.cpu()
+    items = sum(r.items for r in results)
+    for r in results:
+        if r.error_samples:
+            say(f"  !! errors: {r.error_samples[:2]}")
+    used = sum(b - a for a, b in zip(cpu0, cpu1, strict=True)) + sum(r.cpu for r in results)
+    return items / seconds, sum(r.errors for r in results), used / max(items, 1) * 1000
+
+
+def curve(
+    bed: Bed, pool: ProcessPoolExecutor, seconds: float, reps: int
+) -> dict[str, dict[str, Any]]:
+    """The scale curve: batched cycles at each `serve --workers N`, then SDK worker
+    processes against `serve`'s default; medians of `reps`, with CPU per item."""
+    rows: dict[str, dict[str, list[float]]] = {}
+
+    def keep(name: str, rate: float, cpu_ms: float, errors: int) -> None:
+        row = rows.setdefault(name, {"runs": [], "cpu_ms": [], "errors": []})
+        row["runs"].append(rate)
+        row["cpu_ms"].append(cpu_ms)
+        row["errors"].append(errors)
+        say(f"  {rate:,.0f} items/s, {cpu_ms:.2f} ms of CPU per item")
+
+    tenants = 0
+    for rep in range(reps):
+        for n in SERVE_WORKERS:
+            say(f"serve --workers {n}: batched cycles, rep {rep + 1}/{reps}")
+            bed.start_apis(1, pooled=False, workers=n)
+            tenants += 1
+            tenant = f"curve{tenants}"
+            key = bed.tenant(tenant)
+            cpu0 = bed.cpu()
+            rate, errors, _, _ = measure(bed, pool, key, tenant, BATCH, seconds, True)
+            cpu1 = bed.cpu()
+            used = sum(b - a for a, b in zip(cpu0, cpu1, strict=True))
+            keep(f"serve --workers {n}", rate, used / max(rate * seconds, 1) * 1000, errors)
+        bed.start_apis(1, pooled=False)
+        for n in SDK_PROCESSES:
+            say(f"{n} SDK worker process(es) x {SDK_SLOTS} slots, rep {rep + 1}/{reps}")
+            tenants += 1
+            key = bed.tenant(f"curve{tenants}")
+            rate, errors, cpu_ms = measure_sdk(bed, pool, key, n, seconds)
+            keep(f"SDK Worker x{n} process{'es' if n > 1 else ''}", rate, cpu_ms, errors)
+    return {
+        name: {
+            "items_per_s": round(statistics.median(row["runs"]), 1),
+            "runs": [round(v, 1) for v in row["runs"]],
+            "cpu_ms_per_item": round(statistics.median(row["cpu_ms"]), 3),
+            "errors": int(sum(row["errors"])),
+        }
+        for name, row in rows.items()
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     seconds = 2.0 if args.quick else 3.0
     reps = 1 if args.quick else 3
@@ -356,6 +441,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             f"PostgreSQL {cores[1]:.2f}, PgBouncer {cores[2]:.2f};"
                             f" machine {busy:.0%} busy"
                         )
+            scale_curve = curve(bed, pool, seconds, reps)
     finally:
         bed.stop()
     one = figures["pgbouncer x1"]
@@ -374,6 +460,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "batch": BATCH,
         "seconds_per_run": seconds,
         "repetitions": reps,
+        "curve": scale_curve,
         "figures": {
             name: {
                 mode: {
@@ -421,7 +508,27 @@ def markdown(doc: dict[str, Any]) -> str:
         "`direct` is one process straight to PostgreSQL (prepared statements, no pooler);",
         "`pgbouncer xN` is N processes through PgBouncer; ratios are to `pgbouncer x1`.",
         "",
+        "## The scale curve",
+        "",
+        f"Batched lease cycles ({doc['workers']} workers, {doc['batch']} per call) against one"
+        " `queue-server serve --workers N` straight to PostgreSQL, then SDK `Worker` processes"
+        f" ({SDK_SLOTS} slots each) against `serve`'s default. CPU per item: the API"
+        " processes and PostgreSQL over the items done, and for the SDK rows the worker"
+        " processes too (the product there).",
+        "",
+        "| configuration | items/s | ratio to the first | CPU per item | errors |",
+        "| --- | ---: | ---: | ---: | ---: |",
     ]
+    firsts: dict[bool, float] = {}
+    for name, fig in doc.get("curve", {}).items():
+        sdk = name.startswith("SDK")
+        first = firsts.setdefault(sdk, fig["items_per_s"])
+        ratio = fig["items_per_s"] / first if first else 0.0
+        lines.append(
+            f"| {name} | {fig['items_per_s']:,.0f} | {ratio:.2f}x |"
+            f" {fig['cpu_ms_per_item']:.2f} ms | {fig['errors']} |"
+        )
+    lines.append("")
     return "\n".join(lines)
 
 
