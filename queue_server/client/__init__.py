@@ -17,6 +17,7 @@ from queue_server.client.worker import (
     TransientError,
     Worker,
 )
+from queue_server.client.worker_core import WorkerOptions
 
 __all__ = [
     "DEFAULT_URL",
@@ -38,6 +39,7 @@ __all__ = [
     "ScheduleClient",
     "TransientError",
     "Worker",
+    "WorkerOptions",
     "enqueue_in",
     "enqueue_many_in",
     "errors",

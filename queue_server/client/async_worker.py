@@ -20,15 +20,14 @@ import threading
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from queue_server.client.async_client import AsyncQueueClient
 from queue_server.client.core import Call
 from queue_server.client.models import Lease
-from queue_server.client.tracing import DEFAULT_PARENT_WITHIN, current
-from queue_server.client.worker_core import HeldJob, Run, Steps, Wait, WorkerCore
+from queue_server.client.tracing import current
+from queue_server.client.worker_core import HeldJob, Run, Steps, Wait, WorkerCore, WorkerOptions
 from queue_server.client.working import Result
-from queue_server.policy import ReliabilityPolicy
 
 log = logging.getLogger(__name__)
 
@@ -111,41 +110,11 @@ class AsyncWorker(WorkerCore[AsyncJob]):
         client: AsyncQueueClient,
         queue: str,
         handler: AsyncHandler,
-        *,
-        name: str | None = None,
-        lease_ttl: float | None = None,
-        heartbeat_fraction: float = 1 / 3,
-        wait: float = 5.0,
-        concurrency: int = 1,
-        prefetch: int | None = None,
-        linger: float = 0.002,
-        max_batch: int = 100,
-        limit_refresh: float = 10.0,
-        on_result: Callable[[Result], None] | None = None,
-        policy: ReliabilityPolicy | None = None,
-        tracer_provider: Any = None,
-        trace_parent_within: float = DEFAULT_PARENT_WITHIN,
+        **options: Unpack[WorkerOptions],
     ) -> None:
         self.client = client
         self.stopping = asyncio.Event()
-        super().__init__(
-            client,
-            queue,
-            handler,
-            name=name,
-            lease_ttl=lease_ttl,
-            heartbeat_fraction=heartbeat_fraction,
-            wait=wait,
-            concurrency=concurrency,
-            prefetch=prefetch,
-            linger=linger,
-            max_batch=max_batch,
-            limit_refresh=limit_refresh,
-            on_result=on_result,
-            policy=policy,
-            tracer_provider=tracer_provider,
-            trace_parent_within=trace_parent_within,
-        )
+        super().__init__(client, queue, handler, **options)
         self._tasks: list[asyncio.Task[None]] = []
 
     def _new_lock(self) -> contextlib.nullcontext[None]:

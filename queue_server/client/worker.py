@@ -17,13 +17,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from queue_server.client.client import QueueClient
 from queue_server.client.core import Call
 from queue_server.client.models import Lease
-from queue_server.client.tracing import DEFAULT_PARENT_WITHIN, current
-from queue_server.client.worker_core import HeldJob, Run, Steps, Wait, WorkerCore
+from queue_server.client.tracing import current
+from queue_server.client.worker_core import HeldJob, Run, Steps, Wait, WorkerCore, WorkerOptions
 from queue_server.client.working import (
     Outcome,
     Quarantine,
@@ -32,7 +32,6 @@ from queue_server.client.working import (
     TransientError,
     default_worker_name,
 )
-from queue_server.policy import ReliabilityPolicy
 
 __all__ = [
     "Handler",
@@ -142,41 +141,11 @@ class Worker(WorkerCore[Job]):
         client: QueueClient,
         queue: str,
         handler: Handler,
-        *,
-        name: str | None = None,
-        lease_ttl: float | None = None,
-        heartbeat_fraction: float = 1 / 3,
-        wait: float = 5.0,
-        concurrency: int = 1,
-        prefetch: int | None = None,
-        linger: float = 0.002,
-        max_batch: int = 100,
-        limit_refresh: float = 10.0,
-        on_result: Callable[[Result], None] | None = None,
-        policy: ReliabilityPolicy | None = None,
-        tracer_provider: Any = None,
-        trace_parent_within: float = DEFAULT_PARENT_WITHIN,
+        **options: Unpack[WorkerOptions],
     ) -> None:
         self.client = client
         self.stopping = threading.Event()
-        super().__init__(
-            client,
-            queue,
-            handler,
-            name=name,
-            lease_ttl=lease_ttl,
-            heartbeat_fraction=heartbeat_fraction,
-            wait=wait,
-            concurrency=concurrency,
-            prefetch=prefetch,
-            linger=linger,
-            max_batch=max_batch,
-            limit_refresh=limit_refresh,
-            on_result=on_result,
-            policy=policy,
-            tracer_provider=tracer_provider,
-            trace_parent_within=trace_parent_within,
-        )
+        super().__init__(client, queue, handler, **options)
         self._threads: list[threading.Thread] = []
 
     def _new_lock(self) -> threading.RLock:

@@ -34,7 +34,7 @@ from collections import deque
 from collections.abc import Callable, Generator
 from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass, replace
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypedDict, TypeVar, Unpack
 
 from queue_server.client import errors
 from queue_server.client.core import Call, ClientFace, new_idempotency_key
@@ -116,13 +116,49 @@ class Run:
 Steps = Generator[Call | Wait | Run, Any, T]
 
 
+class WorkerOptions(TypedDict, total=False):
+    """A worker's options: the keyword arguments of `Worker` and `AsyncWorker`, listed once
+    here and read by `WorkerCore` (an option left out takes the default said).
+
+    - `name`: the worker in its leases and ledgers (default: `hostname-pid`).
+    - `lease_ttl`: seconds a lease lasts between heartbeats (default and most: the policy's
+      attempt timeout of durable leased work).
+    - `heartbeat_fraction`: a heartbeat every this much of `lease_ttl` (1/3; 0 to 1).
+    - `wait`: seconds an acquire long-polls an empty queue (5).
+    - `concurrency`: handlers at once, within the queue's limit (1).
+    - `prefetch`: leases that may wait for a free slot, 0 to 100 (None: sized to the
+      pace, one acquire round trip's worth of items; none for a slow handler).
+    - `linger`: seconds an outcome waits for others to share its request (0.002).
+    - `max_batch`: outcomes in one request, 1 to 500 (100).
+    - `limit_refresh`: seconds between reads of the queue's concurrency limit (10).
+    - `on_result`: called with each item's `Result` (None).
+    - `policy`: the reliability policy the worker runs under (the loaded one).
+    - `tracer_provider`: OpenTelemetry's, for each handler's span (the global one).
+    - `trace_parent_within`: a producer's trace context enqueued longer ago than this
+      many seconds is linked to, not made the span's parent (3600).
+    """
+
+    name: str | None
+    lease_ttl: float | None
+    heartbeat_fraction: float
+    wait: float
+    concurrency: int
+    prefetch: int | None
+    linger: float
+    max_batch: int
+    limit_refresh: float
+    on_result: Callable[[Result], None] | None
+    policy: ReliabilityPolicy | None
+    tracer_provider: Any
+    trace_parent_within: float
+
+
 class WorkerCore(abc.ABC, Generic[J]):
     """Runs `handler` for each leased item of `queue`, up to `concurrency` at once.
 
     The number of leases held never exceeds the queue's concurrency limit (read
-    from the server, refreshed every `limit_refresh` seconds). `prefetch` is how
-    many leases may wait for a free slot: None sizes it to the pace (one acquire
-    round trip's worth of items; none for a slow handler).
+    from the server, refreshed every `limit_refresh` seconds). The options are
+    `WorkerOptions`.
     """
 
     #: What a slot or the outbox survives (logged, the item given up as lost).
@@ -136,21 +172,10 @@ class WorkerCore(abc.ABC, Generic[J]):
         client: ClientFace,
         queue: str,
         handler: Callable[[J], Any],
-        *,
-        name: str | None = None,
-        lease_ttl: float | None = None,
-        heartbeat_fraction: float = 1 / 3,
-        wait: float = 5.0,
-        concurrency: int = 1,
-        prefetch: int | None = None,
-        linger: float = 0.002,
-        max_batch: int = 100,
-        limit_refresh: float = 10.0,
-        on_result: Callable[[Result], None] | None = None,
-        policy: ReliabilityPolicy | None = None,
-        tracer_provider: Any = None,
-        trace_parent_within: float = DEFAULT_PARENT_WITHIN,
+        **options: Unpack[WorkerOptions],
     ) -> None:
+        heartbeat_fraction = options.get("heartbeat_fraction", 1 / 3)
+        prefetch = options.get("prefetch")
         if not 0 < heartbeat_fraction < 1:
             raise ValueError("heartbeat_fraction must be between 0 and 1")
         if prefetch is not None and not 0 <= prefetch <= MAX_ACQUIRE:
@@ -158,24 +183,24 @@ class WorkerCore(abc.ABC, Generic[J]):
         self._api = client._core
         self.queue = queue
         self.handler = handler
-        self.name = name or default_worker_name()
+        self.name = options.get("name") or default_worker_name()
         # Leased work runs under the loaded policy: the lease TTL is at most the class's
         # attempt timeout (the policy's when not given); above it is a PolicyError here.
-        self.policy = policy or runtime_policy()
+        self.policy = options.get("policy") or runtime_policy()
         leased = self.policy.leased_work
         self.lease_ttl: float = at_most(
-            lease_ttl,
+            options.get("lease_ttl"),
             leased.attempt_timeout,
             setting="lease_ttl",
             cell=leased.cell("attempt_timeout"),
         )
         self.heartbeat_interval = self.lease_ttl * heartbeat_fraction
-        self.wait = wait
-        self.concurrency = max(1, concurrency)
-        self.linger = linger
-        self.max_batch = max(1, min(max_batch, 500))
-        self.limit_refresh = limit_refresh
-        self.on_result = on_result
+        self.wait = options.get("wait", 5.0)
+        self.concurrency = max(1, options.get("concurrency", 1))
+        self.linger = options.get("linger", 0.002)
+        self.max_batch = max(1, min(options.get("max_batch", 100), 500))
+        self.limit_refresh = options.get("limit_refresh", 10.0)
+        self.on_result = options.get("on_result")
         self.pace = Pace(prefetch)
         # One lock for the state; the signals say who is waiting for what.
         self._lock = self._new_lock()
@@ -203,7 +228,10 @@ class WorkerCore(abc.ABC, Generic[J]):
         self._beats_closed = False
         self._services_users = 0
         # Each handler's span (docs/observability.md); None without opentelemetry.
-        self.spans = HandlerSpans.create(tracer_provider, trace_parent_within)
+        self.spans = HandlerSpans.create(
+            options.get("tracer_provider"),
+            options.get("trace_parent_within", DEFAULT_PARENT_WITHIN),
+        )
 
     # -- what each face provides -------------------------------------------------
 

@@ -10,7 +10,7 @@ import contextlib
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -185,6 +185,21 @@ def _position(row: Row, sort: str = "created") -> str:
 # While the listener is down, a waiting acquire looks at its queue this often, so it
 # still wakes within a second of an enqueue.
 LISTENER_DOWN_POLL_INTERVAL = 0.5
+
+
+def _check_bulk_limit(limit: int) -> None:
+    if not 1 <= limit <= MAX_BULK_CANCEL:
+        raise errors.InvalidRequestError(f"limit must be 1 to {MAX_BULK_CANCEL}.")
+
+
+@dataclass(frozen=True, slots=True)
+class Bulk:
+    """What a bulk action did to its page: the rows it changed, how many of the page's
+    first items it took (the next page starts after them), and fields of its own answer."""
+
+    rows: list[Row]
+    taken: int
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -529,17 +544,9 @@ class Items:
                 f"{filter.state} items cannot be cancelled; filter on ready, leased or"
                 " quarantined items, or on none."
             )
-        if not 1 <= limit <= MAX_BULK_CANCEL:
-            raise errors.InvalidRequestError(f"limit must be 1 to {MAX_BULK_CANCEL}.")
-        after = _item_cursor(cursor)
+        _check_bulk_limit(limit)
 
-        async def operation(conn: Conn) -> Answer:
-            await require_tenant(conn, tenant)
-            page = await self._page(conn, tenant, filter, after, limit, open_only=True)
-            next_cursor = None
-            if len(page) > limit:
-                page = page[:limit]
-                next_cursor = _position(page[-1])
+        async def cancel(conn: Conn, page: list[Row]) -> Bulk:
             cancelled = await transitions.cancel(
                 conn,
                 tenant=tenant,
@@ -548,16 +555,11 @@ class Items:
                 actor=principal.actor,
                 state=filter.state,
             )
-            return Answer.of(
-                200,
-                {
-                    "cancelled": len(cancelled),
-                    "item_ids": [str(row["item_id"]) for row in cancelled],
-                    "next_cursor": next_cursor,
-                },
-            )
+            return Bulk(cancelled, len(page))
 
-        return await self.effects.run(tenant, idem, instance, operation)
+        return await self._bulk(
+            tenant, idem, instance, filter, limit, cursor, "cancelled", cancel, open_only=True
+        )
 
     async def count_items(self, principal: auth.Principal, tenant: str, filter: ItemFilter) -> int:
         """How many items of the filter's state match it (an operator's bulk action)."""
@@ -586,9 +588,46 @@ class Items:
             raise errors.InvalidRequestError(
                 f"Only {' or '.join(allowed)} items can be {done}: filter on one of them."
             )
-        if not 1 <= limit <= MAX_BULK_CANCEL:
-            raise errors.InvalidRequestError(f"limit must be 1 to {MAX_BULK_CANCEL}.")
+        _check_bulk_limit(limit)
         return filter
+
+    async def _bulk(
+        self,
+        tenant: str,
+        idem: Idempotency,
+        instance: str,
+        filter: ItemFilter,
+        limit: int,
+        cursor: str | None,
+        verb: str,
+        act: Callable[[Conn, list[Row]], Awaitable[Bulk]],
+        *,
+        open_only: bool,
+    ) -> Answer:
+        """An operator's bulk action on one page of `filter` (at most `limit` items after
+        `cursor`), in one transaction, once per key: `act` changes the page's first items
+        and says how many it took; the answer counts the rows it changed under `verb`, with
+        their ids and `next_cursor`, after the last item taken while any is left."""
+        after = _item_cursor(cursor)
+
+        async def operation(conn: Conn) -> Answer:
+            await require_tenant(conn, tenant)
+            page = await self._page(conn, tenant, filter, after, limit, open_only=open_only)
+            more = len(page) > limit
+            page = page[:limit]
+            done = await act(conn, page)
+            left = more or done.taken < len(page)
+            return Answer.of(
+                200,
+                {
+                    verb: len(done.rows),
+                    "item_ids": [str(row["item_id"]) for row in done.rows],
+                    **done.extra,
+                    "next_cursor": _position(page[done.taken - 1]) if done.taken and left else None,
+                },
+            )
+
+        return await self.effects.run(tenant, idem, instance, operation)
 
     async def retry_many(
         self,
@@ -607,36 +646,23 @@ class Items:
         `next_cursor` resumes after the last one retried."""
         principal.require(tenant, Role.OPERATOR)
         filter = self._bulk_page(filter, RETRYABLE, "retried", limit)
-        after = _item_cursor(cursor)
 
-        async def operation(conn: Conn) -> Answer:
-            await require_tenant(conn, tenant)
-            page = await self._page(conn, tenant, filter, after, limit, open_only=False)
-            more = len(page) > limit
-            page = page[:limit]
+        async def retry(conn: Conn, page: list[Row]) -> Bulk:
             shards, cap = await admission_room(conn, tenant, len(page), self.envelope, "retried")
-            chosen, over = page[: len(shards)], page[len(shards) :]
             retried = await transitions.retry(
                 conn,
                 tenant=tenant,
-                item_ids=[str(r["item_id"]) for r in chosen],
+                item_ids=[str(r["item_id"]) for r in page[: len(shards)]],
                 shards=shards,
                 state=str(filter.state),
                 actor=principal.actor,
             )
-            next_cursor = _position(chosen[-1]) if chosen and (more or over) else None
-            return Answer.of(
-                200,
-                {
-                    "retried": len(retried),
-                    "item_ids": [str(r["item_id"]) for r in retried],
-                    "over_cap": len(over),
-                    "backlog_cap": cap,
-                    "next_cursor": next_cursor,
-                },
-            )
+            over = {"over_cap": len(page) - len(shards), "backlog_cap": cap}
+            return Bulk(retried, len(shards), over)
 
-        return await self.effects.run(tenant, idem, instance, operation)
+        return await self._bulk(
+            tenant, idem, instance, filter, limit, cursor, "retried", retry, open_only=False
+        )
 
     async def delete_many(
         self,
@@ -653,29 +679,20 @@ class Items:
         their ledgers, in one transaction; `next_cursor` resumes after the page."""
         principal.require(tenant, Role.OPERATOR)
         filter = self._bulk_page(filter, DELETABLE, "deleted", limit)
-        after = _item_cursor(cursor)
 
-        async def operation(conn: Conn) -> Answer:
-            await require_tenant(conn, tenant)
-            page = await self._page(conn, tenant, filter, after, limit, open_only=False)
-            next_cursor = _position(page[limit - 1]) if len(page) > limit else None
+        async def delete(conn: Conn, page: list[Row]) -> Bulk:
             deleted = await transitions.delete_finished(
                 conn,
                 tenant=tenant,
-                item_ids=[str(r["item_id"]) for r in page[:limit]],
+                item_ids=[str(r["item_id"]) for r in page],
                 state=str(filter.state),
                 actor=principal.actor,
             )
-            return Answer.of(
-                200,
-                {
-                    "deleted": len(deleted),
-                    "item_ids": [str(r["item_id"]) for r in deleted],
-                    "next_cursor": next_cursor,
-                },
-            )
+            return Bulk(deleted, len(page))
 
-        return await self.effects.run(tenant, idem, instance, operation)
+        return await self._bulk(
+            tenant, idem, instance, filter, limit, cursor, "deleted", delete, open_only=False
+        )
 
     async def ledger(self, principal: auth.Principal, tenant: str, item_id: str) -> Answer:
         principal.require(tenant, *WORKER_OR_OPERATOR)
