@@ -6,6 +6,7 @@ from queue_server.client.async_worker import AsyncHandler, AsyncJob, AsyncWorker
 from queue_server.client.client import DEFAULT_URL, QueueClient, is_transient, new_idempotency_key
 from queue_server.client.errors import ProblemError, QueueClientError
 from queue_server.client.models import BatchEntry, Completion, NewItem
+from queue_server.client.processes import run_in_processes
 from queue_server.client.schedules import ScheduleClient
 from queue_server.client.transactional import enqueue_in, enqueue_many_in
 from queue_server.client.worker import (
@@ -45,4 +46,5 @@ __all__ = [
     "errors",
     "is_transient",
     "new_idempotency_key",
+    "run_in_processes",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 import signal
 import subprocess
@@ -50,6 +51,7 @@ def test_every_example_of_the_sdk_guide_runs_as_written(api: Api, db: DB, tmp_pa
         "errors.py",
         "queue_settings.py",
         "drain.py",
+        "processes.py",
         "test_handlers.py",  # test_the_guide_s_handler_tests_pass_on_the_in_memory_server
     }
     for name, text in code.items():
@@ -106,6 +108,19 @@ def test_every_example_of_the_sdk_guide_runs_as_written(api: Api, db: DB, tmp_pa
         "SELECT count(*) AS n FROM work_items WHERE result->>'sent_to' LIKE 'async%'",
         10,
     )
+
+    api.approve("hashes", 8)
+    for n in range(12):
+        api.enqueue("hashes", {"text": f"document {n}"})
+    serve_until(
+        "processes.py",
+        "SELECT count(*) AS n FROM work_items WHERE queue = 'hashes' AND state = 'completed'",
+        12,
+    )
+    hashed = db.execute(
+        "SELECT result->>'sha256' AS sha FROM work_items WHERE payload->>'text' = 'document 0'"
+    ).fetchone()
+    assert hashed == {"sha": hashlib.sha256(b"document 0" * 10_000).hexdigest()}
 
     api.enqueue("emails", {"to": "err@example.com"})
     out = run("errors.py")
