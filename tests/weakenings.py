@@ -344,17 +344,17 @@ def _complete_uncounted(mp: pytest.MonkeyPatch) -> None:
 
 @weakening("lease-to-a-gone-client", "a long poll whose client left still hands out a lease")
 def _lease_to_a_gone_client(mp: pytest.MonkeyPatch) -> None:
-    from queue_server.services.items import Items
+    from queue_server.services.leases import Leases
 
-    original = Items.acquire
+    original = Leases.acquire
 
     async def never() -> bool:
         return False
 
-    async def acquire(self: Items, *args: Any, **kwargs: Any) -> Any:
+    async def acquire(self: Leases, *args: Any, **kwargs: Any) -> Any:
         return await original(self, *args, **{**kwargs, "client_gone": never})
 
-    mp.setattr(Items, "acquire", acquire)
+    mp.setattr(Leases, "acquire", acquire)
 
 
 # -- batch routes and triage --
@@ -479,13 +479,13 @@ def _triage_rejection_unrecorded(mp: pytest.MonkeyPatch) -> None:
     "a triage under an accepted key checks the lease before its receipt is replayed",
 )
 def _triage_replay_rechecks_authority(mp: pytest.MonkeyPatch) -> None:
-    from queue_server.services.items import Items
+    from queue_server.services.leases import Leases
     from queue_server.store import transitions
 
-    original = Items.triage
+    original = Leases.triage
 
     async def triage(
-        self: Items, principal: Any, tenant: str, item_id: str, *a: Any, **kw: Any
+        self: Leases, principal: Any, tenant: str, item_id: str, *a: Any, **kw: Any
     ) -> Any:
         async with self.db.conn() as conn:
             cur = await conn.execute(
@@ -505,7 +505,7 @@ def _triage_replay_rechecks_authority(mp: pytest.MonkeyPatch) -> None:
                 )
         return await original(self, principal, tenant, item_id, *a, **kw)
 
-    mp.setattr(Items, "triage", triage)
+    mp.setattr(Leases, "triage", triage)
 
 
 @weakening("drop-holder-guard", "heartbeat, complete and requeue stop checking the holder's name")

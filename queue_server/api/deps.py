@@ -20,6 +20,7 @@ from queue_server.services import (
     DeadLetters,
     Items,
     Keys,
+    Leases,
     Ledgers,
     PolicyHistory,
     Queues,
@@ -68,6 +69,7 @@ def _service(name: str) -> Callable[[Request], Awaitable[Any]]:
 KeysService = Annotated[Keys, Depends(_service("keys"))]
 TenantsService = Annotated[Tenants, Depends(_service("tenants"))]
 ItemsService = Annotated[Items, Depends(_service("items"))]
+LeasesService = Annotated[Leases, Depends(_service("leases"))]
 QueuesService = Annotated[Queues, Depends(_service("queues"))]
 QueueSettingsService = Annotated[QueueSettings, Depends(_service("queue_settings"))]
 DeadLettersService = Annotated[DeadLetters, Depends(_service("dead_letters"))]

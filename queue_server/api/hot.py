@@ -147,7 +147,7 @@ class LeasePath:
         kwargs: dict[str, Any] = {
             **params,
             "body": body,
-            "items": services.items,
+            "leases": services.leases,
             "caller": caller,
         }
         if hot.wants_request:

@@ -25,6 +25,7 @@ from queue_server.api.deps import (
     ItemId,
     ItemsService,
     KeysService,
+    LeasesService,
     QueueName,
     TenantName,
     TenantsService,
@@ -428,7 +429,8 @@ async def get_ledger(
     return respond(await items.ledger(caller, tenant, item_id))
 
 
-# -- leases --------------------------------------------------------------------
+# -- leases (services.leases); acquire, heartbeat, complete and their batch forms are on
+# the lean path too (api/hot.py: the same endpoints, without FastAPI's parameter machinery)
 
 
 @router.post(
@@ -439,12 +441,12 @@ async def acquire(
     tenant: TenantName,
     queue: QueueName,
     body: schemas.AcquireIn,
-    items: ItemsService,
+    leases: LeasesService,
     caller: Caller,
 ) -> Response:
     """Lease up to `max_items` due items; long-poll up to `wait` seconds when none is due."""
     try:
-        answer = await items.acquire(
+        answer = await leases.acquire(
             caller,
             tenant,
             queue,
@@ -473,11 +475,11 @@ async def heartbeat(
     tenant: TenantName,
     item_id: ItemId,
     body: schemas.HeartbeatIn,
-    items: ItemsService,
+    leases: LeasesService,
     caller: Caller,
 ) -> Response:
     """Extend the lease (holder with the current fence, lease not expired)."""
-    answer = await items.heartbeat(
+    answer = await leases.heartbeat(
         caller, tenant, item_id, worker=body.worker, fence=body.fence, lease_ttl=body.lease_ttl
     )
     return respond(answer)
@@ -491,13 +493,13 @@ async def complete(
     tenant: TenantName,
     item_id: ItemId,
     body: schemas.CompleteIn,
-    items: ItemsService,
+    leases: LeasesService,
     caller: Caller,
     idempotency_key: IdempotencyKey,
 ) -> Response:
     """Complete the item with a result (holder with the current fence, lease not expired)."""
     idem = idempotency(request, idempotency_key, body, caller)
-    answer = await items.complete(
+    answer = await leases.complete(
         caller,
         tenant,
         item_id,
@@ -517,7 +519,7 @@ async def heartbeat_many(
     request: Request,
     tenant: TenantName,
     body: schemas.HeartbeatsIn,
-    items: ItemsService,
+    leases: LeasesService,
     caller: Caller,
 ) -> Response:
     """Extend up to 500 leases of one worker at once, each guarded by its own fence.
@@ -525,7 +527,7 @@ async def heartbeat_many(
     Answers 200 with one result per entry: the new `lease_expires_at`, or the
     problem a single heartbeat would have answered (stale-fence, lease-expired, ...).
     """
-    answer = await items.heartbeat_many(
+    answer = await leases.heartbeat_many(
         caller,
         tenant,
         worker=body.worker,
@@ -543,7 +545,7 @@ async def complete_many(
     request: Request,
     tenant: TenantName,
     body: schemas.CompletionsIn,
-    items: ItemsService,
+    leases: LeasesService,
     caller: Caller,
     idempotency_key: IdempotencyKey,
 ) -> Response:
@@ -553,7 +555,7 @@ async def complete_many(
     single complete would have answered (stale-fence, lease-expired, ...).
     """
     idem = idempotency(request, idempotency_key, body, caller)
-    answer = await items.complete_many(
+    answer = await leases.complete_many(
         caller,
         tenant,
         idem,
@@ -572,14 +574,14 @@ async def requeue(
     tenant: TenantName,
     item_id: ItemId,
     body: schemas.RequeueIn,
-    items: ItemsService,
+    leases: LeasesService,
     caller: Caller,
     idempotency_key: IdempotencyKey,
 ) -> Response:
     """Give the item back to the queue, due now or after `delay` seconds (at most the policy's
     backoff cap); the next acquire raises its fence."""
     idem = idempotency(request, idempotency_key, body, caller)
-    answer = await items.requeue(
+    answer = await leases.requeue(
         caller,
         tenant,
         item_id,
@@ -602,7 +604,7 @@ async def triage(
     tenant: TenantName,
     item_id: ItemId,
     body: schemas.TriageIn,
-    items: ItemsService,
+    leases: LeasesService,
     caller: Caller,
     idempotency_key: IdempotencyKey,
 ) -> Response:
@@ -610,7 +612,7 @@ async def triage(
     lease not expired). Refused triage is still ledgered as `triage_rejected`, by any key of
     the tenant: an operator's key holds no lease, so its triage is always refused (409)."""
     idem = idempotency(request, idempotency_key, body, caller)
-    answer = await items.triage(
+    answer = await leases.triage(
         caller,
         tenant,
         item_id,

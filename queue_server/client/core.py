@@ -1,4 +1,5 @@
-"""The SDK's one implementation of the API: every route as a flow, with no I/O.
+"""The SDK's one implementation of the API: every route as a flow, with no I/O (a catalogue,
+one flow per route, so longer than 800 lines by design).
 
 A flow is a generator: it builds the request (a `Call`: method, path, body,
 query, headers, the attempt timeout and the call's reliability class), yields

@@ -28,8 +28,9 @@ from queue_server.infra.metrics import Metrics
 from queue_server.policy import ReliabilityPolicy, runtime_policy
 from queue_server.services.dead_letters import DeadLetters
 from queue_server.services.figures import Figures
-from queue_server.services.items import Items, Wakeups
+from queue_server.services.items import Items
 from queue_server.services.keys import Keys
+from queue_server.services.leases import Leases, Wakeups
 from queue_server.services.ledgers import Ledgers
 from queue_server.services.policies import Adopt, PolicyHistory
 from queue_server.services.queue_settings import QueueSettings
@@ -47,6 +48,7 @@ __all__ = [
     "Figures",
     "Items",
     "Keys",
+    "Leases",
     "Ledgers",
     "PolicyHistory",
     "QueueSettings",
@@ -66,6 +68,7 @@ class Services:
     keys: Keys
     tenants: Tenants
     items: Items
+    leases: Leases
     queues: Queues
     queue_settings: QueueSettings
     dead_letters: DeadLetters
@@ -98,11 +101,12 @@ class Services:
             retention=settings.idempotency_retention,
             problem_base_uri=settings.problem_base_uri,
         )
-        items = Items(db, effects, settings, wakeups=wakeups, metrics=metrics, policy=policy)
+        items = Items(db, effects, settings, policy=policy)
         return cls(
             keys=keys,
             tenants=Tenants(db, policy, on_keys_deleted=keys.cache.clear),
             items=items,
+            leases=Leases(db, effects, settings, wakeups=wakeups, metrics=metrics, policy=policy),
             queues=Queues(db, effects, policy),
             queue_settings=QueueSettings(db, effects, policy),
             dead_letters=DeadLetters(db, effects, policy),

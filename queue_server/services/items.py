@@ -1,17 +1,14 @@
-"""Items and their leases: enqueue (under the backlog cap), reads and pages, acquire
-(long-polled), heartbeat, the holder's complete, requeue and triage, and an operator's
-cancel (one item, or a page of a filter). Transaction boundaries and checks; each state
-change is one statement of `store.transitions`."""
+"""Items: enqueue (under the backlog cap), reads and pages, and an operator's cancel, retry
+and delete (one item, or a page of a filter). Their leases are `services.leases`.
+Transaction boundaries and checks; each state change is one statement of
+`store.transitions`."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Protocol
 
 import orjson
@@ -19,7 +16,6 @@ import orjson
 from queue_server import auth, errors, views
 from queue_server.db import Database, admission_refusals
 from queue_server.idempotency import Answer, Effects, Idempotency
-from queue_server.infra.metrics import Metrics
 from queue_server.models import (
     NAME_RE,
     ItemState,
@@ -39,54 +35,11 @@ from queue_server.services.common import (
     uuid_range,
 )
 from queue_server.services.envelope import LeaseEnvelope, refuse_above
-from queue_server.services.queue_settings import DEFAULT_RETRY_BASE
 from queue_server.settings import Settings
 from queue_server.store import reads, tenants, transitions
 from queue_server.store.types import Conn, Row
 from queue_server.tracecontext import TraceContext
 
-# How long a queue found near its concurrency limit skips the shared-lock attempt.
-NEAR_LIMIT_MEMORY = 5.0
-# How many such queues one process remembers (the least recently found go first).
-NEAR_LIMIT_ENTRIES = 10_000
-
-
-class NearLimit:
-    """Queues lately found near their concurrency limit, each remembered `memory` seconds.
-
-    At most `max_entries` of them: a client acquiring on ever new queue names must not
-    grow a process's memory without end. Forgetting a queue costs its next acquire one
-    shared-lock attempt, nothing else.
-    """
-
-    def __init__(
-        self, *, memory: float = NEAR_LIMIT_MEMORY, max_entries: int = NEAR_LIMIT_ENTRIES
-    ) -> None:
-        self.memory = memory
-        self.max_entries = max_entries
-        self._since: OrderedDict[tuple[str, str], float] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._since)
-
-    def mark(self, tenant: str, queue: str) -> None:
-        key = (tenant, queue)
-        self._since[key] = time.monotonic()
-        self._since.move_to_end(key)
-        while len(self._since) > self.max_entries:
-            self._since.popitem(last=False)
-
-    def recent(self, tenant: str, queue: str) -> bool:
-        since = self._since.get((tenant, queue))
-        if since is None:
-            return False
-        if time.monotonic() - since < self.memory:
-            return True
-        del self._since[(tenant, queue)]
-        return False
-
-
-# Items one bulk cancel examines at most (one transaction).
 MAX_BULK_CANCEL = 1000
 CANCELLABLE = (ItemState.READY, ItemState.LEASED, ItemState.QUARANTINED)
 # The orders of a page of items (GET /items's `sort`): a key, "-" descending.
@@ -182,11 +135,6 @@ def _position(row: Row, sort: str = "created") -> str:
     return common.encode_cursor([sort, str(row[column]) if column else "", *where])
 
 
-# While the listener is down, a waiting acquire looks at its queue this often, so it
-# still wakes within a second of an enqueue.
-LISTENER_DOWN_POLL_INTERVAL = 0.5
-
-
 def _check_bulk_limit(limit: int) -> None:
     if not 1 <= limit <= MAX_BULK_CANCEL:
         raise errors.InvalidRequestError(f"limit must be 1 to {MAX_BULK_CANCEL}.")
@@ -230,40 +178,17 @@ class ItemSpec(Protocol):
     def max_acquisitions(self) -> int | None: ...
 
 
-class Wakeups(Protocol):
-    """Where a long-polling acquire waits for `tenant/queue` to have work (the notifier)."""
-
-    def subscribe(self, tenant: str, queue: str) -> asyncio.Event: ...
-
-    def unsubscribe(self, tenant: str, queue: str, event: asyncio.Event) -> None: ...
-
-    @property
-    def listening(self) -> bool:
-        """Whether notifications arrive at all (the listener's session is up)."""
-        ...
-
-
 class Items:
-    """Enqueue, read, lease and settle work items."""
+    """Enqueue, read, cancel, retry and delete work items."""
 
     def __init__(
-        self,
-        db: Database,
-        effects: Effects,
-        settings: Settings,
-        *,
-        wakeups: Wakeups,
-        metrics: Metrics,
-        policy: ReliabilityPolicy,
+        self, db: Database, effects: Effects, settings: Settings, *, policy: ReliabilityPolicy
     ) -> None:
         self.db = db
         self.policy = policy
         self.envelope = LeaseEnvelope(policy)
         self.effects = effects
         self.settings = settings
-        self.wakeups = wakeups
-        self.metrics = metrics
-        self.near_limit = NearLimit()
 
     async def enqueue(
         self,
@@ -701,445 +626,3 @@ class Items:
         async with self.db.conn() as conn:
             events = await reads.ledger(conn, tenant=tenant, item_id=item_id)
         return Answer.of(200, {"item_id": item_id, "events": [views.event(e) for e in events]})
-
-    # -- leases ------------------------------------------------------------
-
-    def _poll_interval(self) -> float:
-        """How long a waiting acquire sleeps between looks without a notification:
-        `poll_interval`, and at most half a second while the listener is down."""
-        if self.wakeups.listening:
-            return self.settings.poll_interval
-        return min(self.settings.poll_interval, LISTENER_DOWN_POLL_INTERVAL)
-
-    async def acquire(
-        self,
-        principal: auth.Principal,
-        tenant: str,
-        queue: str,
-        *,
-        worker: str,
-        lease_ttl: float | None,
-        max_items: int,
-        wait: float,
-        client_gone: Callable[[], Awaitable[bool]],
-    ) -> Answer:
-        """Lease up to `max_items` due items, long-polling up to `wait` seconds for one.
-
-        A lease is committed only while the client is still connected, so a
-        long-poll whose client went away hands nothing out.
-        """
-        principal.require(tenant, Role.WORKER)
-        refuse_above([self.envelope.lease_ttl(lease_ttl, "body", "lease_ttl")])
-        ttl = None if lease_ttl is None else timedelta(seconds=lease_ttl)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait
-        while True:
-            wakeup = self.wakeups.subscribe(tenant, queue)
-            try:
-                leased = await self._acquire_once(
-                    tenant, queue, worker, principal.key_id, ttl, max_items, client_gone
-                )
-                remaining = deadline - loop.time()
-                if leased or remaining <= 0:
-                    return Answer.of(200, {"leases": [views.lease(r) for r in leased]})
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wakeup.wait(), min(remaining, self._poll_interval()))
-                if await client_gone():
-                    raise errors.ClientDisconnectedError()
-            finally:
-                self.wakeups.unsubscribe(tenant, queue, wakeup)
-
-    @property
-    def _max_ttl(self) -> timedelta:
-        """The longest lease TTL: the policy's attempt timeout. A request above it is refused;
-        a queue's or tenant's default stored under a looser policy is held to it."""
-        return timedelta(seconds=self.envelope.leased.attempt_timeout)
-
-    @property
-    def _backoff(self) -> transitions.Backoff:
-        leased = self.envelope.leased
-        return transitions.Backoff(
-            base=min(DEFAULT_RETRY_BASE, leased.backoff_cap), cap=leased.backoff_cap
-        )
-
-    async def _acquire_once(
-        self,
-        tenant: str,
-        queue: str,
-        worker: str,
-        key_id: str,
-        ttl: timedelta | None,
-        max_items: int,
-        client_gone: Callable[[], Awaitable[bool]],
-    ) -> list[Row]:
-        """Acquire transactions until something is leased or nothing more was quarantined.
-
-        A client that has left gets nothing: it is checked before the acquire, and
-        leases committed while it left are released at once, uncharged.
-        """
-        while True:
-            if await client_gone():
-                raise errors.ClientDisconnectedError()
-            with self.metrics.acquire_seconds.time():
-                async with self.db.conn() as conn:
-                    acquired = await transitions.acquire(
-                        conn,
-                        tenant=tenant,
-                        queue=queue,
-                        worker=worker,
-                        key_id=key_id,
-                        ttl=ttl,
-                        max_ttl=self._max_ttl,
-                        deadline=timedelta(seconds=self.envelope.leased.deadline),
-                        max_items=max_items,
-                        base_limit=self.envelope.leased.concurrency,
-                        max_approved=self.envelope.leased.max_approved,
-                        # A queue lately found near its limit goes exclusive at once.
-                        shared_first=not self.near_limit.recent(tenant, queue),
-                    )
-                    leased, quarantined = acquired.leased, acquired.quarantined
-                    if acquired.contended:
-                        self.near_limit.mark(tenant, queue)
-                    if leased and await client_gone():
-                        async with conn.transaction():
-                            await transitions.release_unsent(
-                                conn, tenant=tenant, worker=worker, key_id=key_id, leases=leased
-                            )
-                        raise errors.ClientDisconnectedError()
-            if leased or not quarantined:
-                return leased
-
-    async def heartbeat(
-        self,
-        principal: auth.Principal,
-        tenant: str,
-        item_id: str,
-        *,
-        worker: str,
-        fence: int,
-        lease_ttl: float | None,
-    ) -> Answer:
-        principal.require(tenant, Role.WORKER)
-        refuse_above([self.envelope.lease_ttl(lease_ttl, "body", "lease_ttl")])
-        ttl = None if lease_ttl is None else timedelta(seconds=lease_ttl)
-        require_item_id(item_id)
-        async with self.db.tx() as conn:
-            row = await transitions.heartbeat(
-                conn,
-                tenant=tenant,
-                item_id=item_id,
-                worker=worker,
-                key_id=principal.key_id,
-                fence=fence,
-                ttl=ttl,
-                max_ttl=self._max_ttl,
-            )
-            if row is None:
-                raise await transitions.explain_rejection(
-                    conn,
-                    tenant=tenant,
-                    item_id=item_id,
-                    worker=worker,
-                    key_id=principal.key_id,
-                    fence=fence,
-                )
-        return Answer.of(
-            200,
-            {
-                "item_id": item_id,
-                "fence": fence,
-                "lease_expires_at": row["lease_expires_at"],
-                "lease_deadline_at": row["lease_deadline_at"],
-            },
-        )
-
-    async def heartbeat_many(
-        self,
-        principal: auth.Principal,
-        tenant: str,
-        *,
-        worker: str,
-        leases: list[dict[str, Any]],
-        lease_ttl: float | None,
-        instance: str,
-    ) -> Answer:
-        """Extend many leases of one worker in one transaction, each under its own fence.
-
-        Each entry gets its own answer: the new expiry, or the refusal a single
-        heartbeat would have given.
-        """
-        principal.require(tenant, Role.WORKER)
-        ids = [entry["item_id"] for entry in leases]
-        if len(set(ids)) != len(ids):
-            raise errors.InvalidRequestError("Each item may appear once in a batch of heartbeats.")
-        refuse_above([self.envelope.lease_ttl(lease_ttl, "body", "lease_ttl")])
-        ttl = None if lease_ttl is None else timedelta(seconds=lease_ttl)
-        valid = [entry for entry in leases if is_uuid(entry["item_id"])]
-        async with self.db.tx() as conn:
-            extended = (
-                await transitions.heartbeat_many(
-                    conn,
-                    tenant=tenant,
-                    worker=worker,
-                    key_id=principal.key_id,
-                    leases=valid,
-                    ttl=ttl,
-                    max_ttl=self._max_ttl,
-                )
-                if valid
-                else {}
-            )
-            refused = {e["item_id"]: e["fence"] for e in valid if e["item_id"] not in extended}
-            refusals = (
-                await transitions.explain_rejections(
-                    conn, tenant=tenant, worker=worker, key_id=principal.key_id, fences=refused
-                )
-                if refused
-                else {}
-            )
-        results: list[dict[str, Any]] = []
-        for entry in leases:
-            item_id = entry["item_id"]
-            if item_id in extended:
-                results.append(
-                    {
-                        "item_id": item_id,
-                        "status": 200,
-                        "fence": entry["fence"],
-                        "lease_expires_at": extended[item_id]["lease_expires_at"],
-                        "lease_deadline_at": extended[item_id]["lease_deadline_at"],
-                    }
-                )
-                continue
-            refusal = refusals.get(item_id) or errors.ItemNotFoundError(item_id=item_id)
-            problem = errors.problem(
-                refusal, base_uri=self.settings.problem_base_uri, instance=instance
-            )
-            results.append({"item_id": item_id, "status": refusal.status, "problem": problem})
-        return Answer.of(200, {"extended": len(extended), "results": results})
-
-    async def _holder_effect(
-        self,
-        principal: auth.Principal,
-        tenant: str,
-        item_id: str,
-        idem: Idempotency,
-        instance: str,
-        *,
-        worker: str,
-        fence: int,
-        change: Callable[[Conn], Awaitable[Row | None]],
-        on_refusal: Callable[[Conn, errors.QueueServerError], Awaitable[None]] | None = None,
-        roles: tuple[Role, ...] = (Role.WORKER,),
-    ) -> Answer:
-        """The holder's `change` under the receipt, or its precise refusal. A key of `roles`
-        other than a worker's (an operator's, for triage) holds no lease: its `change` must
-        refuse, and its refusal is explained whatever name and fence it presented."""
-        principal.require(tenant, *roles)
-        require_item_id(item_id)
-        holder = None if principal.role is Role.OPERATOR else worker
-
-        async def operation(conn: Conn) -> Answer:
-            row = await change(conn)
-            if row is None:
-                refusal = await transitions.explain_rejection(
-                    conn,
-                    tenant=tenant,
-                    item_id=item_id,
-                    worker=holder,
-                    key_id=principal.key_id,
-                    fence=fence,
-                )
-                if on_refusal is not None and not isinstance(refusal, errors.NotFoundError):
-                    await on_refusal(conn, refusal)
-                raise refusal
-            return Answer.of(200, views.item(row))
-
-        return await self.effects.run_pipelined(tenant, idem, instance, operation)
-
-    async def complete(
-        self,
-        principal: auth.Principal,
-        tenant: str,
-        item_id: str,
-        idem: Idempotency,
-        *,
-        instance: str,
-        worker: str,
-        fence: int,
-        result: Any,
-    ) -> Answer:
-        async def change(conn: Conn) -> Row | None:
-            return await transitions.complete(
-                conn,
-                tenant=tenant,
-                item_id=item_id,
-                worker=worker,
-                key_id=principal.key_id,
-                fence=fence,
-                result=result,
-            )
-
-        return await self._holder_effect(
-            principal, tenant, item_id, idem, instance, worker=worker, fence=fence, change=change
-        )
-
-    async def complete_many(
-        self,
-        principal: auth.Principal,
-        tenant: str,
-        idem: Idempotency,
-        *,
-        instance: str,
-        worker: str,
-        completions: list[dict[str, Any]],
-    ) -> Answer:
-        """Complete many items in one transaction, each guarded by its own fence.
-
-        One receipt covers the batch; each entry gets its own answer (the item, or
-        the refusal that a single complete would have given).
-        """
-        principal.require(tenant, Role.WORKER)
-        ids = [entry["item_id"] for entry in completions]
-        if len(set(ids)) != len(ids):
-            raise errors.InvalidRequestError("Each item may appear once in a batch of completions.")
-
-        async def operation(conn: Conn) -> Answer:
-            valid = [entry for entry in completions if is_uuid(entry["item_id"])]
-            done = await transitions.complete_many(
-                conn, tenant=tenant, worker=worker, key_id=principal.key_id, completions=valid
-            )
-            # Ids that are not ours cannot be explained by the database: they are simply not found.
-            refused = {
-                entry["item_id"]: entry["fence"] for entry in valid if entry["item_id"] not in done
-            }
-            refusals = (
-                await transitions.explain_rejections(
-                    conn, tenant=tenant, worker=worker, key_id=principal.key_id, fences=refused
-                )
-                if refused
-                else {}
-            )
-            results = []
-            for item_id in ids:
-                if item_id in done:
-                    results.append(
-                        {"item_id": item_id, "status": 200, "item": views.item(done[item_id])}
-                    )
-                    continue
-                refusal = refusals.get(item_id) or errors.ItemNotFoundError(item_id=item_id)
-                problem = errors.problem(
-                    refusal, base_uri=self.settings.problem_base_uri, instance=instance
-                )
-                results.append({"item_id": item_id, "status": refusal.status, "problem": problem})
-            return Answer.of(200, {"completed": len(done), "results": results})
-
-        return await self.effects.run_pipelined(tenant, idem, instance, operation)
-
-    async def requeue(
-        self,
-        principal: auth.Principal,
-        tenant: str,
-        item_id: str,
-        idem: Idempotency,
-        *,
-        instance: str,
-        worker: str,
-        fence: int,
-        reason: str,
-        delay: float | None = 0.0,
-        failure: dict[str, Any] | None = None,
-    ) -> Answer:
-        """leased -> ready, due after `delay` seconds (at most the policy's backoff cap);
-        None (`"delay": "backoff"`): the queue's backoff for the item's acquisition count.
-        A `failure` (a traceback with it) becomes the item's last failure and is ledgered."""
-        refuse_above([self.envelope.delay(delay, "body", "delay")])
-
-        async def change(conn: Conn) -> Row | None:
-            return await transitions.requeue(
-                conn,
-                tenant=tenant,
-                item_id=item_id,
-                worker=worker,
-                key_id=principal.key_id,
-                fence=fence,
-                reason=reason,
-                delay=delay,
-                backoff=self._backoff,
-                failure=failure,
-            )
-
-        return await self._holder_effect(
-            principal, tenant, item_id, idem, instance, worker=worker, fence=fence, change=change
-        )
-
-    async def triage(
-        self,
-        principal: auth.Principal,
-        tenant: str,
-        item_id: str,
-        idem: Idempotency,
-        *,
-        instance: str,
-        worker: str,
-        fence: int,
-        failure: dict[str, Any],
-        quarantine: bool,
-        delay: float | None = 0.0,
-    ) -> Answer:
-        """leased -> ready after `delay` (decision requeue; None: the queue's backoff) or
-        quarantined, failure recorded; only by the holder, with its fence, before expiry.
-
-        Any key of the tenant may report a failure: a refused triage (an unleased item, a
-        stale or foreign holder, an operator's key, which holds no lease) is still ledgered
-        as `triage_rejected` by its actor."""
-        if quarantine and delay != 0.0:
-            raise errors.InvalidRequestError(
-                "A delay applies to decision requeue only.",
-                errors=[{"loc": ["body", "delay"], "msg": "only with decision requeue"}],
-            )
-        refuse_above([self.envelope.delay(delay, "body", "delay")])
-
-        holds_leases = principal.role is not Role.OPERATOR
-
-        async def change(conn: Conn) -> Row | None:
-            if not holds_leases:
-                return None
-            return await transitions.triage(
-                conn,
-                tenant=tenant,
-                item_id=item_id,
-                worker=worker,
-                key_id=principal.key_id,
-                fence=fence,
-                failure=failure,
-                quarantine=quarantine,
-                delay=delay,
-                backoff=self._backoff,
-            )
-
-        async def record(conn: Conn, refusal: errors.QueueServerError) -> None:
-            # A refused triage is still an observable failure fact.
-            await transitions.record_triage_rejected(
-                conn,
-                tenant=tenant,
-                item_id=item_id,
-                worker=worker,
-                fence=fence,
-                failure=failure,
-                reason=refusal.code,
-                actor=worker if holds_leases else principal.actor,
-            )
-
-        return await self._holder_effect(
-            principal,
-            tenant,
-            item_id,
-            idem,
-            instance,
-            worker=worker,
-            fence=fence,
-            change=change,
-            on_refusal=record,
-            roles=WORKER_OR_OPERATOR,
-        )

@@ -9,7 +9,7 @@ from collections import defaultdict
 
 import psycopg
 
-from queue_server.services.items import Items
+from queue_server.services.leases import Leases
 from queue_server.store import transitions
 from tests.helpers.api import Api
 from tests.helpers.invariants import assert_backlog_counter_matches, assert_ledgers_fold_to_rows
@@ -202,7 +202,7 @@ def test_backlog_counters_follow_every_transition(api: Api, db: Db) -> None:
 
 def test_shared_lock_acquires_never_exceed_a_high_limit(api: Api, db: Db, live: LiveServer) -> None:
     """Far from the limit acquires share the queue lock; near it they go exclusive."""
-    items: Items = live.app.state.services.items
+    leases: Leases = live.app.state.services.leases
     api.approve("q", 60)
     api.worker.post(
         "/v1/tenants/acme/queues/q/items:batch",
@@ -241,7 +241,7 @@ def test_shared_lock_acquires_never_exceed_a_high_limit(api: Api, db: Db, live: 
             " WHERE state = 'leased'"
         )
     # Near the limit the shared attempts found too little room: the queue went exclusive.
-    assert items.near_limit.recent("acme", "q")
+    assert leases.near_limit.recent("acme", "q")
 
 
 def _announce(database_url: str, max_items: int) -> psycopg.Connection[tuple[object, ...]]:

@@ -150,7 +150,7 @@ BINDINGS: tuple[Binding, ...] = (
     Binding(
         LW,
         D.CANCELLATION,
-        "queue_server.services.items.Items.acquire",
+        "queue_server.services.leases.Leases.acquire",
         "tests/api/test_long_poll.py::test_a_long_poll_whose_client_disconnected_hands_out_no_lease",
         "lease-to-a-gone-client",
     ),
@@ -553,7 +553,7 @@ EXTRA_PROOFS: tuple[Binding, ...] = (
     Binding(
         LW,
         FENCING,
-        "queue_server.services.items.Items.triage",
+        "queue_server.services.leases.Leases.triage",
         _TRIAGE_T
         + "test_a_triage_replayed_under_its_accepted_key_after_a_successor_answers_the_original_200",
         "triage-replay-rechecks-authority",
