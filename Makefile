@@ -9,7 +9,7 @@ SERVE_STAMP := $(VENV)/.serve
 BACKUP_STAMP := $(VENV)/.backup
 STAMP := $(VENV)/.installed
 SOURCES := queue_server tests reliability bench deploy
-TYPED := queue_server tests reliability bench deploy/local-ha/ha.py
+TYPED := queue_server tests reliability bench deploy/local-ha/ha.py deploy/local-ha/topology.py
 
 # Backups are asked for by `serve --backup-repo DIR` in ARGS or QUEUE_SERVER_BACKUP_REPO.
 BACKUPS := $(strip $(findstring --backup-repo,$(ARGS)) $(QUEUE_SERVER_BACKUP_REPO))
