@@ -11,6 +11,14 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, stop_before_delay
 
+from queue_server.client.connection import (
+    AsyncHttpClient,
+    AsyncLeanPool,
+    Response,
+    TransportFailure,
+    connect_async,
+    sdk_request,
+)
 from queue_server.client.core import (
     Call,
     ClientCore,
@@ -20,14 +28,6 @@ from queue_server.client.core import (
     answer,
     face_method,
     unreachable,
-)
-from queue_server.client.transport import (
-    AsyncHttpClient,
-    AsyncLeanPool,
-    Response,
-    TransportFailure,
-    connect_async,
-    sdk_request,
 )
 from queue_server.policy import ReliabilityPolicy
 

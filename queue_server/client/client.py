@@ -13,6 +13,14 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_before_delay
 
+from queue_server.client.connection import (
+    HttpClient,
+    LeanPool,
+    Response,
+    TransportFailure,
+    connect,
+    sdk_request,
+)
 from queue_server.client.core import (
     DEFAULT_URL,
     KEY_ENV,
@@ -38,14 +46,6 @@ from queue_server.client.core import (
     new_idempotency_key,
     own_tenant,
     unreachable,
-)
-from queue_server.client.transport import (
-    HttpClient,
-    LeanPool,
-    Response,
-    TransportFailure,
-    connect,
-    sdk_request,
 )
 from queue_server.policy import ReliabilityPolicy
 

@@ -35,6 +35,7 @@ from pydantic import BaseModel
 from queue_server import __version__
 from queue_server.client import errors
 from queue_server.client.classes import AV, CM, LW, RO, CallClass, call_classes
+from queue_server.client.connection import Response, TransportFailure
 from queue_server.client.durable import Checkpoint, ReceiptRecord, VerificationRun
 from queue_server.client.models import (
     AdminKey,
@@ -67,7 +68,6 @@ from queue_server.client.models import (
     Verification,
     WhoAmI,
 )
-from queue_server.client.transport import Response, TransportFailure
 from queue_server.policy import OperationClass, ReliabilityPolicy, admit_operation, runtime_policy
 
 T = TypeVar("T")

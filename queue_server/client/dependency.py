@@ -31,7 +31,7 @@ from queue_server.policy import (
     default_policy,
 )
 from queue_server.transport import Budget, DispatchRequest, DispatchResult, TransportBroker
-from queue_server.transport.policy import AllowSpec, Resolver
+from queue_server.transport.ssrf import AllowSpec, Resolver
 
 RO = OperationClass.READ_ONLY_DEPENDENCY
 _RETRYABLE_STATUS = frozenset({429, 502, 503, 504})

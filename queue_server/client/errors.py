@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from queue_server.client.transport import Response
+from queue_server.client.connection import Response
 
 
 class QueueClientError(Exception):

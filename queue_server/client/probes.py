@@ -24,7 +24,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
-from queue_server.client.transport import HttpClient, Response, connect
+from queue_server.client.connection import HttpClient, Response, connect
 from queue_server.policy import PolicyError, ReliabilityPolicy, load_policy
 from queue_server.policy.model import Dimension, OperationClass, cell_name
 

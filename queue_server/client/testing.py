@@ -58,7 +58,7 @@ from typing import Any
 import httpx
 import orjson
 
-from queue_server.client import transport
+from queue_server.client import connection
 from queue_server.client.async_client import AsyncQueueClient
 from queue_server.client.client import QueueClient
 from queue_server.client.models import Item, Lease
@@ -284,13 +284,13 @@ class InMemoryServer:
 
     def client(self, tenant: str = TENANT, **options: Any) -> QueueClient:
         """A `QueueClient` of this server (`options`: QueueClient's `timeout`, `policy`...)."""
-        http = transport.in_process(URL, self.handle)
+        http = connection.in_process(URL, self.handle)
         options.setdefault("policy", self.policy)
         return QueueClient(URL, self._key(), tenant=tenant, http=http, **options)
 
     def async_client(self, tenant: str = TENANT, **options: Any) -> AsyncQueueClient:
         """An `AsyncQueueClient` of this server; its requests are answered off the event loop."""
-        http = transport.in_process_async(URL, self._handle_async)
+        http = connection.in_process_async(URL, self._handle_async)
         options.setdefault("policy", self.policy)
         return AsyncQueueClient(URL, self._key(), tenant=tenant, http=http, **options)
 

@@ -11,14 +11,14 @@ from queue_server.transport.errors import (
     TransportFailureError,
     WallDeadlineExceededError,
 )
-from queue_server.transport.policy import (
+from queue_server.transport.receipts import BrokerSnapshot, DispatchReceipt, Outcome, Usage
+from queue_server.transport.ssrf import (
     AllowList,
     CheckedTarget,
     check_target,
     check_target_async,
     refusal_reason,
 )
-from queue_server.transport.receipts import BrokerSnapshot, DispatchReceipt, Outcome, Usage
 from queue_server.transport.webhooks import webhook_request
 
 __all__ = [

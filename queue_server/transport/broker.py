@@ -34,19 +34,19 @@ from queue_server.transport.errors import (
     TransportFailureError,
     WallDeadlineExceededError,
 )
-from queue_server.transport.policy import (
-    AllowList,
-    AllowSpec,
-    CheckedTarget,
-    Resolver,
-    check_target_async,
-)
 from queue_server.transport.receipts import (
     BrokerSnapshot,
     DispatchReceipt,
     Outcome,
     ReceiptLog,
     Usage,
+)
+from queue_server.transport.ssrf import (
+    AllowList,
+    AllowSpec,
+    CheckedTarget,
+    Resolver,
+    check_target_async,
 )
 
 _METHOD = re.compile(r"^[A-Z]{1,16}$")

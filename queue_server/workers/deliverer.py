@@ -85,7 +85,7 @@ from queue_server.transport import (
     WallDeadlineExceededError,
     webhook_request,
 )
-from queue_server.transport.policy import Resolver
+from queue_server.transport.ssrf import Resolver
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from queue_server.client.transport import tls_context
+from queue_server.client.connection import tls_context
 from queue_server.settings import Settings
 from tests.helpers.server import LiveServer, make_admin_key, transport_for
 

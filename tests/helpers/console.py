@@ -7,7 +7,7 @@ import re
 import httpx
 from playwright.sync_api import Page, expect
 
-from queue_server.client.transport import tls_context
+from queue_server.client.connection import tls_context
 from tests.helpers.server import transport_for
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')

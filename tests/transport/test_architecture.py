@@ -1,5 +1,5 @@
 """Who may open a connection: the transport broker, for the outside world; the SDK's one
-transport (`queue_server/client/transport.py`), for the queue server itself; and the
+transport (`queue_server/client/connection.py`), for the queue server itself; and the
 modules named in ALLOWED below, each for exactly what it is named with and why.
 
 The check reads every module of the installed package (`queue_server/`) and finds:
@@ -213,7 +213,7 @@ ALLOWED: dict[str, Allowance] = {
         "httpx.AsyncHTTPTransport",
         "httpx.AsyncClient",
     ),
-    "queue_server/transport/policy.py": _allow(
+    "queue_server/transport/ssrf.py": _allow(
         "the broker's SSRF policy resolves a target once, before the lease, and pins the"
         " address it checked; it parses URLs with httpx's parser and opens no connection",
         "import httpx",
@@ -228,11 +228,11 @@ ALLOWED: dict[str, Allowance] = {
     # The SDK's in-memory double answers its clients' requests in the process.
     "queue_server/client/testing.py": _allow(
         "the SDK's test double: httpx's request and response types, answered in process"
-        " (its clients come from client/transport.py's in_process, with no socket)",
+        " (its clients come from client/connection.py's in_process, with no socket)",
         "import httpx",
     ),
     # The SDK's one transport to the queue server itself.
-    "queue_server/client/transport.py": _allow(
+    "queue_server/client/connection.py": _allow(
         "the SDK's one transport: connection pools to the queue server's own base URL"
         " (httpx's, and the lean keep-alive connections of a worker's hot calls)",
         "import httpx",
@@ -432,7 +432,7 @@ def test_the_sdk_has_one_transport() -> None:
         if rel.startswith(f"{PACKAGE}/client/")
         and any(u.startswith("httpx.") for u in ALLOWED[rel].uses)
     ]
-    assert sdk == [f"{PACKAGE}/client/transport.py"]
+    assert sdk == [f"{PACKAGE}/client/connection.py"]
 
 
 PLANTED = """
@@ -502,12 +502,12 @@ def test_a_planted_violation_in_a_new_module_fails_the_check(copy_of_package: Pa
     ("module", "line"),
     [
         # An allowed module may use what it is named with, and nothing else.
-        ("client/transport.py", "import urllib.request\nurllib.request.urlopen('http://h/')\n"),
+        ("client/connection.py", "import urllib.request\nurllib.request.urlopen('http://h/')\n"),
         ("client/client.py", "import httpx\nhttpx.Client()\n"),
         ("client/working.py", "import socket\n"),
         ("db.py", "import httpx\nhttpx.AsyncClient()\n"),
         ("workers/deliverer.py", "import asyncio\nasyncio.open_connection('h', 1)\n"),
-        ("transport/policy.py", "import httpx\nhttpx.AsyncClient()\n"),
+        ("transport/ssrf.py", "import httpx\nhttpx.AsyncClient()\n"),
         ("infra/embedded.py", "import subprocess\nsubprocess.run(['curl', 'http://h/'])\n"),
         ("cli/main.py", "import urllib.request\n"),
     ],

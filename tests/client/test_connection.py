@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from queue_server.client import AsyncQueueClient, QueueClient, errors
+from queue_server.client.connection import AsyncLeanPool, LeanPool
 from queue_server.client.core import entry_answers
-from queue_server.client.transport import AsyncLeanPool, LeanPool
 from queue_server.client.worker import Flag
 from tests.helpers.rawhttp import Reply, ScriptedServer, Seen, answer, chunked
 

@@ -1,4 +1,4 @@
-"""The SDK's one transport: the only SDK module that opens connections, and only to the
+"""The SDK's one connection to the server: the only SDK module that opens connections, to the
 queue server's own API at the client's base URL.
 
 The clients (`QueueClient`, `AsyncQueueClient`) get their connection pool from
