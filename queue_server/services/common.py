@@ -84,7 +84,7 @@ async def admission_room(
     cap still takes, one per item, each locked until the transaction ends, and the cap.
     Leased items count in the backlog, so the room kept for active leases is never handed
     out. No room at all for `wanted` items is 429 backlog-cap-reached."""
-    row = await tenants.room(conn, tenant=tenant, key="")  # no receipt has an empty key
+    row = await tenants.room(conn, tenant=tenant)
     if row is None:
         raise errors.TenantNotFoundError(tenant=tenant)
     cap = envelope.held_backlog_cap(int(row["backlog_cap"]))

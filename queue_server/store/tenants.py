@@ -66,8 +66,9 @@ async def take_admission(conn: Conn, *, tenant: str, n: int, cap: int) -> list[i
     return [int(shard) for shard in row["shards"]]
 
 
-async def room(conn: Conn, *, tenant: str, key: str) -> Row | None:
-    """Without any lock: the cap, the backlog, and whether the key already has a receipt."""
+async def room(conn: Conn, *, tenant: str, key: str | None = None) -> Row | None:
+    """Without any lock: the cap, the backlog, and whether `key` (when given) already has a
+    receipt."""
     cur = await conn.execute(_SQL["room"], {"tenant": tenant, "key": key})
     return await cur.fetchone()
 

@@ -12,6 +12,7 @@ import uuid
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg.rows import dict_row
 
 from queue_server.client import enqueue_in, errors
@@ -250,3 +251,52 @@ def test_the_migration_deals_the_backlog_over_the_shards_and_keeps_the_cap(
     assert over.status_code == 429, over.text
     assert _backlog(db) == 100
     assert_backlog_counter_matches(db)
+
+
+def test_room_held_only_by_open_admissions_is_waited_for_up_to_the_lock_timeout(
+    api: Api, db: Db, database_url: str, roles: Roles
+) -> None:
+    """With every shard held by transactions not yet committed, an enqueue polls for room
+    no longer than its session's lock_timeout, then is refused saying why; once they let
+    go, it is admitted."""
+    app = roles.make("acme")
+    with psycopg.connect(database_url) as holder, app.connect() as conn:
+        holder.execute("SELECT 1 FROM admission_shards WHERE tenant_id = 'acme' FOR NO KEY UPDATE")
+        conn.execute("SET lock_timeout = '300ms'")
+        conn.execute("SET statement_timeout = '10s'")  # a poll without end fails otherwise
+        conn.commit()
+        started = time.monotonic()
+        with pytest.raises(errors.BacklogCapReachedError) as refused:
+            enqueue_in(conn, "acme", "q", {"n": 1}, key="waits")
+        assert "not yet committed" in (refused.value.detail or ""), refused.value.detail
+        waited = time.monotonic() - started
+        assert 0.25 <= waited < 5.0, waited
+        conn.rollback()
+        holder.rollback()
+        enqueue_in(conn, "acme", "q", {"n": 1}, key="waits")
+        conn.commit()
+    assert _backlog(db) == 1
+
+
+def test_a_cap_lowered_below_the_backlog_refuses_where_a_shard_still_has_room(
+    api: Api, db: Db, roles: Roles
+) -> None:
+    """Each shard's share follows the cap, so after a cap is lowered an empty shard has room
+    of its own; the tenant's committed backlog still refuses the enqueue."""
+    app = roles.make("acme")
+    with app.connect() as conn:
+        conn.execute(
+            "SELECT queue_server.enqueue_many('acme', 'q', %s::jsonb, 'two')",
+            (psycopg.types.json.Jsonb([{"payload": 1}, {"payload": 2}]),),
+        )
+        conn.commit()
+        row = db.execute("SELECT DISTINCT admission_shard AS s FROM work_items").fetchone()
+        assert row is not None
+        # A cap whose shares include an empty shard: shard 0 alone, or shards 0 and 1.
+        lowered = 1 if row["s"] != 0 else 2
+        db.execute("UPDATE tenants SET backlog_cap = %s WHERE tenant_id = 'acme'", (lowered,))
+        with pytest.raises(errors.BacklogCapReachedError) as refused:
+            enqueue_in(conn, "acme", "q", {"n": 3}, key="three")
+        assert refused.value.detail == f"Backlog 2 + 1 new would exceed the cap of {lowered}."
+        conn.rollback()
+    assert _backlog(db) == 2

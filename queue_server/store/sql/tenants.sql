@@ -36,12 +36,14 @@ ORDER BY created_at, key_id;
 SELECT queue_server.admission_shards(%(tenant)s, %(n)s, %(cap)s) AS shards;
 
 -- name: room
--- The backlog of tenant row t: admitted minus released, over its queues.
+-- The backlog of tenant row t: admitted minus released, over its queues; with a key,
+-- whether it has a receipt (a replay or retry asks none).
 SELECT t.backlog_cap,
        (SELECT coalesce(sum(c.admitted - c.released), 0) FROM counter_totals c
         WHERE c.tenant_id = t.tenant_id)::bigint AS backlog,
-       EXISTS (SELECT 1 FROM idempotency_receipts i
-               WHERE i.tenant_id = t.tenant_id AND i.idempotency_key = %(key)s) AS has_receipt
+       %(key)s::text IS NOT NULL
+       AND EXISTS (SELECT 1 FROM idempotency_receipts i
+                   WHERE i.tenant_id = t.tenant_id AND i.idempotency_key = %(key)s) AS has_receipt
 FROM tenants t WHERE t.tenant_id = %(tenant)s;
 
 -- name: backlog
