@@ -20,7 +20,7 @@ import psycopg
 
 from bench import loadgen, peer, profile, reference, report, snapshot, txenqueue
 from bench import workers as user_workers
-from bench.env import HOST, RETENTION_INTERVAL, Environment, environment, venv_bin
+from bench.env import HOST, PREFILL, RETENTION_INTERVAL, Environment, environment, venv_bin
 from bench.progress import say
 from bench.stats import CpuSplit, Figure, PhaseLoad, percentile
 
@@ -167,23 +167,6 @@ def _split(total: int, parts: int) -> list[int]:
 
 # -- prefill -------------------------------------------------------------------
 
-_PREFILL = """
-WITH ins AS (
-    INSERT INTO work_items (tenant_id, item_id, queue, payload, priority, state, available_at,
-                            max_acquisitions, event_seq, created_at, updated_at)
-    SELECT %(tenant)s, gen_random_uuid(), %(queue)s, jsonb_build_object('n', g), 0, 'ready',
-           statement_timestamp(), 5, 1, statement_timestamp(), statement_timestamp()
-    FROM generate_series(1, %(n)s) AS g
-    RETURNING tenant_id, item_id, queue, payload, priority, available_at, max_acquisitions,
-              created_at
-)
-INSERT INTO item_events (tenant_id, item_id, seq, at, kind, fence, actor, data)
-SELECT tenant_id, item_id, 0, created_at, 'enqueued', 0, 'bench-prefill',
-       jsonb_build_object('queue', queue, 'payload', payload, 'priority', priority,
-                          'available_at', available_at, 'max_acquisitions', max_acquisitions)
-FROM ins
-"""
-
 _HISTORY = """
 INSERT INTO work_items (tenant_id, item_id, queue, payload, priority, state, available_at, fence,
                         acquisition_count, max_acquisitions, result, event_seq,
@@ -205,7 +188,7 @@ def prefill(run: Run, tenant: Any, queue: str, n: int) -> None:
         with psycopg.connect(run.env.url, autocommit=True) as conn:
             for start in range(0, n, 200_000):
                 conn.execute(
-                    _PREFILL, {"tenant": tenant.name, "queue": queue, "n": min(200_000, n - start)}
+                    PREFILL, {"tenant": tenant.name, "queue": queue, "n": min(200_000, n - start)}
                 )
             conn.execute("ANALYZE work_items")
         return

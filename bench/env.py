@@ -427,3 +427,23 @@ def environment(*, server_workers: int | None, keep: bool = False) -> Iterator[E
         yield env
     finally:
         env.stop()
+
+
+# `n` ready items of one queue, each as an enqueue makes it (the row and its `enqueued`
+# ledger event), in one statement: the prefill of the benchmark and of the scale curve.
+PREFILL = """
+WITH ins AS (
+    INSERT INTO work_items (tenant_id, item_id, queue, payload, priority, state, available_at,
+                            max_acquisitions, event_seq, created_at, updated_at)
+    SELECT %(tenant)s, gen_random_uuid(), %(queue)s, jsonb_build_object('n', g), 0, 'ready',
+           statement_timestamp(), 5, 1, statement_timestamp(), statement_timestamp()
+    FROM generate_series(1, %(n)s) AS g
+    RETURNING tenant_id, item_id, queue, payload, priority, available_at, max_acquisitions,
+              created_at
+)
+INSERT INTO item_events (tenant_id, item_id, seq, at, kind, fence, actor, data)
+SELECT tenant_id, item_id, 0, created_at, 'enqueued', 0, 'bench-prefill',
+       jsonb_build_object('queue', queue, 'payload', payload, 'priority', priority,
+                          'available_at', available_at, 'max_acquisitions', max_acquisitions)
+FROM ins
+"""

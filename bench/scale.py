@@ -47,11 +47,11 @@ import psycopg
 
 from bench import loadgen
 from bench import workers as user_workers
-from bench.cli import _PREFILL
 from bench.env import (
     BENCH_MAX_QUEUED,
     HOST,
     MAX_APPROVED,
+    PREFILL,
     SOON,
     bench_policy,
     free_port,
@@ -287,7 +287,7 @@ max_client_conn = 1000
                 },
             ).raise_for_status()
         with psycopg.connect(self.direct, autocommit=True) as conn:
-            conn.execute(_PREFILL, {"tenant": name, "queue": "q", "n": 60_000})
+            conn.execute(PREFILL, {"tenant": name, "queue": "q", "n": 60_000})
             conn.execute("ANALYZE work_items")
         return keys["worker"]
 

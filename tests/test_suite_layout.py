@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
@@ -76,3 +78,43 @@ def test_conftest_files_define_fixtures_and_hooks_only() -> None:
             ):
                 offenders.append(f"{where}: def {node.name}")
     assert offenders == [], "move these to tests/helpers/:\n" + "\n".join(offenders)
+
+
+# The benchmark's extra (`.[bench]` in pyproject.toml): `make test` and CI install the package
+# without it, so no module the suite or the reliability suites import may need one of these.
+BENCH_ONLY = ("pgqueuer", "procrastinate", "py_spy")
+
+_IMPORT_WITHOUT = """
+import importlib, importlib.abc, sys
+
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in sys.argv[1].split(","):
+            raise ModuleNotFoundError(f"No module named {name!r} (the bench extra)")
+        return None
+
+sys.meta_path.insert(0, Refuse())
+failed = []
+for module in sys.argv[2:]:
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        failed.append(f"{module}: {exc}")
+print("\\n".join(failed))
+"""
+
+
+def test_every_test_and_reliability_module_imports_without_the_benchmarks_extra() -> None:
+    """CI runs `make test` where `.[bench]` is not installed: a test of the benchmark's report
+    that imports a module needing pgqueuer fails to be collected there, and nowhere else."""
+    modules = sorted(
+        module_name(path)
+        for top in (TESTS, ROOT / "reliability")
+        for path in top.rglob("*.py")
+        if path.name != "__main__.py" and "__pycache__" not in path.parts
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", _IMPORT_WITHOUT, ",".join(BENCH_ONLY), *modules],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert done.stdout.strip() == "", done.stdout
