@@ -30,6 +30,9 @@ from queue_server.api.deps import PROBLEMS, Caller
 from queue_server.api.hot import LeasePath
 from queue_server.api.middleware import BodyLimitAndMetrics
 from queue_server.api.schemas import Problem
+from queue_server.background.notifier import Notifier
+from queue_server.background.scheduler import run_schedules_forever
+from queue_server.background.sweeper import fold_forever, sweep_forever, sweep_runs_forever
 from queue_server.console import install as install_console
 from queue_server.db import Database
 from queue_server.infra import backup, migrate, tracing
@@ -41,9 +44,6 @@ from queue_server.services import Services
 from queue_server.services.keys import Keys
 from queue_server.settings import Settings
 from queue_server.store import channels, reads
-from queue_server.workers.notifier import Notifier
-from queue_server.workers.scheduler import run_schedules_forever
-from queue_server.workers.sweeper import fold_forever, sweep_forever, sweep_runs_forever
 
 log = logging.getLogger("queue_server")
 

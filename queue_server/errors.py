@@ -57,7 +57,7 @@ Not answers of the API, each in its own module:
     MigrationError                  queue_server.infra.migrate: a schema upgrade run apart failed
     BackupError                     queue_server.infra.backup: a backup or restore command could
                                     not do what it was asked (the CLI prints why)
-    DatabaseAwayError               queue_server.workers.deliverer: a run stopped, the database
+    DatabaseAwayError               queue_server.background.deliverer: a run stopped, the database
                                     away; the deliverer waits for it
     QueueClientError                queue_server.client.errors: the SDK's own tree
     ├── NoTenantError(ValueError)   no tenant given and none set on the client

@@ -86,7 +86,10 @@ class Idempotency:
         return f"{self.caller} {self.key}"
 
 
-Operation = Callable[[Conn], Awaitable[Answer]]
+# What runs under a receipt: called with the transaction's connection, then the arguments
+# `run` was given for it (the holder operations pass a store function and its arguments
+# this way, instead of a closure built per request).
+Operation = Callable[..., Awaitable[Answer]]
 
 
 class _NotClaimed(Exception):  # noqa: N818 - control flow: roll back, then replay
@@ -153,13 +156,15 @@ class Effects:
         idem: Idempotency,
         instance: str,
         operation: Operation,
+        *args: Any,
     ) -> Answer:
-        """Run `operation` once per (tenant, key); a repeat gets the first answer back."""
+        """Run `operation(conn, *args)` once per (tenant, key); a repeat gets the first answer
+        back."""
         async with self.db.tx() as conn:
             if not await claim(conn, tenant=tenant, idem=idem, retention=self.retention):
                 return await replay(conn, tenant=tenant, idem=idem)
             try:
-                answer = await operation(conn)
+                answer = await operation(conn, *args)
             except errors.QueueServerError as exc:
                 if exc.status not in KEPT_REFUSALS:
                     raise
@@ -169,7 +174,7 @@ class Effects:
             return answer
 
     async def run_pipelined(
-        self, tenant: str, idem: Idempotency, instance: str, operation: Operation
+        self, tenant: str, idem: Idempotency, instance: str, operation: Operation, *args: Any
     ) -> Answer:
         """`run`, in two round trips: (BEGIN, claim, operation) then (fill, COMMIT)."""
         try:
@@ -184,7 +189,7 @@ class Effects:
                             retention=self.retention,
                         )
                         try:
-                            answer = await operation(conn)
+                            answer = await operation(conn, *args)
                         except errors.QueueServerError as exc:
                             if not await idempotency_receipts.was_claimed(claimed):
                                 raise _NotClaimed() from exc
@@ -205,4 +210,4 @@ class Effects:
         except errors.TimeoutExceededError:
             # A lock wait ran out: the claim's (the key is in flight) or the operation's.
             # The step-by-step path tells them apart.
-            return await self.run(tenant, idem, instance, operation)
+            return await self.run(tenant, idem, instance, operation, *args)

@@ -13,7 +13,7 @@ Pure data: pydantic and the standard library, nothing of the server.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -231,3 +231,91 @@ class QueueSettings(Model):
     retry: RetrySettings
     updated_at: datetime | None = None
     updated_by: str | None = None
+
+
+# -- the durable reliability resources: confirmation receipts and verification runs
+
+
+class Receipt(Model):
+    """A confirmed mutation's receipt as the server keeps it."""
+
+    outcome_ref: str
+    idempotency_key: str
+    status: Literal["pending", "succeeded", "failed"]
+    outcome: Any = None
+    created_at: datetime
+    settled_at: datetime | None = None
+    settled_by: str | None = Field(
+        default=None, description="The operator who settled it, when its claimant did not"
+    )
+    settle_reason: str | None = None
+
+
+class StaleReceipt(Receipt):
+    """A pending receipt as listed."""
+
+    stale: bool = Field(description="Pending past the confirmed-mutation deadline")
+
+
+class ReceiptPage(Model):
+    receipts: list[StaleReceipt]
+    stale_after: float = Field(description="The confirmed-mutation deadline, seconds")
+    next_cursor: str | None = None
+
+
+RunState = Literal["running", "complete", "failed", "abandoned"]
+
+
+class Checkpoint(Model):
+    run_id: str
+    item: str
+    result: Any = None
+    recorded_at: datetime
+
+
+class RunEnded(Model):
+    at: datetime
+    by: str = Field(description="`server` (its deadline) or the operator who abandoned it")
+    reason: str = Field(description="`deadline-exceeded`, or the operator's reason")
+
+
+class VerificationRun(Model):
+    run_id: str
+    run_key: str
+    artifact_version: str
+    verifier_version: str
+    state: RunState
+    items: list[str]
+    checkpoints: list[Checkpoint]
+    remaining: list[str]
+    created_at: datetime
+    completed_at: datetime | None = None
+    deadline_at: datetime = Field(description="A run still running then ends `failed`")
+    ended: RunEnded | None = Field(
+        default=None, description="Who ended a run that did not complete, and why"
+    )
+
+    def results(self) -> dict[str, Any]:
+        """Each checkpointed item's result."""
+        return {c.item: c.result for c in self.checkpoints}
+
+
+class VerificationRunSummary(Model):
+    """A run as listed: how many items, not which."""
+
+    run_id: str
+    run_key: str
+    artifact_version: str
+    verifier_version: str
+    state: RunState
+    items: int = Field(description="How many items the run declared")
+    checkpoints: int = Field(description="How many of them are checkpointed")
+    created_at: datetime
+    completed_at: datetime | None = None
+    deadline_at: datetime
+    ended: RunEnded | None = None
+
+
+class VerificationRunPage(Model):
+    runs: list[VerificationRunSummary]
+    next_cursor: str | None = None

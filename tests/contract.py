@@ -126,7 +126,7 @@ def preload() -> None:
             plugin.load()
     # What the proofs run in process besides the app: the CLI and the deliverer.
     importlib.import_module("queue_server.cli.main")
-    importlib.import_module("queue_server.workers.deliverer")
+    importlib.import_module("queue_server.background.deliverer")
 
     for name in [n for n in sys.modules if n.split(".")[0] == "tests"]:
         if name not in _KEEP:

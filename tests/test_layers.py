@@ -32,7 +32,7 @@ PACKAGE = ROOT / "queue_server"
 LAYERS: list[set[str]] = [
     {"queue_server.app", "queue_server.infra.serve", "queue_server.cli"},
     {"queue_server.console"},
-    {"queue_server.api", "queue_server.workers"},
+    {"queue_server.api", "queue_server.background"},
     {"queue_server.services"},
     {"queue_server.idempotency"},
     {"queue_server.db"},
@@ -55,7 +55,7 @@ SHARED = {
     "queue_server.migrations",
 }
 # Same layer, no imports between them.
-INDEPENDENT = [("queue_server.api", "queue_server.workers")]
+INDEPENDENT = [("queue_server.api", "queue_server.background")]
 CLIENT = "queue_server.client"
 CLIENT_MAY_IMPORT = {
     "queue_server",
@@ -160,9 +160,9 @@ def test_every_module_has_a_place() -> None:
         ("queue_server.store.reads", "from queue_server import db"),
         ("queue_server.db", "import queue_server.idempotency"),
         ("queue_server.services.items", "from queue_server.api.deps import respond"),
-        ("queue_server.services.items", "from queue_server.workers.notifier import Notifier"),
-        ("queue_server.api.routes", "from queue_server.workers import sweeper"),
-        ("queue_server.workers.sweeper", "from queue_server.api import deps"),
+        ("queue_server.services.items", "from queue_server.background.notifier import Notifier"),
+        ("queue_server.api.routes", "from queue_server.background import sweeper"),
+        ("queue_server.background.sweeper", "from queue_server.api import deps"),
         ("queue_server.views", "from queue_server.store import reads"),
         ("queue_server.errors", "from queue_server.services import common"),
         ("queue_server.client.worker", "from queue_server.errors import QueueServerError"),
@@ -181,3 +181,24 @@ def test_the_actual_imports_of_a_service_pass() -> None:
         target.startswith("queue_server.store")
         for _, target in imports("queue_server.services.items", path.read_text())
     )
+
+
+def test_no_module_exports_a_private_name() -> None:
+    """`__all__` is what a module offers; a name with a leading underscore is its own."""
+    exported = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if not (
+                isinstance(node, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
+                and isinstance(node.value, ast.List | ast.Tuple)
+            ):
+                continue
+            exported += [
+                f"{path.relative_to(ROOT)}: {element.value}"
+                for element in node.value.elts
+                if isinstance(element, ast.Constant)
+                and isinstance(element.value, str)
+                and element.value.startswith("_")
+            ]
+    assert exported == []

@@ -855,7 +855,7 @@ def _lift_delivery_concurrency(mp: pytest.MonkeyPatch) -> None:
 
 @weakening("fresh-delivery-key-on-retry", "a retried delivery is sent under a key of its own")
 def _fresh_delivery_key_on_retry(mp: pytest.MonkeyPatch) -> None:
-    from queue_server.workers.deliverer import Deliverer
+    from queue_server.background.deliverer import Deliverer
 
     original = Deliverer._request
 

@@ -10,11 +10,10 @@ returns the retained receipt with `Idempotent-Replayed: true`.
 from __future__ import annotations
 
 import copy
-from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request
-from pydantic import BaseModel, Field
+from pydantic import Field
 from starlette.responses import Response
 
 from queue_server import views, wire
@@ -87,29 +86,6 @@ class PolicyPublishIn(schemas.Body):
     reason: str = Field(min_length=1, max_length=1000, description="Why: kept in the history.")
 
 
-class ReceiptOut(BaseModel):
-    outcome_ref: str
-    idempotency_key: str
-    status: Literal["pending", "succeeded", "failed"]
-    outcome: Any
-    created_at: datetime
-    settled_at: datetime | None
-    settled_by: str | None = Field(
-        default=None, description="The operator who settled it, when its claimant did not"
-    )
-    settle_reason: str | None = None
-
-
-class StaleReceiptOut(ReceiptOut):
-    stale: bool = Field(description="Pending past the confirmed-mutation deadline")
-
-
-class ReceiptPage(BaseModel):
-    receipts: list[StaleReceiptOut]
-    stale_after: float = Field(description="The confirmed-mutation deadline, seconds")
-    next_cursor: str | None
-
-
 class ResolveIn(schemas.Body):
     model_config = schemas.example(
         {
@@ -128,11 +104,11 @@ class ResolveIn(schemas.Body):
 
 @router.post(
     "/tenants/{tenant}/receipts",
-    response_model=ReceiptOut,
+    response_model=wire.Receipt,
     status_code=201,
     tags=["receipts"],
     responses={
-        200: {"model": ReceiptOut, "description": "The same identity again: the retained receipt"}
+        200: {"model": wire.Receipt, "description": "The same identity again: the retained receipt"}
     },
 )
 async def claim_receipt(
@@ -151,7 +127,7 @@ async def claim_receipt(
     return respond(answer)
 
 
-@router.put("/tenants/{tenant}/receipts/{ref}", response_model=ReceiptOut, tags=["receipts"])
+@router.put("/tenants/{tenant}/receipts/{ref}", response_model=wire.Receipt, tags=["receipts"])
 async def settle_receipt(
     tenant: TenantName, ref: OutcomeRef, body: SettleIn, receipts: ReceiptsService, caller: Caller
 ) -> Response:
@@ -161,7 +137,7 @@ async def settle_receipt(
     return respond(answer)
 
 
-@router.get("/tenants/{tenant}/receipts", response_model=ReceiptPage, tags=["receipts"])
+@router.get("/tenants/{tenant}/receipts", response_model=wire.ReceiptPage, tags=["receipts"])
 async def list_receipts(
     tenant: TenantName,
     receipts: ReceiptsService,
@@ -190,7 +166,7 @@ async def list_receipts(
 
 
 @router.post(
-    "/tenants/{tenant}/receipts/{ref}:resolve", response_model=ReceiptOut, tags=["receipts"]
+    "/tenants/{tenant}/receipts/{ref}:resolve", response_model=wire.Receipt, tags=["receipts"]
 )
 async def resolve_receipt(
     request: Request,
@@ -217,7 +193,7 @@ async def resolve_receipt(
     return respond(answer)
 
 
-@router.get("/tenants/{tenant}/receipts/{ref}", response_model=ReceiptOut, tags=["receipts"])
+@router.get("/tenants/{tenant}/receipts/{ref}", response_model=wire.Receipt, tags=["receipts"])
 async def get_receipt(
     tenant: TenantName, ref: OutcomeRef, receipts: ReceiptsService, caller: Caller
 ) -> Response:

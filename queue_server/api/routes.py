@@ -433,6 +433,7 @@ async def get_ledger(
 # the lean path too (api/hot.py: the same endpoints, without FastAPI's parameter machinery)
 
 
+# Served on the lean path as well (api/hot.py's HOT_ENDPOINTS), FastAPI's machinery skipped.
 @router.post(
     "/tenants/{tenant}/queues/{queue}/leases", response_model=schemas.LeasesOut, tags=["leases"]
 )
@@ -466,6 +467,7 @@ async def acquire(
     return respond(answer)
 
 
+# Served on the lean path as well (api/hot.py's HOT_ENDPOINTS), FastAPI's machinery skipped.
 @router.post(
     "/tenants/{tenant}/items/{item_id}/heartbeat",
     response_model=schemas.HeartbeatOut,
@@ -485,6 +487,7 @@ async def heartbeat(
     return respond(answer)
 
 
+# Served on the lean path as well (api/hot.py's HOT_ENDPOINTS), FastAPI's machinery skipped.
 @router.post(
     "/tenants/{tenant}/items/{item_id}/complete", response_model=schemas.ItemOut, tags=["leases"]
 )
@@ -512,6 +515,7 @@ async def complete(
     return respond(answer)
 
 
+# Served on the lean path as well (api/hot.py's HOT_ENDPOINTS), FastAPI's machinery skipped.
 @router.post(
     "/tenants/{tenant}/leases:heartbeat", response_model=schemas.HeartbeatsOut, tags=["leases"]
 )
@@ -538,6 +542,7 @@ async def heartbeat_many(
     return respond(answer)
 
 
+# Served on the lean path as well (api/hot.py's HOT_ENDPOINTS), FastAPI's machinery skipped.
 @router.post(
     "/tenants/{tenant}/completions", response_model=schemas.CompletionsOut, tags=["leases"]
 )

@@ -7,13 +7,13 @@ item), so it takes no `Idempotency-Key` header; a repeat answers 200 with
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request
-from pydantic import AfterValidator, BaseModel, Field
+from pydantic import AfterValidator, Field
 from starlette.responses import Response
 
+from queue_server import wire
 from queue_server.api import schemas
 from queue_server.api.body import JsonRoute
 from queue_server.api.deps import (
@@ -63,44 +63,16 @@ class CheckpointIn(schemas.Body):
     result: schemas.Json = Field(description="The item's verification result")
 
 
-class CheckpointOut(BaseModel):
-    run_id: str
-    item: str
-    result: Any
-    recorded_at: datetime
-
-
-RunState = Literal["running", "complete", "failed", "abandoned"]
-
-
-class EndedOut(BaseModel):
-    at: datetime
-    by: str = Field(description="`server` (its deadline) or the operator who abandoned it")
-    reason: str = Field(description="`deadline-exceeded`, or the operator's reason")
-
-
-class RunOut(BaseModel):
-    run_id: str
-    run_key: str
-    artifact_version: str
-    verifier_version: str
-    state: RunState
-    items: list[str]
-    checkpoints: list[CheckpointOut]
-    remaining: list[str]
-    created_at: datetime
-    completed_at: datetime | None
-    deadline_at: datetime = Field(description="A run still running then ends `failed`")
-    ended: EndedOut | None = Field(description="Who ended a run that did not complete, and why")
-
-
 @router.post(
     "/tenants/{tenant}/verification-runs",
-    response_model=RunOut,
+    response_model=wire.VerificationRun,
     status_code=201,
     tags=["verification"],
     responses={
-        200: {"model": RunOut, "description": "The same pair again: that run, with its checkpoints"}
+        200: {
+            "model": wire.VerificationRun,
+            "description": "The same pair again: that run, with its checkpoints",
+        }
     },
 )
 async def start_run(tenant: TenantName, body: RunIn, runs: RunsService, caller: Caller) -> Response:
@@ -118,26 +90,11 @@ async def start_run(tenant: TenantName, body: RunIn, runs: RunsService, caller: 
     return respond(answer)
 
 
-class RunSummaryOut(BaseModel):
-    run_id: str
-    run_key: str
-    artifact_version: str
-    verifier_version: str
-    state: RunState
-    items: int = Field(description="How many items the run declared")
-    checkpoints: int = Field(description="How many of them are checkpointed")
-    created_at: datetime
-    completed_at: datetime | None
-    deadline_at: datetime
-    ended: EndedOut | None
-
-
-class RunPage(BaseModel):
-    runs: list[RunSummaryOut]
-    next_cursor: str | None
-
-
-@router.get("/tenants/{tenant}/verification-runs", response_model=RunPage, tags=["verification"])
+@router.get(
+    "/tenants/{tenant}/verification-runs",
+    response_model=wire.VerificationRunPage,
+    tags=["verification"],
+)
 async def list_runs(
     tenant: TenantName,
     runs: RunsService,
@@ -150,7 +107,9 @@ async def list_runs(
 
 
 @router.get(
-    "/tenants/{tenant}/verification-runs/{run_id}", response_model=RunOut, tags=["verification"]
+    "/tenants/{tenant}/verification-runs/{run_id}",
+    response_model=wire.VerificationRun,
+    tags=["verification"],
 )
 async def get_run(tenant: TenantName, run_id: RunId, runs: RunsService, caller: Caller) -> Response:
     """The run, its checkpoints and the items that remain: where a verifier resumes."""
@@ -159,9 +118,9 @@ async def get_run(tenant: TenantName, run_id: RunId, runs: RunsService, caller: 
 
 @router.put(
     "/tenants/{tenant}/verification-runs/{run_id}/checkpoints/{item:path}",
-    response_model=CheckpointOut,
+    response_model=wire.Checkpoint,
     tags=["verification"],
-    responses={201: {"model": CheckpointOut, "description": "The item's first checkpoint"}},
+    responses={201: {"model": wire.Checkpoint, "description": "The item's first checkpoint"}},
 )
 async def put_checkpoint(
     tenant: TenantName,
@@ -177,7 +136,7 @@ async def put_checkpoint(
 
 @router.put(
     "/tenants/{tenant}/verification-runs/{run_id}/complete",
-    response_model=RunOut,
+    response_model=wire.VerificationRun,
     tags=["verification"],
 )
 async def complete_run(
@@ -196,7 +155,7 @@ class AbandonIn(schemas.Body):
 
 @router.post(
     "/tenants/{tenant}/verification-runs/{run_id}:abandon",
-    response_model=RunOut,
+    response_model=wire.VerificationRun,
     tags=["verification"],
 )
 async def abandon_run(

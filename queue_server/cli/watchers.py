@@ -378,8 +378,8 @@ def deliver(
 
     Example: [bold]queue-server deliver --allow 127.0.0.1[/bold]
     """
+    from queue_server.background.deliverer import Deliverer
     from queue_server.settings import Settings
-    from queue_server.workers.deliverer import Deliverer
 
     settings = Settings()
     update: dict[str, object] = {}

@@ -36,7 +36,6 @@ from queue_server import __version__
 from queue_server.client import errors
 from queue_server.client.classes import AV, CM, LW, RO, CallClass, call_classes
 from queue_server.client.connection import Response, TransportFailure
-from queue_server.client.durable import Checkpoint, ReceiptRecord, VerificationRun
 from queue_server.client.models import (
     AdminKey,
     ApiKey,
@@ -69,6 +68,7 @@ from queue_server.client.models import (
     WhoAmI,
 )
 from queue_server.policy import OperationClass, ReliabilityPolicy, admit_operation, runtime_policy
+from queue_server.wire import Checkpoint, Receipt, StaleReceipt, VerificationRun
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -1076,7 +1076,7 @@ class ClientCore:
         *,
         claim_token: str | None = None,
         tenant: str | None = None,
-    ) -> Flow[tuple[ReceiptRecord, bool]]:
+    ) -> Flow[tuple[Receipt, bool]]:
         """Claim a confirmed mutation's one-shot receipt; True when this call holds the grant.
 
         A transient failure is retried with the same `claim_token`, so a claim whose
@@ -1089,7 +1089,7 @@ class ClientCore:
         }
         path = yield from self._at(tenant, "/receipts")
         response = yield from self.request("POST", path, json=body, operation=CM)
-        return ReceiptRecord.model_validate_json(response.content), response.status_code == 201
+        return Receipt.model_validate_json(response.content), response.status_code == 201
 
     def settle_receipt(
         self,
@@ -1098,20 +1098,20 @@ class ClientCore:
         outcome: Any,
         *,
         tenant: str | None = None,
-    ) -> Flow[ReceiptRecord]:
+    ) -> Flow[Receipt]:
         """Settle a pending receipt once; the same settlement again is a no-op."""
         path = yield from self._at(tenant, f"/receipts/{outcome_ref}")
         body = {"status": status, "outcome": outcome}
         response = yield from self.request("PUT", path, json=body, operation=CM)
-        return ReceiptRecord.model_validate_json(response.content)
+        return Receipt.model_validate_json(response.content)
 
-    def get_receipt(self, outcome_ref: str, *, tenant: str | None = None) -> Flow[ReceiptRecord]:
+    def get_receipt(self, outcome_ref: str, *, tenant: str | None = None) -> Flow[Receipt]:
         path = yield from self._at(tenant, f"/receipts/{outcome_ref}")
-        return (yield from self._get(ReceiptRecord, path))
+        return (yield from self._get(Receipt, path))
 
     def pending_receipts(
         self, *, older_than: float | None = None, limit: int = 100, tenant: str | None = None
-    ) -> Flow[list[ReceiptRecord]]:
+    ) -> Flow[list[StaleReceipt]]:
         """Pending receipts claimed at least `older_than` seconds ago (default: the
         confirmed-mutation deadline: the stale ones), oldest first (operator)."""
         params: dict[str, Any] = {"state": "pending", "limit": limit}
@@ -1119,7 +1119,7 @@ class ClientCore:
             params["older_than"] = older_than
         path = yield from self._at(tenant, "/receipts")
         page = (yield from self.request("GET", path, params=params)).json()
-        return [ReceiptRecord.model_validate(r) for r in page["receipts"]]
+        return [StaleReceipt.model_validate(r) for r in page["receipts"]]
 
     def resolve_receipt(
         self,
@@ -1130,11 +1130,11 @@ class ClientCore:
         reason: str,
         idempotency_key: str | None = None,
         tenant: str | None = None,
-    ) -> Flow[ReceiptRecord]:
+    ) -> Flow[Receipt]:
         """Settle a stale pending receipt as an operator, with what happened and why."""
         path = yield from self._at(tenant, f"/receipts/{outcome_ref}:resolve")
         body = {"status": status, "outcome": outcome, "reason": reason}
-        return (yield from self._effect(ReceiptRecord, "POST", path, body, idempotency_key))
+        return (yield from self._effect(Receipt, "POST", path, body, idempotency_key))
 
     def start_verification_run(
         self,

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import asyncio
 
+from queue_server import wire
 from queue_server.client import errors
 from queue_server.client.client import QueueClient
-from queue_server.client.durable import ReceiptRecord
 from queue_server.policy import (
     CircuitBreaker,
     ConfirmedMutationPath,
@@ -32,7 +32,7 @@ from queue_server.policy import (
 from queue_server.policy.mutation import Effect, Outcome
 
 
-def _receipt(record: ReceiptRecord) -> Receipt:
+def _receipt(record: wire.Receipt) -> Receipt:
     outcome = record.outcome if isinstance(record.outcome, dict) else None
     if record.outcome is not None and outcome is None:
         outcome = {"value": record.outcome}

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from queue_server.client.client import QueueClient
-from queue_server.client.durable import VerificationRun
 from queue_server.policy import (
     OperationClass,
     PermitGate,
@@ -29,6 +28,7 @@ from queue_server.policy import (
     retrying_for,
     run_key,
 )
+from queue_server.wire import VerificationRun
 
 AV = OperationClass.ARTIFACT_VERIFICATION
 

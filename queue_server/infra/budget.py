@@ -5,7 +5,7 @@ in what the database accepts.
 What one `serve` holds on its database, besides nothing else for long:
 
 - per process, its pool (requests, and the sweepers, the sampler, the scheduler and the
-  policy recording, which borrow from it) and its LISTEN session (`workers/notifier.py`,
+  policy recording, which borrow from it) and its LISTEN session (`background/notifier.py`,
   direct to PostgreSQL even through a pooler);
 - in the supervisor, the metrics listener's session while it answers a scrape
   (`--metrics-listen`).

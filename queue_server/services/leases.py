@@ -11,6 +11,7 @@ import contextlib
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -324,45 +325,6 @@ class Leases:
             results.append({"item_id": item_id, "status": refusal.status, "problem": problem})
         return Answer.of(200, {"extended": len(extended), "results": results})
 
-    async def _holder_effect(
-        self,
-        principal: auth.Principal,
-        tenant: str,
-        item_id: str,
-        idem: Idempotency,
-        instance: str,
-        *,
-        worker: str,
-        fence: int,
-        change: Callable[[Conn], Awaitable[Row | None]],
-        on_refusal: Callable[[Conn, errors.QueueServerError], Awaitable[None]] | None = None,
-        roles: tuple[Role, ...] = (Role.WORKER,),
-    ) -> Answer:
-        """The holder's `change` under the receipt, or its precise refusal. A key of `roles`
-        other than a worker's (an operator's, for triage) holds no lease: its `change` must
-        refuse, and its refusal is explained whatever name and fence it presented."""
-        principal.require(tenant, *roles)
-        require_item_id(item_id)
-        holder = None if principal.role is Role.OPERATOR else worker
-
-        async def operation(conn: Conn) -> Answer:
-            row = await change(conn)
-            if row is None:
-                refusal = await transitions.explain_rejection(
-                    conn,
-                    tenant=tenant,
-                    item_id=item_id,
-                    worker=holder,
-                    key_id=principal.key_id,
-                    fence=fence,
-                )
-                if on_refusal is not None and not isinstance(refusal, errors.NotFoundError):
-                    await on_refusal(conn, refusal)
-                raise refusal
-            return Answer.of(200, views.item(row))
-
-        return await self.effects.run_pipelined(tenant, idem, instance, operation)
-
     async def complete(
         self,
         principal: auth.Principal,
@@ -375,19 +337,11 @@ class Leases:
         fence: int,
         result: Any,
     ) -> Answer:
-        async def change(conn: Conn) -> Row | None:
-            return await transitions.complete(
-                conn,
-                tenant=tenant,
-                item_id=item_id,
-                worker=worker,
-                key_id=principal.key_id,
-                fence=fence,
-                result=result,
-            )
-
-        return await self._holder_effect(
-            principal, tenant, item_id, idem, instance, worker=worker, fence=fence, change=change
+        """leased -> completed with `result`: only by the holder, with its fence, before
+        expiry."""
+        held = Held.of(principal, tenant, item_id, worker=worker, fence=fence)
+        return await self.effects.run_pipelined(
+            tenant, idem, instance, change_held, held, transitions.complete, {"result": result}
         )
 
     async def complete_many(
@@ -460,23 +414,10 @@ class Leases:
         None (`"delay": "backoff"`): the queue's backoff for the item's acquisition count.
         A `failure` (a traceback with it) becomes the item's last failure and is ledgered."""
         refuse_above([self.envelope.delay(delay, "body", "delay")])
-
-        async def change(conn: Conn) -> Row | None:
-            return await transitions.requeue(
-                conn,
-                tenant=tenant,
-                item_id=item_id,
-                worker=worker,
-                key_id=principal.key_id,
-                fence=fence,
-                reason=reason,
-                delay=delay,
-                backoff=self._backoff,
-                failure=failure,
-            )
-
-        return await self._holder_effect(
-            principal, tenant, item_id, idem, instance, worker=worker, fence=fence, change=change
+        held = Held.of(principal, tenant, item_id, worker=worker, fence=fence)
+        args = {"reason": reason, "delay": delay, "backoff": self._backoff, "failure": failure}
+        return await self.effects.run_pipelined(
+            tenant, idem, instance, change_held, held, transitions.requeue, args
         )
 
     async def triage(
@@ -506,46 +447,109 @@ class Leases:
             )
         refuse_above([self.envelope.delay(delay, "body", "delay")])
 
-        holds_leases = principal.role is not Role.OPERATOR
-
-        async def change(conn: Conn) -> Row | None:
-            if not holds_leases:
-                return None
-            return await transitions.triage(
-                conn,
-                tenant=tenant,
-                item_id=item_id,
-                worker=worker,
-                key_id=principal.key_id,
-                fence=fence,
-                failure=failure,
-                quarantine=quarantine,
-                delay=delay,
-                backoff=self._backoff,
-            )
-
-        async def record(conn: Conn, refusal: errors.QueueServerError) -> None:
-            # A refused triage is still an observable failure fact.
-            await transitions.record_triage_rejected(
-                conn,
-                tenant=tenant,
-                item_id=item_id,
-                worker=worker,
-                fence=fence,
-                failure=failure,
-                reason=refusal.code,
-                actor=worker if holds_leases else principal.actor,
-            )
-
-        return await self._holder_effect(
-            principal,
-            tenant,
-            item_id,
-            idem,
-            instance,
-            worker=worker,
-            fence=fence,
-            change=change,
-            on_refusal=record,
-            roles=WORKER_OR_OPERATOR,
+        held = Held.of(
+            principal, tenant, item_id, worker=worker, fence=fence, roles=WORKER_OR_OPERATOR
         )
+        args = {
+            "failure": failure,
+            "quarantine": quarantine,
+            "delay": delay,
+            "backoff": self._backoff,
+        }
+        # A refused triage is still an observable failure fact: ledgered by its actor (the
+        # worker name a worker's key presented, else the key).
+        refused = Refused(
+            transitions.record_triage_rejected,
+            {"failure": failure, "actor": worker if held.holds_lease else principal.actor},
+        )
+        return await self.effects.run_pipelined(
+            tenant, idem, instance, change_held, held, transitions.triage, args, refused
+        )
+
+
+# -- the holder operations: complete, requeue and triage each hand `change_held` (the step
+# under the receipt, `Effects.run_pipelined`) their store function and its arguments.
+
+Step = Callable[..., Awaitable[Row | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """The lease a holder operation presents: the tenant's item, the worker's name, the key
+    that sent it, and the fence it was leased under. An operator's key holds no lease."""
+
+    tenant: str
+    item_id: str
+    worker: str
+    key_id: str
+    fence: int
+    holds_lease: bool
+
+    @classmethod
+    def of(
+        cls,
+        principal: auth.Principal,
+        tenant: str,
+        item_id: str,
+        *,
+        worker: str,
+        fence: int,
+        roles: tuple[Role, ...] = (Role.WORKER,),
+    ) -> Held:
+        """The lease `principal` presents, once it may act on the tenant's items at all."""
+        principal.require(tenant, *roles)
+        require_item_id(item_id)
+        return cls(
+            tenant=tenant,
+            item_id=item_id,
+            worker=worker,
+            key_id=principal.key_id,
+            fence=fence,
+            holds_lease=principal.role is not Role.OPERATOR,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """What a refused operation still ledgers: a store function, called with the held item,
+    the refusal's code as `reason`, and `args`."""
+
+    record: Callable[..., Awaitable[None]]
+    args: dict[str, Any]
+
+
+async def change_held(
+    conn: Conn, held: Held, step: Step, args: dict[str, Any], refused: Refused | None = None
+) -> Answer:
+    """`step` on the held item (its guard: holder, key, fence, unexpired lease) with `args`;
+    the item it changed, or the precise refusal the database explains when it changed
+    nothing. A missing item is refused without a ledger entry: there is no ledger."""
+    guard = {
+        "tenant": held.tenant,
+        "item_id": held.item_id,
+        "worker": held.worker,
+        "key_id": held.key_id,
+        "fence": held.fence,
+    }
+    row = await step(conn, **guard, **args) if held.holds_lease else None
+    if row is not None:
+        return Answer.of(200, views.item(row))
+    refusal = await transitions.explain_rejection(
+        conn,
+        tenant=held.tenant,
+        item_id=held.item_id,
+        worker=held.worker if held.holds_lease else None,
+        key_id=held.key_id,
+        fence=held.fence,
+    )
+    if refused is not None and not isinstance(refusal, errors.NotFoundError):
+        await refused.record(
+            conn,
+            tenant=held.tenant,
+            item_id=held.item_id,
+            worker=held.worker,
+            fence=held.fence,
+            reason=refusal.code,
+            **refused.args,
+        )
+    raise refusal

@@ -1,6 +1,6 @@
 """Watchers (webhook subscriptions) and their outbox: registration, state changes, secret
 rotation, delivery listings, and the resolution of dead deliveries. The SQL is in
-`store/watchers.py` and `store/outbox.py`; sending is `queue_server.workers.deliverer`.
+`store/watchers.py` and `store/outbox.py`; sending is `queue_server.background.deliverer`.
 
 Watchers are configuration, like every other: an operator's (or admin's) business; a
 worker key gets 403."""

@@ -14,12 +14,14 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from queue_server.api.hot import LeasePath
+from queue_server.api import routes
+from queue_server.api.hot import HOT_ENDPOINTS, LeasePath
 from queue_server.settings import Settings
 from tests.helpers.api import Api, client_for, setup_tenant
 from tests.helpers.server import InProcessServer
@@ -235,3 +237,12 @@ def test_a_well_formed_lease_request_is_served_and_counted_under_its_route(
         "/v1/tenants/{tenant}/items/{item_id}/complete",
     ):
         assert f'method="POST",route="{template}",status="200"' in metrics, template
+
+
+def test_the_routes_on_the_lean_path_say_so_and_no_other_route_does() -> None:
+    """A reader of a route learns from the route itself that a second way in serves it."""
+    text = Path(routes.__file__).read_text()
+    marked = re.findall(
+        r"# Served on the lean path as well[^\n]*\n@router\.\w+\([^@]*?\)\nasync def (\w+)\(", text
+    )
+    assert sorted(marked) == sorted(endpoint.__name__ for endpoint, _, _ in HOT_ENDPOINTS)

@@ -21,6 +21,7 @@ import psycopg
 import pytest
 
 from queue_server import auth
+from queue_server.background.notifier import Notifier
 from queue_server.db import Database
 from queue_server.idempotency import Idempotency
 from queue_server.infra.embedded import EmbeddedPostgres
@@ -30,7 +31,6 @@ from queue_server.services import Services
 from queue_server.services.items import NewItem
 from queue_server.services.keys import Keys
 from queue_server.settings import Settings
-from queue_server.workers.notifier import Notifier
 from tests.helpers.api import Api
 
 Db = psycopg.Connection[dict[str, object]]

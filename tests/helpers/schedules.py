@@ -13,6 +13,7 @@ import orjson
 import psycopg
 
 from queue_server.auth import Principal
+from queue_server.background.notifier import Notifier
 from queue_server.db import Database
 from queue_server.idempotency import Idempotency
 from queue_server.infra.metrics import Metrics
@@ -22,7 +23,6 @@ from queue_server.services.keys import Keys
 from queue_server.services.schedules import ScheduleSpec
 from queue_server.services.ticks import CatchUp
 from queue_server.settings import Settings
-from queue_server.workers.notifier import Notifier
 
 T = TypeVar("T")
 Db = psycopg.Connection[dict[str, object]]

@@ -16,9 +16,9 @@ from typing import IO, Any
 
 import psycopg
 
+from queue_server.background.deliverer import Deliverer, RunReport
 from queue_server.settings import Settings
 from queue_server.transport import Budget
-from queue_server.workers.deliverer import Deliverer, RunReport
 from tests.helpers.api import Api
 from tests.helpers.receiver import Receiver, Seen
 

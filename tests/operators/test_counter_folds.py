@@ -17,9 +17,9 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from queue_server.background.sweeper import FOLD_LOCK
 from queue_server.infra import migrate
 from queue_server.store import counters, queues, sweeps, transitions
-from queue_server.workers.sweeper import FOLD_LOCK
 from tests.helpers.api import Api
 from tests.helpers.database import held_snapshot
 from tests.helpers.invariants import assert_backlog_counter_matches, assert_ledgers_fold_to_rows

@@ -13,9 +13,9 @@ from typing import Any, TypeVar
 
 import psycopg
 
+from queue_server.background import sweeper
 from queue_server.db import Database
 from queue_server.settings import Settings
-from queue_server.workers import sweeper
 from tests.helpers.api import Api
 
 Db = psycopg.Connection[dict[str, Any]]

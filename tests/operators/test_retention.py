@@ -12,10 +12,10 @@ from typing import Any, TypeVar
 import psycopg
 import pytest
 
+from queue_server.background import sweeper
 from queue_server.db import Database
 from queue_server.settings import Settings
 from queue_server.store import sweeps, transitions
-from queue_server.workers import sweeper
 from tests.helpers.api import Api
 from tests.helpers.invariants import assert_backlog_counter_matches, assert_ledgers_fold_to_rows
 

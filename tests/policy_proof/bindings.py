@@ -69,7 +69,7 @@ BRIDGE = "queue_server.client.mutations.ConfirmedMutationBridge"
 IN_PROCESS = "queue_server.policy.mutation.ConfirmedMutationPath"
 READS = "queue_server.client.dependency.ReadOnlyDependencyClient"
 TURNS = "queue_server.client.turns.TurnGate"
-DELIVERER = "queue_server.workers.deliverer.Deliverer"
+DELIVERER = "queue_server.background.deliverer.Deliverer"
 
 # The tests.
 _ENV_T = "tests/api/test_lease_envelope.py::"
@@ -419,7 +419,7 @@ BINDINGS: tuple[Binding, ...] = (
     Binding(
         WD,
         D.BACKOFF_AND_JITTER,
-        "queue_server.workers.deliverer.schedule",
+        "queue_server.background.deliverer.schedule",
         _DELIVERY_T + "test_unscaled_schedule_is_persisted_at_the_policy_instants",
         "lift-delivery-backoff",
     ),

@@ -269,7 +269,7 @@ ALLOWED: dict[str, Allowance] = {
         "psycopg_pool.AsyncConnectionPool",
         "psycopg.AsyncConnection.connect",
     ),
-    "queue_server/workers/notifier.py": _allow(
+    "queue_server/background/notifier.py": _allow(
         "the listener: one direct PostgreSQL session for LISTEN (a pooler cannot carry it)",
         "psycopg.AsyncConnection.connect",
     ),
@@ -473,11 +473,11 @@ def copy_of_package(tmp_path: Path) -> Path:
 
 
 def test_a_planted_violation_in_a_new_module_fails_the_check(copy_of_package: Path) -> None:
-    planted = copy_of_package / PACKAGE / "workers" / "planted.py"
+    planted = copy_of_package / PACKAGE / "background" / "planted.py"
     planted.write_text(PLANTED)
     found = offenders(copy_of_package)
-    assert list(found) == [f"{PACKAGE}/workers/planted.py"]
-    hits = {entry.split(": ", 1)[1] for entry in found[f"{PACKAGE}/workers/planted.py"]}
+    assert list(found) == [f"{PACKAGE}/background/planted.py"]
+    hits = {entry.split(": ", 1)[1] for entry in found[f"{PACKAGE}/background/planted.py"]}
     assert hits >= {
         "import http.client",
         "import urllib.request",
@@ -506,7 +506,7 @@ def test_a_planted_violation_in_a_new_module_fails_the_check(copy_of_package: Pa
         ("client/client.py", "import httpx\nhttpx.Client()\n"),
         ("client/working.py", "import socket\n"),
         ("db.py", "import httpx\nhttpx.AsyncClient()\n"),
-        ("workers/deliverer.py", "import asyncio\nasyncio.open_connection('h', 1)\n"),
+        ("background/deliverer.py", "import asyncio\nasyncio.open_connection('h', 1)\n"),
         ("transport/ssrf.py", "import httpx\nhttpx.AsyncClient()\n"),
         ("infra/embedded.py", "import subprocess\nsubprocess.run(['curl', 'http://h/'])\n"),
         ("cli/main.py", "import urllib.request\n"),

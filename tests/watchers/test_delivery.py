@@ -10,10 +10,10 @@ from datetime import timedelta
 import pytest
 from standardwebhooks.webhooks import Webhook
 
+from queue_server.background.deliverer import Deliverer, RunReport
 from queue_server.settings import Settings
 from queue_server.store.types import Row
 from queue_server.transport import Budget
-from queue_server.workers.deliverer import Deliverer, RunReport
 from tests.helpers.api import Api
 from tests.helpers.watchers import (
     SCALE,

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from queue_server.background.deliverer import Deliverer
 from queue_server.policy.v2 import OPERATION_RELIABILITY_V2
 from queue_server.settings import Settings
 from queue_server.store.types import Row
 from queue_server.transport import TransportBroker
-from queue_server.workers.deliverer import Deliverer
 from tests.helpers.api import Api, policy_file
 from tests.helpers.watchers import Db, ModeReceiver, complete_one, deliver, make_due, register, rows
 

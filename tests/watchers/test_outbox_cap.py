@@ -17,9 +17,9 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
+from queue_server.background.deliverer import Deliverer
 from queue_server.settings import Settings
 from queue_server.store import transitions
-from queue_server.workers.deliverer import Deliverer
 from tests.helpers.api import Api, policy_file
 from tests.helpers.cli import Cli
 from tests.helpers.items import sample
