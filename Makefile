@@ -14,7 +14,7 @@ TYPED := queue_server tests reliability bench deploy/local-ha/ha.py deploy/local
 # Backups are asked for by `serve --backup-repo DIR` in ARGS or QUEUE_SERVER_BACKUP_REPO.
 BACKUPS := $(strip $(findstring --backup-repo,$(ARGS)) $(QUEUE_SERVER_BACKUP_REPO))
 
-.PHONY: help install backup-tools serve test lint unit contract browser console-screenshots fmt clean bench bench-quick \
+.PHONY: help install backup-tools serve test lint unit contract browser promtool console-screenshots fmt clean bench bench-quick \
 	reliability reliability-quick failover-quick lock ha-up ha-backup ha-down ha-status ha-check failover bench-scale bench-sync
 
 help: ## Show the targets
@@ -71,11 +71,14 @@ TEST_WORKERS ?= 4
 # again, about 4.5 s of CPU per worker. A cache is checked against its source before use.
 WRITE_BYTECODE := PYTHONDONTWRITEBYTECODE=
 
-unit: $(STAMP) browser ## The test suite only, in parallel workers (TEST_WORKERS=4); the ten slowest at the end
+unit: $(STAMP) browser promtool ## The test suite only, in parallel workers (TEST_WORKERS=4); the ten slowest at the end
 	$(WRITE_BYTECODE) $(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=10
 
 browser: ## Debian's chromium for the console's browser tests (apt-get when missing, as root)
 	deploy/ensure-debian-packages.sh chromium
+
+promtool: ## Debian's prometheus, for promtool: the alert rules' tests (apt-get when missing, as root)
+	deploy/ensure-debian-packages.sh prometheus
 
 console-screenshots: $(STAMP) browser ## Screenshots of the console's main pages (light, dark, phone) into docs/console/
 	QUEUE_SERVER_CONSOLE_SCREENSHOTS=docs/console $(BIN)/pytest -q tests/console/test_console_browser.py tests/console/test_console_charts_browser.py

@@ -242,7 +242,10 @@ def create_app(
             snapshot = await app.state.services.figures.snapshot(tenant)
         ages = await asyncio.to_thread(backup_ages, settings.backup_repo)
         return Response(
-            metrics.render(snapshot, tenant=tenant, backup_ages=ages), media_type=CONTENT_TYPE
+            metrics.render(
+                snapshot, tenant=tenant, backup_ages=ages, objectives=settings.objectives()
+            ),
+            media_type=CONTENT_TYPE,
         )
 
     # Inside the body limit and the metrics: the lean path's requests are counted and

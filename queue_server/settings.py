@@ -156,6 +156,32 @@ class Settings(BaseSettings):
     # missed (the servers were down) and its schedule's catch-up rule decides.
     schedule_grace: float = Field(default=15.0, ge=0)
 
+    # The service level objectives (docs/slos.md): /metrics publishes each as
+    # queue_server_slo_objective{objective=...}, and the rules of deploy/prometheus/ read
+    # them from there. A lease is late when it comes more than `slo_lease_wait_seconds`
+    # after its item became due; at most 1 - `slo_lease_wait_target` of leases may be.
+    slo_lease_wait_seconds: float = Field(default=10.0, gt=0)
+    slo_lease_wait_target: float = Field(default=0.99, gt=0, lt=1)
+    # At most 1 - this of API requests may be answered 5xx.
+    slo_api_availability: float = Field(default=0.999, gt=0, lt=1)
+    # The API's p99 latency, long-poll acquires left out.
+    slo_api_latency_p99_seconds: float = Field(default=0.5, gt=0)
+    # At most this share of the items a queue finishes may end in dead letters.
+    slo_dead_letter_ratio: float = Field(default=0.01, gt=0, lt=1)
+    # No due item waits longer than this; no webhook delivery is pending longer than this.
+    slo_oldest_ready_seconds: float = Field(default=300.0, gt=0)
+    slo_delivery_lag_seconds: float = Field(default=300.0, gt=0)
+    # No snapshot holds back the database's horizon longer than this.
+    slo_horizon_age_seconds: float = Field(default=600.0, gt=0)
+
+    def objectives(self) -> dict[str, float]:
+        """The objectives by name, as /metrics publishes them."""
+        return {
+            name.removeprefix("slo_"): float(getattr(self, name))
+            for name in type(self).model_fields
+            if name.startswith("slo_")
+        }
+
     @model_validator(mode="after")
     def _listener_needs_a_session(self) -> Settings:
         if self.database_pooler == "transaction" and not self.listen_database_url:

@@ -285,7 +285,7 @@ def serve(
             # no --data-dir either (infra/address.py); held until the server stops.
             with (
                 published(settings.data_dir, host, port) as address,
-                _process_metrics(processes, metrics_listen, db.url),
+                _process_metrics(processes, metrics_listen, db.url, settings.objectives()),
             ):
                 if db.lock is not None:
                     db.lock.note(address.read_text().strip())
@@ -295,7 +295,9 @@ def serve(
 
 
 @contextlib.contextmanager
-def _process_metrics(workers: int, listen: str | None, database_url: str) -> Iterator[None]:
+def _process_metrics(
+    workers: int, listen: str | None, database_url: str, objectives: dict[str, float]
+) -> Iterator[None]:
     """With several workers or a metrics listener, every process writes its metrics into one
     directory (prometheus_client's multiprocess mode), so any scrape adds them all up."""
     if workers == 1 and listen is None:
@@ -308,7 +310,7 @@ def _process_metrics(workers: int, listen: str | None, database_url: str) -> Ite
         prepare_multiprocess(Path(directory))
         if listen is not None:
             try:
-                start_metrics_listener(listen, database_url)
+                start_metrics_listener(listen, database_url, objectives)
             except OSError as exc:
                 raise _fail(f"--metrics-listen {listen}: {exc.strerror or exc}") from None
             typer.echo(f"metrics on http://{listen}/metrics")

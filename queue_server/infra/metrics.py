@@ -41,6 +41,8 @@ LATENCY_BUCKETS = (
     30.0,
 )
 STATES = ("ready", "leased", "completed", "quarantined", "cancelled")
+# From an item's becoming due to its lease: a busy queue's wait, up to an hour's backlog.
+WAIT_BUCKETS = (*LATENCY_BUCKETS, 60.0, 300.0, 900.0, 3600.0)
 
 
 def prepare_multiprocess(directory: Path) -> None:
@@ -125,6 +127,21 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self.lease_wait_seconds = Histogram(
+            "queue_server_lease_wait_seconds",
+            "From an item's becoming due (its enqueue, delay or requeue) to its lease, by the"
+            " database's clock; an expired lease's time counts as waiting",
+            ["tenant", "queue"],
+            buckets=WAIT_BUCKETS,
+            registry=self.registry,
+        )
+        self.late_leases = Counter(
+            "queue_server_late_leases",
+            "Leases that came later after their item became due than the lease-wait"
+            " objective (slo_lease_wait_seconds)",
+            ["tenant", "queue"],
+            registry=self.registry,
+        )
         self.database_unavailable = Counter(
             "queue_server_database_unavailable",
             "Requests answered 503 because the database connection failed, by cause"
@@ -170,12 +187,27 @@ class Metrics:
             registry=self.registry,
         )
 
+    def observe_leases(
+        self, tenant: str, queue: str, rows: Sequence[dict[str, Any]], *, late_after: float
+    ) -> None:
+        """Each new lease's wait since its item became due; those over `late_after` seconds
+        are counted late too (the lease-wait objective's bad events)."""
+        wait = self.lease_wait_seconds.labels(tenant, queue)
+        late = 0
+        for row in rows:
+            seconds = max((row["leased_at"] - row["available_at"]).total_seconds(), 0.0)
+            wait.observe(seconds)
+            late += seconds > late_after
+        # Created at zero on the first lease, so a rate of it exists before anything is late.
+        self.late_leases.labels(tenant, queue).inc(late)
+
     def render(
         self,
         snapshot: Any | None = None,
         *,
         tenant: str | None = None,
         backup_ages: dict[str, float] | None = None,
+        objectives: dict[str, float] | None = None,
     ) -> bytes:
         """The processes' metrics, then the figures of `snapshot` (a `services.figures`
         Snapshot: tenants, queues, watchers, the horizon's holders, the hot tables), then
@@ -190,6 +222,8 @@ class Metrics:
                 families += table_families(snapshot.tables)
         if backup_ages is not None:
             families += backup_families(backup_ages)
+        if objectives is not None:
+            families.append(objective_family(objectives))
         return _text(families)
 
 
@@ -270,10 +304,17 @@ def figure_families(
         "1 while the watcher is past its outbox cap (its new events wait in the ledger)",
         labels=["tenant", "watcher"],
     )
+    lag = GaugeMetricFamily(
+        "queue_server_watcher_oldest_pending_age_seconds",
+        "How long ago the event of the watcher's oldest pending delivery was written (0 when"
+        " none is pending): the webhooks' delivery lag",
+        labels=["tenant", "watcher"],
+    )
     for w in watchers:
         for state in ("pending", "dead"):
             deliveries.add_metric([w["tenant"], w["watcher_id"], state], w[state])
         backlogged.add_metric([w["tenant"], w["watcher_id"]], w["backlogged"])
+        lag.add_metric([w["tenant"], w["watcher_id"]], w["oldest_pending_age"])
     return [
         items,
         tenant_items,
@@ -287,7 +328,21 @@ def figure_families(
         quarantines,
         deliveries,
         backlogged,
+        lag,
     ]
+
+
+def objective_family(objectives: dict[str, float]) -> Metric:
+    """The service level objectives the server runs with (`Settings.objectives`): the alert
+    rules of deploy/prometheus/ compare each indicator with its objective read from here."""
+    family = GaugeMetricFamily(
+        "queue_server_slo_objective",
+        "A service level objective of the server (docs/slos.md), from its settings",
+        labels=["objective"],
+    )
+    for name, value in sorted(objectives.items()):
+        family.add_metric([name], value)
+    return family
 
 
 def backup_families(ages: dict[str, float]) -> list[Metric]:

@@ -34,6 +34,7 @@ from queue_server.infra.metrics import (
     figure_families,
     horizon_families,
     multiprocess_dir,
+    objective_family,
     table_families,
 )
 from queue_server.services import figures
@@ -504,8 +505,9 @@ class _DatabaseFigures:
     """A prometheus_client collector: the figures of every tenant, read at each scrape on a
     connection of its own."""
 
-    def __init__(self, database_url: str) -> None:
+    def __init__(self, database_url: str, objectives: dict[str, float]) -> None:
         self.database_url = database_url
+        self.objectives = objectives
 
     async def _read(self) -> figures.Snapshot:
         async with db.direct_session(self.database_url) as conn:
@@ -520,6 +522,7 @@ class _DatabaseFigures:
         yield from figure_families(snapshot.tenants, snapshot.queues, snapshot.watchers)
         yield from horizon_families(snapshot.horizon)
         yield from table_families(snapshot.tables)
+        yield objective_family(self.objectives)
         repo = os.environ.get("QUEUE_SERVER_BACKUP_REPO")
         if repo:
             yield from backup_families(backup.Repository(Path(repo)).ages())
@@ -533,7 +536,7 @@ def parse_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def start_metrics_listener(address: str, database_url: str) -> None:
+def start_metrics_listener(address: str, database_url: str, objectives: dict[str, float]) -> None:
     """Publish every process's metrics and every tenant's figures, without a key, at
     http://`address`/metrics (a daemon thread of this process).
 
@@ -546,7 +549,7 @@ def start_metrics_listener(address: str, database_url: str) -> None:
     if directory is None:
         raise RuntimeError("the metrics listener needs the multiprocess directory set first")
     MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
-    registry.register(_DatabaseFigures(database_url))
+    registry.register(_DatabaseFigures(database_url, objectives))
     start_http_server(port, addr=host, registry=registry)
 
 

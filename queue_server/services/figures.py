@@ -113,6 +113,7 @@ async def snapshot(conn: Conn, *, tenant: str | None) -> Snapshot:
                 "pending": counts.get("pending", 0),
                 "dead": counts.get("dead", 0),
                 "backlogged": counts.get("backlogged", 0),
+                "oldest_pending_age": counts.get("lag", 0),
             }
             for (t, w), counts in sorted(watchers.items())
         ],

@@ -147,6 +147,10 @@ class Leases:
                     tenant, queue, worker, principal.key_id, ttl, max_items, client_gone
                 )
                 remaining = deadline - loop.time()
+                if leased:
+                    self.metrics.observe_leases(
+                        tenant, queue, leased, late_after=self.settings.slo_lease_wait_seconds
+                    )
                 if leased or remaining <= 0:
                     return Answer.of(200, {"leases": [views.lease(r) for r in leased]})
                 with contextlib.suppress(TimeoutError):

@@ -207,6 +207,10 @@ def test_two_worker_processes_are_added_up_on_both_ports(
             holders = sample(scrape, "queue_server_database_horizon_holders", holder="snapshot")
             assert holders is not None
             assert sample(scrape, "queue_server_table_live_tuples", table="work_items") is not None
+            # The objectives the alert rules read (docs/slos.md), from the server's settings.
+            assert (
+                sample(scrape, "queue_server_slo_objective", objective="api_availability") == 0.999
+            )
         assert httpx.get(f"{base}/metrics").status_code == 401
     finally:
         proc.send_signal(signal.SIGINT)

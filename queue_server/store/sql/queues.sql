@@ -194,9 +194,15 @@ WHERE closed_at IS NULL AND kind = 'item'
 GROUP BY tenant_id, queue;
 
 -- name: all_watcher_deliveries
--- Per watcher: deliveries waiting (the deliverer's partial index of pending rows) and dead
--- ones (each has its open dead letter until an operator replays or discards it).
+-- Per watcher: deliveries waiting (the deliverer's partial index of pending rows), the
+-- oldest one's age, and dead ones (each has its open dead letter until an operator replays or discards it).
 SELECT tenant_id, watcher_id::text AS watcher_id, 'pending' AS state, count(*) AS n
+FROM outbox_deliveries WHERE state = 'pending'
+GROUP BY tenant_id, watcher_id
+UNION ALL
+-- The oldest pending delivery's age, whole seconds since its event was written.
+SELECT tenant_id, watcher_id::text, 'lag',
+       ceil(extract(epoch FROM statement_timestamp() - min(created_at)))::bigint
 FROM outbox_deliveries WHERE state = 'pending'
 GROUP BY tenant_id, watcher_id
 UNION ALL
