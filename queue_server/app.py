@@ -68,12 +68,19 @@ def create_app(
         async with db.conn() as conn:
             return await channels.installation_secret(conn)
 
+    def keys_changed(listening: bool) -> None:
+        # Told at each connect and disconnect of the listener (and key notification): the
+        # gauge follows it, for every reader of the metrics (the metrics listener included,
+        # which never runs the /metrics route below).
+        metrics.listener_connected.set(int(listening))
+        keys.keys_changed(listening)
+
     notifier = Notifier(
         settings.listen_url(database_url),
         read_secret=read_secret,
         # Probes come often enough that a healthy listener always vouches for the key cache.
         probe_interval=settings.key_cache_trust / 3,
-        on_keys_changed=keys.keys_changed,
+        on_keys_changed=keys_changed,
         on_disconnect=metrics.listener_disconnects.inc,
         on_alive=keys.listener_alive,
     )

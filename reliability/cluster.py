@@ -110,9 +110,11 @@ class Cluster:
         pg_settings: Mapping[str, str] | None = None,
         pg_bin_dir: Path | None = None,
         api_prefix: Sequence[str] = (),
+        api_args: Sequence[str] = (),
     ) -> None:
         """``pg_bin_dir``: another PostgreSQL's binaries (initdb, pg_ctl, postgres) instead
-        of the embedded one's; ``api_prefix``: a command the API runs under (``faketime``)."""
+        of the embedded one's; ``api_prefix``: a command the API runs under (``faketime``);
+        ``api_args``: more arguments of its ``serve``."""
         self.name = name
         self.root = Path(tempfile.mkdtemp(prefix=f"qs-rel-{name}-"))
         self.root.chmod(0o711)  # as root, PostgreSQL's system user traverses to its data
@@ -123,6 +125,7 @@ class Cluster:
         if pg_bin_dir is not None:
             self.pg.bin_dir = pg_bin_dir
         self.api_prefix = list(api_prefix)
+        self.api_args = list(api_args)
         self.api_port = free_port()
         self.base_url = f"http://{HOST}:{self.api_port}"
         # Over TCP, with the password from the cluster's own passfile.
@@ -192,6 +195,7 @@ class Cluster:
                     "1",
                     "--log-level",
                     "warning",
+                    *self.api_args,
                 ],
                 env=self._env(),
                 stdout=log,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from reliability.alerts import alert_delivery
 from reliability.clock import clock_skew
 from reliability.database import claim_storm_pg15, lock_timeouts, long_transaction
 from reliability.fuzz import schema_fuzz
@@ -34,6 +35,7 @@ SCENARIOS: dict[str, Callable[[], ScenarioOutcome]] = {
     "hung-worker": hung_worker,
     "restore": restore_after_mistake,
     "pg-dump": pg_dump_under_load,
+    "alert-delivery": alert_delivery,
 }
 
 #: ``--quick`` (``make reliability-quick``, run by CI): every scenario once with a small
@@ -55,4 +57,5 @@ QUICK: dict[str, dict[str, object]] = {
     "schedules-kill": {"kills": 3, "duration": 10.0},
     "restore": {"duration": 10.0, "producers": 2},
     "pg-dump": {"phase": 6.0, "hold": 10.0},
+    "alert-delivery": {"quiet": 20.0, "outage": 15.0},
 }

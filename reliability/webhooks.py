@@ -33,6 +33,11 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length", "0"))
         self.rfile.read(length)
+        if self.server.failing.is_set():
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         with self.server.lock:
             self.server.keys.append(self.headers.get("webhook-id", ""))
         self.send_response(200)
@@ -44,7 +49,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class WebhookReceiver(ThreadingHTTPServer):
-    """Answers every webhook 200 and keeps each delivery key it was sent, repeats included."""
+    """Answers every webhook 200 and keeps each delivery key it was sent, repeats included;
+    503 to every one while `failing` is set (a receiver that is down)."""
 
     daemon_threads = True
 
@@ -52,6 +58,7 @@ class WebhookReceiver(ThreadingHTTPServer):
         super().__init__((HOST, 0), _Handler)
         self.keys: list[str] = []
         self.lock = threading.Lock()
+        self.failing = threading.Event()
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)
         self.thread.start()
 
@@ -71,7 +78,9 @@ class WebhookReceiver(ThreadingHTTPServer):
 class WebhookRun:
     """A watcher of `item.completed` on `tenant`, and a deliverer process sending to it."""
 
-    def __init__(self, cluster: Cluster, tenant: str, operator_key: str) -> None:
+    def __init__(
+        self, cluster: Cluster, tenant: str, operator_key: str, *, backoff_scale: float = 0.01
+    ) -> None:
         self.cluster = cluster
         self.tenant = tenant
         self.receiver = WebhookReceiver()
@@ -96,7 +105,7 @@ class WebhookRun:
             "QUEUE_SERVER_DATA_DIR": str(cluster.root / "data"),
             "QUEUE_SERVER_TRANSPORT_ALLOW": f'["{HOST}"]',
             "QUEUE_SERVER_DELIVERY_POLL_INTERVAL": "0.2",
-            "QUEUE_SERVER_DELIVERY_BACKOFF_SCALE": "0.01",
+            "QUEUE_SERVER_DELIVERY_BACKOFF_SCALE": str(backoff_scale),
         }
         self.proc = subprocess.Popen(
             [venv_bin("queue-server"), "deliver"],

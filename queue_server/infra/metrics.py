@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -40,17 +40,23 @@ LATENCY_BUCKETS = (
     10.0,
     30.0,
 )
+# Why a request was answered 503 for want of the database (db.py's on_unavailable).
+UNAVAILABLE_CAUSES = ("pool-timeout", "connection-lost", "read-only", "protocol")
 STATES = ("ready", "leased", "completed", "quarantined", "cancelled")
 # From an item's becoming due to its lease: a busy queue's wait, up to an hour's backlog.
 WAIT_BUCKETS = (*LATENCY_BUCKETS, 60.0, 300.0, 900.0, 3600.0)
 
 
 def prepare_multiprocess(directory: Path) -> None:
-    """Point every worker process started after this at `directory`, emptied first."""
+    """Point every worker process started after this at `directory`, emptied first: this
+    process's metrics made from now on too (with one worker, uvicorn serves in this process,
+    and the metrics listener reads only the directory)."""
     directory.mkdir(parents=True, exist_ok=True)
     for stale in directory.glob("*.db"):
         stale.unlink()
     os.environ[MULTIPROC_ENV] = str(directory)
+    # prometheus_client picks its value store when it is imported, which was before this.
+    values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
 
 
 def multiprocess_dir() -> str | None:
@@ -149,6 +155,9 @@ class Metrics:
             ["cause"],
             registry=self.registry,
         )
+        # Each cause at zero from the start: a rule's increase() sees the first 503 too.
+        for cause in UNAVAILABLE_CAUSES:
+            self.database_unavailable.labels(cause)
         self.listener_connected = Gauge(
             "queue_server_listener_connected",
             "1 while the LISTEN session (wake-ups, key revocation) is up, 0 while polling",

@@ -162,3 +162,34 @@ def test_a_watchers_oldest_pending_delivery_is_its_delivery_lag(api: Api, db: Db
     assert age is not None
     assert 600 <= age < 660
     assert sample(text, "queue_server_slo_objective", objective="delivery_lag_seconds") == 120
+
+
+def test_the_delivery_scenario_runs_the_same_rules_at_a_sixtieth_of_their_durations(
+    tmp_path: Path,
+) -> None:
+    """reliability/alerts.py proves delivery with these rules, each duration divided by 60."""
+    from reliability.alerts import scaled_rules
+
+    scaled = tmp_path / "scaled.rules.yml"
+    scaled.write_text(scaled_rules(RULES.read_text(), 60))
+    checked = subprocess.run(
+        [_promtool(), "check", "rules", str(scaled)], capture_output=True, text=True, timeout=60
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    original = _alerts()
+    quick = {
+        rule["alert"]: rule
+        for group in yaml.safe_load(scaled.read_text())["groups"]
+        for rule in group["rules"]
+        if "alert" in rule
+    }
+    assert set(quick) == set(original)
+    assert original["QueueServerOldestReadyItemTooOld"]["for"] == "5m"
+    assert quick["QueueServerOldestReadyItemTooOld"]["for"] == "5s"
+    assert quick["QueueServerDeadLettersGrowing"]["for"] == "60s"
+    fast = quick["QueueServerLeaseWaitBudgetBurnFast"]["expr"]
+    assert "ratio_rate1h" in fast  # recording rules keep their names
+    recorded = yaml.safe_load(scaled.read_text())["groups"][0]["rules"]
+    windows = {r["record"]: r["expr"] for r in recorded}
+    assert "[60s]" in windows["queue_server:late_leases:ratio_rate1h"]
+    assert "[360s]" in windows["queue_server:late_leases:ratio_rate6h"]

@@ -130,9 +130,12 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_two_worker_processes_are_added_up_on_both_ports(
-    tmp_path: Path, settings: Settings, database_url: str
+@pytest.mark.parametrize("workers", [1, 2])
+def test_every_worker_process_is_added_up_on_both_ports(
+    tmp_path: Path, settings: Settings, database_url: str, workers: int
 ) -> None:
+    """One worker serves in `serve`'s own process, which imported prometheus_client before
+    the listener's directory was set; two run in processes of their own."""
     admin_key = make_admin_key(settings, database_url)
     port, metrics_port = _free_port(), _free_port()
     env = {**os.environ, "QUEUE_SERVER_DATABASE_URL": database_url}
@@ -143,7 +146,7 @@ def test_two_worker_processes_are_added_up_on_both_ports(
             "--port",
             str(port),
             "--workers",
-            "2",
+            str(workers),
             "--metrics-listen",
             f"127.0.0.1:{metrics_port}",
             "--data-dir",
@@ -183,6 +186,19 @@ def test_two_worker_processes_are_added_up_on_both_ports(
             assert created.status_code == 201
         route = {"method": "POST", "route": "/v1/tenants/{tenant}/queues/{queue}/items"}
         listener = f"http://127.0.0.1:{metrics_port}/metrics"
+        # Each process's LISTEN session is up, as the listener shows before any scrape of the
+        # API's own /metrics (the gauge follows the session, not the scrapes).
+        deadline = time.monotonic() + 10
+        while True:
+            connected = [
+                line.rsplit(" ", 1)[1]
+                for line in httpx.get(listener).text.splitlines()
+                if line.startswith("queue_server_listener_connected{")
+            ]
+            if len(connected) == workers and set(connected) == {"1.0"}:
+                break
+            assert time.monotonic() < deadline, f"listener sessions: {connected}"
+            time.sleep(0.2)
         # A request is counted just after its answer is sent: let the last one land.
         deadline = time.monotonic() + 10
         while (
