@@ -15,7 +15,7 @@ TYPED := queue_server tests reliability bench deploy/local-ha/ha.py deploy/local
 BACKUPS := $(strip $(findstring --backup-repo,$(ARGS)) $(QUEUE_SERVER_BACKUP_REPO))
 
 .PHONY: help install backup-tools serve test lint unit contract browser promtool console-screenshots fmt clean bench bench-quick \
-	reliability reliability-quick failover-quick lock ha-up ha-backup ha-down ha-status ha-check failover bench-scale bench-sync
+	reliability reliability-quick soak failover-quick lock ha-up ha-backup ha-down ha-status ha-check failover bench-scale bench-sync
 
 help: ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -111,7 +111,10 @@ bench-sync: $(VENV)/.bench ## Commit cost with and without the sync standby, on 
 reliability: $(STAMP) ## The fault-injection suite (under 10 minutes): reliability/results/latest.md
 	$(BIN)/python -m reliability
 
-reliability-quick: $(STAMP) ## Every reliability scenario once, small load (under 5 minutes; CI runs it)
+soak: $(STAMP) ## A steady mixed load with faults on a timetable for an hour (MINUTES=n): reliability/results/soak.md
+	$(BIN)/python -m reliability.soak --minutes $(or $(MINUTES),60)
+
+reliability-quick: $(STAMP) ## Every reliability scenario once, small load (under 10 minutes; CI runs it)
 	$(BIN)/python -m reliability --quick
 
 lock: ## Re-pin requirements.lock (the image's dependencies) after changing pyproject's

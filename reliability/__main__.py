@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="every scenario once with a small load and short phases (under 5 minutes),"
+        help="every scenario once with a small load and short phases (under 10 minutes),"
         " judged by the same checkers; results in reliability/results/quick unless --out",
     )
     parser.add_argument(

@@ -36,7 +36,7 @@ import yaml
 
 from reliability.checkers import Violation
 from reliability.client import RecordingClient
-from reliability.cluster import HARNESS_APP, HOST, Cluster, free_port, say
+from reliability.cluster import HARNESS_APP, HOST, Cluster, free_port, say, wait_answering
 from reliability.debian import ensure_packages
 from reliability.history import HistoryRecorder, JSONValue
 from reliability.scenarios import FAST_API_ENV, Load, ScenarioOutcome, finish
@@ -197,9 +197,8 @@ class Monitoring:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def _start(self, name: str, args: list[str], port: int) -> None:
-        log = (self.root / f"{name}.log").open("ab")
-        self.procs.append(
-            subprocess.Popen(
+        with (self.root / f"{name}.log").open("ab") as log:
+            proc = subprocess.Popen(
                 args,
                 cwd=self.root,
                 stdout=log,
@@ -207,16 +206,9 @@ class Monitoring:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://{HOST}:{port}/-/ready", timeout=2).status_code == 200:
-                    return
-            if self.procs[-1].poll() is not None:
-                break
-            time.sleep(0.2)
-        raise RuntimeError(f"{name} did not start:\n{self.log(name)}")
+        self.procs.append(proc)
+        if not wait_answering(f"http://{HOST}:{port}/-/ready", proc=proc):
+            raise RuntimeError(f"{name} did not start:\n{self.log(name)}")
 
     def log(self, name: str) -> str:
         with contextlib.suppress(OSError):

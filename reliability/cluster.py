@@ -71,6 +71,21 @@ def free_port() -> int:
         return port
 
 
+def wait_answering(
+    url: str, *, timeout: float = 60.0, proc: subprocess.Popen[bytes] | None = None
+) -> bool:
+    """Wait until `url` answers 200; False at the timeout, or as soon as `proc` has exited."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2).status_code == 200:
+                return True
+        if proc is not None and proc.poll() is not None:
+            return False
+        time.sleep(0.1)
+    return False
+
+
 def venv_bin(name: str) -> str:
     """A console script next to the running interpreter (the project's .venv)."""
     candidate = Path(sys.executable).parent / name

@@ -26,7 +26,7 @@ from typing import Any
 import httpx
 
 from reliability.checkers import CheckReport, Violation
-from reliability.cluster import HOST, Cluster, free_port, say, venv_bin
+from reliability.cluster import HOST, Cluster, free_port, say, venv_bin, wait_answering
 from reliability.history import JSONValue
 from reliability.scenarios import FAST_API_ENV, ScenarioOutcome, ledger_fold_violations
 
@@ -58,13 +58,8 @@ class ApiProcess:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
-                    return
-            time.sleep(0.1)
-        raise RuntimeError("the second API process did not become ready")
+        if not wait_answering(f"{self.url}/readyz"):
+            raise RuntimeError("the second API process did not become ready")
 
     def kill(self) -> None:
         if self.proc is None:

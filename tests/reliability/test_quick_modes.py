@@ -37,3 +37,13 @@ def test_both_quick_modes_have_help() -> None:
             check=True,
         )
         assert "--quick" in done.stdout
+
+
+def test_the_soak_has_help_and_takes_its_length() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "reliability.soak", "--help"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert "--minutes" in done.stdout
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert "python -m reliability.soak --minutes $(or $(MINUTES),60)" in makefile
