@@ -207,19 +207,22 @@ def soak(*, minutes: float = 60.0, out: Path = RESULTS) -> int:
         Monitoring(cluster, receiver, metrics_port=metrics_port, scale=1.0) as monitoring,
     ):
         tenant = "soak"
-        keys = cluster.create_tenant(tenant, max_concurrency=16, queues=("q", "sdk"))
+        keys = cluster.create_tenant(tenant, max_concurrency=16)
+        # The SDK workers' tenant of its own: its items are not in the harness's history,
+        # which the checkers hold to every item of theirs.
+        sdk_keys = cluster.create_tenant("soak-sdk", max_concurrency=16, queues=("sdk",))
         recorder = HistoryRecorder(source="harness")
         stop = threading.Event()
         client = RecordingClient(cluster.base_url, keys.worker, tenant, recorder, stop=stop)
         load = Load(client, stop, producers=2, workers=3, requeue_ratio=0.02,
                     producer_pause=0.2, max_items_total=10**9, ttl=10.0)  # fmt: skip
         hooks = WebhookRun(cluster, tenant, keys.operator)
-        sdk = SdkWorkers(cluster, keys.worker, "sdk", 2)
-        fed = _feed(cluster.base_url, keys.worker, tenant, "sdk", stop)
+        sdk = SdkWorkers(cluster, sdk_keys.worker, "sdk", 2)
+        fed = _feed(cluster.base_url, sdk_keys.worker, "soak-sdk", "sdk", stop)
         subprocess.run(
             [venv_bin("queue-server"), "schedules", "put", "tick", "-q", "sdk", "--every", "10",
              "--payload", '{"scheduled": true}', "--url", cluster.base_url,
-             "--key", keys.operator],
+             "--key", sdk_keys.operator],
             check=True, capture_output=True, timeout=60,
         )  # fmt: skip
         monitoring.wait_scraping()
@@ -279,7 +282,7 @@ def soak(*, minutes: float = 60.0, out: Path = RESULTS) -> int:
         say("soak: the load stops; draining")
         stop.set()
         load.join()
-        drained = _drain(cluster, tenant, timeout=120)
+        drained = _drain(cluster, tenant, timeout=120) and _drain(cluster, "soak-sdk", 120)
         sdk.stop()
         hooks.wait_drained(120)
         hooks.stop()
@@ -291,24 +294,34 @@ def soak(*, minutes: float = 60.0, out: Path = RESULTS) -> int:
         ]  # fmt: skip
         report["samples"] = samples
         report["sizes_mb"] = _sizes(cluster)
-        verify = subprocess.run(
-            [venv_bin("queue-server"), "ledger", "verify", "--url", cluster.base_url,
-             "--key", keys.operator, "--json"],
-            capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
-        report["ledger_verify"] = {"exit": verify.returncode, "output": verify.stdout[-2000:]}
-        if verify.returncode != 0:
-            violations.append(Violation("ledger", f"ledger verify exited {verify.returncode}"))
-        report["sdk_queue"] = _sdk_items(cluster, tenant, acked=fed[0])
+        report["ledger_verify"] = {}
+        for key in (keys.operator, sdk_keys.operator):
+            verify = subprocess.run(
+                [venv_bin("queue-server"), "ledger", "verify", "--url", cluster.base_url,
+                 "--key", key, "--json"],
+                capture_output=True, text=True, timeout=600,
+            )  # fmt: skip
+            owner = tenant if key == keys.operator else "soak-sdk"
+            report["ledger_verify"][owner] = verify.returncode
+            if verify.returncode != 0:
+                violations.append(
+                    Violation("ledger", f"ledger verify of {owner} exited {verify.returncode}:"
+                                        f" {verify.stdout[-500:]}")
+                )  # fmt: skip
+        report["sdk_queue"] = _sdk_items(cluster, "soak-sdk", acked=fed[0])
         if report["sdk_queue"]["lost"] or report["sdk_queue"]["duplicated"] or not drained:
             violations.append(Violation("sdk", f"sdk queue: {report['sdk_queue']}"))
         checked, _, _ = finish(cluster, recorder, "soak", [tenant], clients=[client])
+        # The checkers read every tenant's items; the SDK tenant's are not in the harness's
+        # history (its producer, schedule and workers are not recorded): it is judged by
+        # its own counts above and its ledger verify.
+        checked_violations = [v for v in checked.violations if "[soak-sdk]" not in str(v)]
         report["checkers"] = {
             "operations": checked.operations, "lost": checked.lost,
             "duplicated": checked.duplicated,
-            "violations": [str(v) for v in checked.violations][:20],
+            "violations": [str(v) for v in checked_violations][:20],
         }  # fmt: skip
-        violations += list(checked.violations)
+        violations += checked_violations
     report["rss_growth_after_10_min"] = _rss_growth(samples)
     for name, hours in report["attainment"].items():
         for hour, (share, minutes_seen) in hours.items():
@@ -397,12 +410,15 @@ def _write(out: Path, report: dict[str, Any]) -> None:
         "",
         "## SLO attainment outside the faults' windows (share of minutes within the bound)",
         "",
-        "| SLO | " + " | ".join(next(iter(report["attainment"].values()), {}).keys()) + " |",
     ]
-    hours: dict[str, Any] = next(iter(report["attainment"].values()), {})
+    hours = sorted({h for by_hour in report["attainment"].values() for h in by_hour})
+    lines.append("| SLO | " + " | ".join(hours) + " |")
     lines.append("| --- |" + " ---: |" * len(hours))
     for name, by_hour in report["attainment"].items():
-        cells = [f"{s:.1%} of {n}" if s is not None else "none" for s, n in by_hour.values()]
+        cells = []
+        for hour in hours:
+            share, seen = by_hour.get(hour, (None, 0))
+            cells.append(f"{share:.1%} of {seen} min" if share is not None else "no data")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "## Faults", ""]
     lines += [
@@ -416,7 +432,7 @@ def _write(out: Path, report: dict[str, Any]) -> None:
         "",
         f"- harness history: {report['checkers']}",
         f"- SDK queue: {report['sdk_queue']}",
-        f"- `ledger verify`: exit {report['ledger_verify']['exit']}",
+        f"- `ledger verify`, exit status by tenant: {report['ledger_verify']}",
         "",
         "## Memory and connections (every minute)",
         "",
