@@ -301,13 +301,7 @@ class Leases:
                 else {}
             )
             refused = {e["item_id"]: e["fence"] for e in valid if e["item_id"] not in extended}
-            refusals = (
-                await transitions.explain_rejections(
-                    conn, tenant=tenant, worker=worker, key_id=principal.key_id, fences=refused
-                )
-                if refused
-                else {}
-            )
+            refusals = await _explained(conn, tenant, worker, principal.key_id, refused)
         results: list[dict[str, Any]] = []
         for entry in leases:
             item_id = entry["item_id"]
@@ -322,12 +316,19 @@ class Leases:
                     }
                 )
                 continue
-            refusal = refusals.get(item_id) or errors.ItemNotFoundError(item_id=item_id)
-            problem = errors.problem(
-                refusal, base_uri=self.settings.problem_base_uri, instance=instance
-            )
-            results.append({"item_id": item_id, "status": refusal.status, "problem": problem})
+            results.append(self._refused(item_id, refusals, instance))
         return Answer.of(200, {"extended": len(extended), "results": results})
+
+    def _refused(
+        self, item_id: str, refusals: dict[str, errors.QueueServerError], instance: str
+    ) -> dict[str, Any]:
+        """A batch entry that changed nothing: its refusal as a problem (an id the database
+        cannot explain is simply not found)."""
+        refusal = refusals.get(item_id) or errors.ItemNotFoundError(item_id=item_id)
+        problem = errors.problem(
+            refusal, base_uri=self.settings.problem_base_uri, instance=instance
+        )
+        return {"item_id": item_id, "status": refusal.status, "problem": problem}
 
     async def complete(
         self,
@@ -377,13 +378,7 @@ class Leases:
             refused = {
                 entry["item_id"]: entry["fence"] for entry in valid if entry["item_id"] not in done
             }
-            refusals = (
-                await transitions.explain_rejections(
-                    conn, tenant=tenant, worker=worker, key_id=principal.key_id, fences=refused
-                )
-                if refused
-                else {}
-            )
+            refusals = await _explained(conn, tenant, worker, principal.key_id, refused)
             results = []
             for item_id in ids:
                 if item_id in done:
@@ -391,11 +386,7 @@ class Leases:
                         {"item_id": item_id, "status": 200, "item": views.item(done[item_id])}
                     )
                     continue
-                refusal = refusals.get(item_id) or errors.ItemNotFoundError(item_id=item_id)
-                problem = errors.problem(
-                    refusal, base_uri=self.settings.problem_base_uri, instance=instance
-                )
-                results.append({"item_id": item_id, "status": refusal.status, "problem": problem})
+                results.append(self._refused(item_id, refusals, instance))
             return Answer.of(200, {"completed": len(done), "results": results})
 
         return await self.effects.run_pipelined(tenant, idem, instance, operation)
@@ -520,6 +511,17 @@ class Refused:
 
     record: Callable[..., Awaitable[None]]
     args: dict[str, Any]
+
+
+async def _explained(
+    conn: Conn, tenant: str, worker: str, key_id: str, refused: dict[str, int]
+) -> dict[str, errors.QueueServerError]:
+    """Why each of `refused` (item id: fence) changed nothing; none asked, nothing read."""
+    if not refused:
+        return {}
+    return await transitions.explain_rejections(
+        conn, tenant=tenant, worker=worker, key_id=key_id, fences=refused
+    )
 
 
 async def change_held(
