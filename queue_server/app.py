@@ -140,6 +140,11 @@ def create_app(
 
     services = build(policy)
 
+    def approval_limits() -> tuple[int, int | None]:
+        """The acquire's concurrency terms under the policy the process runs now."""
+        queues = app.state.services.queues
+        return queues.base_limit, queues.max_approved
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         log.info("queue-server %s under policy %s", __version__, policy.describe())
@@ -159,7 +164,7 @@ def create_app(
         scheduler.append(schedule(app.state.services))
         loops = [
             recording,
-            asyncio.create_task(sweep_forever(db, settings)),
+            asyncio.create_task(sweep_forever(db, settings, approval_limits)),
             asyncio.create_task(fold_forever(db)),
             asyncio.create_task(sweep_runs_forever(db, settings.run_sweep_interval)),
         ]

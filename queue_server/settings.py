@@ -149,6 +149,10 @@ class Settings(BaseSettings):
     # Every API process runs a scheduler loop: it wakes when the next schedule is due, and
     # at least this often to see schedules created or changed meanwhile.
     schedule_poll_interval: float = Field(default=1.0, gt=0, le=60)
+    # A spend approval expiring within this many seconds is shown as expiring: in the
+    # queue's concurrency answer and console page, in /metrics (an alert's threshold) and
+    # in the log of the workers of its queue.
+    approval_warning_seconds: float = Field(default=86400.0, ge=0)
     # A server without --policy runs the published policy version activated last: the one
     # that published it at once, every other API process within this many seconds.
     policy_poll_interval: float = Field(default=5.0, gt=0, le=300)

@@ -188,9 +188,30 @@ class SpendApprovals(Model):
 class Concurrency(Model):
     tenant: str
     queue: str
-    limit: int
+    limit: int = Field(
+        description="Leases at once now: the queue's concurrency, at most the approved limit."
+    )
     active_leases: int
-    approval: dict[str, Any] | None = None
+    approval: dict[str, Any] | None = Field(
+        default=None, description="The live spend approval behind the approved limit."
+    )
+    approved_limit: int | None = Field(
+        default=None,
+        description="The live approval's max_concurrency (at most the policy's max-approved),"
+        " else the policy's base concurrency (1).",
+    )
+    concurrency: int | None = Field(
+        default=None, description="The queue's own concurrency; null: the approved limit."
+    )
+    expires_at: datetime | None = Field(
+        default=None, description="When the approval behind the limit expires."
+    )
+    expiring: bool = Field(
+        default=False,
+        description="The approval expires within the server's warning window"
+        " (QUEUE_SERVER_APPROVAL_WARNING_SECONDS, a day by default).",
+    )
+    warning: str | None = Field(default=None, description="What happens when it expires.")
 
 
 class DeadLetter(Model):

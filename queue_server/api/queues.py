@@ -102,8 +102,40 @@ async def revoke_spend(
 async def concurrency(
     tenant: TenantName, queue: QueueName, queues: QueuesService, caller: Caller
 ) -> Response:
-    """The queue's concurrency limit (1 without a live approval) and its active leases."""
+    """The queue's concurrency limit and what sets it (the approved limit: 1 without a live
+    approval; the queue's own concurrency below it), its active leases, and a warning
+    while the approval behind the limit expires within the server's warning window."""
     return respond(await queues.concurrency(caller, tenant, queue))
+
+
+@router.put(
+    "/tenants/{tenant}/queues/{queue}/concurrency",
+    response_model=schemas.ConcurrencyOut,
+    tags=["spend"],
+)
+async def set_concurrency(
+    request: Request,
+    tenant: TenantName,
+    queue: QueueName,
+    body: schemas.ConcurrencyIn,
+    queues: QueuesService,
+    caller: Caller,
+    idempotency_key: IdempotencyKey,
+) -> Response:
+    """Set the queue's concurrency live (operator), at most its approved limit: from the
+    next acquire on it leases at most that many at once. Null follows the approved limit.
+    Above it: 422 naming `body.concurrency`. Ledgered on the queue."""
+    idem = idempotency(request, idempotency_key, body, caller)
+    answer = await queues.set_concurrency(
+        caller,
+        tenant,
+        queue,
+        idem,
+        instance=request.url.path,
+        concurrency=body.concurrency,
+        reason=body.reason,
+    )
+    return respond(answer)
 
 
 @router.get("/tenants/{tenant}/queues", response_model=schemas.StatusOut, tags=["queues"])

@@ -581,6 +581,21 @@ class QueueSettingsIn(Body):
 QueueSettingsOut = wire.QueueSettings
 
 
+class ConcurrencyIn(Body):
+    """The queue's own concurrency: at most the approved limit (a live spend approval's,
+    else the policy's one); null follows the approved limit."""
+
+    model_config = example({"concurrency": 4, "reason": "the mail provider throttles us"})
+
+    concurrency: int | None = Field(
+        ge=1,
+        le=100_000,
+        strict=True,
+        description="Leases at once, at most the approved limit; null: the approved limit.",
+    )
+    reason: Text = ""
+
+
 class PauseIn(Body):
     model_config = example({"reason": "the mail provider is down"})
 

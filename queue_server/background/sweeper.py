@@ -7,6 +7,9 @@
                                than the day
     every retention_interval   delete finished items past their tenant's retention, with
                                their ledgers, and idempotency receipts past theirs
+    every APPROVAL_INTERVAL    write an `approval-expired` event in its queue's ledger for
+                               each spend approval whose expiry has passed, with the limit
+                               the queue falls to, and log it
 
 and, in loops of their own, every FOLD_INTERVAL the counters' deltas of every ended
 transaction are folded into a new base (`fold_forever`, store/counters.py: a reader's cost
@@ -58,6 +61,11 @@ PRUNE_LOCK = 2
 RECEIPT_LOCK = 3
 RETENTION_LOCK = 4
 FOLD_LOCK = 5
+APPROVAL_LOCK = 6
+
+# How often expired spend approvals are looked for, and at most how many a round ledgers.
+APPROVAL_INTERVAL = 5.0
+APPROVAL_BATCH = 100
 
 # How often the counters' deltas are folded: a reader of the figures or of a backlog reads
 # the deltas written since the last fold.
@@ -200,6 +208,32 @@ async def purge_finished(db: Database, *, batch: int) -> int | None:
         after_tenant = page[-1]["tenant_id"]
 
 
+async def ledger_expired_approvals(
+    db: Database, limits: Callable[[], tuple[int, int | None]]
+) -> int | None:
+    """One round: each spend approval expired since the last, in its queue's ledger and the
+    log (`limits`: the policy's base concurrency and max-approved, as the acquire holds
+    them now). None when another process has the round."""
+
+    async def work(conn: Conn) -> int:
+        base_limit, max_approved = limits()
+        rows = await queues.ledger_expired_approvals(
+            conn, base_limit=base_limit, max_approved=max_approved, limit=APPROVAL_BATCH
+        )
+        for row in rows:
+            log.warning(
+                "spend approval %s of queue %s/%s expired: the queue now leases at most %s"
+                " at a time",
+                row["approval_id"],
+                row["tenant_id"],
+                row["queue"],
+                row["limit"],
+            )
+        return len(rows)
+
+    return await locked_round(db, APPROVAL_LOCK, work)
+
+
 @dataclass
 class _Job:
     name: str
@@ -208,12 +242,21 @@ class _Job:
     due: float
 
 
-async def sweep_forever(db: Database, settings: Settings) -> None:
+async def sweep_forever(
+    db: Database, settings: Settings, limits: Callable[[], tuple[int, int | None]]
+) -> None:
     """Run every sweep at its interval until cancelled; a failed round is logged and tried
-    again at the next interval."""
+    again at the next interval. `limits`: the loaded policy's base concurrency and
+    max-approved, read at each round (a published policy may change them)."""
     now = time.monotonic()
     batch = settings.retention_batch
     jobs = [
+        _Job(
+            "ledger expired spend approvals",
+            APPROVAL_INTERVAL,
+            lambda: ledger_expired_approvals(db, limits),
+            now,
+        ),
         _Job("sample queue counters", SAMPLE_INTERVAL, lambda: sample_counters(db), now),
         _Job("roll up and prune counter samples", PRUNE_INTERVAL, lambda: tend_samples(db), now),
         _Job(

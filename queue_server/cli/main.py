@@ -285,7 +285,13 @@ def serve(
             # no --data-dir either (infra/address.py); held until the server stops.
             with (
                 published(settings.data_dir, host, port) as address,
-                _process_metrics(processes, metrics_listen, db.url, settings.objectives()),
+                _process_metrics(
+                    processes,
+                    metrics_listen,
+                    db.url,
+                    settings.objectives(),
+                    settings.approval_warning_seconds,
+                ),
             ):
                 if db.lock is not None:
                     db.lock.note(address.read_text().strip())
@@ -296,7 +302,11 @@ def serve(
 
 @contextlib.contextmanager
 def _process_metrics(
-    workers: int, listen: str | None, database_url: str, objectives: dict[str, float]
+    workers: int,
+    listen: str | None,
+    database_url: str,
+    objectives: dict[str, float],
+    approval_warning: float,
 ) -> Iterator[None]:
     """With several workers or a metrics listener, every process writes its metrics into one
     directory (prometheus_client's multiprocess mode), so any scrape adds them all up."""
@@ -310,7 +320,7 @@ def _process_metrics(
         prepare_multiprocess(Path(directory))
         if listen is not None:
             try:
-                start_metrics_listener(listen, database_url, objectives)
+                start_metrics_listener(listen, database_url, objectives, approval_warning)
             except OSError as exc:
                 raise _fail(f"--metrics-listen {listen}: {exc.strerror or exc}") from None
             typer.echo(f"metrics on http://{listen}/metrics")

@@ -26,6 +26,7 @@ from queue_server.cli.common import (
     tenant_session,
     when,
 )
+from queue_server.client.models import Concurrency
 
 app = CLI(help="Spend approvals: the concurrency a queue may use.", no_args_is_help=True)
 
@@ -184,7 +185,9 @@ def spend_show(
     data_dir: DataDir = None,
     json: Json = False,
 ) -> None:
-    """The queue's concurrency limit, its active leases and the approval behind the limit.
+    """The queue's concurrency limit and what sets it (the approved limit, the queue's own
+    concurrency below it), its active leases and the approval behind the limit, with a
+    warning while that approval expires within the server's warning window.
 
     Example: [bold]queue-server spend show emails[/bold]
     """
@@ -193,11 +196,19 @@ def spend_show(
     if json:
         print_json(info)
         return
+    _show(info)
+
+
+def _show(info: Concurrency) -> None:
     approval = info.approval or {}
+    if info.warning:
+        console.print(f"[yellow]warning:[/yellow] {info.warning}")
     fields(
         f"queue {info.queue}",
         [
             ("limit", info.limit),
+            ("approved limit", info.approved_limit),
+            ("queue's concurrency", info.concurrency if info.concurrency else "approved limit"),
             ("active leases", info.active_leases),
             ("approval", approval.get("approval_id")),
             ("approved by", approval.get("approved_by")),
@@ -206,3 +217,46 @@ def spend_show(
             ("reason", approval.get("reason")),
         ],
     )
+
+
+@app.command("concurrency")
+def spend_concurrency(
+    queue: Annotated[str, typer.Argument(help="Queue name.")],
+    concurrency: Annotated[
+        int | None,
+        typer.Argument(
+            min=1,
+            show_default=False,
+            help="Leases at once, at most the approved limit; leave out with --follow-approval.",
+        ),
+    ] = None,
+    follow_approval: Annotated[
+        bool,
+        typer.Option(
+            "--follow-approval", help="Drop the queue's own value: lease up to the approved limit."
+        ),
+    ] = False,
+    reason: Annotated[str, typer.Option(help="Why, kept in the queue's ledger.")] = "",
+    url: Url = None,
+    key: Key = None,
+    tenant: Tenant = None,
+    data_dir: DataDir = None,
+    json: Json = False,
+) -> None:
+    """Set the queue's concurrency live (an operator key): from the next acquire on it leases
+    at most that many at once. It stays at most the approved limit (a live spend approval's,
+    else one): above it the server refuses (exit 4); `spend approve` raises it first. When
+    the approval lapses the queue falls to one at a time and the expiry is in its ledger.
+
+    Examples: [bold]queue-server spend approve emails --max-concurrency 8 --expires 30d --reason "launch"[/bold]
+              [bold]queue-server spend concurrency emails 4 --reason "the provider throttles us"[/bold]
+              [bold]queue-server spend concurrency emails --follow-approval[/bold]
+    """
+    if (concurrency is None) == (not follow_approval):
+        fail("Give a concurrency or --follow-approval", "one of the two, not both")
+    with tenant_session(url, key, data_dir, tenant) as qs:
+        info = qs.set_concurrency(queue, None if follow_approval else concurrency, reason=reason)
+    if json:
+        print_json(info)
+        return
+    _show(info)

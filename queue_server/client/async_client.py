@@ -202,6 +202,7 @@ class AsyncQueueClient(ClientFace):
     spend_approvals = awaited(ClientCore.spend_approvals)
     revoke_spend_approval = awaited(ClientCore.revoke_spend_approval)
     concurrency = awaited(ClientCore.concurrency)
+    set_concurrency = awaited(ClientCore.set_concurrency)
     status = awaited(ClientCore.status)
     list_items = awaited(ClientCore.list_items)
     cancel_item = awaited(ClientCore.cancel_item)

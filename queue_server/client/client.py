@@ -230,6 +230,7 @@ class QueueClient(ClientFace):
     spend_approvals = blocking(ClientCore.spend_approvals)
     revoke_spend_approval = blocking(ClientCore.revoke_spend_approval)
     concurrency = blocking(ClientCore.concurrency)
+    set_concurrency = blocking(ClientCore.set_concurrency)
     status = blocking(ClientCore.status)
     list_items = blocking(ClientCore.list_items)
     cancel_item = blocking(ClientCore.cancel_item)

@@ -736,8 +736,25 @@ class ClientCore:
         return (yield from self._effect(SpendApproval, "DELETE", path, None, idempotency_key))
 
     def concurrency(self, queue: str, tenant: str | None = None) -> Flow[Concurrency]:
+        """The queue's limit and what sets it; `expiring` and `warning` while the approval
+        behind it ends within the server's warning window."""
         path = yield from self._at(tenant, f"/queues/{queue}/concurrency")
         return (yield from self._get(Concurrency, path))
+
+    def set_concurrency(
+        self,
+        queue: str,
+        concurrency: int | None,
+        *,
+        reason: str = "",
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> Flow[Concurrency]:
+        """The queue leases at most `concurrency` at once from the next acquire on (an
+        operator key), at most its approved limit; None follows the approved limit."""
+        body = {"concurrency": concurrency, "reason": reason}
+        path = yield from self._at(tenant, f"/queues/{queue}/concurrency")
+        return (yield from self._effect(Concurrency, "PUT", path, body, idempotency_key))
 
     # -- operators -----------------------------------------------------------
 

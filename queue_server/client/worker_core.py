@@ -220,6 +220,7 @@ class WorkerCore(abc.ABC, Generic[J]):
         self._limit = 1
         self._limit_read_at = float("-inf")
         self._limit_warned = False  # the start-up warning of a limit below `concurrency`
+        self._expiry_warned: object = None  # the expiry of the approval last warned of
         # The outbox has its own lock: handlers hand it outcomes while the state is busy.
         self._outbox_lock = self._new_lock()
         self._outbox_wake = self._new_signal(self._outbox_lock)
@@ -385,9 +386,11 @@ class WorkerCore(abc.ABC, Generic[J]):
         now = time.monotonic()
         if now - self._limit_read_at >= self.limit_refresh:
             try:
-                self._limit = (yield from self._api.concurrency(self.queue)).limit
+                info = yield from self._api.concurrency(self.queue)
+                self._limit = info.limit
                 self._limit_read_at = now
                 self._warn_below_concurrency()
+                self._warn_expiring(info.warning, info.expires_at)
             except errors.QueueClientError as exc:
                 self._log.warning("could not read the queue's concurrency limit: %s", exc)
         return max(1, min(self.concurrency, self._limit))
@@ -408,6 +411,13 @@ class WorkerCore(abc.ABC, Generic[J]):
                 self.concurrency,
             )
 
+    def _warn_expiring(self, warning: str | None, expires_at: object) -> None:
+        """Once per approval: the server says the approval behind the queue's limit expires
+        within its warning window (then the queue leases one at a time)."""
+        if warning and expires_at != self._expiry_warned:
+            self._expiry_warned = expires_at
+            self._log.warning("%s", warning)
+
     def _start(self) -> None:
         self._log.info(
             "worker %s on %s under policy %s", self.name, self.queue, self.policy.describe()
@@ -416,6 +426,7 @@ class WorkerCore(abc.ABC, Generic[J]):
         self._started = 0
         self._comebacks = []
         self._limit_warned = False
+        self._expiry_warned = None
 
     def _slot(self) -> Steps[None]:
         while True:

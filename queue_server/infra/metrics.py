@@ -226,6 +226,7 @@ class Metrics:
         families = process_families(self.registry, tenant=tenant)
         if snapshot is not None:
             families += figure_families(snapshot.tenants, snapshot.queues, snapshot.watchers)
+            families += approval_families(snapshot.approvals)
             families += horizon_families(snapshot.horizon)
             if tenant is None:
                 families += table_families(snapshot.tables)
@@ -339,6 +340,29 @@ def figure_families(
         backlogged,
         lag,
     ]
+
+
+def approval_families(approvals: Iterable[dict[str, Any]]) -> list[Metric]:
+    """Per queue with a live spend approval, the seconds until the one behind its approved
+    limit expires, and 1 while that is within the server's warning window (then the queue
+    falls back to the policy's concurrency unless another approval is recorded)."""
+    q = ["tenant", "queue"]
+    expiry = GaugeMetricFamily(
+        "queue_server_spend_approval_expiry_seconds",
+        "Seconds until the spend approval behind the queue's concurrency limit expires",
+        labels=q,
+    )
+    expiring = GaugeMetricFamily(
+        "queue_server_spend_approval_expiring",
+        "1 while the spend approval behind the queue's concurrency limit expires within the"
+        " server's warning window (QUEUE_SERVER_APPROVAL_WARNING_SECONDS)",
+        labels=q,
+    )
+    for a in approvals:
+        labels = [a["tenant"], a["queue"]]
+        expiry.add_metric(labels, a["expires_in"])
+        expiring.add_metric(labels, 1 if a["expiring"] else 0)
+    return [expiry, expiring]
 
 
 def objective_family(objectives: dict[str, float]) -> Metric:

@@ -17,6 +17,7 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -30,6 +31,7 @@ from queue_server import auth, db, errors
 from queue_server.infra import backup, migrate
 from queue_server.infra.budget import Budget, ConnectionBudgetError, Limits, plan
 from queue_server.infra.metrics import (
+    approval_families,
     backup_families,
     figure_families,
     horizon_families,
@@ -505,13 +507,16 @@ class _DatabaseFigures:
     """A prometheus_client collector: the figures of every tenant, read at each scrape on a
     connection of its own."""
 
-    def __init__(self, database_url: str, objectives: dict[str, float]) -> None:
+    def __init__(
+        self, database_url: str, objectives: dict[str, float], approval_warning: float
+    ) -> None:
         self.database_url = database_url
         self.objectives = objectives
+        self.approval_warning = timedelta(seconds=approval_warning)
 
     async def _read(self) -> figures.Snapshot:
         async with db.direct_session(self.database_url) as conn:
-            return await figures.snapshot(conn, tenant=None)
+            return await figures.snapshot(conn, tenant=None, approval_warning=self.approval_warning)
 
     def collect(self) -> Iterator[Metric]:
         try:
@@ -520,6 +525,7 @@ class _DatabaseFigures:
             log.warning("metrics listener: could not read the figures: %s", exc)
             return
         yield from figure_families(snapshot.tenants, snapshot.queues, snapshot.watchers)
+        yield from approval_families(snapshot.approvals)
         yield from horizon_families(snapshot.horizon)
         yield from table_families(snapshot.tables)
         yield objective_family(self.objectives)
@@ -536,7 +542,12 @@ def parse_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def start_metrics_listener(address: str, database_url: str, objectives: dict[str, float]) -> None:
+def start_metrics_listener(
+    address: str,
+    database_url: str,
+    objectives: dict[str, float],
+    approval_warning: float = 86400.0,
+) -> None:
     """Publish every process's metrics and every tenant's figures, without a key, at
     http://`address`/metrics (a daemon thread of this process).
 
@@ -549,7 +560,7 @@ def start_metrics_listener(address: str, database_url: str, objectives: dict[str
     if directory is None:
         raise RuntimeError("the metrics listener needs the multiprocess directory set first")
     MultiProcessCollector(registry, path=directory)  # type: ignore[no-untyped-call]
-    registry.register(_DatabaseFigures(database_url, objectives))
+    registry.register(_DatabaseFigures(database_url, objectives, approval_warning))
     start_http_server(port, addr=host, registry=registry)
 
 

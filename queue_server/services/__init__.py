@@ -21,6 +21,7 @@ A service takes the `Database` (and, for effecting requests, the idempotency
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 from queue_server.db import Database
 from queue_server.idempotency import Effects
@@ -107,7 +108,12 @@ class Services:
             tenants=Tenants(db, policy, on_keys_deleted=keys.cache.clear),
             items=items,
             leases=Leases(db, effects, settings, wakeups=wakeups, metrics=metrics, policy=policy),
-            queues=Queues(db, effects, policy),
+            queues=Queues(
+                db,
+                effects,
+                policy,
+                approval_warning=timedelta(seconds=settings.approval_warning_seconds),
+            ),
             queue_settings=QueueSettings(db, effects, policy),
             dead_letters=DeadLetters(db, effects, policy),
             ledgers=Ledgers(db),
@@ -115,7 +121,11 @@ class Services:
             receipts=ConfirmationReceipts(db, effects, policy),
             runs=VerificationRuns(db, effects, policy),
             schedules=Schedules(db, effects, items, settings, metrics),
-            figures=Figures(db, horizon_warning_age=settings.horizon_warning_age),
+            figures=Figures(
+                db,
+                horizon_warning_age=settings.horizon_warning_age,
+                approval_warning=timedelta(seconds=settings.approval_warning_seconds),
+            ),
             policies=PolicyHistory(
                 db,
                 policy,

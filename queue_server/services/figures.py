@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from queue_server.db import Database
@@ -45,6 +46,9 @@ class Snapshot:
     # {"table", "live", "dead"} per hot table: every tenant's traffic, so only in the
     # view of every tenant (`tenant` None).
     tables: list[dict[str, Any]] = field(default_factory=list)
+    # {"tenant", "queue", "expires_in", "expiring"} per queue with a live spend approval:
+    # the one behind its approved limit.
+    approvals: list[dict[str, Any]] = field(default_factory=list)
 
 
 async def horizon(conn: Conn) -> list[Horizon]:
@@ -60,9 +64,12 @@ async def horizon(conn: Conn) -> list[Horizon]:
     ]
 
 
-async def snapshot(conn: Conn, *, tenant: str | None) -> Snapshot:
+async def snapshot(
+    conn: Conn, *, tenant: str | None, approval_warning: timedelta = timedelta(days=1)
+) -> Snapshot:
     """Every tenant's figures (`tenant` None), or one tenant's; the horizon's holders in
-    both, the hot tables' row versions only in the first."""
+    both, the hot tables' row versions only in the first; the live spend approvals, each
+    `expiring` when it ends within `approval_warning`."""
     if tenant is None:
         names = [
             r["tenant_id"] for r in await tenants.list_tenants(conn, after=None, limit=MAX_TENANTS)
@@ -119,19 +126,35 @@ async def snapshot(conn: Conn, *, tenant: str | None) -> Snapshot:
         ],
         horizon=await horizon(conn),
         tables=[] if tenant is not None else await health.table_tuples(conn),
+        approvals=[
+            {
+                "tenant": r["tenant_id"],
+                "queue": r["queue"],
+                "expires_in": float(r["expires_in"]),
+                "expiring": bool(r["expiring"]),
+            }
+            for r in await queues.live_approvals(conn, tenant=tenant, warn=approval_warning)
+        ],
     )
 
 
 class Figures:
     """The scrape-time figures of the API's `/metrics`, and the console's horizon warning."""
 
-    def __init__(self, db: Database, *, horizon_warning_age: float) -> None:
+    def __init__(
+        self,
+        db: Database,
+        *,
+        horizon_warning_age: float,
+        approval_warning: timedelta = timedelta(days=1),
+    ) -> None:
         self.db = db
         self.horizon_warning_age = horizon_warning_age
+        self.approval_warning = approval_warning
 
     async def snapshot(self, tenant: str | None) -> Snapshot:
         async with self.db.conn() as conn:
-            return await snapshot(conn, tenant=tenant)
+            return await snapshot(conn, tenant=tenant, approval_warning=self.approval_warning)
 
     async def held_horizon(self) -> Horizon | None:
         """The oldest snapshot or prepared transaction, when it has held the horizon longer

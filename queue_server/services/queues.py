@@ -149,7 +149,14 @@ def _rises(totals: list[int]) -> list[int]:
 class Queues:
     """Spend approvals, concurrency and status of a tenant's queues."""
 
-    def __init__(self, db: Database, effects: Effects, policy: ReliabilityPolicy) -> None:
+    def __init__(
+        self,
+        db: Database,
+        effects: Effects,
+        policy: ReliabilityPolicy,
+        *,
+        approval_warning: timedelta = timedelta(days=1),
+    ) -> None:
         self.db = db
         self.effects = effects
         # Without a live spend approval: the policy's local leased-work concurrency (one).
@@ -157,6 +164,94 @@ class Queues:
         # The most an approval may raise it to (durable-leased-work/concurrency max-approved).
         self.max_approved = policy.leased_work.max_approved
         self.max_approved_cell = policy.leased_work.cell("max_approved")
+        # An approval expiring within this is shown as expiring (the answer, the console,
+        # the metrics, the worker's log).
+        self.approval_warning = approval_warning
+
+    async def _limits(self, conn: Conn, tenant: str, queue: str) -> dict[str, Any]:
+        return await tenants.spend_limit(
+            conn,
+            tenant=tenant,
+            queue=queue,
+            base_limit=self.base_limit,
+            max_approved=self.max_approved,
+            warn=self.approval_warning,
+        )
+
+    async def set_concurrency(
+        self,
+        principal: auth.Principal,
+        tenant: str,
+        queue: str,
+        idem: Idempotency,
+        *,
+        instance: str,
+        concurrency: int | None,
+        reason: str,
+    ) -> Answer:
+        """Set the queue's own concurrency (operator), live: the acquire leases at most the
+        lesser of it and the approved limit from the next acquire on. None: the approved
+        limit itself. Above the approved limit now: 422 naming `body.concurrency` (a spend
+        approval raises the approved limit first)."""
+        principal.require(tenant, Role.OPERATOR)
+
+        async def operation(conn: Conn) -> Answer:
+            await require_tenant(conn, tenant)
+            # Under the queue's lock: no acquire counts its room while the limit changes.
+            await transitions.lock_queue(conn, tenant=tenant, queue=queue)
+            limits = await self._limits(conn, tenant, queue)
+            approved = limits["approved_limit"]
+            if concurrency is not None and concurrency > approved:
+                raise errors.InvalidRequestError(
+                    f"concurrency {concurrency} is above the queue's approved limit, {approved}"
+                    + (
+                        f" (the live spend approval's, until {limits['expires_at']})"
+                        if limits["approval"]
+                        else " (no live spend approval: the policy's one at a time)"
+                    )
+                    + ": record a spend approval first (queue-server spend approve).",
+                    errors=[
+                        {
+                            "loc": ["body", "concurrency"],
+                            "msg": f"must be at most the approved limit, {approved}",
+                            "type": "above_approved_limit",
+                            "limit": approved,
+                        }
+                    ],
+                )
+            await queue_store.put_concurrency(
+                conn,
+                tenant=tenant,
+                queue=queue,
+                concurrency=concurrency,
+                approved=approved,
+                actor=principal.actor,
+                reason=reason,
+            )
+            info = await tenants.concurrency(
+                conn,
+                tenant=tenant,
+                queue=queue,
+                base_limit=self.base_limit,
+                max_approved=self.max_approved,
+                warn=self.approval_warning,
+            )
+            return Answer.of(200, self._concurrency(tenant, queue, info))
+
+        return await self.effects.run(tenant, idem, instance, operation)
+
+    def _concurrency(self, tenant: str, queue: str, info: dict[str, Any]) -> dict[str, Any]:
+        """GET /concurrency's answer: the limit, what sets it, and a warning while the
+        approval behind it expires within the warning window."""
+        warning = None
+        if info["expiring"] and info["approval"]:
+            warning = (
+                f"The spend approval raising {queue}'s limit to {info['approved_limit']}"
+                f" expires at {info['expires_at']}; then the queue leases"
+                f" {self.base_limit} at a time unless another approval is recorded"
+                f" (queue-server spend approve {queue})."
+            )
+        return {"tenant": tenant, "queue": queue, **info, "warning": warning}
 
     async def approve_spend(
         self,
@@ -285,8 +380,9 @@ class Queues:
                 queue=queue,
                 base_limit=self.base_limit,
                 max_approved=self.max_approved,
+                warn=self.approval_warning,
             )
-        return Answer.of(200, {"tenant": tenant, "queue": queue, **info})
+        return Answer.of(200, self._concurrency(tenant, queue, info))
 
     async def status(self, principal: auth.Principal, tenant: str) -> Answer:
         """Every queue of the tenant: items by state, oldest ready and lease ages, active
@@ -337,13 +433,7 @@ class Queues:
         open_rows = await queue_store.open_figures(conn, [(tenant, name) for name in names])
         figures = []
         for name, open_row in zip(names, open_rows, strict=True):
-            limits = await tenants.spend_limit(
-                conn,
-                tenant=tenant,
-                queue=name,
-                base_limit=self.base_limit,
-                max_approved=self.max_approved,
-            )
+            limits = await self._limits(conn, tenant, name)
             figures.append(
                 queue_figures(
                     name,

@@ -38,8 +38,50 @@ async def resume(conn: Conn, *, tenant: str, queue: str, actor: str, reason: str
     return await fetch_one(conn, _SQL["resume"], params)
 
 
+async def put_concurrency(
+    conn: Conn,
+    *,
+    tenant: str,
+    queue: str,
+    concurrency: int | None,
+    approved: int,
+    actor: str,
+    reason: str,
+) -> Row:
+    """The queue's own concurrency set (None: the approved limit), ledgered with the value
+    before and after and the approved limit then; the queue's long polls wake."""
+    params = {
+        "tenant": tenant,
+        "queue": queue,
+        "concurrency": concurrency,
+        "approved": approved,
+        "actor": actor,
+        "reason": reason,
+    }
+    row = await fetch_one(conn, _SQL["put_concurrency"], params)
+    assert row is not None
+    return row
+
+
+async def live_approvals(conn: Conn, *, tenant: str | None, warn: timedelta) -> list[Row]:
+    """Per queue (of `tenant`, or of all), the live spend approval behind its approved limit:
+    `expires_in` seconds, and `expiring` when that is within `warn`."""
+    return await fetch_all(conn, _SQL["live_approvals"], {"tenant": tenant, "warn": warn})
+
+
+async def ledger_expired_approvals(
+    conn: Conn, *, base_limit: int, max_approved: int | None, limit: int
+) -> list[Row]:
+    """Write an `approval-expired` event in its queue's ledger for each spend approval whose
+    expiry has passed since the last look (at most `limit`), with the limit the queue falls
+    to; each approval is ledgered once."""
+    params = {"base_limit": base_limit, "max_approved": max_approved, "limit": limit}
+    return await fetch_all(conn, _SQL["ledger_expired_approvals"], params)
+
+
 async def events(conn: Conn, *, tenant: str, queue: str, limit: int) -> list[Row]:
-    """The queue's latest ledger events (pause, resume), newest first."""
+    """The queue's latest ledger events (pause, resume, settings, concurrency, an approval's
+    expiry), newest first."""
     return await fetch_all(conn, _SQL["events"], {"tenant": tenant, "queue": queue, "limit": limit})
 
 

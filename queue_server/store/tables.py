@@ -319,12 +319,20 @@ spend_approvals = Table(
     # A revoked approval raises nothing (0013).
     _ts("revoked_at", nullable=True),
     Column("revoked_by", Text, nullable=True),
+    # When the sweeper wrote its `approval-expired` queue event (0029); set at once on one
+    # revoked (a revocation is the operator's own act) or expired before 0029.
+    _ts("expiry_ledgered_at", nullable=True),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
     CheckConstraint("max_concurrency >= 2", name="max_concurrency_above_one"),
     CheckConstraint(
         "(revoked_at IS NULL) = (revoked_by IS NULL)", name="spend_approvals_revoked_has_actor"
     ),
     Index("ix_spend_approvals_queue", "tenant_id", "queue", "expires_at"),
+    Index(
+        "ix_spend_approvals_unledgered",
+        "expires_at",
+        postgresql_where=text("expiry_ledgered_at IS NULL"),
+    ),
 )
 
 # -- confirmed-mutation receipts and artifact verification runs (0002) --------------
@@ -655,8 +663,11 @@ queues = Table(
     Column("retry_jitter", Boolean, nullable=True),
     _ts("settings_updated_at", nullable=True),
     Column("settings_updated_by", Text, nullable=True),
+    # The operator's concurrency (0029), at most the approved limit; NULL: the approved limit.
+    Column("concurrency", Integer, nullable=True),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
     CheckConstraint("(paused_at IS NULL) = (paused_by IS NULL)", name="paused_has_actor"),
+    CheckConstraint("concurrency IS NULL OR concurrency >= 1", name="concurrency_positive"),
     CheckConstraint(
         "(lease_ttl IS NULL OR lease_ttl > interval '0')"
         " AND (deadline IS NULL OR deadline > interval '0')"

@@ -195,28 +195,57 @@ async def list_spend_approvals(conn: Conn, *, tenant: str, queue: str, limit: in
 
 
 async def spend_limit(
-    conn: Conn, *, tenant: str, queue: str, base_limit: int = 1, max_approved: int | None = None
+    conn: Conn,
+    *,
+    tenant: str,
+    queue: str,
+    base_limit: int = 1,
+    max_approved: int | None = None,
+    warn: timedelta = timedelta(0),
 ) -> dict[str, Any]:
-    """The queue's limit (`base_limit`, the policy's local concurrency, without a live spend
-    approval; with one, its `max_concurrency`, at most `max_approved`) and the approval."""
-    cur = await conn.execute(_SQL["live_approval"], {"tenant": tenant, "queue": queue})
+    """The queue's limit and what sets it: the approved limit (`base_limit`, the policy's
+    local concurrency, without a live spend approval; with one, its `max_concurrency`, at
+    most `max_approved`), the queue's own `concurrency` below it (None: not set), the
+    approval, and whether it expires within `warn` (`expiring`)."""
+    cur = await conn.execute(
+        _SQL["live_approval"], {"tenant": tenant, "queue": queue, "warn": warn}
+    )
     row = await cur.fetchone()
     assert row is not None
     approval = row["approval"]
-    limit = (
+    approved = (
         min(approval["max_concurrency"], max_approved or approval["max_concurrency"])
         if approval
         else base_limit
     )
-    return {"limit": limit, "approval": approval}
+    own = row["concurrency"]
+    return {
+        "limit": approved if own is None else min(own, approved),
+        "approved_limit": approved,
+        "concurrency": own,
+        "approval": approval,
+        "expiring": bool(row["expiring"]),
+        "expires_at": approval["expires_at"] if approval else None,
+    }
 
 
 async def concurrency(
-    conn: Conn, *, tenant: str, queue: str, base_limit: int = 1, max_approved: int | None = None
+    conn: Conn,
+    *,
+    tenant: str,
+    queue: str,
+    base_limit: int = 1,
+    max_approved: int | None = None,
+    warn: timedelta = timedelta(0),
 ) -> dict[str, Any]:
     """`spend_limit`, with the queue's active leases (`queues.open_figures`)."""
     limits = await spend_limit(
-        conn, tenant=tenant, queue=queue, base_limit=base_limit, max_approved=max_approved
+        conn,
+        tenant=tenant,
+        queue=queue,
+        base_limit=base_limit,
+        max_approved=max_approved,
+        warn=warn,
     )
     (figures,) = await queues.open_figures(conn, [(tenant, queue)])
     return {**limits, "active_leases": figures["active_leases"]}

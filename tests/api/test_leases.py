@@ -235,6 +235,11 @@ def test_concurrency_limit_is_one_without_an_approval(api: Api) -> None:
         "limit": 1,
         "active_leases": 1,
         "approval": None,
+        "approved_limit": 1,
+        "concurrency": None,
+        "expires_at": None,
+        "expiring": False,
+        "warning": None,
     }
 
 

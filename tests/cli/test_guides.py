@@ -205,6 +205,8 @@ def test_every_guide_with_commands_runs_in_one_of_the_tests() -> None:
 def test_the_operators_guide_runs_as_written(served: Served, tmp_path: Path) -> None:
     out = run_guide(served, "operators.md", tmp_path)
     assert "exit 1: an item failed" in out
+    # The section on raising a queue's concurrency: its limit below the approved one.
+    assert re.search(r"approved limit\s+│?\s*8", out), out[:3000]
     assert "replayed" in out
     assert "quarantined" in out
 

@@ -84,3 +84,25 @@ def test_an_approval_made_while_the_worker_runs_raises_its_slots_at_the_next_lim
     runner.join(20)
     assert not runner.is_alive()
     assert peak[0] == 3
+
+
+def test_a_worker_warns_once_of_the_approval_behind_its_queues_limit_about_to_expire(
+    api: Api, face: Face, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Two days: within no window of a day; an hour: within the server's (a day by default).
+    api.approve("q", 4, days=2)
+    with QueueClient(api.url, api.keys["worker"], tenant=api.tenant) as qs:
+        for n in range(6):
+            qs.enqueue("q", n)
+    worker = face.worker(api, "q", handle, name="w1", concurrency=4, wait=0, limit_refresh=0)
+    with caplog.at_level(logging.WARNING):
+        assert worker.run(drain=True, max_items=2) == 2
+    assert [r for r in caplog.records if "expires" in r.getMessage()] == []
+    api.approve("q", 6, days=1 / 24)
+    worker = face.worker(api, "q", handle, name="w2", concurrency=4, wait=0, limit_refresh=0)
+    with caplog.at_level(logging.WARNING):
+        assert worker.run(drain=True) == 4
+    warned = [r.getMessage() for r in caplog.records if "expires" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert warned[0].startswith("The spend approval raising q's limit to 6 expires at")
+    assert "spend approve q" in warned[0]

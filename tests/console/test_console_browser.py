@@ -170,6 +170,13 @@ def test_spend_approval_watchers_and_verification_runs(page: Page, api: Api, sho
     expect(row.get_by_role("cell").nth(2)).to_have_text("4")
     limit = api.operator.get("/v1/tenants/acme/queues/emails/concurrency").json()
     assert limit["limit"] == 4
+    # The queue's own concurrency, set live in its row below the approved limit.
+    page.get_by_label("Concurrency of emails").fill("2")
+    page.get_by_role("button", name="Set emails's concurrency").click()
+    expect(page.get_by_role("status")).to_have_text("emails now leases at most 2 at a time.")
+    expect(row.get_by_role("cell").nth(2)).to_have_text("2")
+    limit = api.operator.get("/v1/tenants/acme/queues/emails/concurrency").json()
+    assert (limit["limit"], limit["approved_limit"], limit["concurrency"]) == (2, 4, 2)
     page.screenshot(path=str(shots / "spend.png"), full_page=True)
 
     nav.get_by_role("link", name="Watchers").click()

@@ -1,5 +1,7 @@
-"""Spend approvals and concurrency: each queue's limit, active leases and live approval, and
-the form that records a new approval (`POST .../queues/{queue}/spend-approvals`)."""
+"""Spend approvals and concurrency: each queue's limit, what sets it, active leases and live
+approval (with a warning while it is about to expire), the form that records a new approval
+(`POST .../queues/{queue}/spend-approvals`) and the one that sets a queue's concurrency
+(`PUT .../queues/{queue}/concurrency`)."""
 
 from __future__ import annotations
 
@@ -83,3 +85,41 @@ async def approve(request: Request, tenant: str) -> Response:
     return web.redirect(
         request, target, f"Approved {body.max_concurrency} concurrent leases on {queue}."
     )
+
+
+@router.post("/spend/concurrency")
+async def set_concurrency(request: Request, tenant: str) -> Response:
+    session = await web.current_session(request)
+    form = await web.check_form(request, session)
+    queue = web.form_text(form, "queue")
+    if not NAME_RE.match(queue):
+        raise errors.InvalidRequestError("The queue name is not valid.")
+    given = web.form_text(form, "concurrency").strip()
+    body = web.body_of(
+        schemas.ConcurrencyIn,
+        # Empty: follow the approved limit. Digits only, as for max_concurrency above.
+        concurrency=None
+        if not given
+        else int(given)
+        if given.isascii() and given.isdigit() and len(given) <= 18
+        else given,
+        reason=web.form_text(form, "reason"),
+    )
+    rest_path = f"/v1/tenants/{tenant}/queues/{queue}/concurrency"
+    idem = web.idempotency_for(
+        session.principal.key_id, form, rest_path=rest_path, body=body.model_dump(mode="json")
+    )
+    answer = await web.services(request).queues.set_concurrency(
+        session.principal,
+        tenant,
+        queue,
+        idem,
+        instance=rest_path,
+        concurrency=body.concurrency,
+        reason=body.reason,
+    )
+    target = web.tenant_path(tenant, "spend", queue=queue)
+    if answer.problem:
+        return web.redirect(request, target, web.problem_text(answer), "error")
+    limit = web.answer_body(answer)["limit"]
+    return web.redirect(request, target, f"{queue} now leases at most {limit} at a time.")

@@ -39,6 +39,89 @@ WITH q AS (
 )
 SELECT q.* FROM q, (SELECT pg_notify('queue_server_ready', queue_server.ready_tag(%(tenant)s, %(queue)s))) AS n;
 
+-- name: put_concurrency
+-- The queue's own concurrency (NULL: the approved limit), ledgered with the value before
+-- and after; raising it wakes the queue's long polls (they may lease more now).
+WITH before AS (
+    SELECT concurrency FROM queues WHERE tenant_id = %(tenant)s AND queue = %(queue)s
+), q AS (
+    INSERT INTO queues AS t (tenant_id, queue, concurrency, event_seq, updated_at)
+    VALUES (%(tenant)s, %(queue)s, %(concurrency)s, 1, statement_timestamp())
+    ON CONFLICT (tenant_id, queue) DO UPDATE
+    SET concurrency = excluded.concurrency, event_seq = t.event_seq + 1,
+        updated_at = excluded.updated_at
+    RETURNING *
+), ev AS (
+    INSERT INTO queue_events (tenant_id, queue, seq, at, kind, actor, data)
+    SELECT tenant_id, queue, event_seq - 1, updated_at, 'concurrency', %(actor)s,
+           jsonb_build_object('before', (SELECT concurrency FROM before),
+                              'after', concurrency, 'approved_limit', %(approved)s::int,
+                              'reason', %(reason)s::text)
+    FROM q
+)
+SELECT q.* FROM q, (SELECT pg_notify('queue_server_ready', queue_server.ready_tag(%(tenant)s, %(queue)s))) AS n;
+
+-- name: live_approvals
+-- Per queue (of `tenant`, or of every tenant when NULL), the live spend approval behind its
+-- approved limit (the largest; the newest among equals): seconds until it expires, and
+-- whether that is within `warn`. A probe of ix_spend_approvals_unledgered (a live one is not
+-- ledgered yet).
+SELECT DISTINCT ON (tenant_id, queue) tenant_id, queue, approval_id::text AS approval_id,
+       max_concurrency, expires_at,
+       extract(epoch FROM expires_at - statement_timestamp())::float8 AS expires_in,
+       expires_at <= statement_timestamp() + %(warn)s::interval AS expiring
+FROM spend_approvals
+WHERE expiry_ledgered_at IS NULL AND expires_at > statement_timestamp() AND revoked_at IS NULL
+  AND (%(tenant)s::text IS NULL OR tenant_id = %(tenant)s::text)
+ORDER BY tenant_id, queue, max_concurrency DESC, created_at DESC;
+
+-- name: ledger_expired_approvals
+-- Each approval whose expiry has passed and is not in its queue's ledger yet (a probe of
+-- ix_spend_approvals_unledgered: the approvals not ledgered, by expiry), at most `limit`:
+-- marked ledgered, and an `approval-expired` event written in its queue's ledger with the
+-- limit the queue falls to (the largest approval still live, else the policy's base, and
+-- the queue's own concurrency below it). A revoked one was marked when revoked.
+WITH due AS (
+    SELECT a.tenant_id, a.approval_id
+    FROM spend_approvals a
+    WHERE a.expiry_ledgered_at IS NULL AND a.expires_at <= statement_timestamp()
+    ORDER BY a.expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), marked AS (
+    UPDATE spend_approvals a SET expiry_ledgered_at = statement_timestamp()
+    FROM due WHERE a.tenant_id = due.tenant_id AND a.approval_id = due.approval_id
+    RETURNING a.*
+), ordered AS (
+    SELECT m.*, row_number() OVER (PARTITION BY m.tenant_id, m.queue
+                                   ORDER BY m.expires_at, m.approval_id) AS nth,
+           count(*) OVER (PARTITION BY m.tenant_id, m.queue) AS n
+    FROM marked m
+), q AS (
+    INSERT INTO queues AS t (tenant_id, queue, event_seq, updated_at)
+    SELECT DISTINCT tenant_id, queue, n, statement_timestamp() FROM ordered
+    ON CONFLICT (tenant_id, queue) DO UPDATE
+    SET event_seq = t.event_seq + excluded.event_seq, updated_at = excluded.updated_at
+    RETURNING t.tenant_id, t.queue, t.event_seq, t.concurrency
+), ev AS (
+    INSERT INTO queue_events (tenant_id, queue, seq, at, kind, actor, data)
+    SELECT o.tenant_id, o.queue, q.event_seq - o.n + o.nth - 1, statement_timestamp(),
+           'approval-expired', 'server',
+           jsonb_build_object(
+               'approval_id', o.approval_id, 'max_concurrency', o.max_concurrency,
+               'expires_at', o.expires_at, 'approved_by', o.approved_by, 'reason', o.reason,
+               'limit', least(coalesce(
+                   (SELECT max(least(l.max_concurrency, %(max_approved)s))
+                    FROM spend_approvals l
+                    WHERE l.tenant_id = o.tenant_id AND l.queue = o.queue
+                      AND l.expires_at > statement_timestamp() AND l.revoked_at IS NULL),
+                   %(base_limit)s), q.concurrency))
+    FROM ordered o JOIN q ON q.tenant_id = o.tenant_id AND q.queue = o.queue
+    RETURNING tenant_id, queue, data
+)
+SELECT tenant_id, queue, data->>'approval_id' AS approval_id,
+       (data->>'limit')::int AS limit FROM ev;
+
 -- name: events
 SELECT e.seq, e.at, e.kind, e.actor, k.name AS actor_name, e.data FROM queue_events e
 LEFT JOIN api_keys k ON left(e.actor, 4) = 'key:' AND k.key_id = substr(e.actor, 5)

@@ -98,9 +98,11 @@ RETURNING *, expires_at > statement_timestamp() AND revoked_at IS NULL AS live;
 
 -- name: revoke_spend_approval
 -- Revoking a revoked approval changes nothing: it keeps its first revocation.
+-- A revoked approval never expires into the queue's ledger (`expiry_ledgered_at`).
 UPDATE spend_approvals
 SET revoked_at = coalesce(revoked_at, statement_timestamp()),
-    revoked_by = coalesce(revoked_by, %(key_id)s)
+    revoked_by = coalesce(revoked_by, %(key_id)s),
+    expiry_ledgered_at = coalesce(expiry_ledgered_at, statement_timestamp())
 WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND approval_id = %(approval_id)s
 RETURNING *, false AS live;
 
@@ -112,11 +114,16 @@ ORDER BY created_at DESC, approval_id
 LIMIT %(limit)s;
 
 -- name: live_approval
--- The live approval: not expired and not revoked (a revoked one raises nothing).
-SELECT (SELECT to_jsonb(a) FROM spend_approvals a
-        WHERE tenant_id = %(tenant)s AND queue = %(queue)s
-          AND expires_at > statement_timestamp() AND revoked_at IS NULL
-        ORDER BY max_concurrency DESC, created_at DESC LIMIT 1) AS approval;
+-- The live approval: not expired and not revoked (a revoked one raises nothing); the
+-- queue's own concurrency (NULL: none set); whether the approval expires within `warn`.
+SELECT a.approval, q.concurrency,
+       coalesce((a.approval->>'expires_at')::timestamptz
+                <= statement_timestamp() + %(warn)s::interval, false) AS expiring
+FROM (SELECT (SELECT to_jsonb(a) - 'expiry_ledgered_at' FROM spend_approvals a
+              WHERE tenant_id = %(tenant)s AND queue = %(queue)s
+                AND expires_at > statement_timestamp() AND revoked_at IS NULL
+              ORDER BY max_concurrency DESC, created_at DESC LIMIT 1) AS approval) AS a
+LEFT JOIN queues q ON q.tenant_id = %(tenant)s AND q.queue = %(queue)s;
 
 -- name: delete_tenant
 -- The tables without a foreign key to the tenant first; the rest cascade from `tenants`.

@@ -20,7 +20,8 @@ FROM queue_server.admit_rows(%(tenant)s, %(queue)s, %(items)s::jsonb, %(actor)s,
 
 -- name: lock_queue
 -- The queue's concurrency limit (the policy's local concurrency, one, unless a live spend
--- approval raises it: the base_limit parameter) is enforced under an advisory lock on the queue.
+-- approval raises it: the base_limit parameter; the queue's own concurrency below that) is
+-- enforced under an advisory lock on the queue.
 -- Exclusive: the acquire counts active leases exactly, with every earlier acquire
 -- committed. Shared (many acquires at once): each also holds, until it commits, a shared
 -- lock keyed (queue, max_items) that announces how many leases it may add; it leases
@@ -61,12 +62,17 @@ WITH terms AS (
     FROM tenants t LEFT JOIN queues q ON q.tenant_id = t.tenant_id AND q.queue = %(queue)s
     WHERE t.tenant_id = %(tenant)s
 ), counts AS (
-    -- A live approval: neither expired nor revoked; one stored under a looser policy is
-    -- held to the loaded one's max-approved (least() ignores a NULL: no ceiling given).
-    SELECT coalesce((SELECT max(least(max_concurrency, %(max_approved)s)) FROM spend_approvals
-                     WHERE tenant_id = %(tenant)s AND queue = %(queue)s
-                       AND expires_at > statement_timestamp()
-                       AND revoked_at IS NULL), %(base_limit)s)
+    -- The limit: the queue's concurrency (an operator's setting; NULL: none) held to the
+    -- approved limit, a live approval's (neither expired nor revoked; one stored under a
+    -- looser policy is held to the loaded one's max-approved), else the policy's base.
+    -- least() ignores a NULL: no setting, or no ceiling given.
+    SELECT least(coalesce((SELECT max(least(max_concurrency, %(max_approved)s))
+                           FROM spend_approvals
+                           WHERE tenant_id = %(tenant)s AND queue = %(queue)s
+                             AND expires_at > statement_timestamp()
+                             AND revoked_at IS NULL), %(base_limit)s),
+                 (SELECT concurrency FROM queues
+                  WHERE tenant_id = %(tenant)s AND queue = %(queue)s))
            -- The active leases: those the cursor's snapshot saw active, each probed by its
            -- key, and those made or extended since (`placed_xid`); with no cursor, every
            -- lease. A scan of the leased index would also walk every lease ended within a

@@ -1,0 +1,174 @@
+"""A queue's concurrency is the operator's, changed live below the approved limit; an
+approval about to lapse is shown before it does (the concurrency answer, /metrics), and
+its expiry is an event in the queue's ledger, written by the server with the limit the
+queue falls to. Each is seen through real acquires and the REST answers."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+
+from tests.helpers.api import Api
+
+QUEUE = "/v1/tenants/acme/queues/q"
+
+
+def set_concurrency(
+    client: httpx.Client, concurrency: int | None, reason: str = "", key: str | None = None
+) -> httpx.Response:
+    return client.put(
+        f"{QUEUE}/concurrency",
+        json={"concurrency": concurrency, "reason": reason},
+        headers={"Idempotency-Key": key or uuid.uuid4().hex},
+    )
+
+
+def approve(api: Api, max_concurrency: int, expires_at: datetime) -> dict[str, Any]:
+    made = api.operator.post(
+        f"{QUEUE}/spend-approvals",
+        json={
+            "max_concurrency": max_concurrency,
+            "expires_at": expires_at.isoformat(),
+            "reason": "launch week",
+        },
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert made.status_code == 201, made.text
+    approval: dict[str, Any] = made.json()
+    return approval
+
+
+def leased_at_once(api: Api, tries: int = 6) -> int:
+    """How many leases separate workers get, one item each, before one gets none."""
+    got = [api.acquire(worker=f"w{n}", max_items=1) for n in range(tries)]
+    return sum(len(g) for g in got)
+
+
+def concurrency(api: Api) -> dict[str, Any]:
+    answer = api.worker.get(f"{QUEUE}/concurrency")
+    assert answer.status_code == 200, answer.text
+    info: dict[str, Any] = answer.json()
+    return info
+
+
+def events(api: Api, kind: str) -> list[dict[str, Any]]:
+    queue = api.operator.get(QUEUE)
+    assert queue.status_code == 200, queue.text
+    return [e for e in queue.json()["events"] if e["kind"] == kind]
+
+
+def test_an_operator_sets_the_concurrency_live_below_the_approved_limit(api: Api) -> None:
+    for n in range(8):
+        api.enqueue(payload=n)
+    # Without an approval the approved limit is the policy's one: 2 is refused, naming it.
+    refused = set_concurrency(api.operator, 2)
+    assert refused.status_code == 422, refused.text
+    problem = refused.json()
+    assert problem["errors"][0]["loc"] == ["body", "concurrency"]
+    assert problem["errors"][0]["limit"] == 1
+    assert "spend approve" in problem["detail"]
+    # A worker key may read the limit, never set it.
+    assert set_concurrency(api.worker, 1).status_code == 403
+    approve(api, 4, datetime.now(UTC) + timedelta(days=30))
+    assert (concurrency(api)["limit"], concurrency(api)["approved_limit"]) == (4, 4)
+    lowered = set_concurrency(api.operator, 2, reason="the mail provider throttles us")
+    assert lowered.status_code == 200, lowered.text
+    assert {k: lowered.json()[k] for k in ("limit", "approved_limit", "concurrency")} == {
+        "limit": 2,
+        "approved_limit": 4,
+        "concurrency": 2,
+    }
+    assert leased_at_once(api) == 2
+    # Raised live: the next acquire leases one more, with two still held.
+    assert set_concurrency(api.operator, 3).status_code == 200
+    assert leased_at_once(api) == 1
+    # Above the approval: refused, nothing changed.
+    assert set_concurrency(api.operator, 5).status_code == 422
+    assert concurrency(api)["limit"] == 3
+    # Null follows the approved limit again.
+    assert set_concurrency(api.operator, None).json()["limit"] == 4
+    assert leased_at_once(api) == 1
+    # Each change is in the queue's ledger, with the operator and the values around it.
+    changes = events(api, "concurrency")
+    assert [(e["data"]["before"], e["data"]["after"]) for e in reversed(changes)] == [
+        (None, 2),
+        (2, 3),
+        (3, None),
+    ]
+    assert changes[-1]["data"]["reason"] == "the mail provider throttles us"
+    assert changes[-1]["data"]["approved_limit"] == 4
+    assert all(e["actor"].startswith("key:") for e in changes)
+
+
+def test_the_queue_setting_is_held_to_an_approval_that_lapses(api: Api) -> None:
+    for n in range(4):
+        api.enqueue(payload=n)
+    approval = approve(api, 3, datetime.now(UTC) + timedelta(seconds=3))
+    assert set_concurrency(api.operator, 2).status_code == 200
+    info = concurrency(api)
+    # Expiring within the server's warning window (a day by default): said before it does.
+    assert info["expiring"] is True
+    assert info["warning"]
+    assert "expires" in info["warning"]
+    assert "spend approve q" in info["warning"]
+    assert info["expires_at"] is not None
+    metrics = api.operator.get("/metrics").text
+    assert 'queue_server_spend_approval_expiring{queue="q",tenant="acme"} 1.0' in metrics
+    expiry = _sample(metrics, "queue_server_spend_approval_expiry_seconds")
+    assert 0 < expiry <= 3
+    # Once it lapses the queue falls to one at a time, although its own setting says 2.
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not events(api, "approval-expired"):
+        time.sleep(0.2)
+    (expired,) = events(api, "approval-expired")
+    assert expired["actor"] == "server"
+    assert expired["data"]["approval_id"] == approval["approval_id"]
+    assert (expired["data"]["max_concurrency"], expired["data"]["limit"]) == (3, 1)
+    info = concurrency(api)
+    assert (info["limit"], info["concurrency"], info["approval"], info["expiring"]) == (
+        1,
+        2,
+        None,
+        False,
+    )
+    assert leased_at_once(api) == 1
+    assert "queue_server_spend_approval_expiring{" not in api.operator.get("/metrics").text
+    # Ledgered once: a later round writes nothing more.
+    time.sleep(6)
+    assert len(events(api, "approval-expired")) == 1
+
+
+def test_an_approval_far_from_its_expiry_is_not_expiring_and_a_revoked_one_is_not_ledgered(
+    api: Api,
+) -> None:
+    far = approve(api, 4, datetime.now(UTC) + timedelta(days=30))
+    info = concurrency(api)
+    assert (info["limit"], info["expiring"], info["warning"]) == (4, False, None)
+    metrics = api.operator.get("/metrics").text
+    assert 'queue_server_spend_approval_expiring{queue="q",tenant="acme"} 0.0' in metrics
+    assert _sample(metrics, "queue_server_spend_approval_expiry_seconds") > 29 * 86400
+    revoked = api.operator.delete(
+        f"{QUEUE}/spend-approvals/{far['approval_id']}",
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert revoked.status_code == 200, revoked.text
+    short = approve(api, 2, datetime.now(UTC) + timedelta(seconds=2))
+    api.operator.delete(
+        f"{QUEUE}/spend-approvals/{short['approval_id']}",
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    time.sleep(8)  # past its expiry and a sweep round
+    assert events(api, "approval-expired") == []
+
+
+def _sample(text: str, name: str) -> float:
+    (value,) = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name + "{") and 'tenant="acme"' in line
+    ]
+    return value
