@@ -17,7 +17,8 @@ orjson. A driver failure becomes a domain error here and nowhere else:
       drained, so no request is lent a connection to the old primary.
     the admission's refusals (`admission_refusals`, SQLSTATEs of migration 0017):
       QS429 -> BacklogCapReachedError (429), QS404 -> TenantNotFoundError (404),
-      QS422 -> InvalidRequestError (422, the policy envelope)
+      QS422 -> InvalidRequestError (422, the policy envelope), QS409 -> ConflictError (409,
+      the item holding a unique key finished while the enqueue ran: migration 0030)
 
 Directly connected (`database_pooler = "none"`) a session gets its settings at
 connect (`options`) and prepares every statement. Through a pooler in transaction
@@ -96,6 +97,8 @@ def admission_refusals(tenant: str) -> Iterator[None]:
             raise errors.TenantNotFoundError(tenant=tenant) from exc
         if exc.sqlstate == "QS422":
             raise errors.InvalidRequestError(detail) from exc
+        if exc.sqlstate == "QS409":  # the item holding a unique key finished meanwhile
+            raise errors.ConflictError(detail) from exc
         raise
 
 

@@ -38,6 +38,7 @@ def item(row: Row) -> dict[str, Any]:
         "last_failure": row["last_failure"],
         "created_at": row["created_at"],
         "updated_at": row["updated_at"],
+        "unique_key": row.get("unique_key"),
     }
 
 
@@ -64,6 +65,7 @@ def enqueued(
             "max_acquisitions": budget,
             "created_at": created_at,
             "updated_at": created_at,
+            "unique_key": spec.get("unique_key"),
         }
         shaped.append(item(row))
     return shaped

@@ -87,6 +87,11 @@ class Item(Model):
     last_failure: Any = None
     created_at: datetime
     updated_at: datetime
+    unique_key: str | None = Field(
+        default=None,
+        description="Its producer's unique key: none other of the queue with it"
+        " is made while this one is ready or leased.",
+    )
 
 
 class LedgerEvent(Model):

@@ -172,6 +172,12 @@ class ItemIn(Body):
     priority: int = Field(default=0, ge=-1_000_000, le=1_000_000, strict=True)
     delay: float = Field(default=0, ge=0, le=365 * 24 * 3600, strict=True)
     max_acquisitions: int | None = Field(default=None, ge=1, le=100, strict=True)
+    unique_key: str | None = Field(
+        default=None,
+        pattern=r"^[!-~]{1,255}$",
+        description="While an item of the queue with this key is ready or leased, none is"
+        " made: the answer is that item (200 for a single enqueue).",
+    )
 
 
 class BatchIn(Body):
@@ -189,6 +195,7 @@ class BatchIn(Body):
                     "priority": item.priority,
                     "delay": float(item.delay),
                     "max_acquisitions": item.max_acquisitions,
+                    "unique_key": item.unique_key,
                 }
                 for item in self.items
             ]

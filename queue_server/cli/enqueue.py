@@ -25,7 +25,8 @@ from queue_server.cli.common import (
     print_json,
     tenant_session,
 )
-from queue_server.client import NewItem, QueueClientError
+from queue_server.client import NewItem, QueueClientError, new_idempotency_key
+from queue_server.client.models import Item
 
 MAX_BATCH = 500
 
@@ -45,7 +46,7 @@ def read_lines(path: Path) -> list[tuple[str, NewItem]]:
     """Each non-blank line's key (its number and a hash of its text) and its item.
 
     A line is a payload, or an object {"payload": ..., "priority", "delay",
-    "max_acquisitions"} when it has a "payload" key and only those keys.
+    "max_acquisitions", "unique_key"} when it has a "payload" key and only those keys.
     """
     try:
         data = path.read_bytes()
@@ -56,7 +57,7 @@ def read_lines(path: Path) -> list[tuple[str, NewItem]]:
         if not raw.strip():
             continue
         value = _parse(raw, f"{path}:{number}")
-        known = {"payload", "priority", "delay", "max_acquisitions"}
+        known = {"payload", "priority", "delay", "max_acquisitions", "unique_key"}
         if isinstance(value, dict) and "payload" in value and set(value) <= known:
             item = NewItem(**value)
         else:
@@ -153,6 +154,13 @@ def enqueue(
     idempotency_key: Annotated[
         str | None, typer.Option(help="Key of a single enqueue (default: a new one).")
     ] = None,
+    unique_key: Annotated[
+        str | None,
+        typer.Option(
+            help="While an item of the queue with this key is ready or leased, make none:"
+            " answer that one (a file's line may carry its own)."
+        ),
+    ] = None,
     url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
@@ -174,7 +182,32 @@ def enqueue(
     """
     if (payload is None) == (file is None):
         fail("Nothing to enqueue", "give exactly one of --payload JSON or --file items.jsonl")
+    if file is not None and unique_key is not None:
+        fail("--unique-key is for one item", "in a file, give each line its own unique_key")
     with tenant_session(url, key, data_dir, tenant) as qs:
+        if payload is not None and unique_key is not None:
+            answer = qs.request(
+                "POST",
+                f"/v1/tenants/{qs.tenant or ''}/queues/{queue}/items",
+                json=_item_body(
+                    NewItem(payload=_parse(payload, "--payload"), unique_key=unique_key),
+                    priority=priority,
+                    delay=delay,
+                    budget=max_acquisitions,
+                ),
+                idempotency_key=idempotency_key or new_idempotency_key(),
+            )
+            held = Item.model_validate_json(answer.content)
+            if json:
+                print_json(held)
+            elif answer.status_code == 200:
+                console.print(
+                    f"{held.item_id} on {held.queue} ({held.state}) already holds unique key"
+                    f" {unique_key}: nothing enqueued"
+                )
+            else:
+                console.print(f"enqueued {held.item_id} on {held.queue}")
+            return
         if payload is not None:
             item = qs.enqueue(
                 queue,
@@ -256,4 +289,6 @@ def _item_body(item: NewItem, *, priority: int, delay: float, budget: int | None
     }
     if item.max_acquisitions or budget:
         body["max_acquisitions"] = item.max_acquisitions or budget
+    if item.unique_key is not None:
+        body["unique_key"] = item.unique_key
     return body

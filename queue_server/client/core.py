@@ -479,9 +479,16 @@ class ClientCore:
         max_acquisitions: int | None = None,
         idempotency_key: str | None = None,
         tenant: str | None = None,
+        unique_key: str | None = None,
     ) -> Flow[Item]:
+        """Enqueue one item. With `unique_key`: while an item of the queue with that key is
+        ready or leased, none is made and that item is answered (its `item_id` is older)."""
         body = NewItem(
-            payload=payload, priority=priority, delay=delay, max_acquisitions=max_acquisitions
+            payload=payload,
+            priority=priority,
+            delay=delay,
+            max_acquisitions=max_acquisitions,
+            unique_key=unique_key,
         ).model_dump(exclude_none=True)
         body.setdefault("payload", None)
         path = yield from self._at(tenant, f"/queues/{queue}/items")

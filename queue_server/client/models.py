@@ -85,6 +85,9 @@ class NewItem(Model):
     priority: int = 0
     delay: float = 0
     max_acquisitions: int | None = None
+    # While an item of the queue with this key is ready or leased, none is made: the
+    # enqueue is answered with that item.
+    unique_key: str | None = None
 
 
 class Completion(Model):

@@ -189,6 +189,7 @@ class Record:
     lease_deadline_at: datetime | None = None
     result: Any = None
     last_failure: Any = None
+    unique_key: str | None = None
     updated_at: datetime = field(init=False)
 
     def __post_init__(self) -> None:
@@ -404,7 +405,20 @@ class InMemoryServer:
                 raise above(at, budget, self.leased, "attempt_cap")
         now = self.clock.now()
         made = []
+        new: set[str] = set()
+        held = {
+            r.unique_key: r
+            for r in self._items.values()
+            if r.unique_key is not None
+            and r.state in ("ready", "leased")
+            and (r.tenant, r.queue) == (asked.args["tenant"], asked.args["queue"])
+        }
         for spec in specs:
+            # An item of the queue holding the key, ready or leased: answered, none made.
+            holder = held.get(spec.get("unique_key"))
+            if holder is not None:
+                made.append(holder.view())
+                continue
             # A UUIDv7's shape: the clock's milliseconds, then the order of enqueue.
             ms, n = int(now.timestamp() * 1000), next(self._ids)
             record = Record(
@@ -416,11 +430,18 @@ class InMemoryServer:
                 available_at=now + timedelta(seconds=spec.get("delay", 0)),
                 max_acquisitions=spec.get("max_acquisitions") or self.max_acquisitions,
                 created_at=now,
+                unique_key=spec.get("unique_key"),
             )
             self._items[record.item_id] = record
+            new.add(record.item_id)
+            if record.unique_key is not None:
+                held[record.unique_key] = record
             made.append(record.view())
         self._changed.notify_all()
-        return 201, {"items": made} if batch else made[0]
+        if batch:
+            return 201, {"items": made}
+        # One item whose key an item held: that item, nothing created (200).
+        return (201 if made[0]["item_id"] in new else 200), made[0]
 
     def _get_item(self, asked: Request) -> tuple[int, Any]:
         return 200, self._find(asked, asked.args["item"]).view()

@@ -160,6 +160,8 @@ class NewItem:
     item_id: str | None = None
     # The producer's W3C trace context (already validated), handed to each lease.
     trace: TraceContext | None = None
+    # While an item of the queue with this key is ready or leased, none is made.
+    unique_key: str | None = None
 
 
 class ItemSpec(Protocol):
@@ -176,6 +178,9 @@ class ItemSpec(Protocol):
 
     @property
     def max_acquisitions(self) -> int | None: ...
+
+    @property
+    def unique_key(self) -> str | None: ...
 
 
 class Items:
@@ -220,12 +225,14 @@ class Items:
                 if item.max_acquisitions is not None
             ]
         )
-        await self._refuse_early_at_cap(tenant, idem, len(items))
+        # An item with a unique key may be answered by the item holding it, charged nothing:
+        # only those without one are sure to be charged (the admission decides exactly).
+        await self._refuse_early_at_cap(tenant, idem, sum(i.unique_key is None for i in items))
         specs = self._specs(items, uuid7s(len(items)), trace)
 
         async def operation(conn: Conn) -> Answer:
             with admission_refusals(tenant):
-                written = await transitions.enqueue_rows(
+                done = await transitions.enqueue_rows(
                     conn,
                     tenant=tenant,
                     queue=queue,
@@ -234,10 +241,41 @@ class Items:
                     attempt_cap=self.envelope.leased.attempt_cap,
                     backlog_ceiling=self.envelope.leased.backlog_cap,
                 )
-            shaped = views.enqueued(tenant, queue, specs, written)
-            return Answer(201, views.dumps({"items": shaped} if batch else shaped[0]))
+            shaped = await self._answered(conn, tenant, queue, specs, done)
+            if batch:
+                return Answer(201, views.dumps({"items": shaped}))
+            # One item whose unique key an item already holds: that item, nothing created.
+            made = specs[0]["item_id"] in done.written
+            return Answer(201 if made else 200, views.dumps(shaped[0]))
 
         return await self.effects.run(tenant, idem, instance, operation)
+
+    @staticmethod
+    async def _answered(
+        conn: Conn,
+        tenant: str,
+        queue: str,
+        specs: list[dict[str, Any]],
+        done: transitions.Enqueued,
+    ) -> list[dict[str, Any]]:
+        """Each item asked for as the answer shows it, in order: the one made, or the item
+        holding its unique key (made by this enqueue for an earlier entry, or read)."""
+        made = views.enqueued(
+            tenant, queue, [s for s in specs if s["item_id"] in done.written], done.written
+        )
+        by_id = {item["item_id"]: item for item in made}
+        shaped = []
+        for spec in specs:
+            found = by_id.get(spec["item_id"])
+            if found is None:
+                holder = done.holders[spec["unique_key"]]
+                if holder not in by_id:
+                    row = await reads.get_item(conn, tenant=tenant, item_id=holder)
+                    assert row is not None  # the admission saw it ready or leased
+                    by_id[holder] = views.item(row)
+                found = by_id[holder]
+            shaped.append(found)
+        return shaped
 
     def _specs(
         self, items: Sequence[ItemSpec], ids: Sequence[str], trace: TraceContext | None
@@ -262,6 +300,7 @@ class Items:
                     None if item.max_acquisitions is None else min(item.max_acquisitions, cap)
                 ),
                 **traced,
+                **({} if item.unique_key is None else {"unique_key": item.unique_key}),
             }
             for item, item_id in zip(items, ids, strict=True)
         ]
@@ -296,6 +335,8 @@ class Items:
         Only for a key with no receipt (a replay must still get its original answer);
         whatever this lets through, the admission under its shards' locks decides exactly.
         """
+        if adding == 0:
+            return
         async with self.db.conn() as conn:
             row = await tenants.room(conn, tenant=tenant, key=idem.receipt_key)
         if row is None or row["has_receipt"]:

@@ -144,8 +144,14 @@ work_items = Table(
     # The tenant's admission shard the item was admitted under (0028): its release gives
     # the room back to that shard.
     Column("admission_shard", SmallInteger, nullable=False, server_default=text("0")),
+    # The producer's unique key (0030): while an item of the queue with it is ready or
+    # leased, an enqueue with the same key makes nothing and is answered with that item.
+    Column("unique_key", Text, nullable=True),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
     CheckConstraint("fence >= 0", name="fence_not_negative"),
+    CheckConstraint(
+        "unique_key IS NULL OR unique_key ~ '^[!-~]{1,255}$'", name="unique_key_printable"
+    ),
     CheckConstraint(TRACEPARENT_W3C, name="traceparent_w3c"),
     CheckConstraint(TRACESTATE_BOUNDED, name="tracestate_bounded"),
     CheckConstraint(
@@ -231,6 +237,16 @@ work_items = Table(
         "created_at",
         "item_id",
         postgresql_where=text("state <> 'leased' AND fence >= 0"),
+    ),
+    Index(
+        "ix_work_items_unique",
+        "tenant_id",
+        "queue",
+        "unique_key",
+        unique=True,
+        postgresql_where=text(
+            "unique_key IS NOT NULL AND state IN ('ready'::item_state, 'leased'::item_state)"
+        ),
     ),
 )
 

@@ -73,7 +73,8 @@ async def enqueue(
     cur = await conn.execute(_SQL["enqueue"], params)
     rows = await cur.fetchall()
     order = {item["item_id"]: i for i, item in enumerate(items)}
-    rows.sort(key=lambda row: order[str(row["item_id"])])
+    # The items it made in the order asked; then any holding a unique key it did not admit.
+    rows.sort(key=lambda row: order.get(str(row["item_id"]), len(items)))
     return rows
 
 
@@ -94,6 +95,16 @@ def _admission(
 Written = tuple[int, datetime, datetime]
 
 
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    """What an admission made (`written`, by item id) and, by unique key, the item that
+    holds each key given (`holders`): one it made, or a ready or leased one made before,
+    which the enqueue is answered with instead of a new item."""
+
+    written: dict[str, Written]
+    holders: dict[str, str]
+
+
 async def enqueue_rows(
     conn: Conn,
     *,
@@ -103,19 +114,28 @@ async def enqueue_rows(
     actor: str,
     attempt_cap: int,
     backlog_ceiling: int,
-) -> dict[str, Written]:
+) -> Enqueued:
     """(nothing) -> ready: `enqueue`'s admission (its shards locked until the caller's
     transaction ends), telling what the database decided, by item id: the budget (the
     item's, else the queue's, else the tenant's default, at most `attempt_cap`),
-    `available_at` and `created_at`. Each item needs its `item_id`. Refusals are SQL
-    errors (the caller translates them with `db.admission_refusals`)."""
+    `available_at` and `created_at`; and the item holding each unique key given. Each item
+    needs its `item_id`. Refusals are SQL errors (the caller translates them with
+    `db.admission_refusals`)."""
     params = {
         **_admission(tenant, queue, items, actor, attempt_cap),
         "backlog_ceiling": backlog_ceiling,
     }
     cur = conn.cursor(row_factory=tuple_row)
     await cur.execute(_SQL["enqueue_rows"], params)
-    return {item_id: (budget, at, created) for item_id, budget, at, created in await cur.fetchall()}
+    ours = {item["item_id"] for item in items}
+    written: dict[str, Written] = {}
+    holders: dict[str, str] = {}
+    for item_id, budget, at, created, unique_key in await cur.fetchall():
+        if item_id in ours:
+            written[item_id] = (budget, at, created)
+        if unique_key is not None:
+            holders[unique_key] = item_id
+    return Enqueued(written, holders)
 
 
 async def lock_queue(conn: Conn, *, tenant: str, queue: str) -> None:

@@ -371,8 +371,20 @@ def observe(qs: QueueClient, operator: QueueClient) -> dict[str, Any]:
         transient=True, delay="backoff",
     )  # fmt: skip
     failure = failure_of(back)
+    unique = qs.enqueue("u", "one", unique_key="k")
+    held = qs.enqueue("u", "two", unique_key="k")
+    (taken,) = qs.acquire("u", worker="w2")
+    qs.complete(taken.item_id, worker="w2", fence=taken.fence)
+    freed = qs.enqueue("u", "three", unique_key="k")
     return {
         "same item": again.item_id == low.item_id,
+        "unique": (
+            held.item_id == unique.item_id,
+            held.payload,
+            held.unique_key,
+            freed.item_id != unique.item_id,
+            freed.payload,
+        ),
         "handled": handled,
         "seen": seen,
         "results": [(r.outcome, r.fence, r.detail) for r in results],
@@ -395,6 +407,7 @@ def test_the_in_memory_server_answers_as_a_live_server_does(api: Api) -> None:
     assert in_memory == live
     # And what they both saw is what the API promises, not a shared mistake.
     assert live["same item"] is True
+    assert live["unique"] == (True, "one", "k", True, "three")
     assert [s[:3] for s in live["seen"]] == [
         ("high", 1, 1), ("flaky", 1, 1), ("flaky", 2, 2), ("low", 1, 1), ("poison", 1, 1),
     ]  # fmt: skip

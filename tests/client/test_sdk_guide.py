@@ -82,7 +82,7 @@ def test_every_example_of_the_sdk_guide_runs_as_written(api: Api, db: DB, tmp_pa
         assert proc.returncode == 0, stderr
         assert "Traceback" not in stderr, stderr
 
-    assert run("enqueue.py").strip() == "21 items in the backlog"
+    assert run("enqueue.py").strip() == "22 items in the backlog"  # the second report is held
     api.enqueue("emails", {"to": "bob@example.invalid"}, max_acquisitions=2)
     serve_until(
         "worker.py", "SELECT count(*) AS n FROM work_items WHERE state <> 'ready'"

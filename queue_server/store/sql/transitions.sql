@@ -13,8 +13,9 @@ SELECT * FROM queue_server.admit(%(tenant)s, %(queue)s, %(items)s::jsonb, %(acto
 
 -- name: enqueue_rows
 -- The same admission (queue_server.admit_rows), telling only what the answer cannot know
--- before: each item's budget (a default is the queue's or the tenant's) and instants.
-SELECT item_id::text AS item_id, max_acquisitions, available_at, created_at
+-- before: each item's budget (a default is the queue's or the tenant's) and instants;
+-- after them, the items holding the unique keys it did not admit (migration 0030).
+SELECT item_id::text AS item_id, max_acquisitions, available_at, created_at, unique_key
 FROM queue_server.admit_rows(%(tenant)s, %(queue)s, %(items)s::jsonb, %(actor)s,
                              %(attempt_cap)s, %(backlog_ceiling)s);
 
