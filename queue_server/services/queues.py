@@ -228,21 +228,21 @@ class Queues:
                 actor=principal.actor,
                 reason=reason,
             )
-            info = await tenants.concurrency(
-                conn,
-                tenant=tenant,
-                queue=queue,
-                base_limit=self.base_limit,
-                max_approved=self.max_approved,
-                warn=self.approval_warning,
-            )
-            return Answer.of(200, self._concurrency(tenant, queue, info))
+            return Answer.of(200, await self._concurrency(conn, tenant, queue))
 
         return await self.effects.run(tenant, idem, instance, operation)
 
-    def _concurrency(self, tenant: str, queue: str, info: dict[str, Any]) -> dict[str, Any]:
-        """GET /concurrency's answer: the limit, what sets it, and a warning while the
-        approval behind it expires within the warning window."""
+    async def _concurrency(self, conn: Conn, tenant: str, queue: str) -> dict[str, Any]:
+        """GET /concurrency's answer: the limit, what sets it, the active leases, and a
+        warning while the approval behind the limit expires within the warning window."""
+        info = await tenants.concurrency(
+            conn,
+            tenant=tenant,
+            queue=queue,
+            base_limit=self.base_limit,
+            max_approved=self.max_approved,
+            warn=self.approval_warning,
+        )
         warning = None
         if info["expiring"] and info["approval"]:
             warning = (
@@ -374,15 +374,7 @@ class Queues:
     async def concurrency(self, principal: auth.Principal, tenant: str, queue: str) -> Answer:
         principal.require(tenant, *WORKER_OR_OPERATOR)
         async with self.db.conn() as conn:
-            info = await tenants.concurrency(
-                conn,
-                tenant=tenant,
-                queue=queue,
-                base_limit=self.base_limit,
-                max_approved=self.max_approved,
-                warn=self.approval_warning,
-            )
-        return Answer.of(200, self._concurrency(tenant, queue, info))
+            return Answer.of(200, await self._concurrency(conn, tenant, queue))
 
     async def status(self, principal: auth.Principal, tenant: str) -> Answer:
         """Every queue of the tenant: items by state, oldest ready and lease ages, active

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -25,21 +24,6 @@ def set_concurrency(
         json={"concurrency": concurrency, "reason": reason},
         headers={"Idempotency-Key": key or uuid.uuid4().hex},
     )
-
-
-def approve(api: Api, max_concurrency: int, expires_at: datetime) -> dict[str, Any]:
-    made = api.operator.post(
-        f"{QUEUE}/spend-approvals",
-        json={
-            "max_concurrency": max_concurrency,
-            "expires_at": expires_at.isoformat(),
-            "reason": "launch week",
-        },
-        headers={"Idempotency-Key": uuid.uuid4().hex},
-    )
-    assert made.status_code == 201, made.text
-    approval: dict[str, Any] = made.json()
-    return approval
 
 
 def leased_at_once(api: Api, tries: int = 6) -> int:
@@ -73,7 +57,7 @@ def test_an_operator_sets_the_concurrency_live_below_the_approved_limit(api: Api
     assert "spend approve" in problem["detail"]
     # A worker key may read the limit, never set it.
     assert set_concurrency(api.worker, 1).status_code == 403
-    approve(api, 4, datetime.now(UTC) + timedelta(days=30))
+    api.approve("q", 4, days=30)
     assert (concurrency(api)["limit"], concurrency(api)["approved_limit"]) == (4, 4)
     lowered = set_concurrency(api.operator, 2, reason="the mail provider throttles us")
     assert lowered.status_code == 200, lowered.text
@@ -107,7 +91,7 @@ def test_an_operator_sets_the_concurrency_live_below_the_approved_limit(api: Api
 def test_the_queue_setting_is_held_to_an_approval_that_lapses(api: Api) -> None:
     for n in range(4):
         api.enqueue(payload=n)
-    approval = approve(api, 3, datetime.now(UTC) + timedelta(seconds=3))
+    approval = api.approve("q", 3, days=3 / 86400)
     assert set_concurrency(api.operator, 2).status_code == 200
     info = concurrency(api)
     # Expiring within the server's warning window (a day by default): said before it does.
@@ -145,7 +129,7 @@ def test_the_queue_setting_is_held_to_an_approval_that_lapses(api: Api) -> None:
 def test_an_approval_far_from_its_expiry_is_not_expiring_and_a_revoked_one_is_not_ledgered(
     api: Api,
 ) -> None:
-    far = approve(api, 4, datetime.now(UTC) + timedelta(days=30))
+    far = api.approve("q", 4, days=30)
     info = concurrency(api)
     assert (info["limit"], info["expiring"], info["warning"]) == (4, False, None)
     metrics = api.operator.get("/metrics").text
@@ -156,7 +140,7 @@ def test_an_approval_far_from_its_expiry_is_not_expiring_and_a_revoked_one_is_no
         headers={"Idempotency-Key": uuid.uuid4().hex},
     )
     assert revoked.status_code == 200, revoked.text
-    short = approve(api, 2, datetime.now(UTC) + timedelta(seconds=2))
+    short = api.approve("q", 2, days=2 / 86400)
     api.operator.delete(
         f"{QUEUE}/spend-approvals/{short['approval_id']}",
         headers={"Idempotency-Key": uuid.uuid4().hex},
