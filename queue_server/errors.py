@@ -32,13 +32,13 @@ Every error class of the project, by family (status, code):
     │   ├── ReceiptNotStaleError
     │   └── PolicyVersionConflictError, PolicyPinnedError
     ├── BacklogCapReachedError              429
+    ├── ReceiptConflictError                409 receipt-conflict (a confirmed-mutation receipt)
     ├── ServiceUnavailableError             503 (the database is unreachable)
     ├── TimeoutExceededError                503 (a statement or lock wait timed out)
     ├── ClientDisconnectedError             499 (for the access log only)
     ├── CsrfRefusedError                    403 csrf-refused (queue_server.console.web)
     ├── FormNotUtf8Error                    400 malformed-request (queue_server.console.web)
-    └── queue_server.policy.errors: AdmissionRefused 422, CircuitOpenError 503,
-        PermitUnavailableError 429, OperationStoppedError 409, ReceiptConflictError 409
+    └── queue_server.policy.admission: AdmissionRefused 422
 
 Not answers of the API, each in its own module:
 
@@ -76,14 +76,14 @@ Not answers of the API, each in its own module:
         │   │   InvalidStateError, AmbiguousIdError, LastAdminKeyError, VerificationRunBusyError,
         │   │   RunKeyConflictError, CheckpointConflictError, VerificationRunEndedError,
         │   │   VerificationIncompleteError, ReceiptNotStaleError, ReceiptConflictError,
-        │   │   OperationStoppedError, PolicyVersionConflictError, PolicyPinnedError
+        │   │   PolicyVersionConflictError, PolicyPinnedError
         │   └── LeaseLostError: StaleFenceError, FenceAheadError, NotLeaseHolderError,
         │       LeaseExpiredError, ItemNotLeasedError, LeaseDeadlineExceededError,
         │       ItemCancelledError
         ├── InvalidRequestError 422: IdempotencyKeyReuseError, TargetRefusedError,
         │   ItemNotDeclaredError, AdmissionRefusedError, PolicyEnvelopeError (SQLSTATE QS422)
-        ├── TooManyRequestsError 429: BacklogCapReachedError, PermitUnavailableError
-        └── ServiceUnavailableError 503: TimeoutExceededError, CircuitOpenError
+        ├── TooManyRequestsError 429: BacklogCapReachedError
+        └── ServiceUnavailableError 503: TimeoutExceededError
     DependencyStatusError, TransientError, Quarantine, Requeue   queue_server.client
     CommandError, CommandFailedError, CommandTransientError      queue_server.cli
     SignInRequiredError             queue_server.console.web: redirects to the sign-in page
@@ -399,6 +399,14 @@ class ReceiptNotStaleError(ConflictError):
 
     code = "receipt-not-stale"
     title = "Receipt not stale"
+
+
+class ReceiptConflictError(QueueServerError):
+    """The outcome reference is already claimed under a different idempotency key, or was settled differently."""
+
+    status = 409
+    code = "receipt-conflict"
+    title = "Receipt conflict"
 
 
 class PolicyVersionConflictError(ConflictError):

@@ -34,11 +34,11 @@ from queue_server.policy.model import (
     FailureClass,
     OperationClass,
     QueueReacquisition,
-    ReliabilityPolicy,
     RetryAttempts,
     as_operation_class,
     cell_name,
 )
+from queue_server.policy.values import ReliabilityPolicy
 from queue_server.transport.classify import transport_failure_kind
 
 _TRANSIENT_ERRNOS = frozenset({errno.EAGAIN, errno.EINTR, errno.EBUSY, errno.ETIMEDOUT})

@@ -14,14 +14,10 @@ from typing import Any, Literal
 
 from queue_server import auth, errors, views
 from queue_server.db import Database
+from queue_server.errors import ReceiptConflictError
 from queue_server.idempotency import Answer, Effects, Idempotency
 from queue_server.models import Role
-from queue_server.policy import (
-    OperationClass,
-    ReceiptConflictError,
-    ReliabilityPolicy,
-    admit_operation,
-)
+from queue_server.policy import OperationClass, ReliabilityPolicy, admit_operation
 from queue_server.services import common
 from queue_server.services.common import WORKER_OR_OPERATOR, require_tenant
 from queue_server.store import confirmation_receipts
