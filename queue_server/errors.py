@@ -6,7 +6,8 @@ Every error class of the project, by family (status, code):
     QueueServerError                        500 internal-error
     ├── InvalidRequestError                 422 invalid-request
     │   ├── TargetRefusedError              422 target-refused (a watcher URL)
-    │   └── ItemNotDeclaredError            422 item-not-declared (a verification run)
+    │   ├── ItemNotDeclaredError            422 item-not-declared (a verification run)
+    │   └── AdmissionRefusedError           422 admission-refused (the policy's AdmissionRefused)
     ├── IdempotencyKeyRequiredError         400
     ├── IdempotencyKeyReuseError            422
     ├── PayloadTooLargeError                413
@@ -37,11 +38,12 @@ Every error class of the project, by family (status, code):
     ├── TimeoutExceededError                503 (a statement or lock wait timed out)
     ├── ClientDisconnectedError             499 (for the access log only)
     ├── CsrfRefusedError                    403 csrf-refused (queue_server.console.web)
-    ├── FormNotUtf8Error                    400 malformed-request (queue_server.console.web)
-    └── queue_server.policy.admission: AdmissionRefused 422
+    └── FormNotUtf8Error                    400 malformed-request (queue_server.console.web)
 
 Not answers of the API, each in its own module:
 
+    AdmissionRefused                queue_server.policy.admission: refused before dispatch (a
+                                    service answers it as AdmissionRefusedError)
     PolicyError(ValueError)         queue_server.policy.errors: invalid policy data
     └── PolicyFileError             a policy file that is no document (not UTF-8, JSON...)
     ClassifiedError                 queue_server.policy.retry: a failure with its retry class
@@ -363,6 +365,13 @@ class ItemNotDeclaredError(InvalidRequestError):
 
     code = "item-not-declared"
     title = "Item not declared"
+
+
+class AdmissionRefusedError(InvalidRequestError):
+    """The operation was refused before dispatch: it lacks what its reliability class requires."""
+
+    code = "admission-refused"
+    title = "Admission refused"
 
 
 class VerificationRunBusyError(ConflictError):

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SDK = ROOT / "queue_server" / "client"
+SDK = ROOT / "client" / "queue_server" / "client"
 
 
 def _modules() -> set[str]:

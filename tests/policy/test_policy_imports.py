@@ -21,7 +21,9 @@ import queue_server.policy as policy_package
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "queue_server"
-POLICY = PACKAGE / "policy"
+# The client distribution's tree of the namespace package: the SDK, the policy, the wire shapes.
+CLIENT_TREE = ROOT / "client" / "queue_server"
+POLICY = CLIENT_TREE / "policy"
 NAME = "queue_server.policy"
 
 # The proof that each cell is enforced, and the thin clients of the other operation classes:
@@ -230,10 +232,10 @@ def test_the_installed_package_holds_no_proof_machinery_and_no_demonstrator() ->
     for name in DEMONSTRATORS:
         assert not (POLICY / f"{name}.py").exists(), name
     for name in ("mutations", "turns", "verifier", "dependency"):
-        assert not (PACKAGE / "client" / f"{name}.py").exists(), name
+        assert not (CLIENT_TREE / "client" / f"{name}.py").exists(), name
     planted = [
         str(path.relative_to(ROOT))
-        for path in PACKAGE.rglob("*.py")
+        for path in [*PACKAGE.rglob("*.py"), *CLIENT_TREE.rglob("*.py")]
         if "CancelAfterDispatch" in path.read_text() or "InMemoryReceiptStore" in path.read_text()
     ]
     assert planted == []
