@@ -147,6 +147,8 @@ def installed(python: Path) -> set[str]:
             "import importlib.metadata as m;"
             "print(*sorted(d.metadata['Name'] for d in m.distributions()), sep='\\n')",
         ],
+        # Not from a checkout: an editable install leaves its metadata (*.egg-info) there.
+        cwd=python.parent,
         capture_output=True,
         text=True,
         check=True,
