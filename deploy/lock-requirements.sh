@@ -21,13 +21,14 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # Only what a build reads, so no build/ or egg-info lands in the working tree.
 mkdir "$tmp/src"
-cp -R pyproject.toml README.md queue_server "$tmp/src/"
+cp -R pyproject.toml README.md queue_server client "$tmp/src/"
 "$python" -m venv "$tmp/venv"
 "$tmp/venv/bin/python" -m pip install --quiet --upgrade pip
-"$tmp/venv/bin/python" -m pip install --quiet "$tmp/src"
+# The SDK's distribution beside the server, so its pin comes from this checkout, not an index.
+"$tmp/venv/bin/python" -m pip install --quiet "$tmp/src/client" "$tmp/src"
 {
     sed -n '/^#/!q; p' requirements.lock
-    "$tmp/venv/bin/python" -m pip freeze --exclude queue-server
+    "$tmp/venv/bin/python" -m pip freeze --exclude queue-server --exclude queue-server-client
 } >"$tmp/requirements.lock"
 mv "$tmp/requirements.lock" requirements.lock
 echo "requirements.lock: $(grep -vc '^#' requirements.lock) packages pinned"

@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 from starlette.responses import JSONResponse, Response
 
-from queue_server import __version__, errors
+from queue_server import errors
 from queue_server.api import (
     dead_letters,
     ledgers,
@@ -44,6 +44,7 @@ from queue_server.services import Services
 from queue_server.services.keys import Keys
 from queue_server.settings import Settings
 from queue_server.store import channels, reads
+from queue_server.version import __version__
 
 log = logging.getLogger("queue_server")
 

@@ -6,7 +6,8 @@ Every error class of the project, by family (status, code):
     QueueServerError                        500 internal-error
     ├── InvalidRequestError                 422 invalid-request
     │   ├── TargetRefusedError              422 target-refused (a watcher URL)
-    │   └── ItemNotDeclaredError            422 item-not-declared (a verification run)
+    │   ├── ItemNotDeclaredError            422 item-not-declared (a verification run)
+    │   └── AdmissionRefusedError           422 admission-refused (the policy's AdmissionRefused)
     ├── IdempotencyKeyRequiredError         400
     ├── IdempotencyKeyReuseError            422
     ├── PayloadTooLargeError                413
@@ -32,16 +33,17 @@ Every error class of the project, by family (status, code):
     │   ├── ReceiptNotStaleError
     │   └── PolicyVersionConflictError, PolicyPinnedError
     ├── BacklogCapReachedError              429
+    ├── ReceiptConflictError                409 receipt-conflict (a confirmed-mutation receipt)
     ├── ServiceUnavailableError             503 (the database is unreachable)
     ├── TimeoutExceededError                503 (a statement or lock wait timed out)
     ├── ClientDisconnectedError             499 (for the access log only)
     ├── CsrfRefusedError                    403 csrf-refused (queue_server.console.web)
-    ├── FormNotUtf8Error                    400 malformed-request (queue_server.console.web)
-    └── queue_server.policy.errors: AdmissionRefused 422, CircuitOpenError 503,
-        PermitUnavailableError 429, OperationStoppedError 409, ReceiptConflictError 409
+    └── FormNotUtf8Error                    400 malformed-request (queue_server.console.web)
 
 Not answers of the API, each in its own module:
 
+    AdmissionRefused                queue_server.policy.admission: refused before dispatch (a
+                                    service answers it as AdmissionRefusedError)
     PolicyError(ValueError)         queue_server.policy.errors: invalid policy data
     └── PolicyFileError             a policy file that is no document (not UTF-8, JSON...)
     ClassifiedError                 queue_server.policy.retry: a failure with its retry class
@@ -76,14 +78,14 @@ Not answers of the API, each in its own module:
         │   │   InvalidStateError, AmbiguousIdError, LastAdminKeyError, VerificationRunBusyError,
         │   │   RunKeyConflictError, CheckpointConflictError, VerificationRunEndedError,
         │   │   VerificationIncompleteError, ReceiptNotStaleError, ReceiptConflictError,
-        │   │   OperationStoppedError, PolicyVersionConflictError, PolicyPinnedError
+        │   │   PolicyVersionConflictError, PolicyPinnedError
         │   └── LeaseLostError: StaleFenceError, FenceAheadError, NotLeaseHolderError,
         │       LeaseExpiredError, ItemNotLeasedError, LeaseDeadlineExceededError,
         │       ItemCancelledError
         ├── InvalidRequestError 422: IdempotencyKeyReuseError, TargetRefusedError,
         │   ItemNotDeclaredError, AdmissionRefusedError, PolicyEnvelopeError (SQLSTATE QS422)
-        ├── TooManyRequestsError 429: BacklogCapReachedError, PermitUnavailableError
-        └── ServiceUnavailableError 503: TimeoutExceededError, CircuitOpenError
+        ├── TooManyRequestsError 429: BacklogCapReachedError
+        └── ServiceUnavailableError 503: TimeoutExceededError
     DependencyStatusError, TransientError, Quarantine, Requeue   queue_server.client
     CommandError, CommandFailedError, CommandTransientError      queue_server.cli
     SignInRequiredError             queue_server.console.web: redirects to the sign-in page
@@ -365,6 +367,13 @@ class ItemNotDeclaredError(InvalidRequestError):
     title = "Item not declared"
 
 
+class AdmissionRefusedError(InvalidRequestError):
+    """The operation was refused before dispatch: it lacks what its reliability class requires."""
+
+    code = "admission-refused"
+    title = "Admission refused"
+
+
 class VerificationRunBusyError(ConflictError):
     """Another verification run of this tenant is running; verification concurrency is one."""
 
@@ -399,6 +408,14 @@ class ReceiptNotStaleError(ConflictError):
 
     code = "receipt-not-stale"
     title = "Receipt not stale"
+
+
+class ReceiptConflictError(QueueServerError):
+    """The outcome reference is already claimed under a different idempotency key, or was settled differently."""
+
+    status = 409
+    code = "receipt-conflict"
+    title = "Receipt conflict"
 
 
 class PolicyVersionConflictError(ConflictError):

@@ -14,8 +14,8 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from queue_server.policy.errors import PolicyError
-from queue_server.policy.model import ReliabilityPolicy
 from queue_server.policy.runtime import at_most
+from queue_server.policy.values import ReliabilityPolicy
 
 # As root, PostgreSQL runs as a system user, which cannot reach into root's home.
 ROOT_DATA_DIR = Path("/var/lib/queue-server")

@@ -41,8 +41,9 @@ def _failed(name: str, exc: BaseException, seconds: float) -> ScenarioOutcome:
 
 
 def server_source() -> str:
-    """Which server code the run exercised: the commit, and whether queue_server/ had
-    uncommitted changes (or PYTHONPATH pointed the server at another tree)."""
+    """Which server code the run exercised: the commit, and whether queue_server/ or client/
+    (the SDK's distribution, with the policy and the wire shapes) had uncommitted changes (or
+    PYTHONPATH pointed the server at another tree)."""
     root = Path(__file__).resolve().parents[1]
 
     def git(*args: str) -> str:
@@ -55,10 +56,10 @@ def server_source() -> str:
         return done.stdout.strip()
 
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    dirty = bool(git("status", "--porcelain", "--", "queue_server"))
+    dirty = bool(git("status", "--porcelain", "--", "queue_server", "client"))
     override = os.environ.get("PYTHONPATH", "")
     where = f"PYTHONPATH={override}" if override else "the working tree"
-    state = "with uncommitted changes to queue_server/" if dirty else "clean"
+    state = "with uncommitted changes to queue_server/ or client/" if dirty else "clean"
     return f"server code from {where} at commit {commit} ({state})"
 
 

@@ -45,6 +45,8 @@ __all__ = [
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# This checkout's package, both its trees: the server's and the SDK's (client/).
+SOURCES = os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "client")])
 FAST_API_ENV = {"QUEUE_SERVER_POLL_INTERVAL": "0.2"}
 
 
@@ -352,7 +354,7 @@ def claim_storm(
                             str(out),
                         ],
                         cwd=REPO_ROOT,
-                        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+                        env={**os.environ, "PYTHONPATH": SOURCES},
                         stdin=subprocess.DEVNULL,
                     ),
                     out,
@@ -1031,7 +1033,7 @@ def _flood_processes(
         proc = subprocess.Popen(
             argv,
             cwd=REPO_ROOT,
-            env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+            env={**os.environ, "PYTHONPATH": SOURCES},
             stdin=subprocess.DEVNULL,
         )
         procs.append((proc, out))

@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ("queue_server", "tests", "reliability", "bench")
-GUIDES = ("README.md", "docs", "queue_server", "tests", "reliability", "bench")
+SOURCES = ("queue_server", "client", "tests", "reliability", "bench")
+GUIDES = ("README.md", "docs", "queue_server", "client", "tests", "reliability", "bench")
 THIS = Path(__file__).resolve()
 
 # A repository path of a document: `docs/transport.md`, `tests/policy_proof/README.md`.
 DOC_PATH = re.compile(
-    r"(?<![\w/.-])((?:docs|tests|queue_server|reliability|bench|deploy)/[\w./-]*\w\.md)\b"
+    r"(?<![\w/.-])((?:docs|tests|queue_server|client|reliability|bench|deploy)/[\w./-]*\w\.md)\b"
 )
 # A markdown link to a document beside the guide: `[x](decisions/operation-class-policy.md)`.
 MD_LINK = re.compile(r"\]\(([^)#\s:]+\.md)(?:#[^)]*)?\)")

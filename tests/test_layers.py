@@ -11,12 +11,13 @@ Layers, top to bottom (a module imports from its own layer or a lower one):
     store                      every statement
 
 Beside them, importable from any layer and importing none: the shared values and
-utilities (errors, models, settings, views, wire, tracecontext, auth, store.types, the schema in
-store.tables, the reliability policy, the transport broker, the migrations, and
-infra's metrics, key cache, embedded PostgreSQL, migrate and HTTP protocol). The
-client SDK imports only itself, the policy, the transport, the wire shapes, the W3C trace
-context reader and the package
-version.
+utilities (errors, models, settings, views, tracecontext, auth, version, store.types, the
+schema in store.tables, the transport broker, the migrations, and infra's metrics, key cache,
+embedded PostgreSQL, migrate and HTTP protocol).
+
+The client distribution (client/: the SDK, the reliability policy and the wire shapes) is
+below them all: any layer may import the policy and the wire shapes, and the client imports
+nothing of the server's. Only the composition layer uses the SDK itself.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "queue_server"
+# The namespace package's other tree: the client distribution's.
+CLIENT_TREE = ROOT / "client" / "queue_server"
 
 LAYERS: list[set[str]] = [
     {"queue_server.app", "queue_server.infra.serve", "queue_server.cli"},
@@ -44,12 +47,11 @@ SHARED = {
     "queue_server.models",
     "queue_server.settings",
     "queue_server.views",
-    "queue_server.wire",
+    "queue_server.version",
     "queue_server.tracecontext",
     "queue_server.auth",
     "queue_server.store.types",
     "queue_server.store.tables",
-    "queue_server.policy",
     "queue_server.transport",
     "queue_server.infra",
     "queue_server.migrations",
@@ -57,14 +59,8 @@ SHARED = {
 # Same layer, no imports between them.
 INDEPENDENT = [("queue_server.api", "queue_server.background")]
 CLIENT = "queue_server.client"
-CLIENT_MAY_IMPORT = {
-    "queue_server",
-    CLIENT,
-    "queue_server.policy",
-    "queue_server.transport",
-    "queue_server.wire",
-    "queue_server.tracecontext",
-}
+# The client distribution's units: each imports only these.
+CLIENT_DISTRIBUTION = {CLIENT, "queue_server.policy", "queue_server.wire"}
 
 
 def _within(module: str, prefix: str) -> bool:
@@ -79,7 +75,7 @@ def _longest(module: str, prefixes: set[str]) -> str | None:
 def place(module: str) -> tuple[str, int | None]:
     """(the unit a module belongs to, its layer index or None for shared modules)."""
     layered = {p: i for i, layer in enumerate(LAYERS) for p in layer}
-    unit = _longest(module, set(layered) | SHARED | {CLIENT}) or module
+    unit = _longest(module, set(layered) | SHARED | CLIENT_DISTRIBUTION) or module
     if unit == "queue_server" and module != "queue_server":
         raise ValueError(f"{module} belongs to no layer: add it to tests/test_layers.py")
     return unit, layered.get(unit)
@@ -111,10 +107,12 @@ def violations(module: str, source: str) -> list[str]:
         except ValueError:
             continue  # `from queue_server.x import name`: the module itself is checked
         where = f"{module}:{line} imports {target}"
-        if unit == CLIENT:
-            if target_unit not in CLIENT_MAY_IMPORT:
-                found.append(f"{where}: the client imports only itself, policy and transport")
+        if unit in CLIENT_DISTRIBUTION:
+            if target_unit not in CLIENT_DISTRIBUTION:
+                found.append(f"{where}: the client distribution imports nothing of the server's")
             continue
+        if target_unit in CLIENT_DISTRIBUTION - {CLIENT}:
+            continue  # the policy and the wire shapes are below every layer
         if target_unit == CLIENT:
             if unit not in LAYERS[0]:
                 found.append(f"{where}: only the composition layer uses the client")
@@ -132,14 +130,16 @@ def violations(module: str, source: str) -> list[str]:
 
 
 def _module_name(path: Path) -> str:
-    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+    base = CLIENT_TREE.parent if path.is_relative_to(CLIENT_TREE) else ROOT
+    return ".".join(path.relative_to(base).with_suffix("").parts).removesuffix(".__init__")
 
 
 def _modules() -> list[Path]:
     return [
         p
-        for p in sorted(PACKAGE.rglob("*.py"))
-        if "migrations/versions" not in p.relative_to(PACKAGE).as_posix()
+        for tree in (PACKAGE, CLIENT_TREE)
+        for p in sorted(tree.rglob("*.py"))
+        if "migrations/versions" not in p.relative_to(tree).as_posix()
     ]
 
 
@@ -166,6 +166,9 @@ def test_every_module_has_a_place() -> None:
         ("queue_server.views", "from queue_server.store import reads"),
         ("queue_server.errors", "from queue_server.services import common"),
         ("queue_server.client.worker", "from queue_server.errors import QueueServerError"),
+        ("queue_server.client.core", "from queue_server.version import __version__"),
+        ("queue_server.policy.retry", "from queue_server.transport.errors import TransportError"),
+        ("queue_server.wire", "from queue_server import views"),
         ("queue_server.services.items", "from queue_server.client import QueueClient"),
         ("queue_server.store.tenants", "from ..services import keys"),
     ],
@@ -186,7 +189,7 @@ def test_the_actual_imports_of_a_service_pass() -> None:
 def test_no_module_exports_a_private_name() -> None:
     """`__all__` is what a module offers; a name with a leading underscore is its own."""
     exported = []
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in sorted(p for tree in (PACKAGE, CLIENT_TREE) for p in tree.rglob("*.py")):
         for node in ast.parse(path.read_text()).body:
             if not (
                 isinstance(node, ast.Assign)

@@ -1,8 +1,10 @@
 """What gets installed: one top-level package, and in the image the pinned dependencies.
 
-The install check builds the project from a copy of the repository (as a clean checkout would
-be built), installs it without dependencies into an empty directory, and runs the installed
-copy. There is no Docker engine here: the Dockerfile, requirements.lock and docker-compose.yml
+`queue_server` is a namespace package of two distributions: the server (pyproject.toml) and
+the SDK (client/pyproject.toml, `queue-server-client`, which the server depends on). The
+install check builds both from a copy of the repository (as a clean checkout would be built),
+installs them without dependencies into an empty directory, and runs the installed copy
+(tests/test_client_packaging.py installs the SDK alone). There is no Docker engine here: the Dockerfile, requirements.lock and docker-compose.yml
 are checked as files, against the project's metadata and its real command line.
 """
 
@@ -38,8 +40,10 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     source, target = work / "source", work / "target"
     shutil.copytree(ROOT, source, ignore=NOT_SOURCES)
     offline = ["--quiet", "--no-deps", "--no-index", "--no-build-isolation"]
+    # One pip run for both, so that --target merges their shares of the namespace package.
+    projects = [str(source / "client"), str(source)]
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "install", *offline, "--target", str(target), str(source)],
+        [sys.executable, "-m", "pip", "install", *offline, "--target", str(target), *projects],
         capture_output=True,
         text=True,
         timeout=300,
@@ -63,12 +67,30 @@ def _run_installed(target: Path, *args: str) -> str:
 
 
 def test_install_yields_exactly_one_top_level_package(installed: Path) -> None:
-    # `bin/` holds the console script; everything importable is queue_server.
+    # `bin/` holds the console script; everything importable is queue_server, a namespace
+    # package (no __init__.py) that both distributions share.
     top = sorted(p.name for p in installed.iterdir() if p.name != "bin")
-    assert top == ["queue_server", "queue_server-0.1.0.dist-info"]
-    (dist_info,) = installed.glob("*.dist-info")
-    assert (dist_info / "top_level.txt").read_text().split() == ["queue_server"]
+    assert top == [
+        "queue_server",
+        "queue_server-0.1.0.dist-info",
+        "queue_server_client-0.1.0.dist-info",
+    ]
+    for dist_info in installed.glob("*.dist-info"):
+        assert (dist_info / "top_level.txt").read_text().split() == ["queue_server"]
+    assert not (installed / "queue_server" / "__init__.py").exists()
     assert sorted(p.name for p in (installed / "bin").iterdir()) == ["queue-server"]
+    records = {
+        d.name: {line.split(",")[0] for line in (d / "RECORD").read_text().splitlines()}
+        for d in installed.glob("*.dist-info")
+    }
+    client = records["queue_server_client-0.1.0.dist-info"]
+    server = records["queue_server-0.1.0.dist-info"]
+    assert "queue_server/client/worker.py" in client
+    assert "queue_server/policy/retry.py" in client
+    assert "queue_server/wire.py" in client
+    assert "queue_server/app.py" in server
+    # No file is both distributions': uninstalling one leaves the other whole.
+    assert {f for f in client & server if f.startswith("queue_server/")} == set()
 
 
 def test_installed_package_holds_the_cli_and_every_migration(installed: Path) -> None:
@@ -83,10 +105,10 @@ def test_installed_package_holds_the_cli_and_every_migration(installed: Path) ->
     assert (package / "console/static/console.css").is_file()
 
     probe = (
-        "import queue_server, queue_server.cli.main, queue_server.migrations as m;"
+        "import queue_server.client, queue_server.cli.main, queue_server.migrations as m;"
         "from pathlib import Path;"
         "from alembic.script import ScriptDirectory;"
-        "print(queue_server.__file__);"
+        "print(queue_server.client.__file__);"
         "print(*sorted(ScriptDirectory(str(Path(m.__file__).parent)).get_heads()))"
     )
     where, heads = _run_installed(installed, sys.executable, "-c", probe).splitlines()
@@ -114,8 +136,12 @@ def _pins() -> dict[str, str]:
 
 
 def _runtime_requirements() -> list[Requirement]:
+    """The server's runtime dependencies, the SDK's distribution (this repository's, never
+    pinned: the image installs it from its copy) replaced by its own."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return [Requirement(text) for text in project["dependencies"]]
+    client = tomllib.loads((ROOT / "client/pyproject.toml").read_text())["project"]
+    texts = [t for t in project["dependencies"] if Requirement(t).name != client["name"]]
+    return [Requirement(text) for text in [*texts, *client["dependencies"]]]
 
 
 def _closure(roots: list[Requirement]) -> set[str]:
@@ -190,7 +216,7 @@ def test_image_installs_the_locked_dependencies_before_copying_the_source() -> N
     steps = _dockerfile()
     copied = [arg.split()[:-1] for word, arg in steps if word == "COPY"]
     assert sorted(s for sources in copied for s in sources) == sorted(
-        ["requirements.lock", "pyproject.toml", "README.md", "queue_server"]
+        ["requirements.lock", "pyproject.toml", "README.md", "queue_server", "client"]
     )
     runs = [(i, arg) for i, (word, arg) in enumerate(steps) if word == "RUN"]
     (lock_step,) = [i for i, arg in runs if "--requirement requirements.lock" in arg]
@@ -200,7 +226,7 @@ def test_image_installs_the_locked_dependencies_before_copying_the_source() -> N
     assert steps[lock_step - 1] == ("COPY", "requirements.lock ./")
     assert lock_step < source_step
     (project_step,) = [arg for i, arg in runs if i > source_step and "pip install" in arg]
-    assert "--no-deps ." in project_step
+    assert "--no-deps ./client ." in project_step
     assert all("embedded" not in arg for _, arg in runs)
 
 

@@ -31,7 +31,8 @@ from typing import Any
 
 import pytest
 
-from queue_server.policy.model import ClassPolicy, OperationClass, ReliabilityPolicy
+from queue_server.policy.model import ClassPolicy, OperationClass
+from queue_server.policy.values import ReliabilityPolicy
 
 Apply = Callable[[pytest.MonkeyPatch], None]
 
@@ -572,7 +573,7 @@ def _lift_verification_backoff(mp: pytest.MonkeyPatch) -> None:
 def _runner_ignores_stop(mp: pytest.MonkeyPatch) -> None:
     import threading
 
-    from queue_server.client.verifier import VerifierRunner
+    from tests.demonstrators.verifier import VerifierRunner
 
     class Unheeded(threading.Event):
         def is_set(self) -> bool:
@@ -617,7 +618,7 @@ def _cancel_after_dispatch(mp: pytest.MonkeyPatch, target: type[Any]) -> None:
     "the REST-backed bridge cancels a dispatched mutation (docs/decisions/operation-class-policy.md, Decision 8)",
 )
 def _cancel_in_rest_bridge(mp: pytest.MonkeyPatch) -> None:
-    from queue_server.client import mutations
+    from tests.demonstrators import mutations
     from tests.policy_proof.mutation import CancelAfterDispatchMutationPath
 
     mp.setattr(mutations, "ConfirmedMutationPath", CancelAfterDispatchMutationPath)
@@ -628,7 +629,7 @@ def _cancel_in_rest_bridge(mp: pytest.MonkeyPatch) -> None:
     "the in-process mutation path cancels a dispatched mutation (docs/decisions/operation-class-policy.md, Decision 8)",
 )
 def _cancel_in_process(mp: pytest.MonkeyPatch) -> None:
-    from queue_server.policy.mutation import ConfirmedMutationPath
+    from tests.demonstrators.mutation import ConfirmedMutationPath
 
     _cancel_after_dispatch(mp, ConfirmedMutationPath)
 
@@ -664,7 +665,7 @@ def _lift_mutation_attempt_timeout(mp: pytest.MonkeyPatch) -> None:
 
 @weakening("retry-a-failed-mutation", "the mutation path dispatches a failed effect once more")
 def _retry_a_failed_mutation(mp: pytest.MonkeyPatch) -> None:
-    from queue_server.policy.mutation import ConfirmedMutationPath
+    from tests.demonstrators.mutation import ConfirmedMutationPath
 
     original = ConfirmedMutationPath._run_effect
 
@@ -687,7 +688,7 @@ def _retry_a_failed_mutation(mp: pytest.MonkeyPatch) -> None:
     "a same-identity replay is answered only after the permits and the circuit admit it",
 )
 def _replay_behind_the_gates(mp: pytest.MonkeyPatch) -> None:
-    from queue_server.policy.mutation import ConfirmedMutationPath
+    from tests.demonstrators.mutation import ConfirmedMutationPath
 
     async def not_before_the_gates(*_: Any) -> None:
         return None
@@ -702,7 +703,7 @@ def _replay_behind_the_gates(mp: pytest.MonkeyPatch) -> None:
 def _queue_the_ninth_mutation(mp: pytest.MonkeyPatch) -> None:
     import asyncio
 
-    from queue_server.policy.mutation import ConfirmedMutationPath
+    from tests.demonstrators.mutation import ConfirmedMutationPath
 
     original = ConfirmedMutationPath.__call__
 
@@ -761,7 +762,7 @@ def _let_reads_have_effects(mp: pytest.MonkeyPatch) -> None:
 def _reads_run_on_after_cancel(mp: pytest.MonkeyPatch) -> None:
     import asyncio
 
-    from queue_server.client.dependency import ReadOnlyDependencyClient
+    from tests.demonstrators.dependency import ReadOnlyDependencyClient
 
     original = ReadOnlyDependencyClient.get
 
@@ -804,7 +805,7 @@ def _turn_without_an_id(mp: pytest.MonkeyPatch) -> None:
 
 @weakening("turn-write-after-disconnect", "a turn's write is dispatched after its caller left")
 def _turn_write_after_disconnect(mp: pytest.MonkeyPatch) -> None:
-    from queue_server.policy.cancellation import DisconnectAuthority
+    from tests.demonstrators.cancellation import DisconnectAuthority
 
     def dispatch(self: DisconnectAuthority) -> None:
         with self._lock:

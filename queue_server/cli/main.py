@@ -13,7 +13,6 @@ from typing import Annotated
 
 import typer
 
-from queue_server import __version__
 from queue_server.cli import (
     backup,
     dead_letters,
@@ -32,6 +31,7 @@ from queue_server.cli import (
 )
 from queue_server.cli import db as db_commands
 from queue_server.cli.common import CLI, EXIT_FAILURES, EXIT_USAGE, PolicyFile, process_policy
+from queue_server.version import __version__
 
 app = CLI(
     name="queue-server",

@@ -186,7 +186,7 @@ def verify(
 
 def _verify_server(url: str, key: str | None, data_dir: Path | None, as_json: bool) -> None:
     from queue_server.cli.common import EXIT_REFUSED, admin_key
-    from queue_server.client.probes import probe_server
+    from queue_server.cli.probes import probe_server
 
     found = admin_key(key, data_dir)
     if not found:

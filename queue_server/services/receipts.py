@@ -14,14 +14,10 @@ from typing import Any, Literal
 
 from queue_server import auth, errors, views
 from queue_server.db import Database
+from queue_server.errors import ReceiptConflictError
 from queue_server.idempotency import Answer, Effects, Idempotency
 from queue_server.models import Role
-from queue_server.policy import (
-    OperationClass,
-    ReceiptConflictError,
-    ReliabilityPolicy,
-    admit_operation,
-)
+from queue_server.policy import AdmissionRefused, OperationClass, ReliabilityPolicy, admit_operation
 from queue_server.services import common
 from queue_server.services.common import WORKER_OR_OPERATOR, require_tenant
 from queue_server.store import confirmation_receipts
@@ -60,11 +56,14 @@ class ConfirmationReceipts:
         """
         principal.require(tenant, *WORKER_OR_OPERATOR)
         # The server fails closed on the same rule as every client: no identity, no grant.
-        admit_operation(
-            OperationClass.CONFIRMED_MUTATION,
-            idempotency_key=idempotency_key,
-            outcome_ref=outcome_ref,
-        )
+        try:
+            admit_operation(
+                OperationClass.CONFIRMED_MUTATION,
+                idempotency_key=idempotency_key,
+                outcome_ref=outcome_ref,
+            )
+        except AdmissionRefused as refused:
+            raise errors.AdmissionRefusedError(refused.detail, **refused.extensions) from None
         async with self.db.tx() as conn:
             await require_tenant(conn, tenant)
             row = await confirmation_receipts.claim(

@@ -25,7 +25,13 @@ from queue_server import auth, errors, views
 from queue_server.db import Database
 from queue_server.idempotency import Answer, Effects, Idempotency
 from queue_server.models import Role, is_uuid, uuid7
-from queue_server.policy import OperationClass, ReliabilityPolicy, admit_operation, run_key
+from queue_server.policy import (
+    AdmissionRefused,
+    OperationClass,
+    ReliabilityPolicy,
+    admit_operation,
+    run_key,
+)
 from queue_server.services.common import WORKER_OR_OPERATOR, require_tenant
 from queue_server.store import verification_runs
 from queue_server.store.types import Conn, Row
@@ -66,7 +72,12 @@ class VerificationRuns:
         """(none) -> running, 201; the same run key again: that run, 200; another running: 409."""
         principal.require(tenant, *WORKER_OR_OPERATOR)
         key = run_key(artifact_version, verifier_version)
-        admit_operation(OperationClass.ARTIFACT_VERIFICATION, idempotency_key=key, outcome_ref=key)
+        try:
+            admit_operation(
+                OperationClass.ARTIFACT_VERIFICATION, idempotency_key=key, outcome_ref=key
+            )
+        except AdmissionRefused as refused:
+            raise errors.AdmissionRefusedError(refused.detail, **refused.extensions) from None
         declared = list(dict.fromkeys(items))
         async with self.db.tx() as conn:
             await require_tenant(conn, tenant)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
     from queue_server.transport.receipts import BrokerSnapshot, DispatchReceipt
@@ -55,6 +55,9 @@ class BudgetExhaustedError(TransportError):
 class RequestTimeoutError(TransportError):
     """The request did not complete within its own timeout."""
 
+    # What the policy's failure classification reads (queue_server.policy.retry).
+    transport_failure: ClassVar[str] = "timeout"
+
 
 class WallDeadlineExceededError(TransportError):
     """The run's outer wall deadline passed before the dispatch completed."""
@@ -62,6 +65,8 @@ class WallDeadlineExceededError(TransportError):
 
 class TransportFailureError(TransportError):
     """The dispatch failed on the wire (refused, reset, protocol error)."""
+
+    transport_failure: ClassVar[str] = "transport"
 
 
 class RunFailedError(TransportError):

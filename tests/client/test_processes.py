@@ -83,7 +83,7 @@ def test_a_sigterm_to_the_parent_stops_every_worker_process_gracefully(api: Api,
     proc = subprocess.Popen(
         [sys.executable, "-c", SCRIPT, api.url, api.keys["worker"]],
         cwd=root,
-        env={**os.environ, "PYTHONPATH": str(root)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(root / "client")])},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

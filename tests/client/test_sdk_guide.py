@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import signal
 import subprocess
@@ -148,13 +149,17 @@ def test_every_example_of_the_sdk_guide_runs_as_written(api: Api, db: DB, tmp_pa
     ]
 
 
+# This checkout's SDK: both trees of the namespace package (the SDK's is client/).
+SDK_SOURCES = os.pathsep.join([str(GUIDE.parents[1]), str(GUIDE.parents[1] / "client")])
+
+
 def test_the_guide_s_handler_tests_pass_on_the_in_memory_server(tmp_path: Path) -> None:
     """The guide's test module, run by pytest as a user runs it: no server, this checkout's
     SDK, each of its tests passing."""
     (tmp_path / "test_handlers.py").write_text(examples()["test_handlers.py"])
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_handlers.py"],
-        cwd=tmp_path, env={"PYTHONPATH": str(GUIDE.parents[1]), "PATH": ""},
+        cwd=tmp_path, env={"PYTHONPATH": SDK_SOURCES, "PATH": ""},
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr

@@ -124,7 +124,7 @@ def test_failures_are_triaged_back_to_the_queue_or_into_quarantine(api: Api, fac
         assert broke["class"] == "ValueError"
         assert broke["traceback"].startswith("Traceback (most recent call last):")
         # From the handler's side on: none of the worker's frames that called it.
-        assert "queue_server/client/" not in broke["traceback"], broke["traceback"]
+        assert "client/queue_server/client/" not in broke["traceback"], broke["traceback"]
         assert ', in handler\n    raise ValueError("bad input")' in broke["traceback"]
         assert broke["traceback"].rstrip().endswith("ValueError: bad input")
         (triaged,) = [e for e in qs.ledger(broken.item_id) if e.kind == "triaged"]

@@ -10,16 +10,10 @@ import psycopg
 import pytest
 
 from queue_server.client import QueueClient
-from queue_server.client.mutations import ConfirmedMutationBridge
-from queue_server.policy import (
-    AdmissionRefused,
-    CircuitOpenError,
-    MutationStatus,
-    PermitUnavailableError,
-    ReceiptStatus,
-    load_policy,
-)
-from queue_server.policy.mutation import Outcome
+from queue_server.policy import AdmissionRefused, load_policy
+from tests.demonstrators.errors import CircuitOpenError, PermitUnavailableError
+from tests.demonstrators.mutation import MutationStatus, Outcome, ReceiptStatus
+from tests.demonstrators.mutations import ConfirmedMutationBridge
 from tests.helpers.api import Api, policy_document
 
 pytestmark = pytest.mark.live  # the SDK opens its own connections

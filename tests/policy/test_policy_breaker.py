@@ -7,15 +7,10 @@ import threading
 
 import pytest
 
-from queue_server.policy import (
-    CircuitBreaker,
-    CircuitOpenError,
-    CircuitState,
-    OperationClass,
-    PolicyError,
-    default_policy,
-)
+from queue_server.policy import OperationClass, PolicyError, default_policy
 from queue_server.policy.model import CircuitBreakerPolicy
+from tests.demonstrators.breaker import CircuitBreaker, CircuitState
+from tests.demonstrators.errors import CircuitOpenError
 
 
 class Clock:

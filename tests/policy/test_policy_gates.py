@@ -6,15 +6,10 @@ import threading
 
 import pytest
 
-from queue_server.policy import (
-    DisconnectAuthority,
-    OperationClass,
-    OperationStoppedError,
-    PermitGate,
-    PermitUnavailableError,
-    default_policy,
-    run_key,
-)
+from queue_server.policy import OperationClass, default_policy, run_key
+from tests.demonstrators.cancellation import DisconnectAuthority
+from tests.demonstrators.errors import OperationStoppedError, PermitUnavailableError
+from tests.demonstrators.permits import PermitGate
 
 
 def test_permit_gate_rejects_ninth_concurrent_mutation() -> None:

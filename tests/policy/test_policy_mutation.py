@@ -8,21 +8,18 @@ from typing import TypeVar
 
 import pytest
 
-from queue_server.policy import (
-    AdmissionRefused,
-    CircuitBreaker,
-    CircuitOpenError,
-    CircuitState,
+from queue_server.errors import ReceiptConflictError
+from queue_server.policy import AdmissionRefused, RefusalReason
+from tests.demonstrators.breaker import CircuitBreaker, CircuitState
+from tests.demonstrators.errors import CircuitOpenError, PermitUnavailableError
+from tests.demonstrators.mutation import (
     ConfirmedMutationPath,
     MutationReport,
     MutationStatus,
-    PermitGate,
-    PermitUnavailableError,
-    ReceiptConflictError,
+    Outcome,
     ReceiptStatus,
-    RefusalReason,
 )
-from queue_server.policy.mutation import Outcome
+from tests.demonstrators.permits import PermitGate
 from tests.policy_proof.mutation import InMemoryReceiptStore
 
 T = TypeVar("T")

@@ -200,3 +200,17 @@ def test_classify_failure_maps_known_transient_failures() -> None:
     assert classify_failure(OSError(errno.EBUSY, "busy")) is FailureClass.TRANSIENT_IO
     assert classify_failure(ValueError()) is None
     assert classify_failure(unavailable()) is FailureClass.DEPENDENCY_UNAVAILABLE
+
+
+def test_classify_failure_maps_the_transport_brokers_failures_without_importing_it() -> None:
+    """The policy ships with the SDK and imports nothing of the server; the broker's errors say
+    which kind of transport failure they are, and are classified by that."""
+    from queue_server.transport.errors import (
+        PolicyRefusedError,
+        RequestTimeoutError,
+        TransportFailureError,
+    )
+
+    assert classify_failure(RequestTimeoutError()) is FailureClass.ATTEMPT_TIMEOUT
+    assert classify_failure(TransportFailureError()) is FailureClass.TRANSPORT_ERROR
+    assert classify_failure(PolicyRefusedError()) is None

@@ -7,8 +7,9 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from queue_server.policy import ConfirmedMutationPath, Dimension, OperationClass, load_policy
+from queue_server.policy import Dimension, OperationClass, load_policy
 from tests.contract import BEGIN, DOCS, END
+from tests.demonstrators.mutation import ConfirmedMutationPath
 from tests.policy_proof.bindings import BINDINGS, DECLARED, NEGATIVE_CONTROLS
 from tests.policy_proof.mutation import CancelAfterDispatchMutationPath
 from tests.policy_proof.verifier import render_table, verify_cancellation_rule, verify_contract

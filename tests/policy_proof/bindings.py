@@ -63,12 +63,12 @@ HOLDER = "queue_server.store.transitions.complete"
 ENQUEUE = "queue_server.services.items.Items.enqueue"
 RUNS = "queue_server.services.runs.VerificationRuns"
 RUN_START = "queue_server.store.verification_runs.start"
-RUNNER = "queue_server.client.verifier.VerifierRunner"
+RUNNER = "tests.demonstrators.verifier.VerifierRunner"
 RECEIPTS = "queue_server.services.receipts.ConfirmationReceipts.list_pending"
-BRIDGE = "queue_server.client.mutations.ConfirmedMutationBridge"
-IN_PROCESS = "queue_server.policy.mutation.ConfirmedMutationPath"
-READS = "queue_server.client.dependency.ReadOnlyDependencyClient"
-TURNS = "queue_server.client.turns.TurnGate"
+BRIDGE = "tests.demonstrators.mutations.ConfirmedMutationBridge"
+IN_PROCESS = "tests.demonstrators.mutation.ConfirmedMutationPath"
+READS = "tests.demonstrators.dependency.ReadOnlyDependencyClient"
+TURNS = "tests.demonstrators.turns.TurnGate"
 DELIVERER = "queue_server.background.deliverer.Deliverer"
 
 # The tests.
@@ -290,7 +290,7 @@ BINDINGS: tuple[Binding, ...] = (
     Binding(
         CM,
         D.BACKPRESSURE,
-        "queue_server.policy.permits.PermitGate.acquire",
+        "tests.demonstrators.permits.PermitGate.acquire",
         _BRIDGE_T
         + "test_bridge_refuses_the_ninth_mutation_at_once_and_never_runs_it_when_a_permit_frees",
         "queue-the-ninth-mutation",
@@ -389,7 +389,7 @@ BINDINGS: tuple[Binding, ...] = (
     Binding(
         IT,
         D.CANCELLATION,
-        "queue_server.policy.cancellation.DisconnectAuthority",
+        "tests.demonstrators.cancellation.DisconnectAuthority",
         _TURNS_T + "test_turn_gate_commits_no_write_after_disconnect",
         "turn-write-after-disconnect",
     ),

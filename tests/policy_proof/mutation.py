@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from queue_server.policy.errors import ReceiptConflictError
-from queue_server.policy.mutation import (
+from queue_server.errors import ReceiptConflictError
+from tests.demonstrators.mutation import (
     ConfirmedMutationPath,
     MutationReport,
     MutationStatus,

@@ -26,11 +26,11 @@ from queue_server.policy.model import (
     Dimension,
     NotApplicable,
     OperationClass,
-    ReliabilityPolicy,
     cell_name,
     describe_cell,
 )
-from queue_server.policy.mutation import (
+from queue_server.policy.values import ReliabilityPolicy
+from tests.demonstrators.mutation import (
     ConfirmedMutationPath,
     MutationStatus,
     Outcome,

@@ -9,17 +9,15 @@ import psycopg
 import pytest
 
 from queue_server.client import QueueClient
-from queue_server.client.turns import Turn, TurnGate
 from queue_server.client.worker import Job, Outcome, Result, Worker
-from queue_server.policy import (
-    AdmissionRefused,
+from queue_server.policy import AdmissionRefused, OperationClass, RefusalReason
+from queue_server.policy.v2 import OPERATION_RELIABILITY_V2
+from tests.demonstrators.errors import (
     CircuitOpenError,
-    OperationClass,
     OperationStoppedError,
     PermitUnavailableError,
-    RefusalReason,
 )
-from queue_server.policy.v2 import OPERATION_RELIABILITY_V2
+from tests.demonstrators.turns import Turn, TurnGate
 from tests.helpers.api import Api
 
 pytestmark = pytest.mark.live  # the SDK opens its own connections

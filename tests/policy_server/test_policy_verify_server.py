@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from queue_server.client.probes import probe_server
+from queue_server.cli.probes import probe_server
 from queue_server.services import queues
 from queue_server.services.envelope import LeaseEnvelope
 from queue_server.settings import Settings

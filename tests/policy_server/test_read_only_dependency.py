@@ -11,18 +11,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from queue_server.client.dependency import ReadOnlyDependencyClient
-from queue_server.policy import (
-    AdmissionRefused,
-    CircuitOpenError,
-    CircuitState,
-    PermitGate,
-    PermitUnavailableError,
-    admit_operation,
-    load_policy,
-)
+from queue_server.policy import AdmissionRefused, admit_operation, load_policy
 from queue_server.policy.v2 import OPERATION_RELIABILITY_V2
 from queue_server.transport import Outcome, WallDeadlineExceededError
+from tests.demonstrators.breaker import CircuitState
+from tests.demonstrators.dependency import ReadOnlyDependencyClient
+from tests.demonstrators.errors import CircuitOpenError, PermitUnavailableError
+from tests.demonstrators.permits import PermitGate
 
 
 class Dependency(ThreadingHTTPServer):

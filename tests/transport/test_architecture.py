@@ -1,5 +1,5 @@
 """Who may open a connection: the transport broker, for the outside world; the SDK's one
-transport (`queue_server/client/connection.py`), for the queue server itself; and the
+transport (`client/queue_server/client/connection.py`), for the queue server itself; and the
 modules named in ALLOWED below, each for exactly what it is named with and why.
 
 The check reads every module of the installed package (`queue_server/`) and finds:
@@ -34,6 +34,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "queue_server"
+# The namespace package's two trees: the server's, and the SDK's distribution (client/).
+TREES = (PACKAGE, f"client/{PACKAGE}")
+SDK = f"client/{PACKAGE}/client"
 
 # Importing any of these (or a submodule) acquires a network client or server.
 NETWORK_MODULES = (
@@ -221,18 +224,18 @@ ALLOWED: dict[str, Allowance] = {
         "socket.getaddrinfo",
         "getaddrinfo",
     ),
-    "queue_server/transport/classify.py": _allow(
+    "client/queue_server/policy/retry.py": _allow(
         "names httpx's exception types to classify failures; opens nothing",
         "import httpx",
     ),
     # The SDK's in-memory double answers its clients' requests in the process.
-    "queue_server/client/testing.py": _allow(
+    "client/queue_server/client/testing.py": _allow(
         "the SDK's test double: httpx's request and response types, answered in process"
         " (its clients come from client/connection.py's in_process, with no socket)",
         "import httpx",
     ),
     # The SDK's one transport to the queue server itself.
-    "queue_server/client/connection.py": _allow(
+    "client/queue_server/client/connection.py": _allow(
         "the SDK's one transport: connection pools to the queue server's own base URL"
         " (httpx's, and the lean keep-alive connections of a worker's hot calls)",
         "import httpx",
@@ -399,9 +402,9 @@ def network_uses(source: str) -> list[Finding]:
 
 
 def offenders(root: Path) -> dict[str, list[str]]:
-    """Each module under `root/queue_server` with a network use outside its allowance."""
+    """Each module of the package's trees under `root` with a network use outside its allowance."""
     found: dict[str, list[str]] = {}
-    for path in sorted((root / PACKAGE).rglob("*.py")):
+    for path in sorted(p for tree in TREES for p in (root / tree).rglob("*.py")):
         rel = path.relative_to(root).as_posix()
         allowed = ALLOWED.get(rel, Allowance(frozenset(), "")).uses
         bad = [
@@ -429,10 +432,9 @@ def test_the_sdk_has_one_transport() -> None:
     sdk = [
         rel
         for rel in ALLOWED
-        if rel.startswith(f"{PACKAGE}/client/")
-        and any(u.startswith("httpx.") for u in ALLOWED[rel].uses)
+        if rel.startswith(f"{SDK}/") and any(u.startswith("httpx.") for u in ALLOWED[rel].uses)
     ]
-    assert sdk == [f"{PACKAGE}/client/connection.py"]
+    assert sdk == [f"{SDK}/connection.py"]
 
 
 PLANTED = """
@@ -465,9 +467,8 @@ async def leak(loop, ctx, raw):
 
 @pytest.fixture
 def copy_of_package(tmp_path: Path) -> Path:
-    shutil.copytree(
-        ROOT / PACKAGE, tmp_path / PACKAGE, ignore=shutil.ignore_patterns("__pycache__")
-    )
+    for tree in TREES:
+        shutil.copytree(ROOT / tree, tmp_path / tree, ignore=shutil.ignore_patterns("__pycache__"))
     assert offenders(tmp_path) == {}
     return tmp_path
 
@@ -502,9 +503,10 @@ def test_a_planted_violation_in_a_new_module_fails_the_check(copy_of_package: Pa
     ("module", "line"),
     [
         # An allowed module may use what it is named with, and nothing else.
-        ("client/connection.py", "import urllib.request\nurllib.request.urlopen('http://h/')\n"),
-        ("client/client.py", "import httpx\nhttpx.Client()\n"),
-        ("client/working.py", "import socket\n"),
+        (f"{SDK}/connection.py", "import urllib.request\nurllib.request.urlopen('http://h/')\n"),
+        (f"{SDK}/client.py", "import httpx\nhttpx.Client()\n"),
+        (f"{SDK}/working.py", "import socket\n"),
+        ("client/queue_server/policy/retry.py", "import socket\n"),
         ("db.py", "import httpx\nhttpx.AsyncClient()\n"),
         ("background/deliverer.py", "import asyncio\nasyncio.open_connection('h', 1)\n"),
         ("transport/ssrf.py", "import httpx\nhttpx.AsyncClient()\n"),
@@ -515,9 +517,10 @@ def test_a_planted_violation_in_a_new_module_fails_the_check(copy_of_package: Pa
 def test_a_planted_violation_in_an_existing_module_fails_the_check(
     copy_of_package: Path, module: str, line: str
 ) -> None:
-    path = copy_of_package / PACKAGE / module
+    rel = module if module.startswith("client/") else f"{PACKAGE}/{module}"
+    path = copy_of_package / rel
     path.write_text(path.read_text() + "\n\n" + line)
-    assert list(offenders(copy_of_package)) == [f"{PACKAGE}/{module}"]
+    assert list(offenders(copy_of_package)) == [rel]
 
 
 @pytest.mark.parametrize(

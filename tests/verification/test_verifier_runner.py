@@ -11,13 +11,9 @@ import psycopg
 import pytest
 
 from queue_server.client import QueueClient
-from queue_server.client.verifier import VerifierRunner
-from queue_server.policy import (
-    AdmissionRefused,
-    PermitUnavailableError,
-    RefusalReason,
-    load_policy,
-)
+from queue_server.policy import AdmissionRefused, RefusalReason, load_policy
+from tests.demonstrators.errors import PermitUnavailableError
+from tests.demonstrators.verifier import VerifierRunner
 from tests.helpers.api import Api, policy_document
 
 pytestmark = pytest.mark.live  # the SDK opens its own connections

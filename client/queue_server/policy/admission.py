@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from queue_server.policy.errors import AdmissionRefused
 from queue_server.policy.loader import default_policy
 from queue_server.policy.model import (
     Backoff,
@@ -19,10 +18,28 @@ from queue_server.policy.model import (
     OperationClass,
     QueueReacquisition,
     RefusalReason,
-    ReliabilityPolicy,
 )
+from queue_server.policy.values import ReliabilityPolicy
 
 R = RefusalReason
+
+
+# Named after the refusal of admission (docs/decisions/operation-class-policy.md, Decision
+# 6), as the API's problem is; it is an error nonetheless. The server answers it as that
+# problem (its own AdmissionRefusedError, with the same detail and extensions).
+class AdmissionRefused(Exception):  # noqa: N818
+    """The operation was refused before dispatch: it lacks what its reliability class requires."""
+
+    status = 422
+    code = "admission-refused"
+    title = "Admission refused"
+
+    def __init__(self, reason: RefusalReason, operation_class: str, detail: str) -> None:
+        self.reason = reason
+        self.operation_class = operation_class
+        self.detail = f"{operation_class}: {reason.value}: {detail}"
+        self.extensions = {"reason": reason.value, "operation_class": operation_class}
+        super().__init__(self.detail)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ concurrent local mutation; the circuit isolates repeated adapter failure. Once
 dispatched, the effect runs in its own task: an attempt timeout or a disconnect
 returns the `pending` receipt while the effect runs on and settles that same
 receipt. A dispatched effect is never reported cancelled. The receipts live
-behind the server's receipts API (`queue_server.client.mutations`); the
+behind the server's receipts API (`tests.demonstrators.mutations`); the
 negative control that breaks the rule on purpose is test code
 (`tests/policy_proof/mutation.py`).
 """
@@ -24,9 +24,10 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from queue_server.policy.admission import admit_operation
-from queue_server.policy.breaker import CallTicket, CircuitBreaker
-from queue_server.policy.model import OperationClass, ReliabilityPolicy
-from queue_server.policy.permits import PermitGate
+from queue_server.policy.model import OperationClass
+from queue_server.policy.values import ReliabilityPolicy
+from tests.demonstrators.breaker import CallTicket, CircuitBreaker
+from tests.demonstrators.permits import PermitGate
 
 Outcome = dict[str, Any]
 Effect = Callable[[], Awaitable[Outcome]]

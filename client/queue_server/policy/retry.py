@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
+import httpx
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -34,12 +35,11 @@ from queue_server.policy.model import (
     FailureClass,
     OperationClass,
     QueueReacquisition,
-    ReliabilityPolicy,
     RetryAttempts,
     as_operation_class,
     cell_name,
 )
-from queue_server.transport.classify import transport_failure_kind
+from queue_server.policy.values import ReliabilityPolicy
 
 _TRANSIENT_ERRNOS = frozenset({errno.EAGAIN, errno.EINTR, errno.EBUSY, errno.ETIMEDOUT})
 
@@ -50,6 +50,17 @@ class ClassifiedError(Exception):
     def __init__(self, failure_class: FailureClass, detail: str = "") -> None:
         self.failure_class = failure_class
         super().__init__(f"{failure_class.value}: {detail}" if detail else failure_class.value)
+
+
+def transport_failure_kind(exc: BaseException) -> Literal["timeout", "transport"] | None:
+    """`timeout` for request timeouts, `transport` for other connection-level failures: httpx's,
+    the builtins', and an error that says which it is (`transport_failure`, as the broker's do)."""
+    declared = getattr(exc, "transport_failure", None)
+    if declared == "timeout" or isinstance(exc, httpx.TimeoutException | TimeoutError):
+        return "timeout"
+    if declared == "transport" or isinstance(exc, httpx.TransportError | ConnectionError):
+        return "transport"
+    return None
 
 
 def classify_failure(exc: BaseException) -> FailureClass | None:

@@ -19,17 +19,18 @@ import asyncio
 from queue_server import wire
 from queue_server.client import errors
 from queue_server.client.client import QueueClient
-from queue_server.policy import (
-    CircuitBreaker,
+from queue_server.errors import ReceiptConflictError
+from queue_server.policy import ReliabilityPolicy
+from tests.demonstrators.breaker import CircuitBreaker
+from tests.demonstrators.mutation import (
     ConfirmedMutationPath,
+    Effect,
     MutationReport,
-    PermitGate,
+    Outcome,
     Receipt,
-    ReceiptConflictError,
     ReceiptStatus,
-    ReliabilityPolicy,
 )
-from queue_server.policy.mutation import Effect, Outcome
+from tests.demonstrators.permits import PermitGate
 
 
 def _receipt(record: wire.Receipt) -> Receipt:

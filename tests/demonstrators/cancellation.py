@@ -13,9 +13,10 @@ from __future__ import annotations
 import threading
 from typing import Literal
 
-from queue_server.policy.errors import OperationStoppedError
 from queue_server.policy.loader import default_policy
-from queue_server.policy.model import OperationClass, ReliabilityPolicy, as_operation_class
+from queue_server.policy.model import OperationClass, as_operation_class
+from queue_server.policy.values import ReliabilityPolicy
+from tests.demonstrators.errors import OperationStoppedError
 
 DisconnectOutcome = Literal[
     "stopped",

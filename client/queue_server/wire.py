@@ -7,7 +7,8 @@ answer has exactly these fields). Unknown fields are ignored on reading, so a ne
 server does not break an older client; a field an older server did not send has a
 default.
 
-Pure data: pydantic and the standard library, nothing of the server.
+Pure data: pydantic and the standard library, nothing of the server. It ships with the SDK's
+distribution (client/), and the server imports it from there.
 """
 
 from __future__ import annotations

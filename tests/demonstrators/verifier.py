@@ -22,13 +22,13 @@ from typing import Any, Literal
 from queue_server.client.client import QueueClient
 from queue_server.policy import (
     OperationClass,
-    PermitGate,
     ReliabilityPolicy,
     admit_operation,
     retrying_for,
     run_key,
 )
 from queue_server.wire import VerificationRun
+from tests.demonstrators.permits import PermitGate
 
 AV = OperationClass.ARTIFACT_VERIFICATION
 

@@ -55,7 +55,7 @@ class HandlerSpans:
             )
         except ImportError:
             return None
-        from queue_server import __version__
+        from queue_server.client.version import __version__
 
         tracer = trace.get_tracer("queue_server.client", __version__, tracer_provider)
         unset = () if tracer_provider is not None else _unset_providers(trace)

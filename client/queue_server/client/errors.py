@@ -269,10 +269,6 @@ class PolicyPinnedError(ConflictError):
     pass
 
 
-class OperationStoppedError(ConflictError):
-    pass
-
-
 # -- 422 --------------------------------------------------------------------------
 
 
@@ -299,16 +295,8 @@ class BacklogCapReachedError(TooManyRequestsError):
     pass
 
 
-class PermitUnavailableError(TooManyRequestsError):
-    pass
-
-
 class TimeoutExceededError(ServiceUnavailableError):
     """A statement or lock wait of the server timed out."""
-
-
-class CircuitOpenError(ServiceUnavailableError):
-    pass
 
 
 BY_CODE: dict[str, type[ProblemError]] = {
@@ -356,15 +344,12 @@ BY_CODE: dict[str, type[ProblemError]] = {
     "receipt-conflict": ReceiptConflictError,
     "policy-version-conflict": PolicyVersionConflictError,
     "policy-pinned": PolicyPinnedError,
-    "operation-stopped": OperationStoppedError,
     "idempotency-key-reuse": IdempotencyKeyReuseError,
     "target-refused": TargetRefusedError,
     "item-not-declared": ItemNotDeclaredError,
     "admission-refused": AdmissionRefusedError,
     "backlog-cap-reached": BacklogCapReachedError,
-    "permit-unavailable": PermitUnavailableError,
     "timeout": TimeoutExceededError,
-    "circuit-open": CircuitOpenError,
 }
 
 BY_STATUS: dict[int, type[ProblemError]] = {

@@ -11,9 +11,10 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from queue_server.policy.errors import PermitUnavailableError
 from queue_server.policy.loader import default_policy
-from queue_server.policy.model import OperationClass, ReliabilityPolicy, as_operation_class
+from queue_server.policy.model import OperationClass, as_operation_class
+from queue_server.policy.values import ReliabilityPolicy
+from tests.demonstrators.errors import PermitUnavailableError
 
 
 class PermitGate:

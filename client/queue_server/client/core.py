@@ -32,7 +32,6 @@ from urllib.parse import quote
 import orjson
 from pydantic import BaseModel
 
-from queue_server import __version__
 from queue_server.client import errors
 from queue_server.client.classes import AV, CM, LW, RO, CallClass, call_classes
 from queue_server.client.connection import Response, TransportFailure
@@ -67,6 +66,7 @@ from queue_server.client.models import (
     Verification,
     WhoAmI,
 )
+from queue_server.client.version import __version__
 from queue_server.policy import OperationClass, ReliabilityPolicy, admit_operation, runtime_policy
 from queue_server.wire import Checkpoint, Receipt, StaleReceipt, VerificationRun
 

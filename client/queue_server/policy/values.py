@@ -1,4 +1,5 @@
-"""The values each enforcement point reads from the loaded policy, one small view per class.
+"""The loaded policy (`ReliabilityPolicy`) and the values each enforcement point reads from it,
+one small view per class:
 
     policy.leased_work.attempt_cap      the server's acquisition budget ceiling
     policy.leased_work.attempt_timeout  the longest lease TTL
@@ -16,11 +17,25 @@ A caller never reads a cell's JSON directly.
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import Any, ClassVar
 
-if TYPE_CHECKING:
-    from queue_server.policy.model import ClassPolicy, FailureClass
+from queue_server.policy.model import (
+    Backoff,
+    Cell,
+    ClassPolicy,
+    Dimension,
+    FailureClass,
+    OperationClass,
+    QueueReacquisition,
+    RequeueDelay,
+    RetryAttempts,
+    as_operation_class,
+    describe_cell,
+)
 
 
 class _View:
@@ -35,8 +50,6 @@ class _View:
 
 
 def _attempts(cp: ClassPolicy) -> tuple[int, tuple[FailureClass, ...]]:
-    from queue_server.policy.model import RetryAttempts
-
     retry = cp.retry
     if isinstance(retry, RetryAttempts):
         return retry.max_attempts, retry.retryable
@@ -45,23 +58,12 @@ def _attempts(cp: ClassPolicy) -> tuple[int, tuple[FailureClass, ...]]:
 
 def _backoff(cp: ClassPolicy) -> tuple[float, float, float]:
     """(initial, multiplier, cap) of the class's backoff; zeros where it has none."""
-    from queue_server.policy.model import Backoff, RequeueDelay
-
     cell = cp.backoff_and_jitter
     if isinstance(cell, Backoff):
         return cell.initial_seconds, cell.multiplier, cell.max_seconds
     if isinstance(cell, RequeueDelay):
         return 0.0, 1.0, cell.max_seconds
     return 0.0, 1.0, 0.0
-
-
-def _circuit(cp: ClassPolicy) -> tuple[int, float]:
-    from queue_server.policy.model import CircuitBreakerPolicy
-
-    cell = cp.circuit_breaking
-    if isinstance(cell, CircuitBreakerPolicy):
-        return cell.failure_threshold, cell.reset_timeout_seconds
-    return 0, 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +93,6 @@ class LeasedWork(_View):
 
     @classmethod
     def of(cls, cp: ClassPolicy) -> LeasedWork:
-        from queue_server.policy.model import QueueReacquisition
-
         retry = cp.retry
         cap = retry.max_acquisitions if isinstance(retry, QueueReacquisition) else 1
         return cls(
@@ -183,95 +183,101 @@ class Verification(_View):
 
 @dataclass(frozen=True, slots=True)
 class Mutation(_View):
-    """confirmed-mutation: the bridge's gate, circuit and timeouts; the receipts' deadline."""
+    """confirmed-mutation: the receipts' deadline and the mutation gate's size."""
 
     CLASS: ClassVar[str] = "confirmed-mutation"
-    CELLS: ClassVar[dict[str, str]] = {
-        "deadline": "deadline",
-        "attempt_timeout": "attempt-timeout",
-        "max_attempts": "retry",
-        "concurrency": "concurrency",
-        "failure_threshold": "circuit-breaking",
-        "reset_timeout": "circuit-breaking",
-    }
+    CELLS: ClassVar[dict[str, str]] = {"deadline": "deadline", "concurrency": "concurrency"}
 
     deadline: float  # a receipt still pending after this is stale
-    attempt_timeout: float
-    max_attempts: int
     concurrency: int  # the permit gate
-    failure_threshold: int
-    reset_timeout: float
 
     @classmethod
     def of(cls, cp: ClassPolicy) -> Mutation:
-        threshold, reset = _circuit(cp)
-        return cls(
-            deadline=cp.deadline.seconds,
-            attempt_timeout=cp.attempt_timeout.seconds,
-            max_attempts=_attempts(cp)[0],
-            concurrency=cp.concurrency.limit,
-            failure_threshold=threshold,
-            reset_timeout=reset,
-        )
+        return cls(deadline=cp.deadline.seconds, concurrency=cp.concurrency.limit)
 
 
-@dataclass(frozen=True, slots=True)
-class Dependency(_View):
-    """read-only-dependency: reads, including the SDK's reads of the queue server."""
+@dataclass(frozen=True)
+class ReliabilityPolicy:
+    """The loaded, validated policy: every class has all ten cells.
 
-    CLASS: ClassVar[str] = "read-only-dependency"
-    CELLS: ClassVar[dict[str, str]] = {
-        "deadline": "deadline",
-        "attempt_timeout": "attempt-timeout",
-        "max_attempts": "retry",
-        "retryable": "retry",
-        "backoff_initial": "backoff-and-jitter",
-        "backoff_cap": "backoff-and-jitter",
-        "concurrency": "concurrency",
-    }
+    `name` is the document's `version` (the built-in's is `operation-reliability.v2`; a
+    changed document names one of its own), `source` says where it was loaded from
+    ("built-in" or a file path); `version` and `digest` identify the loaded document in
+    GET /v1/policy, /readyz, the policy history and start-up logs.
+    The typed views (`leased_work`, `delivery`, ...) are the values each
+    enforcement point reads.
+    """
 
-    deadline: float
-    attempt_timeout: float
-    max_attempts: int
-    retryable: frozenset[FailureClass]
-    backoff_initial: float
-    backoff_cap: float
-    concurrency: int
+    name: str
+    classes: Mapping[OperationClass, ClassPolicy]
+    source: str = "built-in"
 
-    @classmethod
-    def of(cls, cp: ClassPolicy) -> Dependency:
-        attempts, retryable = _attempts(cp)
-        initial, _, cap = _backoff(cp)
-        return cls(
-            deadline=cp.deadline.seconds,
-            attempt_timeout=cp.attempt_timeout.seconds,
-            max_attempts=attempts,
-            retryable=frozenset(retryable),
-            backoff_initial=initial,
-            backoff_cap=cap,
-            concurrency=cp.concurrency.limit,
-        )
+    def for_class(self, operation_class: OperationClass | str) -> ClassPolicy:
+        return self.classes[as_operation_class(operation_class)]
 
+    def cell(self, operation_class: OperationClass | str, dimension: Dimension | str) -> Cell:
+        return self.for_class(operation_class).cell(Dimension(dimension))
 
-@dataclass(frozen=True, slots=True)
-class Turn(_View):
-    """interactive-turn: the turn gate."""
+    def rows(self) -> list[tuple[str, str, str]]:
+        """(class, dimension, one-line value) for every cell, in matrix order."""
+        return [
+            (c.value, d.value, describe_cell(self.classes[c].cell(d)))
+            for c in OperationClass
+            for d in Dimension
+        ]
 
-    CLASS: ClassVar[str] = "interactive-turn"
-    CELLS: ClassVar[dict[str, str]] = {
-        "deadline": "deadline",
-        "attempt_timeout": "attempt-timeout",
-        "concurrency": "concurrency",
-    }
+    def as_document(self) -> dict[str, Any]:
+        """The policy as a JSON-ready dict (`policy show --json`); `load_policy` accepts it back."""
+        document: dict[str, Any] = {"version": self.name}
+        document["dimensions"] = [d.value for d in Dimension]
+        document["classes"] = {
+            c.value: self.classes[c].model_dump(mode="json", by_alias=True) for c in OperationClass
+        }
+        return document
 
-    deadline: float
-    attempt_timeout: float
-    concurrency: int
+    @property
+    def version(self) -> str:
+        """The document's own name for itself: a change is a version."""
+        return self.name
 
-    @classmethod
-    def of(cls, cp: ClassPolicy) -> Turn:
-        return cls(
-            deadline=cp.deadline.seconds,
-            attempt_timeout=cp.attempt_timeout.seconds,
-            concurrency=cp.concurrency.limit,
-        )
+    @property
+    def digest(self) -> str:
+        """sha256 of the canonical JSON of the document: two processes with the same digest
+        enforce the same cells."""
+        canonical = json.dumps(self.as_document(), sort_keys=True, separators=(",", ":"))
+        return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+    @property
+    def sha256(self) -> str:
+        """The digest's hex part, as the policy history keeps it."""
+        return self.digest.removeprefix("sha256:")
+
+    def loaded(self) -> dict[str, str]:
+        """What was loaded, for GET /v1/policy, /readyz and start-up logs."""
+        return {
+            "version": self.version,
+            "digest": self.digest,
+            "source": self.source if self.source in ("built-in", "published") else "file",
+        }
+
+    def describe(self) -> str:
+        """One line for start-up logs: version, source and a short digest."""
+        return f"{self.version} ({self.source}, {self.digest[:19]})"
+
+    # -- the values each enforcement point reads ----------------------------------
+
+    @property
+    def leased_work(self) -> LeasedWork:
+        return LeasedWork.of(self.for_class(OperationClass.DURABLE_LEASED_WORK))
+
+    @property
+    def delivery(self) -> Delivery:
+        return Delivery.of(self.for_class(OperationClass.WATCHER_DELIVERY))
+
+    @property
+    def verification(self) -> Verification:
+        return Verification.of(self.for_class(OperationClass.ARTIFACT_VERIFICATION))
+
+    @property
+    def mutation(self) -> Mutation:
+        return Mutation.of(self.for_class(OperationClass.CONFIRMED_MUTATION))

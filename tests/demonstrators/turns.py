@@ -18,15 +18,14 @@ from typing import Any, TypeVar
 
 from queue_server.policy import (
     Admission,
-    CircuitBreaker,
-    DisconnectAuthority,
-    DisconnectOutcome,
     OperationClass,
-    PermitGate,
     ReliabilityPolicy,
     admit_operation,
     default_policy,
 )
+from tests.demonstrators.breaker import CircuitBreaker
+from tests.demonstrators.cancellation import DisconnectAuthority, DisconnectOutcome
+from tests.demonstrators.permits import PermitGate
 
 IT = OperationClass.INTERACTIVE_TURN
 T = TypeVar("T")

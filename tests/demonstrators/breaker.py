@@ -18,16 +18,17 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import ParamSpec, TypeVar
 
-from queue_server.policy.errors import CircuitOpenError, PolicyError
+from queue_server.policy.errors import PolicyError
 from queue_server.policy.loader import default_policy
 from queue_server.policy.model import (
     CircuitBreakerPolicy,
     Dimension,
     OperationClass,
-    ReliabilityPolicy,
     as_operation_class,
     cell_name,
 )
+from queue_server.policy.values import ReliabilityPolicy
+from tests.demonstrators.errors import CircuitOpenError
 
 P = ParamSpec("P")
 T = TypeVar("T")

@@ -7,16 +7,12 @@ reason; omission is never valid (docs/decisions/operation-class-policy.md, Decis
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Mapping
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
-from queue_server.policy import values
+from queue_server.policy.errors import PolicyError
 
 POLICY_NAME = "operation-reliability.v2"
 MAX_ATTEMPTS = 5
@@ -78,8 +74,6 @@ class RefusalReason(StrEnum):
 
 def as_operation_class(value: OperationClass | str) -> OperationClass:
     """The operation class named by `value`; an unknown name is a `PolicyError`."""
-    from queue_server.policy.errors import PolicyError
-
     try:
         return OperationClass(value)
     except ValueError:
@@ -313,98 +307,3 @@ class ClassPolicy(BaseModel):
     def cell(self, dimension: Dimension) -> Cell:
         value: Cell = getattr(self, dimension.value.replace("-", "_"))
         return value
-
-
-@dataclass(frozen=True)
-class ReliabilityPolicy:
-    """The loaded, validated policy: every class has all ten cells.
-
-    `name` is the document's `version` (the built-in's is `operation-reliability.v2`; a
-    changed document names one of its own), `source` says where it was loaded from
-    ("built-in" or a file path); `version` and `digest` identify the loaded document in
-    GET /v1/policy, /readyz, the policy history and start-up logs.
-    The typed views (`leased_work`, `delivery`, ...) are the values each
-    enforcement point reads.
-    """
-
-    name: str
-    classes: Mapping[OperationClass, ClassPolicy]
-    source: str = "built-in"
-
-    def for_class(self, operation_class: OperationClass | str) -> ClassPolicy:
-        return self.classes[as_operation_class(operation_class)]
-
-    def cell(self, operation_class: OperationClass | str, dimension: Dimension | str) -> Cell:
-        return self.for_class(operation_class).cell(Dimension(dimension))
-
-    def rows(self) -> list[tuple[str, str, str]]:
-        """(class, dimension, one-line value) for every cell, in matrix order."""
-        return [
-            (c.value, d.value, describe_cell(self.classes[c].cell(d)))
-            for c in OperationClass
-            for d in Dimension
-        ]
-
-    def as_document(self) -> dict[str, Any]:
-        """The policy as a JSON-ready dict (`policy show --json`); `load_policy` accepts it back."""
-        document: dict[str, Any] = {"version": self.name}
-        document["dimensions"] = [d.value for d in Dimension]
-        document["classes"] = {
-            c.value: self.classes[c].model_dump(mode="json", by_alias=True) for c in OperationClass
-        }
-        return document
-
-    @property
-    def version(self) -> str:
-        """The document's own name for itself: a change is a version."""
-        return self.name
-
-    @property
-    def digest(self) -> str:
-        """sha256 of the canonical JSON of the document: two processes with the same digest
-        enforce the same cells."""
-        canonical = json.dumps(self.as_document(), sort_keys=True, separators=(",", ":"))
-        return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
-
-    @property
-    def sha256(self) -> str:
-        """The digest's hex part, as the policy history keeps it."""
-        return self.digest.removeprefix("sha256:")
-
-    def loaded(self) -> dict[str, str]:
-        """What was loaded, for GET /v1/policy, /readyz and start-up logs."""
-        return {
-            "version": self.version,
-            "digest": self.digest,
-            "source": self.source if self.source in ("built-in", "published") else "file",
-        }
-
-    def describe(self) -> str:
-        """One line for start-up logs: version, source and a short digest."""
-        return f"{self.version} ({self.source}, {self.digest[:19]})"
-
-    # -- the values each enforcement point reads ----------------------------------
-
-    @property
-    def leased_work(self) -> values.LeasedWork:
-        return values.LeasedWork.of(self.for_class(OperationClass.DURABLE_LEASED_WORK))
-
-    @property
-    def delivery(self) -> values.Delivery:
-        return values.Delivery.of(self.for_class(OperationClass.WATCHER_DELIVERY))
-
-    @property
-    def verification(self) -> values.Verification:
-        return values.Verification.of(self.for_class(OperationClass.ARTIFACT_VERIFICATION))
-
-    @property
-    def mutation(self) -> values.Mutation:
-        return values.Mutation.of(self.for_class(OperationClass.CONFIRMED_MUTATION))
-
-    @property
-    def dependency(self) -> values.Dependency:
-        return values.Dependency.of(self.for_class(OperationClass.READ_ONLY_DEPENDENCY))
-
-    @property
-    def turn(self) -> values.Turn:
-        return values.Turn.of(self.for_class(OperationClass.INTERACTIVE_TURN))

@@ -20,18 +20,17 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 
 from queue_server.policy import (
-    CircuitBreaker,
-    CircuitOpenError,
     OperationClass,
-    PermitGate,
     ReliabilityPolicy,
     admit_operation,
     async_retrying_for,
     classify_failure,
-    default_policy,
 )
 from queue_server.transport import Budget, DispatchRequest, DispatchResult, TransportBroker
 from queue_server.transport.ssrf import AllowSpec, Resolver
+from tests.demonstrators.breaker import CircuitBreaker
+from tests.demonstrators.errors import CircuitOpenError
+from tests.demonstrators.permits import PermitGate
 
 RO = OperationClass.READ_ONLY_DEPENDENCY
 _RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
@@ -104,7 +103,7 @@ class ReadOnlyDependencyClient:
             timeout=admission.attempt_timeout_seconds,
         )
         retrying = async_retrying_for(RO, policy=self.policy, sleep=self.sleep)
-        attempts = (self.policy or default_policy()).dependency.max_attempts
+        attempts = admission.max_attempts
         broker = TransportBroker(
             budget=self.budget or Budget(max_requests=attempts),
             allow=self.allow,

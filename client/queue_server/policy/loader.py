@@ -34,13 +34,13 @@ from queue_server.policy.model import (
     NotApplicable,
     OperationClass,
     QueueReacquisition,
-    ReliabilityPolicy,
     RequeueDelay,
     Resumability,
     RetryAttempts,
     cell_name,
 )
 from queue_server.policy.v2 import OPERATION_RELIABILITY_V2
+from queue_server.policy.values import ReliabilityPolicy
 
 OC = OperationClass
 D = Dimension

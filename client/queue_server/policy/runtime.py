@@ -26,7 +26,7 @@ from typing import TypeVar
 
 from queue_server.policy.errors import PolicyError, PolicyFileError
 from queue_server.policy.loader import default_policy, load_policy
-from queue_server.policy.model import ReliabilityPolicy
+from queue_server.policy.values import ReliabilityPolicy
 
 POLICY_ENV = "QUEUE_SERVER_POLICY"
 
