@@ -347,3 +347,35 @@ def schedule_fire(row: Row) -> dict[str, Any]:
         "at": row["at"],
         "detail": row["detail"],
     }
+
+
+def queue_event_text(event: dict[str, Any]) -> str:
+    """One event of the queue's ledger in words: a pause or resume, its settings, its
+    concurrency, an approval that expired."""
+    data = event.get("data") or {}
+    kind = str(event["kind"])
+    if kind in ("paused", "resumed"):
+        return f"{kind}" + (f": {data['reason']}" if data.get("reason") else "")
+    if kind == "concurrency":
+
+        def shown(value: object) -> str:
+            return "the approved limit" if value is None else str(value)
+
+        text = (
+            f"concurrency {shown(data.get('before'))} -> {shown(data.get('after'))}"
+            f" (approved {data.get('approved_limit')})"
+        )
+        return text + (f": {data['reason']}" if data.get("reason") else "")
+    if kind == "approval-expired":
+        return (
+            f"spend approval {str(data.get('approval_id', ''))[:8]} of"
+            f" {data.get('max_concurrency')} expired: the queue leases at most"
+            f" {data.get('limit')} at a time"
+        )
+    if kind == "settings":
+        before, after = data.get("before") or {}, data.get("after") or {}
+        changed = [k for k in after if before.get(k) != after.get(k)]
+        return "settings: " + (
+            ", ".join(f"{k} {before.get(k)} -> {after.get(k)}" for k in changed) or "unchanged"
+        )
+    return kind

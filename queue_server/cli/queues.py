@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any
 
 import typer
@@ -16,6 +17,7 @@ from queue_server.cli.common import (
     age,
     fields,
     print_json,
+    table,
     tenant_session,
     when,
 )
@@ -82,6 +84,40 @@ def queues_show(
         print_json(status)
     else:
         queue_fields(status)
+
+
+@app.command("events")
+def queues_events(
+    queue: QueueName,
+    url: Url = None,
+    key: Key = None,
+    tenant: Tenant = None,
+    data_dir: DataDir = None,
+    json: Json = False,
+) -> None:
+    """The queue's ledger, newest first: pauses and resumes, settings and concurrency
+    changes (who, the values before and after), and spend approvals that expired (with
+    the limit the queue fell to). The latest 50.
+
+    Example: [bold]queue-server queues events emails[/bold]
+    """
+    from queue_server.views import queue_event_text
+
+    with tenant_session(url, key, data_dir, tenant) as qs:
+        answer = qs.request("GET", f"/v1/tenants/{qs.tenant or ''}/queues/{queue}")
+    events = answer.json()["events"]
+    if json:
+        print_json(events)
+        return
+    table(
+        f"queue {queue}: {len(events)} events",
+        ["seq", "at", "by", "what"],
+        [
+            [e["seq"], when(datetime.fromisoformat(e["at"])), e["actor_name"] or e["actor"],
+             queue_event_text(e)]
+            for e in events
+        ],
+    )  # fmt: skip
 
 
 @app.command("pause")

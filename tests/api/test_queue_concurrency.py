@@ -5,6 +5,7 @@ queue falls to. Each is seen through real acquires and the REST answers."""
 
 from __future__ import annotations
 
+import html
 import time
 import uuid
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 import httpx
 
 from tests.helpers.api import Api
+from tests.helpers.console import sign_in
 
 QUEUE = "/v1/tenants/acme/queues/q"
 
@@ -121,6 +123,17 @@ def test_the_queue_setting_is_held_to_an_approval_that_lapses(api: Api) -> None:
     )
     assert leased_at_once(api) == 1
     assert "queue_server_spend_approval_expiring{" not in api.operator.get("/metrics").text
+    # The console shows the queue's ledger on its settings page, in words.
+    client, _ = sign_in(api.url, api.keys["operator"])
+    page = html.unescape(client.get("/console/tenants/acme/queues/q/settings").text)
+    assert (
+        f"spend approval {str(approval['approval_id'])[:8]} of 3 expired: the queue leases at most"
+        " 1 at a time" in page
+    )
+    assert (
+        "concurrency the approved limit -&gt; 2 (approved 3)"
+        in client.get("/console/tenants/acme/queues/q/settings").text
+    )
     # Ledgered once: a later round writes nothing more.
     time.sleep(6)
     assert len(events(api, "approval-expired")) == 1

@@ -29,5 +29,12 @@ def test_spend_concurrency_sets_refuses_and_follows_the_approval(cli: Cli, api: 
     assert "not both" in both.stdout + both.stderr
     followed = cli.json("spend", "concurrency", "q", "--follow-approval")
     assert (followed["limit"], followed["concurrency"]) == (8, None)
+    # Both changes are in the queue's ledger, newest first, in words.
+    ledger = cli.run("queues", "events", "q").stdout
+    assert ledger.index("concurrency 3 -> the approved limit (approved 8)") < ledger.index(
+        "concurrency the approved limit -> 3 (approved 8): throttled"
+    ), ledger
+    (latest, *_) = cli.json("queues", "events", "q")
+    assert (latest["kind"], latest["data"]["after"]) == ("concurrency", None)
     # A worker key reads the limit but may not set it.
     assert cli.run("spend", "concurrency", "q", "2", role="worker", ok=False).returncode != 0

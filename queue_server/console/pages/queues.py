@@ -10,7 +10,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
-from queue_server import errors
+from queue_server import errors, views
 from queue_server.api import schemas
 from queue_server.console import charts, web
 from queue_server.models import NAME_RE, Role
@@ -111,8 +111,10 @@ async def settings_page(request: Request, tenant: str, queue: str) -> Response:
     session = await web.current_session(request)
     if not NAME_RE.match(queue):
         raise errors.InvalidRequestError("The queue name is not valid.")
-    answer = await web.services(request).queue_settings.get(session.principal, tenant, queue)
+    services = web.services(request)
+    answer = await services.queue_settings.get(session.principal, tenant, queue)
     settings = web.answer_body(answer)
+    detail = web.answer_body(await services.queues.get_queue(session.principal, tenant, queue))
     return web.render(
         request,
         "queue_settings.html",
@@ -121,6 +123,7 @@ async def settings_page(request: Request, tenant: str, queue: str) -> Response:
         queue=queue,
         settings=settings,
         fields=_settings_fields(settings),
+        events=[{**e, "what": views.queue_event_text(e)} for e in detail["events"]],
     )
 
 
