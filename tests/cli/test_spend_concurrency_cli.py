@@ -38,3 +38,18 @@ def test_spend_concurrency_sets_refuses_and_follows_the_approval(cli: Cli, api: 
     assert (latest["kind"], latest["data"]["after"]) == ("concurrency", None)
     # A worker key reads the limit but may not set it.
     assert cli.run("spend", "concurrency", "q", "2", role="worker", ok=False).returncode != 0
+
+
+def test_queues_events_tells_each_kind_of_event_in_words(cli: Cli, api: Api) -> None:
+    cli.run("queues", "pause", "q", "--reason", "provider down")
+    cli.run("queues", "resume", "q", "--reason", "back")
+    cli.run("queues", "settings", "q", "--max-acquisitions", "4")
+    events = cli.run("queues", "events", "q").stdout
+    lines = [line for line in events.splitlines() if "│" in line]
+    said = " ".join(events.split())
+    assert "paused: provider down" in said, events
+    assert "resumed: back" in said, events
+    assert "settings: max_acquisitions None -> 4" in said, events
+    # Newest first.
+    assert said.index("settings:") < said.index("resumed: back") < said.index("paused:")
+    assert len(lines) >= 3
