@@ -106,3 +106,36 @@ def test_a_worker_warns_once_of_the_approval_behind_its_queues_limit_about_to_ex
     assert len(warned) == 1, warned
     assert warned[0].startswith("The spend approval raising q's limit to 6 expires at")
     assert "spend approve q" in warned[0]
+
+
+def test_a_worker_says_when_its_queues_limit_falls_while_it_runs(
+    api: Api, face: Face, caplog: pytest.LogCaptureFixture
+) -> None:
+    approval = api.approve("q", 3)
+    with QueueClient(api.url, api.keys["worker"], tenant=api.tenant) as qs:
+        for n in range(8):
+            qs.enqueue("q", n)
+    first = threading.Event()
+
+    def handler(job: AnyJob) -> Any:
+        first.set()
+        time.sleep(0.2)
+        return job.payload
+
+    worker = face.worker(api, "q", handler, name="w1", concurrency=3, wait=0, limit_refresh=0.1)
+    with caplog.at_level(logging.WARNING):
+        runner = threading.Thread(target=lambda: worker.run(drain=True, handle_signals=False))
+        runner.start()
+        assert first.wait(10)
+        revoked = api.operator.delete(
+            f"/v1/tenants/acme/queues/q/spend-approvals/{approval['approval_id']}",
+            headers={"Idempotency-Key": "revoke-1"},
+        )
+        assert revoked.status_code == 200, revoked.text
+        runner.join(30)
+        assert not runner.is_alive()
+    fallen = [r.getMessage() for r in caplog.records if "now leases at most" in r.getMessage()]
+    assert fallen == [
+        "queue q now leases at most 1 at a time (was 3): its spend approval lapsed or was"
+        " revoked, or an operator lowered its concurrency (queue-server spend show q)"
+    ]

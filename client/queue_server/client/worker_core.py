@@ -387,6 +387,7 @@ class WorkerCore(abc.ABC, Generic[J]):
         if now - self._limit_read_at >= self.limit_refresh:
             try:
                 info = yield from self._api.concurrency(self.queue)
+                self._warn_fallen(info.limit)
                 self._limit = info.limit
                 self._limit_read_at = now
                 self._warn_below_concurrency()
@@ -409,6 +410,21 @@ class WorkerCore(abc.ABC, Generic[J]):
                 self._limit,
                 self.policy.leased_work.cell("concurrency"),
                 self.concurrency,
+            )
+
+    def _warn_fallen(self, limit: int) -> None:
+        """After the first read of a run: say so when the queue's limit falls below what it
+        was and below this worker's `concurrency` (an approval lapsed or was revoked, or an
+        operator lowered the queue's concurrency), which would otherwise slow it silently."""
+        if self._limit_warned and limit < self._limit and limit < self.concurrency:
+            self._log.warning(
+                "queue %s now leases at most %d at a time (was %d): its spend approval"
+                " lapsed or was revoked, or an operator lowered its concurrency"
+                " (queue-server spend show %s)",
+                self.queue,
+                limit,
+                self._limit,
+                self.queue,
             )
 
     def _warn_expiring(self, warning: str | None, expires_at: object) -> None:
