@@ -44,6 +44,7 @@ DECLARE
     above record;
     shards smallint[];
     fresh bigint[];
+    keys text[];
     missing text;
 BEGIN
     -- The policy envelope: no item's budget above the attempt cap.
@@ -63,9 +64,16 @@ BEGIN
         RAISE EXCEPTION 'tenant-not-found'
             USING ERRCODE = 'QS404', DETAIL = format('No tenant is named %s.', p_tenant);
     END IF;
+    -- The unique keys given, each once: an enqueue without any (the most of them) admits
+    -- every item and makes none of the lookups below.
+    keys := ARRAY(SELECT DISTINCT e->>'unique_key' FROM jsonb_array_elements(p_items) AS e
+                  WHERE e->>'unique_key' IS NOT NULL);
     -- The items to admit: those without a unique key, and the first of each key that no
     -- ready or leased item of the queue holds (a probe of ix_work_items_unique each). The
     -- others are answered with the item holding their key: not admitted, not charged.
+    IF cardinality(keys) = 0 THEN
+        fresh := ARRAY(SELECT generate_series(1, jsonb_array_length(p_items)));
+    ELSE
     fresh := ARRAY(
         SELECT u.i FROM (
             SELECT i, e->>'unique_key' AS k,
@@ -78,6 +86,7 @@ BEGIN
                    WHERE w.tenant_id = p_tenant AND w.queue = p_queue AND w.unique_key = u.k
                      AND w.state IN ('ready', 'leased')))
         ORDER BY u.i);
+    END IF;
     -- A cap stored under a looser policy is held to the loaded one.
     shards := queue_server.admission_shards(p_tenant, cardinality(fresh),
                                             least(t.backlog_cap, p_backlog_ceiling));
@@ -149,27 +158,27 @@ BEGIN
         GROUP BY s.admission_shard
     )
     SELECT ins.* FROM ins;
+    IF cardinality(keys) > 0 THEN
     -- Each unique key not admitted here: the ready or leased item holding it (a statement
     -- of its own, so it sees a racing producer's item committed since).
     RETURN QUERY
     SELECT w.* FROM work_items w
     WHERE w.tenant_id = p_tenant AND w.queue = p_queue AND w.state IN ('ready', 'leased')
-      AND w.unique_key IN (SELECT e->>'unique_key' FROM jsonb_array_elements(p_items) AS e)
+      AND w.unique_key = ANY(keys)
       AND w.item_id NOT IN (SELECT (e->>'item_id')::uuid
                             FROM jsonb_array_elements(p_items) AS e);
     -- The holder finished between the look and this answer: the producer tries again.
-    SELECT k INTO missing FROM (
-        SELECT DISTINCT e->>'unique_key' AS k FROM jsonb_array_elements(p_items) AS e
-        WHERE e->>'unique_key' IS NOT NULL) AS keys
+    SELECT k INTO missing FROM unnest(keys) AS k
     WHERE NOT EXISTS (SELECT 1 FROM work_items w
                       WHERE w.tenant_id = p_tenant AND w.queue = p_queue
-                        AND w.unique_key = keys.k AND w.state IN ('ready', 'leased'))
+                        AND w.unique_key = k AND w.state IN ('ready', 'leased'))
     LIMIT 1;
     IF missing IS NOT NULL THEN
         RAISE EXCEPTION 'unique-key-released'
             USING ERRCODE = 'QS409',
                   DETAIL = format('The item holding unique_key %L finished while this enqueue'
                                   ' ran; send it again.', missing);
+    END IF;
     END IF;
     PERFORM pg_notify('queue_server_ready', queue_server.ready_tag(p_tenant, p_queue));
 END
