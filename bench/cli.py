@@ -20,7 +20,15 @@ import psycopg
 
 from bench import loadgen, peer, profile, reference, report, snapshot, txenqueue
 from bench import workers as user_workers
-from bench.env import HOST, PREFILL, RETENTION_INTERVAL, Environment, environment, venv_bin
+from bench.env import (
+    HOST,
+    ORDERED_PREFILL,
+    PREFILL,
+    RETENTION_INTERVAL,
+    Environment,
+    environment,
+    venv_bin,
+)
 from bench.progress import say
 from bench.stats import CpuSplit, Figure, PhaseLoad, percentile
 
@@ -632,6 +640,42 @@ def phase_cost_growth(run: Run) -> None:
     run.extra["cost_growth"] = results
 
 
+# The ordering keys of the flow-control phase's queue.
+ORDERING_KEYS = 1000
+
+
+def phase_flow(run: Run) -> None:
+    """The acquire and the complete, one worker unbatched, on a plain queue and on a queue
+    whose items have 1,000 ordering keys (one ready per key, the rest of each key's line
+    waiting behind it: each complete makes the next of its key ready)."""
+    seconds = run.plan.cost_s * 2
+    n = prefill_size(run, "flow", 1, seconds)
+    for name, label in (("plain", "plain queue"), ("ordered", f"{ORDERING_KEYS:,} ordering keys")):
+        tenant = run.new_tenant(f"flow{name}")
+        if name == "plain":
+            prefill(run, tenant, "q", n)
+        else:
+            with psycopg.connect(run.env.url, autocommit=True) as conn:
+                conn.execute(
+                    ORDERED_PREFILL,
+                    {"tenant": tenant.name, "queue": "q", "n": n, "keys": ORDERING_KEYS},
+                )
+                conn.execute("ANALYZE work_items")
+        for rep in range(run.plan.reps):
+            say(f"flow control: {label}, 1 worker unbatched, rep {rep + 1}/{run.plan.reps}")
+            _, res, _ = cycles_once(
+                run, workers=1, batch=1, seconds=seconds, family=f"flow {name}",
+                record_latency=True, tenant=tenant, prefilled=True,
+            )  # fmt: skip
+            a = [v * 1000 for r in res for v in r.acquire_latency]
+            c = [v * 1000 for r in res for v in r.complete_latency]
+            run.figure(f"acquire_p50_ms_{name}", f"acquire p50, {label}", "ms", percentile(a, 50))
+            run.figure(f"complete_p50_ms_{name}", f"complete p50, {label}", "ms", percentile(c, 50))
+            say(
+                f"  acquire p50 {percentile(a, 50):.2f} ms, complete p50 {percentile(c, 50):.2f} ms"
+            )
+
+
 _DEAD = """
 SELECT relname, n_live_tup, n_dead_tup, autovacuum_count, autoanalyze_count,
        extract(epoch FROM now() - last_autovacuum) AS since_autovacuum_s,
@@ -1045,6 +1089,7 @@ def main(argv: list[str] | None = None) -> int:
                 ("wake", phase_wake),
                 ("profile", phase_profile),
                 ("cost", phase_cost_growth),
+                ("flow", phase_flow),
                 ("churn", phase_churn),
                 # Last: the snapshot holds back vacuum everywhere, and the autovacuum after
                 # its release would weigh on any phase that came next.

@@ -431,6 +431,30 @@ def environment(*, server_workers: int | None, keep: bool = False) -> Iterator[E
 
 # `n` ready items of one queue, each as an enqueue makes it (the row and its `enqueued`
 # ledger event), in one statement: the prefill of the benchmark and of the scale curve.
+# Ready items of `keys` ordering keys with the rest of each key's line waiting behind them,
+# as an enqueue with `ordering_key` makes them (migration 0031): the first of each key ready.
+ORDERED_PREFILL = """
+WITH ins AS (
+    INSERT INTO work_items (tenant_id, item_id, queue, payload, priority, state, available_at,
+                            max_acquisitions, event_seq, created_at, updated_at, ordering_key,
+                            ordering_seq)
+    SELECT %(tenant)s, gen_random_uuid(), %(queue)s, jsonb_build_object('n', g), 0,
+           CASE WHEN g <= %(keys)s THEN 'ready' ELSE 'waiting' END::item_state,
+           statement_timestamp(), 5, 1, statement_timestamp(), statement_timestamp(),
+           'key-' || (g %% %(keys)s), nextval('work_items_ordering_seq')
+    FROM generate_series(1, %(n)s) AS g
+    RETURNING tenant_id, item_id, queue, payload, priority, available_at, max_acquisitions,
+              created_at, state, ordering_key
+)
+INSERT INTO item_events (tenant_id, item_id, seq, at, kind, fence, actor, data)
+SELECT tenant_id, item_id, 0, created_at, 'enqueued', 0, 'bench-prefill',
+       jsonb_build_object('queue', queue, 'payload', payload, 'priority', priority,
+                          'available_at', available_at, 'max_acquisitions', max_acquisitions,
+                          'ordering_key', ordering_key)
+       || CASE WHEN state = 'waiting' THEN '{"state": "waiting"}'::jsonb ELSE '{}' END
+FROM ins
+"""
+
 PREFILL = """
 WITH ins AS (
     INSERT INTO work_items (tenant_id, item_id, queue, payload, priority, state, available_at,

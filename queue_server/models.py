@@ -14,6 +14,7 @@ NAME_RE = re.compile(NAME_PATTERN)
 
 
 class ItemState(StrEnum):
+    WAITING = "waiting"
     READY = "ready"
     LEASED = "leased"
     COMPLETED = "completed"

@@ -39,6 +39,7 @@ def item(row: Row) -> dict[str, Any]:
         "created_at": row["created_at"],
         "updated_at": row["updated_at"],
         "unique_key": row.get("unique_key"),
+        "ordering_key": row.get("ordering_key"),
     }
 
 
@@ -46,16 +47,17 @@ def enqueued(
     tenant: str,
     queue: str,
     specs: list[dict[str, Any]],
-    written: dict[str, tuple[int, datetime, datetime]],
+    written: dict[str, tuple[int, datetime, datetime, str]],
 ) -> list[dict[str, Any]]:
     """New items as `item` shows them, in the order of `specs` (what was enqueued), from what
     the enqueue sent and what the database decided (`transitions.enqueue_rows`: budget,
-    available_at, created_at by item id): no row is read back for the answer."""
+    available_at, created_at and state by item id): no row is read back for the answer."""
     shaped = []
     for spec in specs:
-        budget, available_at, created_at = written[spec["item_id"]]
+        budget, available_at, created_at, state = written[spec["item_id"]]
         row = {
             **_NEW_ROW,
+            "state": state,
             "item_id": spec["item_id"],
             "tenant_id": tenant,
             "queue": queue,
@@ -66,6 +68,7 @@ def enqueued(
             "created_at": created_at,
             "updated_at": created_at,
             "unique_key": spec.get("unique_key"),
+            "ordering_key": spec.get("ordering_key"),
         }
         shaped.append(item(row))
     return shaped

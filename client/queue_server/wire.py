@@ -93,6 +93,12 @@ class Item(Model):
         description="Its producer's unique key: none other of the queue with it"
         " is made while this one is ready or leased.",
     )
+    ordering_key: str | None = Field(
+        default=None,
+        description="Its producer's ordering key: the queue's items with it are handed out"
+        " one at a time, in enqueue order; `state` is `waiting` while one before it is not"
+        " finished.",
+    )
 
 
 class LedgerEvent(Model):
@@ -256,6 +262,11 @@ class QueueSettings(Model):
     deadline: Setting
     max_acquisitions: Setting
     retry: RetrySettings
+    ordering_dead_letters: Setting | None = Field(
+        default=None,
+        description="`release`: an item of an ordering key that goes to dead letters lets the"
+        " next of its key go; `hold`: the key waits until it is replayed or discarded.",
+    )
     updated_at: datetime | None = None
     updated_by: str | None = None
 

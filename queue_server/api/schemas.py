@@ -178,6 +178,13 @@ class ItemIn(Body):
         description="While an item of the queue with this key is ready or leased, none is"
         " made: the answer is that item (200 for a single enqueue).",
     )
+    ordering_key: str | None = Field(
+        default=None,
+        pattern=r"^[!-~]{1,255}$",
+        description="Items of the queue with this key are handed out one at a time, in"
+        " enqueue order: this one is `waiting` until the one before it completes, is"
+        " cancelled or goes to dead letters (the queue's `ordering_dead_letters`).",
+    )
 
 
 class BatchIn(Body):
@@ -196,6 +203,7 @@ class BatchIn(Body):
                     "delay": float(item.delay),
                     "max_acquisitions": item.max_acquisitions,
                     "unique_key": item.unique_key,
+                    "ordering_key": item.ordering_key,
                 }
                 for item in self.items
             ]
@@ -436,7 +444,7 @@ ConcurrencyOut = wire.Concurrency
 
 # The orders of GET /items: a key, ascending, or descending with a leading "-".
 ItemSort = Literal["created", "-created", "priority", "-priority", "attempts", "-attempts"]
-ItemStateName = Literal["ready", "leased", "completed", "quarantined", "cancelled"]
+ItemStateName = Literal["waiting", "ready", "leased", "completed", "quarantined", "cancelled"]
 
 
 class ItemPage(BaseModel):
@@ -454,7 +462,7 @@ class ItemFilterIn(Body):
     """The filter of GET /items, as a body: every field optional."""
 
     queue: Name | None = None
-    state: Literal["ready", "leased", "quarantined"] | None = None
+    state: Literal["waiting", "ready", "leased", "quarantined"] | None = None
     created_after: Instant | None = None
     created_before: Instant | None = None
     payload: Json = Field(
@@ -573,6 +581,12 @@ class QueueSettingsIn(Body):
     deadline: float | None = Field(default=None, gt=0, le=7 * 86400, strict=True)
     max_acquisitions: int | None = Field(default=None, ge=1, le=100, strict=True)
     retry: RetryIn | None = None
+    ordering_dead_letters: Literal["release", "hold"] | None = Field(
+        default=None,
+        description="When an item with an ordering key goes to dead letters: `release` (the"
+        " default) hands out the next item of its key; `hold` keeps the key's next items"
+        " waiting until the dead letter is replayed or discarded.",
+    )
 
     def given(self) -> queue_settings.QueueSettingsIn:
         """The settings as the queue settings service takes them."""
@@ -582,6 +596,7 @@ class QueueSettingsIn(Body):
             deadline=self.deadline,
             max_acquisitions=self.max_acquisitions,
             retry=queue_settings.RetrySettings(base=retry.base, cap=retry.cap, jitter=retry.jitter),
+            ordering_dead_letters=self.ordering_dead_letters,
         )
 
 

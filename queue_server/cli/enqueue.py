@@ -46,7 +46,8 @@ def read_lines(path: Path) -> list[tuple[str, NewItem]]:
     """Each non-blank line's key (its number and a hash of its text) and its item.
 
     A line is a payload, or an object {"payload": ..., "priority", "delay",
-    "max_acquisitions", "unique_key"} when it has a "payload" key and only those keys.
+    "max_acquisitions", "unique_key", "ordering_key"} when it has a "payload" key and only
+    those keys.
     """
     try:
         data = path.read_bytes()
@@ -57,7 +58,7 @@ def read_lines(path: Path) -> list[tuple[str, NewItem]]:
         if not raw.strip():
             continue
         value = _parse(raw, f"{path}:{number}")
-        known = {"payload", "priority", "delay", "max_acquisitions", "unique_key"}
+        known = {"payload", "priority", "delay", "max_acquisitions", "unique_key", "ordering_key"}
         if isinstance(value, dict) and "payload" in value and set(value) <= known:
             item = NewItem(**value)
         else:
@@ -161,6 +162,14 @@ def enqueue(
             " answer that one (a file's line may carry its own)."
         ),
     ] = None,
+    ordering_key: Annotated[
+        str | None,
+        typer.Option(
+            help="Hand out the queue's items with this key one at a time, in enqueue order:"
+            " this one waits while one before it is not finished (a file's line may carry"
+            " its own)."
+        ),
+    ] = None,
     url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
@@ -184,13 +193,19 @@ def enqueue(
         fail("Nothing to enqueue", "give exactly one of --payload JSON or --file items.jsonl")
     if file is not None and unique_key is not None:
         fail("--unique-key is for one item", "in a file, give each line its own unique_key")
+    if file is not None and ordering_key is not None:
+        fail("--ordering-key is for one item", "in a file, give each line its own ordering_key")
     with tenant_session(url, key, data_dir, tenant) as qs:
         if payload is not None and unique_key is not None:
             answer = qs.request(
                 "POST",
                 f"/v1/tenants/{qs.tenant or ''}/queues/{queue}/items",
                 json=_item_body(
-                    NewItem(payload=_parse(payload, "--payload"), unique_key=unique_key),
+                    NewItem(
+                        payload=_parse(payload, "--payload"),
+                        unique_key=unique_key,
+                        ordering_key=ordering_key,
+                    ),
                     priority=priority,
                     delay=delay,
                     budget=max_acquisitions,
@@ -216,9 +231,15 @@ def enqueue(
                 delay=delay,
                 max_acquisitions=max_acquisitions,
                 idempotency_key=idempotency_key,
+                ordering_key=ordering_key,
             )
             if json:
                 print_json(item)
+            elif item.state == "waiting":
+                console.print(
+                    f"enqueued {item.item_id} on {item.queue}: waiting behind the items before"
+                    f" it with ordering key {item.ordering_key}"
+                )
             else:
                 console.print(f"enqueued {item.item_id} on {item.queue}")
             return
@@ -291,4 +312,6 @@ def _item_body(item: NewItem, *, priority: int, delay: float, budget: int | None
         body["max_acquisitions"] = item.max_acquisitions or budget
     if item.unique_key is not None:
         body["unique_key"] = item.unique_key
+    if item.ordering_key is not None:
+        body["ordering_key"] = item.ordering_key
     return body

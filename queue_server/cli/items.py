@@ -43,7 +43,9 @@ SORTS = ("created", "-created", "priority", "-priority", "attempts", "-attempts"
 Queue = Annotated[str | None, typer.Option("--queue", help="Only this queue.")]
 State = Annotated[
     str | None,
-    typer.Option(help="Only this state: ready, leased, completed, quarantined or cancelled."),
+    typer.Option(
+        help="Only this state: waiting, ready, leased, completed, quarantined or cancelled."
+    ),
 ]
 After = Annotated[
     datetime | None,

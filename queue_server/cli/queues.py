@@ -165,7 +165,15 @@ def queues_resume(
 
 
 # Fields `--clear` may name, with the settings key they unset.
-CLEARABLE = ("lease-ttl", "deadline", "max-acquisitions", "retry-base", "retry-cap", "jitter")
+CLEARABLE = (
+    "lease-ttl",
+    "deadline",
+    "max-acquisitions",
+    "retry-base",
+    "retry-cap",
+    "jitter",
+    "ordering-dead-letters",
+)
 
 
 def _shown(setting: Setting, unit: str = "") -> str:
@@ -191,6 +199,11 @@ def settings_fields(s: QueueSettings) -> None:
             ("retry factor", _shown(retry.factor)),
             ("retry cap", _shown(retry.cap, " s")),
             ("retry jitter", _shown(retry.jitter)),
+            *(
+                [("ordering dead letters", _shown(s.ordering_dead_letters))]
+                if s.ordering_dead_letters is not None
+                else []
+            ),
             ("updated", f"{s.updated_at} by {s.updated_by}" if s.updated_at else "never"),
         ],
     )
@@ -239,6 +252,14 @@ def queues_settings(
             help="Full jitter: each backoff delay a uniform draw up to its value.",
         ),
     ] = None,
+    ordering_dead_letters: Annotated[
+        str | None,
+        typer.Option(
+            show_default=False,
+            help="When an item with an ordering key goes to dead letters: release (hand out"
+            " the next of its key) or hold (its key waits until it is replayed or discarded).",
+        ),
+    ] = None,
     clear: Annotated[
         list[str] | None,
         typer.Option(
@@ -268,6 +289,8 @@ def queues_settings(
     unknown = [c for c in clear or [] if c not in CLEARABLE]
     if unknown:
         fail("Unknown --clear", f"{', '.join(unknown)}: one of {', '.join(CLEARABLE)}")
+    if ordering_dead_letters not in (None, "release", "hold"):
+        fail("Unknown --ordering-dead-letters", f"{ordering_dead_letters}: release or hold")
     given = {
         "lease-ttl": lease_ttl,
         "deadline": deadline,
@@ -275,6 +298,7 @@ def queues_settings(
         "retry-base": retry_base,
         "retry-cap": retry_cap,
         "jitter": jitter,
+        "ordering-dead-letters": ordering_dead_letters,
     }
     with tenant_session(url, key, data_dir, tenant) as qs:
         current = qs.queue_settings(queue)
@@ -286,6 +310,9 @@ def queues_settings(
                 "retry-base": _own(current.retry.base),
                 "retry-cap": _own(current.retry.cap),
                 "jitter": _own(current.retry.jitter),
+                "ordering-dead-letters": (
+                    _own(current.ordering_dead_letters) if current.ordering_dead_letters else None
+                ),
             }
             own.update({k: v for k, v in given.items() if v is not None})
             for name in clear or []:
@@ -298,6 +325,7 @@ def queues_settings(
                 retry_base=own["retry-base"],
                 retry_cap=own["retry-cap"],
                 retry_jitter=own["jitter"],
+                ordering_dead_letters=own["ordering-dead-letters"],
             )
     if json:
         print_json(current)

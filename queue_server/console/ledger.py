@@ -23,6 +23,8 @@ TONES = {
     "quarantined": "bad",
     "deadline_exceeded": "bad",
     "cancelled": "warn",
+    "unblocked": "info",
+    "held": "quiet",
 }
 
 
@@ -60,7 +62,12 @@ def sentence(event: dict[str, Any]) -> str:
     match kind:
         case "enqueued":
             queue = f" on {data['queue']}" if data.get("queue") else ""
-            return f"{who} enqueued it{queue}, priority {data.get('priority', 0)}."
+            waits = (
+                f", waiting behind the items before it with ordering key {data['ordering_key']}"
+                if data.get("state") == "waiting"
+                else ""
+            )
+            return f"{who} enqueued it{queue}, priority {data.get('priority', 0)}{waits}."
         case "scheduled":
             return f"Schedule {data.get('schedule', '')} enqueued it.".replace("  ", " ")
         case "acquired":
@@ -97,6 +104,16 @@ def sentence(event: dict[str, Any]) -> str:
         case "cancelled":
             reason = f": {data['reason']}" if data.get("reason") else ""
             return f"{who} cancelled it{reason}."
+        case "unblocked":
+            before = data.get("after", "the item before it")
+            return (
+                f"Ready: {before}, before it with its ordering key, is {data.get('after_state')}."
+            )
+        case "held":
+            return (
+                f"Waiting behind {data.get('behind', 'an item')} with its ordering key"
+                f" {data.get('ordering_key', '')}."
+            )
     return f"{who}: {kind}, fence {fence}."
 
 

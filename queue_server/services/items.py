@@ -41,7 +41,7 @@ from queue_server.store.types import Conn, Row
 from queue_server.tracecontext import TraceContext
 
 MAX_BULK_CANCEL = 1000
-CANCELLABLE = (ItemState.READY, ItemState.LEASED, ItemState.QUARANTINED)
+CANCELLABLE = (ItemState.WAITING, ItemState.READY, ItemState.LEASED, ItemState.QUARANTINED)
 # The orders of a page of items (GET /items's `sort`): a key, "-" descending.
 SORTS = reads.SORTS
 # What a bulk retry makes ready, and what a bulk delete removes.
@@ -162,6 +162,8 @@ class NewItem:
     trace: TraceContext | None = None
     # While an item of the queue with this key is ready or leased, none is made.
     unique_key: str | None = None
+    # Items of the queue with this key are handed out one at a time, in enqueue order.
+    ordering_key: str | None = None
 
 
 class ItemSpec(Protocol):
@@ -181,6 +183,9 @@ class ItemSpec(Protocol):
 
     @property
     def unique_key(self) -> str | None: ...
+
+    @property
+    def ordering_key(self) -> str | None: ...
 
 
 class Items:
@@ -301,6 +306,7 @@ class Items:
                 ),
                 **traced,
                 **({} if item.unique_key is None else {"unique_key": item.unique_key}),
+                **({} if item.ordering_key is None else {"ordering_key": item.ordering_key}),
             }
             for item, item_id in zip(items, ids, strict=True)
         ]

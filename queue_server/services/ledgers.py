@@ -60,7 +60,8 @@ def fold(events: list[Row]) -> Row:
                 "queue": data["queue"],
                 "payload": data["payload"],
                 "priority": data["priority"],
-                "state": "ready",
+                # `waiting` behind an item of its ordering key not finished (0031).
+                "state": data.get("state", "ready"),
                 "available_at": _time(data["available_at"]),
                 "fence": 0,
                 "acquisition_count": 0,
@@ -114,6 +115,10 @@ def fold(events: list[Row]) -> Row:
             )
         elif kind == "cancelled":
             _release(item, "cancelled")
+        elif kind == "unblocked":  # the item before it in its ordering key's line finished
+            item["state"] = "ready"
+        elif kind == "held":  # back from its dead letter behind others of its ordering key
+            item["state"] = "waiting"
         elif kind == "deadline_exceeded":
             if "failure" in data:  # the attempt's failure (kept since this event carried it)
                 item["last_failure"] = data["failure"]

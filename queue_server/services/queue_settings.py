@@ -10,6 +10,9 @@
                       min(cap, base * 2 ** (acquisitions - 1)), times a uniform draw
                       in [0, 1) with full jitter; base 1 s, cap the policy's
                       backoff cap, no jitter unless the queue sets them
+    ordering_dead_letters  whether an item of an ordering key that goes to dead letters
+                      lets the next of its key go (`release`, the default) or holds
+                      the key until it is replayed or discarded (`hold`)
 
 Every value is at most the loaded policy's (a PUT above it is 422 naming the field and
 the cell); a value stored under a looser policy is held to the loaded one when read.
@@ -34,6 +37,9 @@ from queue_server.services.envelope import Above, LeaseEnvelope, refuse_above
 from queue_server.store import queues as queue_store
 from queue_server.store.types import Conn, Row
 
+# What a dead letter does to the next item of its ordering key unless the queue says.
+DEFAULT_ORDERING_DEAD_LETTERS = "release"
+
 # The server's own defaults of the retry settings, below every policy's backoff cap.
 DEFAULT_RETRY_BASE = 1.0
 DEFAULT_RETRY_FACTOR = 2.0
@@ -55,6 +61,7 @@ class QueueSettingsIn:
     deadline: float | None = None
     max_acquisitions: int | None = None
     retry: RetrySettings = RetrySettings()
+    ordering_dead_letters: str | None = None
 
 
 def _seconds(value: timedelta | None) -> float | None:
@@ -113,6 +120,11 @@ def effective(row: Row, leased: LeasedWork) -> dict[str, Any]:
             "cap": cap,
             "jitter": jitter,
         },
+        "ordering_dead_letters": _first(
+            None,
+            (row["ordering_dead_letters"], "queue"),
+            otherwise=(DEFAULT_ORDERING_DEAD_LETTERS, "default"),
+        ),
         "updated_at": row["settings_updated_at"],
         "updated_by": row["settings_updated_by"],
     }
@@ -193,6 +205,7 @@ class QueueSettings:
                 retry_base=given.retry.base,
                 retry_cap=given.retry.cap,
                 retry_jitter=given.retry.jitter,
+                ordering_dead_letters=given.ordering_dead_letters or DEFAULT_ORDERING_DEAD_LETTERS,
             )
             return Answer.of(200, await self._settings(conn, tenant, queue))
 

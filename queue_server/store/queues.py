@@ -224,6 +224,7 @@ async def put_settings(
     retry_base: float | None,
     retry_cap: float | None,
     retry_jitter: bool | None,
+    ordering_dead_letters: str,
 ) -> Row:
     """The queue's own settings, replaced all at once and ledgered (kind `settings`)."""
     params = {
@@ -236,6 +237,7 @@ async def put_settings(
         "retry_base": retry_base,
         "retry_cap": retry_cap,
         "retry_jitter": retry_jitter,
+        "ordering_dead_letters": ordering_dead_letters,
     }
     row = await fetch_one(conn, _SQL["put_settings"], params)
     assert row is not None  # an upsert returns its row

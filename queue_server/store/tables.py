@@ -38,8 +38,16 @@ metadata = MetaData(
     }
 )
 
+# `waiting` (0031): behind an item of its ordering key that is not finished.
 item_state = Enum(
-    "ready", "leased", "completed", "quarantined", "cancelled", name="item_state", metadata=metadata
+    "waiting",
+    "ready",
+    "leased",
+    "completed",
+    "quarantined",
+    "cancelled",
+    name="item_state",
+    metadata=metadata,
 )
 
 
@@ -147,11 +155,19 @@ work_items = Table(
     # The producer's unique key (0030): while an item of the queue with it is ready or
     # leased, an enqueue with the same key makes nothing and is answered with that item.
     Column("unique_key", Text, nullable=True),
+    # The producer's ordering key (0031): the key's items are handed out one at a time, in
+    # their order in the key's line (ordering_seq); those behind the active one wait.
+    Column("ordering_key", Text, nullable=True),
+    Column("ordering_seq", BigInteger, nullable=True),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
     CheckConstraint("fence >= 0", name="fence_not_negative"),
     CheckConstraint(
         "unique_key IS NULL OR unique_key ~ '^[!-~]{1,255}$'", name="unique_key_printable"
     ),
+    CheckConstraint(
+        "ordering_key IS NULL OR ordering_key ~ '^[!-~]{1,255}$'", name="ordering_key_printable"
+    ),
+    CheckConstraint("(ordering_key IS NULL) = (ordering_seq IS NULL)", name="ordering_placed"),
     CheckConstraint(TRACEPARENT_W3C, name="traceparent_w3c"),
     CheckConstraint(TRACESTATE_BOUNDED, name="tracestate_bounded"),
     CheckConstraint(
@@ -244,9 +260,20 @@ work_items = Table(
         "queue",
         "unique_key",
         unique=True,
+        # Every item not finished (0031: waiting, ready or leased).
         postgresql_where=text(
-            "unique_key IS NOT NULL AND state IN ('ready'::item_state, 'leased'::item_state)"
+            "unique_key IS NOT NULL AND state NOT IN"
+            " ('completed'::item_state, 'quarantined'::item_state, 'cancelled'::item_state)"
         ),
+    ),
+    # A key's line (0031): its newest item, and the next after a finished one.
+    Index(
+        "ix_work_items_ordering",
+        "tenant_id",
+        "queue",
+        "ordering_key",
+        "ordering_seq",
+        postgresql_where=text("ordering_key IS NOT NULL"),
     ),
 )
 
@@ -681,8 +708,14 @@ queues = Table(
     Column("settings_updated_by", Text, nullable=True),
     # The operator's concurrency (0029), at most the approved limit; NULL: the approved limit.
     Column("concurrency", Integer, nullable=True),
+    # Whether a dead letter lets the next item of its ordering key go (`release`) or holds
+    # the key until it is replayed or discarded (`hold`): 0031.
+    Column("ordering_dead_letters", Text, nullable=False, server_default=text("'release'::text")),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
     CheckConstraint("(paused_at IS NULL) = (paused_by IS NULL)", name="paused_has_actor"),
+    CheckConstraint(
+        "ordering_dead_letters IN ('release', 'hold')", name="ordering_dead_letters_known"
+    ),
     CheckConstraint("concurrency IS NULL OR concurrency >= 1", name="concurrency_positive"),
     CheckConstraint(
         "(lease_ttl IS NULL OR lease_ttl > interval '0')"

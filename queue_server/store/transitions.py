@@ -91,8 +91,9 @@ def _admission(
     }
 
 
-# What `enqueue_rows` tells of one item: its budget, when it is available, when created.
-Written = tuple[int, datetime, datetime]
+# What `enqueue_rows` tells of one item: its budget, when it is available, when created,
+# and its state (`waiting` behind others of its ordering key, else `ready`).
+Written = tuple[int, datetime, datetime, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,9 +131,9 @@ async def enqueue_rows(
     ours = {item["item_id"] for item in items}
     written: dict[str, Written] = {}
     holders: dict[str, str] = {}
-    for item_id, budget, at, created, unique_key in await cur.fetchall():
+    for item_id, budget, at, created, unique_key, state in await cur.fetchall():
         if item_id in ours:
-            written[item_id] = (budget, at, created)
+            written[item_id] = (budget, at, created, state)
         if unique_key is not None:
             holders[unique_key] = item_id
     return Enqueued(written, holders)

@@ -376,6 +376,11 @@ def observe(qs: QueueClient, operator: QueueClient) -> dict[str, Any]:
     (taken,) = qs.acquire("u", worker="w2")
     qs.complete(taken.item_id, worker="w2", fence=taken.fence)
     freed = qs.enqueue("u", "three", unique_key="k")
+    # An ordering key: one at a time, in enqueue order.
+    line = [qs.enqueue("o", n, ordering_key="c") for n in range(3)]
+    (first,) = qs.acquire("o", worker="w2")
+    qs.complete(first.item_id, worker="w2", fence=first.fence)
+    (second,) = qs.acquire("o", worker="w2")
     return {
         "same item": again.item_id == low.item_id,
         "unique": (
@@ -384,6 +389,11 @@ def observe(qs: QueueClient, operator: QueueClient) -> dict[str, Any]:
             held.unique_key,
             freed.item_id != unique.item_id,
             freed.payload,
+        ),
+        "ordered": (
+            [i.state for i in line],
+            [first.payload, second.payload],
+            [qs.get_item(i.item_id).state for i in line],
         ),
         "handled": handled,
         "seen": seen,
@@ -408,6 +418,9 @@ def test_the_in_memory_server_answers_as_a_live_server_does(api: Api) -> None:
     # And what they both saw is what the API promises, not a shared mistake.
     assert live["same item"] is True
     assert live["unique"] == (True, "one", "k", True, "three")
+    assert live["ordered"] == (
+        ["ready", "waiting", "waiting"], [0, 1], ["completed", "leased", "waiting"],
+    )  # fmt: skip
     assert [s[:3] for s in live["seen"]] == [
         ("high", 1, 1), ("flaky", 1, 1), ("flaky", 2, 2), ("low", 1, 1), ("poison", 1, 1),
     ]  # fmt: skip

@@ -88,6 +88,8 @@ class NewItem(Model):
     # While an item of the queue with this key is ready or leased, none is made: the
     # enqueue is answered with that item.
     unique_key: str | None = None
+    # The queue's items with this key are handed out one at a time, in enqueue order.
+    ordering_key: str | None = None
 
 
 class Completion(Model):

@@ -190,6 +190,8 @@ class Record:
     result: Any = None
     last_failure: Any = None
     unique_key: str | None = None
+    ordering_key: str | None = None
+    ordering_seq: int = 0  # its place in its ordering key's line
     updated_at: datetime = field(init=False)
 
     def __post_init__(self) -> None:
@@ -410,7 +412,7 @@ class InMemoryServer:
             r.unique_key: r
             for r in self._items.values()
             if r.unique_key is not None
-            and r.state in ("ready", "leased")
+            and r.state in ("waiting", "ready", "leased")
             and (r.tenant, r.queue) == (asked.args["tenant"], asked.args["queue"])
         }
         for spec in specs:
@@ -431,7 +433,11 @@ class InMemoryServer:
                 max_acquisitions=spec.get("max_acquisitions") or self.max_acquisitions,
                 created_at=now,
                 unique_key=spec.get("unique_key"),
+                ordering_key=spec.get("ordering_key"),
+                ordering_seq=n,
             )
+            if record.ordering_key is not None and self._line(record):
+                record.state = "waiting"  # behind an item of its key not finished
             self._items[record.item_id] = record
             new.add(record.item_id)
             if record.unique_key is not None:
@@ -628,6 +634,7 @@ class InMemoryServer:
         if action == "complete":
             record.result = body.get("result")
             record.release(now, "completed")
+            self._next_in_line(record, now)
         elif decision == "quarantine":
             self._quarantine(record, now, "quarantined by triage", failure)
         elif action == "triage" and record.acquisition_count >= record.max_acquisitions:
@@ -643,6 +650,29 @@ class InMemoryServer:
             record.release(now, "ready")
         self._changed.notify_all()
         return record.view()
+
+    def _line(self, record: Record) -> list[Record]:
+        """The other items of `record`'s ordering key not finished, in their line's order."""
+        return sorted(
+            (
+                r
+                for r in self._items.values()
+                if r is not record
+                and (r.tenant, r.queue, r.ordering_key)
+                == (record.tenant, record.queue, record.ordering_key)
+                and r.state in ("waiting", "ready", "leased")
+            ),
+            key=lambda r: r.ordering_seq,
+        )
+
+    def _next_in_line(self, record: Record, now: datetime) -> None:
+        """`record` finished: the next waiting item of its ordering key is ready (a dead
+        letter releases the key, as a queue's default `ordering_dead_letters` does)."""
+        if record.ordering_key is None:
+            return
+        waiting = [r for r in self._line(record) if r.state == "waiting"]
+        if waiting:
+            waiting[0].state, waiting[0].updated_at = "ready", now
 
     @staticmethod
     def _failure(body: dict[str, Any], *, required: bool) -> dict[str, Any] | None:
@@ -672,6 +702,7 @@ class InMemoryServer:
         if failure is not None:
             record.last_failure = failure
         record.release(now, "quarantined")
+        self._next_in_line(record, now)
         letter: dict[str, Any] = {"dead_letter_id": str(uuid.uuid4()), "kind": "item"}
         letter |= {"item_id": record.item_id, "queue": record.queue, "reason": reason}
         letter |= {"last_failure": record.last_failure, "created_at": now}

@@ -23,7 +23,7 @@ NAV_ENTRY = web.NavEntry("items", "Items")
 
 PAGE_SIZE = 50
 MAX_SELECTION = 100
-CANCELLABLE = ("ready", "leased")
+CANCELLABLE = ("waiting", "ready", "leased")
 # One item, from its own page: a quarantined one too (its open dead letter closes with it).
 ITEM_CANCELLABLE = (*CANCELLABLE, "quarantined")
 STATES = tuple(s.value for s in ItemState)

@@ -155,6 +155,7 @@ async def save_settings(request: Request, tenant: str, queue: str) -> Response:
             "cap": _number(form, "retry_cap"),
             "jitter": True if web.form_text(form, "retry_jitter") == "on" else None,
         },
+        ordering_dead_letters="hold" if web.form_text(form, "ordering_hold") == "on" else None,
     )
     rest_path = f"/v1/tenants/{tenant}/queues/{queue}/settings"
     idem = web.idempotency_for(

@@ -373,21 +373,24 @@ WHERE d.tenant_id = old.tenant_id AND d.queue = old.queue AND d.sampled_at = old
 
 -- name: put_settings
 -- The queue's own settings, all of them at once (NULL: the tenant's default, else the
--- policy's), ledgered on the queue with the values before and after.
+-- policy's; `ordering_dead_letters` has its own default, release), ledgered on the queue
+-- with the values before and after.
 WITH before AS (
-    SELECT lease_ttl, deadline, max_acquisitions, retry_base, retry_cap, retry_jitter
+    SELECT lease_ttl, deadline, max_acquisitions, retry_base, retry_cap, retry_jitter,
+           ordering_dead_letters
     FROM queues WHERE tenant_id = %(tenant)s AND queue = %(queue)s
 ), q AS (
     INSERT INTO queues AS t (tenant_id, queue, lease_ttl, deadline, max_acquisitions,
-                             retry_base, retry_cap, retry_jitter, settings_updated_at,
-                             settings_updated_by, event_seq, updated_at)
+                             retry_base, retry_cap, retry_jitter, ordering_dead_letters,
+                             settings_updated_at, settings_updated_by, event_seq, updated_at)
     VALUES (%(tenant)s, %(queue)s, %(lease_ttl)s, %(deadline)s, %(max_acquisitions)s,
-            %(retry_base)s, %(retry_cap)s, %(retry_jitter)s, statement_timestamp(), %(actor)s,
-            1, statement_timestamp())
+            %(retry_base)s, %(retry_cap)s, %(retry_jitter)s, %(ordering_dead_letters)s,
+            statement_timestamp(), %(actor)s, 1, statement_timestamp())
     ON CONFLICT (tenant_id, queue) DO UPDATE
     SET lease_ttl = excluded.lease_ttl, deadline = excluded.deadline,
         max_acquisitions = excluded.max_acquisitions, retry_base = excluded.retry_base,
         retry_cap = excluded.retry_cap, retry_jitter = excluded.retry_jitter,
+        ordering_dead_letters = excluded.ordering_dead_letters,
         settings_updated_at = excluded.settings_updated_at,
         settings_updated_by = excluded.settings_updated_by, event_seq = t.event_seq + 1,
         updated_at = excluded.updated_at
@@ -401,7 +404,8 @@ WITH before AS (
                    'lease_ttl', extract(epoch FROM q.lease_ttl),
                    'deadline', extract(epoch FROM q.deadline),
                    'max_acquisitions', q.max_acquisitions, 'retry_base', q.retry_base,
-                   'retry_cap', q.retry_cap, 'retry_jitter', q.retry_jitter))
+                   'retry_cap', q.retry_cap, 'retry_jitter', q.retry_jitter,
+                   'ordering_dead_letters', q.ordering_dead_letters))
     FROM q
 )
 SELECT * FROM q;
@@ -410,7 +414,7 @@ SELECT * FROM q;
 -- What a queue's settings resolve from: its own row (if any) and its tenant's defaults.
 SELECT t.default_lease_ttl, t.default_max_acquisitions,
        q.lease_ttl, q.deadline, q.max_acquisitions, q.retry_base, q.retry_cap, q.retry_jitter,
-       q.settings_updated_at, q.settings_updated_by
+       q.ordering_dead_letters, q.settings_updated_at, q.settings_updated_by
 FROM tenants t
 LEFT JOIN queues q ON q.tenant_id = t.tenant_id AND q.queue = %(queue)s
 WHERE t.tenant_id = %(tenant)s;

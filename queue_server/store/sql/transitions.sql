@@ -14,8 +14,10 @@ SELECT * FROM queue_server.admit(%(tenant)s, %(queue)s, %(items)s::jsonb, %(acto
 -- name: enqueue_rows
 -- The same admission (queue_server.admit_rows), telling only what the answer cannot know
 -- before: each item's budget (a default is the queue's or the tenant's) and instants;
--- after them, the items holding the unique keys it did not admit (migration 0030).
-SELECT item_id::text AS item_id, max_acquisitions, available_at, created_at, unique_key
+-- after them, the items holding the unique keys it did not admit (migration 0030); and
+-- each item's state (an item behind others of its ordering key waits: migration 0031).
+SELECT item_id::text AS item_id, max_acquisitions, available_at, created_at, unique_key,
+       state::text AS state
 FROM queue_server.admit_rows(%(tenant)s, %(queue)s, %(items)s::jsonb, %(actor)s,
                              %(attempt_cap)s, %(backlog_ceiling)s);
 
@@ -788,11 +790,11 @@ SELECT upd.* FROM upd;
 WITH prev AS (
     -- Locked in id order (two bulk cancels never wait on each other in a cycle); a row
     -- that a holder changed meanwhile is read again after its commit, and left out
-    -- when it is no longer ready, leased or quarantined.
+    -- when it is no longer waiting, ready, leased or quarantined.
     SELECT item_id, state AS previous_state, lease_holder AS previous_holder
     FROM work_items
     WHERE tenant_id = %(tenant)s AND item_id = ANY(%(item_ids)s::uuid[])
-      AND state IN ('ready', 'leased', 'quarantined')
+      AND state IN ('waiting', 'ready', 'leased', 'quarantined')
       AND (%(state)s::item_state IS NULL OR state = %(state)s::item_state)
     ORDER BY item_id
     FOR UPDATE
@@ -818,7 +820,7 @@ WITH prev AS (
       AND d.item_id IN (SELECT item_id FROM upd JOIN prev USING (item_id)
                         WHERE previous_state = 'quarantined')
 ), counted AS (
-    -- Those that were ready or leased leave the backlog.
+    -- Those that were waiting, ready or leased leave the backlog.
     INSERT INTO counter_deltas (tenant_id, queue, shard, released, cancelled)
     SELECT tenant_id, queue, admission_shard,
            count(*) FILTER (WHERE previous_state <> 'quarantined'), count(*)

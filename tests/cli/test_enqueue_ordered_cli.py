@@ -1,0 +1,50 @@
+"""`queue-server enqueue --ordering-key`: the key's first item is ready, the next says it
+waits behind the items before it; a file's lines may carry their own keys; the queue's
+settings take `--ordering-dead-letters`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.helpers.api import Api
+from tests.helpers.cli import Cli
+
+
+def test_enqueue_with_an_ordering_key_says_when_the_item_waits(
+    cli: Cli, api: Api, tmp_path: Path
+) -> None:
+    first = cli.run("enqueue", "q", "--payload", "1", "--ordering-key", "acct-9", role="worker")
+    assert first.stdout.strip().endswith(" on q"), first.stdout
+    second = cli.run("enqueue", "q", "--payload", "2", "--ordering-key", "acct-9", role="worker")
+    assert "waiting behind the items before it with ordering key acct-9" in second.stdout
+    lines = tmp_path / "items.jsonl"
+    lines.write_text('{"payload": 3, "ordering_key": "acct-9"}\n{"payload": 4}\n')
+    loaded = cli.json("enqueue", "q", "--file", str(lines), role="worker")
+    states = [
+        api.worker.get(f"/v1/tenants/acme/items/{item_id}").json()["state"]
+        for item_id in loaded["item_ids"]
+    ]
+    assert states == ["waiting", "ready"]
+    refused = cli.run(
+        "enqueue", "q", "--file", str(lines), "--ordering-key", "x", role="worker", ok=False
+    )
+    assert refused.returncode != 0
+    assert "--ordering-key is for one item" in refused.stdout + refused.stderr
+
+
+def test_queue_settings_hold_ordering_keys_behind_dead_letters_and_keep_it_on_other_changes(
+    cli: Cli, api: Api
+) -> None:
+    shown = cli.run("queues", "settings", "q", "--ordering-dead-letters", "hold", role="operator")
+    assert "hold  (queue)" in shown.stdout, shown.stdout
+    # Another setting changed: the queue still holds its keys.
+    kept = cli.json("queues", "settings", "q", "--deadline", "600", role="operator")
+    assert kept["ordering_dead_letters"] == {"value": "hold", "source": "queue"}
+    cleared = cli.json(
+        "queues", "settings", "q", "--clear", "ordering-dead-letters", role="operator"
+    )
+    assert cleared["ordering_dead_letters"]["value"] == "release"
+    refused = cli.run(
+        "queues", "settings", "q", "--ordering-dead-letters", "skip", role="operator", ok=False
+    )
+    assert refused.returncode != 0
