@@ -185,6 +185,10 @@ def test_the_readme_and_the_guides_that_follow_it_run_as_written(
             continue  # a guide without commands (its examples are run elsewhere, if any)
         outputs[guide.name] = run_guide(served, guide.name, tmp_path)
     assert "nightly" in outputs["schedules.md"]
+    # The second item of an ordering key waits; the worker completes both, in order.
+    flow = " ".join(outputs["flow-control.md"].split())  # as the terminal wrapped it
+    assert "waiting behind the items before it with ordering key acct-9" in flow
+    assert "2 completed" in flow
     # The application's own table, in its role's schema, and an order committed with its
     # item, on the embedded database.
     assert re.search(
