@@ -1030,7 +1030,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--only",
-        default="pgbench,peer,cycles,workers,modes,enqueue,txenqueue,wake,profile,cost,churn,"
+        default="pgbench,peer,cycles,workers,modes,enqueue,txenqueue,wake,profile,cost,flow,churn,"
         "held-snapshot",
         help="comma-separated phases to run (`modes`: cycles and SDK workers in both modes;"
         " `procrastinate`: its worker beside `work`, not in the default)",

@@ -311,6 +311,21 @@ def _ratios(
                 reference=f"{small[1].label} {_quantity(small[1])}",
             )
         )
+    plain, ordered = figs.get("acquire_p50_ms_plain"), figs.get("acquire_p50_ms_ordered")
+    if plain and ordered:
+        value = ordered.median / plain.median if plain.median else None
+        out.append(
+            _verdict(
+                "acquire p50 with 1,000 ordering keys <= 1.5x the plain acquire",
+                [ordered, plain],
+                value,
+                1.5,
+                None if value is None else value <= 1.5,
+                f"{ordered.median:.2f} ms / {plain.median:.2f} ms (the flow-control phase)",
+                shown=_quantity(ordered),
+                reference=f"{plain.label} {_quantity(plain)}",
+            )
+        )
     for mode, rss in peak_rss.items():
         mb = rss / 2**20
         out.append(

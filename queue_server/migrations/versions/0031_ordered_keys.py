@@ -137,8 +137,11 @@ END
 $fn$
 """
 
+# Not for a move between ready and leased (an acquire, a requeue, a takeover): the key's
+# active item stays active, and the acquire pays no call for it.
 TRIGGER = """CREATE TRIGGER work_items_ordered_keys AFTER UPDATE OF state ON work_items
-FOR EACH ROW WHEN (NEW.ordering_key IS NOT NULL AND OLD.state IS DISTINCT FROM NEW.state)
+FOR EACH ROW WHEN (NEW.ordering_key IS NOT NULL AND OLD.state IS DISTINCT FROM NEW.state
+                   AND NOT (OLD.state IN ('ready', 'leased') AND NEW.state IN ('ready', 'leased')))
 EXECUTE FUNCTION queue_server.ordered_keys()
 """
 
