@@ -640,27 +640,50 @@ def phase_cost_growth(run: Run) -> None:
     run.extra["cost_growth"] = results
 
 
-# The ordering keys of the flow-control phase's queue.
+# The ordering keys and partition keys of the flow-control phase's queues.
 ORDERING_KEYS = 1000
+PARTITION_KEYS = 1000
+
+# A rate limit that every acquire reads and writes but none reaches (the bench measures its
+# cost, not its waits): over the queue, or per partition key.
+RATE_LIMIT = """
+INSERT INTO queues (tenant_id, queue, rate_limit, rate_interval, rate_partitioned)
+VALUES (%(tenant)s, 'q', 1000000, interval '60 seconds', %(partitioned)s)
+ON CONFLICT (tenant_id, queue) DO UPDATE
+SET rate_limit = excluded.rate_limit, rate_interval = excluded.rate_interval,
+    rate_partitioned = excluded.rate_partitioned
+"""
+PARTITIONED = "UPDATE work_items SET partition_key = 'key-' || (hashtext(item_id::text) & 1023) WHERE tenant_id = %(tenant)s"
 
 
 def phase_flow(run: Run) -> None:
-    """The acquire and the complete, one worker unbatched, on a plain queue and on a queue
-    whose items have 1,000 ordering keys (one ready per key, the rest of each key's line
-    waiting behind it: each complete makes the next of its key ready)."""
+    """The acquire and the complete, one worker unbatched, on a plain queue; under a rate
+    limit over the queue; under one per partition key with 1,000 keys; and on a queue whose
+    items have 1,000 ordering keys (one ready per key, the rest of each key's line waiting
+    behind it: each complete makes the next of its key ready)."""
     seconds = run.plan.cost_s * 2
     n = prefill_size(run, "flow", 1, seconds)
-    for name, label in (("plain", "plain queue"), ("ordered", f"{ORDERING_KEYS:,} ordering keys")):
+    variants = (
+        ("plain", "plain queue"),
+        ("rate", "a rate limit"),
+        ("partitioned", f"a rate limit per partition key, {PARTITION_KEYS:,} keys"),
+        ("ordered", f"{ORDERING_KEYS:,} ordering keys"),
+    )
+    for name, label in variants:
         tenant = run.new_tenant(f"flow{name}")
-        if name == "plain":
-            prefill(run, tenant, "q", n)
-        else:
-            with psycopg.connect(run.env.url, autocommit=True) as conn:
+        with psycopg.connect(run.env.url, autocommit=True) as conn:
+            if name == "ordered":
                 conn.execute(
                     ORDERED_PREFILL,
                     {"tenant": tenant.name, "queue": "q", "n": n, "keys": ORDERING_KEYS},
                 )
-                conn.execute("ANALYZE work_items")
+            else:
+                prefill(run, tenant, "q", n)
+            if name in ("rate", "partitioned"):
+                conn.execute(RATE_LIMIT, {"tenant": tenant.name, "partitioned": name != "rate"})
+            if name == "partitioned":
+                conn.execute(PARTITIONED, {"tenant": tenant.name})
+            conn.execute("ANALYZE work_items")
         for rep in range(run.plan.reps):
             say(f"flow control: {label}, 1 worker unbatched, rep {rep + 1}/{run.plan.reps}")
             _, res, _ = cycles_once(

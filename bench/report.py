@@ -311,18 +311,25 @@ def _ratios(
                 reference=f"{small[1].label} {_quantity(small[1])}",
             )
         )
-    plain, ordered = figs.get("acquire_p50_ms_plain"), figs.get("acquire_p50_ms_ordered")
-    if plain and ordered:
-        value = ordered.median / plain.median if plain.median else None
+    plain = figs.get("acquire_p50_ms_plain")
+    for name, what in (
+        ("rate", "a rate limit"),
+        ("partitioned", "a rate limit per partition key (1,000 keys)"),
+        ("ordered", "1,000 ordering keys"),
+    ):
+        feature = figs.get(f"acquire_p50_ms_{name}")
+        if not (plain and feature):
+            continue
+        value = feature.median / plain.median if plain.median else None
         out.append(
             _verdict(
-                "acquire p50 with 1,000 ordering keys <= 1.5x the plain acquire",
-                [ordered, plain],
+                f"acquire p50 with {what} <= 1.5x the plain acquire",
+                [feature, plain],
                 value,
                 1.5,
                 None if value is None else value <= 1.5,
-                f"{ordered.median:.2f} ms / {plain.median:.2f} ms (the flow-control phase)",
-                shown=_quantity(ordered),
+                f"{feature.median:.2f} ms / {plain.median:.2f} ms (the flow-control phase)",
+                shown=_quantity(feature),
                 reference=f"{plain.label} {_quantity(plain)}",
             )
         )

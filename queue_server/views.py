@@ -40,6 +40,7 @@ def item(row: Row) -> dict[str, Any]:
         "updated_at": row["updated_at"],
         "unique_key": row.get("unique_key"),
         "ordering_key": row.get("ordering_key"),
+        "partition_key": row.get("partition_key"),
     }
 
 
@@ -69,6 +70,7 @@ def enqueued(
             "updated_at": created_at,
             "unique_key": spec.get("unique_key"),
             "ordering_key": spec.get("ordering_key"),
+            "partition_key": spec.get("partition_key"),
         }
         shaped.append(item(row))
     return shaped

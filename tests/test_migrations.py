@@ -455,17 +455,19 @@ def test_item_json_is_the_item_the_outbox_wrote_before_it(database_url: str) -> 
             " now() - interval '1 day')"
         )
         rows = conn.execute(
-            f"SELECT (item_json(s) - 'unique_key' - 'ordering_key')::text AS now,"
-            f" ({_ITEM_BEFORE_0012})::text AS before,"
-            " item_json(s) ? 'unique_key' AND item_json(s) ? 'ordering_key' AS has_key,"
-            " coalesce(item_json(s)->>'unique_key', item_json(s)->>'ordering_key') AS key"
+            f"SELECT (item_json(s) - 'unique_key' - 'ordering_key' - 'partition_key')::text"
+            f" AS now, ({_ITEM_BEFORE_0012})::text AS before,"
+            " item_json(s) ?& array['unique_key', 'ordering_key', 'partition_key'] AS has_key,"
+            " coalesce(item_json(s)->>'unique_key', item_json(s)->>'ordering_key',"
+            " item_json(s)->>'partition_key') AS key"
             " FROM work_items s ORDER BY s.state, s.created_at"
         ).fetchall()
         stamp = conn.execute("SELECT api_timestamp('2026-12-01 13:58:08+00') AS t").fetchone()
     assert len(rows) == 4
     for row in rows:
         assert row["now"] == row["before"]
-        # Since 0030 the item also shows its unique key, since 0031 its ordering key (none).
+        # Since 0030 the item also shows its unique key, since 0031 its ordering key, since
+        # 0032 its partition key (none here).
         assert (row["has_key"], row["key"]) == (True, None)
     assert stamp == {"t": "2026-12-01T13:58:08.000000Z"}
 

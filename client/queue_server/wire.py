@@ -99,6 +99,11 @@ class Item(Model):
         " one at a time, in enqueue order; `state` is `waiting` while one before it is not"
         " finished.",
     )
+    partition_key: str | None = Field(
+        default=None,
+        description="Its producer's partition key: a rate limit per partition key counts"
+        " its leases against it.",
+    )
 
 
 class LedgerEvent(Model):
@@ -262,6 +267,11 @@ class QueueSettings(Model):
     deadline: Setting
     max_acquisitions: Setting
     retry: RetrySettings
+    rate_limit: Setting | None = Field(
+        default=None,
+        description="`{limit, per, partitioned}`: at most `limit` leases in any `per` seconds,"
+        " over the queue or per partition key; null: none.",
+    )
     ordering_dead_letters: Setting | None = Field(
         default=None,
         description="`release`: an item of an ordering key that goes to dead letters lets the"

@@ -178,6 +178,12 @@ class ItemIn(Body):
         description="While an item of the queue with this key is ready or leased, none is"
         " made: the answer is that item (200 for a single enqueue).",
     )
+    partition_key: str | None = Field(
+        default=None,
+        pattern=r"^[!-~]{1,255}$",
+        description="The partition (a customer, a tenant of yours) a queue's rate limit per"
+        " partition key counts this item's leases against.",
+    )
     ordering_key: str | None = Field(
         default=None,
         pattern=r"^[!-~]{1,255}$",
@@ -204,6 +210,7 @@ class BatchIn(Body):
                     "max_acquisitions": item.max_acquisitions,
                     "unique_key": item.unique_key,
                     "ordering_key": item.ordering_key,
+                    "partition_key": item.partition_key,
                 }
                 for item in self.items
             ]
@@ -564,6 +571,15 @@ class RetryIn(Body):
     jitter: bool | None = None
 
 
+class RateLimitIn(Body):
+    """At most `limit` leases in any `per` seconds: over the whole queue, or per partition
+    key (`partitioned`: an item's `partition_key`; items without one share the key "")."""
+
+    limit: int = Field(ge=1, le=1_000_000, strict=True)
+    per: float = Field(gt=0, le=24 * 3600, strict=True)
+    partitioned: bool = False
+
+
 class QueueSettingsIn(Body):
     """The queue's own settings; a field left out (or null) inherits the tenant's default,
     else the policy's. Each is at most the loaded policy's envelope."""
@@ -581,6 +597,11 @@ class QueueSettingsIn(Body):
     deadline: float | None = Field(default=None, gt=0, le=7 * 86400, strict=True)
     max_acquisitions: int | None = Field(default=None, ge=1, le=100, strict=True)
     retry: RetryIn | None = None
+    rate_limit: RateLimitIn | None = Field(
+        default=None,
+        description="At most `limit` leases in any `per` seconds, across every worker and API"
+        " process; null: no rate limit.",
+    )
     ordering_dead_letters: Literal["release", "hold"] | None = Field(
         default=None,
         description="When an item with an ordering key goes to dead letters: `release` (the"
@@ -597,6 +618,13 @@ class QueueSettingsIn(Body):
             max_acquisitions=self.max_acquisitions,
             retry=queue_settings.RetrySettings(base=retry.base, cap=retry.cap, jitter=retry.jitter),
             ordering_dead_letters=self.ordering_dead_letters,
+            rate_limit=(
+                None
+                if self.rate_limit is None
+                else queue_settings.RateLimit(
+                    self.rate_limit.limit, self.rate_limit.per, self.rate_limit.partitioned
+                )
+            ),
         )
 
 

@@ -10,6 +10,7 @@
     every APPROVAL_INTERVAL    write an `approval-expired` event in its queue's ledger for
                                each spend approval whose expiry has passed, with the limit
                                the queue falls to, and log it
+    every GRANT_INTERVAL       delete the rate grants older than their queue's interval
 
 and, in loops of their own, every FOLD_INTERVAL the counters' deltas of every ended
 transaction are folded into a new base (`fold_forever`, store/counters.py: a reader's cost
@@ -62,10 +63,12 @@ RECEIPT_LOCK = 3
 RETENTION_LOCK = 4
 FOLD_LOCK = 5
 APPROVAL_LOCK = 6
+GRANT_LOCK = 7
 
 # How often expired spend approvals are looked for, and at most how many a round ledgers.
 APPROVAL_INTERVAL = 5.0
 APPROVAL_BATCH = 100
+GRANT_INTERVAL = 10.0
 
 # How often the counters' deltas are folded: a reader of the figures or of a backlog reads
 # the deltas written since the last fold.
@@ -234,6 +237,23 @@ async def ledger_expired_approvals(
     return await locked_round(db, APPROVAL_LOCK, work)
 
 
+async def purge_rate_grants(db: Database, batch: int) -> int | None:
+    """One round: the rate grants no window reads any more, a batch at a time. None when
+    another process has the round."""
+
+    async def work(conn: Conn) -> int:
+        return await queues.purge_rate_grants(conn, limit=batch)
+
+    total = 0
+    while True:
+        deleted = await locked_round(db, GRANT_LOCK, work)
+        if deleted is None:
+            return total or None
+        total += deleted
+        if deleted < batch:
+            return total
+
+
 @dataclass
 class _Job:
     name: str
@@ -258,6 +278,12 @@ async def sweep_forever(
             now,
         ),
         _Job("sample queue counters", SAMPLE_INTERVAL, lambda: sample_counters(db), now),
+        _Job(
+            "delete rate grants past their interval",
+            GRANT_INTERVAL,
+            lambda: purge_rate_grants(db, batch),
+            now,
+        ),
         _Job("roll up and prune counter samples", PRUNE_INTERVAL, lambda: tend_samples(db), now),
         _Job(
             "delete finished items past their retention",

@@ -46,8 +46,8 @@ def read_lines(path: Path) -> list[tuple[str, NewItem]]:
     """Each non-blank line's key (its number and a hash of its text) and its item.
 
     A line is a payload, or an object {"payload": ..., "priority", "delay",
-    "max_acquisitions", "unique_key", "ordering_key"} when it has a "payload" key and only
-    those keys.
+    "max_acquisitions", "unique_key", "ordering_key", "partition_key"} when it has a
+    "payload" key and only those keys.
     """
     try:
         data = path.read_bytes()
@@ -58,7 +58,15 @@ def read_lines(path: Path) -> list[tuple[str, NewItem]]:
         if not raw.strip():
             continue
         value = _parse(raw, f"{path}:{number}")
-        known = {"payload", "priority", "delay", "max_acquisitions", "unique_key", "ordering_key"}
+        known = {
+            "payload",
+            "priority",
+            "delay",
+            "max_acquisitions",
+            "unique_key",
+            "ordering_key",
+            "partition_key",
+        }
         if isinstance(value, dict) and "payload" in value and set(value) <= known:
             item = NewItem(**value)
         else:
@@ -170,6 +178,13 @@ def enqueue(
             " its own)."
         ),
     ] = None,
+    partition_key: Annotated[
+        str | None,
+        typer.Option(
+            help="The partition (a customer) a queue's rate limit per partition key counts"
+            " this item's leases against (a file's line may carry its own)."
+        ),
+    ] = None,
     url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
@@ -195,6 +210,8 @@ def enqueue(
         fail("--unique-key is for one item", "in a file, give each line its own unique_key")
     if file is not None and ordering_key is not None:
         fail("--ordering-key is for one item", "in a file, give each line its own ordering_key")
+    if file is not None and partition_key is not None:
+        fail("--partition-key is for one item", "in a file, give each line its own partition_key")
     with tenant_session(url, key, data_dir, tenant) as qs:
         if payload is not None and unique_key is not None:
             answer = qs.request(
@@ -205,6 +222,7 @@ def enqueue(
                         payload=_parse(payload, "--payload"),
                         unique_key=unique_key,
                         ordering_key=ordering_key,
+                        partition_key=partition_key,
                     ),
                     priority=priority,
                     delay=delay,
@@ -232,6 +250,7 @@ def enqueue(
                 max_acquisitions=max_acquisitions,
                 idempotency_key=idempotency_key,
                 ordering_key=ordering_key,
+                partition_key=partition_key,
             )
             if json:
                 print_json(item)
@@ -314,4 +333,6 @@ def _item_body(item: NewItem, *, priority: int, delay: float, budget: int | None
         body["unique_key"] = item.unique_key
     if item.ordering_key is not None:
         body["ordering_key"] = item.ordering_key
+    if item.partition_key is not None:
+        body["partition_key"] = item.partition_key
     return body

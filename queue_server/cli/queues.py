@@ -173,6 +173,7 @@ CLEARABLE = (
     "retry-cap",
     "jitter",
     "ordering-dead-letters",
+    "rate-limit",
 )
 
 
@@ -187,6 +188,15 @@ def _shown(setting: Setting, unit: str = "") -> str:
     return f"{text}  ({setting.source})"
 
 
+def _rate(setting: Setting) -> str:
+    """`20 per 1 s`, `10 per 60 s per partition key`, or `none`, with its source."""
+    rate = setting.value
+    if not rate:
+        return f"none  ({setting.source})"
+    keyed = " per partition key" if rate["partitioned"] else ""
+    return f"{rate['limit']} per {rate['per']:g} s{keyed}  ({setting.source})"
+
+
 def settings_fields(s: QueueSettings) -> None:
     retry = s.retry
     fields(
@@ -199,6 +209,7 @@ def settings_fields(s: QueueSettings) -> None:
             ("retry factor", _shown(retry.factor)),
             ("retry cap", _shown(retry.cap, " s")),
             ("retry jitter", _shown(retry.jitter)),
+            *([("rate limit", _rate(s.rate_limit))] if s.rate_limit is not None else []),
             *(
                 [("ordering dead letters", _shown(s.ordering_dead_letters))]
                 if s.ordering_dead_letters is not None
@@ -260,6 +271,27 @@ def queues_settings(
             " the next of its key) or hold (its key waits until it is replayed or discarded).",
         ),
     ] = None,
+    rate_limit: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            show_default=False,
+            help="At most this many leases in any --rate-per seconds, across every worker.",
+        ),
+    ] = None,
+    rate_per: Annotated[
+        float | None,
+        typer.Option(min=0.001, show_default=False, help="The rate limit's interval (s)."),
+    ] = None,
+    rate_by_partition: Annotated[
+        bool | None,
+        typer.Option(
+            "--rate-by-partition/--rate-whole-queue",
+            show_default=False,
+            help="The rate limit holds per partition key (an item's partition_key), or over"
+            " the whole queue.",
+        ),
+    ] = None,
     clear: Annotated[
         list[str] | None,
         typer.Option(
@@ -299,6 +331,7 @@ def queues_settings(
         "retry-cap": retry_cap,
         "jitter": jitter,
         "ordering-dead-letters": ordering_dead_letters,
+        "rate": None if (rate_limit, rate_per, rate_by_partition) == (None,) * 3 else True,
     }
     with tenant_session(url, key, data_dir, tenant) as qs:
         current = qs.queue_settings(queue)
@@ -314,9 +347,18 @@ def queues_settings(
                     _own(current.ordering_dead_letters) if current.ordering_dead_letters else None
                 ),
             }
-            own.update({k: v for k, v in given.items() if v is not None})
+            own.update({k: v for k, v in given.items() if v is not None and k != "rate"})
             for name in clear or []:
                 own[name] = None
+            rate: dict[str, Any] = dict(
+                (current.rate_limit and _own(current.rate_limit)) or {"partitioned": False}
+            )
+            if "rate-limit" in (clear or []):
+                rate = {"partitioned": False}
+            given_rate = {"limit": rate_limit, "per": rate_per, "partitioned": rate_by_partition}
+            rate.update({k: v for k, v in given_rate.items() if v is not None})
+            if given["rate"] and (rate.get("limit") is None or rate.get("per") is None):
+                fail("A rate limit needs both", "give --rate-limit N and --rate-per SECONDS")
             current = qs.put_queue_settings(
                 queue,
                 lease_ttl=own["lease-ttl"],
@@ -326,6 +368,9 @@ def queues_settings(
                 retry_cap=own["retry-cap"],
                 retry_jitter=own["jitter"],
                 ordering_dead_letters=own["ordering-dead-letters"],
+                rate_limit=rate.get("limit"),
+                rate_per=rate.get("per"),
+                rate_partitioned=bool(rate["partitioned"]),
             )
     if json:
         print_json(current)

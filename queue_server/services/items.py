@@ -164,6 +164,8 @@ class NewItem:
     unique_key: str | None = None
     # Items of the queue with this key are handed out one at a time, in enqueue order.
     ordering_key: str | None = None
+    # What a rate limit per partition key counts this item's leases against.
+    partition_key: str | None = None
 
 
 class ItemSpec(Protocol):
@@ -186,6 +188,9 @@ class ItemSpec(Protocol):
 
     @property
     def ordering_key(self) -> str | None: ...
+
+    @property
+    def partition_key(self) -> str | None: ...
 
 
 class Items:
@@ -307,6 +312,7 @@ class Items:
                 **traced,
                 **({} if item.unique_key is None else {"unique_key": item.unique_key}),
                 **({} if item.ordering_key is None else {"ordering_key": item.ordering_key}),
+                **({} if item.partition_key is None else {"partition_key": item.partition_key}),
             }
             for item, item_id in zip(items, ids, strict=True)
         ]

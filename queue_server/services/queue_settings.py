@@ -10,6 +10,8 @@
                       min(cap, base * 2 ** (acquisitions - 1)), times a uniform draw
                       in [0, 1) with full jitter; base 1 s, cap the policy's
                       backoff cap, no jitter unless the queue sets them
+    rate_limit        at most `limit` leases in any `per` seconds, over the queue or per
+                      partition key (`partitioned`); none unless the queue sets one
     ordering_dead_letters  whether an item of an ordering key that goes to dead letters
                       lets the next of its key go (`release`, the default) or holds
                       the key until it is replayed or discarded (`hold`)
@@ -54,6 +56,13 @@ class RetrySettings:
 
 
 @dataclass(frozen=True, slots=True)
+class RateLimit:
+    limit: int
+    per: float  # seconds
+    partitioned: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class QueueSettingsIn:
     """The queue's own values; None: inherit (the tenant's default, else the policy's)."""
 
@@ -62,6 +71,7 @@ class QueueSettingsIn:
     max_acquisitions: int | None = None
     retry: RetrySettings = RetrySettings()
     ordering_dead_letters: str | None = None
+    rate_limit: RateLimit | None = None
 
 
 def _seconds(value: timedelta | None) -> float | None:
@@ -120,6 +130,18 @@ def effective(row: Row, leased: LeasedWork) -> dict[str, Any]:
             "cap": cap,
             "jitter": jitter,
         },
+        "rate_limit": (
+            _value(
+                {
+                    "limit": row["rate_limit"],
+                    "per": _seconds(row["rate_interval"]),
+                    "partitioned": row["rate_partitioned"],
+                },
+                "queue",
+            )
+            if row["rate_limit"] is not None
+            else _value(None, "default")
+        ),
         "ordering_dead_letters": _first(
             None,
             (row["ordering_dead_letters"], "queue"),
@@ -206,6 +228,9 @@ class QueueSettings:
                 retry_cap=given.retry.cap,
                 retry_jitter=given.retry.jitter,
                 ordering_dead_letters=given.ordering_dead_letters or DEFAULT_ORDERING_DEAD_LETTERS,
+                rate_limit=None if given.rate_limit is None else given.rate_limit.limit,
+                rate_interval=None if given.rate_limit is None else interval(given.rate_limit.per),
+                rate_partitioned=given.rate_limit is not None and given.rate_limit.partitioned,
             )
             return Answer.of(200, await self._settings(conn, tenant, queue))
 

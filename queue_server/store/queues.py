@@ -79,6 +79,11 @@ async def ledger_expired_approvals(
     return await fetch_all(conn, _SQL["ledger_expired_approvals"], params)
 
 
+async def purge_rate_grants(conn: Conn, *, limit: int) -> int:
+    """Delete at most `limit` rate grants older than their queue's interval; how many."""
+    return len(await fetch_all(conn, _SQL["purge_rate_grants"], {"limit": limit}))
+
+
 async def events(conn: Conn, *, tenant: str, queue: str, limit: int) -> list[Row]:
     """The queue's latest ledger events (pause, resume, settings, concurrency, an approval's
     expiry), newest first."""
@@ -225,6 +230,9 @@ async def put_settings(
     retry_cap: float | None,
     retry_jitter: bool | None,
     ordering_dead_letters: str,
+    rate_limit: int | None,
+    rate_interval: timedelta | None,
+    rate_partitioned: bool,
 ) -> Row:
     """The queue's own settings, replaced all at once and ledgered (kind `settings`)."""
     params = {
@@ -238,6 +246,9 @@ async def put_settings(
         "retry_cap": retry_cap,
         "retry_jitter": retry_jitter,
         "ordering_dead_letters": ordering_dead_letters,
+        "rate_limit": rate_limit,
+        "rate_interval": rate_interval,
+        "rate_partitioned": rate_partitioned,
     }
     row = await fetch_one(conn, _SQL["put_settings"], params)
     assert row is not None  # an upsert returns its row

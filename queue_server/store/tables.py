@@ -159,6 +159,8 @@ work_items = Table(
     # their order in the key's line (ordering_seq); those behind the active one wait.
     Column("ordering_key", Text, nullable=True),
     Column("ordering_seq", BigInteger, nullable=True),
+    # The producer's partition key (0032): a queue's rate limit may hold per key.
+    Column("partition_key", Text, nullable=True),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
     CheckConstraint("fence >= 0", name="fence_not_negative"),
     CheckConstraint(
@@ -168,6 +170,10 @@ work_items = Table(
         "ordering_key IS NULL OR ordering_key ~ '^[!-~]{1,255}$'", name="ordering_key_printable"
     ),
     CheckConstraint("(ordering_key IS NULL) = (ordering_seq IS NULL)", name="ordering_placed"),
+    CheckConstraint(
+        "partition_key IS NULL OR partition_key ~ '^[!-~]{1,255}$'",
+        name="partition_key_printable",
+    ),
     CheckConstraint(TRACEPARENT_W3C, name="traceparent_w3c"),
     CheckConstraint(TRACESTATE_BOUNDED, name="tracestate_bounded"),
     CheckConstraint(
@@ -711,10 +717,21 @@ queues = Table(
     # Whether a dead letter lets the next item of its ordering key go (`release`) or holds
     # the key until it is replayed or discarded (`hold`): 0031.
     Column("ordering_dead_letters", Text, nullable=False, server_default=text("'release'::text")),
+    # At most rate_limit leases in any rate_interval, over the queue or per partition key
+    # (0032); NULL: no rate limit.
+    Column("rate_limit", Integer, nullable=True),
+    Column("rate_interval", Interval, nullable=True),
+    Column("rate_partitioned", Boolean, nullable=False, server_default=text("false")),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
     CheckConstraint("(paused_at IS NULL) = (paused_by IS NULL)", name="paused_has_actor"),
     CheckConstraint(
         "ordering_dead_letters IN ('release', 'hold')", name="ordering_dead_letters_known"
+    ),
+    CheckConstraint(
+        "(rate_limit IS NULL) = (rate_interval IS NULL)"
+        " AND (rate_limit IS NULL OR rate_limit >= 1)"
+        " AND (rate_interval IS NULL OR rate_interval > interval '0')",
+        name="rate_limit_given_whole",
     ),
     CheckConstraint("concurrency IS NULL OR concurrency >= 1", name="concurrency_positive"),
     CheckConstraint(
@@ -788,6 +805,22 @@ counter_deltas = Table(
     Index("ix_counter_deltas_tenant_id_xid", "tenant_id", "xid"),
     # Everyone's since the last fold: a scrape, the sampler, the fold itself.
     Index("ix_counter_deltas_xid", "xid"),
+)
+
+# The leases of rate-limited queues (0032), appended by each acquire that made some: the
+# room left is the limit less the rows of the last interval, a range of the window index.
+# No key and no foreign key (an acquire locks nothing for its row); the sweeper deletes
+# rows older than the longest interval.
+rate_grants = Table(
+    "rate_grants",
+    metadata,
+    Column("tenant_id", Text, nullable=False),
+    Column("queue", Text, nullable=False),
+    Column("partition_key", Text, nullable=False),  # '' for the whole queue
+    _ts("granted_at", nullable=False),
+    Column("n", Integer, nullable=False),
+    Index("ix_rate_grants_window", "tenant_id", "queue", "partition_key", "granted_at"),
+    Index("ix_rate_grants_granted_at", "granted_at"),
 )
 
 # The totals as of a fold: every delta of a transaction with an id below `as_of_xid` is

@@ -59,3 +59,27 @@ def test_a_value_above_the_envelope_is_refused_naming_the_cell(api: Api) -> None
         client.close()
     shown = api.worker.get("/v1/tenants/acme/queues/reports/settings").json()
     assert shown["deadline"]["source"] == "policy"
+
+
+def test_the_form_sets_a_rate_limit_and_a_hold_on_ordering_keys_and_shows_them(api: Api) -> None:
+    client, _ = sign_in(api.url, api.keys["operator"])
+    try:
+        page = client.get(PAGE)
+        assert "none: an empty limit removes it" in page.text
+        form = {
+            "csrf": form_value(page.text, CSRF),
+            "idempotency_key": form_value(page.text, KEY),
+            "rate_limit": "10",
+            "rate_per": "60",
+            "rate_partitioned": "on",
+            "ordering_hold": "on",
+        }
+        saved = client.post(PAGE, data=form, follow_redirects=True)
+        assert saved.status_code == 200, saved.text
+        assert "now 10 per 60.0 s per partition key" in saved.text
+        assert "(now hold)" in saved.text
+    finally:
+        client.close()
+    shown = api.worker.get("/v1/tenants/acme/queues/reports/settings").json()
+    assert shown["rate_limit"]["value"] == {"limit": 10, "per": 60.0, "partitioned": True}
+    assert shown["ordering_dead_letters"] == {"value": "hold", "source": "queue"}

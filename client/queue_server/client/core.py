@@ -481,11 +481,13 @@ class ClientCore:
         tenant: str | None = None,
         unique_key: str | None = None,
         ordering_key: str | None = None,
+        partition_key: str | None = None,
     ) -> Flow[Item]:
         """Enqueue one item. With `unique_key`: while an item of the queue with that key is
         ready or leased, none is made and that item is answered (its `item_id` is older).
         With `ordering_key`: the queue's items with that key are handed out one at a time, in
-        enqueue order; this one is `waiting` while one before it is not finished."""
+        enqueue order; this one is `waiting` while one before it is not finished. With
+        `partition_key`: a queue's rate limit per partition key counts its leases against it."""
         body = NewItem(
             payload=payload,
             priority=priority,
@@ -493,6 +495,7 @@ class ClientCore:
             max_acquisitions=max_acquisitions,
             unique_key=unique_key,
             ordering_key=ordering_key,
+            partition_key=partition_key,
         ).model_dump(exclude_none=True)
         body.setdefault("payload", None)
         path = yield from self._at(tenant, f"/queues/{queue}/items")
@@ -955,13 +958,18 @@ class ClientCore:
         retry_cap: float | None = None,
         retry_jitter: bool | None = None,
         ordering_dead_letters: Literal["release", "hold"] | None = None,
+        rate_limit: int | None = None,
+        rate_per: float | None = None,
+        rate_partitioned: bool = False,
         idempotency_key: str | None = None,
         tenant: str | None = None,
     ) -> Flow[QueueSettings]:
         """Replace the queue's own settings (operator): None inherits the tenant's default,
         else the policy's; a value above the loaded policy's envelope is refused.
         `ordering_dead_letters`: whether an item of an ordering key that goes to dead letters
-        lets the next of its key go (`release`, the default) or holds the key (`hold`)."""
+        lets the next of its key go (`release`, the default) or holds the key (`hold`).
+        `rate_limit` leases at most in any `rate_per` seconds, over the queue or per partition
+        key (`rate_partitioned`); None: no rate limit."""
         path = yield from self._at(tenant, f"/queues/{queue}/settings")
         body = {
             "lease_ttl": lease_ttl,
@@ -969,6 +977,11 @@ class ClientCore:
             "max_acquisitions": max_acquisitions,
             "retry": {"base": retry_base, "cap": retry_cap, "jitter": retry_jitter},
             "ordering_dead_letters": ordering_dead_letters,
+            "rate_limit": (
+                None
+                if rate_limit is None
+                else {"limit": rate_limit, "per": rate_per, "partitioned": rate_partitioned}
+            ),
         }
         return (yield from self._effect(QueueSettings, "PUT", path, body, idempotency_key))
 

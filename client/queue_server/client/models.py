@@ -90,6 +90,8 @@ class NewItem(Model):
     unique_key: str | None = None
     # The queue's items with this key are handed out one at a time, in enqueue order.
     ordering_key: str | None = None
+    # What a queue's rate limit per partition key counts this item's leases against.
+    partition_key: str | None = None
 
 
 class Completion(Model):

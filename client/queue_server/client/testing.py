@@ -192,6 +192,7 @@ class Record:
     unique_key: str | None = None
     ordering_key: str | None = None
     ordering_seq: int = 0  # its place in its ordering key's line
+    partition_key: str | None = None  # kept and shown (no rate limit here)
     updated_at: datetime = field(init=False)
 
     def __post_init__(self) -> None:
@@ -435,6 +436,7 @@ class InMemoryServer:
                 unique_key=spec.get("unique_key"),
                 ordering_key=spec.get("ordering_key"),
                 ordering_seq=n,
+                partition_key=spec.get("partition_key"),
             )
             if record.ordering_key is not None and self._line(record):
                 record.state = "waiting"  # behind an item of its key not finished

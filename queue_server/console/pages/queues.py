@@ -135,7 +135,8 @@ def _number(form: Any, name: str) -> float | int | str | None:
         number = float(text)
     except ValueError:
         return text  # refused by the body's validation, naming the field
-    return int(number) if name == "max_acquisitions" and number.is_integer() else number
+    whole = name in ("max_acquisitions", "rate_limit")
+    return int(number) if whole and number.is_integer() else number
 
 
 @router.post("/queues/{queue}/settings")
@@ -156,6 +157,15 @@ async def save_settings(request: Request, tenant: str, queue: str) -> Response:
             "jitter": True if web.form_text(form, "retry_jitter") == "on" else None,
         },
         ordering_dead_letters="hold" if web.form_text(form, "ordering_hold") == "on" else None,
+        rate_limit=(
+            {
+                "limit": _number(form, "rate_limit"),
+                "per": _number(form, "rate_per"),
+                "partitioned": web.form_text(form, "rate_partitioned") == "on",
+            }
+            if web.form_text(form, "rate_limit")
+            else None
+        ),
     )
     rest_path = f"/v1/tenants/{tenant}/queues/{queue}/settings"
     idem = web.idempotency_for(

@@ -377,20 +377,25 @@ WHERE d.tenant_id = old.tenant_id AND d.queue = old.queue AND d.sampled_at = old
 -- with the values before and after.
 WITH before AS (
     SELECT lease_ttl, deadline, max_acquisitions, retry_base, retry_cap, retry_jitter,
-           ordering_dead_letters
+           ordering_dead_letters, rate_limit, extract(epoch FROM rate_interval) AS rate_per,
+           rate_partitioned
     FROM queues WHERE tenant_id = %(tenant)s AND queue = %(queue)s
 ), q AS (
     INSERT INTO queues AS t (tenant_id, queue, lease_ttl, deadline, max_acquisitions,
                              retry_base, retry_cap, retry_jitter, ordering_dead_letters,
+                             rate_limit, rate_interval, rate_partitioned,
                              settings_updated_at, settings_updated_by, event_seq, updated_at)
     VALUES (%(tenant)s, %(queue)s, %(lease_ttl)s, %(deadline)s, %(max_acquisitions)s,
             %(retry_base)s, %(retry_cap)s, %(retry_jitter)s, %(ordering_dead_letters)s,
+            %(rate_limit)s, %(rate_interval)s, %(rate_partitioned)s,
             statement_timestamp(), %(actor)s, 1, statement_timestamp())
     ON CONFLICT (tenant_id, queue) DO UPDATE
     SET lease_ttl = excluded.lease_ttl, deadline = excluded.deadline,
         max_acquisitions = excluded.max_acquisitions, retry_base = excluded.retry_base,
         retry_cap = excluded.retry_cap, retry_jitter = excluded.retry_jitter,
         ordering_dead_letters = excluded.ordering_dead_letters,
+        rate_limit = excluded.rate_limit, rate_interval = excluded.rate_interval,
+        rate_partitioned = excluded.rate_partitioned,
         settings_updated_at = excluded.settings_updated_at,
         settings_updated_by = excluded.settings_updated_by, event_seq = t.event_seq + 1,
         updated_at = excluded.updated_at
@@ -405,7 +410,9 @@ WITH before AS (
                    'deadline', extract(epoch FROM q.deadline),
                    'max_acquisitions', q.max_acquisitions, 'retry_base', q.retry_base,
                    'retry_cap', q.retry_cap, 'retry_jitter', q.retry_jitter,
-                   'ordering_dead_letters', q.ordering_dead_letters))
+                   'ordering_dead_letters', q.ordering_dead_letters,
+                   'rate_limit', q.rate_limit, 'rate_per', extract(epoch FROM q.rate_interval),
+                   'rate_partitioned', q.rate_partitioned))
     FROM q
 )
 SELECT * FROM q;
@@ -414,7 +421,9 @@ SELECT * FROM q;
 -- What a queue's settings resolve from: its own row (if any) and its tenant's defaults.
 SELECT t.default_lease_ttl, t.default_max_acquisitions,
        q.lease_ttl, q.deadline, q.max_acquisitions, q.retry_base, q.retry_cap, q.retry_jitter,
-       q.ordering_dead_letters, q.settings_updated_at, q.settings_updated_by
+       q.ordering_dead_letters, q.rate_limit, q.rate_interval,
+       coalesce(q.rate_partitioned, false) AS rate_partitioned,
+       q.settings_updated_at, q.settings_updated_by
 FROM tenants t
 LEFT JOIN queues q ON q.tenant_id = t.tenant_id AND q.queue = %(queue)s
 WHERE t.tenant_id = %(tenant)s;
@@ -536,3 +545,15 @@ LEFT JOIN LATERAL (
     ORDER BY sampled_at DESC LIMIT 1
 ) s ON m.i > 0
 ORDER BY m.i DESC;
+
+-- name: purge_rate_grants
+-- The rate grants older than their queue's interval (at most a batch): no window reads
+-- them again. A queue no longer rate-limited keeps none.
+DELETE FROM rate_grants g
+WHERE g.ctid = ANY(ARRAY(
+    SELECT o.ctid FROM rate_grants o
+    LEFT JOIN queues q ON q.tenant_id = o.tenant_id AND q.queue = o.queue
+    WHERE o.granted_at < statement_timestamp() - coalesce(q.rate_interval, interval '0')
+    ORDER BY o.granted_at
+    LIMIT %(limit)s))
+RETURNING 1;

@@ -64,6 +64,12 @@ WITH terms AS (
                AS deadline
     FROM tenants t LEFT JOIN queues q ON q.tenant_id = t.tenant_id AND q.queue = %(queue)s
     WHERE t.tenant_id = %(tenant)s
+), rate AS (
+    -- The queue's rate limit (migration 0032): at most `lim` leases in any `per`, over the
+    -- whole queue, or per partition key (`by_key`). No row: none.
+    SELECT rate_limit AS lim, rate_interval AS per, rate_partitioned AS by_key
+    FROM queues
+    WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND rate_limit IS NOT NULL
 ), counts AS (
     -- The limit: the queue's concurrency (an operator's setting; NULL: none) held to the
     -- approved limit, a live approval's (neither expired nor revoked; one stored under a
@@ -111,22 +117,41 @@ WITH terms AS (
            EXISTS (SELECT 1 FROM queues WHERE tenant_id = %(tenant)s AND queue = %(queue)s
                    AND paused_at IS NOT NULL) AS paused
 ), room AS (
-    SELECT CASE WHEN contended OR paused THEN 0
-                ELSE greatest(0, least(%(max_items)s, free)) END AS n,
-           contended
-    FROM (SELECT free, paused,
-                 NOT paused AND %(shared)s
-                 -- Unread (not shared, or no in_flight): as if no room, never as if all.
-                 AND free < coalesce(nullif(current_setting('queue_server.in_flight', true),
-                                            '')::int, 2147483647) AS contended
-          FROM counts) AS c
+    -- `n` leases at most; `m` candidates read for them: more under a rate limit per
+    -- partition key, whose keys at their limit are passed over (ten times, at most 1,000).
+    SELECT n, CASE WHEN keyed THEN least(n * 10, 1000) ELSE n END AS m, contended, keyed
+    FROM (
+        SELECT CASE WHEN contended OR paused THEN 0
+                    ELSE greatest(0, least(%(max_items)s, free, whole)) END AS n,
+               contended, keyed
+        FROM (SELECT free, paused,
+                     -- The room the whole queue's rate limit leaves (NULL: none): the
+                     -- limit less the grants of the last interval, a range of their index.
+                     (SELECT r.lim - coalesce((SELECT sum(g.n) FROM rate_grants g
+                                               WHERE g.tenant_id = %(tenant)s
+                                                 AND g.queue = %(queue)s
+                                                 AND g.partition_key = ''
+                                                 AND g.granted_at > statement_timestamp() - r.per),
+                                              0)
+                      FROM rate r WHERE NOT r.by_key) AS whole,
+                     EXISTS (SELECT 1 FROM rate WHERE by_key) AS keyed,
+                     -- A rate-limited queue is acquired under the exclusive lock alone: no
+                     -- two acquires count the same room.
+                     NOT paused AND %(shared)s
+                     AND (EXISTS (SELECT 1 FROM rate)
+                          -- Unread (not shared, or no in_flight): as if no room, never all.
+                          OR free < coalesce(nullif(current_setting('queue_server.in_flight',
+                                                                    true), '')::int,
+                                             2147483647)) AS contended
+              FROM counts) AS c
+    ) AS r
 ), expired AS (
     -- SKIP LOCKED: a row locked by a holder operation in flight is not ours to take.
     -- From the connection's cursor (no lease it could see expired before it; with no
     -- cursor, the leased index from its start), and the leases made or extended by a
     -- transaction its snapshot did not see, by their `placed_xid`: as for ready rows below.
     SELECT * FROM (
-        SELECT item_id, 0 AS src, 0 AS priority, lease_expires_at AS since,
+        SELECT item_id, 0 AS src, 0 AS priority, lease_expires_at AS since, partition_key AS pkey,
                lease_expires_at >= lease_deadline_at AS at_deadline, lease_holder AS holder,
                lease_deadline_at AS deadline_at
         FROM work_items
@@ -134,14 +159,14 @@ WITH terms AS (
           AND lease_expires_at >= coalesce(%(expired_from)s::timestamptz, '-infinity')
           AND lease_expires_at <= statement_timestamp()
         ORDER BY lease_expires_at
-        LIMIT (SELECT n FROM room)
+        LIMIT (SELECT m FROM room)
         FOR UPDATE SKIP LOCKED
     ) AS resumed
     UNION
     -- The leases placed since the cursor's snapshot that have expired by now (few), locked
     -- by their keys alone, then checked.
     SELECT * FROM (
-        SELECT item_id, 0 AS src, 0 AS priority, lease_expires_at AS since,
+        SELECT item_id, 0 AS src, 0 AS priority, lease_expires_at AS since, partition_key AS pkey,
                lease_expires_at >= lease_deadline_at AS at_deadline, lease_holder AS holder,
                lease_deadline_at AS deadline_at
         FROM (
@@ -161,7 +186,7 @@ WITH terms AS (
         ) AS w
         WHERE queue = %(queue)s AND state = 'leased' AND lease_expires_at <= statement_timestamp()
         ORDER BY lease_expires_at
-        LIMIT (SELECT n FROM room)
+        LIMIT (SELECT m FROM room)
     ) AS late
 ), lanes AS (
     -- The connection's cursor on this queue (queue_server/store/cursors.py): per priority,
@@ -172,13 +197,13 @@ WITH terms AS (
     -- With no cursor yet: the ready index from its start (what the cursor spares: under an
     -- old snapshot, every row taken since it began left an entry there to walk past).
     SELECT * FROM (
-        SELECT item_id, 1 AS src, priority, available_at AS since
+        SELECT item_id, 1 AS src, priority, available_at AS since, partition_key AS pkey
         FROM work_items
         WHERE %(since_xid)s::xid8 IS NULL
           AND tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'ready'
           AND available_at <= statement_timestamp()
         ORDER BY priority DESC, available_at, item_id
-        LIMIT (SELECT n FROM room)
+        LIMIT (SELECT m FROM room)
         FOR UPDATE SKIP LOCKED
     ) AS cold
     UNION ALL
@@ -187,16 +212,16 @@ WITH terms AS (
     SELECT * FROM (
         SELECT d.* FROM (SELECT * FROM lanes ORDER BY priority DESC) AS l
         CROSS JOIN LATERAL (
-            SELECT item_id, 1 AS src, priority, available_at AS since
+            SELECT item_id, 1 AS src, priority, available_at AS since, partition_key AS pkey
             FROM work_items
             WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'ready'
               AND priority = l.priority AND (available_at, item_id) >= (l.at, l.id)
               AND available_at <= statement_timestamp()
             ORDER BY available_at, item_id
-            LIMIT (SELECT n FROM room)
+            LIMIT (SELECT m FROM room)
             FOR UPDATE SKIP LOCKED
         ) AS d
-        LIMIT (SELECT n FROM room)
+        LIMIT (SELECT m FROM room)
     ) AS resumed
     UNION ALL
     -- Rows made ready by a transaction the cursor's snapshot did not see (committed late,
@@ -204,7 +229,7 @@ WITH terms AS (
     -- The first of them in acquire order (a few, unlocked), then locked by their keys alone
     -- and checked: no other index can serve either step.
     SELECT * FROM (
-        SELECT item_id, 1 AS src, priority, available_at AS since
+        SELECT item_id, 1 AS src, priority, available_at AS since, partition_key AS pkey
         FROM (
             SELECT * FROM work_items
             WHERE tenant_id = %(tenant)s
@@ -218,7 +243,7 @@ WITH terms AS (
                   WHERE tenant_id = %(tenant)s AND queue = %(queue)s
                     AND available_at <= statement_timestamp()
                   ORDER BY priority DESC, available_at, item_id
-                  LIMIT (SELECT n FROM room)))
+                  LIMIT (SELECT m FROM room)))
             FOR UPDATE SKIP LOCKED
             OFFSET 0  -- keeps the checks below out of this scan
         ) AS w
@@ -226,10 +251,25 @@ WITH terms AS (
         ORDER BY priority DESC, available_at, item_id
     ) AS late
 ), picked AS (
-    -- A row both resumed and late is one candidate.
-    SELECT item_id FROM (SELECT DISTINCT item_id, src, priority, since
-                         FROM (SELECT item_id, src, priority, since FROM expired
-                               UNION ALL SELECT * FROM due) AS a) AS c
+    -- A row both resumed and late is one candidate. Under a rate limit per partition key,
+    -- each key's candidates in order, as many as the room its grants of the last interval
+    -- leave (no key: the key '').
+    SELECT item_id FROM (
+        SELECT c.*, row_number() OVER (PARTITION BY c.pkey
+                                       ORDER BY c.src, c.priority DESC, c.since, c.item_id)
+                        AS nth
+        FROM (SELECT DISTINCT item_id, src, priority, since, coalesce(pkey, '') AS pkey
+              FROM (SELECT item_id, src, priority, since, pkey FROM expired
+                    UNION ALL SELECT * FROM due) AS a) AS c
+    ) AS c
+    WHERE NOT (SELECT keyed FROM room)
+       OR c.nth <= (SELECT r.lim - coalesce((SELECT sum(g.n) FROM rate_grants g
+                                             WHERE g.tenant_id = %(tenant)s
+                                               AND g.queue = %(queue)s
+                                               AND g.partition_key = c.pkey
+                                               AND g.granted_at
+                                                   > statement_timestamp() - r.per), 0)
+                    FROM rate r)
     ORDER BY src, priority DESC, since, item_id
     LIMIT (SELECT n FROM room)
 ), overdue AS (
@@ -298,6 +338,13 @@ WITH terms AS (
     SELECT tenant_id, item_id, event_seq - 1, updated_at, 'quarantined', fence, 'server',
            jsonb_build_object('reason', 'acquisition budget exhausted')
     FROM quarantined
+), granted AS (
+    -- A rate-limited queue's leases, in its window: per partition key, or the queue's ''.
+    INSERT INTO rate_grants (tenant_id, queue, partition_key, granted_at, n)
+    SELECT %(tenant)s, %(queue)s, k, statement_timestamp(), count(*)
+    FROM (SELECT CASE WHEN r.by_key THEN coalesce(l.partition_key, '') ELSE '' END AS k
+          FROM leased l CROSS JOIN rate r) AS s
+    GROUP BY k
 ), counted AS (
     -- Out of the backlog.
     INSERT INTO counter_deltas (tenant_id, queue, shard, released, quarantined)

@@ -1,6 +1,7 @@
-"""`queue-server enqueue --ordering-key`: the key's first item is ready, the next says it
-waits behind the items before it; a file's lines may carry their own keys; the queue's
-settings take `--ordering-dead-letters`."""
+"""Flow control from the command line: `enqueue --ordering-key` (the key's first item is
+ready, the next says it waits behind the items before it; a file's lines may carry their own
+keys) and `--partition-key`; `queues settings --ordering-dead-letters` and `--rate-limit`,
+each kept when another setting changes."""
 
 from __future__ import annotations
 
@@ -48,3 +49,20 @@ def test_queue_settings_hold_ordering_keys_behind_dead_letters_and_keep_it_on_ot
         "queues", "settings", "q", "--ordering-dead-letters", "skip", role="operator", ok=False
     )
     assert refused.returncode != 0
+
+
+def test_a_rate_limit_is_set_shown_and_kept_from_the_command_line(cli: Cli, api: Api) -> None:
+    shown = cli.run(
+        "queues", "settings", "q", "--rate-limit", "10", "--rate-per", "60", "--rate-by-partition",
+        role="operator",
+    )  # fmt: skip
+    assert "10 per 60 s per partition key  (queue)" in shown.stdout, shown.stdout
+    kept = cli.json("queues", "settings", "q", "--rate-limit", "20", role="operator")
+    assert kept["rate_limit"]["value"] == {"limit": 20, "per": 60.0, "partitioned": True}
+    half = cli.run("queues", "settings", "other", "--rate-limit", "5", role="operator", ok=False)
+    assert half.returncode != 0
+    assert "--rate-per" in half.stdout + half.stderr
+    made = cli.json("enqueue", "q", "--payload", "1", "--partition-key", "cust-7", role="worker")
+    assert made["partition_key"] == "cust-7"
+    cleared = cli.json("queues", "settings", "q", "--clear", "rate-limit", role="operator")
+    assert cleared["rate_limit"] == {"value": None, "source": "default"}

@@ -1,0 +1,148 @@
+"""Rate limits: a queue hands out at most `limit` leases in any `per` seconds, across every
+worker process and API process (four worker processes racing here), over the whole queue or per partition key, where a key at its limit holds back
+only its own items. Counted from the ledgers' `acquired` events."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from tests.helpers.api import Api
+
+Db = psycopg.Connection[dict[str, object]]
+
+
+def put_rate(api: Api, **rate: Any) -> httpx.Response:
+    return api.operator.put(
+        "/v1/tenants/acme/queues/q/settings",
+        json={"rate_limit": rate},
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+
+
+def enqueue_many(api: Api, items: list[dict[str, Any]]) -> None:
+    for start in range(0, len(items), 100):
+        answer = api.worker.post(
+            "/v1/tenants/acme/queues/q/items:batch",
+            json={"items": items[start : start + 100]},
+            headers={"Idempotency-Key": uuid.uuid4().hex},
+        )
+        assert answer.status_code == 201, answer.text
+
+
+def ready(_: int) -> bool:
+    time.sleep(0.1)  # long enough that every process of the pool gets one
+    return True
+
+
+def work(url: str, key: str, worker: str, until: float) -> int:
+    """A worker process: acquire (no long poll) and complete, as fast as it can."""
+    done = 0
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}) as client:
+        while time.time() < until:
+            answer = client.post(
+                "/v1/tenants/acme/queues/q/leases",
+                json={"worker": worker, "lease_ttl": 30, "max_items": 5},
+            )
+            if answer.status_code != 200:
+                continue
+            for lease in answer.json()["leases"]:
+                client.post(
+                    f"/v1/tenants/acme/items/{lease['item_id']}/complete",
+                    json={"worker": worker, "fence": lease["fence"]},
+                    headers={"Idempotency-Key": uuid.uuid4().hex},
+                )
+                done += 1
+    return done
+
+
+def acquisitions(db: Db, key: str | None = None) -> list[datetime]:
+    rows = db.execute(
+        "SELECT e.at FROM item_events e JOIN work_items w USING (tenant_id, item_id)"
+        " WHERE e.tenant_id = 'acme' AND e.kind = 'acquired'"
+        " AND (%(key)s::text IS NULL OR w.partition_key = %(key)s) ORDER BY e.at",
+        {"key": key},
+    ).fetchall()
+    return [row["at"] for row in rows]  # type: ignore[misc]
+
+
+def busiest(times: list[datetime], per: float) -> int:
+    """The most acquisitions in any window of `per` seconds."""
+    span, most, first = timedelta(seconds=per), 0, 0
+    for last, at in enumerate(times):
+        while times[first] <= at - span:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
+
+
+@pytest.mark.live
+def test_four_worker_processes_get_the_rate_and_never_more(api: Api, db: Db) -> None:
+    api.approve("q", 50)  # concurrency is not what holds them back
+    put = put_rate(api, limit=20, per=1.0)
+    assert put.status_code == 200, put.text
+    assert put.json()["rate_limit"] == {
+        "value": {"limit": 20, "per": 1.0, "partitioned": False},
+        "source": "queue",
+    }
+    enqueue_many(api, [{"payload": n} for n in range(400)])
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(4) as pool:
+        # Each process started and this module imported before the clock starts.
+        assert pool.map(ready, range(8)) == [True] * 8
+        until = time.time() + 5
+        done = pool.starmap(work, [(api.url, api.keys["worker"], f"w{n}", until) for n in range(4)])
+    times = acquisitions(db)
+    assert sum(done) == len(times)
+    assert busiest(times, 1.0) <= 20  # never more, in any second
+    # And the rate itself, within 5 %: four windows' worth in the first 3.5 s.
+    first = times[0]
+    in_span = [t for t in times if t < first + timedelta(seconds=3.5)]
+    assert len(in_span) >= 76, len(in_span)
+
+
+def test_a_key_at_its_limit_holds_back_only_its_own_items(api: Api, db: Db) -> None:
+    api.approve("q", 50)
+    put = put_rate(api, limit=5, per=30, partitioned=True)
+    assert put.status_code == 200, put.text
+    enqueue_many(
+        api,
+        [{"payload": n, "partition_key": "noisy"} for n in range(40)]
+        + [{"payload": n, "partition_key": "quiet"} for n in range(3)]
+        + [{"payload": "keyless"}],
+    )
+    leases = api.acquire(max_items=20)
+    by_key: dict[str, int] = {}
+    for lease in leases:
+        item = api.worker.get(f"/v1/tenants/acme/items/{lease['item_id']}").json()
+        key = item["partition_key"] or ""
+        by_key[key] = by_key.get(key, 0) + 1
+    # The quiet key's items, and the one without a key, behind 40 of the noisy key's.
+    assert by_key == {"noisy": 5, "quiet": 3, "": 1}
+    assert api.acquire(max_items=20) == []  # the noisy key waits out its 30 s
+    assert len(acquisitions(db, "noisy")) == 5
+
+
+def test_a_rate_limit_is_a_setting_refused_when_malformed_and_removable(api: Api) -> None:
+    api.approve("q", 10)
+    refused = put_rate(api, limit=0, per=1)
+    assert refused.status_code == 422, refused.text
+    assert put_rate(api, limit=3, per=60).status_code == 200
+    enqueue_many(api, [{"payload": n} for n in range(5)])
+    assert len(api.acquire(max_items=10)) == 3
+    assert api.acquire(max_items=10) == []
+    # Removed: the next acquire is free of it.
+    cleared = api.operator.put(
+        "/v1/tenants/acme/queues/q/settings",
+        json={},
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert cleared.json()["rate_limit"] == {"value": None, "source": "default"}
+    assert len(api.acquire(max_items=10)) == 2
