@@ -178,6 +178,14 @@ class ItemIn(Body):
         description="While an item of the queue with this key is ready or leased, none is"
         " made: the answer is that item (200 for a single enqueue).",
     )
+    unique_for: float | None = Field(
+        default=None,
+        gt=0,
+        le=366 * 24 * 3600,
+        strict=True,
+        description="With `unique_key`: none is made either while an item of the queue with"
+        " the key was made within this many seconds, in any state (a report a day).",
+    )
     partition_key: str | None = Field(
         default=None,
         pattern=r"^[!-~]{1,255}$",
@@ -211,6 +219,7 @@ class BatchIn(Body):
                     "unique_key": item.unique_key,
                     "ordering_key": item.ordering_key,
                     "partition_key": item.partition_key,
+                    "unique_for": item.unique_for,
                 }
                 for item in self.items
             ]

@@ -64,6 +64,7 @@ def read_lines(path: Path) -> list[tuple[str, NewItem]]:
             "delay",
             "max_acquisitions",
             "unique_key",
+            "unique_for",
             "ordering_key",
             "partition_key",
         }
@@ -170,6 +171,15 @@ def enqueue(
             " answer that one (a file's line may carry its own)."
         ),
     ] = None,
+    unique_for: Annotated[
+        float | None,
+        typer.Option(
+            min=0.001,
+            show_default=False,
+            help="With --unique-key: make none either while an item with the key was made"
+            " within this many seconds, finished or not (a report a day: 86400).",
+        ),
+    ] = None,
     ordering_key: Annotated[
         str | None,
         typer.Option(
@@ -208,6 +218,8 @@ def enqueue(
         fail("Nothing to enqueue", "give exactly one of --payload JSON or --file items.jsonl")
     if file is not None and unique_key is not None:
         fail("--unique-key is for one item", "in a file, give each line its own unique_key")
+    if unique_for is not None and unique_key is None:
+        fail("--unique-for needs --unique-key", "the period is the unique key's")
     if file is not None and ordering_key is not None:
         fail("--ordering-key is for one item", "in a file, give each line its own ordering_key")
     if file is not None and partition_key is not None:
@@ -221,6 +233,7 @@ def enqueue(
                     NewItem(
                         payload=_parse(payload, "--payload"),
                         unique_key=unique_key,
+                        unique_for=unique_for,
                         ordering_key=ordering_key,
                         partition_key=partition_key,
                     ),
@@ -331,6 +344,8 @@ def _item_body(item: NewItem, *, priority: int, delay: float, budget: int | None
         body["max_acquisitions"] = item.max_acquisitions or budget
     if item.unique_key is not None:
         body["unique_key"] = item.unique_key
+    if item.unique_for is not None:
+        body["unique_for"] = item.unique_for
     if item.ordering_key is not None:
         body["ordering_key"] = item.ordering_key
     if item.partition_key is not None:

@@ -166,6 +166,8 @@ class NewItem:
     ordering_key: str | None = None
     # What a rate limit per partition key counts this item's leases against.
     partition_key: str | None = None
+    # With unique_key: nor while an item with it was made within this many seconds.
+    unique_for: float | None = None
 
 
 class ItemSpec(Protocol):
@@ -191,6 +193,9 @@ class ItemSpec(Protocol):
 
     @property
     def partition_key(self) -> str | None: ...
+
+    @property
+    def unique_for(self) -> float | None: ...
 
 
 class Items:
@@ -313,6 +318,7 @@ class Items:
                 **({} if item.unique_key is None else {"unique_key": item.unique_key}),
                 **({} if item.ordering_key is None else {"ordering_key": item.ordering_key}),
                 **({} if item.partition_key is None else {"partition_key": item.partition_key}),
+                **({} if item.unique_for is None else {"unique_for": item.unique_for}),
             }
             for item, item_id in zip(items, ids, strict=True)
         ]

@@ -272,6 +272,15 @@ work_items = Table(
             " ('completed'::item_state, 'quarantined'::item_state, 'cancelled'::item_state)"
         ),
     ),
+    # The items with a unique key by when they were made (0033): unique for a period.
+    Index(
+        "ix_work_items_unique_made",
+        "tenant_id",
+        "queue",
+        "unique_key",
+        "created_at",
+        postgresql_where=text("unique_key IS NOT NULL"),
+    ),
     # A key's line (0031): its newest item, and the next after a finished one.
     Index(
         "ix_work_items_ordering",

@@ -145,3 +145,37 @@ def test_the_items_console_page_shows_its_unique_key(api: Api) -> None:
     page = client.get(f"/console/tenants/acme/items/{made['item_id']}").text
     assert "<dt>Unique key</dt><dd><code>invoice-42</code></dd>" in page
     assert "Unique key" not in client.get(f"/console/tenants/acme/items/{plain['item_id']}").text
+
+
+def test_unique_for_a_period_holds_the_key_after_its_item_finished(api: Api, db: Db) -> None:
+    """A report a day: with `unique_for`, an item made within the period holds the key in any
+    state; past it (here, the first item's creation moved back), a new one is made."""
+
+    def daily(payload: Any) -> httpx.Response:
+        body = {"payload": payload, "unique_key": "daily", "unique_for": 86400}
+        return api.worker.post(ITEMS, json=body, headers={"Idempotency-Key": uuid.uuid4().hex})
+
+    first = daily(1)
+    assert first.status_code == 201, first.text
+    (lease,) = api.acquire()
+    assert api.holder("complete", lease["item_id"], worker="w1", fence=lease["fence"]).is_success
+    # Completed, and still the day's: answered with it (without a period, a new one is made).
+    again = daily(2)
+    assert again.status_code == 200, again.text
+    assert (again.json()["item_id"], again.json()["state"]) == (
+        first.json()["item_id"],
+        "completed",
+    )
+    # Two producers racing within the period still make nothing new.
+    assert daily(3).json()["item_id"] == first.json()["item_id"]
+    db.execute(
+        "UPDATE work_items SET created_at = created_at - interval '2 days'"
+        " WHERE tenant_id = 'acme' AND item_id = %s",
+        (first.json()["item_id"],),
+    )
+    fresh = daily(4)
+    assert fresh.status_code == 201, fresh.text
+    # Without a period the key is free once its item is finished.
+    (lease,) = api.acquire()
+    assert api.holder("complete", lease["item_id"], worker="w1", fence=lease["fence"]).is_success
+    assert enqueue(api.worker, 5, "daily").status_code == 201

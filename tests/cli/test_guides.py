@@ -189,6 +189,7 @@ def test_the_readme_and_the_guides_that_follow_it_run_as_written(
     flow = " ".join(outputs["flow-control.md"].split())  # as the terminal wrapped it
     assert "waiting behind the items before it with ordering key acct-9" in flow
     assert "2 completed" in flow
+    assert "(completed) already holds unique key day-report" in flow  # unique for a day
     # The application's own table, in its role's schema, and an order committed with its
     # item, on the embedded database.
     assert re.search(

@@ -376,6 +376,10 @@ def observe(qs: QueueClient, operator: QueueClient) -> dict[str, Any]:
     (taken,) = qs.acquire("u", worker="w2")
     qs.complete(taken.item_id, worker="w2", fence=taken.fence)
     freed = qs.enqueue("u", "three", unique_key="k")
+    # Unique for a day: the completed item still holds the key.
+    (done,) = qs.acquire("u", worker="w2")
+    qs.complete(done.item_id, worker="w2", fence=done.fence)
+    daily = qs.enqueue("u", "four", unique_key="k", unique_for=86400)
     # An ordering key: one at a time, in enqueue order.
     line = [qs.enqueue("o", n, ordering_key="c") for n in range(3)]
     (first,) = qs.acquire("o", worker="w2")
@@ -389,6 +393,8 @@ def observe(qs: QueueClient, operator: QueueClient) -> dict[str, Any]:
             held.unique_key,
             freed.item_id != unique.item_id,
             freed.payload,
+            daily.item_id == freed.item_id,
+            daily.state,
         ),
         "ordered": (
             [i.state for i in line],
@@ -417,7 +423,7 @@ def test_the_in_memory_server_answers_as_a_live_server_does(api: Api) -> None:
     assert in_memory == live
     # And what they both saw is what the API promises, not a shared mistake.
     assert live["same item"] is True
-    assert live["unique"] == (True, "one", "k", True, "three")
+    assert live["unique"] == (True, "one", "k", True, "three", True, "completed")
     assert live["ordered"] == (
         ["ready", "waiting", "waiting"], [0, 1], ["completed", "leased", "waiting"],
     )  # fmt: skip

@@ -482,9 +482,11 @@ class ClientCore:
         unique_key: str | None = None,
         ordering_key: str | None = None,
         partition_key: str | None = None,
+        unique_for: float | None = None,
     ) -> Flow[Item]:
         """Enqueue one item. With `unique_key`: while an item of the queue with that key is
-        ready or leased, none is made and that item is answered (its `item_id` is older).
+        ready or leased, none is made and that item is answered (its `item_id` is older); with
+        `unique_for` seconds too, nor while one was made within that period, in any state.
         With `ordering_key`: the queue's items with that key are handed out one at a time, in
         enqueue order; this one is `waiting` while one before it is not finished. With
         `partition_key`: a queue's rate limit per partition key counts its leases against it."""
@@ -496,6 +498,7 @@ class ClientCore:
             unique_key=unique_key,
             ordering_key=ordering_key,
             partition_key=partition_key,
+            unique_for=unique_for,
         ).model_dump(exclude_none=True)
         body.setdefault("payload", None)
         path = yield from self._at(tenant, f"/queues/{queue}/items")

@@ -92,6 +92,8 @@ class NewItem(Model):
     ordering_key: str | None = None
     # What a queue's rate limit per partition key counts this item's leases against.
     partition_key: str | None = None
+    # With unique_key: nor while an item with it was made within this many seconds.
+    unique_for: float | None = None
 
 
 class Completion(Model):

@@ -419,6 +419,17 @@ class InMemoryServer:
         for spec in specs:
             # An item of the queue holding the key, ready or leased: answered, none made.
             holder = held.get(spec.get("unique_key"))
+            if holder is None and spec.get("unique_for") is not None:
+                # Unique for a period: the newest made within it, in any state.
+                since = now - timedelta(seconds=spec["unique_for"])
+                recent = [
+                    r
+                    for r in self._items.values()
+                    if r.unique_key == spec["unique_key"]
+                    and (r.tenant, r.queue) == (asked.args["tenant"], asked.args["queue"])
+                    and r.created_at > since
+                ]
+                holder = max(recent, key=lambda r: (r.created_at, r.item_id), default=None)
             if holder is not None:
                 made.append(holder.view())
                 continue
