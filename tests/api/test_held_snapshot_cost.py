@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg import sql as pgsql
 from psycopg.rows import dict_row
 
@@ -69,13 +70,18 @@ def _buffers(conn: psycopg.Connection[Any], cursor: cursors.Cursor) -> int:
     return int(top["Shared Hit Blocks"]) + int(top["Shared Read Blocks"])
 
 
+# The items of the flow, each with one of 50 partition keys (a rate limit per key reads
+# each candidate's key and its grants of the last interval).
+ITEMS = (
+    "INSERT INTO work_items (tenant_id, queue, payload, max_acquisitions, partition_key)"
+    " SELECT 'acme', 'q', 'null', 5, 'key-' || (g % 50) FROM generate_series(1, {n}) AS g"
+)
+
+
 async def flow(rounds: int, conn: psycopg.AsyncConnection[Any]) -> None:
     """Rounds of 100 items enqueued, leased 20 at a time, and completed."""
     for _ in range(rounds):
-        await conn.execute(
-            "INSERT INTO work_items (tenant_id, queue, payload, max_acquisitions)"
-            " SELECT 'acme', 'q', 'null', 5 FROM generate_series(1, 100)"
-        )
+        await conn.execute(ITEMS.format(n=100))
         for n in range(5):
             got = await transitions.acquire(
                 conn, tenant="acme", queue="q", worker="w", max_items=20,
@@ -97,18 +103,21 @@ async def flow(rounds: int, conn: psycopg.AsyncConnection[Any]) -> None:
 
 async def forty_and_an_acquire(conn: psycopg.AsyncConnection[Any]) -> None:
     """40 items more, then an acquire of 20 (30 s leases), as in a steady flow."""
-    await conn.execute(
-        "INSERT INTO work_items (tenant_id, queue, payload, max_acquisitions)"
-        " SELECT 'acme', 'q', 'null', 5 FROM generate_series(1, 40)"
-    )
+    await conn.execute(ITEMS.format(n=40))
     await transitions.acquire(conn, tenant="acme", queue="q", worker="w", max_items=20, **TERMS)
 
 
+@pytest.mark.parametrize("rate", [False, True], ids=["plain", "rate-limit-per-key"])
 def test_an_acquire_under_a_held_snapshot_costs_the_same_after_twenty_times_the_history(
-    api: Api, database_url: str
+    api: Api, database_url: str, rate: bool
 ) -> None:
     holder = psycopg.connect(database_url)
     probe = psycopg.connect(database_url, autocommit=True, row_factory=dict_row)
+    if rate:  # one no acquire reaches: its cost, not its waits
+        probe.execute(
+            "INSERT INTO queues (tenant_id, queue, rate_limit, rate_interval, rate_partitioned)"
+            " VALUES ('acme', 'q', 1000000, interval '1 second', true)"
+        )
     _prepared(probe)
 
     async def run() -> tuple[int, int]:
