@@ -28,6 +28,7 @@ clock, fixed for one statement.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -145,6 +146,12 @@ async def lock_queue(conn: Conn, *, tenant: str, queue: str) -> None:
     await conn.execute(_SQL["lock_queue"], {"tenant": tenant, "queue": queue})
 
 
+# How long a process goes straight to `acquire_rated` for a queue found rate-limited (that
+# statement acquires any queue exactly; only its cost is the plain one's and more).
+RATED_MEMORY = 10.0
+_rated: dict[tuple[str, str], float] = {}
+
+
 @dataclass(frozen=True, slots=True)
 class Acquired:
     leased: list[Row]  # in acquire order
@@ -196,8 +203,20 @@ async def acquire(
         raise RuntimeError("acquire owns its transactions: the connection must be idle")
     contended = False
     await cursors.learn_server(conn)
-    cursor = cursors.get(conn, tenant, queue)
-    for shared in (True, False) if shared_first else (False,):
+    # A queue with a rate limit is acquired by its own statement, exclusively: the plain
+    # one leases nothing from it and says so (as it does when the shared lock has too little
+    # room); the process remembers the queue a while and goes to that statement first.
+    rated = _rated.get((tenant, queue), 0.0) > time.monotonic()
+    attempts: list[tuple[str, bool]] = (
+        [("acquire_rated", False)]
+        if rated
+        else [("acquire", True), ("acquire", False)]
+        if shared_first
+        else [("acquire", False)]
+    )
+    while attempts:
+        statement, shared = attempts.pop(0)
+        cursor = cursors.get(conn, tenant, queue)
         params = {
             **cursor.params(),
             "tenant": tenant,
@@ -219,15 +238,19 @@ async def acquire(
             else:
                 await conn.execute(_SQL["lock_queue"], params)
             advanced = await conn.execute(cursors.ADVANCE, params)
-            cur = await conn.execute(_SQL["acquire"], params)
+            cur = await conn.execute(_SQL[statement], params)
         rows = await cur.fetchall()
         moved = await advanced.fetchone()
         assert moved is not None
         cursors.put(conn, tenant, queue, cursors.Cursor.from_row(moved), used=cursor)
         if not any(row["leased"] is None for row in rows):
             break
-        # The shared attempt found too little room; the exclusive one follows.
+        # The shared attempt found too little room: the exclusive one follows. The
+        # exclusive plain one found a rate limit: the queue's own statement follows.
         contended = True
+        if not shared and statement == "acquire":
+            _rated[(tenant, queue)] = time.monotonic() + RATED_MEMORY
+            attempts = [("acquire_rated", False)]
     leased: list[Row] = []
     quarantined: list[Row] = []
     for row in rows:

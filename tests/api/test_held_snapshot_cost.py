@@ -47,8 +47,8 @@ TERMS: dict[str, Any] = {
 SHORT = {**TERMS, "ttl": timedelta(seconds=1)}
 
 
-def _prepared(conn: psycopg.Connection[Any]) -> None:
-    sql = transitions._SQL["acquire"]
+def _prepared(conn: psycopg.Connection[Any], statement: str = "acquire") -> None:
+    sql = transitions._SQL[statement]
     for n, name in enumerate(ORDER, start=1):
         sql = sql.replace(f"%({name})s", f"${n}")
     conn.execute("SET plan_cache_mode = force_generic_plan")
@@ -118,7 +118,7 @@ def test_an_acquire_under_a_held_snapshot_costs_the_same_after_twenty_times_the_
             "INSERT INTO queues (tenant_id, queue, rate_limit, rate_interval, rate_partitioned)"
             " VALUES ('acme', 'q', 1000000, interval '1 second', true)"
         )
-    _prepared(probe)
+    _prepared(probe, "acquire_rated" if rate else "acquire")
 
     async def run() -> tuple[int, int]:
         async with await psycopg.AsyncConnection.connect(
