@@ -278,6 +278,7 @@ def test_the_counters_are_appended_never_updated() -> None:
                 assert end.group(1), name
     assert counting == {
         "acquire",
+        "acquire_rated",
         "complete",
         "complete_many",
         "triage_requeue",
@@ -420,3 +421,15 @@ def test_a_statement_assembled_at_the_call_site_is_found(call: str) -> None:
     path = STORE / "reads.py"
     source = path.read_text(encoding="utf-8") + f"\n\nasync def planted(conn, x):\n    {call}\n"
     assert len(unregistered_statements(path, source)) == 1
+
+
+def test_a_block_with_tagged_lines_holds_a_variant_and_each_keeps_its_own_lines() -> None:
+    parsed = sql.parse(
+        "-- name: a\nSELECT 1  --@a\nSELECT 2  --@b\n, 3\n;\n-- name: c\nSELECT 4;\n"
+    )
+    assert parsed == {"a": "SELECT 1\n, 3\n;", "b": "SELECT 2\n, 3\n;", "c": "SELECT 4;"}
+    with pytest.raises(ValueError, match="two statements 'c'"):
+        sql.parse("-- name: a\nSELECT 1\nSELECT 3  --@c\n-- name: c\nSELECT 2;\n")
+    # The rate-limited queue's acquire is the acquire's variant: the same text but its lines.
+    assert "rate_grants" in TRANSITIONS["acquire_rated"]
+    assert "rate_grants" not in TRANSITIONS["acquire"]

@@ -206,16 +206,16 @@ async def acquire(
     # A queue with a rate limit is acquired by its own statement, exclusively: the plain
     # one leases nothing from it and says so (as it does when the shared lock has too little
     # room); the process remembers the queue a while and goes to that statement first.
-    rated = _rated.get((tenant, queue), 0.0) > time.monotonic()
-    attempts: list[tuple[str, bool]] = (
-        [("acquire_rated", False)]
-        if rated
-        else [("acquire", True), ("acquire", False)]
+    # (rated, shared) of each attempt, in order.
+    attempts: list[tuple[bool, bool]] = (
+        [(True, False)]
+        if _rated.get((tenant, queue), 0.0) > time.monotonic()
+        else [(False, True), (False, False)]
         if shared_first
-        else [("acquire", False)]
+        else [(False, False)]
     )
     while attempts:
-        statement, shared = attempts.pop(0)
+        rated, shared = attempts.pop(0)
         cursor = cursors.get(conn, tenant, queue)
         params = {
             **cursor.params(),
@@ -238,7 +238,8 @@ async def acquire(
             else:
                 await conn.execute(_SQL["lock_queue"], params)
             advanced = await conn.execute(cursors.ADVANCE, params)
-            cur = await conn.execute(_SQL[statement], params)
+            acquire = _SQL["acquire_rated"] if rated else _SQL["acquire"]
+            cur = await conn.execute(acquire, params)
         rows = await cur.fetchall()
         moved = await advanced.fetchone()
         assert moved is not None
@@ -248,9 +249,9 @@ async def acquire(
         # The shared attempt found too little room: the exclusive one follows. The
         # exclusive plain one found a rate limit: the queue's own statement follows.
         contended = True
-        if not shared and statement == "acquire":
+        if not shared and not rated:
             _rated[(tenant, queue)] = time.monotonic() + RATED_MEMORY
-            attempts = [("acquire_rated", False)]
+            attempts = [(True, False)]
     leased: list[Row] = []
     quarantined: list[Row] = []
     for row in rows:

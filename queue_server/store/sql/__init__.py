@@ -17,6 +17,11 @@ and runs each statement by name:
 The text in the file is the text sent; nothing is assembled per call, so every
 statement stays prepared (and, on the API's connections, generic). A name the file
 does not hold is a KeyError that names the file.
+
+A block may hold variants of its statement: a line that ends in `--@other` belongs to the
+statement `other` only (the tag taken off), one that ends in the block's own name to the
+block's statement only, and the untagged lines to both. The acquire of a rate-limited queue
+(`acquire_rated`) is the acquire's variant, so the two read as one text and cannot drift.
 """
 
 from __future__ import annotations
@@ -31,6 +36,21 @@ from queue_server.store.types import Conn, Row
 SQL_DIR = Path(__file__).parent
 
 _NAME = re.compile(r"^-- name: ([a-z_][a-z0-9_]*)\s*$")
+_ONLY = re.compile(r"^(.*?)\s*--@([a-z_][a-z0-9_]*)\s*$")
+
+
+def _variants(name: str, lines: list[str]) -> dict[str, list[str]]:
+    """The statements of one block: its own, and one per `--@other` tag its lines carry."""
+    tags = {m.group(2) for m in map(_ONLY.match, lines) if m}
+    out: dict[str, list[str]] = {n: [] for n in {name, *tags}}
+    for line in lines:
+        match = _ONLY.match(line)
+        for n, kept in out.items():
+            if match is None:
+                kept.append(line)
+            elif match.group(2) == n:
+                kept.append(match.group(1))
+    return out
 
 
 class Statements(Mapping[str, LiteralString]):
@@ -70,13 +90,16 @@ def parse(text: str, module: str = "<text>") -> dict[str, LiteralString]:
         elif line.strip() and not line.startswith("--"):
             raise ValueError(f"{module}.sql has SQL before its first `-- name:` line")
     statements: dict[str, LiteralString] = {}
-    for name, lines in named.items():
-        body = "\n".join(lines).strip()
-        if not body:
-            raise ValueError(f"{module}.sql: the statement {name!r} is empty")
-        # Read from the package's own file: as fixed as a literal in the code (mypy
-        # takes LiteralString for str; the annotation says what the text is).
-        statements[name] = body
+    for block, block_lines in named.items():
+        for name, lines in _variants(block, block_lines).items():
+            if name in statements or (name != block and name in named):
+                raise ValueError(f"{module}.sql names two statements {name!r}")
+            body = "\n".join(lines).strip()
+            if not body:
+                raise ValueError(f"{module}.sql: the statement {name!r} is empty")
+            # Read from the package's own file: as fixed as a literal in the code (mypy
+            # takes LiteralString for str; the annotation says what the text is).
+            statements[name] = body
     return statements
 
 

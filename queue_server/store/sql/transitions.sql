@@ -50,6 +50,10 @@ SELECT set_config('queue_server.in_flight', (
 )::text, true);
 
 -- name: acquire
+-- A line that ends in `--@acquire_rated` is the rate-limited queue's statement's alone, one
+-- that ends in `--@acquire` this one's (store/sql/__init__.py: a block's variants).
+-- The acquire of a rate-limited queue: `acquire`, with the queue's rate limit (migration  --@acquire_rated
+-- 0032). Kept apart so that every other queue's acquire pays nothing for it.  --@acquire_rated
 -- Runs after the lock in its own statement, so its snapshot sees every lease
 -- committed by the acquires that held the lock exclusively before us.
 -- A lease lives at most its deadline from this acquisition (`lease_deadline_at`);
@@ -64,6 +68,12 @@ WITH terms AS (
                AS deadline
     FROM tenants t LEFT JOIN queues q ON q.tenant_id = t.tenant_id AND q.queue = %(queue)s
     WHERE t.tenant_id = %(tenant)s
+), rate AS (  --@acquire_rated
+    -- The queue's rate limit (migration 0032): at most `lim` leases in any `per`, over the  --@acquire_rated
+    -- whole queue, or per partition key (`by_key`). No row: none.  --@acquire_rated
+    SELECT rate_limit AS lim, rate_interval AS per, rate_partitioned AS by_key  --@acquire_rated
+    FROM queues  --@acquire_rated
+    WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND rate_limit IS NOT NULL  --@acquire_rated
 ), counts AS (
     -- The limit: the queue's concurrency (an operator's setting; NULL: none) held to the
     -- approved limit, a live approval's (neither expired nor revoked; one stored under a
@@ -109,30 +119,60 @@ WITH terms AS (
               ) AS active) AS free,
            -- A paused queue hands out nothing; pause takes this queue's lock exclusively.
            EXISTS (SELECT 1 FROM queues WHERE tenant_id = %(tenant)s AND queue = %(queue)s
-                   AND paused_at IS NOT NULL) AS paused,
-           -- A rate-limited queue (migration 0032) is acquired by `acquire_rated`.
-           EXISTS (SELECT 1 FROM queues WHERE tenant_id = %(tenant)s AND queue = %(queue)s
-                   AND rate_limit IS NOT NULL) AS rated
+                   AND paused_at IS NOT NULL) AS paused,  --@acquire
+           -- A rate-limited queue (migration 0032) is acquired by `acquire_rated`.  --@acquire
+           EXISTS (SELECT 1 FROM queues WHERE tenant_id = %(tenant)s AND queue = %(queue)s  --@acquire
+                   AND rate_limit IS NOT NULL) AS rated  --@acquire
+                   AND paused_at IS NOT NULL) AS paused  --@acquire_rated
 ), room AS (
-    SELECT CASE WHEN contended OR paused THEN 0
-                ELSE greatest(0, least(%(max_items)s, free)) END AS n,
-           contended
-    FROM (SELECT free, paused,
-                 NOT paused
-                 AND (rated
-                      OR %(shared)s
-                      -- Unread (not shared, or no in_flight): as if no room, never as if all.
-                      AND free < coalesce(nullif(current_setting('queue_server.in_flight',
-                                                                 true), '')::int,
-                                          2147483647)) AS contended
-          FROM counts) AS c
+    SELECT CASE WHEN contended OR paused THEN 0  --@acquire
+                ELSE greatest(0, least(%(max_items)s, free)) END AS n,  --@acquire
+           contended  --@acquire
+    FROM (SELECT free, paused,  --@acquire
+                 NOT paused  --@acquire
+                 AND (rated  --@acquire
+                      OR %(shared)s  --@acquire
+                      -- Unread (not shared, or no in_flight): as if no room, never as if all.  --@acquire
+                      AND free < coalesce(nullif(current_setting('queue_server.in_flight',  --@acquire
+                                                                 true), '')::int,  --@acquire
+                                          2147483647)) AS contended  --@acquire
+          FROM counts) AS c  --@acquire
+    -- `n` leases at most; `m` candidates read for them: more under a rate limit per  --@acquire_rated
+    -- partition key, whose keys at their limit are passed over (ten times, at most 1,000).  --@acquire_rated
+    SELECT n, CASE WHEN keyed THEN least(n * 10, 1000) ELSE n END AS m, contended, keyed  --@acquire_rated
+    FROM (  --@acquire_rated
+        SELECT CASE WHEN contended OR paused THEN 0  --@acquire_rated
+                    ELSE greatest(0, least(%(max_items)s, free, whole)) END AS n,  --@acquire_rated
+               contended, keyed  --@acquire_rated
+        FROM (SELECT free, paused,  --@acquire_rated
+                     -- The room the whole queue's rate limit leaves (NULL: none): the  --@acquire_rated
+                     -- limit less the grants of the last interval, a range of their index.  --@acquire_rated
+                     (SELECT r.lim - coalesce((SELECT sum(g.n) FROM rate_grants g  --@acquire_rated
+                                               WHERE g.tenant_id = %(tenant)s  --@acquire_rated
+                                                 AND g.queue = %(queue)s  --@acquire_rated
+                                                 AND g.partition_key = ''  --@acquire_rated
+                                                 AND g.granted_at > statement_timestamp() - r.per),  --@acquire_rated
+                                              0)  --@acquire_rated
+                      FROM rate r WHERE NOT r.by_key) AS whole,  --@acquire_rated
+                     EXISTS (SELECT 1 FROM rate WHERE by_key) AS keyed,  --@acquire_rated
+                     -- A rate-limited queue is acquired under the exclusive lock alone: no  --@acquire_rated
+                     -- two acquires count the same room.  --@acquire_rated
+                     NOT paused AND %(shared)s  --@acquire_rated
+                     AND (EXISTS (SELECT 1 FROM rate)  --@acquire_rated
+                          -- Unread (not shared, or no in_flight): as if no room, never all.  --@acquire_rated
+                          OR free < coalesce(nullif(current_setting('queue_server.in_flight',  --@acquire_rated
+                                                                    true), '')::int,  --@acquire_rated
+                                             2147483647)) AS contended  --@acquire_rated
+              FROM counts) AS c  --@acquire_rated
+    ) AS r  --@acquire_rated
 ), expired AS (
     -- SKIP LOCKED: a row locked by a holder operation in flight is not ours to take.
     -- From the connection's cursor (no lease it could see expired before it; with no
     -- cursor, the leased index from its start), and the leases made or extended by a
     -- transaction its snapshot did not see, by their `placed_xid`: as for ready rows below.
     SELECT * FROM (
-        SELECT item_id, 0 AS src, 0 AS priority, lease_expires_at AS since,
+        SELECT item_id, 0 AS src, 0 AS priority, lease_expires_at AS since,  --@acquire
+        SELECT item_id, 0 AS src, 0 AS priority, lease_expires_at AS since, partition_key AS pkey,  --@acquire_rated
                lease_expires_at >= lease_deadline_at AS at_deadline, lease_holder AS holder,
                lease_deadline_at AS deadline_at
         FROM work_items
@@ -140,14 +180,16 @@ WITH terms AS (
           AND lease_expires_at >= coalesce(%(expired_from)s::timestamptz, '-infinity')
           AND lease_expires_at <= statement_timestamp()
         ORDER BY lease_expires_at
-        LIMIT (SELECT n FROM room)
+        LIMIT (SELECT n FROM room)  --@acquire
+        LIMIT (SELECT m FROM room)  --@acquire_rated
         FOR UPDATE SKIP LOCKED
     ) AS resumed
     UNION
     -- The leases placed since the cursor's snapshot that have expired by now (few), locked
     -- by their keys alone, then checked.
     SELECT * FROM (
-        SELECT item_id, 0 AS src, 0 AS priority, lease_expires_at AS since,
+        SELECT item_id, 0 AS src, 0 AS priority, lease_expires_at AS since,  --@acquire
+        SELECT item_id, 0 AS src, 0 AS priority, lease_expires_at AS since, partition_key AS pkey,  --@acquire_rated
                lease_expires_at >= lease_deadline_at AS at_deadline, lease_holder AS holder,
                lease_deadline_at AS deadline_at
         FROM (
@@ -167,7 +209,8 @@ WITH terms AS (
         ) AS w
         WHERE queue = %(queue)s AND state = 'leased' AND lease_expires_at <= statement_timestamp()
         ORDER BY lease_expires_at
-        LIMIT (SELECT n FROM room)
+        LIMIT (SELECT n FROM room)  --@acquire
+        LIMIT (SELECT m FROM room)  --@acquire_rated
     ) AS late
 ), lanes AS (
     -- The connection's cursor on this queue (queue_server/store/cursors.py): per priority,
@@ -178,13 +221,15 @@ WITH terms AS (
     -- With no cursor yet: the ready index from its start (what the cursor spares: under an
     -- old snapshot, every row taken since it began left an entry there to walk past).
     SELECT * FROM (
-        SELECT item_id, 1 AS src, priority, available_at AS since
+        SELECT item_id, 1 AS src, priority, available_at AS since  --@acquire
+        SELECT item_id, 1 AS src, priority, available_at AS since, partition_key AS pkey  --@acquire_rated
         FROM work_items
         WHERE %(since_xid)s::xid8 IS NULL
           AND tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'ready'
           AND available_at <= statement_timestamp()
         ORDER BY priority DESC, available_at, item_id
-        LIMIT (SELECT n FROM room)
+        LIMIT (SELECT n FROM room)  --@acquire
+        LIMIT (SELECT m FROM room)  --@acquire_rated
         FOR UPDATE SKIP LOCKED
     ) AS cold
     UNION ALL
@@ -193,16 +238,19 @@ WITH terms AS (
     SELECT * FROM (
         SELECT d.* FROM (SELECT * FROM lanes ORDER BY priority DESC) AS l
         CROSS JOIN LATERAL (
-            SELECT item_id, 1 AS src, priority, available_at AS since
+            SELECT item_id, 1 AS src, priority, available_at AS since  --@acquire
+            SELECT item_id, 1 AS src, priority, available_at AS since, partition_key AS pkey  --@acquire_rated
             FROM work_items
             WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'ready'
               AND priority = l.priority AND (available_at, item_id) >= (l.at, l.id)
               AND available_at <= statement_timestamp()
             ORDER BY available_at, item_id
-            LIMIT (SELECT n FROM room)
+            LIMIT (SELECT n FROM room)  --@acquire
+            LIMIT (SELECT m FROM room)  --@acquire_rated
             FOR UPDATE SKIP LOCKED
         ) AS d
-        LIMIT (SELECT n FROM room)
+        LIMIT (SELECT n FROM room)  --@acquire
+        LIMIT (SELECT m FROM room)  --@acquire_rated
     ) AS resumed
     UNION ALL
     -- Rows made ready by a transaction the cursor's snapshot did not see (committed late,
@@ -210,7 +258,8 @@ WITH terms AS (
     -- The first of them in acquire order (a few, unlocked), then locked by their keys alone
     -- and checked: no other index can serve either step.
     SELECT * FROM (
-        SELECT item_id, 1 AS src, priority, available_at AS since
+        SELECT item_id, 1 AS src, priority, available_at AS since  --@acquire
+        SELECT item_id, 1 AS src, priority, available_at AS since, partition_key AS pkey  --@acquire_rated
         FROM (
             SELECT * FROM work_items
             WHERE tenant_id = %(tenant)s
@@ -224,7 +273,8 @@ WITH terms AS (
                   WHERE tenant_id = %(tenant)s AND queue = %(queue)s
                     AND available_at <= statement_timestamp()
                   ORDER BY priority DESC, available_at, item_id
-                  LIMIT (SELECT n FROM room)))
+                  LIMIT (SELECT n FROM room)))  --@acquire
+                  LIMIT (SELECT m FROM room)))  --@acquire_rated
             FOR UPDATE SKIP LOCKED
             OFFSET 0  -- keeps the checks below out of this scan
         ) AS w
@@ -232,10 +282,29 @@ WITH terms AS (
         ORDER BY priority DESC, available_at, item_id
     ) AS late
 ), picked AS (
-    -- A row both resumed and late is one candidate.
-    SELECT item_id FROM (SELECT DISTINCT item_id, src, priority, since
-                         FROM (SELECT item_id, src, priority, since FROM expired
-                               UNION ALL SELECT * FROM due) AS a) AS c
+    -- A row both resumed and late is one candidate.  --@acquire
+    SELECT item_id FROM (SELECT DISTINCT item_id, src, priority, since  --@acquire
+                         FROM (SELECT item_id, src, priority, since FROM expired  --@acquire
+                               UNION ALL SELECT * FROM due) AS a) AS c  --@acquire
+    -- A row both resumed and late is one candidate. Under a rate limit per partition key,  --@acquire_rated
+    -- each key's candidates in order, as many as the room its grants of the last interval  --@acquire_rated
+    -- leave (no key: the key '').  --@acquire_rated
+    SELECT item_id FROM (  --@acquire_rated
+        SELECT c.*, row_number() OVER (PARTITION BY c.pkey  --@acquire_rated
+                                       ORDER BY c.src, c.priority DESC, c.since, c.item_id)  --@acquire_rated
+                        AS nth  --@acquire_rated
+        FROM (SELECT DISTINCT item_id, src, priority, since, coalesce(pkey, '') AS pkey  --@acquire_rated
+              FROM (SELECT item_id, src, priority, since, pkey FROM expired  --@acquire_rated
+                    UNION ALL SELECT * FROM due) AS a) AS c  --@acquire_rated
+    ) AS c  --@acquire_rated
+    WHERE NOT (SELECT keyed FROM room)  --@acquire_rated
+       OR c.nth <= (SELECT r.lim - coalesce((SELECT sum(g.n) FROM rate_grants g  --@acquire_rated
+                                             WHERE g.tenant_id = %(tenant)s  --@acquire_rated
+                                               AND g.queue = %(queue)s  --@acquire_rated
+                                               AND g.partition_key = c.pkey  --@acquire_rated
+                                               AND g.granted_at  --@acquire_rated
+                                                   > statement_timestamp() - r.per), 0)  --@acquire_rated
+                    FROM rate r)  --@acquire_rated
     ORDER BY src, priority DESC, since, item_id
     LIMIT (SELECT n FROM room)
 ), overdue AS (
@@ -304,332 +373,13 @@ WITH terms AS (
     SELECT tenant_id, item_id, event_seq - 1, updated_at, 'quarantined', fence, 'server',
            jsonb_build_object('reason', 'acquisition budget exhausted')
     FROM quarantined
-), counted AS (
-    -- Out of the backlog.
-    INSERT INTO counter_deltas (tenant_id, queue, shard, released, quarantined)
-    SELECT tenant_id, queue, admission_shard, count(*), count(*)
-    FROM quarantined GROUP BY tenant_id, queue, admission_shard
-), outbox AS (
-    INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
-                                   body, state, next_attempt_at, due_at, created_at, updated_at)
-    SELECT s.tenant_id, w.watcher_id, delivery_key(w.watcher_id, s.item_id, s.event_seq - 1),
-           'item.quarantined', s.item_id, s.queue,
-           jsonb_build_object('event', 'item.quarantined',
-                              'occurred_at', api_timestamp(statement_timestamp()),
-                              'item', item_json(s)),
-           'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
-           statement_timestamp()
-    FROM quarantined s
-    JOIN watchers w ON w.tenant_id = s.tenant_id AND w.state = 'active'
-     AND 'item.quarantined' = ANY(w.events) AND (w.queues IS NULL OR s.queue = ANY(w.queues))
-    ORDER BY s.item_id, w.watcher_id
-)
-SELECT true AS leased, * FROM leased
-UNION ALL
-SELECT false AS leased, * FROM quarantined
-UNION ALL
--- Under the shared lock with little room left: nothing leased, retry exclusively.
-SELECT NULL AS leased, w.* FROM (SELECT 1) AS one LEFT JOIN work_items w ON false
-WHERE (SELECT contended FROM room);
-
--- name: acquire_rated
--- The acquire of a rate-limited queue: `acquire`, with the queue's rate limit (migration
--- 0032). Kept apart so that every other queue's acquire pays nothing for it.
--- Runs after the lock in its own statement, so its snapshot sees every lease
--- committed by the acquires that held the lock exclusively before us.
--- A lease lives at most its deadline from this acquisition (`lease_deadline_at`);
--- its expiry never passes that instant (a CHECK constraint holds it).
-WITH terms AS (
-    -- The lease's TTL: the request's, else the queue's, else the tenant's default; its
-    -- deadline: the queue's, else the policy's. Neither above the loaded policy's (a value
-    -- stored under a looser one is held to it).
-    SELECT least(coalesce(%(ttl)s::interval, q.lease_ttl, t.default_lease_ttl),
-                 %(max_ttl)s::interval) AS ttl,
-           least(coalesce(q.deadline, %(deadline)s::interval), %(deadline)s::interval)
-               AS deadline
-    FROM tenants t LEFT JOIN queues q ON q.tenant_id = t.tenant_id AND q.queue = %(queue)s
-    WHERE t.tenant_id = %(tenant)s
-), rate AS (
-    -- The queue's rate limit (migration 0032): at most `lim` leases in any `per`, over the
-    -- whole queue, or per partition key (`by_key`). No row: none.
-    SELECT rate_limit AS lim, rate_interval AS per, rate_partitioned AS by_key
-    FROM queues
-    WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND rate_limit IS NOT NULL
-), counts AS (
-    -- The limit: the queue's concurrency (an operator's setting; NULL: none) held to the
-    -- approved limit, a live approval's (neither expired nor revoked; one stored under a
-    -- looser policy is held to the loaded one's max-approved), else the policy's base.
-    -- least() ignores a NULL: no setting, or no ceiling given.
-    SELECT least(coalesce((SELECT max(least(max_concurrency, %(max_approved)s))
-                           FROM spend_approvals
-                           WHERE tenant_id = %(tenant)s AND queue = %(queue)s
-                             AND expires_at > statement_timestamp()
-                             AND revoked_at IS NULL), %(base_limit)s),
-                 (SELECT concurrency FROM queues
-                  WHERE tenant_id = %(tenant)s AND queue = %(queue)s))
-           -- The active leases: those the cursor's snapshot saw active, each probed by its
-           -- key, and those made or extended since (`placed_xid`); with no cursor, every
-           -- lease. A scan of the leased index would also walk every lease ended within a
-           -- TTL, which an old snapshot keeps there. Rows placed since are read from the
-           -- `placed_xid` index alone (`OFFSET 0` keeps the tenant and queue outside: the
-           -- planner could otherwise walk the leased or ready index for them).
-           - (SELECT count(DISTINCT item_id) FROM (
-                  SELECT item_id FROM (
-                      -- By key alone (`OFFSET 0` keeps the checks outside): with the
-                      -- queue and state beside it, the planner may walk the leased index.
-                      SELECT item_id, queue, state, lease_expires_at FROM work_items
-                      WHERE tenant_id = %(tenant)s AND item_id = ANY(%(active_ids)s::uuid[])
-                      OFFSET 0
-                  ) AS seen
-                  WHERE queue = %(queue)s AND state = 'leased'
-                    AND lease_expires_at > statement_timestamp()
-                  UNION ALL
-                  SELECT item_id FROM (
-                      SELECT item_id, tenant_id, queue, lease_expires_at FROM work_items
-                      WHERE placed_xid >= %(since_xid)s::xid8 AND placed_xid < %(until_xid)s::xid8
-                        AND state = 'leased'
-                      OFFSET 0
-                  ) AS since
-                  WHERE tenant_id = %(tenant)s AND queue = %(queue)s
-                    AND lease_expires_at > statement_timestamp()
-                  UNION ALL
-                  SELECT item_id FROM work_items
-                  WHERE %(since_xid)s::xid8 IS NULL
-                    AND tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
-                    AND lease_expires_at > statement_timestamp()
-              ) AS active) AS free,
-           -- A paused queue hands out nothing; pause takes this queue's lock exclusively.
-           EXISTS (SELECT 1 FROM queues WHERE tenant_id = %(tenant)s AND queue = %(queue)s
-                   AND paused_at IS NOT NULL) AS paused
-), room AS (
-    -- `n` leases at most; `m` candidates read for them: more under a rate limit per
-    -- partition key, whose keys at their limit are passed over (ten times, at most 1,000).
-    SELECT n, CASE WHEN keyed THEN least(n * 10, 1000) ELSE n END AS m, contended, keyed
-    FROM (
-        SELECT CASE WHEN contended OR paused THEN 0
-                    ELSE greatest(0, least(%(max_items)s, free, whole)) END AS n,
-               contended, keyed
-        FROM (SELECT free, paused,
-                     -- The room the whole queue's rate limit leaves (NULL: none): the
-                     -- limit less the grants of the last interval, a range of their index.
-                     (SELECT r.lim - coalesce((SELECT sum(g.n) FROM rate_grants g
-                                               WHERE g.tenant_id = %(tenant)s
-                                                 AND g.queue = %(queue)s
-                                                 AND g.partition_key = ''
-                                                 AND g.granted_at > statement_timestamp() - r.per),
-                                              0)
-                      FROM rate r WHERE NOT r.by_key) AS whole,
-                     EXISTS (SELECT 1 FROM rate WHERE by_key) AS keyed,
-                     -- A rate-limited queue is acquired under the exclusive lock alone: no
-                     -- two acquires count the same room.
-                     NOT paused AND %(shared)s
-                     AND (EXISTS (SELECT 1 FROM rate)
-                          -- Unread (not shared, or no in_flight): as if no room, never all.
-                          OR free < coalesce(nullif(current_setting('queue_server.in_flight',
-                                                                    true), '')::int,
-                                             2147483647)) AS contended
-              FROM counts) AS c
-    ) AS r
-), expired AS (
-    -- SKIP LOCKED: a row locked by a holder operation in flight is not ours to take.
-    -- From the connection's cursor (no lease it could see expired before it; with no
-    -- cursor, the leased index from its start), and the leases made or extended by a
-    -- transaction its snapshot did not see, by their `placed_xid`: as for ready rows below.
-    SELECT * FROM (
-        SELECT item_id, 0 AS src, 0 AS priority, lease_expires_at AS since, partition_key AS pkey,
-               lease_expires_at >= lease_deadline_at AS at_deadline, lease_holder AS holder,
-               lease_deadline_at AS deadline_at
-        FROM work_items
-        WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'leased'
-          AND lease_expires_at >= coalesce(%(expired_from)s::timestamptz, '-infinity')
-          AND lease_expires_at <= statement_timestamp()
-        ORDER BY lease_expires_at
-        LIMIT (SELECT m FROM room)
-        FOR UPDATE SKIP LOCKED
-    ) AS resumed
-    UNION
-    -- The leases placed since the cursor's snapshot that have expired by now (few), locked
-    -- by their keys alone, then checked.
-    SELECT * FROM (
-        SELECT item_id, 0 AS src, 0 AS priority, lease_expires_at AS since, partition_key AS pkey,
-               lease_expires_at >= lease_deadline_at AS at_deadline, lease_holder AS holder,
-               lease_deadline_at AS deadline_at
-        FROM (
-            SELECT * FROM work_items
-            WHERE tenant_id = %(tenant)s
-              AND item_id = ANY(ARRAY(
-                  SELECT item_id FROM (
-                      SELECT item_id, tenant_id, queue, lease_expires_at FROM work_items
-                      WHERE placed_xid >= %(since_xid)s::xid8 AND placed_xid < %(until_xid)s::xid8
-                        AND state = 'leased'
-                      OFFSET 0
-                  ) AS placed
-                  WHERE tenant_id = %(tenant)s AND queue = %(queue)s
-                    AND lease_expires_at <= statement_timestamp()))
-            FOR UPDATE SKIP LOCKED
-            OFFSET 0  -- keeps the checks below out of this scan
-        ) AS w
-        WHERE queue = %(queue)s AND state = 'leased' AND lease_expires_at <= statement_timestamp()
-        ORDER BY lease_expires_at
-        LIMIT (SELECT m FROM room)
-    ) AS late
-), lanes AS (
-    -- The connection's cursor on this queue (queue_server/store/cursors.py): per priority,
-    -- the first ready row it saw; no ready row it could see lay before it.
-    SELECT * FROM unnest(%(lane_priority)s::int[], %(lane_at)s::timestamptz[],
-                         %(lane_id)s::uuid[]) AS l(priority, at, id)
-), due AS (
-    -- With no cursor yet: the ready index from its start (what the cursor spares: under an
-    -- old snapshot, every row taken since it began left an entry there to walk past).
-    SELECT * FROM (
-        SELECT item_id, 1 AS src, priority, available_at AS since, partition_key AS pkey
-        FROM work_items
-        WHERE %(since_xid)s::xid8 IS NULL
-          AND tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'ready'
-          AND available_at <= statement_timestamp()
-        ORDER BY priority DESC, available_at, item_id
-        LIMIT (SELECT m FROM room)
-        FOR UPDATE SKIP LOCKED
-    ) AS cold
-    UNION ALL
-    -- Each priority the cursor knows, from its place: the highest first, and no lower one
-    -- read once `n` rows are found.
-    SELECT * FROM (
-        SELECT d.* FROM (SELECT * FROM lanes ORDER BY priority DESC) AS l
-        CROSS JOIN LATERAL (
-            SELECT item_id, 1 AS src, priority, available_at AS since, partition_key AS pkey
-            FROM work_items
-            WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'ready'
-              AND priority = l.priority AND (available_at, item_id) >= (l.at, l.id)
-              AND available_at <= statement_timestamp()
-            ORDER BY available_at, item_id
-            LIMIT (SELECT m FROM room)
-            FOR UPDATE SKIP LOCKED
-        ) AS d
-        LIMIT (SELECT m FROM room)
-    ) AS resumed
-    UNION ALL
-    -- Rows made ready by a transaction the cursor's snapshot did not see (committed late,
-    -- behind the cursor, or of a priority it did not know), found by that transaction's id.
-    -- The first of them in acquire order (a few, unlocked), then locked by their keys alone
-    -- and checked: no other index can serve either step.
-    SELECT * FROM (
-        SELECT item_id, 1 AS src, priority, available_at AS since, partition_key AS pkey
-        FROM (
-            SELECT * FROM work_items
-            WHERE tenant_id = %(tenant)s
-              AND item_id = ANY(ARRAY(
-                  SELECT item_id FROM (
-                      SELECT item_id, tenant_id, queue, priority, available_at FROM work_items
-                      WHERE placed_xid >= %(since_xid)s::xid8 AND placed_xid < %(until_xid)s::xid8
-                        AND state = 'ready'
-                      OFFSET 0
-                  ) AS placed
-                  WHERE tenant_id = %(tenant)s AND queue = %(queue)s
-                    AND available_at <= statement_timestamp()
-                  ORDER BY priority DESC, available_at, item_id
-                  LIMIT (SELECT m FROM room)))
-            FOR UPDATE SKIP LOCKED
-            OFFSET 0  -- keeps the checks below out of this scan
-        ) AS w
-        WHERE queue = %(queue)s AND state = 'ready' AND available_at <= statement_timestamp()
-        ORDER BY priority DESC, available_at, item_id
-    ) AS late
-), picked AS (
-    -- A row both resumed and late is one candidate. Under a rate limit per partition key,
-    -- each key's candidates in order, as many as the room its grants of the last interval
-    -- leave (no key: the key '').
-    SELECT item_id FROM (
-        SELECT c.*, row_number() OVER (PARTITION BY c.pkey
-                                       ORDER BY c.src, c.priority DESC, c.since, c.item_id)
-                        AS nth
-        FROM (SELECT DISTINCT item_id, src, priority, since, coalesce(pkey, '') AS pkey
-              FROM (SELECT item_id, src, priority, since, pkey FROM expired
-                    UNION ALL SELECT * FROM due) AS a) AS c
-    ) AS c
-    WHERE NOT (SELECT keyed FROM room)
-       OR c.nth <= (SELECT r.lim - coalesce((SELECT sum(g.n) FROM rate_grants g
-                                             WHERE g.tenant_id = %(tenant)s
-                                               AND g.queue = %(queue)s
-                                               AND g.partition_key = c.pkey
-                                               AND g.granted_at
-                                                   > statement_timestamp() - r.per), 0)
-                    FROM rate r)
-    ORDER BY src, priority DESC, since, item_id
-    LIMIT (SELECT n FROM room)
-), overdue AS (
-    -- Picked leases that ran to their deadline: each gets a deadline_exceeded event, and
-    -- the attempt's failure (its holder never finished it) as its last_failure.
-    SELECT item_id, holder, deadline_at,
-           jsonb_build_object('class', 'LeaseDeadlineExceeded', 'transient', true,
-                              'message', 'the lease held by ' || holder
-                                         || ' ran to its deadline at '
-                                         || api_timestamp(deadline_at)) AS failure
-    FROM expired
-    WHERE at_deadline AND item_id = ANY(ARRAY(SELECT item_id FROM picked))
-), leased AS (
-    UPDATE work_items w
-    SET state = 'leased', fence = w.fence + 1, acquisition_count = w.acquisition_count + 1,
-        lease_holder = %(worker)s,
-        lease_key_id = %(key_id)s,
-        lease_expires_at = statement_timestamp() + (SELECT least(ttl, deadline) FROM terms),
-        lease_deadline_at = statement_timestamp() + (SELECT deadline FROM terms),
-        leased_at = statement_timestamp(), updated_at = statement_timestamp(),
-        last_failure = coalesce((SELECT failure FROM overdue o WHERE o.item_id = w.item_id),
-                                w.last_failure),
-        event_seq = w.event_seq + 1 + (w.item_id = ANY(ARRAY(SELECT item_id FROM overdue)))::int
-    -- An array, not a join: the planner cannot tell how few rows `picked` has, and a
-    -- join would hash the whole table; `= ANY(array)` probes the primary key per item.
-    WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(ARRAY(SELECT item_id FROM picked))
-      AND w.acquisition_count < w.max_acquisitions
-    RETURNING w.*
-), quarantined AS (
-    UPDATE work_items w
-    SET state = 'quarantined', lease_holder = NULL, lease_expires_at = NULL,
-        updated_at = statement_timestamp(),
-        last_failure = coalesce((SELECT failure FROM overdue o WHERE o.item_id = w.item_id),
-                                w.last_failure),
-        event_seq = w.event_seq + 1 + (w.item_id = ANY(ARRAY(SELECT item_id FROM overdue)))::int
-    -- An array, not a join: the planner cannot tell how few rows `picked` has, and a
-    -- join would hash the whole table; `= ANY(array)` probes the primary key per item.
-    WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(ARRAY(SELECT item_id FROM picked))
-      AND w.acquisition_count >= w.max_acquisitions
-    RETURNING w.*
-), dead AS (
-    INSERT INTO dead_letters (tenant_id, kind, item_id, queue, reason, last_failure, created_at)
-    SELECT tenant_id, 'item', item_id, queue, 'acquisition budget exhausted', last_failure,
-           statement_timestamp()
-    FROM quarantined
-), ev AS (
-    -- A lease that ran to its deadline is recorded before its takeover (or quarantine).
-    INSERT INTO item_events (tenant_id, item_id, seq, at, kind, fence, actor, data)
-    SELECT o.tenant_id, o.item_id, o.event_seq - 2, o.updated_at, 'deadline_exceeded',
-           o.overdue_fence, 'server',
-           jsonb_build_object('lease_holder', o.holder, 'lease_deadline_at', o.deadline_at,
-                              'failure', o.last_failure)
-    FROM (SELECT l.*, l.fence - 1 AS overdue_fence, d.holder, d.deadline_at
-          FROM leased l JOIN overdue d USING (item_id)
-          UNION ALL
-          SELECT q.*, q.fence AS overdue_fence, d.holder, d.deadline_at
-          FROM quarantined q JOIN overdue d USING (item_id)) AS o
-    UNION ALL
-    SELECT tenant_id, item_id, event_seq - 1, updated_at, 'acquired', fence, %(worker)s,
-           jsonb_build_object('lease_holder', lease_holder,
-                              'lease_expires_at', lease_expires_at,
-                              'lease_deadline_at', lease_deadline_at,
-                              'acquisition_count', acquisition_count)
-    FROM leased
-    UNION ALL
-    SELECT tenant_id, item_id, event_seq - 1, updated_at, 'quarantined', fence, 'server',
-           jsonb_build_object('reason', 'acquisition budget exhausted')
-    FROM quarantined
-), granted AS (
-    -- A rate-limited queue's leases, in its window: per partition key, or the queue's ''.
-    INSERT INTO rate_grants (tenant_id, queue, partition_key, granted_at, n)
-    SELECT %(tenant)s, %(queue)s, k, statement_timestamp(), count(*)
-    FROM (SELECT CASE WHEN r.by_key THEN coalesce(l.partition_key, '') ELSE '' END AS k
-          FROM leased l CROSS JOIN rate r) AS s
-    GROUP BY k
+), granted AS (  --@acquire_rated
+    -- A rate-limited queue's leases, in its window: per partition key, or the queue's ''.  --@acquire_rated
+    INSERT INTO rate_grants (tenant_id, queue, partition_key, granted_at, n)  --@acquire_rated
+    SELECT %(tenant)s, %(queue)s, k, statement_timestamp(), count(*)  --@acquire_rated
+    FROM (SELECT CASE WHEN r.by_key THEN coalesce(l.partition_key, '') ELSE '' END AS k  --@acquire_rated
+          FROM leased l CROSS JOIN rate r) AS s  --@acquire_rated
+    GROUP BY k  --@acquire_rated
 ), counted AS (
     -- Out of the backlog.
     INSERT INTO counter_deltas (tenant_id, queue, shard, released, quarantined)
