@@ -331,11 +331,12 @@ def queues_settings(
         "retry-cap": retry_cap,
         "jitter": jitter,
         "ordering-dead-letters": ordering_dead_letters,
-        "rate": None if (rate_limit, rate_per, rate_by_partition) == (None,) * 3 else True,
     }
+    given_rate = {"limit": rate_limit, "per": rate_per, "partitioned": rate_by_partition}
+    rate_given = any(v is not None for v in given_rate.values())
     with tenant_session(url, key, data_dir, tenant) as qs:
         current = qs.queue_settings(queue)
-        if any(v is not None for v in given.values()) or clear:
+        if any(v is not None for v in given.values()) or rate_given or clear:
             own = {
                 "lease-ttl": _own(current.lease_ttl),
                 "deadline": _own(current.deadline),
@@ -347,7 +348,7 @@ def queues_settings(
                     _own(current.ordering_dead_letters) if current.ordering_dead_letters else None
                 ),
             }
-            own.update({k: v for k, v in given.items() if v is not None and k != "rate"})
+            own.update({k: v for k, v in given.items() if v is not None})
             for name in clear or []:
                 own[name] = None
             rate: dict[str, Any] = dict(
@@ -355,9 +356,8 @@ def queues_settings(
             )
             if "rate-limit" in (clear or []):
                 rate = {"partitioned": False}
-            given_rate = {"limit": rate_limit, "per": rate_per, "partitioned": rate_by_partition}
             rate.update({k: v for k, v in given_rate.items() if v is not None})
-            if given["rate"] and (rate.get("limit") is None or rate.get("per") is None):
+            if rate_given and (rate.get("limit") is None or rate.get("per") is None):
                 fail("A rate limit needs both", "give --rate-limit N and --rate-per SECONDS")
             current = qs.put_queue_settings(
                 queue,

@@ -315,10 +315,12 @@ class Items:
                     None if item.max_acquisitions is None else min(item.max_acquisitions, cap)
                 ),
                 **traced,
-                **({} if item.unique_key is None else {"unique_key": item.unique_key}),
-                **({} if item.ordering_key is None else {"ordering_key": item.ordering_key}),
-                **({} if item.partition_key is None else {"partition_key": item.partition_key}),
-                **({} if item.unique_for is None else {"unique_for": item.unique_for}),
+                # The keys an item may carry, those it has.
+                **{
+                    name: value
+                    for name in ("unique_key", "unique_for", "ordering_key", "partition_key")
+                    if (value := getattr(item, name)) is not None
+                },
             }
             for item, item_id in zip(items, ids, strict=True)
         ]

@@ -4,6 +4,7 @@ only its own items. Counted from the ledgers' `acquired` events."""
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import time
 import uuid
@@ -14,6 +15,9 @@ import httpx
 import psycopg
 import pytest
 
+from queue_server.background import sweeper
+from queue_server.db import Database
+from queue_server.settings import Settings
 from queue_server.store import transitions
 from tests.helpers.api import Api
 
@@ -150,3 +154,32 @@ def test_a_rate_limit_is_a_setting_refused_when_malformed_and_removable(api: Api
     )
     assert cleared.json()["rate_limit"] == {"value": None, "source": "default"}
     assert len(api.acquire(max_items=10)) == 2
+
+
+def test_the_sweeper_deletes_the_grants_no_window_reads_any_more(
+    api: Api, db: Db, settings: Settings, database_url: str
+) -> None:
+    """Grants older than their queue's interval go (in batches); the window's stay, and so
+    do those of a queue whose longer interval still reads them."""
+    assert put_rate(api, limit=100, per=60).status_code == 200
+    db.execute(
+        "INSERT INTO rate_grants (tenant_id, queue, partition_key, granted_at, n)"
+        " SELECT 'acme', q, '', statement_timestamp() - make_interval(secs => s), 1"
+        " FROM (VALUES ('q', 5), ('q', 30), ('q', 90), ('q', 120), ('q', 300),"
+        "              ('gone', 5)) AS v(q, s)"
+    )
+
+    async def purge() -> int | None:
+        pool = Database.for_api(settings, database_url)
+        await pool.open(wait=True)
+        try:
+            return await sweeper.purge_rate_grants(pool, 2)
+        finally:
+            await pool.close()
+
+    assert asyncio.run(purge()) == 4  # q's three past 60 s, and the unlimited queue's one
+    left = db.execute(
+        "SELECT queue, round(extract(epoch FROM statement_timestamp() - granted_at)) AS age"
+        " FROM rate_grants ORDER BY 2"
+    ).fetchall()
+    assert [(r["queue"], r["age"]) for r in left] == [("q", 5), ("q", 30)]

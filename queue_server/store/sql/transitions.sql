@@ -155,14 +155,9 @@ WITH terms AS (
                                               0)  --@acquire_rated
                       FROM rate r WHERE NOT r.by_key) AS whole,  --@acquire_rated
                      EXISTS (SELECT 1 FROM rate WHERE by_key) AS keyed,  --@acquire_rated
-                     -- A rate-limited queue is acquired under the exclusive lock alone: no  --@acquire_rated
-                     -- two acquires count the same room.  --@acquire_rated
-                     NOT paused AND %(shared)s  --@acquire_rated
-                     AND (EXISTS (SELECT 1 FROM rate)  --@acquire_rated
-                          -- Unread (not shared, or no in_flight): as if no room, never all.  --@acquire_rated
-                          OR free < coalesce(nullif(current_setting('queue_server.in_flight',  --@acquire_rated
-                                                                    true), '')::int,  --@acquire_rated
-                                             2147483647)) AS contended  --@acquire_rated
+                     -- Run under the exclusive lock alone, so that no two acquires count the  --@acquire_rated
+                     -- same room: under the shared one it leases nothing and says so.  --@acquire_rated
+                     NOT paused AND %(shared)s AS contended  --@acquire_rated
               FROM counts) AS c  --@acquire_rated
     ) AS r  --@acquire_rated
 ), expired AS (
