@@ -152,6 +152,9 @@ def test_a_heartbeat_past_the_deadline_is_refused_and_the_item_taken_over_with_a
     api = short
     item = api.enqueue("q")
     last = api.enqueue("last", max_acquisitions=1)
+    # Counted from before the lease was taken: the deadline runs from the acquire, and a
+    # busy machine may take a second between it and the first heartbeat.
+    started = time.monotonic()
     (lease,) = api.acquire("q", worker="hung", ttl=2)
     (last_lease,) = api.acquire("last", worker="hung", ttl=2)
     deadline = _at(lease["lease_deadline_at"])
@@ -166,7 +169,6 @@ def test_a_heartbeat_past_the_deadline_is_refused_and_the_item_taken_over_with_a
         )
 
     # The holder heartbeats well within its TTL, yet its lease ends at the deadline.
-    started = time.monotonic()
     refusal: dict[str, Any] | None = None
     while time.monotonic() - started < DEADLINE + 3:
         response = beat(lease)
@@ -294,6 +296,7 @@ def test_a_batch_heartbeat_never_extends_a_lease_past_its_deadline(short: Api) -
     api = short
     route = f"/v1/tenants/{api.tenant}/leases:heartbeat"
     items = [api.enqueue(queue) for queue in ("a", "b")]
+    started = time.monotonic()  # before the acquires, whose deadlines run from them
     leases = [api.acquire(queue, worker="hung", ttl=2)[0] for queue in ("a", "b")]
     entries = [{"item_id": lease["item_id"], "fence": lease["fence"]} for lease in leases]
     _refused(
@@ -302,7 +305,6 @@ def test_a_batch_heartbeat_never_extends_a_lease_past_its_deadline(short: Api) -
         "durable-leased-work/attempt-timeout",
     )
     deadlines = {lease["item_id"]: _at(lease["lease_deadline_at"]) for lease in leases}
-    started = time.monotonic()
     results: list[dict[str, Any]] = []
     while time.monotonic() - started < DEADLINE + 3:
         response = api.worker.post(
@@ -316,8 +318,8 @@ def test_a_batch_heartbeat_never_extends_a_lease_past_its_deadline(short: Api) -
             assert _at(r["lease_deadline_at"]) == deadlines[r["item_id"]]
             assert _at(r["lease_expires_at"]) <= deadlines[r["item_id"]]
         time.sleep(0.2)
-    # Refused only at the deadline (the acquires were a moment before `started`).
-    assert time.monotonic() - started >= DEADLINE - 1.0, results
+    # Refused only at the deadline.
+    assert time.monotonic() - started >= DEADLINE - 0.5, results
     # The second lease was acquired a moment after the first: its deadline is that much later.
     time.sleep((max(deadlines.values()) - min(deadlines.values())).total_seconds() + 0.05)
     response = api.worker.post(route, json={"worker": "hung", "lease_ttl": 2, "leases": entries})
