@@ -241,7 +241,7 @@ def test_above_the_envelope_the_function_names_the_cell_and_bad_arguments_name_t
     assert above.value.sqlstate == "QS422"
     assert "durable-leased-work/retry" in above.value.detail
     assert "attempt cap of 5" in above.value.detail
-    assert "only payload, priority, delay and max_acquisitions" in unknown.value.detail
+    assert "only payload, priority, delay, max_acquisitions, unique_key" in unknown.value.detail
     assert listed(api) == []
 
 

@@ -39,6 +39,24 @@ _ENQUEUE = (
     " %(priority)s, %(delay)s::interval, %(max_acquisitions)s,"
     " %(traceparent)s::text, %(tracestate)s::text)"
 )
+# The keys (server migration 0034), named only when one is given: a call without them is
+# the call an older server knows.
+_KEYS = ("unique_key", "unique_for", "partition_key", "ordering_key")
+_ENQUEUE_KEYS = (
+    "SELECT queue_server.enqueue(%(tenant)s, %(queue)s, %(payload)s::jsonb, %(key)s,"
+    " %(priority)s, %(delay)s::interval, %(max_acquisitions)s,"
+    " %(traceparent)s::text, %(tracestate)s::text, unique_key => %(unique_key)s::text,"
+    " unique_for => %(unique_for)s::interval, partition_key => %(partition_key)s::text,"
+    " ordering_key => %(ordering_key)s::text)"
+)
+_SA_ENQUEUE_KEYS = (
+    "SELECT queue_server.enqueue(:tenant, :queue, CAST(:payload AS jsonb), :key,"
+    " :priority, CAST(:delay AS interval), :max_acquisitions,"
+    " CAST(:traceparent AS text), CAST(:tracestate AS text),"
+    " unique_key => CAST(:unique_key AS text), unique_for => CAST(:unique_for AS interval),"
+    " partition_key => CAST(:partition_key AS text),"
+    " ordering_key => CAST(:ordering_key AS text))"
+)
 _ENQUEUE_MANY = (
     "SELECT queue_server.enqueue_many(%(tenant)s, %(queue)s, %(items)s::jsonb, %(key)s,"
     " %(traceparent)s::text, %(tracestate)s::text)"
@@ -69,16 +87,18 @@ def _trace(traceparent: str | None, tracestate: str | None) -> dict[str, str | N
 
 def _item(item: Any) -> dict[str, Any]:
     """One entry of `enqueue_many_in`: a mapping with `payload` (and optionally `priority`,
-    `delay` in seconds or a timedelta, `max_acquisitions`), or an SDK `NewItem`."""
+    `delay` in seconds or a timedelta, `max_acquisitions`, `unique_key`, `unique_for` in
+    seconds or a timedelta, `partition_key`, `ordering_key`), or an SDK `NewItem`."""
     if not isinstance(item, dict):
         item = {
             k: getattr(item, k)
-            for k in ("payload", "priority", "delay", "max_acquisitions")
+            for k in ("payload", "priority", "delay", "max_acquisitions", *_KEYS)
             if hasattr(item, k)
         }
     out = dict(item)
-    if isinstance(out.get("delay"), timedelta):
-        out["delay"] = out["delay"].total_seconds()
+    for name in ("delay", "unique_for"):
+        if isinstance(out.get(name), timedelta):
+            out[name] = out[name].total_seconds()
     return {k: v for k, v in out.items() if v is not None or k == "payload"}
 
 
@@ -160,6 +180,10 @@ def enqueue_in(
     max_acquisitions: int | None = None,
     traceparent: str | None = None,
     tracestate: str | None = None,
+    unique_key: str | None = None,
+    unique_for: float | timedelta | None = None,
+    partition_key: str | None = None,
+    ordering_key: str | None = None,
 ) -> Awaitable[str]: ...
 
 
@@ -176,6 +200,10 @@ def enqueue_in(
     max_acquisitions: int | None = None,
     traceparent: str | None = None,
     tracestate: str | None = None,
+    unique_key: str | None = None,
+    unique_for: float | timedelta | None = None,
+    partition_key: str | None = None,
+    ordering_key: str | None = None,
 ) -> Any: ...
 
 
@@ -191,15 +219,28 @@ def enqueue_in(
     max_acquisitions: int | None = None,
     traceparent: str | None = None,
     tracestate: str | None = None,
+    unique_key: str | None = None,
+    unique_for: float | timedelta | None = None,
+    partition_key: str | None = None,
+    ordering_key: str | None = None,
 ) -> Any:
     """Enqueue one item in `conn`'s open transaction; its id (a string), or an awaitable of
     it for an async connection. `key`: the idempotency key (the same key and arguments
     return the same id; other arguments raise `IdempotencyKeyReuseError`; the trace context
     is not one of them). `traceparent`/`tracestate`: the W3C trace context to keep with the
-    item; when neither is given, the current OpenTelemetry span's, if any."""
+    item; when neither is given, the current OpenTelemetry span's, if any. `unique_key`
+    (with `unique_for`), `partition_key` and `ordering_key` are the REST enqueue's: with a
+    unique key already held, the id answered is the holder's."""
+    keys = {
+        "unique_key": unique_key,
+        "unique_for": None if unique_for is None else _delay(unique_for),
+        "partition_key": partition_key,
+        "ordering_key": ordering_key,
+    }
+    keyed = any(v is not None for v in keys.values())
     call = _Call(
-        _ENQUEUE,
-        _SA_ENQUEUE,
+        _ENQUEUE_KEYS if keyed else _ENQUEUE,
+        _SA_ENQUEUE_KEYS if keyed else _SA_ENQUEUE,
         {
             "tenant": tenant,
             "queue": queue,
@@ -209,6 +250,7 @@ def enqueue_in(
             "delay": _delay(delay),
             "max_acquisitions": max_acquisitions,
             **_trace(traceparent, tracestate),
+            **(keys if keyed else {}),
         },
     )
     result = call.run(conn)
@@ -263,8 +305,9 @@ def enqueue_many_in(
 ) -> Any:
     """Enqueue 1 to 500 items in `conn`'s open transaction, all or nothing against the
     backlog cap; their ids in the order given (or an awaitable of them). Each item is a
-    mapping with `payload` and optionally `priority`, `delay` (seconds or a timedelta) and
-    `max_acquisitions`, or an SDK `NewItem`. `traceparent`/`tracestate`: one W3C trace
+    mapping with `payload` and optionally `priority`, `delay` (seconds or a timedelta),
+    `max_acquisitions` and the keys `enqueue_in` takes, or an SDK `NewItem`. An item whose
+    unique key is held (by an earlier item of the call, too) is answered with the holder's id. `traceparent`/`tracestate`: one W3C trace
     context for every item (as `enqueue_in`'s, the current span's when neither is given)."""
     call = _Call(
         _ENQUEUE_MANY,

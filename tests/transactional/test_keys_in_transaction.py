@@ -1,0 +1,143 @@
+"""The keys of the REST enqueue, in an application's own transaction (migration 0034): an
+ordering key lines items up, a unique key answers with the item holding it (for a period,
+too), a partition key is kept for the rate limit; bad keys are refused naming the field, and
+a call with keys replays under its idempotency key like any other."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+
+from queue_server.client import NewItem, enqueue_in, enqueue_many_in, errors
+from tests.helpers.api import Api
+from tests.helpers.roles import Roles
+
+DB = psycopg.Connection[dict[str, object]]
+
+
+def item(api: Api, item_id: str) -> dict[str, Any]:
+    response = api.operator.get(f"/v1/tenants/{api.tenant}/items/{item_id}")
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def test_an_ordering_key_lines_the_items_of_a_transaction_up_behind_each_other(
+    api: Api, roles: Roles
+) -> None:
+    app = roles.make("acme")
+    with app.connect() as conn:
+        ids = enqueue_many_in(
+            conn,
+            "acme",
+            "ledger",
+            [
+                {"payload": 1, "ordering_key": "acct-9", "partition_key": "cust-1"},
+                NewItem(payload=2, ordering_key="acct-9"),
+                {"payload": 3},
+            ],
+            key="lines",
+        )
+        # And one more by the single function, behind the two.
+        last = enqueue_in(conn, "acme", "ledger", 4, key="line-4", ordering_key="acct-9")
+        conn.commit()
+    first, second, free = (item(api, i) for i in ids)
+    assert [first["state"], second["state"], free["state"], item(api, last)["state"]] == [
+        "ready",
+        "waiting",
+        "ready",
+        "waiting",
+    ]
+    assert (first["ordering_key"], first["partition_key"]) == ("acct-9", "cust-1")
+    assert free["ordering_key"] is None
+    [lease] = api.acquire("ledger")  # the oldest ready one
+    assert lease["item_id"] == ids[0]
+    done = api.holder("complete", ids[0], worker="w1", fence=lease["fence"], result=1)
+    assert done.status_code == 200, done.text
+    assert item(api, ids[1])["state"] == "ready"
+    assert item(api, last)["state"] == "waiting"
+
+
+def test_a_unique_key_held_answers_with_its_holder_in_the_call_and_across_calls(
+    api: Api, db: DB, roles: Roles
+) -> None:
+    app = roles.make("acme")
+    with app.connect() as conn:
+        made = enqueue_in(conn, "acme", "reports", {"day": 1}, key="r1", unique_key="day-1")
+        again = enqueue_in(conn, "acme", "reports", {"day": 1}, key="r2", unique_key="day-1")
+        assert again == made
+        # In one call: the second item with a key is answered with the first's id.
+        pair = enqueue_many_in(
+            conn,
+            "acme",
+            "reports",
+            [{"payload": 2, "unique_key": "day-2"}, {"payload": 2, "unique_key": "day-2"}],
+            key="r3",
+        )
+        assert pair[0] == pair[1] != made
+        conn.commit()
+        # The same idempotency key replays the same answer, holder included.
+        assert (
+            enqueue_many_in(
+                conn,
+                "acme",
+                "reports",
+                [{"payload": 2, "unique_key": "day-2"}, {"payload": 2, "unique_key": "day-2"}],
+                key="r3",
+            )
+            == pair
+        )
+        conn.commit()
+    count = db.execute("SELECT count(*) AS n FROM work_items WHERE queue = 'reports'").fetchone()
+    assert count == {"n": 2}
+    # Finished, the key is free again, unless a period says otherwise.
+    [lease] = api.acquire("reports")
+    assert lease["item_id"] == made
+    assert api.holder("complete", made, worker="w1", fence=lease["fence"]).status_code == 200
+    with app.connect() as conn:
+        fresh = enqueue_in(conn, "acme", "reports", {"day": 1}, key="r4", unique_key="day-1")
+        assert fresh != made
+        within = enqueue_in(
+            conn,
+            "acme",
+            "reports",
+            {"day": 1},
+            key="r5",
+            unique_key="day-1",
+            unique_for=timedelta(days=1),
+        )
+        assert within == fresh
+        conn.commit()
+
+
+def test_bad_keys_are_refused_naming_the_field_and_a_call_without_keys_is_unchanged(
+    api: Api, roles: Roles
+) -> None:
+    app = roles.make("acme")
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"ordering_key": "two words"}, "items[0]: ordering_key must be 1 to 255 printable"),
+        ({"partition_key": ""}, "items[0]: partition_key must be 1 to 255 printable"),
+        ({"unique_key": 7}, "items[0]: unique_key must be 1 to 255 printable"),
+        ({"unique_key": "k", "unique_for": 0}, "items[0]: unique_for must be more than 0"),
+        ({"unique_key": "k", "unique_for": "1d"}, "items[0]: unique_for must be a number"),
+        ({"unique_for": 60}, "items[0]: unique_for is a period of a unique_key"),
+    ]
+    with app.connect() as conn:
+        for fields, message in cases:
+            with pytest.raises(errors.InvalidRequestError) as bad:
+                enqueue_many_in(conn, "acme", "q", [{"payload": 1, **fields}], key="bad")
+            conn.rollback()
+            assert message in bad.value.detail, (fields, bad.value.detail)
+        # The function's own arguments are checked the same way.
+        with pytest.raises(errors.InvalidRequestError) as single:
+            enqueue_in(conn, "acme", "q", 1, key="bad", ordering_key="x" * 256)
+        conn.rollback()
+        assert "items[0]: ordering_key must be 1 to 255" in single.value.detail
+        # No key given: the item has none, and the call is the one an older server knows.
+        plain = enqueue_in(conn, "acme", "q", 1, key="plain")
+        conn.commit()
+    body = item(api, plain)
+    assert (body["unique_key"], body["ordering_key"], body["partition_key"]) == (None, None, None)
