@@ -16,6 +16,7 @@ from reliability.fuzz import schema_fuzz
 from reliability.hostile import hostile_input
 from reliability.hung_worker import hung_worker
 from reliability.pgdump import pg_dump_under_load
+from reliability.rate_accuracy import rate_accuracy
 from reliability.restore import restore_after_mistake
 from reliability.scenarios import SCENARIOS as FAULT_SCENARIOS
 from reliability.scenarios import ScenarioOutcome
@@ -36,6 +37,7 @@ SCENARIOS: dict[str, Callable[[], ScenarioOutcome]] = {
     "restore": restore_after_mistake,
     "pg-dump": pg_dump_under_load,
     "alert-delivery": alert_delivery,
+    "rate-accuracy": rate_accuracy,
 }
 
 #: ``--quick`` (``make reliability-quick``, run by CI): every scenario once with a small
@@ -58,4 +60,5 @@ QUICK: dict[str, dict[str, object]] = {
     "restore": {"duration": 10.0, "producers": 2},
     "pg-dump": {"phase": 6.0, "hold": 10.0},
     "alert-delivery": {"quiet": 20.0, "outage": 15.0},
+    "rate-accuracy": {"duration": 12.0},
 }
