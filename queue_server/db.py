@@ -17,7 +17,8 @@ orjson. A driver failure becomes a domain error here and nowhere else:
       drained, so no request is lent a connection to the old primary.
     the admission's refusals (`admission_refusals`, SQLSTATEs of migration 0017):
       QS429 -> BacklogCapReachedError (429), QS404 -> TenantNotFoundError (404),
-      QS422 -> InvalidRequestError (422, the policy envelope), QS409 -> ConflictError (409,
+      QS422 -> InvalidRequestError (422, the policy envelope; QS400 too, a dependency
+      refused: migration 0035), QS409 -> ConflictError (409,
       the item holding a unique key finished while the enqueue ran: migration 0030)
 
 Directly connected (`database_pooler = "none"`) a session gets its settings at
@@ -95,7 +96,7 @@ def admission_refusals(tenant: str) -> Iterator[None]:
             raise errors.BacklogCapReachedError(detail, **figures) from exc
         if exc.sqlstate == "QS404":
             raise errors.TenantNotFoundError(tenant=tenant) from exc
-        if exc.sqlstate == "QS422":
+        if exc.sqlstate in ("QS400", "QS422"):  # QS400: a dependency refused (0035)
             raise errors.InvalidRequestError(detail) from exc
         if exc.sqlstate == "QS409":  # the item holding a unique key finished meanwhile
             raise errors.ConflictError(detail) from exc

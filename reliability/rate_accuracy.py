@@ -100,7 +100,7 @@ def _phase(
         )
         settings.raise_for_status()
         # More than the run can take: the limit, not the backlog, holds the workers back.
-        total = int(limit / per * duration * 1.5) + 50
+        total = int(limit / per * duration * 1.5 * max(1, len(partitions))) + 50
         worker = {"Authorization": f"Bearer {keys.worker}"}
         for start in range(0, total, 500):
             batch: list[dict[str, Any]] = [

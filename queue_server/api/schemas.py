@@ -199,6 +199,19 @@ class ItemIn(Body):
         " enqueue order: this one is `waiting` until the one before it completes, is"
         " cancelled or goes to dead letters (the queue's `ordering_dead_letters`).",
     )
+    depends_on: list[UUID] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=100,
+        description="Items of the tenant (any queue) this one waits for: it is `waiting`"
+        " until every one has completed, then ready in the same transaction as the last.",
+    )
+    on_dependency_failure: Literal["cancel", "run", "wait"] | None = Field(
+        default=None,
+        description="With `depends_on`, when a dependency goes to dead letters or is"
+        " cancelled: `cancel` this item (the default; its own dependents follow), `run` it"
+        " anyway, or `wait` until the dependency is replayed and completes.",
+    )
 
 
 class BatchIn(Body):
@@ -220,6 +233,10 @@ class BatchIn(Body):
                     "ordering_key": item.ordering_key,
                     "partition_key": item.partition_key,
                     "unique_for": item.unique_for,
+                    "depends_on": (
+                        None if item.depends_on is None else [str(d) for d in item.depends_on]
+                    ),
+                    "on_dependency_failure": item.on_dependency_failure,
                 }
                 for item in self.items
             ]

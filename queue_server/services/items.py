@@ -6,6 +6,7 @@ Transaction boundaries and checks; each state change is one statement of
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -168,6 +169,9 @@ class NewItem:
     partition_key: str | None = None
     # With unique_key: nor while an item with it was made within this many seconds.
     unique_for: float | None = None
+    # Items of the tenant this one waits for (migration 0035), and what their failure does.
+    depends_on: list[str] | None = None
+    on_dependency_failure: str | None = None
 
 
 class ItemSpec(Protocol):
@@ -196,6 +200,12 @@ class ItemSpec(Protocol):
 
     @property
     def unique_for(self) -> float | None: ...
+
+    @property
+    def depends_on(self) -> Sequence[object] | None: ...
+
+    @property
+    def on_dependency_failure(self) -> str | None: ...
 
 
 class Items:
@@ -245,17 +255,22 @@ class Items:
         await self._refuse_early_at_cap(tenant, idem, sum(i.unique_key is None for i in items))
         specs = self._specs(items, uuid7s(len(items)), trace)
 
+        # A dependency refused (migration 0035) is kept on the receipt like any 422: the
+        # admission runs in a savepoint then, so that the transaction can still keep it.
+        dependent = any("depends_on" in spec for spec in specs)
+
         async def operation(conn: Conn) -> Answer:
             with admission_refusals(tenant):
-                done = await transitions.enqueue_rows(
-                    conn,
-                    tenant=tenant,
-                    queue=queue,
-                    items=specs,
-                    actor=principal.actor,
-                    attempt_cap=self.envelope.leased.attempt_cap,
-                    backlog_ceiling=self.envelope.leased.backlog_cap,
-                )
+                async with conn.transaction() if dependent else contextlib.nullcontext():
+                    done = await transitions.enqueue_rows(
+                        conn,
+                        tenant=tenant,
+                        queue=queue,
+                        items=specs,
+                        actor=principal.actor,
+                        attempt_cap=self.envelope.leased.attempt_cap,
+                        backlog_ceiling=self.envelope.leased.backlog_cap,
+                    )
             shaped = await self._answered(conn, tenant, queue, specs, done)
             if batch:
                 return Answer(201, views.dumps({"items": shaped}))
@@ -321,6 +336,15 @@ class Items:
                     for name in ("unique_key", "unique_for", "ordering_key", "partition_key")
                     if (value := getattr(item, name)) is not None
                 },
+                # What it depends on (ids as text), and its rule.
+                **(
+                    {}
+                    if item.depends_on is None
+                    else {
+                        "depends_on": [str(d) for d in item.depends_on],
+                        "on_dependency_failure": item.on_dependency_failure,
+                    }
+                ),
             }
             for item, item_id in zip(items, ids, strict=True)
         ]

@@ -161,6 +161,10 @@ work_items = Table(
     Column("ordering_seq", BigInteger, nullable=True),
     # The producer's partition key (0032): a queue's rate limit may hold per key.
     Column("partition_key", Text, nullable=True),
+    # Another item depends on it (0035): its finishing transition releases its dependents.
+    Column("has_dependents", Boolean, nullable=False, server_default=text("false")),
+    # With dependencies (0035): what a dependency's failure for good does to this item.
+    Column("on_dependency_failure", Text, nullable=True),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
     CheckConstraint("fence >= 0", name="fence_not_negative"),
     CheckConstraint(
@@ -173,6 +177,10 @@ work_items = Table(
     CheckConstraint(
         "partition_key IS NULL OR partition_key ~ '^[!-~]{1,255}$'",
         name="partition_key_printable",
+    ),
+    CheckConstraint(
+        "on_dependency_failure IS NULL OR on_dependency_failure IN ('cancel', 'run', 'wait')",
+        name="on_dependency_failure_known",
     ),
     CheckConstraint(TRACEPARENT_W3C, name="traceparent_w3c"),
     CheckConstraint(TRACESTATE_BOUNDED, name="tracestate_bounded"),
@@ -830,6 +838,29 @@ rate_grants = Table(
     Column("n", Integer, nullable=False),
     Index("ix_rate_grants_window", "tenant_id", "queue", "partition_key", "granted_at"),
     Index("ix_rate_grants_granted_at", "granted_at"),
+)
+
+# Who waits for whom (0035): item `item_id` is waiting until `depends_on` completes. Written
+# once at enqueue, never updated; a finishing dependency finds its dependents by its id.
+item_dependencies = Table(
+    "item_dependencies",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("item_id", UUID(as_uuid=False), primary_key=True),
+    Column("depends_on", UUID(as_uuid=False), primary_key=True),
+    ForeignKeyConstraint(
+        ["tenant_id", "item_id"],
+        ["work_items.tenant_id", "work_items.item_id"],
+        name="fk_item_dependencies_item",
+        ondelete="CASCADE",
+    ),
+    ForeignKeyConstraint(
+        ["tenant_id", "depends_on"],
+        ["work_items.tenant_id", "work_items.item_id"],
+        name="fk_item_dependencies_depends_on",
+        ondelete="CASCADE",
+    ),
+    Index("ix_item_dependencies_depends_on", "tenant_id", "depends_on"),
 )
 
 # The totals as of a fold: every delta of a transaction with an id below `as_of_xid` is

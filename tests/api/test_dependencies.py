@@ -1,0 +1,329 @@
+"""Dependencies: an item enqueued with `depends_on` waits until every item it names has
+completed, and is made ready in the transaction of the last completion, with an `unblocked`
+ledger row naming it. A dependency that fails for good applies the dependent's rule:
+`cancel` (the default, and its own dependents follow), `run` anyway, or `wait` until the
+dependency is replayed and completes. Completions racing each other, or an enqueue racing a
+completion, never strand a dependent; every ledger folds to its row."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Any
+
+import httpx
+import psycopg
+from psycopg.types.json import Jsonb
+
+from tests.helpers.api import Api, setup_tenant
+
+Db = psycopg.Connection[dict[str, object]]
+
+
+def enqueue(api: Api, queue: str = "q", payload: Any = None, **fields: Any) -> dict[str, Any]:
+    return dict(api.enqueue(queue, payload, **fields))
+
+
+def refused(api: Api, body: dict[str, Any], queue: str = "q") -> str:
+    response = api.worker.post(
+        f"/v1/tenants/{api.tenant}/queues/{queue}/items",
+        json=body,
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert response.status_code == 422, response.text
+    detail: str = response.json()["detail"]
+    return detail
+
+
+def state(api: Api, item_id: object) -> str:
+    answer = api.worker.get(f"/v1/tenants/{api.tenant}/items/{item_id}")
+    assert answer.status_code == 200, answer.text
+    return str(answer.json()["state"])
+
+
+def ledger(api: Api, item_id: object) -> list[dict[str, Any]]:
+    answer = api.operator.get(f"/v1/tenants/{api.tenant}/items/{item_id}/ledger")
+    assert answer.status_code == 200, answer.text
+    events: list[dict[str, Any]] = answer.json()["events"]
+    return events
+
+
+# Leases taken beside the one asked for, by item id: a later `lease_of` finds them here.
+HELD: dict[object, dict[str, Any]] = {}
+
+
+def lease_of(api: Api, item_id: object, queue: str = "q") -> dict[str, Any]:
+    """The item's lease: acquire the queue until it is leased (the others stay leased)."""
+    for _ in range(20):
+        if item_id in HELD:
+            return HELD.pop(item_id)
+        HELD.update({lease["item_id"]: dict(lease) for lease in api.acquire(queue, max_items=10)})
+    raise AssertionError(f"{item_id} was never leased")
+
+
+def complete(api: Api, lease: dict[str, Any]) -> None:
+    done = api.holder("complete", lease["item_id"], worker="w1", fence=lease["fence"])
+    assert done.status_code == 200, done.text
+
+
+def quarantine(api: Api, lease: dict[str, Any]) -> None:
+    response = api.holder(
+        "triage",
+        lease["item_id"],
+        worker="w1",
+        fence=lease["fence"],
+        failure={"class": "Boom"},
+        decision="quarantine",
+    )
+    assert response.is_success, response.text
+
+
+def verified(api: Api) -> list[Any]:
+    answer = api.operator.get(f"/v1/tenants/{api.tenant}/ledger-verification")
+    assert answer.status_code == 200, answer.text
+    mismatches: list[Any] = answer.json()["mismatches"]
+    return mismatches
+
+
+def backlog(api: Api) -> int:
+    return int(api.operator.get(f"/v1/tenants/{api.tenant}").json()["backlog"])
+
+
+def test_an_item_waits_for_every_dependency_and_the_last_completion_releases_it(
+    api: Api,
+) -> None:
+    api.approve("q", 10)
+    api.approve("resize", 10)
+    first = enqueue(api, "resize", "image-1")
+    second = enqueue(api, "resize", "image-2")
+    album = enqueue(api, "q", "album", depends_on=[first["item_id"], second["item_id"]])
+    assert album["state"] == "waiting"
+    assert backlog(api) == 3  # a waiting item is in the backlog
+    assert api.acquire("q") == []  # not ready: no acquire hands it out
+    complete(api, lease_of(api, first["item_id"], "resize"))
+    assert state(api, album["item_id"]) == "waiting"
+    complete(api, lease_of(api, second["item_id"], "resize"))
+    assert state(api, album["item_id"]) == "ready"
+    events = ledger(api, album["item_id"])
+    assert events[0]["data"]["depends_on"] == [first["item_id"], second["item_id"]]
+    assert events[0]["data"]["state"] == "waiting"
+    unblocked = [e for e in events if e["kind"] == "unblocked"]
+    assert [(e["data"]["dependency"], e["data"]["dependency_state"]) for e in unblocked] == [
+        (second["item_id"], "completed")
+    ]
+    # A dependency already completed does not hold a new dependent back.
+    assert enqueue(api, "q", "again", depends_on=[first["item_id"]])["state"] == "ready"
+    (lease,) = api.acquire("q")
+    assert lease["item_id"] == album["item_id"]
+    assert verified(api) == []
+
+
+def test_a_dependency_failing_for_good_cancels_exactly_its_descendants_or_as_the_rule_says(
+    api: Api,
+) -> None:
+    api.approve("q", 10)
+    poisoned = enqueue(api, "q", "poison")
+    fine = enqueue(api, "q", "fine")
+    child = enqueue(api, "q", "child", depends_on=[poisoned["item_id"]])
+    grandchild = enqueue(api, "q", "grandchild", depends_on=[child["item_id"], fine["item_id"]])
+    sibling = enqueue(api, "q", "sibling", depends_on=[fine["item_id"]])
+    anyway = enqueue(
+        api, "q", "anyway", depends_on=[poisoned["item_id"]], on_dependency_failure="run"
+    )
+    patient = enqueue(
+        api, "q", "patient", depends_on=[poisoned["item_id"]], on_dependency_failure="wait"
+    )
+    patient_pair = enqueue(
+        api,
+        "q",
+        "patient-pair",
+        depends_on=[poisoned["item_id"], fine["item_id"]],
+        on_dependency_failure="wait",
+    )
+    assert backlog(api) == 8
+    quarantine(api, lease_of(api, poisoned["item_id"]))
+    assert state(api, child["item_id"]) == "cancelled"
+    assert state(api, grandchild["item_id"]) == "cancelled"
+    assert state(api, sibling["item_id"]) == "waiting"  # not a descendant of the failure
+    assert state(api, anyway["item_id"]) == "ready"
+    assert state(api, patient["item_id"]) == "waiting"
+    cancelled = [e for e in ledger(api, grandchild["item_id"]) if e["kind"] == "cancelled"]
+    assert cancelled[0]["data"]["dependency"] == child["item_id"]
+    # Two cancelled and one dead letter leave the backlog; the fine one and its dependent,
+    # the patient ones and the one that runs anyway are still in it.
+    assert backlog(api) == 5
+    # A new item on a failed dependency is refused unless it would run anyway or wait.
+    detail = refused(api, {"payload": 1, "depends_on": [poisoned["item_id"]]})
+    assert f"its dependency {poisoned['item_id']} is quarantined" in detail
+    assert (
+        enqueue(api, "q", 2, depends_on=[poisoned["item_id"]], on_dependency_failure="wait")[
+            "state"
+        ]
+        == "waiting"
+    )
+    complete(api, lease_of(api, fine["item_id"]))
+    assert state(api, sibling["item_id"]) == "ready"
+    # Its other dependency completed, but this one failed: it waits for the replay.
+    assert state(api, patient_pair["item_id"]) == "waiting"
+    # Replayed and completed, the dependency releases the items that waited for it.
+    (letter,) = api.operator.get(f"/v1/tenants/{api.tenant}/dead-letters").json()["dead_letters"]
+    replayed = api.operator.post(
+        f"/v1/tenants/{api.tenant}/dead-letters/{letter['dead_letter_id']}/replay",
+        json={},
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert replayed.status_code == 200, replayed.text
+    complete(api, lease_of(api, poisoned["item_id"]))
+    assert state(api, patient["item_id"]) == "ready"
+    assert state(api, patient_pair["item_id"]) == "ready"
+    assert verified(api) == []
+
+
+def test_a_dependency_must_be_an_item_of_the_tenant_and_an_item_takes_no_ordering_key_with_it(
+    api: Api, admin: httpx.Client
+) -> None:
+    other = setup_tenant(api.url, admin, "other")
+    theirs = enqueue(other, "q", "theirs")
+    nowhere = str(uuid.uuid4())
+    assert refused(api, {"payload": 1, "depends_on": [nowhere]}) == (
+        f"depends_on: no item {nowhere} in tenant acme."
+    )
+    assert f"no item {theirs['item_id']} in tenant acme" in refused(
+        api, {"payload": 1, "depends_on": [theirs["item_id"]]}
+    )
+    mine = enqueue(api, "q", "mine")
+    assert "takes no ordering_key" in refused(
+        api, {"payload": 1, "depends_on": [mine["item_id"]], "ordering_key": "k"}
+    )
+    # Nothing was made, and the other tenant's item is not marked as depended on.
+    assert backlog(api) == 1
+    assert state(other, theirs["item_id"]) == "ready"
+
+
+def test_two_dependencies_completing_at_once_release_their_dependent_whoever_commits_last(
+    api: Api, database_url: str
+) -> None:
+    """One dependency's completion held open in a transaction while the other completes
+    over REST: the REST one waits for the dependent's lock, then reads the first as
+    completed and releases it (without that lock each would read the other as leased, and
+    the dependent would wait for ever)."""
+    api.approve("q", 10)
+    a = enqueue(api, "q", "a")
+    b = enqueue(api, "q", "b")
+    joined = enqueue(api, "q", "joined", depends_on=[a["item_id"], b["item_id"]])
+    lease_b = lease_of(api, b["item_id"])
+    lease_of(api, a["item_id"])
+    answers: list[httpx.Response] = []
+    with psycopg.connect(database_url) as finisher:
+        finisher.execute(
+            "UPDATE work_items SET state = 'completed', lease_holder = NULL,"
+            " lease_expires_at = NULL WHERE tenant_id = 'acme' AND item_id = %s",
+            (a["item_id"],),
+        )
+        other = threading.Thread(
+            target=lambda: answers.append(
+                api.holder("complete", b["item_id"], worker="w1", fence=lease_b["fence"])
+            )
+        )
+        other.start()
+        other.join(timeout=0.5)  # it waits for the held completion's commit
+        finisher.commit()
+    other.join(timeout=30)
+    (answer,) = answers
+    assert answer.status_code == 200, answer.text
+    assert state(api, joined["item_id"]) == "ready"
+
+
+def test_racing_completions_of_a_fan_in_release_it_once_every_round(api: Api) -> None:
+    """Two connections complete the two dependencies at the same instant, round after round:
+    the dependent is ready every time, and ledgered as unblocked once."""
+    api.approve("q", 50)
+    rounds = 12
+    pairs = [(enqueue(api, "q", f"a{n}"), enqueue(api, "q", f"b{n}")) for n in range(rounds)]
+    joins = [
+        enqueue(api, "q", f"join{n}", depends_on=[a["item_id"], b["item_id"]])
+        for n, (a, b) in enumerate(pairs)
+    ]
+    leases = {lease["item_id"]: lease for lease in api.acquire("q", max_items=2 * rounds)}
+    assert len(leases) == 2 * rounds
+    for a, b in pairs:
+        start = threading.Barrier(2)
+
+        def finish(item: dict[str, Any], start: threading.Barrier = start) -> None:
+            with api.client(api.keys["worker"]) as client:
+                lease = leases[item["item_id"]]
+                start.wait()
+                client.post(
+                    f"/v1/tenants/acme/items/{item['item_id']}/complete",
+                    json={"worker": "w1", "fence": lease["fence"]},
+                    headers={"Idempotency-Key": uuid.uuid4().hex},
+                ).raise_for_status()
+
+        threads = [threading.Thread(target=finish, args=(item,)) for item in (a, b)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+    for join in joins:
+        assert state(api, join["item_id"]) == "ready"
+        assert [e["kind"] for e in ledger(api, join["item_id"])] == ["enqueued", "unblocked"]
+    assert verified(api) == []
+
+
+def test_an_enqueue_uncommitted_is_seen_by_the_completion_of_its_dependency(
+    api: Api, database_url: str
+) -> None:
+    """The enqueue's side: it found its dependency leased and is not yet committed when the
+    dependency completes. The completion waits for the enqueue's lock on the dependency,
+    then sees the new dependent and releases it."""
+    head = enqueue(api, "q", "head")
+    (lease,) = api.acquire()
+    late = str(uuid.uuid4())
+    items = Jsonb([{"item_id": late, "payload": "late", "depends_on": [head["item_id"]]}])
+    answers: list[httpx.Response] = []
+    with psycopg.connect(database_url) as producer:
+        (made,) = producer.execute(
+            "SELECT state::text FROM queue_server.admit_rows('acme', 'q', %s, 'test', 10, 1000)",
+            (items,),
+        ).fetchall()
+        assert made == ("waiting",)
+        completion = threading.Thread(
+            target=lambda: answers.append(
+                api.holder("complete", head["item_id"], worker="w1", fence=lease["fence"])
+            )
+        )
+        completion.start()
+        completion.join(timeout=0.5)  # it waits for the enqueue's commit
+        producer.commit()
+    completion.join(timeout=30)
+    (answer,) = answers
+    assert answer.status_code == 200, answer.text
+    assert state(api, late) == "ready"
+    assert verified(api) == []
+
+
+def test_a_completion_uncommitted_makes_an_enqueue_on_it_wait_then_see_it_completed(
+    api: Api, database_url: str
+) -> None:
+    """The other side: the dependency's completion is not committed when an enqueue names
+    it. The enqueue waits for it (the dependency's row lock) and then finds it completed;
+    without that lock it would read it leased and wait for a completion that looked first."""
+    head = enqueue(api, "q", "head")
+    api.acquire()
+    answers: list[dict[str, Any]] = []
+    with psycopg.connect(database_url) as finisher:
+        finisher.execute(
+            "UPDATE work_items SET state = 'completed', lease_holder = NULL,"
+            " lease_expires_at = NULL WHERE tenant_id = 'acme' AND item_id = %s",
+            (head["item_id"],),
+        )
+        producer = threading.Thread(
+            target=lambda: answers.append(enqueue(api, "q", "next", depends_on=[head["item_id"]]))
+        )
+        producer.start()
+        producer.join(timeout=0.5)  # it waits for the completion's commit
+        finisher.commit()
+    producer.join(timeout=30)
+    (made,) = answers
+    assert made["state"] == "ready"
+    assert state(api, made["item_id"]) == "ready"
