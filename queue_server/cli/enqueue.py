@@ -7,7 +7,7 @@ import json as jsonlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -17,6 +17,7 @@ from queue_server.cli.common import (
     DataDir,
     Json,
     Key,
+    Quiet,
     Tenant,
     Url,
     console,
@@ -46,8 +47,8 @@ def read_lines(path: Path) -> list[tuple[str, NewItem]]:
     """Each non-blank line's key (its number and a hash of its text) and its item.
 
     A line is a payload, or an object {"payload": ..., "priority", "delay",
-    "max_acquisitions", "unique_key", "ordering_key", "partition_key"} when it has a
-    "payload" key and only those keys.
+    "max_acquisitions", "unique_key", "ordering_key", "partition_key", "depends_on",
+    "on_dependency_failure"} when it has a "payload" key and only those keys.
     """
     try:
         data = path.read_bytes()
@@ -67,6 +68,8 @@ def read_lines(path: Path) -> list[tuple[str, NewItem]]:
             "unique_for",
             "ordering_key",
             "partition_key",
+            "depends_on",
+            "on_dependency_failure",
         }
         if isinstance(value, dict) and "payload" in value and set(value) <= known:
             item = NewItem(**value)
@@ -195,11 +198,28 @@ def enqueue(
             " this item's leases against (a file's line may carry its own)."
         ),
     ] = None,
+    depends_on: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--depends-on",
+            help="The id of an item of the tenant this one waits for: it is waiting until"
+            " every one named (repeat the option) has completed.",
+        ),
+    ] = None,
+    on_dependency_failure: Annotated[
+        str | None,
+        typer.Option(
+            help="With --depends-on, when a dependency goes to dead letters or is cancelled:"
+            " cancel this item (the default; its own dependents follow), run it anyway, or"
+            " wait for the dependency's replay.",
+        ),
+    ] = None,
     url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
     data_dir: DataDir = None,
     json: Json = False,
+    quiet: Quiet = False,
 ) -> None:
     """Enqueue one item (--payload) or every line of a JSONL file (--file).
 
@@ -224,6 +244,19 @@ def enqueue(
         fail("--ordering-key is for one item", "in a file, give each line its own ordering_key")
     if file is not None and partition_key is not None:
         fail("--partition-key is for one item", "in a file, give each line its own partition_key")
+    if file is not None and depends_on:
+        fail("--depends-on is for one item", "in a file, give each line its own depends_on")
+    if on_dependency_failure is not None and not depends_on:
+        fail("--on-dependency-failure needs --depends-on", "the rule is for its dependencies")
+    rule: Literal["cancel", "run", "wait"] | None = None
+    if on_dependency_failure is not None:
+        if on_dependency_failure not in ("cancel", "run", "wait"):
+            fail(
+                f"Unknown --on-dependency-failure {on_dependency_failure!r}",
+                "give cancel, run or wait",
+                EXIT_REFUSED,
+            )
+        rule = on_dependency_failure  # type: ignore[assignment]
     with tenant_session(url, key, data_dir, tenant) as qs:
         if payload is not None and unique_key is not None:
             answer = qs.request(
@@ -236,6 +269,8 @@ def enqueue(
                         unique_for=unique_for,
                         ordering_key=ordering_key,
                         partition_key=partition_key,
+                        depends_on=depends_on or None,
+                        on_dependency_failure=rule,
                     ),
                     priority=priority,
                     delay=delay,
@@ -244,7 +279,9 @@ def enqueue(
                 idempotency_key=idempotency_key or new_idempotency_key(),
             )
             held = Item.model_validate_json(answer.content)
-            if json:
+            if quiet:
+                print(held.item_id)
+            elif json:
                 print_json(held)
             elif answer.status_code == 200:
                 console.print(
@@ -264,9 +301,18 @@ def enqueue(
                 idempotency_key=idempotency_key,
                 ordering_key=ordering_key,
                 partition_key=partition_key,
+                depends_on=depends_on or None,
+                on_dependency_failure=rule,
             )
-            if json:
+            if quiet:
+                print(item.item_id)
+            elif json:
                 print_json(item)
+            elif item.state == "waiting" and depends_on:
+                console.print(
+                    f"enqueued {item.item_id} on {item.queue}: waiting for"
+                    f" {len(depends_on)} {'item' if len(depends_on) == 1 else 'items'} to complete"
+                )
             elif item.state == "waiting":
                 console.print(
                     f"enqueued {item.item_id} on {item.queue}: waiting behind the items before"
@@ -288,7 +334,7 @@ def enqueue(
             MofNCompleteColumn(),
             TimeElapsedColumn(),
             console=err_console,
-            disable=json,
+            disable=json or quiet,
         )
         with progress:
             task = progress.add_task(f"enqueue {file.name}", total=len(lines), completed=already)
@@ -324,7 +370,10 @@ def enqueue(
                     ids += created
                 progress.advance(task, len(batch))
     skipped = already + replayed
-    if json:
+    if quiet:
+        for item_id in ids:
+            print(item_id)
+    elif json:
         print_json({"queue": queue, "count": len(ids), "already_loaded": skipped, "item_ids": ids})
     else:
         console.print(
@@ -350,4 +399,8 @@ def _item_body(item: NewItem, *, priority: int, delay: float, budget: int | None
         body["ordering_key"] = item.ordering_key
     if item.partition_key is not None:
         body["partition_key"] = item.partition_key
+    if item.depends_on is not None:
+        body["depends_on"] = item.depends_on
+    if item.on_dependency_failure is not None:
+        body["on_dependency_failure"] = item.on_dependency_failure
     return body

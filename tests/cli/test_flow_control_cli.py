@@ -66,3 +66,34 @@ def test_a_rate_limit_is_set_shown_and_kept_from_the_command_line(cli: Cli, api:
     assert made["partition_key"] == "cust-7"
     cleared = cli.json("queues", "settings", "q", "--clear", "rate-limit", role="operator")
     assert cleared["rate_limit"] == {"value": None, "source": "default"}
+
+
+def test_enqueue_with_dependencies_says_the_item_waits_and_a_refusal_names_the_dependency(
+    cli: Cli, api: Api, tmp_path: Path
+) -> None:
+    a = cli.json("enqueue", "q", "--payload", '"a"', role="worker")["item_id"]
+    b = cli.json("enqueue", "q", "--payload", '"b"', role="worker")["item_id"]
+    joined = cli.run(
+        "enqueue", "q", "--payload", '"joined"', "--depends-on", a, "--depends-on", b,
+        "--on-dependency-failure", "run", role="worker",
+    )  # fmt: skip
+    assert "waiting for 2 items to complete" in joined.stdout, joined.stdout
+    # A file's line names its own dependencies.
+    lines = tmp_path / "items.jsonl"
+    lines.write_text(f'{{"payload": "after-a", "depends_on": ["{a}"]}}\n')
+    (after,) = cli.json("enqueue", "q", "--file", str(lines), role="worker")["item_ids"]
+    assert api.worker.get(f"/v1/tenants/acme/items/{after}").json()["state"] == "waiting"
+    # The queue drains in dependency order.
+    drained = cli.run("work", "q", "--drain", "--", "cat", role="worker")
+    assert "4 completed" in drained.stdout + drained.stderr
+    nowhere = "00000000-0000-7000-8000-000000000001"
+    refused = cli.run(
+        "enqueue", "q", "--payload", "1", "--depends-on", nowhere, role="worker", ok=False
+    )
+    assert refused.returncode != 0
+    assert f"depends_on: no item {nowhere} in tenant acme" in refused.stdout + refused.stderr
+    unknown = cli.run(
+        "enqueue", "q", "--payload", "1", "--depends-on", a, "--on-dependency-failure", "skip",
+        role="worker", ok=False,
+    )  # fmt: skip
+    assert "give cancel, run or wait" in unknown.stdout + unknown.stderr

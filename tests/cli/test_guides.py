@@ -190,6 +190,11 @@ def test_the_readme_and_the_guides_that_follow_it_run_as_written(
     assert "waiting behind the items before it with ordering key acct-9" in flow
     assert "2 completed" in flow
     assert "(completed) already holds unique key day-report" in flow  # unique for a day
+    # The album waits for its two images, and a worker completes it once they are done.
+    workflows = " ".join(outputs["workflows.md"].split())
+    assert "waiting for 2 items to complete" in workflows
+    assert "2 completed" in workflows
+    assert "1 completed" in workflows
     # The application's own table, in its role's schema, and an order committed with its
     # item, on the embedded database.
     assert re.search(

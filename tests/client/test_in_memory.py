@@ -385,7 +385,34 @@ def observe(qs: QueueClient, operator: QueueClient) -> dict[str, Any]:
     (first,) = qs.acquire("o", worker="w2")
     qs.complete(first.item_id, worker="w2", fence=first.fence)
     (second,) = qs.acquire("o", worker="w2")
+    # Dependencies: a fan-in made ready by its last dependency; its failure cancels its
+    # dependent and runs the one that runs anyway; refusals of a failed or unknown one.
+    a, b = qs.enqueue("d", "a"), qs.enqueue("d", "b")
+    joined = qs.enqueue("d", "joined", depends_on=[a.item_id, b.item_id])
+    child = qs.enqueue("d", "child", depends_on=[joined.item_id])
+    anyway = qs.enqueue("d", "anyway", depends_on=[joined.item_id], on_dependency_failure="run")
+    waited = [joined.state, child.state, anyway.state]
+    for _ in range(2):
+        (dep,) = qs.acquire("d", worker="w2")
+        qs.complete(dep.item_id, worker="w2", fence=dep.fence)
+    (fan_in,) = qs.acquire("d", worker="w2")
+    qs.triage(
+        fan_in.item_id, worker="w2", fence=fan_in.fence, failure_class="Boom",
+        decision="quarantine",
+    )  # fmt: skip
+    dependency_refusals = []
+    for depends_on in ([joined.item_id], ["00000000-0000-7000-8000-000000000001"]):
+        try:
+            qs.enqueue("d", "late", depends_on=depends_on)
+        except errors.ProblemError as exc:
+            dependency_refusals.append((exc.status, exc.body["code"]))
     return {
+        "dependencies": (
+            waited,
+            fan_in.payload,
+            [qs.get_item(i.item_id).state for i in (joined, child, anyway)],
+            dependency_refusals,
+        ),
         "same item": again.item_id == low.item_id,
         "unique": (
             held.item_id == unique.item_id,
@@ -424,6 +451,12 @@ def test_the_in_memory_server_answers_as_a_live_server_does(api: Api) -> None:
     # And what they both saw is what the API promises, not a shared mistake.
     assert live["same item"] is True
     assert live["unique"] == (True, "one", "k", True, "three", True, "completed")
+    assert live["dependencies"] == (
+        ["waiting", "waiting", "waiting"],
+        "joined",
+        ["quarantined", "cancelled", "ready"],
+        [(422, "invalid-request"), (422, "invalid-request")],
+    )
     assert live["ordered"] == (
         ["ready", "waiting", "waiting"], [0, 1], ["completed", "leased", "waiting"],
     )  # fmt: skip

@@ -483,13 +483,18 @@ class ClientCore:
         ordering_key: str | None = None,
         partition_key: str | None = None,
         unique_for: float | None = None,
+        depends_on: Sequence[str] | None = None,
+        on_dependency_failure: Literal["cancel", "run", "wait"] | None = None,
     ) -> Flow[Item]:
         """Enqueue one item. With `unique_key`: while an item of the queue with that key is
         ready or leased, none is made and that item is answered (its `item_id` is older); with
         `unique_for` seconds too, nor while one was made within that period, in any state.
         With `ordering_key`: the queue's items with that key are handed out one at a time, in
         enqueue order; this one is `waiting` while one before it is not finished. With
-        `partition_key`: a queue's rate limit per partition key counts its leases against it."""
+        `partition_key`: a queue's rate limit per partition key counts its leases against it.
+        With `depends_on` (ids of items of the tenant): `waiting` until every one has
+        completed; `on_dependency_failure` says what a dependency's dead letter or cancel
+        does to it (`cancel`, the default, `run` anyway, or `wait` for its replay)."""
         body = NewItem(
             payload=payload,
             priority=priority,
@@ -499,6 +504,8 @@ class ClientCore:
             ordering_key=ordering_key,
             partition_key=partition_key,
             unique_for=unique_for,
+            depends_on=None if depends_on is None else list(depends_on),
+            on_dependency_failure=on_dependency_failure,
         ).model_dump(exclude_none=True)
         body.setdefault("payload", None)
         path = yield from self._at(tenant, f"/queues/{queue}/items")

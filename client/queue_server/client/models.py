@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -94,6 +94,11 @@ class NewItem(Model):
     partition_key: str | None = None
     # With unique_key: nor while an item with it was made within this many seconds.
     unique_for: float | None = None
+    # Items of the tenant this one waits for: `waiting` until every one has completed.
+    depends_on: list[str] | None = None
+    # When a dependency goes to dead letters or is cancelled: "cancel" this item (the
+    # default), "run" it anyway, or "wait" for the dependency's replay.
+    on_dependency_failure: Literal["cancel", "run", "wait"] | None = None
 
 
 class Completion(Model):

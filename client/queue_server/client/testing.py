@@ -193,6 +193,8 @@ class Record:
     ordering_key: str | None = None
     ordering_seq: int = 0  # its place in its ordering key's line
     partition_key: str | None = None  # kept and shown (no rate limit here)
+    depends_on: tuple[str, ...] = ()  # the items it waits for
+    on_dependency_failure: str = "cancel"
     updated_at: datetime = field(init=False)
 
     def __post_init__(self) -> None:
@@ -416,6 +418,8 @@ class InMemoryServer:
             and r.state in ("waiting", "ready", "leased")
             and (r.tenant, r.queue) == (asked.args["tenant"], asked.args["queue"])
         }
+        for i, spec in enumerate(specs):
+            self._check_dependencies(asked.args["tenant"], spec, i, batch)
         for spec in specs:
             # An item of the queue holding the key, ready or leased: answered, none made.
             holder = held.get(spec.get("unique_key"))
@@ -448,9 +452,13 @@ class InMemoryServer:
                 ordering_key=spec.get("ordering_key"),
                 ordering_seq=n,
                 partition_key=spec.get("partition_key"),
+                depends_on=tuple(str(d) for d in spec.get("depends_on") or ()),
+                on_dependency_failure=spec.get("on_dependency_failure") or "cancel",
             )
             if record.ordering_key is not None and self._line(record):
                 record.state = "waiting"  # behind an item of its key not finished
+            if not self._satisfied(record):
+                record.state = "waiting"  # a dependency is not completed
             self._items[record.item_id] = record
             new.add(record.item_id)
             if record.unique_key is not None:
@@ -678,9 +686,52 @@ class InMemoryServer:
             key=lambda r: r.ordering_seq,
         )
 
+    def _check_dependencies(self, tenant: str, spec: dict[str, Any], i: int, batch: bool) -> None:
+        """As the server's admission refuses dependencies: each an item of the tenant, none
+        with an ordering key, none failed for good under the rule `cancel`."""
+        where = f"items[{i}]" if batch else "items[0]"
+        for dep in spec.get("depends_on") or ():
+            found = self._items.get(str(dep))
+            if found is None or found.tenant != tenant:
+                detail = f"depends_on: no item {dep} in tenant {tenant}."
+                raise _Refusal(422, "invalid-request", "Invalid request", detail)
+            if spec.get("ordering_key") is not None:
+                detail = f"{where}: an item with depends_on takes no ordering_key."
+                raise _Refusal(422, "invalid-request", "Invalid request", detail)
+            rule = spec.get("on_dependency_failure") or "cancel"
+            if found.state in ("quarantined", "cancelled") and rule == "cancel":
+                detail = (
+                    f"{where}: its dependency {dep} is {found.state}"
+                    " (on_dependency_failure cancel)."
+                )
+                raise _Refusal(422, "invalid-request", "Invalid request", detail)
+
+    def _satisfied(self, record: Record) -> bool:
+        """Every dependency completed (or, to run anyway, failed for good)."""
+        done = {"completed"}
+        if record.on_dependency_failure == "run":
+            done |= {"quarantined", "cancelled"}
+        return all(self._items[d].state in done for d in record.depends_on)
+
+    def _release_dependents(self, record: Record, now: datetime) -> None:
+        """`record` finished: each item waiting for it is ready once every dependency is
+        completed, or, `record` failed for good, cancelled (its own dependents follow) or
+        run anyway, as its rule says; under `wait` it waits (this double has no replay)."""
+        for dependent in [r for r in self._items.values() if record.item_id in r.depends_on]:
+            if dependent.state != "waiting":
+                continue
+            if record.state == "completed" or dependent.on_dependency_failure == "run":
+                if self._satisfied(dependent):
+                    dependent.state, dependent.updated_at = "ready", now
+            elif dependent.on_dependency_failure == "cancel":
+                dependent.state, dependent.updated_at = "cancelled", now
+                self._release_dependents(dependent, now)
+
     def _next_in_line(self, record: Record, now: datetime) -> None:
         """`record` finished: the next waiting item of its ordering key is ready (a dead
-        letter releases the key, as a queue's default `ordering_dead_letters` does)."""
+        letter releases the key, as a queue's default `ordering_dead_letters` does), and so
+        are the items that waited for it alone."""
+        self._release_dependents(record, now)
         if record.ordering_key is None:
             return
         waiting = [r for r in self._line(record) if r.state == "waiting"]
