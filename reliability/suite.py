@@ -21,6 +21,7 @@ from reliability.restore import restore_after_mistake
 from reliability.scenarios import SCENARIOS as FAULT_SCENARIOS
 from reliability.scenarios import ScenarioOutcome
 from reliability.schedules import schedules_under_kills
+from reliability.workflow_dag import workflow_dag
 
 __all__ = ["QUICK", "SCENARIOS"]
 
@@ -38,6 +39,7 @@ SCENARIOS: dict[str, Callable[[], ScenarioOutcome]] = {
     "pg-dump": pg_dump_under_load,
     "alert-delivery": alert_delivery,
     "rate-accuracy": rate_accuracy,
+    "workflow-dag": workflow_dag,
 }
 
 #: ``--quick`` (``make reliability-quick``, run by CI): every scenario once with a small
@@ -61,4 +63,5 @@ QUICK: dict[str, dict[str, object]] = {
     "pg-dump": {"phase": 6.0, "hold": 10.0},
     "alert-delivery": {"quiet": 20.0, "outage": 15.0},
     "rate-accuracy": {"duration": 12.0},
+    "workflow-dag": {"nodes": 300, "poisoned": 4},
 }
