@@ -9,13 +9,15 @@ import platform
 import resource
 import subprocess
 import time
-from concurrent.futures import Future, ProcessPoolExecutor
+import uuid
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import psycopg
 
 from bench import loadgen, peer, profile, reference, report, snapshot, txenqueue
@@ -25,6 +27,7 @@ from bench.env import (
     ORDERED_PREFILL,
     PREFILL,
     RETENTION_INTERVAL,
+    WAITING_PREFILL,
     Environment,
     environment,
     venv_bin,
@@ -640,9 +643,13 @@ def phase_cost_growth(run: Run) -> None:
     run.extra["cost_growth"] = results
 
 
-# The ordering keys and partition keys of the flow-control phase's queues.
+# The ordering keys and partition keys of the flow-control phase's queues; the dependents
+# waiting in the queue of its `waiting` variant.
 ORDERING_KEYS = 1000
 PARTITION_KEYS = 1000
+WAITING_ITEMS = 100_000
+# Dependents released one at a time, each timed from its dependency's completion to its lease.
+RELEASES = 200
 
 # A rate limit that every acquire reads and writes but none reaches (the bench measures its
 # cost, not its waits): over the queue, or per partition key.
@@ -660,7 +667,9 @@ def phase_flow(run: Run) -> None:
     """The acquire and the complete, one worker unbatched, on a plain queue; under a rate
     limit over the queue; under one per partition key with 1,000 keys; and on a queue whose
     items have 1,000 ordering keys (one ready per key, the rest of each key's line waiting
-    behind it: each complete makes the next of its key ready)."""
+    behind it: each complete makes the next of its key ready); and on a queue that also
+    holds 100,000 items waiting for a dependency (the acquire never reads them). Then the
+    time from a dependency's completion to its dependent's lease (`release_latency`)."""
     seconds = run.plan.cost_s * 2
     n = prefill_size(run, "flow", 1, seconds)
     variants = (
@@ -668,6 +677,7 @@ def phase_flow(run: Run) -> None:
         ("rate", "a rate limit"),
         ("partitioned", f"a rate limit per partition key, {PARTITION_KEYS:,} keys"),
         ("ordered", f"{ORDERING_KEYS:,} ordering keys"),
+        ("waiting", f"{WAITING_ITEMS:,} items waiting for a dependency"),
     )
     for name, label in variants:
         tenant = run.new_tenant(f"flow{name}")
@@ -683,6 +693,10 @@ def phase_flow(run: Run) -> None:
                 conn.execute(RATE_LIMIT, {"tenant": tenant.name, "partitioned": name != "rate"})
             if name == "partitioned":
                 conn.execute(PARTITIONED, {"tenant": tenant.name})
+            if name == "waiting":
+                conn.execute(
+                    WAITING_PREFILL, {"tenant": tenant.name, "queue": "q", "n": WAITING_ITEMS}
+                )
             conn.execute("ANALYZE work_items")
         for rep in range(run.plan.reps):
             say(f"flow control: {label}, 1 worker unbatched, rep {rep + 1}/{run.plan.reps}")
@@ -697,6 +711,69 @@ def phase_flow(run: Run) -> None:
             say(
                 f"  acquire p50 {percentile(a, 50):.2f} ms, complete p50 {percentile(c, 50):.2f} ms"
             )
+    release_latency(run)
+
+
+def release_latency(run: Run) -> None:
+    """A worker long-polls the dependents' queue while the dependency of each, one at a
+    time, is completed: the time from sending that completion to the dependent's lease
+    answered (the completion's round trip included), p50 and p99."""
+    run.tenants += 1
+    tenant = run.env.tenant(f"released-{run.tenants}", queues=("deps", "after"))
+    say(f"flow control: {RELEASES} dependents, each timed from its dependency's completion")
+    headers = {"Authorization": f"Bearer {tenant.worker_key}"}
+    base = f"http://{HOST}:{run.env.port}/v1/tenants/{tenant.name}"
+    timings: list[float] = []
+    with (
+        httpx.Client(base_url=base, headers=headers, timeout=30) as producer,
+        httpx.Client(base_url=base, headers=headers, timeout=30) as waiter,
+        ThreadPoolExecutor(1) as pool,
+    ):
+
+        def enqueue(queue: str, body: dict[str, Any]) -> str:
+            made = producer.post(
+                f"/queues/{queue}/items", json=body, headers={"Idempotency-Key": uuid.uuid4().hex}
+            )
+            made.raise_for_status()
+            return str(made.json()["item_id"])
+
+        def parked_acquire() -> httpx.Response:
+            return waiter.post(
+                "/queues/after/leases", json={"worker": "bench", "lease_ttl": 30, "wait": 5}
+            )
+
+        for _ in range(RELEASES):
+            dep = enqueue("deps", {"payload": None})
+            after = enqueue("after", {"payload": None, "depends_on": [dep]})
+            (lease,) = producer.post(
+                "/queues/deps/leases", json={"worker": "bench", "lease_ttl": 30}
+            ).json()["leases"]
+            parked = pool.submit(parked_acquire)
+            time.sleep(0.01)  # the long poll is parked before the completion
+            sent = time.perf_counter()
+            producer.post(
+                f"/items/{dep}/complete",
+                json={"worker": "bench", "fence": lease["fence"]},
+                headers={"Idempotency-Key": uuid.uuid4().hex},
+            ).raise_for_status()
+            answer = parked.result()
+            leased = time.perf_counter()
+            (got,) = answer.json()["leases"]
+            assert got["item_id"] == after, got
+            timings.append((leased - sent) * 1000)
+            producer.post(
+                f"/items/{after}/complete",
+                json={"worker": "bench", "fence": got["fence"]},
+                headers={"Idempotency-Key": uuid.uuid4().hex},
+            ).raise_for_status()
+    for q in (50, 99):
+        run.figure(
+            f"release_p{q}_ms",
+            f"a dependency's completion to its dependent's lease, p{q}",
+            "ms",
+            percentile(timings, q),
+        )
+    say(f"  p50 {percentile(timings, 50):.2f} ms, p99 {percentile(timings, 99):.2f} ms")
 
 
 _DEAD = """

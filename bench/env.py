@@ -455,6 +455,28 @@ SELECT tenant_id, item_id, 0, created_at, 'enqueued', 0, 'bench-prefill',
 FROM ins
 """
 
+# `n` items of the queue waiting for one item of another queue that no bench worker takes
+# (migration 0035): what a queue full of dependents costs an acquire of its ready items.
+WAITING_PREFILL = """
+WITH blocker AS (
+    INSERT INTO work_items (tenant_id, item_id, queue, payload, priority, state, available_at,
+                            max_acquisitions, event_seq, created_at, updated_at, has_dependents)
+    VALUES (%(tenant)s, gen_random_uuid(), 'blockers', '{}', 0, 'ready', statement_timestamp(),
+            5, 1, statement_timestamp(), statement_timestamp(), true)
+    RETURNING tenant_id, item_id
+), waiting AS (
+    INSERT INTO work_items (tenant_id, item_id, queue, payload, priority, state, available_at,
+                            max_acquisitions, event_seq, created_at, updated_at,
+                            on_dependency_failure)
+    SELECT %(tenant)s, gen_random_uuid(), %(queue)s, jsonb_build_object('n', g), 0, 'waiting',
+           statement_timestamp(), 5, 1, statement_timestamp(), statement_timestamp(), 'cancel'
+    FROM generate_series(1, %(n)s) AS g
+    RETURNING tenant_id, item_id
+)
+INSERT INTO item_dependencies (tenant_id, item_id, depends_on)
+SELECT w.tenant_id, w.item_id, b.item_id FROM waiting w CROSS JOIN blocker b
+"""
+
 PREFILL = """
 WITH ins AS (
     INSERT INTO work_items (tenant_id, item_id, queue, payload, priority, state, available_at,

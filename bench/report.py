@@ -316,6 +316,7 @@ def _ratios(
         ("rate", "a rate limit"),
         ("partitioned", "a rate limit per partition key (1,000 keys)"),
         ("ordered", "1,000 ordering keys"),
+        ("waiting", "100,000 items waiting for a dependency"),
     ):
         feature = figs.get(f"acquire_p50_ms_{name}")
         if not (plain and feature):
