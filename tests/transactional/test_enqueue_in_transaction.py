@@ -242,6 +242,7 @@ def test_above_the_envelope_the_function_names_the_cell_and_bad_arguments_name_t
     assert "durable-leased-work/retry" in above.value.detail
     assert "attempt cap of 5" in above.value.detail
     assert "only payload, priority, delay, max_acquisitions, unique_key" in unknown.value.detail
+    assert "depends_on and on_dependency_failure are known" in unknown.value.detail
     assert listed(api) == []
 
 

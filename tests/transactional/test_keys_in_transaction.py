@@ -1,10 +1,12 @@
 """The keys of the REST enqueue, in an application's own transaction (migration 0034): an
 ordering key lines items up, a unique key answers with the item holding it (for a period,
 too), a partition key is kept for the rate limit; bad keys are refused naming the field, and
-a call with keys replays under its idempotency key like any other."""
+a call with keys replays under its idempotency key like any other. Dependencies too
+(migration 0036): the item waits until the items it names have completed."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -142,3 +144,45 @@ def test_bad_keys_are_refused_naming_the_field_and_a_call_without_keys_is_unchan
         conn.commit()
     body = item(api, plain)
     assert (body["unique_key"], body["ordering_key"], body["partition_key"]) == (None, None, None)
+
+
+def test_an_item_enqueued_in_a_transaction_waits_for_its_dependencies(
+    api: Api, roles: Roles
+) -> None:
+    api.approve("steps", 10)
+    app = roles.make("acme")
+    with app.connect() as conn:
+        a, b = enqueue_many_in(
+            conn, "acme", "steps", [{"payload": "a"}, {"payload": "b"}], key="ab"
+        )
+        joined = enqueue_in(
+            conn, "acme", "album", "joined", key="joined", depends_on=[a, b],
+            on_dependency_failure="wait",
+        )  # fmt: skip
+        (after,) = enqueue_many_in(
+            conn, "acme", "album", [{"payload": "after", "depends_on": [joined]}], key="after"
+        )
+        conn.commit()
+        # Again under the same keys: the same ids.
+        assert enqueue_in(
+            conn, "acme", "album", "joined", key="joined", depends_on=[a, b],
+            on_dependency_failure="wait",
+        ) == joined  # fmt: skip
+        conn.commit()
+        bad: list[tuple[dict[str, Any], str]] = [
+            ({"depends_on": []}, "items[0]: depends_on must name 1 to 100 items"),
+            ({"depends_on": ["nope"]}, "items[0]: depends_on must be item ids (UUIDs)"),
+            ({"depends_on": a}, "items[0]: depends_on must be an array of item ids"),
+            ({"depends_on": [a], "on_dependency_failure": "skip"}, "must be cancel, run or wait"),
+            ({"depends_on": [str(uuid.uuid4())]}, "depends_on: no item"),
+        ]
+        for fields, message in bad:
+            with pytest.raises(errors.InvalidRequestError) as refused:
+                enqueue_many_in(conn, "acme", "album", [{"payload": 1, **fields}], key="bad")
+            conn.rollback()
+            assert message in refused.value.detail, (fields, refused.value.detail)
+    assert [item(api, i)["state"] for i in (joined, after)] == ["waiting", "waiting"]
+    for lease in api.acquire("steps", max_items=10):
+        done = api.holder("complete", lease["item_id"], worker="w1", fence=lease["fence"])
+        assert done.status_code == 200, done.text
+    assert [item(api, i)["state"] for i in (joined, after)] == ["ready", "waiting"]

@@ -325,7 +325,8 @@ def test_a_trace_context_inside_an_item_of_enqueue_many_is_refused_by_name(
         )  # fmt: skip
     assert refused.value.detail == (
         "items[1]: only payload, priority, delay, max_acquisitions, unique_key, unique_for,"
-        " partition_key and ordering_key are known (the trace context is an argument of the call, for every item)."
+        " partition_key, ordering_key, depends_on and on_dependency_failure are known (the"
+        " trace context is an argument of the call, for every item)."
     )
 
 

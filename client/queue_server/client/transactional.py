@@ -41,13 +41,21 @@ _ENQUEUE = (
 )
 # The keys (server migration 0034), named only when one is given: a call without them is
 # the call an older server knows.
-_KEYS = ("unique_key", "unique_for", "partition_key", "ordering_key")
+_KEYS = (
+    "unique_key",
+    "unique_for",
+    "partition_key",
+    "ordering_key",
+    "depends_on",  # server migration 0036, as the next
+    "on_dependency_failure",
+)
 _ENQUEUE_KEYS = (
     "SELECT queue_server.enqueue(%(tenant)s, %(queue)s, %(payload)s::jsonb, %(key)s,"
     " %(priority)s, %(delay)s::interval, %(max_acquisitions)s,"
     " %(traceparent)s::text, %(tracestate)s::text, unique_key => %(unique_key)s::text,"
     " unique_for => %(unique_for)s::interval, partition_key => %(partition_key)s::text,"
-    " ordering_key => %(ordering_key)s::text)"
+    " ordering_key => %(ordering_key)s::text, depends_on => %(depends_on)s::uuid[],"
+    " on_dependency_failure => %(on_dependency_failure)s::text)"
 )
 _SA_ENQUEUE_KEYS = (
     "SELECT queue_server.enqueue(:tenant, :queue, CAST(:payload AS jsonb), :key,"
@@ -55,7 +63,9 @@ _SA_ENQUEUE_KEYS = (
     " CAST(:traceparent AS text), CAST(:tracestate AS text),"
     " unique_key => CAST(:unique_key AS text), unique_for => CAST(:unique_for AS interval),"
     " partition_key => CAST(:partition_key AS text),"
-    " ordering_key => CAST(:ordering_key AS text))"
+    " ordering_key => CAST(:ordering_key AS text),"
+    " depends_on => CAST(:depends_on AS uuid[]),"
+    " on_dependency_failure => CAST(:on_dependency_failure AS text))"
 )
 _ENQUEUE_MANY = (
     "SELECT queue_server.enqueue_many(%(tenant)s, %(queue)s, %(items)s::jsonb, %(key)s,"
@@ -184,6 +194,8 @@ def enqueue_in(
     unique_for: float | timedelta | None = None,
     partition_key: str | None = None,
     ordering_key: str | None = None,
+    depends_on: Sequence[str] | None = None,
+    on_dependency_failure: str | None = None,
 ) -> Awaitable[str]: ...
 
 
@@ -204,6 +216,8 @@ def enqueue_in(
     unique_for: float | timedelta | None = None,
     partition_key: str | None = None,
     ordering_key: str | None = None,
+    depends_on: Sequence[str] | None = None,
+    on_dependency_failure: str | None = None,
 ) -> Any: ...
 
 
@@ -223,19 +237,24 @@ def enqueue_in(
     unique_for: float | timedelta | None = None,
     partition_key: str | None = None,
     ordering_key: str | None = None,
+    depends_on: Sequence[str] | None = None,
+    on_dependency_failure: str | None = None,
 ) -> Any:
     """Enqueue one item in `conn`'s open transaction; its id (a string), or an awaitable of
     it for an async connection. `key`: the idempotency key (the same key and arguments
     return the same id; other arguments raise `IdempotencyKeyReuseError`; the trace context
     is not one of them). `traceparent`/`tracestate`: the W3C trace context to keep with the
     item; when neither is given, the current OpenTelemetry span's, if any. `unique_key`
-    (with `unique_for`), `partition_key` and `ordering_key` are the REST enqueue's: with a
-    unique key already held, the id answered is the holder's."""
+    (with `unique_for`), `partition_key`, `ordering_key`, `depends_on` (item ids) and
+    `on_dependency_failure` are the REST enqueue's: with a unique key already held, the id
+    answered is the holder's; with a dependency not completed, the item waits."""
     keys = {
         "unique_key": unique_key,
         "unique_for": None if unique_for is None else _delay(unique_for),
         "partition_key": partition_key,
         "ordering_key": ordering_key,
+        "depends_on": None if depends_on is None else [str(d) for d in depends_on],
+        "on_dependency_failure": on_dependency_failure,
     }
     keyed = any(v is not None for v in keys.values())
     call = _Call(
