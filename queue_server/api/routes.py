@@ -212,7 +212,9 @@ async def enqueue_batch(
     idempotency_key: IdempotencyKey,
 ) -> Response:
     """Enqueue 1 to 500 items, all or nothing against the backlog cap. Each item keeps the
-    request's W3C `traceparent`/`tracestate` headers, as a single enqueue does."""
+    request's W3C `traceparent`/`tracestate` headers, as a single enqueue does. With a
+    `callback`, one more item that waits until every item of the batch is finished (a
+    fan-in), answered as `callback`."""
     idem = Idempotency.of(
         idempotency_key,
         caller=caller.key_id,
@@ -229,6 +231,7 @@ async def enqueue_batch(
         trace=tracecontext.from_headers(request.scope["headers"]),
         instance=request.url.path,
         batch=True,
+        callback=body.callback,
     )
     return respond(answer)
 
@@ -417,6 +420,24 @@ async def get_item(
 ) -> Response:
     """One item as it is now."""
     return respond(await items.get_item(caller, tenant, item_id))
+
+
+@router.get(
+    "/tenants/{tenant}/items/{item_id}/dependencies",
+    response_model=schemas.DependenciesOut,
+    tags=["items"],
+)
+async def list_dependencies(
+    tenant: TenantName,
+    item_id: ItemId,
+    items: ItemsService,
+    caller: Caller,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    cursor: Cursor = None,
+) -> Response:
+    """The items this one depends on, as they are now (state, result, last failure), in id
+    order: a fan-in's worker reads its batch's results and failures here."""
+    return respond(await items.dependencies(caller, tenant, item_id, limit, cursor))
 
 
 @router.get(

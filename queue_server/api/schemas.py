@@ -214,10 +214,26 @@ class ItemIn(Body):
     )
 
 
+class CallbackIn(Body):
+    """The item a batch's fan-in runs: it depends on every item of the batch and runs once
+    each is finished, completed or not (`on_dependency_failure` `run`)."""
+
+    queue: Name | None = Field(default=None, description="Its queue (default: the batch's).")
+    payload: Json = None
+    priority: int = Field(default=0, ge=-1_000_000, le=1_000_000, strict=True)
+    max_acquisitions: int | None = Field(default=None, ge=1, le=100, strict=True)
+
+
 class BatchIn(Body):
     model_config = example({"items": [{"payload": {"n": 1}}, {"payload": {"n": 2}, "priority": 5}]})
 
     items: list[ItemIn] = Field(min_length=1, max_length=500)
+    callback: CallbackIn | None = Field(
+        default=None,
+        description="An item to run once every item of the batch is finished (a fan-in):"
+        " `waiting` until then; its worker reads the batch's results and failures with"
+        " GET .../items/{item_id}/dependencies.",
+    )
 
     def canonical(self) -> dict[str, Any]:
         """`model_dump(mode="json")`, without pydantic's per-field serializer: the request's
@@ -239,7 +255,8 @@ class BatchIn(Body):
                     "on_dependency_failure": item.on_dependency_failure,
                 }
                 for item in self.items
-            ]
+            ],
+            "callback": None if self.callback is None else self.callback.model_dump(mode="json"),
         }
 
 
@@ -248,6 +265,14 @@ ItemOut = wire.Item
 
 class BatchOut(BaseModel):
     items: list[ItemOut]
+    callback: ItemOut | None = Field(
+        default=None, description="The batch's callback item, when the request had one."
+    )
+
+
+class DependenciesOut(BaseModel):
+    items: list[ItemOut] = Field(description="The items depended on, as they are now.")
+    next_cursor: str | None
 
 
 EventOut = wire.LedgerEvent

@@ -174,6 +174,22 @@ class NewItem:
     on_dependency_failure: str | None = None
 
 
+class CallbackSpec(Protocol):
+    """A batch's fan-in item (the API's `CallbackIn`): run once every item is finished."""
+
+    @property
+    def queue(self) -> str | None: ...
+
+    @property
+    def payload(self) -> Any: ...
+
+    @property
+    def priority(self) -> int: ...
+
+    @property
+    def max_acquisitions(self) -> int | None: ...
+
+
 class ItemSpec(Protocol):
     """One item an enqueue is asked for: a `NewItem`, or the API's body (`ItemIn`) as is."""
 
@@ -231,6 +247,7 @@ class Items:
         instance: str,
         batch: bool,
         trace: TraceContext | None = None,
+        callback: CallbackSpec | None = None,
     ) -> Answer:
         """Enqueue `items` (new ids), each with the producer's `trace`, once per key.
 
@@ -238,26 +255,27 @@ class Items:
         commit; concurrent enqueues of a tenant take other shards and never wait for it.
         """
         principal.require(tenant, *WORKER_OR_OPERATOR)
+        budgets: list[tuple[int | None, tuple[str | int, ...]]] = [
+            (item.max_acquisitions, ("items", i) if batch else ()) for i, item in enumerate(items)
+        ]
+        if callback is not None:
+            budgets.append((callback.max_acquisitions, ("callback",)))
         refuse_above(
             [
-                self.envelope.budget(
-                    item.max_acquisitions,
-                    "body",
-                    *(("items", i) if batch else ()),
-                    "max_acquisitions",
-                )
-                for i, item in enumerate(items)
-                if item.max_acquisitions is not None
+                self.envelope.budget(budget, "body", *at, "max_acquisitions")
+                for budget, at in budgets
+                if budget is not None
             ]
         )
         # An item with a unique key may be answered by the item holding it, charged nothing:
         # only those without one are sure to be charged (the admission decides exactly).
-        await self._refuse_early_at_cap(tenant, idem, sum(i.unique_key is None for i in items))
+        charged = sum(i.unique_key is None for i in items) + (callback is not None)
+        await self._refuse_early_at_cap(tenant, idem, charged)
         specs = self._specs(items, uuid7s(len(items)), trace)
 
         # A dependency refused (migration 0035) is kept on the receipt like any 422: the
         # admission runs in a savepoint then, so that the transaction can still keep it.
-        dependent = any("depends_on" in spec for spec in specs)
+        dependent = callback is not None or any("depends_on" in spec for spec in specs)
 
         async def operation(conn: Conn) -> Answer:
             with admission_refusals(tenant):
@@ -272,6 +290,36 @@ class Items:
                         backlog_ceiling=self.envelope.leased.backlog_cap,
                     )
             shaped = await self._answered(conn, tenant, queue, specs, done)
+            if callback is not None:
+                # The fan-in: one more item, depending on every item the batch answered
+                # with, run once each is finished, completed or not.
+                into = callback.queue or queue
+                fan_in = self._specs(
+                    [
+                        NewItem(
+                            payload=callback.payload,
+                            priority=callback.priority,
+                            max_acquisitions=callback.max_acquisitions,
+                            depends_on=sorted({str(item["item_id"]) for item in shaped}),
+                            on_dependency_failure="run",
+                        )
+                    ],
+                    uuid7s(1),
+                    trace,
+                )
+                with admission_refusals(tenant):
+                    async with conn.transaction():
+                        joined = await transitions.enqueue_rows(
+                            conn,
+                            tenant=tenant,
+                            queue=into,
+                            items=fan_in,
+                            actor=principal.actor,
+                            attempt_cap=self.envelope.leased.attempt_cap,
+                            backlog_ceiling=self.envelope.leased.backlog_cap,
+                        )
+                (answered,) = await self._answered(conn, tenant, into, fan_in, joined)
+                return Answer(201, views.dumps({"items": shaped, "callback": answered}))
             if batch:
                 return Answer(201, views.dumps({"items": shaped}))
             # One item whose unique key an item already holds: that item, nothing created.
@@ -703,6 +751,28 @@ class Items:
         return await self._bulk(
             tenant, idem, instance, filter, limit, cursor, "deleted", delete, open_only=False
         )
+
+    async def dependencies(
+        self, principal: auth.Principal, tenant: str, item_id: str, limit: int, cursor: str | None
+    ) -> Answer:
+        """The items `item_id` depends on, as they are now (a fan-in's worker reads its batch's
+        results and failures here), a page in id order; `next_cursor` null on the last."""
+        principal.require(tenant, *WORKER_OR_OPERATOR)
+        after = None
+        if cursor:
+            (after,) = common.decode_cursor(cursor, 1)
+            if not is_uuid(after):
+                raise common.foreign_cursor()
+        item_id = str((await self._item_row(tenant, item_id, by_end=False))["item_id"])
+        async with self.db.conn() as conn:
+            rows = await reads.dependencies(
+                conn, tenant=tenant, item_id=item_id, after=after, limit=limit + 1
+            )
+        next_cursor = None
+        if len(rows) > limit:
+            rows = rows[:limit]
+            next_cursor = common.encode_cursor([str(rows[-1]["item_id"])])
+        return Answer.of(200, {"items": [views.item(r) for r in rows], "next_cursor": next_cursor})
 
     async def ledger(self, principal: auth.Principal, tenant: str, item_id: str) -> Answer:
         principal.require(tenant, *WORKER_OR_OPERATOR)

@@ -58,6 +58,15 @@ async def ledger(conn: Conn, *, tenant: str, item_id: str) -> list[Row]:
     return await cur.fetchall()
 
 
+async def dependencies(
+    conn: Conn, *, tenant: str, item_id: str, after: str | None, limit: int
+) -> list[Row]:
+    """The items `item_id` depends on, in id order after `after` (the first page: None)."""
+    params = {"tenant": tenant, "item_id": item_id, "after": after or FIRST_ITEM, "limit": limit}
+    cur = await conn.execute(_SQL["dependencies"], params)
+    return await cur.fetchall()
+
+
 async def state_counts(conn: Conn, *, tenant: str) -> dict[str, int]:
     """The tenant's items by state: the finished ones from the counters, the others from
     each queue's cursor (`queues.open_figures`)."""

@@ -29,6 +29,10 @@ BODIES: list[dict[str, Any]] = [
     {"items": [{}, {"payload": [1, 2.5, "x", True, None, {"b": 1, "a": [{}]}]}]},
     {"items": [{"payload": "é\u2028", "delay": 0.25}, {"payload": 2**63 - 1, "delay": 0}]},
     {"items": [{"payload": {"z": -(2**63), "y": 1e300, "x": -0.0}, "priority": 1_000_000}]},
+    {
+        "items": [{"payload": 1, "depends_on": ["01a248cb-426b-7cbd-aaae-1ab8fdb6cd7b"]}],
+        "callback": {"queue": "albums", "payload": {"album": 1}, "priority": 2},
+    },
 ]
 
 

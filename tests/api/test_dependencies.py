@@ -13,8 +13,10 @@ from typing import Any
 
 import httpx
 import psycopg
+import pytest
 from psycopg.types.json import Jsonb
 
+from queue_server.client import NewItem, QueueClient
 from tests.helpers.api import Api, setup_tenant
 
 Db = psycopg.Connection[dict[str, object]]
@@ -327,3 +329,95 @@ def test_a_completion_uncommitted_makes_an_enqueue_on_it_wait_then_see_it_comple
     (made,) = answers
     assert made["state"] == "ready"
     assert state(api, made["item_id"]) == "ready"
+
+
+def test_a_batch_callback_runs_once_after_every_item_finished_and_reads_their_outcomes(
+    api: Api,
+) -> None:
+    """A fan-in: the callback waits until each item of the batch is finished, a failure
+    included; the last two finishing at the same instant on two connections release it
+    once; its worker reads every item's result or failure, a page at a time."""
+    api.approve("q", 10)
+    made = api.worker.post(
+        f"/v1/tenants/{api.tenant}/queues/q/items:batch",
+        json={
+            "items": [{"payload": n} for n in range(6)],
+            "callback": {"queue": "albums", "payload": {"album": "summer"}, "priority": 3},
+        },
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert made.status_code == 201, made.text
+    items = [i["item_id"] for i in made.json()["items"]]
+    callback = made.json()["callback"]
+    assert (callback["queue"], callback["state"], callback["priority"]) == ("albums", "waiting", 3)
+    leases = {lease["item_id"]: lease for lease in api.acquire("q", max_items=10)}
+    assert set(leases) == set(items)
+    quarantine(api, leases[items[0]])  # a failure counts as finished for a fan-in
+    for item_id in items[1:4]:
+        done = api.holder(
+            "complete", item_id, worker="w1", fence=leases[item_id]["fence"], result=item_id[-4:]
+        )
+        assert done.status_code == 200, done.text
+    assert state(api, callback["item_id"]) == "waiting"
+    start = threading.Barrier(2)
+
+    def finish(item_id: str) -> None:
+        with api.client(api.keys["worker"]) as client:
+            start.wait()
+            client.post(
+                f"/v1/tenants/acme/items/{item_id}/complete",
+                json={"worker": "w1", "fence": leases[item_id]["fence"], "result": item_id[-4:]},
+                headers={"Idempotency-Key": uuid.uuid4().hex},
+            ).raise_for_status()
+
+    threads = [threading.Thread(target=finish, args=(item_id,)) for item_id in items[4:]]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    (lease,) = api.acquire("albums")
+    assert lease["item_id"] == callback["item_id"]
+    assert [e["kind"] for e in ledger(api, callback["item_id"])] == [
+        "enqueued", "unblocked", "acquired",
+    ]  # fmt: skip
+    # Its worker reads the batch's outcomes, two at a time.
+    seen: dict[str, dict[str, Any]] = {}
+    cursor = None
+    while True:
+        page = api.worker.get(
+            f"/v1/tenants/{api.tenant}/items/{callback['item_id']}/dependencies",
+            params={"limit": 2, **({"cursor": cursor} if cursor else {})},
+        )
+        assert page.status_code == 200, page.text
+        seen |= {i["item_id"]: i for i in page.json()["items"]}
+        cursor = page.json()["next_cursor"]
+        if cursor is None:
+            break
+    assert sorted(seen) == sorted(items)
+    assert seen[items[0]]["state"] == "quarantined"
+    assert seen[items[0]]["last_failure"]["class"] == "Boom"
+    assert all(seen[i]["result"] == i[-4:] for i in items[1:])
+    foreign = api.worker.get(
+        f"/v1/tenants/{api.tenant}/items/{callback['item_id']}/dependencies",
+        params={"cursor": "bm90LW91cnM"},
+    )
+    assert foreign.status_code == 422, foreign.text
+    assert verified(api) == []
+
+
+@pytest.mark.live
+def test_the_sdk_enqueues_a_fan_in_and_its_worker_reads_the_outcomes(api: Api) -> None:
+    with QueueClient(api.url, api.keys["worker"], tenant=api.tenant) as qs:
+        api.approve("q", 10)
+        made = qs.fan_in("q", [NewItem(payload=n) for n in range(3)], NewItem(payload="sum"))
+        assert made.callback.state == "waiting"
+        assert made.callback.queue == "q"
+        for lease in qs.acquire("q", worker="w", max_items=10):
+            qs.complete(lease.item_id, worker="w", fence=lease.fence, result=lease.payload * 2)
+        (lease,) = qs.acquire("q", worker="w")
+        assert lease.item_id == made.callback.item_id
+        first = qs.list_dependencies(lease.item_id, limit=2)
+        rest = qs.list_dependencies(lease.item_id, limit=2, cursor=first.next_cursor)
+        assert rest.next_cursor is None
+        results = sorted(i.result for i in first.items + rest.items)
+        assert results == [0, 2, 4]

@@ -214,6 +214,8 @@ class AsyncQueueClient(ClientFace):
     queue_settings = awaited(ClientCore.queue_settings)
     put_queue_settings = awaited(ClientCore.put_queue_settings)
     list_dead_letters = awaited(ClientCore.list_dead_letters)
+    fan_in = awaited(ClientCore.fan_in)
+    list_dependencies = awaited(ClientCore.list_dependencies)
     show_dead_letter = awaited(ClientCore.show_dead_letter)
     replay = awaited(ClientCore.replay)
     discard = awaited(ClientCore.discard)

@@ -242,6 +242,8 @@ class QueueClient(ClientFace):
     queue_settings = blocking(ClientCore.queue_settings)
     put_queue_settings = blocking(ClientCore.put_queue_settings)
     list_dead_letters = blocking(ClientCore.list_dead_letters)
+    fan_in = blocking(ClientCore.fan_in)
+    list_dependencies = blocking(ClientCore.list_dependencies)
     show_dead_letter = blocking(ClientCore.show_dead_letter)
     replay = blocking(ClientCore.replay)
     discard = blocking(ClientCore.discard)

@@ -48,6 +48,8 @@ from queue_server.client.models import (
     DeadLetterDetail,
     DeadLetterPage,
     DeletedItems,
+    DependencyPage,
+    FanIn,
     Heartbeat,
     Item,
     ItemPage,
@@ -523,6 +525,44 @@ class ClientCore:
         body = {"items": [_item_body(item) for item in items]}
         path = yield from self._at(tenant, f"/queues/{queue}/items:batch")
         return (yield from self._effect(_Batch, "POST", path, body, idempotency_key)).items
+
+    def fan_in(
+        self,
+        queue: str,
+        items: Sequence[NewItem],
+        callback: NewItem,
+        *,
+        callback_queue: str | None = None,
+        idempotency_key: str | None = None,
+        tenant: str | None = None,
+    ) -> Flow[FanIn]:
+        """Enqueue 1 to 500 items and a callback item (its payload, priority and budget)
+        that waits until every one of them is finished, completed or not; its worker reads
+        their outcomes with `list_dependencies`. `callback_queue`: default, `queue`."""
+        spec = {
+            "queue": callback_queue,
+            "payload": callback.payload,
+            "priority": callback.priority,
+            "max_acquisitions": callback.max_acquisitions,
+        }
+        body = {
+            "items": [_item_body(item) for item in items],
+            "callback": {k: v for k, v in spec.items() if v is not None or k == "payload"},
+        }
+        path = yield from self._at(tenant, f"/queues/{queue}/items:batch")
+        return (yield from self._effect(FanIn, "POST", path, body, idempotency_key))
+
+    def list_dependencies(
+        self,
+        item_id: str,
+        *,
+        limit: int = 100,
+        cursor: str | None = None,
+        tenant: str | None = None,
+    ) -> Flow[DependencyPage]:
+        """The items `item_id` depends on, as they are now (a page in id order)."""
+        path = yield from self._at(tenant, f"/items/{item_id}/dependencies")
+        return (yield from self._get(DependencyPage, path, limit=limit, cursor=cursor))
 
     def get_item(self, item_id: str, tenant: str | None = None) -> Flow[Item]:
         return (yield from self._get(Item, (yield from self._at(tenant, f"/items/{item_id}"))))

@@ -46,6 +46,8 @@ __all__ = [
     "DeadLetterDetail",
     "DeadLetterPage",
     "DeletedItems",
+    "DependencyPage",
+    "FanIn",
     "Heartbeat",
     "Item",
     "ItemPage",
@@ -126,6 +128,20 @@ class BatchEntry(Model):
     def error(self) -> ProblemError:
         """The typed exception a single request would have raised for this entry."""
         return problem_error(self.status, self.problem or {})
+
+
+class FanIn(Model):
+    """A batch enqueued with its callback: the items, and the item that waits for them."""
+
+    items: list[Item]
+    callback: Item
+
+
+class DependencyPage(Model):
+    """A page of the items an item depends on, as they are now."""
+
+    items: list[Item]
+    next_cursor: str | None = None
 
 
 class DeadLetterPage(Model):

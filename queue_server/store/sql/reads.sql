@@ -12,6 +12,16 @@ LEFT JOIN api_keys k ON left(e.actor, 4) = 'key:' AND k.key_id = substr(e.actor,
  AND (k.tenant_id = e.tenant_id OR k.tenant_id IS NULL)
 WHERE e.tenant_id = %s AND e.item_id = %s ORDER BY e.seq;
 
+-- name: dependencies
+-- The items an item depends on (migration 0035), as they are now, in id order after `after`:
+-- a range of the dependent's own rows of item_dependencies, each item probed by its key.
+SELECT w.* FROM item_dependencies x
+JOIN work_items w ON w.tenant_id = x.tenant_id AND w.item_id = x.depends_on
+WHERE x.tenant_id = %(tenant)s AND x.item_id = %(item_id)s::uuid
+  AND x.depends_on > %(after)s::uuid
+ORDER BY x.depends_on
+LIMIT %(limit)s;
+
 -- name: state_counts
 -- Per queue that ever admitted an item: its finished items, from the queue counters
 -- (completed - purged, cancelled - purged); no read of finished history.
