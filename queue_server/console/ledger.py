@@ -62,11 +62,12 @@ def sentence(event: dict[str, Any]) -> str:
     match kind:
         case "enqueued":
             queue = f" on {data['queue']}" if data.get("queue") else ""
-            waits = (
-                f", waiting behind the items before it with ordering key {data['ordering_key']}"
-                if data.get("state") == "waiting"
-                else ""
-            )
+            waits = ""
+            if data.get("state") == "waiting" and data.get("depends_on"):
+                n = len(data["depends_on"])
+                waits = f", waiting for {n} {'item' if n == 1 else 'items'} to complete"
+            elif data.get("state") == "waiting":
+                waits = f", waiting behind the items before it with ordering key {data.get('ordering_key')}"
             return f"{who} enqueued it{queue}, priority {data.get('priority', 0)}{waits}."
         case "scheduled":
             return f"Schedule {data.get('schedule', '')} enqueued it.".replace("  ", " ")
@@ -104,6 +105,11 @@ def sentence(event: dict[str, Any]) -> str:
         case "cancelled":
             reason = f": {data['reason']}" if data.get("reason") else ""
             return f"{who} cancelled it{reason}."
+        case "unblocked" if "dependency" in data:
+            return (
+                f"Ready: {data['dependency']}, the last item it waited for, is"
+                f" {data.get('dependency_state')}."
+            )
         case "unblocked":
             before = data.get("after", "the item before it")
             return (

@@ -60,3 +60,26 @@ def test_a_completed_item_shows_its_result_and_can_be_deleted_but_not_cancelled(
     assert "<h2>Result</h2>" in page
     assert ACTIONS.findall(page) == ["delete"]
     assert "Cancel item…" not in page
+
+
+def test_an_item_page_lists_what_it_waits_for_with_each_ones_state(api: Api) -> None:
+    api.approve("q", 10)
+    first = api.enqueue("q", "first")
+    second = api.enqueue("q", "second")
+    joined = api.enqueue("q", "joined", depends_on=[first["item_id"], second["item_id"]])
+    leases = {lease["item_id"]: lease for lease in api.acquire("q", max_items=10)}
+    lease = leases[first["item_id"]]
+    assert api.holder("complete", first["item_id"], worker="w1", fence=lease["fence"]).is_success
+    client, _ = sign_in(api.url, api.keys["operator"])
+    page = client.get(f"/console/tenants/acme/items/{joined['item_id']}").text
+    assert "<h2>Depends on</h2>" in page
+    assert "Waiting until each of these has completed." in page
+    assert "waiting for 2 items to complete" in page  # its ledger's first line
+    listed = re.findall(r'href="/console/tenants/acme/items/([0-9a-f-]{36})">', page)
+    assert set(listed) >= {first["item_id"], second["item_id"]}
+    shown = page[page.index("<h2>Depends on</h2>") :]
+    assert "completed" in shown
+    assert "leased" in shown
+    # An item without dependencies has no such section.
+    plain = client.get(f"/console/tenants/acme/items/{first['item_id']}").text
+    assert "Depends on" not in plain

@@ -374,6 +374,10 @@ async def show(request: Request, tenant: str, item_id: str) -> Response:
     items = web.services(request).items
     item = web.answer_body(await items.get_item(session.principal, tenant, item_id))
     ledger = web.answer_body(await items.ledger(session.principal, tenant, item_id))
+    # What it waits for (or waited for), the first of them: each with its state.
+    dependencies = web.answer_body(
+        await items.dependencies(session.principal, tenant, str(item["item_id"]), 50, None)
+    )
     dead_letter = None
     if item["state"] == "quarantined":
         dead_letter = await web.services(request).dead_letters.open_dead_letter_of_item(
@@ -386,6 +390,8 @@ async def show(request: Request, tenant: str, item_id: str) -> Response:
         tenant=tenant,
         item=item,
         events=ledger["events"],
+        dependencies=dependencies["items"],
+        more_dependencies=dependencies["next_cursor"] is not None,
         # What an operator may do with it from here, each through its confirmation page.
         cancellable=item["state"] in ITEM_CANCELLABLE,
         retryable=item["state"] in RETRYABLE,
