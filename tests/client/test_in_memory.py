@@ -400,6 +400,21 @@ def observe(qs: QueueClient, operator: QueueClient) -> dict[str, Any]:
         fan_in.item_id, worker="w2", fence=fan_in.fence, failure_class="Boom",
         decision="quarantine",
     )  # fmt: skip
+    # A fan-in: the batch's callback waits for it, then reads its outcomes, two at a time.
+    fan = qs.fan_in("f", [NewItem(payload=n) for n in range(3)], NewItem(payload="sum"))
+    for _ in range(3):
+        (one,) = qs.acquire("f", worker="w2")
+        qs.complete(one.item_id, worker="w2", fence=one.fence, result=one.payload)
+    (summed,) = qs.acquire("f", worker="w2")
+    pages = [qs.list_dependencies(summed.item_id, limit=2)]
+    pages.append(qs.list_dependencies(summed.item_id, limit=2, cursor=pages[0].next_cursor))
+    fanned = (
+        fan.callback.state,
+        summed.item_id == fan.callback.item_id,
+        sorted(i.result for page in pages for i in page.items),
+        [len(page.items) for page in pages],
+        pages[1].next_cursor,
+    )
     dependency_refusals = []
     for depends_on in ([joined.item_id], ["00000000-0000-7000-8000-000000000001"]):
         try:
@@ -413,6 +428,7 @@ def observe(qs: QueueClient, operator: QueueClient) -> dict[str, Any]:
             [qs.get_item(i.item_id).state for i in (joined, child, anyway)],
             dependency_refusals,
         ),
+        "fan-in": fanned,
         "same item": again.item_id == low.item_id,
         "unique": (
             held.item_id == unique.item_id,
@@ -457,6 +473,7 @@ def test_the_in_memory_server_answers_as_a_live_server_does(api: Api) -> None:
         ["quarantined", "cancelled", "ready"],
         [(422, "invalid-request"), (422, "invalid-request")],
     )
+    assert live["fan-in"] == ("waiting", True, [0, 1, 2], [2, 1], None)
     assert live["ordered"] == (
         ["ready", "waiting", "waiting"], [0, 1], ["completed", "leased", "waiting"],
     )  # fmt: skip

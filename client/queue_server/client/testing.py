@@ -244,6 +244,7 @@ ROUTES = [
     ("POST", re.compile(_Q + "/leases"), "acquire", False),
     ("GET", re.compile(_Q + "/concurrency"), "concurrency", False),
     ("GET", re.compile(_ITEM), "get_item", False),
+    ("GET", re.compile(_ITEM + "/dependencies"), "dependencies", False),
     ("POST", re.compile(_ITEM + "/heartbeat"), "heartbeat", False),
     ("POST", re.compile(_ITEM + "/(?P<action>complete|requeue|triage)"), "settle", True),
     ("POST", re.compile(_T + "/leases:heartbeat"), "heartbeat_many", False),
@@ -464,7 +465,30 @@ class InMemoryServer:
             if record.unique_key is not None:
                 held[record.unique_key] = record
             made.append(record.view())
+        callback = asked.body.get("callback") if batch else None
+        if callback is not None:
+            # A fan-in: one more item waiting for every item the batch answered with, run
+            # once each is finished, completed or not.
+            ms, n = int(now.timestamp() * 1000), next(self._ids)
+            joined = Record(
+                item_id=str(uuid.UUID(f"{ms:012x}70008{n:015x}")),
+                tenant=asked.args["tenant"],
+                queue=callback.get("queue") or asked.args["queue"],
+                payload=callback.get("payload"),
+                priority=callback.get("priority", 0),
+                available_at=now,
+                max_acquisitions=callback.get("max_acquisitions") or self.max_acquisitions,
+                created_at=now,
+                ordering_seq=n,
+                depends_on=tuple(sorted({str(item["item_id"]) for item in made})),
+                on_dependency_failure="run",
+            )
+            if not self._satisfied(joined):
+                joined.state = "waiting"
+            self._items[joined.item_id] = joined
         self._changed.notify_all()
+        if callback is not None:
+            return 201, {"items": made, "callback": joined.view()}
         if batch:
             return 201, {"items": made}
         # One item whose key an item held: that item, nothing created (200).
@@ -772,6 +796,17 @@ class InMemoryServer:
         letter |= {"last_failure": record.last_failure, "created_at": now}
         letter |= {"closed_at": None, "resolution": None}
         self._dead.append((record.tenant, letter))
+
+    def _dependencies(self, asked: Request) -> tuple[int, Any]:
+        """The items an item depends on, as they are now, in id order (the cursor: the last
+        id of the page before)."""
+        record = self._find(asked, asked.args["item"])
+        limit = int(asked.query.get("limit", 100))
+        after = asked.query.get("cursor") or ""
+        ids = [d for d in sorted(record.depends_on) if d > after]
+        page = ids[:limit]
+        more = page[-1] if len(ids) > limit else None
+        return 200, {"items": [self._items[d].view() for d in page], "next_cursor": more}
 
     def _dead_letters(self, asked: Request) -> tuple[int, Any]:
         """The tenant's dead letters, oldest first (all open: nothing replays them here)."""
