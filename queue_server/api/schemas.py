@@ -199,12 +199,19 @@ class ItemIn(Body):
         " enqueue order: this one is `waiting` until the one before it completes, is"
         " cancelled or goes to dead letters (the queue's `ordering_dead_letters`).",
     )
-    depends_on: list[UUID] | None = Field(
+    ref: str | None = Field(
+        default=None,
+        pattern=r"^[!-~]{1,64}$",
+        description="A name for this item within the request: a later item of the same"
+        " batch names it in its `depends_on` (a graph enqueued at once).",
+    )
+    depends_on: list[Annotated[str, Field(pattern=r"^[!-~]{1,64}$")]] | None = Field(
         default=None,
         min_length=1,
         max_length=100,
-        description="Items of the tenant (any queue) this one waits for: it is `waiting`"
-        " until every one has completed, then ready in the same transaction as the last.",
+        description="Items this one waits for: ids of items of the tenant (any queue), or the"
+        " `ref` of an earlier item of the same batch. It is `waiting` until every one has"
+        " completed, then ready in the same transaction as the last.",
     )
     on_dependency_failure: Literal["cancel", "run", "wait"] | None = Field(
         default=None,
@@ -249,9 +256,8 @@ class BatchIn(Body):
                     "ordering_key": item.ordering_key,
                     "partition_key": item.partition_key,
                     "unique_for": item.unique_for,
-                    "depends_on": (
-                        None if item.depends_on is None else [str(d) for d in item.depends_on]
-                    ),
+                    "ref": item.ref,
+                    "depends_on": item.depends_on,
                     "on_dependency_failure": item.on_dependency_failure,
                 }
                 for item in self.items

@@ -169,9 +169,11 @@ class NewItem:
     partition_key: str | None = None
     # With unique_key: nor while an item with it was made within this many seconds.
     unique_for: float | None = None
-    # Items of the tenant this one waits for (migration 0035), and what their failure does.
+    # Items of the tenant this one waits for (migration 0035), and what their failure does;
+    # an entry may be the `ref` of an earlier item of the same enqueue (0037).
     depends_on: list[str] | None = None
     on_dependency_failure: str | None = None
+    ref: str | None = None
 
 
 class CallbackSpec(Protocol):
@@ -222,6 +224,42 @@ class ItemSpec(Protocol):
 
     @property
     def on_dependency_failure(self) -> str | None: ...
+
+    @property
+    def ref(self) -> str | None: ...
+
+
+def _dependencies(items: Sequence[ItemSpec], ids: Sequence[str]) -> list[list[str] | None]:
+    """Each item's dependencies as item ids: an id as given, a `ref` as the id of the earlier
+    item of this enqueue that bears it (so no request makes a cycle)."""
+    refs: dict[str, str] = {}
+    needs: list[list[str] | None] = []
+    for i, (item, item_id) in enumerate(zip(items, ids, strict=True)):
+        resolved = None
+        if item.depends_on is not None:
+            resolved = []
+            for entry in map(str, item.depends_on):
+                if entry in refs:
+                    resolved.append(refs[entry])
+                elif is_uuid(entry):
+                    resolved.append(entry)
+                else:
+                    raise errors.InvalidRequestError(
+                        f"items[{i}].depends_on: {entry!r} is neither an item id nor the ref"
+                        " of an earlier item of this request."
+                    )
+        needs.append(resolved)
+        ref = getattr(item, "ref", None)
+        if ref is not None:
+            if ref in refs:
+                raise errors.InvalidRequestError(f"items[{i}].ref: {ref!r} names two items.")
+            if item.unique_key is not None:
+                # Answered by the item holding its key, it may not be made: nothing to wait for.
+                raise errors.InvalidRequestError(
+                    f"items[{i}].ref: an item with a unique_key cannot be named by a ref."
+                )
+            refs[ref] = item_id
+    return needs
 
 
 class Items:
@@ -366,6 +404,7 @@ class Items:
             if trace is None
             else {"traceparent": trace.traceparent, "tracestate": trace.tracestate}
         )
+        needs = _dependencies(items, ids)
         return [
             {
                 "item_id": item_id,
@@ -387,14 +426,14 @@ class Items:
                 # What it depends on (ids as text), and its rule.
                 **(
                     {}
-                    if item.depends_on is None
+                    if needs[i] is None
                     else {
-                        "depends_on": [str(d) for d in item.depends_on],
+                        "depends_on": needs[i],
                         "on_dependency_failure": item.on_dependency_failure,
                     }
                 ),
             }
-            for item, item_id in zip(items, ids, strict=True)
+            for i, (item, item_id) in enumerate(zip(items, ids, strict=True))
         ]
 
     async def admit(

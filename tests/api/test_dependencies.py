@@ -421,3 +421,61 @@ def test_the_sdk_enqueues_a_fan_in_and_its_worker_reads_the_outcomes(api: Api) -
         assert rest.next_cursor is None
         results = sorted(i.result for i in first.items + rest.items)
         assert results == [0, 2, 4]
+
+
+def test_a_batch_names_its_own_items_by_ref_and_enqueues_a_whole_graph_at_once(
+    api: Api,
+) -> None:
+    """A graph in one request, under one idempotency key: each item may depend on earlier
+    items of the batch by their `ref`, and on items made before by their ids."""
+    api.approve("q", 10)
+    earlier = enqueue(api, "q", "earlier")
+    key = uuid.uuid4().hex
+    body = {
+        "items": [
+            {"payload": "fetch", "ref": "fetch"},
+            {"payload": "parse", "ref": "parse", "depends_on": ["fetch"]},
+            {"payload": "index", "ref": "index", "depends_on": ["fetch"]},
+            {"payload": "publish", "depends_on": ["parse", "index", earlier["item_id"]]},
+        ]
+    }
+
+    def send() -> httpx.Response:
+        return api.worker.post(
+            f"/v1/tenants/{api.tenant}/queues/q/items:batch",
+            json=body,
+            headers={"Idempotency-Key": key},
+        )
+
+    made = send()
+    assert made.status_code == 201, made.text
+    fetch, parse, index, publish = (i["item_id"] for i in made.json()["items"])
+    assert [i["state"] for i in made.json()["items"]] == ["ready", "waiting", "waiting", "waiting"]
+    assert send().json() == made.json()  # the same request again: the same graph, once
+    events = ledger(api, publish)
+    assert events[0]["data"]["depends_on"] == [parse, index, earlier["item_id"]]
+    # In dependency order, whatever the workers take first.
+    order = []
+    for _ in range(5):
+        for lease in api.acquire("q", max_items=10):
+            order.append(lease["item_id"])
+            complete(api, lease)
+    assert order.index(fetch) < order.index(parse) < order.index(publish)
+    assert order.index(fetch) < order.index(index) < order.index(publish)
+    assert state(api, publish) == "completed"
+    for items, message in (
+        ([{"payload": 1, "depends_on": ["later"]}, {"payload": 2, "ref": "later"}],
+         "items[0].depends_on: 'later' is neither an item id nor the ref of an earlier item"),
+        ([{"payload": 1, "ref": "x"}, {"payload": 2, "ref": "x"}],
+         "items[1].ref: 'x' names two items"),
+        ([{"payload": 1, "ref": "u", "unique_key": "u"}],
+         "items[0].ref: an item with a unique_key cannot be named by a ref"),
+    ):  # fmt: skip
+        refused = api.worker.post(
+            f"/v1/tenants/{api.tenant}/queues/q/items:batch",
+            json={"items": items},
+            headers={"Idempotency-Key": uuid.uuid4().hex},
+        )
+        assert refused.status_code == 422, refused.text
+        assert message in refused.json()["detail"], refused.json()
+    assert verified(api) == []

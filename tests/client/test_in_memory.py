@@ -415,6 +415,10 @@ def observe(qs: QueueClient, operator: QueueClient) -> dict[str, Any]:
         [len(page.items) for page in pages],
         pages[1].next_cursor,
     )
+    # A graph in one batch: the second item names the first by its ref.
+    graph = qs.enqueue_batch(
+        "g", [NewItem(payload="x", ref="x"), NewItem(payload="y", depends_on=["x"])]
+    )
     dependency_refusals = []
     for depends_on in ([joined.item_id], ["00000000-0000-7000-8000-000000000001"]):
         try:
@@ -429,6 +433,7 @@ def observe(qs: QueueClient, operator: QueueClient) -> dict[str, Any]:
             dependency_refusals,
         ),
         "fan-in": fanned,
+        "graph": [i.state for i in graph],
         "same item": again.item_id == low.item_id,
         "unique": (
             held.item_id == unique.item_id,
@@ -473,6 +478,7 @@ def test_the_in_memory_server_answers_as_a_live_server_does(api: Api) -> None:
         ["quarantined", "cancelled", "ready"],
         [(422, "invalid-request"), (422, "invalid-request")],
     )
+    assert live["graph"] == ["ready", "waiting"]
     assert live["fan-in"] == ("waiting", True, [0, 1, 2], [2, 1], None)
     assert live["ordered"] == (
         ["ready", "waiting", "waiting"], [0, 1], ["completed", "leased", "waiting"],

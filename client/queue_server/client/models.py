@@ -96,7 +96,10 @@ class NewItem(Model):
     partition_key: str | None = None
     # With unique_key: nor while an item with it was made within this many seconds.
     unique_for: float | None = None
-    # Items of the tenant this one waits for: `waiting` until every one has completed.
+    # A name for it within one batch, which a later item's depends_on may use.
+    ref: str | None = None
+    # Items of the tenant this one waits for (ids, or refs of earlier items of the batch):
+    # `waiting` until every one has completed.
     depends_on: list[str] | None = None
     # When a dependency goes to dead letters or is cancelled: "cancel" this item (the
     # default), "run" it anyway, or "wait" for the dependency's replay.

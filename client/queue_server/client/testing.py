@@ -412,6 +412,7 @@ class InMemoryServer:
         now = self.clock.now()
         made = []
         new: set[str] = set()
+        made_ids: dict[str, str] = {}
         held = {
             r.unique_key: r
             for r in self._items.values()
@@ -419,7 +420,12 @@ class InMemoryServer:
             and r.state in ("waiting", "ready", "leased")
             and (r.tenant, r.queue) == (asked.args["tenant"], asked.args["queue"])
         }
+        # A ref names an item of this request (made below), for a later item's depends_on.
+        refs: dict[str, str] = {}
         for i, spec in enumerate(specs):
+            if spec.get("ref") is not None:
+                refs[spec["ref"]] = f"ref:{spec['ref']}"
+            spec["depends_on"] = [refs.get(d, d) for d in spec.get("depends_on") or ()] or None
             self._check_dependencies(asked.args["tenant"], spec, i, batch)
         for spec in specs:
             # An item of the queue holding the key, ready or leased: answered, none made.
@@ -453,7 +459,7 @@ class InMemoryServer:
                 ordering_key=spec.get("ordering_key"),
                 ordering_seq=n,
                 partition_key=spec.get("partition_key"),
-                depends_on=tuple(str(d) for d in spec.get("depends_on") or ()),
+                depends_on=tuple(made_ids.get(d, d) for d in spec.get("depends_on") or ()),
                 on_dependency_failure=spec.get("on_dependency_failure") or "cancel",
             )
             if record.ordering_key is not None and self._line(record):
@@ -461,6 +467,8 @@ class InMemoryServer:
             if not self._satisfied(record):
                 record.state = "waiting"  # a dependency is not completed
             self._items[record.item_id] = record
+            if spec.get("ref") is not None:
+                made_ids[f"ref:{spec['ref']}"] = record.item_id
             new.add(record.item_id)
             if record.unique_key is not None:
                 held[record.unique_key] = record
@@ -715,6 +723,8 @@ class InMemoryServer:
         with an ordering key, none failed for good under the rule `cancel`."""
         where = f"items[{i}]" if batch else "items[0]"
         for dep in spec.get("depends_on") or ():
+            if str(dep).startswith("ref:"):
+                continue  # an earlier item of this request, made with it
             found = self._items.get(str(dep))
             if found is None or found.tenant != tenant:
                 detail = f"depends_on: no item {dep} in tenant {tenant}."
