@@ -404,12 +404,19 @@ async def cancel_item(
     idempotency_key: IdempotencyKey,
     body: schemas.CancelIn | None = None,
 ) -> Response:
-    """Cancel a ready, leased or quarantined item (operator). A leased item's holder is
-    refused with 409 `item-cancelled` at its next heartbeat or complete."""
+    """Cancel a waiting, ready, leased or quarantined item (operator), and with `descendants`
+    every item that depends on it. A leased item's holder is refused with 409
+    `item-cancelled` at its next heartbeat or complete."""
     body = body or schemas.CancelIn()
     idem = idempotency(request, idempotency_key, body, caller)
     answer = await items.cancel(
-        caller, tenant, item_id, idem, instance=request.url.path, reason=body.reason
+        caller,
+        tenant,
+        item_id,
+        idem,
+        instance=request.url.path,
+        reason=body.reason,
+        descendants=body.descendants,
     )
     return respond(answer)
 

@@ -520,6 +520,12 @@ class CancelIn(Body):
     model_config = example({"reason": "the customer withdrew the order"})
 
     reason: Text = ""
+    descendants: bool = Field(
+        default=False,
+        description="Cancel every item that depends on it too, directly or not, whatever"
+        " their `on_dependency_failure` (a workflow stopped as a whole); what is finished"
+        " stays as it is.",
+    )
 
 
 class ItemFilterIn(Body):

@@ -264,20 +264,31 @@ def items_cancel(
         list[str], typer.Argument(help="Item ids, or the start or end of exactly one's each.")
     ],
     reason: Reason = "",
+    descendants: Annotated[
+        bool,
+        typer.Option(
+            "--descendants",
+            help="Cancel every unfinished item that depends on each too, directly or not"
+            " (a workflow stopped as a whole).",
+        ),
+    ] = False,
     url: Url = None,
     key: Key = None,
     tenant: Tenant = None,
     data_dir: DataDir = None,
     json: Json = False,
 ) -> None:
-    """Cancel ready, leased or quarantined items; a leased item's holder is refused from then on.
+    """Cancel waiting, ready, leased or quarantined items; a leased item's holder is refused
+    from then on.
 
     Example: [bold]queue-server items cancel 0190f3c2-... --reason "customer asked"[/bold]
     """
     done: list[Item] = []
     with tenant_session(url, key, data_dir, tenant) as qs:
         for item_id in item_ids:
-            done.append(qs.cancel_item(item_of(qs, item_id), reason=reason))
+            done.append(
+                qs.cancel_item(item_of(qs, item_id), reason=reason, descendants=descendants)
+            )
     if json:
         print_json(done)
         return

@@ -596,8 +596,10 @@ class Items:
         *,
         instance: str,
         reason: str,
+        descendants: bool = False,
     ) -> Answer:
-        """ready, leased or quarantined -> cancelled; the ledger keeps who and why."""
+        """waiting, ready, leased or quarantined -> cancelled; the ledger keeps who and why.
+        With `descendants`, every item depending on it too, in the same transaction."""
         principal.require(tenant, Role.OPERATOR)
         require_item_id(item_id)
 
@@ -606,13 +608,24 @@ class Items:
                 conn, tenant=tenant, item_ids=[item_id], reason=reason, actor=principal.actor
             )
             if rows:
+                below = (
+                    await reads.descendants(conn, tenant=tenant, item_id=item_id)
+                    if descendants
+                    else []
+                )
+                if below:
+                    # Those still unfinished, whatever their rule (its own cancel has
+                    # cancelled the waiting ones whose rule is `cancel` already).
+                    await transitions.cancel(
+                        conn, tenant=tenant, item_ids=below, reason=reason, actor=principal.actor
+                    )
                 return Answer.of(200, views.item(rows[0]))
             row = await reads.get_item(conn, tenant=tenant, item_id=item_id)
             if row is None:
                 raise errors.ItemNotFoundError(item_id=item_id)
             raise errors.InvalidStateError(
-                f"The item is {row['state']}; only ready, leased or quarantined items can be"
-                " cancelled.",
+                f"The item is {row['state']}; only waiting, ready, leased or quarantined items"
+                " can be cancelled.",
                 item_id=item_id,
                 state=row["state"],
             )

@@ -67,6 +67,12 @@ async def dependencies(
     return await cur.fetchall()
 
 
+async def descendants(conn: Conn, *, tenant: str, item_id: str) -> list[str]:
+    """The ids of every item that depends on `item_id`, directly or not."""
+    cur = await conn.execute(_SQL["descendants"], {"tenant": tenant, "item_id": item_id})
+    return [str(row["item_id"]) for row in await cur.fetchall()]
+
+
 async def state_counts(conn: Conn, *, tenant: str) -> dict[str, int]:
     """The tenant's items by state: the finished ones from the counters, the others from
     each queue's cursor (`queues.open_figures`)."""

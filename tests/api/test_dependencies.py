@@ -479,3 +479,48 @@ def test_a_batch_names_its_own_items_by_ref_and_enqueues_a_whole_graph_at_once(
         assert refused.status_code == 422, refused.text
         assert message in refused.json()["detail"], refused.json()
     assert verified(api) == []
+
+
+def test_an_operator_cancels_a_workflow_as_a_whole_from_its_root(api: Api) -> None:
+    """Cancelled with `descendants`, every unfinished item below the root is cancelled in
+    the same transaction, whatever its rule: a leased one's holder is fenced out, nothing
+    new starts; a finished one, and items outside the graph, stay as they are."""
+    api.approve("q", 10)
+    root = enqueue(api, "q", "root")
+    done = enqueue(api, "q", "done")
+    leased = enqueue(api, "q", "leased-anyway")
+    runs = enqueue(api, "q", "runs", depends_on=[root["item_id"]], on_dependency_failure="run")
+    below = enqueue(api, "q", "below", depends_on=[runs["item_id"], done["item_id"]])
+    outside = enqueue(api, "q", "outside", depends_on=[done["item_id"]])
+    leases = {lease["item_id"]: lease for lease in api.acquire("q", max_items=10)}
+    complete(api, leases[done["item_id"]])
+    # Without `descendants`, the rule of each dependent decides: this one would run.
+    cancel = api.operator.post(
+        f"/v1/tenants/{api.tenant}/items/{root['item_id']}/cancel",
+        json={"reason": "the album was withdrawn", "descendants": True},
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert cancel.status_code == 200, cancel.text
+    assert cancel.json()["state"] == "cancelled"
+    assert [state(api, i["item_id"]) for i in (root, runs, below)] == ["cancelled"] * 3
+    assert state(api, done["item_id"]) == "completed"
+    assert state(api, outside["item_id"]) == "ready"  # its only dependency completed
+    assert state(api, leased["item_id"]) == "leased"  # not in the graph
+    reasons = [
+        e["data"]["reason"] for e in ledger(api, below["item_id"]) if e["kind"] == "cancelled"
+    ]
+    assert reasons == ["the album was withdrawn"]
+    assert verified(api) == []
+
+
+def test_without_descendants_a_cancelled_root_applies_each_dependents_rule(api: Api) -> None:
+    root = enqueue(api, "q", "root")
+    runs = enqueue(api, "q", "runs", depends_on=[root["item_id"]], on_dependency_failure="run")
+    stops = enqueue(api, "q", "stops", depends_on=[root["item_id"]])
+    cancel = api.operator.post(
+        f"/v1/tenants/{api.tenant}/items/{root['item_id']}/cancel",
+        json={"reason": "no"},
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert cancel.status_code == 200, cancel.text
+    assert [state(api, i["item_id"]) for i in (runs, stops)] == ["ready", "cancelled"]

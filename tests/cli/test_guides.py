@@ -195,6 +195,8 @@ def test_the_readme_and_the_guides_that_follow_it_run_as_written(
     assert "waiting for 2 items to complete" in workflows
     assert "2 completed" in workflows
     assert "1 completed" in workflows
+    assert "1 cancelled" in workflows  # the root; its album is listed cancelled with it
+    assert "cancelled" in workflows.split("1 cancelled", 1)[1]
     # The application's own table, in its role's schema, and an order committed with its
     # item, on the embedded database.
     assert re.search(

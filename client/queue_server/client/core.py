@@ -867,12 +867,17 @@ class ClientCore:
         item_id: str,
         *,
         reason: str = "",
+        descendants: bool = False,
         idempotency_key: str | None = None,
         tenant: str | None = None,
     ) -> Flow[Item]:
-        """Cancel a ready, leased or quarantined item (its holder is refused from then on)."""
+        """Cancel a waiting, ready, leased or quarantined item (its holder is refused from
+        then on); with `descendants`, every unfinished item that depends on it too."""
         path = yield from self._at(tenant, f"/items/{item_id}/cancel")
-        return (yield from self._effect(Item, "POST", path, {"reason": reason}, idempotency_key))
+        body: dict[str, Any] = {"reason": reason}
+        if descendants:
+            body["descendants"] = True
+        return (yield from self._effect(Item, "POST", path, body, idempotency_key))
 
     def cancel_items(
         self,

@@ -22,6 +22,18 @@ WHERE x.tenant_id = %(tenant)s AND x.item_id = %(item_id)s::uuid
 ORDER BY x.depends_on
 LIMIT %(limit)s;
 
+-- name: descendants
+-- Every item that depends, directly or not, on one item (migration 0035): a walk down the
+-- graph by the index of item_dependencies by dependency, its cost the graph's size.
+WITH RECURSIVE below(item_id) AS (
+    SELECT x.item_id FROM item_dependencies x
+    WHERE x.tenant_id = %(tenant)s AND x.depends_on = %(item_id)s::uuid
+    UNION
+    SELECT x.item_id FROM item_dependencies x JOIN below b ON x.depends_on = b.item_id
+    WHERE x.tenant_id = %(tenant)s
+)
+SELECT item_id::text AS item_id FROM below;
+
 -- name: state_counts
 -- Per queue that ever admitted an item: its finished items, from the queue counters
 -- (completed - purged, cancelled - purged); no read of finished history.
