@@ -12,6 +12,7 @@ from collections.abc import Callable
 from reliability.alerts import alert_delivery
 from reliability.clock import clock_skew
 from reliability.database import claim_storm_pg15, lock_timeouts, long_transaction
+from reliability.fan_in import fan_in_under_kills
 from reliability.fuzz import schema_fuzz
 from reliability.hostile import hostile_input
 from reliability.hung_worker import hung_worker
@@ -40,6 +41,7 @@ SCENARIOS: dict[str, Callable[[], ScenarioOutcome]] = {
     "alert-delivery": alert_delivery,
     "rate-accuracy": rate_accuracy,
     "workflow-dag": workflow_dag,
+    "fan-in-kill": fan_in_under_kills,
 }
 
 #: ``--quick`` (``make reliability-quick``, run by CI): every scenario once with a small
@@ -64,4 +66,5 @@ QUICK: dict[str, dict[str, object]] = {
     "alert-delivery": {"quiet": 20.0, "outage": 15.0},
     "rate-accuracy": {"duration": 12.0},
     "workflow-dag": {"nodes": 300, "poisoned": 4},
+    "fan-in-kill": {"rounds": 2, "items": 200},
 }
