@@ -448,6 +448,17 @@ async def list_dependencies(
 
 
 @router.get(
+    "/tenants/{tenant}/items/{item_id}/workflow", response_model=schemas.WorkflowOut, tags=["items"]
+)
+async def get_workflow(
+    tenant: TenantName, item_id: ItemId, items: ItemsService, caller: Caller
+) -> Response:
+    """The graph of dependencies the item is part of: its ancestors, its descendants and
+    itself, each with its state and its dependencies among them."""
+    return respond(await items.workflow(caller, tenant, item_id))
+
+
+@router.get(
     "/tenants/{tenant}/items/{item_id}/ledger", response_model=schemas.LedgerOut, tags=["items"]
 )
 async def get_ledger(

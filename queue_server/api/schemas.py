@@ -276,6 +276,22 @@ class BatchOut(BaseModel):
     )
 
 
+class WorkflowNode(BaseModel):
+    item_id: str
+    queue: str
+    state: str
+    depends_on: list[str] = Field(description="Its dependencies among the graph's items.")
+
+
+class WorkflowOut(BaseModel):
+    item_id: str
+    nodes: list[WorkflowNode] = Field(
+        description="Every item it waits for, directly or not, every item waiting for it,"
+        " and itself (at most 200), in id order."
+    )
+    complete: bool = Field(description="False when the graph has more items than are shown.")
+
+
 class DependenciesOut(BaseModel):
     items: list[ItemOut] = Field(description="The items depended on, as they are now.")
     next_cursor: str | None

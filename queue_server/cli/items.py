@@ -172,6 +172,45 @@ def items_show(
         item_fields(item)
 
 
+@app.command("workflow")
+def items_workflow(
+    item_id: Annotated[str, typer.Argument(help="Item id, or the start or end of exactly one's.")],
+    url: Url = None,
+    key: Key = None,
+    tenant: Tenant = None,
+    data_dir: DataDir = None,
+    json: Json = False,
+) -> None:
+    """The graph of dependencies an item is part of: what it waits for, directly or not, what
+    waits for it, and itself, each with its state, in the order they can run.
+
+    Example: [bold]queue-server items workflow 0190f3c2-...[/bold]
+    """
+    with tenant_session(url, key, data_dir, tenant) as qs:
+        graph = qs.get_workflow(item_of(qs, item_id))
+    if json:
+        print_json(graph)
+        return
+    # Each after every item it depends on: by the longest chain of dependencies before it.
+    deps = {n.item_id: n.depends_on for n in graph.nodes}
+    depth: dict[str, int] = {}
+
+    def step(node: str) -> int:
+        if node not in depth:
+            depth[node] = 1 + max((step(d) for d in deps.get(node, [])), default=-1)
+        return depth[node]
+
+    ordered = sorted(graph.nodes, key=lambda n: (step(n.item_id), n.item_id))
+    table(
+        f"{len(graph.nodes)} items" + ("" if graph.complete else " (the first 200)"),
+        ["step", "item", "queue", "state", "waits for"],
+        [
+            (str(step(n.item_id) + 1), n.item_id, n.queue, n.state, str(len(n.depends_on)))
+            for n in ordered
+        ],
+    )
+
+
 @app.command("ledger")
 def items_ledger(
     item_id: Annotated[str, typer.Argument(help="Item id, or the start or end of exactly one's.")],

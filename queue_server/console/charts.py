@@ -169,3 +169,64 @@ def figure(
         )
     parts.append(Markup("</svg>"))
     return Markup("").join(parts)
+
+
+# -- a workflow's graph: its items in layers, each after every item it depends on ---------
+
+NODE_W, NODE_H, GAP_X, GAP_Y, PAD = 170, 30, 40, 12, 8  # a box holds "…12345678 quarantined"
+
+
+def workflow_svg(nodes: Sequence[dict[str, object]], focus: str, href: str) -> Markup:
+    """The graph as inline SVG: an item per box (the end of its id and its state, a link to
+    its page: `href` with `{id}`), in columns by the length of the longest chain of
+    dependencies before it, an arrow from each dependency; `focus` drawn bold."""
+    ids = [str(n["item_id"]) for n in nodes]
+    known = set(ids)
+    deps = {
+        str(n["item_id"]): [str(d) for d in n["depends_on"] if str(d) in known]  # type: ignore[attr-defined]
+        for n in nodes
+    }
+    layer: dict[str, int] = {}
+
+    def depth(item: str, seen: frozenset[str] = frozenset()) -> int:
+        if item not in layer:
+            before = [d for d in deps[item] if d not in seen]
+            layer[item] = 1 + max((depth(d, seen | {item}) for d in before), default=-1)
+        return layer[item]
+
+    for item in ids:
+        depth(item)
+    columns: dict[int, list[str]] = {}
+    for item in ids:
+        columns.setdefault(layer[item], []).append(item)
+    at: dict[str, tuple[int, int]] = {}
+    for col, members in columns.items():
+        for row, item in enumerate(members):
+            at[item] = (PAD + col * (NODE_W + GAP_X), PAD + row * (NODE_H + GAP_Y))
+    width = PAD * 2 + (max(columns, default=0) + 1) * (NODE_W + GAP_X) - GAP_X
+    height = PAD * 2 + max((len(m) for m in columns.values()), default=1) * (NODE_H + GAP_Y) - GAP_Y
+    state = {str(n["item_id"]): str(n["state"]) for n in nodes}
+    parts = [
+        f'<svg class="workflow" role="img" viewBox="0 0 {width} {height}" width="{width}"'
+        f' height="{height}" aria-label="The workflow: {len(ids)} items">'
+    ]
+    for item in ids:
+        x2, y2 = at[item]
+        for dep in deps[item]:
+            x1, y1 = at[dep]
+            parts.append(
+                f'<line class="edge" x1="{x1 + NODE_W}" y1="{y1 + NODE_H // 2}"'
+                f' x2="{x2}" y2="{y2 + NODE_H // 2}"/>'
+            )
+    for item in ids:
+        x, y = at[item]
+        bold = " focus" if item == focus else ""
+        link = Markup.escape(href.replace("{id}", item))
+        parts.append(
+            f'<a href="{link}" data-item="{item}" data-state="{state[item]}">'
+            f'<rect class="node s-{state[item]}{bold}" x="{x}" y="{y}" width="{NODE_W}"'
+            f' height="{NODE_H}" rx="6"/>'
+            f'<text x="{x + 8}" y="{y + 19}">…{item[-8:]} {state[item]}</text></a>'
+        )
+    parts.append("</svg>")
+    return Markup("".join(parts))

@@ -229,6 +229,10 @@ class ItemSpec(Protocol):
     def ref(self) -> str | None: ...
 
 
+# The most items of a workflow's graph read at once (REST and the console's drawing).
+WORKFLOW_NODES = 200
+
+
 def _dependencies(items: Sequence[ItemSpec], ids: Sequence[str]) -> list[list[str] | None]:
     """Each item's dependencies as item ids: an id as given, a `ref` as the id of the earlier
     item of this enqueue that bears it (so no request makes a cycle)."""
@@ -825,6 +829,23 @@ class Items:
             rows = rows[:limit]
             next_cursor = common.encode_cursor([str(rows[-1]["item_id"])])
         return Answer.of(200, {"items": [views.item(r) for r in rows], "next_cursor": next_cursor})
+
+    async def workflow(
+        self, principal: auth.Principal, tenant: str, item_id: str, limit: int = WORKFLOW_NODES
+    ) -> Answer:
+        """The graph the item is part of: every item it waits for, directly or not, every item
+        waiting for it, and itself (at most `limit`, `complete` false when cut there), each
+        with its state and its dependencies among them."""
+        principal.require(tenant, *WORKER_OR_OPERATOR)
+        item_id = str((await self._item_row(tenant, item_id, by_end=False))["item_id"])
+        async with self.db.conn() as conn:
+            rows = await reads.workflow(conn, tenant=tenant, item_id=item_id, limit=limit + 1)
+        nodes = [
+            {"item_id": r["item_id"], "queue": r["queue"], "state": r["state"],
+             "depends_on": list(r["depends_on"])}
+            for r in rows[:limit]
+        ]  # fmt: skip
+        return Answer.of(200, {"item_id": item_id, "nodes": nodes, "complete": len(rows) <= limit})
 
     async def ledger(self, principal: auth.Principal, tenant: str, item_id: str) -> Answer:
         principal.require(tenant, *WORKER_OR_OPERATOR)

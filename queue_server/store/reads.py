@@ -73,6 +73,14 @@ async def descendants(conn: Conn, *, tenant: str, item_id: str) -> list[str]:
     return [str(row["item_id"]) for row in await cur.fetchall()]
 
 
+async def workflow(conn: Conn, *, tenant: str, item_id: str, limit: int) -> list[Row]:
+    """The items of the graph `item_id` is part of (its ancestors and descendants, itself
+    included, at most `limit`), each with its state and its dependencies among them."""
+    params = {"tenant": tenant, "item_id": item_id, "limit": limit}
+    cur = await conn.execute(_SQL["workflow"], params)
+    return await cur.fetchall()
+
+
 async def state_counts(conn: Conn, *, tenant: str) -> dict[str, int]:
     """The tenant's items by state: the finished ones from the counters, the others from
     each queue's cursor (`queues.open_figures`)."""

@@ -192,7 +192,7 @@ def test_the_readme_and_the_guides_that_follow_it_run_as_written(
     assert "(completed) already holds unique key day-report" in flow  # unique for a day
     # The album waits for its two images, and a worker completes it once they are done.
     workflows = " ".join(outputs["workflows.md"].split())
-    assert "waiting for 2 items to complete" in workflows
+    assert "3 items" in workflows  # the album's graph: the two images and itself
     assert "2 completed" in workflows
     assert "1 completed" in workflows
     assert "1 cancelled" in workflows  # the root; its album is listed cancelled with it

@@ -272,3 +272,30 @@ def test_pause_and_resume_a_queue_while_a_worker_waits(page: Page, api: Api, sho
         if running.is_alive() or running.ident is not None:
             running.join(timeout=10)
         client.close()
+
+
+def test_the_workflow_graph_is_drawn_and_a_click_on_an_item_opens_it(
+    page: Page, api: Api, shots: Path
+) -> None:
+    made = api.worker.post(
+        "/v1/tenants/acme/queues/q/items:batch",
+        json={
+            "items": [
+                {"payload": "fetch", "ref": "fetch"},
+                {"payload": "parse", "ref": "parse", "depends_on": ["fetch"]},
+                {"payload": "index", "ref": "index", "depends_on": ["fetch"]},
+                {"payload": "publish", "depends_on": ["parse", "index"]},
+            ]
+        },
+        headers={"Idempotency-Key": "graph-browser"},
+    )
+    fetch, _, _, publish = (i["item_id"] for i in made.json()["items"])
+    sign_in(page, api.url, api.keys["operator"])
+    page.goto(f"{api.url}/console/tenants/acme/items/{fetch}")
+    graph = page.get_by_role("img", name="The workflow: 4 items")
+    expect(graph).to_be_visible()
+    assert fits_the_width(page)
+    page.screenshot(path=str(shots / "workflow.png"), full_page=True)
+    page.locator(f'a[data-item="{publish}"]').click()
+    expect(page.get_by_role("heading", name=f"Item {publish}")).to_be_visible()
+    expect(page.get_by_role("region", name="Depends on")).to_contain_text("waiting")

@@ -83,3 +83,43 @@ def test_an_item_page_lists_what_it_waits_for_with_each_ones_state(api: Api) -> 
     # An item without dependencies has no such section.
     plain = client.get(f"/console/tenants/acme/items/{first['item_id']}").text
     assert "Depends on" not in plain
+
+
+def test_an_item_page_draws_the_workflow_it_is_part_of(api: Api) -> None:
+    """Drawn on the server: each item of the graph a link to its page, coloured by its
+    state, in columns after what it depends on; the item itself drawn bold."""
+    made = api.worker.post(
+        "/v1/tenants/acme/queues/q/items:batch",
+        json={
+            "items": [
+                {"payload": "fetch", "ref": "fetch"},
+                {"payload": "parse", "ref": "parse", "depends_on": ["fetch"]},
+                {"payload": "index", "ref": "index", "depends_on": ["fetch"]},
+                {"payload": "publish", "depends_on": ["parse", "index"]},
+            ]
+        },
+        headers={"Idempotency-Key": "graph-1"},
+    )
+    assert made.status_code == 201, made.text
+    fetch, parse, index, publish = (i["item_id"] for i in made.json()["items"])
+    graph = api.worker.get(f"/v1/tenants/acme/items/{parse}/workflow").json()
+    # From parse: what it waits for (fetch), what waits for it (publish), and itself.
+    assert sorted(n["item_id"] for n in graph["nodes"]) == sorted([fetch, parse, publish])
+    assert graph["complete"] is True
+    client, _ = sign_in(api.url, api.keys["operator"])
+    page = client.get(f"/console/tenants/acme/items/{fetch}").text
+    assert "<h2>Workflow</h2>" in page
+    drawn = dict(re.findall(r'data-item="([0-9a-f-]{36})" data-state="(\w+)"', page))
+    assert drawn == {fetch: "ready", parse: "waiting", index: "waiting", publish: "waiting"}
+    columns = {
+        item: int(x)
+        for item, x in re.findall(
+            r'data-item="([0-9a-f-]{36})"[^>]*><rect class="node [^"]*" x="(\d+)"', page
+        )
+    }
+    assert columns[fetch] < columns[parse] == columns[index] < columns[publish]
+    assert re.search(rf'data-item="{fetch}"[^>]*><rect class="node s-ready focus"', page)
+    assert page.count('<line class="edge"') == 4
+    assert f'href="/console/tenants/acme/items/{publish}"' in page
+    plain = client.get(f"/console/tenants/acme/items/{api.enqueue('q', 'alone')['item_id']}")
+    assert "<h2>Workflow</h2>" not in plain.text

@@ -216,6 +216,7 @@ class AsyncQueueClient(ClientFace):
     list_dead_letters = awaited(ClientCore.list_dead_letters)
     fan_in = awaited(ClientCore.fan_in)
     list_dependencies = awaited(ClientCore.list_dependencies)
+    get_workflow = awaited(ClientCore.get_workflow)
     show_dead_letter = awaited(ClientCore.show_dead_letter)
     replay = awaited(ClientCore.replay)
     discard = awaited(ClientCore.discard)

@@ -244,6 +244,7 @@ class QueueClient(ClientFace):
     list_dead_letters = blocking(ClientCore.list_dead_letters)
     fan_in = blocking(ClientCore.fan_in)
     list_dependencies = blocking(ClientCore.list_dependencies)
+    get_workflow = blocking(ClientCore.get_workflow)
     show_dead_letter = blocking(ClientCore.show_dead_letter)
     replay = blocking(ClientCore.replay)
     discard = blocking(ClientCore.discard)

@@ -67,6 +67,7 @@ from queue_server.client.models import (
     Tenant,
     Verification,
     WhoAmI,
+    Workflow,
 )
 from queue_server.client.version import __version__
 from queue_server.policy import OperationClass, ReliabilityPolicy, admit_operation, runtime_policy
@@ -563,6 +564,11 @@ class ClientCore:
         """The items `item_id` depends on, as they are now (a page in id order)."""
         path = yield from self._at(tenant, f"/items/{item_id}/dependencies")
         return (yield from self._get(DependencyPage, path, limit=limit, cursor=cursor))
+
+    def get_workflow(self, item_id: str, tenant: str | None = None) -> Flow[Workflow]:
+        """The graph of dependencies the item is part of, each item with its state."""
+        path = yield from self._at(tenant, f"/items/{item_id}/workflow")
+        return (yield from self._get(Workflow, path))
 
     def get_item(self, item_id: str, tenant: str | None = None) -> Flow[Item]:
         return (yield from self._get(Item, (yield from self._at(tenant, f"/items/{item_id}"))))

@@ -71,6 +71,8 @@ __all__ = [
     "Verification",
     "WhoAmI",
     "Window",
+    "Workflow",
+    "WorkflowNode",
 ]
 
 
@@ -138,6 +140,24 @@ class FanIn(Model):
 
     items: list[Item]
     callback: Item
+
+
+class WorkflowNode(Model):
+    """One item of a workflow's graph, with its dependencies among the graph's items."""
+
+    item_id: str
+    queue: str
+    state: str
+    depends_on: list[str]
+
+
+class Workflow(Model):
+    """The graph an item is part of: its ancestors, its descendants and itself (at most
+    200; `complete` false when there are more)."""
+
+    item_id: str
+    nodes: list[WorkflowNode]
+    complete: bool
 
 
 class DependencyPage(Model):

@@ -14,7 +14,7 @@ from starlette.responses import Response
 
 from queue_server import errors
 from queue_server.api import schemas
-from queue_server.console import web
+from queue_server.console import charts, web
 from queue_server.models import NAME_RE, ItemState, check_utc_offset, is_uuid
 from queue_server.services.items import DELETABLE, RETRYABLE, SORTS, ItemFilter
 
@@ -374,10 +374,17 @@ async def show(request: Request, tenant: str, item_id: str) -> Response:
     items = web.services(request).items
     item = web.answer_body(await items.get_item(session.principal, tenant, item_id))
     ledger = web.answer_body(await items.ledger(session.principal, tenant, item_id))
-    # What it waits for (or waited for), the first of them: each with its state.
+    # What it waits for (or waited for), the first of them: each with its state; and the
+    # graph it is part of, drawn when there is one.
     dependencies = web.answer_body(
         await items.dependencies(session.principal, tenant, str(item["item_id"]), 50, None)
     )
+    graph = web.answer_body(await items.workflow(session.principal, tenant, str(item["item_id"])))
+    drawn = None
+    if len(graph["nodes"]) > 1:
+        drawn = charts.workflow_svg(
+            graph["nodes"], str(item["item_id"]), web.tenant_path(tenant, "items", "{id}")
+        )
     dead_letter = None
     if item["state"] == "quarantined":
         dead_letter = await web.services(request).dead_letters.open_dead_letter_of_item(
@@ -391,6 +398,9 @@ async def show(request: Request, tenant: str, item_id: str) -> Response:
         item=item,
         events=ledger["events"],
         dependencies=dependencies["items"],
+        workflow=drawn,
+        workflow_size=len(graph["nodes"]),
+        workflow_complete=graph["complete"],
         more_dependencies=dependencies["next_cursor"] is not None,
         # What an operator may do with it from here, each through its confirmation page.
         cancellable=item["state"] in ITEM_CANCELLABLE,

@@ -34,6 +34,33 @@ WITH RECURSIVE below(item_id) AS (
 )
 SELECT item_id::text AS item_id FROM below;
 
+-- name: workflow
+-- The graph an item is part of (migration 0035): its ancestors and its descendants, walked
+-- by item_dependencies' two indexes (each item once: the walk ends on a graph of any shape),
+-- at most `limit` of them, each with its state and the dependencies among them.
+WITH RECURSIVE up(item_id) AS (
+    SELECT %(item_id)s::uuid
+    UNION
+    SELECT x.depends_on FROM item_dependencies x JOIN up u ON x.item_id = u.item_id
+    WHERE x.tenant_id = %(tenant)s
+), down(item_id) AS (
+    SELECT %(item_id)s::uuid
+    UNION
+    SELECT x.item_id FROM item_dependencies x JOIN down d ON x.depends_on = d.item_id
+    WHERE x.tenant_id = %(tenant)s
+), nodes AS (
+    SELECT item_id FROM (SELECT item_id FROM up UNION SELECT item_id FROM down) AS a
+    ORDER BY item_id <> %(item_id)s::uuid, item_id  -- the item itself first: never cut
+    LIMIT %(limit)s
+)
+SELECT w.item_id::text AS item_id, w.queue, w.state::text AS state,
+       ARRAY(SELECT x.depends_on::text FROM item_dependencies x
+             WHERE x.tenant_id = w.tenant_id AND x.item_id = w.item_id
+               AND x.depends_on IN (SELECT item_id FROM nodes)
+             ORDER BY x.depends_on) AS depends_on
+FROM nodes n JOIN work_items w ON w.tenant_id = %(tenant)s AND w.item_id = n.item_id
+ORDER BY w.item_id;
+
 -- name: state_counts
 -- Per queue that ever admitted an item: its finished items, from the queue counters
 -- (completed - purged, cancelled - purged); no read of finished history.
