@@ -55,6 +55,11 @@ class ReplayIn(schemas.Body):
     max_acquisitions: Budget = Field(
         default=None, description="The renewed acquisition budget; default: the item's own"
     )
+    descendants: bool = Field(
+        default=False,
+        description="Go on with the workflow from this step: the items below it that its"
+        " failure cancelled are back, each `waiting` for what it depends on.",
+    )
 
 
 class DiscardIn(schemas.Body):
@@ -142,6 +147,7 @@ async def replay(
         idem,
         instance=request.url.path,
         max_acquisitions=body.max_acquisitions,
+        descendants=body.descendants,
     )
     return respond(answer)
 

@@ -180,12 +180,12 @@ def _collect(qs: QueueClient, queue: str | None) -> list[DeadLetter]:
 
 
 def _replay_one(
-    qs: QueueClient, dead_letter_id: str, max_acquisitions: int | None
+    qs: QueueClient, dead_letter_id: str, max_acquisitions: int | None, descendants: bool = False
 ) -> Item | Delivery:
     """An item dead letter brings its item back; a delivery one resends under the same key."""
     if qs.show_dead_letter(dead_letter_id).dead_letter.kind == "delivery":
         return WatcherClient(qs).replay(dead_letter_id)
-    return qs.replay(dead_letter_id, max_acquisitions=max_acquisitions)
+    return qs.replay(dead_letter_id, max_acquisitions=max_acquisitions, descendants=descendants)
 
 
 @app.command("replay")
@@ -196,6 +196,14 @@ def dead_replay(
     max_acquisitions: Annotated[
         int | None, typer.Option(help="The renewed acquisition budget (default: the item's).")
     ] = None,
+    descendants: Annotated[
+        bool,
+        typer.Option(
+            "--descendants",
+            help="With dead letters named by id: go on with each one's workflow from it (the"
+            " items below it that its failure cancelled wait for it again).",
+        ),
+    ] = False,
     yes: Yes = False,
     url: Url = None,
     key: Key = None,
@@ -215,6 +223,8 @@ def dead_replay(
     """
     ids = ids or []
     _ids_or_queue(ids, queue, everything)
+    if descendants and not ids:
+        fail("--descendants is for dead letters named by id", "name the failed step's")
     with tenant_session(url, key, data_dir, tenant) as qs:
         if ids:
             if len(ids) > 1:
@@ -224,7 +234,7 @@ def dead_replay(
                 task = progress.add_task("replaying", total=len(ids))
                 for given in ids:
                     dead_letter_id = dead_letter_of(qs, given)
-                    answers.append(_replay_one(qs, dead_letter_id, max_acquisitions))
+                    answers.append(_replay_one(qs, dead_letter_id, max_acquisitions, descendants))
                     progress.advance(task)
             if json:
                 print_json(answers)

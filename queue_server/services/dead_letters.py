@@ -168,8 +168,11 @@ class DeadLetters:
         *,
         instance: str,
         max_acquisitions: int | None,
+        descendants: bool = False,
     ) -> Answer:
-        """quarantined -> ready with a renewed budget; the dead letter is closed."""
+        """quarantined -> ready with a renewed budget; the dead letter is closed. With
+        `descendants`, the workflow goes on from this step: the items below it that its
+        failure cancelled are back, each waiting for what it depends on."""
         principal.require(tenant, Role.OPERATOR)
         refuse_above([self.envelope.budget(max_acquisitions, "body", "max_acquisitions")])
         if not is_uuid(dead_letter_id):
@@ -203,6 +206,22 @@ class DeadLetters:
             if item is None:
                 # Both rows are locked and were checked: a 500 rolls everything back.
                 raise errors.QueueServerError("The replay changed nothing; nothing was kept.")
+            if descendants:
+                below = await reads.descendants(conn, tenant=tenant, item_id=str(item["item_id"]))
+                back = await reads.cancelled_by_dependency(conn, tenant=tenant, item_ids=below)
+                if back:
+                    shards, _ = await admission_room(
+                        conn, tenant, len(back), self.envelope, "replayed"
+                    )
+                    # As many as the backlog cap has room for; the rest stay cancelled.
+                    await transitions.retry(
+                        conn,
+                        tenant=tenant,
+                        item_ids=back[: len(shards)],
+                        shards=list(shards),
+                        state="cancelled",
+                        actor=principal.actor,
+                    )
             return Answer.of(200, views.item(item))
 
         return await self.effects.run(tenant, idem, instance, operation)

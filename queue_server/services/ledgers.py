@@ -107,7 +107,8 @@ def fold(events: list[Row]) -> Row:
         elif kind == "quarantined":
             _release(item, "quarantined")
         elif kind in ("replayed", "retried"):  # from its dead letter; in bulk
-            _release(item, "ready")
+            # Waiting for a dependency not completed (a descendant of a replayed step).
+            _release(item, data.get("state", "ready"))
             item.update(
                 acquisition_count=0,
                 max_acquisitions=data["max_acquisitions"],

@@ -81,6 +81,14 @@ async def workflow(conn: Conn, *, tenant: str, item_id: str, limit: int) -> list
     return await cur.fetchall()
 
 
+async def cancelled_by_dependency(conn: Conn, *, tenant: str, item_ids: list[str]) -> list[str]:
+    """Those of `item_ids` that a dependency's failure cancelled (not an operator)."""
+    cur = await conn.execute(
+        _SQL["cancelled_by_dependency"], {"tenant": tenant, "item_ids": item_ids}
+    )
+    return [str(row["item_id"]) for row in await cur.fetchall()]
+
+
 async def state_counts(conn: Conn, *, tenant: str) -> dict[str, int]:
     """The tenant's items by state: the finished ones from the counters, the others from
     each queue's cursor (`queues.open_figures`)."""

@@ -524,3 +524,40 @@ def test_without_descendants_a_cancelled_root_applies_each_dependents_rule(api: 
     )
     assert cancel.status_code == 200, cancel.text
     assert [state(api, i["item_id"]) for i in (runs, stops)] == ["ready", "cancelled"]
+
+
+def test_a_workflow_replayed_from_its_failed_step_goes_on_from_there(api: Api) -> None:
+    """The failed step replayed with `descendants`: the items its failure cancelled are back,
+    waiting; they run in order once it completes. An item an operator cancelled, and one
+    that never depended on the failure, are left as they were."""
+    api.approve("q", 10)
+    first = enqueue(api, "q", "first")
+    failing = enqueue(api, "q", "failing", depends_on=[first["item_id"]])
+    after = enqueue(api, "q", "after", depends_on=[failing["item_id"]])
+    last = enqueue(api, "q", "last", depends_on=[after["item_id"]])
+    stopped = enqueue(api, "q", "stopped", depends_on=[failing["item_id"]])
+    assert api.operator.post(
+        f"/v1/tenants/{api.tenant}/items/{stopped['item_id']}/cancel",
+        json={"reason": "not wanted"},
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    ).is_success
+    complete(api, lease_of(api, first["item_id"]))
+    quarantine(api, lease_of(api, failing["item_id"]))
+    assert [state(api, i["item_id"]) for i in (after, last)] == ["cancelled", "cancelled"]
+    (letter,) = api.operator.get(f"/v1/tenants/{api.tenant}/dead-letters").json()["dead_letters"]
+    replayed = api.operator.post(
+        f"/v1/tenants/{api.tenant}/dead-letters/{letter['dead_letter_id']}/replay",
+        json={"descendants": True},
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert replayed.status_code == 200, replayed.text
+    assert [state(api, i["item_id"]) for i in (failing, after, last, stopped)] == [
+        "ready", "waiting", "waiting", "cancelled",
+    ]  # fmt: skip
+    assert backlog(api) == 3
+    complete(api, lease_of(api, failing["item_id"]))
+    complete(api, lease_of(api, after["item_id"]))
+    complete(api, lease_of(api, last["item_id"]))
+    retried = [e for e in ledger(api, last["item_id"]) if e["kind"] == "retried"]
+    assert retried[0]["data"]["state"] == "waiting"
+    assert verified(api) == []

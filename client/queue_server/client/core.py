@@ -1100,10 +1100,17 @@ class ClientCore:
         dead_letter_id: str,
         *,
         max_acquisitions: int | None = None,
+        descendants: bool = False,
         idempotency_key: str | None = None,
         tenant: str | None = None,
     ) -> Flow[Item]:
-        body = {"max_acquisitions": max_acquisitions} if max_acquisitions is not None else {}
+        """Put the dead letter's item back in its queue; with `descendants`, the workflow goes
+        on from it: the items below it that its failure cancelled wait for it again."""
+        body: dict[str, Any] = {}
+        if max_acquisitions is not None:
+            body["max_acquisitions"] = max_acquisitions
+        if descendants:
+            body["descendants"] = True
         path = yield from self._at(tenant, f"/dead-letters/{dead_letter_id}/replay")
         return (yield from self._effect(Item, "POST", path, body, idempotency_key))
 

@@ -61,6 +61,16 @@ SELECT w.item_id::text AS item_id, w.queue, w.state::text AS state,
 FROM nodes n JOIN work_items w ON w.tenant_id = %(tenant)s AND w.item_id = n.item_id
 ORDER BY w.item_id;
 
+-- name: cancelled_by_dependency
+-- Of the given items, those cancelled because a dependency failed for good (their last event,
+-- a `cancelled` the trigger of migration 0035 wrote, names the dependency): a probe each.
+SELECT w.item_id::text AS item_id FROM work_items w
+WHERE w.tenant_id = %(tenant)s AND w.item_id = ANY(%(item_ids)s::uuid[]) AND w.state = 'cancelled'
+  AND EXISTS (SELECT 1 FROM item_events e
+              WHERE e.tenant_id = w.tenant_id AND e.item_id = w.item_id
+                AND e.seq = w.event_seq - 1 AND e.kind = 'cancelled' AND e.data ? 'dependency')
+ORDER BY w.item_id;
+
 -- name: state_counts
 -- Per queue that ever admitted an item: its finished items, from the queue counters
 -- (completed - purged, cancelled - purged); no read of finished history.

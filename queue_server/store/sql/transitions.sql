@@ -992,10 +992,20 @@ LEFT JOIN (SELECT created_at, item_id FROM scanned
 -- replay), `retried` in its ledger; a quarantined item's open dead letter closes as
 -- `retried`. Back in the backlog, each item charged to the admission shard the caller
 -- took for it (`shards`, by position in `item_ids`). A cancelled item leaves the cancelled
--- count as a deleted one does.
+-- count as a deleted one does. An item with a dependency not completed (migration 0035: a
+-- descendant of a replayed step) waits for it instead: `waiting`, said in its event.
 WITH upd AS (
     UPDATE work_items w
-    SET state = 'ready', available_at = statement_timestamp(), acquisition_count = 0,
+    SET state = CASE WHEN EXISTS (
+                         SELECT 1 FROM item_dependencies x
+                         JOIN work_items d ON d.tenant_id = x.tenant_id
+                                          AND d.item_id = x.depends_on
+                         WHERE x.tenant_id = w.tenant_id AND x.item_id = w.item_id
+                           AND d.state <> 'completed'
+                           AND NOT (w.on_dependency_failure = 'run'
+                                    AND d.state IN ('quarantined', 'cancelled')))
+                     THEN 'waiting' ELSE 'ready' END::item_state,
+        available_at = statement_timestamp(), acquisition_count = 0,
         updated_at = statement_timestamp(), event_seq = w.event_seq + 1,
         admission_shard = (%(shards)s::smallint[])[array_position(%(item_ids)s::uuid[],
                                                                    w.item_id)]
@@ -1014,6 +1024,8 @@ WITH upd AS (
            jsonb_build_object('from', %(state)s::text, 'available_at', u.available_at,
                               'max_acquisitions', u.max_acquisitions,
                               'dead_letter_id', dl.dead_letter_id)
+           || CASE WHEN u.state = 'waiting' THEN jsonb_build_object('state', 'waiting')
+                   ELSE '{}'::jsonb END
     FROM upd u LEFT JOIN dl ON dl.item_id = u.item_id
 ), counted AS (
     -- Back in the backlog; a cancelled item leaves the cancelled count as a deleted one.
