@@ -14,7 +14,7 @@ from queue_server.client import QueueClient
 from queue_server.client.worker import Job, Result, Worker
 from tests.helpers.api import Api
 from tests.helpers.console import browser_sign_in as sign_in
-from tests.helpers.items import quarantine
+from tests.helpers.items import enqueue_graph, quarantine
 
 # The first test may install chromium with apt-get.
 # A browser loads the pages over a socket.
@@ -277,19 +277,7 @@ def test_pause_and_resume_a_queue_while_a_worker_waits(page: Page, api: Api, sho
 def test_the_workflow_graph_is_drawn_and_a_click_on_an_item_opens_it(
     page: Page, api: Api, shots: Path
 ) -> None:
-    made = api.worker.post(
-        "/v1/tenants/acme/queues/q/items:batch",
-        json={
-            "items": [
-                {"payload": "fetch", "ref": "fetch"},
-                {"payload": "parse", "ref": "parse", "depends_on": ["fetch"]},
-                {"payload": "index", "ref": "index", "depends_on": ["fetch"]},
-                {"payload": "publish", "depends_on": ["parse", "index"]},
-            ]
-        },
-        headers={"Idempotency-Key": "graph-browser"},
-    )
-    fetch, _, _, publish = (i["item_id"] for i in made.json()["items"])
+    fetch, _, _, publish = enqueue_graph(api)
     sign_in(page, api.url, api.keys["operator"])
     page.goto(f"{api.url}/console/tenants/acme/items/{fetch}")
     graph = page.get_by_role("img", name="The workflow: 4 items")

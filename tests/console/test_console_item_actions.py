@@ -9,7 +9,7 @@ import re
 
 from tests.helpers.api import Api
 from tests.helpers.console import CSRF, KEY, form_value, sign_in
-from tests.helpers.items import quarantine
+from tests.helpers.items import enqueue_graph, quarantine
 
 ACTIONS = re.compile(r'name="action" value="(\w+)"')
 
@@ -88,20 +88,7 @@ def test_an_item_page_lists_what_it_waits_for_with_each_ones_state(api: Api) -> 
 def test_an_item_page_draws_the_workflow_it_is_part_of(api: Api) -> None:
     """Drawn on the server: each item of the graph a link to its page, coloured by its
     state, in columns after what it depends on; the item itself drawn bold."""
-    made = api.worker.post(
-        "/v1/tenants/acme/queues/q/items:batch",
-        json={
-            "items": [
-                {"payload": "fetch", "ref": "fetch"},
-                {"payload": "parse", "ref": "parse", "depends_on": ["fetch"]},
-                {"payload": "index", "ref": "index", "depends_on": ["fetch"]},
-                {"payload": "publish", "depends_on": ["parse", "index"]},
-            ]
-        },
-        headers={"Idempotency-Key": "graph-1"},
-    )
-    assert made.status_code == 201, made.text
-    fetch, parse, index, publish = (i["item_id"] for i in made.json()["items"])
+    fetch, parse, index, publish = enqueue_graph(api)
     graph = api.worker.get(f"/v1/tenants/acme/items/{parse}/workflow").json()
     # From parse: what it waits for (fetch), what waits for it (publish), and itself.
     assert sorted(n["item_id"] for n in graph["nodes"]) == sorted([fetch, parse, publish])

@@ -82,3 +82,23 @@ def sample(text: str, name: str, **labels: str) -> float | None:
         if series.split("{")[0] == name and found == labels:
             return float(value)
     return None
+
+
+def enqueue_graph(api: Api, queue: str = "q") -> tuple[str, str, str, str]:
+    """A workflow in one batch: fetch, then parse and index (each after fetch), then publish
+    (after both); their ids in that order."""
+    made = api.worker.post(
+        f"/v1/tenants/{api.tenant}/queues/{queue}/items:batch",
+        json={
+            "items": [
+                {"payload": "fetch", "ref": "fetch"},
+                {"payload": "parse", "ref": "parse", "depends_on": ["fetch"]},
+                {"payload": "index", "ref": "index", "depends_on": ["fetch"]},
+                {"payload": "publish", "depends_on": ["parse", "index"]},
+            ]
+        },
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert made.status_code == 201, made.text
+    fetch, parse, index, publish = (str(i["item_id"]) for i in made.json()["items"])
+    return fetch, parse, index, publish

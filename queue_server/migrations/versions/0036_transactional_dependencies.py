@@ -53,36 +53,16 @@ EDITS = (
 )  # fmt: skip
 
 # queue_server.enqueue, with the dependencies as arguments after 0034's.
-ENQUEUE = """
-CREATE FUNCTION queue_server.enqueue(tenant text, queue text, payload jsonb,
-                                     idempotency_key text, priority int DEFAULT 0,
-                                     delay interval DEFAULT '0',
-                                     max_acquisitions int DEFAULT NULL,
-                                     traceparent text DEFAULT NULL,
-                                     tracestate text DEFAULT NULL,
-                                     unique_key text DEFAULT NULL,
-                                     unique_for interval DEFAULT NULL,
-                                     partition_key text DEFAULT NULL,
-                                     ordering_key text DEFAULT NULL,
-                                     depends_on uuid[] DEFAULT NULL,
-                                     on_dependency_failure text DEFAULT NULL)
-RETURNS uuid
-LANGUAGE sql VOLATILE SECURITY DEFINER
-SET search_path = {home}, pg_temp
-BEGIN ATOMIC
-    SELECT (queue_server.enqueue_items(
-        tenant, queue,
-        jsonb_build_array(jsonb_build_object(
-            'payload', payload, 'priority', priority,
-            'delay', extract(epoch FROM delay), 'max_acquisitions', max_acquisitions)
-            || jsonb_strip_nulls(jsonb_build_object(
-                'unique_key', unique_key, 'unique_for', extract(epoch FROM unique_for),
-                'partition_key', partition_key, 'ordering_key', ordering_key,
-                'depends_on', to_jsonb(depends_on),
-                'on_dependency_failure', on_dependency_failure))),
-        idempotency_key, 'queue_server.enqueue', traceparent, tracestate))[1];
-END
-"""
+ENQUEUE_EDITS = (
+    ("                                     ordering_key text DEFAULT NULL)\n",
+     "                                     ordering_key text DEFAULT NULL,\n"
+     "                                     depends_on uuid[] DEFAULT NULL,\n"
+     "                                     on_dependency_failure text DEFAULT NULL)\n"),
+    ("                'partition_key', partition_key, 'ordering_key', ordering_key))),\n",
+     "                'partition_key', partition_key, 'ordering_key', ordering_key,\n"
+     "                'depends_on', to_jsonb(depends_on),\n"
+     "                'on_dependency_failure', on_dependency_failure))),\n"),
+)  # fmt: skip
 
 
 def _keys() -> ModuleType:
@@ -93,11 +73,11 @@ SIGNATURE = _keys().SIGNATURE.removesuffix(")") + ", uuid[], text)"
 
 
 def enqueue_items() -> str:
-    text: str = _keys().enqueue_items()
-    for old, new in EDITS:
-        assert text.count(old) == 1, old
-        text = text.replace(old, new)
-    return text
+    return str(_keys()._edited(_keys().enqueue_items(), EDITS))
+
+
+def enqueue() -> str:
+    return str(_keys()._edited(_keys().enqueue(), ENQUEUE_EDITS))
 
 
 def upgrade() -> None:
@@ -105,12 +85,12 @@ def upgrade() -> None:
     home = keys._home()
     op.execute(keys._ddl(enqueue_items(), home))
     op.execute(f"DROP FUNCTION {keys.SIGNATURE}")
-    keys._enqueue(ENQUEUE, SIGNATURE, home)
+    keys._enqueue(enqueue(), SIGNATURE, home)
 
 
 def downgrade() -> None:
     keys = _keys()
     home = keys._home()
     op.execute(f"DROP FUNCTION {SIGNATURE}")
-    keys._enqueue(keys.ENQUEUE, keys.SIGNATURE, home)
+    keys._enqueue(keys.enqueue(), keys.SIGNATURE, home)
     op.execute(keys._ddl(keys.enqueue_items(), home))
