@@ -129,9 +129,7 @@ def event(row: Row) -> dict[str, Any]:
     }
 
 
-def tenant(
-    row: Row, counts: dict[str, int] | None = None, *, backlog: int | None = None
-) -> dict[str, Any]:
+def tenant(row: Row, counts: dict[str, int] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {
         "tenant": row["tenant_id"],
         "backlog_cap": row["backlog_cap"],
@@ -144,9 +142,7 @@ def tenant(
     if counts is not None:
         states = ("ready", "leased", "completed", "quarantined", "cancelled")
         body.update({state: counts.get(state, 0) for state in states})
-        # What the cap holds: admitted and not released, so also the items waiting behind
-        # their ordering key or their dependencies (the admission counters' figure).
-        body["backlog"] = body["ready"] + body["leased"] if backlog is None else backlog
+        body["backlog"] = body["ready"] + body["leased"]
     elif "backlog" in row:  # a listing: the admission counters' backlog, no count by state
         body["backlog"] = row["backlog"]
     return body

@@ -89,6 +89,4 @@ class Tenants:
         async with self.db.conn() as conn:
             row = await require_tenant(conn, tenant)
             counts = await reads.state_counts(conn, tenant=tenant)
-            # The cap's own figure: admitted and not released, waiting items included.
-            admitted = await tenants.backlog(conn, tenant)
-        return Answer.of(200, views.tenant(row, counts, backlog=admitted))
+        return Answer.of(200, views.tenant(row, counts))
