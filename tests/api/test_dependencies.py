@@ -18,6 +18,7 @@ from psycopg.types.json import Jsonb
 
 from queue_server.client import NewItem, QueueClient
 from tests.helpers.api import Api, setup_tenant
+from tests.helpers.items import ledger_mismatches, quarantine_lease
 
 Db = psycopg.Connection[dict[str, object]]
 
@@ -66,25 +67,6 @@ def lease_of(api: Api, item_id: object, queue: str = "q") -> dict[str, Any]:
 def complete(api: Api, lease: dict[str, Any]) -> None:
     done = api.holder("complete", lease["item_id"], worker="w1", fence=lease["fence"])
     assert done.status_code == 200, done.text
-
-
-def quarantine(api: Api, lease: dict[str, Any]) -> None:
-    response = api.holder(
-        "triage",
-        lease["item_id"],
-        worker="w1",
-        fence=lease["fence"],
-        failure={"class": "Boom"},
-        decision="quarantine",
-    )
-    assert response.is_success, response.text
-
-
-def verified(api: Api) -> list[Any]:
-    answer = api.operator.get(f"/v1/tenants/{api.tenant}/ledger-verification")
-    assert answer.status_code == 200, answer.text
-    mismatches: list[Any] = answer.json()["mismatches"]
-    return mismatches
 
 
 def backlog(api: Api) -> int:
@@ -138,7 +120,7 @@ def test_an_item_waits_for_every_dependency_and_the_last_completion_releases_it(
     assert enqueue(api, "q", "again", depends_on=[first["item_id"]])["state"] == "ready"
     (lease,) = api.acquire("q")
     assert lease["item_id"] == album["item_id"]
-    assert verified(api) == []
+    assert ledger_mismatches(api) == []
 
 
 def test_a_dependency_failing_for_good_cancels_exactly_its_descendants_or_as_the_rule_says(
@@ -164,7 +146,7 @@ def test_a_dependency_failing_for_good_cancels_exactly_its_descendants_or_as_the
         on_dependency_failure="wait",
     )
     charged(api, 8)
-    quarantine(api, lease_of(api, poisoned["item_id"]))
+    quarantine_lease(api, lease_of(api, poisoned["item_id"]))
     assert state(api, child["item_id"]) == "cancelled"
     assert state(api, grandchild["item_id"]) == "cancelled"
     assert state(api, sibling["item_id"]) == "waiting"  # not a descendant of the failure
@@ -199,7 +181,7 @@ def test_a_dependency_failing_for_good_cancels_exactly_its_descendants_or_as_the
     complete(api, lease_of(api, poisoned["item_id"]))
     assert state(api, patient["item_id"]) == "ready"
     assert state(api, patient_pair["item_id"]) == "ready"
-    assert verified(api) == []
+    assert ledger_mismatches(api) == []
 
 
 def test_a_dependency_must_be_an_item_of_the_tenant_and_an_item_takes_no_ordering_key_with_it(
@@ -290,7 +272,7 @@ def test_racing_completions_of_a_fan_in_release_it_once_every_round(api: Api) ->
     for join in joins:
         assert state(api, join["item_id"]) == "ready"
         assert [e["kind"] for e in ledger(api, join["item_id"])] == ["enqueued", "unblocked"]
-    assert verified(api) == []
+    assert ledger_mismatches(api) == []
 
 
 def test_an_enqueue_uncommitted_is_seen_by_the_completion_of_its_dependency(
@@ -322,7 +304,7 @@ def test_an_enqueue_uncommitted_is_seen_by_the_completion_of_its_dependency(
     (answer,) = answers
     assert answer.status_code == 200, answer.text
     assert state(api, late) == "ready"
-    assert verified(api) == []
+    assert ledger_mismatches(api) == []
 
 
 def test_a_completion_uncommitted_makes_an_enqueue_on_it_wait_then_see_it_completed(
@@ -373,7 +355,7 @@ def test_a_batch_callback_runs_once_after_every_item_finished_and_reads_their_ou
     assert (callback["queue"], callback["state"], callback["priority"]) == ("albums", "waiting", 3)
     leases = {lease["item_id"]: lease for lease in api.acquire("q", max_items=10)}
     assert set(leases) == set(items)
-    quarantine(api, leases[items[0]])  # a failure counts as finished for a fan-in
+    quarantine_lease(api, leases[items[0]])  # a failure counts as finished for a fan-in
     for item_id in items[1:4]:
         done = api.holder(
             "complete", item_id, worker="w1", fence=leases[item_id]["fence"], result=item_id[-4:]
@@ -423,7 +405,7 @@ def test_a_batch_callback_runs_once_after_every_item_finished_and_reads_their_ou
         params={"cursor": "bm90LW91cnM"},
     )
     assert foreign.status_code == 422, foreign.text
-    assert verified(api) == []
+    assert ledger_mismatches(api) == []
 
 
 @pytest.mark.live
@@ -499,7 +481,7 @@ def test_a_batch_names_its_own_items_by_ref_and_enqueues_a_whole_graph_at_once(
         )
         assert refused.status_code == 422, refused.text
         assert message in refused.json()["detail"], refused.json()
-    assert verified(api) == []
+    assert ledger_mismatches(api) == []
 
 
 def test_an_operator_cancels_a_workflow_as_a_whole_from_its_root(api: Api) -> None:
@@ -531,7 +513,7 @@ def test_an_operator_cancels_a_workflow_as_a_whole_from_its_root(api: Api) -> No
         e["data"]["reason"] for e in ledger(api, below["item_id"]) if e["kind"] == "cancelled"
     ]
     assert reasons == ["the album was withdrawn"]
-    assert verified(api) == []
+    assert ledger_mismatches(api) == []
 
 
 def test_without_descendants_a_cancelled_root_applies_each_dependents_rule(api: Api) -> None:
@@ -563,7 +545,7 @@ def test_a_workflow_replayed_from_its_failed_step_goes_on_from_there(api: Api) -
         headers={"Idempotency-Key": uuid.uuid4().hex},
     ).is_success
     complete(api, lease_of(api, first["item_id"]))
-    quarantine(api, lease_of(api, failing["item_id"]))
+    quarantine_lease(api, lease_of(api, failing["item_id"]))
     assert [state(api, i["item_id"]) for i in (after, last)] == ["cancelled", "cancelled"]
     (letter,) = api.operator.get(f"/v1/tenants/{api.tenant}/dead-letters").json()["dead_letters"]
     replayed = api.operator.post(
@@ -581,4 +563,4 @@ def test_a_workflow_replayed_from_its_failed_step_goes_on_from_there(api: Api) -
     complete(api, lease_of(api, last["item_id"]))
     retried = [e for e in ledger(api, last["item_id"]) if e["kind"] == "retried"]
     assert retried[0]["data"]["state"] == "waiting"
-    assert verified(api) == []
+    assert ledger_mismatches(api) == []

@@ -16,6 +16,7 @@ import httpx
 import psycopg
 
 from tests.helpers.api import Api
+from tests.helpers.items import ledger_mismatches, quarantine_lease
 
 Db = psycopg.Connection[dict[str, object]]
 ITEMS = "/v1/tenants/acme/queues/q/items"
@@ -35,25 +36,6 @@ def state(api: Api, item_id: object) -> str:
     answer = api.worker.get(f"/v1/tenants/acme/items/{item_id}")
     assert answer.status_code == 200, answer.text
     return str(answer.json()["state"])
-
-
-def quarantine(api: Api, lease: dict[str, object]) -> None:
-    response = api.holder(
-        "triage",
-        lease["item_id"],
-        worker="w1",
-        fence=lease["fence"],
-        failure={"class": "Boom"},
-        decision="quarantine",
-    )
-    assert response.is_success, response.text
-
-
-def verified(api: Api) -> list[Any]:
-    answer = api.operator.get("/v1/tenants/acme/ledger-verification")
-    assert answer.status_code == 200, answer.text
-    mismatches: list[Any] = answer.json()["mismatches"]
-    return mismatches
 
 
 def test_a_key_hands_out_one_item_at_a_time_in_enqueue_order(api: Api) -> None:
@@ -107,14 +89,14 @@ def test_a_key_hands_out_one_item_at_a_time_in_enqueue_order(api: Api) -> None:
     assert kinds == ["enqueued", "unblocked", "acquired"]
     assert ledger["events"][0]["data"]["state"] == "waiting"
     assert ledger["events"][1]["data"]["after"] == second["item_id"]
-    assert verified(api) == []
+    assert ledger_mismatches(api) == []
 
 
 def test_a_dead_letter_releases_the_key_unless_the_queue_holds_it(api: Api) -> None:
     poisoned = enqueue(api.worker, "poison", "k")
     after = enqueue(api.worker, "after", "k")
     (lease,) = api.acquire(max_items=10)
-    quarantine(api, lease)
+    quarantine_lease(api, lease)
     assert state(api, after["item_id"]) == "ready"
     # Replayed while the key is busy: to the back of the key's line, waiting.
     (letter,) = api.operator.get("/v1/tenants/acme/dead-letters").json()["dead_letters"]
@@ -144,7 +126,7 @@ def test_a_dead_letter_releases_the_key_unless_the_queue_holds_it(api: Api) -> N
     behind = enqueue(api.worker, "behind", "k")
     (lease,) = api.acquire(max_items=10)
     assert lease["item_id"] == blocker["item_id"]
-    quarantine(api, lease)
+    quarantine_lease(api, lease)
     assert api.acquire(max_items=10) == []
     assert state(api, behind["item_id"]) == "waiting"
     # A new item of the held key waits too.
@@ -159,7 +141,7 @@ def test_a_dead_letter_releases_the_key_unless_the_queue_holds_it(api: Api) -> N
     assert discarded.status_code == 200, discarded.text
     (lease,) = api.acquire(max_items=10)
     assert lease["item_id"] == behind["item_id"]
-    assert verified(api) == []
+    assert ledger_mismatches(api) == []
 
 
 def test_racing_workers_never_hold_two_items_of_a_key_nor_take_them_out_of_order(
@@ -231,7 +213,7 @@ def test_racing_workers_never_hold_two_items_of_a_key_nor_take_them_out_of_order
         assert [r["item_id"] for r in line] == enqueued[k]
         for before, after in itertools.pairwise(line):
             assert before["completed"] <= after["leased"]  # type: ignore[operator]
-    assert verified(api) == []
+    assert ledger_mismatches(api) == []
 
 
 def test_enqueues_racing_the_completions_of_their_key_strand_nothing(api: Api, db: Db) -> None:
@@ -280,7 +262,7 @@ def test_enqueues_racing_the_completions_of_their_key_strand_nothing(api: Api, d
         " WHERE tenant_id = 'acme' GROUP BY state"
     ).fetchall()
     assert left == [{"state": "completed", "n": 80}]
-    assert verified(api) == []
+    assert ledger_mismatches(api) == []
 
 
 def test_an_enqueue_seen_busy_is_made_ready_by_the_completion_it_raced(
@@ -312,7 +294,7 @@ def test_an_enqueue_seen_busy_is_made_ready_by_the_completion_it_raced(
     (answer,) = answers
     assert answer.status_code == 200, answer.text
     assert state(api, late) == "ready"
-    assert verified(api) == []
+    assert ledger_mismatches(api) == []
 
 
 def test_a_completion_uncommitted_makes_an_enqueue_of_its_key_wait_for_it_not_strand(

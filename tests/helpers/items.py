@@ -102,3 +102,24 @@ def enqueue_graph(api: Api, queue: str = "q") -> tuple[str, str, str, str]:
     assert made.status_code == 201, made.text
     fetch, parse, index, publish = (str(i["item_id"]) for i in made.json()["items"])
     return fetch, parse, index, publish
+
+
+def quarantine_lease(api: Api, lease: dict[str, Any]) -> None:
+    """Its holder triages the leased item to quarantine (a dead letter)."""
+    response = api.holder(
+        "triage",
+        lease["item_id"],
+        worker="w1",
+        fence=lease["fence"],
+        failure={"class": "Boom"},
+        decision="quarantine",
+    )
+    assert response.is_success, response.text
+
+
+def ledger_mismatches(api: Api) -> list[Any]:
+    """The tenant's ledgers that do not fold to their rows (none, when all is well)."""
+    answer = api.operator.get(f"/v1/tenants/{api.tenant}/ledger-verification")
+    assert answer.status_code == 200, answer.text
+    mismatches: list[Any] = answer.json()["mismatches"]
+    return mismatches
