@@ -287,3 +287,13 @@ def test_the_workflow_graph_is_drawn_and_a_click_on_an_item_opens_it(
     page.locator(f'a[data-item="{publish}"]').click()
     expect(page.get_by_role("heading", name=f"Item {publish}")).to_be_visible()
     expect(page.get_by_role("region", name="Depends on")).to_contain_text("waiting")
+    # Stopped as a whole from its first step: every item below it is cancelled with it.
+    page.locator(f'a[data-item="{fetch}"]').click()
+    page.get_by_role("button", name="Cancel item…").click()
+    page.get_by_label("Also cancel every unfinished item that depends on it").check()
+    page.get_by_role("button", name="Confirm: cancel").click()
+    expect(page.get_by_role("status")).to_have_text("Cancelled 1 item.")
+    states = page.locator("svg.workflow a")
+    expect(states).to_have_count(4)
+    for n in range(4):
+        expect(states.nth(n)).to_have_attribute("data-state", "cancelled")

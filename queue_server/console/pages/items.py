@@ -447,7 +447,11 @@ async def cancel(request: Request, tenant: str) -> Response:
     session = await web.current_session(request)
     form = await web.check_form(request, session)
     chosen = _selection([str(v) for v in form.getlist("item_id")])
-    body = web.body_of(schemas.CancelIn, reason=web.form_text(form, "reason"))
+    body = web.body_of(
+        schemas.CancelIn,
+        reason=web.form_text(form, "reason"),
+        descendants=form.get("descendants") == "1",
+    )
     items = web.services(request).items
     done: list[str] = []
     refused: list[str] = []
@@ -461,7 +465,13 @@ async def cancel(request: Request, tenant: str) -> Response:
             suffix=item_id,
         )
         answer = await items.cancel(
-            session.principal, tenant, item_id, idem, instance=rest_path, reason=body.reason
+            session.principal,
+            tenant,
+            item_id,
+            idem,
+            instance=rest_path,
+            reason=body.reason,
+            descendants=body.descendants,
         )
         if answer.problem:
             refused.append(f"{item_id[:8]}… {web.problem_text(answer)}")
