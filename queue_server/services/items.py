@@ -253,7 +253,7 @@ def _dependencies(items: Sequence[ItemSpec], ids: Sequence[str]) -> list[list[st
                         " of an earlier item of this request."
                     )
         needs.append(resolved)
-        ref = getattr(item, "ref", None)
+        ref = item.ref
         if ref is not None:
             if ref in refs:
                 raise errors.InvalidRequestError(f"items[{i}].ref: {ref!r} names two items.")

@@ -374,12 +374,12 @@ async def show(request: Request, tenant: str, item_id: str) -> Response:
     items = web.services(request).items
     item = web.answer_body(await items.get_item(session.principal, tenant, item_id))
     ledger = web.answer_body(await items.ledger(session.principal, tenant, item_id))
-    # What it waits for (or waited for), the first of them: each with its state; and the
-    # graph it is part of, drawn when there is one.
-    dependencies = web.answer_body(
-        await items.dependencies(session.principal, tenant, str(item["item_id"]), 50, None)
-    )
+    # The graph it is part of (what it waits for, what waits for it), drawn when there is
+    # one; the items it waits for itself are listed from it too.
     graph = web.answer_body(await items.workflow(session.principal, tenant, str(item["item_id"])))
+    by_id = {node["item_id"]: node for node in graph["nodes"]}
+    mine = by_id.get(str(item["item_id"]), {"depends_on": []})
+    dependencies = [by_id[d] for d in mine["depends_on"]]
     drawn = None
     if len(graph["nodes"]) > 1:
         drawn = charts.workflow_svg(
@@ -397,11 +397,11 @@ async def show(request: Request, tenant: str, item_id: str) -> Response:
         tenant=tenant,
         item=item,
         events=ledger["events"],
-        dependencies=dependencies["items"],
+        dependencies=dependencies,
         workflow=drawn,
         workflow_size=len(graph["nodes"]),
         workflow_complete=graph["complete"],
-        more_dependencies=dependencies["next_cursor"] is not None,
+        more_dependencies=not graph["complete"],
         # What an operator may do with it from here, each through its confirmation page.
         cancellable=item["state"] in ITEM_CANCELLABLE,
         retryable=item["state"] in RETRYABLE,
