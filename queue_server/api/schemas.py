@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import math
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 from uuid import UUID
 
 import orjson
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, model_validator
 
 from queue_server import wire
 from queue_server.models import NAME_PATTERN, check_utc_offset
@@ -221,6 +221,10 @@ class ItemIn(Body):
     )
 
 
+# The most items one callback waits for: its batch's and those it names (`depends_on`).
+FAN_IN_MAX = 10_000
+
+
 class CallbackIn(Body):
     """The item a batch's fan-in runs: it depends on every item of the batch and runs once
     each is finished, completed or not (`on_dependency_failure` `run`)."""
@@ -229,6 +233,13 @@ class CallbackIn(Body):
     payload: Json = None
     priority: int = Field(default=0, ge=-1_000_000, le=1_000_000, strict=True)
     max_acquisitions: int | None = Field(default=None, ge=1, le=100, strict=True)
+    depends_on: list[UUID] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=FAN_IN_MAX,
+        description="Items of the tenant enqueued before, which it waits for too: a fan-in"
+        f" over more items than one batch holds (at most {FAN_IN_MAX:,} with the batch's).",
+    )
 
 
 class BatchIn(Body):
@@ -241,6 +252,17 @@ class BatchIn(Body):
         " `waiting` until then; its worker reads the batch's results and failures with"
         " GET .../items/{item_id}/dependencies.",
     )
+
+    @model_validator(mode="after")
+    def _fan_in_bounded(self) -> Self:
+        named = len(self.callback.depends_on or ()) if self.callback is not None else 0
+        if len(self.items) + named > FAN_IN_MAX:
+            raise ValueError(
+                f"callback: a fan-in waits for at most {FAN_IN_MAX:,} items; this one would"
+                f" wait for {len(self.items) + named:,} ({len(self.items)} in the batch and"
+                f" {named} named in callback.depends_on)."
+            )
+        return self
 
     def canonical(self) -> dict[str, Any]:
         """`model_dump(mode="json")`, without pydantic's per-field serializer: the request's

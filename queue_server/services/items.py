@@ -191,6 +191,11 @@ class CallbackSpec(Protocol):
     @property
     def max_acquisitions(self) -> int | None: ...
 
+    @property
+    def depends_on(self) -> Sequence[object] | None:
+        """Items enqueued before that it waits for too (ids)."""
+        ...
+
 
 class ItemSpec(Protocol):
     """One item an enqueue is asked for: a `NewItem`, or the API's body (`ItemIn`) as is."""
@@ -320,6 +325,8 @@ class Items:
         dependent = callback is not None or any("depends_on" in spec for spec in specs)
 
         async def operation(conn: Conn) -> Answer:
+            # With a callback, the batch and its callback are admitted together or not at
+            # all: a callback refused (a dependency unknown, the cap) leaves no item behind.
             with admission_refusals(tenant):
                 async with conn.transaction() if dependent else contextlib.nullcontext():
                     done = await transitions.enqueue_rows(
@@ -331,36 +338,18 @@ class Items:
                         attempt_cap=self.envelope.leased.attempt_cap,
                         backlog_ceiling=self.envelope.leased.backlog_cap,
                     )
-            shaped = await self._answered(conn, tenant, queue, specs, done)
-            if callback is not None:
-                # The fan-in: one more item, depending on every item the batch answered
-                # with, run once each is finished, completed or not.
-                into = callback.queue or queue
-                fan_in = self._specs(
-                    [
-                        NewItem(
-                            payload=callback.payload,
-                            priority=callback.priority,
-                            max_acquisitions=callback.max_acquisitions,
-                            depends_on=sorted({str(item["item_id"]) for item in shaped}),
-                            on_dependency_failure="run",
-                        )
-                    ],
-                    uuid7s(1),
-                    trace,
-                )
-                with admission_refusals(tenant):
-                    async with conn.transaction():
-                        joined = await transitions.enqueue_rows(
+                    shaped = await self._answered(conn, tenant, queue, specs, done)
+                    if callback is not None:
+                        answered = await self._fan_in(
                             conn,
-                            tenant=tenant,
-                            queue=into,
-                            items=fan_in,
-                            actor=principal.actor,
-                            attempt_cap=self.envelope.leased.attempt_cap,
-                            backlog_ceiling=self.envelope.leased.backlog_cap,
+                            principal,
+                            tenant,
+                            callback.queue or queue,
+                            callback,
+                            shaped,
+                            trace,
                         )
-                (answered,) = await self._answered(conn, tenant, into, fan_in, joined)
+            if callback is not None:
                 return Answer(201, views.dumps({"items": shaped, "callback": answered}))
             if batch:
                 return Answer(201, views.dumps({"items": shaped}))
@@ -369,6 +358,44 @@ class Items:
             return Answer(201 if made else 200, views.dumps(shaped[0]))
 
         return await self.effects.run(tenant, idem, instance, operation)
+
+    async def _fan_in(
+        self,
+        conn: Conn,
+        principal: auth.Principal,
+        tenant: str,
+        into: str,
+        callback: CallbackSpec,
+        shaped: Sequence[dict[str, Any]],
+        trace: TraceContext | None,
+    ) -> dict[str, Any]:
+        """The fan-in: one more item, depending on every item the batch answered with and
+        those the callback names, run once each is finished, completed or not."""
+        named = {str(item_id).lower() for item_id in callback.depends_on or ()}
+        fan_in = self._specs(
+            [
+                NewItem(
+                    payload=callback.payload,
+                    priority=callback.priority,
+                    max_acquisitions=callback.max_acquisitions,
+                    depends_on=sorted(named | {str(item["item_id"]) for item in shaped}),
+                    on_dependency_failure="run",
+                )
+            ],
+            uuid7s(1),
+            trace,
+        )
+        joined = await transitions.enqueue_rows(
+            conn,
+            tenant=tenant,
+            queue=into,
+            items=fan_in,
+            actor=principal.actor,
+            attempt_cap=self.envelope.leased.attempt_cap,
+            backlog_ceiling=self.envelope.leased.backlog_cap,
+        )
+        (answered,) = await self._answered(conn, tenant, into, fan_in, joined)
+        return answered
 
     @staticmethod
     async def _answered(

@@ -165,6 +165,9 @@ work_items = Table(
     Column("has_dependents", Boolean, nullable=False, server_default=text("false")),
     # With dependencies (0035): what a dependency's failure for good does to this item.
     Column("on_dependency_failure", Text, nullable=True),
+    # While it waits for dependencies (0038): how many it still waits for; its
+    # dependencies' finishing transitions count it down, and the last one releases it.
+    Column("dependencies_pending", Integer, nullable=True),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
     CheckConstraint("fence >= 0", name="fence_not_negative"),
     CheckConstraint(
@@ -182,6 +185,7 @@ work_items = Table(
         "on_dependency_failure IS NULL OR on_dependency_failure IN ('cancel', 'run', 'wait')",
         name="on_dependency_failure_known",
     ),
+    CheckConstraint("dependencies_pending >= 0", name="dependencies_pending_not_negative"),
     CheckConstraint(TRACEPARENT_W3C, name="traceparent_w3c"),
     CheckConstraint(TRACESTATE_BOUNDED, name="tracestate_bounded"),
     CheckConstraint(

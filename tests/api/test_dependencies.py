@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from queue_server.client import NewItem, QueueClient
+from queue_server.client import Completion, NewItem, QueueClient
 from tests.helpers.api import Api, setup_tenant
 from tests.helpers.items import ledger_mismatches, quarantine_lease
 
@@ -426,6 +426,36 @@ def test_the_sdk_enqueues_a_fan_in_and_its_worker_reads_the_outcomes(api: Api) -
         assert results == [0, 2, 4]
 
 
+@pytest.mark.live
+def test_the_sdk_fans_in_over_more_items_than_a_batch_once_per_key(api: Api) -> None:
+    """1,100 items go in three batches, the last one's callback naming the others; the same
+    call again with the same key (a producer retrying after a crash) makes nothing more."""
+    api.approve("q", 100)
+    assert api.admin.put(f"/v1/tenants/{api.tenant}", json={"backlog_cap": 2_000}).is_success
+    with QueueClient(api.url, api.keys["worker"], tenant=api.tenant) as qs:
+        items = [NewItem(payload=n) for n in range(1_100)]
+        made = qs.fan_in("q", items, NewItem(payload="sum"), idempotency_key="album-7")
+        again = qs.fan_in("q", items, NewItem(payload="sum"), idempotency_key="album-7")
+        assert [i.item_id for i in again.items] == [i.item_id for i in made.items]
+        assert again.callback.item_id == made.callback.item_id
+        assert len({i.item_id for i in made.items}) == 1_100
+        assert backlog(api) == 1_100  # ready ones (the waiting callback is not): none twice
+        finished = 0
+        while finished < len(items):
+            leases = qs.acquire("q", worker="w", max_items=100)
+            assert made.callback.item_id not in {lease.item_id for lease in leases}
+            qs.complete_many(
+                [Completion(item_id=lease.item_id, fence=lease.fence) for lease in leases],
+                worker="w",
+            )
+            finished += len(leases)
+        (lease,) = qs.acquire("q", worker="w")
+        assert lease.item_id == made.callback.item_id
+        assert qs.list_dependencies(lease.item_id, limit=500).next_cursor is not None
+        with pytest.raises(ValueError, match="1 to 10,000 items"):
+            qs.fan_in("q", [NewItem()] * 10_001, NewItem(payload="sum"))
+
+
 def test_a_batch_names_its_own_items_by_ref_and_enqueues_a_whole_graph_at_once(
     api: Api,
 ) -> None:
@@ -563,4 +593,126 @@ def test_a_workflow_replayed_from_its_failed_step_goes_on_from_there(api: Api) -
     complete(api, lease_of(api, last["item_id"]))
     retried = [e for e in ledger(api, last["item_id"]) if e["kind"] == "retried"]
     assert retried[0]["data"]["state"] == "waiting"
+    assert ledger_mismatches(api) == []
+
+
+def test_a_callback_names_items_of_earlier_batches_and_waits_for_all_of_them(api: Api) -> None:
+    """A fan-in larger than a batch: the callback of the last batch names the items of the
+    earlier ones too, and runs once when the last of all of them is finished, whatever the
+    order (the count it waits on is one per dependency, each counted once)."""
+    api.approve("q", 100)
+    api.approve("sums", 10)
+    path = f"/v1/tenants/{api.tenant}/queues/q/items:batch"
+
+    def batch(body: dict[str, Any]) -> dict[str, Any]:
+        made = api.worker.post(path, json=body, headers={"Idempotency-Key": uuid.uuid4().hex})
+        assert made.status_code == 201, made.text
+        answer: dict[str, Any] = made.json()
+        return answer
+
+    earlier = [
+        i["item_id"] for i in batch({"items": [{"payload": n} for n in range(500)]})["items"]
+    ]
+    # One named twice and in any case: each dependency is waited for once.
+    named = [*earlier, earlier[0].upper()]
+    last = batch(
+        {
+            "items": [{"payload": n} for n in range(500, 800)],
+            "callback": {"queue": "sums", "payload": "sum", "depends_on": named},
+        }
+    )
+    callback = last["callback"]["item_id"]
+    items = earlier + [i["item_id"] for i in last["items"]]
+    assert last["callback"]["state"] == "waiting"
+    # Taken and finished 100 at a time: the first taken fails, the second is held to the end.
+    first = api.acquire("q", max_items=100)
+    quarantine_lease(api, first[0])
+    held = first[1]
+    finished = [str(first[0]["item_id"]), str(held["item_id"])]
+    batch_of = first[2:]
+    while batch_of:
+        done = api.worker.post(
+            f"/v1/tenants/{api.tenant}/completions",
+            json={
+                "worker": "w1",
+                "completions": [{"item_id": i["item_id"], "fence": i["fence"]} for i in batch_of],
+            },
+            headers={"Idempotency-Key": uuid.uuid4().hex},
+        )
+        assert done.status_code == 200, done.text
+        finished += [str(i["item_id"]) for i in batch_of]
+        batch_of = api.acquire("q", max_items=100)
+    assert sorted(finished) == sorted(items)
+    assert state(api, callback) == "waiting"  # one of 800 still leased
+    complete(api, held)
+    (lease,) = api.acquire("sums")
+    assert lease["item_id"] == callback
+    unblocked = [e for e in ledger(api, callback) if e["kind"] == "unblocked"]
+    assert [e["data"]["dependency"] for e in unblocked] == [held["item_id"]]
+    outcomes = api.worker.get(
+        f"/v1/tenants/{api.tenant}/items/{callback}/dependencies", params={"limit": 500}
+    ).json()
+    more = api.worker.get(
+        f"/v1/tenants/{api.tenant}/items/{callback}/dependencies",
+        params={"limit": 500, "cursor": outcomes["next_cursor"]},
+    ).json()
+    assert more["next_cursor"] is None
+    assert sorted(i["item_id"] for i in outcomes["items"] + more["items"]) == sorted(items)
+    assert ledger_mismatches(api) == []
+
+
+def test_a_callback_names_only_items_of_the_tenant_and_at_most_ten_thousand_in_all(
+    api: Api,
+) -> None:
+    path = f"/v1/tenants/{api.tenant}/queues/q/items:batch"
+    stranger = str(uuid.uuid4())
+    unknown = api.worker.post(
+        path,
+        json={"items": [{"payload": 1}], "callback": {"payload": "sum", "depends_on": [stranger]}},
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert unknown.status_code == 422, unknown.text
+    assert f"no item {stranger}" in unknown.json()["detail"]
+    too_many = api.worker.post(
+        path,
+        json={
+            "items": [{"payload": n} for n in range(2)],
+            "callback": {"payload": "sum", "depends_on": [str(uuid.uuid4()) for _ in range(9_999)]},
+        },
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert too_many.status_code == 422, too_many.text
+    assert "at most 10,000 items; this one would wait for 10,001" in too_many.text
+    assert backlog(api) == 0  # neither made anything
+
+
+def test_a_dependency_run_anyway_then_replayed_is_waited_for_again(api: Api) -> None:
+    """To run anyway, a failed dependency counts as finished; replayed, it is unfinished
+    again, and the dependent waits for it as for the others."""
+    api.approve("q", 10)
+    flaky = enqueue(api, "q", "flaky")
+    steady = enqueue(api, "q", "steady")
+    report = enqueue(
+        api,
+        "q",
+        "report",
+        # Named twice, each is still waited for once.
+        depends_on=[flaky["item_id"], steady["item_id"], steady["item_id"]],
+        on_dependency_failure="run",
+    )
+    quarantine_lease(api, lease_of(api, flaky["item_id"]))
+    assert state(api, report["item_id"]) == "waiting"  # the steady one is still to do
+    (letter,) = api.operator.get(f"/v1/tenants/{api.tenant}/dead-letters").json()["dead_letters"]
+    replayed = api.operator.post(
+        f"/v1/tenants/{api.tenant}/dead-letters/{letter['dead_letter_id']}/replay",
+        json={},
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert replayed.status_code == 200, replayed.text
+    complete(api, lease_of(api, steady["item_id"]))
+    assert state(api, report["item_id"]) == "waiting"  # the replayed one runs again first
+    complete(api, lease_of(api, flaky["item_id"]))
+    assert state(api, report["item_id"]) == "ready"
+    unblocked = [e for e in ledger(api, report["item_id"]) if e["kind"] == "unblocked"]
+    assert [e["data"]["dependency"] for e in unblocked] == [flaky["item_id"]]
     assert ledger_mismatches(api) == []

@@ -79,6 +79,9 @@ M = TypeVar("M", bound=BaseModel)
 DEFAULT_URL = "http://127.0.0.1:8080"
 # At most this many admitted shapes (fences, in practice) are remembered at once.
 ADMITTED_SHAPES = 1024
+# The most items of one batch request, and the most one fan-in's callback waits for.
+BATCH_MAX = 500
+FAN_IN_MAX = 10_000
 URL_ENV = "QUEUE_SERVER_URL"
 KEY_ENV = "QUEUE_SERVER_KEY"
 TENANT_ENV = "QUEUE_SERVER_TENANT"
@@ -537,21 +540,38 @@ class ClientCore:
         idempotency_key: str | None = None,
         tenant: str | None = None,
     ) -> Flow[FanIn]:
-        """Enqueue 1 to 500 items and a callback item (its payload, priority and budget)
+        """Enqueue 1 to 10,000 items and a callback item (its payload, priority and budget)
         that waits until every one of them is finished, completed or not; its worker reads
-        their outcomes with `list_dependencies`. `callback_queue`: default, `queue`."""
+        their outcomes with `list_dependencies`. `callback_queue`: default, `queue`.
+
+        Above 500 items, the items go in batches of 500 and the last batch's callback names
+        the earlier ones: each batch is its own request, under `idempotency_key` and the
+        batch's number, so a call repeated with the same key after a failure makes nothing
+        twice and one callback."""
+        if not 1 <= len(items) <= FAN_IN_MAX:
+            raise ValueError(f"a fan-in has 1 to {FAN_IN_MAX:,} items, not {len(items):,}")
         spec = {
             "queue": callback_queue,
             "payload": callback.payload,
             "priority": callback.priority,
             "max_acquisitions": callback.max_acquisitions,
         }
-        body = {
-            "items": [_item_body(item) for item in items],
-            "callback": {k: v for k, v in spec.items() if v is not None or k == "payload"},
-        }
         path = yield from self._at(tenant, f"/queues/{queue}/items:batch")
-        return (yield from self._effect(FanIn, "POST", path, body, idempotency_key))
+        base = idempotency_key or new_idempotency_key()
+        chunks = [items[at : at + BATCH_MAX] for at in range(0, len(items), BATCH_MAX)]
+        earlier: list[Item] = []
+        for n, chunk in enumerate(chunks[:-1], start=1):
+            plain = {"items": [_item_body(item) for item in chunk]}
+            made = yield from self._effect(_Batch, "POST", path, plain, f"{base}/{n}")
+            earlier += made.items
+        body: dict[str, Any] = {
+            "items": [_item_body(item) for item in chunks[-1]],
+            "callback": {k: v for k, v in spec.items() if v is not None or k == "payload"}
+            | ({"depends_on": [item.item_id for item in earlier]} if earlier else {}),
+        }
+        key = base if len(chunks) == 1 else f"{base}/{len(chunks)}"
+        joined = yield from self._effect(FanIn, "POST", path, body, key)
+        return FanIn(items=earlier + joined.items, callback=joined.callback)
 
     def list_dependencies(
         self,

@@ -61,6 +61,7 @@ import orjson
 from queue_server.client import connection
 from queue_server.client.async_client import AsyncQueueClient
 from queue_server.client.client import QueueClient
+from queue_server.client.core import FAN_IN_MAX
 from queue_server.client.models import Item, Lease
 from queue_server.policy import LeasedWork, ReliabilityPolicy, runtime_policy
 
@@ -427,6 +428,15 @@ class InMemoryServer:
                 refs[spec["ref"]] = f"ref:{spec['ref']}"
             spec["depends_on"] = [refs.get(d, d) for d in spec.get("depends_on") or ()] or None
             self._check_dependencies(asked.args["tenant"], spec, i, batch)
+        callback = asked.body.get("callback") if batch else None
+        named = [str(d).lower() for d in (callback or {}).get("depends_on") or ()]
+        if len(specs) + len(named) > FAN_IN_MAX:
+            detail = f"callback: a fan-in waits for at most {FAN_IN_MAX:,} items."
+            raise _Refusal(422, "invalid-request", "Invalid request", detail)
+        if named:
+            self._check_dependencies(
+                asked.args["tenant"], {"depends_on": named, "on_dependency_failure": "run"}, 0, True
+            )
         for spec in specs:
             # An item of the queue holding the key, ready or leased: answered, none made.
             holder = held.get(spec.get("unique_key"))
@@ -473,10 +483,9 @@ class InMemoryServer:
             if record.unique_key is not None:
                 held[record.unique_key] = record
             made.append(record.view())
-        callback = asked.body.get("callback") if batch else None
         if callback is not None:
-            # A fan-in: one more item waiting for every item the batch answered with, run
-            # once each is finished, completed or not.
+            # A fan-in: one more item waiting for every item the batch answered with and
+            # those it names, run once each is finished, completed or not.
             ms, n = int(now.timestamp() * 1000), next(self._ids)
             joined = Record(
                 item_id=str(uuid.UUID(f"{ms:012x}70008{n:015x}")),
@@ -488,7 +497,7 @@ class InMemoryServer:
                 max_acquisitions=callback.get("max_acquisitions") or self.max_acquisitions,
                 created_at=now,
                 ordering_seq=n,
-                depends_on=tuple(sorted({str(item["item_id"]) for item in made})),
+                depends_on=tuple(sorted({str(item["item_id"]) for item in made} | set(named))),
                 on_dependency_failure="run",
             )
             if not self._satisfied(joined):

@@ -993,18 +993,24 @@ LEFT JOIN (SELECT created_at, item_id FROM scanned
 -- `retried`. Back in the backlog, each item charged to the admission shard the caller
 -- took for it (`shards`, by position in `item_ids`). A cancelled item leaves the cancelled
 -- count as a deleted one does. An item with a dependency not completed (migration 0035: a
--- descendant of a replayed step) waits for it instead: `waiting`, said in its event.
-WITH upd AS (
+-- descendant of a replayed step) waits for it instead: `waiting`, said in its event, with
+-- the count of those it waits for (0038), which their finishing transitions count down.
+WITH unmet AS (
+    SELECT x.item_id, count(*) AS pending
+    FROM item_dependencies x
+    JOIN work_items w ON w.tenant_id = x.tenant_id AND w.item_id = x.item_id
+    JOIN work_items d ON d.tenant_id = x.tenant_id AND d.item_id = x.depends_on
+    WHERE x.tenant_id = %(tenant)s AND x.item_id = ANY(%(item_ids)s::uuid[])
+      AND d.state <> 'completed'
+      AND NOT (w.on_dependency_failure = 'run' AND d.state IN ('quarantined', 'cancelled'))
+    GROUP BY x.item_id
+), upd AS (
     UPDATE work_items w
-    SET state = CASE WHEN EXISTS (
-                         SELECT 1 FROM item_dependencies x
-                         JOIN work_items d ON d.tenant_id = x.tenant_id
-                                          AND d.item_id = x.depends_on
-                         WHERE x.tenant_id = w.tenant_id AND x.item_id = w.item_id
-                           AND d.state <> 'completed'
-                           AND NOT (w.on_dependency_failure = 'run'
-                                    AND d.state IN ('quarantined', 'cancelled')))
+    SET state = CASE WHEN EXISTS (SELECT 1 FROM unmet u WHERE u.item_id = w.item_id)
                      THEN 'waiting' ELSE 'ready' END::item_state,
+        dependencies_pending = CASE
+            WHEN w.on_dependency_failure IS NOT NULL
+            THEN coalesce((SELECT u.pending FROM unmet u WHERE u.item_id = w.item_id), 0) END,
         available_at = statement_timestamp(), acquisition_count = 0,
         updated_at = statement_timestamp(), event_seq = w.event_seq + 1,
         admission_shard = (%(shards)s::smallint[])[array_position(%(item_ids)s::uuid[],
