@@ -151,6 +151,8 @@ class ProblemHttpToolsProtocol(HttpToolsProtocol):
         self._receiving: asyncio.TimerHandle | None = None
         # Bytes received since the current request head began; None once it is complete.
         self._head_bytes: int | None = 0
+        # A head ended in the chunk being read.
+        self._head_ended = False
 
     # -- the receive clock --------------------------------------------------------------
 
@@ -171,10 +173,15 @@ class ProblemHttpToolsProtocol(HttpToolsProtocol):
     # -- uvicorn's callbacks --------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        # A chunk is counted as a head's when a head was awaited or arriving as it came, and
+        # no head ended in it: a chunk that ends a head and carries a body (or a whole
+        # request, whose end makes the next head awaited) is not the head's, nor is the
+        # chunk that ends a body and may begin the next head. A head past the limit grew by
+        # at most two chunks.
+        heading = self._head_bytes is not None
+        self._head_ended = False
         super().data_received(data)
-        # Counted after the parser has read the chunk: a chunk that ends a head and carries
-        # a body is not the head's. A head past the limit grew by at most one chunk.
-        if self._head_bytes is not None:
+        if heading and not self._head_ended and self._head_bytes is not None:
             self._head_bytes += len(data)
             if self._head_bytes > self.limits.max_head_bytes and not self.transport.is_closing():
                 self._head_bytes = None
@@ -213,6 +220,7 @@ class ProblemHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
         self._head_bytes = None
+        self._head_ended = True
         self._arm(self.limits.body_timeout)
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope:  # an upgrade makes no cycle
