@@ -66,5 +66,5 @@ QUICK: dict[str, dict[str, object]] = {
     "alert-delivery": {"quiet": 20.0, "outage": 15.0},
     "rate-accuracy": {"duration": 12.0},
     "workflow-dag": {"nodes": 300, "poisoned": 4},
-    "fan-in-kill": {"rounds": 2, "items": 200},
+    "fan-in-kill": {"rounds": 2, "items": 1_200},
 }
