@@ -9,8 +9,10 @@ restarted, and that completion is sent again under its own Idempotency-Key until
 answered (odd rounds). Checkers: `release` (the callback is ready, with exactly one
 `unblocked` ledger event, and was not ready before the last completion), `outcomes` (its
 worker reads every item, each completed exactly once), `ledger` (the tenant's ledgers fold
-to their rows). The metrics give the rate at which the fan-in's items were completed: with
-the callback's count kept on its row, the ten-thousandth costs what the first did.
+to their rows). The last round runs under a REPEATABLE READ snapshot held by another
+session. The metrics give the rate at which each round's items were completed, and that of
+its first and last tenth: flat when the ten-thousandth costs what the first did (the
+callback's count is appended, never rewritten: migration 0038).
 """
 
 from __future__ import annotations
@@ -21,9 +23,10 @@ import uuid
 from typing import Any
 
 import httpx
+import psycopg
 
 from reliability.checkers import CheckReport, Violation
-from reliability.cluster import Cluster, say
+from reliability.cluster import HARNESS_APP, Cluster, say
 from reliability.history import JSONValue
 from reliability.scenarios import ScenarioOutcome
 
@@ -67,7 +70,12 @@ def _batch(client: httpx.Client, payloads: range, callback: dict[str, Any] | Non
     return made.json()
 
 
-def _complete(client: httpx.Client, held: list[dict[str, Any]], limit: int | None = None) -> int:
+def _complete(
+    client: httpx.Client,
+    held: list[dict[str, Any]],
+    limit: int | None = None,
+    marks: list[tuple[float, int]] | None = None,
+) -> int:
     """Leases taken a hundred at a time and completed, but for the first two, held (in
     `held`, their leases extended every 5 s), until none is left or `limit` are completed:
     how many were."""
@@ -119,17 +127,35 @@ def _complete(client: httpx.Client, held: list[dict[str, Any]], limit: int | Non
         if refused:
             raise AssertionError(f"completions refused: {refused[:3]}")
         completed += len(leases)
+        if marks is not None:
+            marks.append((time.monotonic(), len(leases)))
     return completed
 
 
+def _rate(marks: list[tuple[float, int]]) -> float:
+    """Completions per second between the first and the last mark."""
+    seconds = marks[-1][0] - marks[0][0]
+    return round(sum(n for _, n in marks[1:]) / seconds, 1) if seconds > 0 else 0.0
+
+
+def _held_snapshot(cluster: Cluster) -> psycopg.Connection[Any]:
+    """A session holding a REPEATABLE READ snapshot (a report, a pg_dump) until closed."""
+    snap = psycopg.connect(cluster.db_url, application_name=HARNESS_APP)
+    snap.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+    snap.execute("SELECT count(*) FROM work_items").fetchone()
+    return snap
+
+
 def fan_in_under_kills(
-    *, name: str = "fan-in", rounds: int = 4, items: int = 10_000
+    *, name: str = "fan-in", rounds: int = 4, items: int = 10_000, hold_snapshot: bool = True
 ) -> ScenarioOutcome:
-    """Fan-ins of `items` whose last two completions race or are cut by a killed API."""
+    """Fan-ins of `items` whose last two completions race or are cut by a killed API; the
+    last round's completions run under a held snapshot (`hold_snapshot`)."""
     began = time.monotonic()
     violations: list[Violation] = []
     metrics: dict[str, JSONValue] = {"rounds": rounds, "items": items}
     rates: list[JSONValue] = []
+    ends: list[JSONValue] = []
     kills = 0
     with Cluster(name="fanin") as cluster:
         keys = cluster.create_tenant(
@@ -138,9 +164,12 @@ def fan_in_under_kills(
         headers = {"Authorization": f"Bearer {keys.worker}"}
         for n in range(rounds):
             cut = n % 2 == 1
+            held = hold_snapshot and n == rounds - 1
             say(
                 f"{name}: round {n + 1}/{rounds}, {items} items, last two {'cut' if cut else 'racing'}"
+                + (", a REPEATABLE READ snapshot held" if held else "")
             )
+            snapshot = _held_snapshot(cluster) if held else None
             with httpx.Client(base_url=cluster.base_url, headers=headers, timeout=30) as client:
                 # All but the last batch; a tenth of the round completed (so that the
                 # backlog, the callback's waiting included, stays within the tenant's cap of
@@ -163,8 +192,15 @@ def fan_in_under_kills(
                         | ({"depends_on": earlier} if earlier else {}),
                     )["callback"]["item_id"]
                 )
-                completed += _complete(client, last)
+                marks: list[tuple[float, int]] = [(time.monotonic(), 0)]
+                completed += _complete(client, last, marks=marks)
                 rates.append(round(completed / (time.monotonic() - began_completing), 1))
+                # The first and the last tenth of the completions after the callback was
+                # enqueued: flat when each costs the same however many came before.
+                tenth = max(1, len(marks) // 10)
+                ends.append([_rate(marks[: tenth + 1]), _rate(marks[-tenth - 1 :])])
+                if snapshot is not None:
+                    snapshot.close()
                 early = client.get(f"/v1/tenants/{TENANT}/items/{callback}").json()["state"]
                 if early != "waiting" or completed != items - 2:
                     violations.append(
@@ -248,6 +284,8 @@ def fan_in_under_kills(
             violations.append(Violation("ledger", f"{len(mismatches)} ledgers do not fold"))
     metrics["api_kills"] = kills
     metrics["completions_per_s"] = rates
+    metrics["first_and_last_tenth_per_s"] = ends
+    metrics["held_snapshot_round"] = rounds if hold_snapshot else None
     by_checker: dict[str, int] = {}
     for violation in violations:
         by_checker[violation.checker] = by_checker.get(violation.checker, 0) + 1

@@ -165,8 +165,8 @@ work_items = Table(
     Column("has_dependents", Boolean, nullable=False, server_default=text("false")),
     # With dependencies (0035): what a dependency's failure for good does to this item.
     Column("on_dependency_failure", Text, nullable=True),
-    # While it waits for dependencies (0038): how many it still waits for; its
-    # dependencies' finishing transitions count it down, and the last one releases it.
+    # With dependencies (0038): how many it waited for when enqueued (or retried); the
+    # count after each change since is the newest of its `dependency_tallies`.
     Column("dependencies_pending", Integer, nullable=True),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
     CheckConstraint("fence >= 0", name="fence_not_negative"),
@@ -865,6 +865,27 @@ item_dependencies = Table(
         ondelete="CASCADE",
     ),
     Index("ix_item_dependencies_depends_on", "tenant_id", "depends_on"),
+)
+
+# A waiting item's count of the dependencies it still waits for (0038), after each change:
+# appended by the trigger on its dependencies (the newest row is the count; none, the one
+# made at enqueue, `work_items.dependencies_pending`), never updated; a retry of the item
+# deletes its rows and counts again. `seq` is from one sequence, rising across retries.
+dependency_tallies = Table(
+    "dependency_tallies",
+    metadata,
+    Column("tenant_id", Text, primary_key=True),
+    Column("item_id", UUID(as_uuid=False), primary_key=True),
+    Column("seq", BigInteger, primary_key=True),
+    Column("pending", Integer, nullable=False),
+    Column("dependency", UUID(as_uuid=False), nullable=False),
+    ForeignKeyConstraint(
+        ["tenant_id", "item_id"],
+        ["work_items.tenant_id", "work_items.item_id"],
+        name="fk_dependency_tallies_item",
+        ondelete="CASCADE",
+    ),
+    CheckConstraint("pending > 0", name="pending_positive"),
 )
 
 # The totals as of a fold: every delta of a transaction with an id below `as_of_xid` is

@@ -716,3 +716,30 @@ def test_a_dependency_run_anyway_then_replayed_is_waited_for_again(api: Api) -> 
     unblocked = [e for e in ledger(api, report["item_id"]) if e["kind"] == "unblocked"]
     assert [e["data"]["dependency"] for e in unblocked] == [flaky["item_id"]]
     assert ledger_mismatches(api) == []
+
+
+def test_a_dependent_replayed_with_its_failed_step_counts_again_what_it_waits_for(
+    api: Api,
+) -> None:
+    """Cancelled by a failed dependency, then brought back by its replay: what completed
+    meanwhile is not waited for again, and the replayed step's completion releases it."""
+    api.approve("q", 10)
+    early, failing, late = (enqueue(api, "q", name) for name in ("early", "failing", "late"))
+    report = enqueue(
+        api, "q", "report", depends_on=[early["item_id"], failing["item_id"], late["item_id"]]
+    )
+    complete(api, lease_of(api, early["item_id"]))
+    quarantine_lease(api, lease_of(api, failing["item_id"]))
+    assert state(api, report["item_id"]) == "cancelled"
+    complete(api, lease_of(api, late["item_id"]))  # while the report is cancelled
+    (letter,) = api.operator.get(f"/v1/tenants/{api.tenant}/dead-letters").json()["dead_letters"]
+    replayed = api.operator.post(
+        f"/v1/tenants/{api.tenant}/dead-letters/{letter['dead_letter_id']}/replay",
+        json={"descendants": True},
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert replayed.status_code == 200, replayed.text
+    assert state(api, report["item_id"]) == "waiting"
+    complete(api, lease_of(api, failing["item_id"]))
+    assert state(api, report["item_id"]) == "ready"
+    assert ledger_mismatches(api) == []

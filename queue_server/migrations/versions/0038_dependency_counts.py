@@ -1,19 +1,25 @@
-"""a waiting item counts the dependencies it still waits for (`dependencies_pending`), so
-the finish of a dependency costs the same whether it is the first or the ten-thousandth of a
-fan-in
+"""a waiting item counts the dependencies it still waits for, so the finish of a dependency
+costs the same whether it is the first or the ten-thousandth of a fan-in, a held snapshot
+or not
 
-Migration 0035 read every dependency of a waiting dependent again at each finish: cheap for a
-few, but a callback over 10,000 items, whose items finish in the order they were enqueued
-(their ids' order, which the read walks), reread the finished ones each time, about 50
-million probes in all, each under the dependent's row lock. The count is kept on the
-dependent instead, under that same lock: a dependency's change of state that meets the
-dependent's rule (completed; or, to run anyway, gone to dead letters or cancelled) takes one
-off, a change that unmeets it (a dependency run anyway replayed out of dead letters) puts one
-back, and the dependent is released when it reaches nought. So the trigger now also fires
-when a depended-on item leaves a finished state.
+Migration 0035 read every dependency of a waiting dependent again at each finish, under
+the dependent's row lock: cheap for a few, a reread of thousands for each item of a large
+fan-in. The count is kept instead. The admission counts the dependencies an item waits for
+(each once) into `dependencies_pending`, and so does the retry of a dependent. A change of
+state of a dependency that meets the dependent's rule (completed; or, to run anyway, gone
+to dead letters or cancelled) takes one off; one that unmeets it (a dependency run anyway,
+replayed out of dead letters) puts one back; the dependent is released at nought.
 
-The admission sets the count (each dependency once) and the retry of a dependent sets it
-again; items waiting when this runs are counted from their dependencies.
+Each change is a row appended to `dependency_tallies`, the count after it, never updated:
+under the dependent's row lock, the trigger reads the dependent's newest tally (a probe of
+the primary key, backwards, one row) and appends the next. Updating a counter on the
+dependent's row would leave a dead version of that row per completion while any snapshot
+is older (a pg_dump, a report), and every later completion of the fan-in would walk them
+all. Tallies are numbered from one sequence, so after a retry deletes an item's tallies its
+new ones sort above the deleted ones. So the trigger now also fires when a depended-on item
+leaves a finished state.
+
+Items waiting when this runs are counted from their dependencies.
 
 Revision ID: 0038
 Revises: 0037
@@ -39,7 +45,7 @@ RELEASE_EDITS = (
     ("CREATE FUNCTION queue_server.release_dependents()",
      "CREATE OR REPLACE FUNCTION queue_server.release_dependents()"),
     ("    rule text;\n",
-     "    rule text;\n    was_met boolean;\n    is_met boolean;\n"),
+     "    rule text;\n    was_met boolean;\n    is_met boolean;\n    left_to_wait int;\n"),
     ("        CONTINUE WHEN NOT FOUND OR d.state <> 'waiting';\n"
      "        rule := coalesce(d.on_dependency_failure, 'cancel');\n"
      "        IF NEW.state = 'completed' OR rule = 'run' THEN\n"
@@ -60,18 +66,24 @@ RELEASE_EDITS = (
      "                   OR (rule = 'run' AND OLD.state IN ('quarantined', 'cancelled'));\n"
      "        is_met := NEW.state = 'completed'\n"
      "                  OR (rule = 'run' AND NEW.state IN ('quarantined', 'cancelled'));\n"
-     "        IF is_met AND NOT was_met AND d.dependencies_pending > 1 THEN\n"
-     "            UPDATE work_items w SET dependencies_pending = w.dependencies_pending - 1\n"
-     "            WHERE w.tenant_id = d.tenant_id AND w.item_id = d.item_id;\n"
-     "        ELSIF was_met AND NOT is_met THEN\n"
-     "            -- Replayed out of dead letters while run anyway: waited for again.\n"
-     "            UPDATE work_items w SET dependencies_pending = w.dependencies_pending + 1\n"
-     "            WHERE w.tenant_id = d.tenant_id AND w.item_id = d.item_id;\n"
+     "        IF is_met <> was_met THEN\n"
+     "            -- Its count: the newest tally, else the one made at its enqueue (or retry).\n"
+     "            SELECT t.pending INTO left_to_wait FROM dependency_tallies t\n"
+     "            WHERE t.tenant_id = d.tenant_id AND t.item_id = d.item_id\n"
+     "            ORDER BY t.seq DESC LIMIT 1;\n"
+     "            left_to_wait := coalesce(left_to_wait, d.dependencies_pending)\n"
+     "                            + CASE WHEN is_met THEN -1 ELSE 1 END;\n"
+     "        END IF;\n"
+     "        IF is_met <> was_met AND left_to_wait > 0 THEN\n"
+     "            -- Still waiting (or, its dependency replayed, waiting again): appended.\n"
+     "            INSERT INTO dependency_tallies (tenant_id, item_id, seq, pending, dependency)\n"
+     "            VALUES (d.tenant_id, d.item_id, nextval('{home}.dependency_tallies_seq'),\n"
+     "                    left_to_wait, NEW.item_id);\n"
      "        ELSIF is_met AND NOT was_met THEN\n"
      "            -- The last one it waited for: released.\n"
      "            UPDATE work_items w\n"
-     "            SET state = 'ready', dependencies_pending = 0,\n"
-     "                updated_at = statement_timestamp(), event_seq = w.event_seq + 1\n"),
+     "            SET state = 'ready', updated_at = statement_timestamp(),\n"
+     "                event_seq = w.event_seq + 1\n"),
     ("        ELSIF rule = 'cancel' THEN\n",
      "        ELSIF rule = 'cancel' AND NEW.state IN ('quarantined', 'cancelled') THEN\n"),
 )  # fmt: skip
@@ -159,6 +171,24 @@ def upgrade() -> None:
         "dependencies_pending >= 0",
         schema=home,
     )
+    op.execute(f"CREATE SEQUENCE {home}.dependency_tallies_seq AS bigint")
+    op.create_table(
+        "dependency_tallies",
+        sa.Column("tenant_id", sa.Text(), nullable=False),
+        sa.Column("item_id", sa.Uuid(), nullable=False),
+        sa.Column("seq", sa.BigInteger(), nullable=False),
+        sa.Column("pending", sa.Integer(), nullable=False),
+        sa.Column("dependency", sa.Uuid(), nullable=False),
+        sa.ForeignKeyConstraint(
+            ["tenant_id", "item_id"],
+            [f"{home}.work_items.tenant_id", f"{home}.work_items.item_id"],
+            name=op.f("fk_dependency_tallies_item"),
+            ondelete="CASCADE",
+        ),
+        sa.CheckConstraint("pending > 0", name=op.f("ck_dependency_tallies_pending_positive")),
+        sa.PrimaryKeyConstraint("tenant_id", "item_id", "seq", name=op.f("pk_dependency_tallies")),
+        schema=home,
+    )
     op.execute(
         f"UPDATE {home}.work_items w SET dependencies_pending = {UNMET}"
         " WHERE w.on_dependency_failure IS NOT NULL AND w.state::text = 'waiting'"
@@ -185,6 +215,8 @@ def downgrade() -> None:
             home,
         )
     )
+    op.drop_table("dependency_tallies", schema=home)
+    op.execute(f"DROP SEQUENCE {home}.dependency_tallies_seq")
     op.drop_constraint(
         op.f("ck_work_items_dependencies_pending_not_negative"), "work_items", schema=home
     )

@@ -994,7 +994,7 @@ LEFT JOIN (SELECT created_at, item_id FROM scanned
 -- took for it (`shards`, by position in `item_ids`). A cancelled item leaves the cancelled
 -- count as a deleted one does. An item with a dependency not completed (migration 0035: a
 -- descendant of a replayed step) waits for it instead: `waiting`, said in its event, with
--- the count of those it waits for (0038), which their finishing transitions count down.
+-- the count of those it waits for (0038) made again, its tallies of before deleted.
 WITH unmet AS (
     SELECT x.item_id, count(*) AS pending
     FROM item_dependencies x
@@ -1023,6 +1023,9 @@ WITH unmet AS (
     WHERE d.tenant_id = %(tenant)s AND d.kind = 'item' AND d.closed_at IS NULL
       AND d.item_id = ANY(ARRAY(SELECT item_id FROM upd))
     RETURNING d.item_id, d.dead_letter_id
+), recounted AS (
+    DELETE FROM dependency_tallies t
+    WHERE t.tenant_id = %(tenant)s AND t.item_id = ANY(ARRAY(SELECT item_id FROM upd))
 ), ev AS (
     INSERT INTO item_events (tenant_id, item_id, seq, at, kind, fence, actor, data)
     SELECT u.tenant_id, u.item_id, u.event_seq - 1, u.updated_at, 'retried', u.fence,
