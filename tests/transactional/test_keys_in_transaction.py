@@ -170,7 +170,8 @@ def test_an_item_enqueued_in_a_transaction_waits_for_its_dependencies(
         ) == joined  # fmt: skip
         conn.commit()
         bad: list[tuple[dict[str, Any], str]] = [
-            ({"depends_on": []}, "items[0]: depends_on must name 1 to 100 items"),
+            ({"depends_on": []}, "items[0]: depends_on must name 1 to 10,000 items"),
+            ({"depends_on": [a] * 10_001}, "name at most 10,000 dependencies in all"),
             ({"depends_on": ["nope"]}, "items[0]: depends_on must be item ids (UUIDs)"),
             ({"depends_on": a}, "items[0]: depends_on must be an array of item ids"),
             ({"depends_on": [a], "on_dependency_failure": "skip"}, "must be cancel, run or wait"),
@@ -186,3 +187,54 @@ def test_an_item_enqueued_in_a_transaction_waits_for_its_dependencies(
         done = api.holder("complete", lease["item_id"], worker="w1", fence=lease["fence"])
         assert done.status_code == 200, done.text
     assert [item(api, i)["state"] for i in (joined, after)] == ["ready", "waiting"]
+
+
+def test_a_fan_in_larger_than_a_batch_is_one_transaction_all_or_nothing(
+    api: Api, roles: Roles
+) -> None:
+    """1,200 items in three calls and the callback naming them all: rolled back, none of
+    it is left; committed, the callback runs once the last of them is finished."""
+    api.approve("parts", 100)
+    assert api.admin.put(f"/v1/tenants/{api.tenant}", json={"backlog_cap": 2_000}).is_success
+    app = roles.make("acme")
+    payloads = list(range(1_200))
+
+    def fan_in(conn: psycopg.Connection[Any], key: str) -> tuple[list[str], str]:
+        ids: list[str] = []
+        for n, at in enumerate(range(0, len(payloads), 500)):
+            chunk = [{"payload": p} for p in payloads[at : at + 500]]
+            ids += enqueue_many_in(conn, "acme", "parts", chunk, key=f"{key}/{n}")
+        callback = enqueue_in(
+            conn, "acme", "sums", "sum", key=f"{key}/callback", depends_on=ids,
+            on_dependency_failure="run",
+        )  # fmt: skip
+        return ids, callback
+
+    with app.connect() as conn:
+        _, dropped = fan_in(conn, "dropped")
+        conn.rollback()
+        ids, callback = fan_in(conn, "kept")
+        many = [{"payload": 1, "depends_on": ids * 5}, {"payload": 2, "depends_on": ids * 4}]
+        with pytest.raises(errors.InvalidRequestError) as refused:
+            enqueue_many_in(conn, "acme", "sums", many, key="too-many")
+        assert "at most 10,000 dependencies in all" in refused.value.detail
+        conn.rollback()
+        ids, callback = fan_in(conn, "kept")
+        conn.commit()
+    gone = api.operator.get(f"/v1/tenants/{api.tenant}/items/{dropped}")
+    assert gone.status_code == 404, gone.text
+    assert item(api, callback)["state"] == "waiting"
+    finished = 0
+    while leases := api.acquire("parts", max_items=100):
+        done = api.worker.post(
+            f"/v1/tenants/{api.tenant}/completions",
+            json={
+                "worker": "w1",
+                "completions": [{"item_id": x["item_id"], "fence": x["fence"]} for x in leases],
+            },
+            headers={"Idempotency-Key": uuid.uuid4().hex},
+        )
+        assert done.status_code == 200, done.text
+        finished += len(leases)
+        assert item(api, callback)["state"] == ("ready" if finished == 1_200 else "waiting")
+    assert finished == 1_200
