@@ -211,6 +211,63 @@ def items_workflow(
     )
 
 
+@app.command("dependencies")
+def items_dependencies(
+    item_id: Annotated[str, typer.Argument(help="Item id, or the start or end of exactly one's.")],
+    state: State = None,
+    url: Url = None,
+    key: Key = None,
+    tenant: Tenant = None,
+    data_dir: DataDir = None,
+    json: Json = False,
+    wide: Wide = False,
+    quiet: Quiet = False,
+) -> None:
+    """The items an item waits for (a fan-in's callback: every item of its batches), each as
+    it is now, with its result or last failure; first, how many are in each state.
+
+    Reads them all, 500 a time (a fan-in names up to 10,000), saying how many so far.
+    --state shows only those in that state (e.g. [bold]--state quarantined[/bold]: the ones
+    that failed for good).
+
+    Example: [bold]queue-server items dependencies 0190f3c2-... --state quarantined[/bold]
+    """
+    found: list[Item] = []
+    with tenant_session(url, key, data_dir, tenant) as qs:
+        callback = item_of(qs, item_id)
+        cursor: str | None = None
+        while True:
+            page = qs.list_dependencies(callback, limit=500, cursor=cursor)
+            found += page.items
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+            if not (json or quiet):
+                err_console.print(f"read {len(found):,} dependencies...")
+    shown = [i for i in found if state is None or i.state == state]
+    if json:
+        print_json(shown)
+        return
+    if quiet:
+        ids([i.item_id for i in shown])
+        return
+    states: dict[str, int] = {}
+    for one in found:
+        states[one.state] = states.get(one.state, 0) + 1
+    tally = ", ".join(f"{n:,} {name}" for name, n in sorted(states.items()))
+    title = f"{len(found):,} " + ("dependency" if len(found) == 1 else "dependencies")
+    table(
+        f"{title}: {tally or 'none'}" + (f" (shown: {state})" if state else ""),
+        ["item", "queue", "state", "result or last failure"],
+        [
+            (i.item_id, i.queue, i.state, i.result if i.state == "completed" else i.last_failure)
+            for i in shown
+        ],
+        drop=["result or last failure"],
+        wide=wide,
+    )
+
+
 @app.command("ledger")
 def items_ledger(
     item_id: Annotated[str, typer.Argument(help="Item id, or the start or end of exactly one's.")],

@@ -1,0 +1,49 @@
+"""`queue-server items dependencies`: a fan-in's outcomes from the command line, every page
+of them, counted by state, with the failures alone on demand."""
+
+from __future__ import annotations
+
+import uuid
+
+from tests.helpers.cli import Cli
+from tests.helpers.items import quarantine_lease
+
+
+def test_a_callback_s_dependencies_are_read_whole_counted_and_filtered(cli: Cli) -> None:
+    api = cli.api
+    api.approve("parts", 100)
+    assert api.admin.put(f"/v1/tenants/{api.tenant}", json={"backlog_cap": 2_000}).is_success
+    path = f"/v1/tenants/{api.tenant}/queues/parts/items:batch"
+    first = api.worker.post(
+        path,
+        json={"items": [{"payload": n} for n in range(500)]},
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert first.status_code == 201, first.text
+    earlier = [i["item_id"] for i in first.json()["items"]]
+    last = api.worker.post(
+        path,
+        json={
+            "items": [{"payload": n} for n in range(500, 600)],
+            "callback": {"payload": "sum", "depends_on": earlier},
+        },
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert last.status_code == 201, last.text
+    callback = last.json()["callback"]["item_id"]
+    (failing,) = api.acquire("parts")
+    quarantine_lease(api, failing)
+    for lease in api.acquire("parts", max_items=100)[:40]:
+        done = api.holder("complete", lease["item_id"], worker="w1", fence=lease["fence"])
+        assert done.status_code == 200, done.text
+
+    shown = cli.run("items", "dependencies", callback[-8:])
+    assert "600 dependencies: 40 completed, 60 leased, 1 quarantined, 499 ready" in shown.stdout
+    assert "read 500 dependencies..." in shown.stderr  # two pages
+    assert "Boom" in shown.stdout  # the failure, beside its item
+    failed = cli.json("items", "dependencies", callback, "--state", "quarantined")
+    assert [(i["item_id"], i["last_failure"]["class"]) for i in failed] == [
+        (failing["item_id"], "Boom")
+    ]
+    ready = cli.run("items", "dependencies", callback, "--state", "ready", "--quiet")
+    assert len(ready.stdout.split()) == 499
