@@ -1,5 +1,5 @@
-"""The wire format: pydantic models of request and response bodies (the OpenAPI document at
-/openapi.json)."""
+"""The wire format, a catalogue read by name (hence over 800 lines): the pydantic model of
+every request and response body (the OpenAPI document at /openapi.json)."""
 
 from __future__ import annotations
 

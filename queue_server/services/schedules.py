@@ -32,7 +32,8 @@ from queue_server.infra.metrics import Metrics
 from queue_server.models import NAME_RE, Role, uuid7_at
 from queue_server.services.common import foreign_cursor, require_tenant
 from queue_server.services.envelope import refuse_above
-from queue_server.services.items import Items, NewItem
+from queue_server.services.item_specs import NewItem
+from queue_server.services.items import Items
 from queue_server.services.ticks import CatchUp, Timing, plan
 from queue_server.settings import Settings
 from queue_server.store import schedules, transitions

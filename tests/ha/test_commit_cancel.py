@@ -28,7 +28,7 @@ from queue_server.infra.embedded import EmbeddedPostgres
 from queue_server.infra.metrics import Metrics
 from queue_server.models import Role
 from queue_server.services import Services
-from queue_server.services.items import NewItem
+from queue_server.services.item_specs import NewItem
 from queue_server.services.keys import Keys
 from queue_server.settings import Settings
 from tests.helpers.api import Api
