@@ -214,15 +214,7 @@ class Items:
             # all: a callback refused (a dependency unknown, the cap) leaves no item behind.
             with admission_refusals(tenant):
                 async with conn.transaction() if dependent else contextlib.nullcontext():
-                    done = await transitions.enqueue_rows(
-                        conn,
-                        tenant=tenant,
-                        queue=queue,
-                        items=specs,
-                        actor=principal.actor,
-                        attempt_cap=self.envelope.leased.attempt_cap,
-                        backlog_ceiling=self.envelope.leased.backlog_cap,
-                    )
+                    done = await self._admit_rows(conn, principal, tenant, queue, specs)
                     shaped = await self._answered(conn, tenant, queue, specs, done)
                     if callback is not None:
                         answered = await self._fan_in(
@@ -270,17 +262,28 @@ class Items:
             uuid7s(1),
             trace,
         )
-        joined = await transitions.enqueue_rows(
+        joined = await self._admit_rows(conn, principal, tenant, into, fan_in)
+        (answered,) = await self._answered(conn, tenant, into, fan_in, joined)
+        return answered
+
+    async def _admit_rows(
+        self,
+        conn: Conn,
+        principal: auth.Principal,
+        tenant: str,
+        queue: str,
+        specs: list[dict[str, Any]],
+    ) -> transitions.Enqueued:
+        """The rows of `specs` admitted into `queue`, within the policy's envelope."""
+        return await transitions.enqueue_rows(
             conn,
             tenant=tenant,
-            queue=into,
-            items=fan_in,
+            queue=queue,
+            items=specs,
             actor=principal.actor,
             attempt_cap=self.envelope.leased.attempt_cap,
             backlog_ceiling=self.envelope.leased.backlog_cap,
         )
-        (answered,) = await self._answered(conn, tenant, into, fan_in, joined)
-        return answered
 
     @staticmethod
     async def _answered(

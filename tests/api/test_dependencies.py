@@ -18,7 +18,13 @@ from psycopg.types.json import Jsonb
 
 from queue_server.client import Completion, NewItem, QueueClient
 from tests.helpers.api import Api, setup_tenant
-from tests.helpers.items import ledger_mismatches, quarantine_lease
+from tests.helpers.items import (
+    complete_leases,
+    dead_letter_of,
+    ledger_mismatches,
+    quarantine_lease,
+    replay,
+)
 
 Db = psycopg.Connection[dict[str, object]]
 
@@ -577,12 +583,7 @@ def test_a_workflow_replayed_from_its_failed_step_goes_on_from_there(api: Api) -
     complete(api, lease_of(api, first["item_id"]))
     quarantine_lease(api, lease_of(api, failing["item_id"]))
     assert [state(api, i["item_id"]) for i in (after, last)] == ["cancelled", "cancelled"]
-    (letter,) = api.operator.get(f"/v1/tenants/{api.tenant}/dead-letters").json()["dead_letters"]
-    replayed = api.operator.post(
-        f"/v1/tenants/{api.tenant}/dead-letters/{letter['dead_letter_id']}/replay",
-        json={"descendants": True},
-        headers={"Idempotency-Key": uuid.uuid4().hex},
-    )
+    replayed = replay(api, dead_letter_of(api, failing["item_id"]), descendants=True)
     assert replayed.status_code == 200, replayed.text
     assert [state(api, i["item_id"]) for i in (failing, after, last, stopped)] == [
         "ready", "waiting", "waiting", "cancelled",
@@ -631,15 +632,7 @@ def test_a_callback_names_items_of_earlier_batches_and_waits_for_all_of_them(api
     finished = [str(first[0]["item_id"]), str(held["item_id"])]
     batch_of = first[2:]
     while batch_of:
-        done = api.worker.post(
-            f"/v1/tenants/{api.tenant}/completions",
-            json={
-                "worker": "w1",
-                "completions": [{"item_id": i["item_id"], "fence": i["fence"]} for i in batch_of],
-            },
-            headers={"Idempotency-Key": uuid.uuid4().hex},
-        )
-        assert done.status_code == 200, done.text
+        complete_leases(api, batch_of)
         finished += [str(i["item_id"]) for i in batch_of]
         batch_of = api.acquire("q", max_items=100)
     assert sorted(finished) == sorted(items)
@@ -702,12 +695,7 @@ def test_a_dependency_run_anyway_then_replayed_is_waited_for_again(api: Api) -> 
     )
     quarantine_lease(api, lease_of(api, flaky["item_id"]))
     assert state(api, report["item_id"]) == "waiting"  # the steady one is still to do
-    (letter,) = api.operator.get(f"/v1/tenants/{api.tenant}/dead-letters").json()["dead_letters"]
-    replayed = api.operator.post(
-        f"/v1/tenants/{api.tenant}/dead-letters/{letter['dead_letter_id']}/replay",
-        json={},
-        headers={"Idempotency-Key": uuid.uuid4().hex},
-    )
+    replayed = replay(api, dead_letter_of(api, flaky["item_id"]))
     assert replayed.status_code == 200, replayed.text
     complete(api, lease_of(api, steady["item_id"]))
     assert state(api, report["item_id"]) == "waiting"  # the replayed one runs again first
@@ -732,12 +720,7 @@ def test_a_dependent_replayed_with_its_failed_step_counts_again_what_it_waits_fo
     quarantine_lease(api, lease_of(api, failing["item_id"]))
     assert state(api, report["item_id"]) == "cancelled"
     complete(api, lease_of(api, late["item_id"]))  # while the report is cancelled
-    (letter,) = api.operator.get(f"/v1/tenants/{api.tenant}/dead-letters").json()["dead_letters"]
-    replayed = api.operator.post(
-        f"/v1/tenants/{api.tenant}/dead-letters/{letter['dead_letter_id']}/replay",
-        json={"descendants": True},
-        headers={"Idempotency-Key": uuid.uuid4().hex},
-    )
+    replayed = replay(api, dead_letter_of(api, failing["item_id"]), descendants=True)
     assert replayed.status_code == 200, replayed.text
     assert state(api, report["item_id"]) == "waiting"
     complete(api, lease_of(api, failing["item_id"]))

@@ -104,6 +104,21 @@ def enqueue_graph(api: Api, queue: str = "q") -> tuple[str, str, str, str]:
     return fetch, parse, index, publish
 
 
+def complete_leases(api: Api, leases: list[dict[str, Any]]) -> None:
+    """Their holder `w1` completes the leases in one request (POST .../completions)."""
+    done = api.worker.post(
+        f"/v1/tenants/{api.tenant}/completions",
+        json={
+            "worker": "w1",
+            "completions": [{"item_id": x["item_id"], "fence": x["fence"]} for x in leases],
+        },
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert done.status_code == 200, done.text
+    refused = [r for r in done.json()["results"] if r["status"] != 200]
+    assert refused == [], refused
+
+
 def quarantine_lease(api: Api, lease: dict[str, Any]) -> None:
     """Its holder triages the leased item to quarantine (a dead letter)."""
     response = api.holder(

@@ -15,6 +15,7 @@ import pytest
 
 from queue_server.client import NewItem, enqueue_in, enqueue_many_in, errors
 from tests.helpers.api import Api
+from tests.helpers.items import complete_leases
 from tests.helpers.roles import Roles
 
 DB = psycopg.Connection[dict[str, object]]
@@ -226,15 +227,7 @@ def test_a_fan_in_larger_than_a_batch_is_one_transaction_all_or_nothing(
     assert item(api, callback)["state"] == "waiting"
     finished = 0
     while leases := api.acquire("parts", max_items=100):
-        done = api.worker.post(
-            f"/v1/tenants/{api.tenant}/completions",
-            json={
-                "worker": "w1",
-                "completions": [{"item_id": x["item_id"], "fence": x["fence"]} for x in leases],
-            },
-            headers={"Idempotency-Key": uuid.uuid4().hex},
-        )
-        assert done.status_code == 200, done.text
+        complete_leases(api, leases)
         finished += len(leases)
         assert item(api, callback)["state"] == ("ready" if finished == 1_200 else "waiting")
     assert finished == 1_200
