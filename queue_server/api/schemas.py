@@ -317,6 +317,11 @@ class WorkflowOut(BaseModel):
 class DependenciesOut(BaseModel):
     items: list[ItemOut] = Field(description="The items depended on, as they are now.")
     next_cursor: str | None
+    total: int = Field(description="How many items it depends on in all.")
+    waiting_for: int = Field(
+        description="While it is `waiting`, how many of them it still waits for (neither"
+        " completed nor, under `on_dependency_failure` `run`, failed for good); else 0."
+    )
 
 
 EventOut = wire.LedgerEvent

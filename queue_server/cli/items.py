@@ -239,6 +239,7 @@ def items_dependencies(
         while True:
             page = qs.list_dependencies(callback, limit=500, cursor=cursor)
             found += page.items
+            waiting_for = page.waiting_for
             cursor = page.next_cursor
             if cursor is None:
                 break
@@ -256,8 +257,9 @@ def items_dependencies(
         states[one.state] = states.get(one.state, 0) + 1
     tally = ", ".join(f"{n:,} {name}" for name, n in sorted(states.items()))
     title = f"{len(found):,} " + ("dependency" if len(found) == 1 else "dependencies")
+    waits = f"; it waits for {waiting_for:,} of them" if waiting_for else ""
     table(
-        f"{title}: {tally or 'none'}" + (f" (shown: {state})" if state else ""),
+        f"{title}: {tally or 'none'}{waits}" + (f" (shown: {state})" if state else ""),
         ["item", "queue", "state", "result or last failure"],
         [
             (i.item_id, i.queue, i.state, i.result if i.state == "completed" else i.last_failure)

@@ -727,7 +727,8 @@ class Items:
         self, principal: auth.Principal, tenant: str, item_id: str, limit: int, cursor: str | None
     ) -> Answer:
         """The items `item_id` depends on, as they are now (a fan-in's worker reads its batch's
-        results and failures here), a page in id order; `next_cursor` null on the last."""
+        results and failures here), a page in id order; `next_cursor` null on the last; how
+        many in all, and how many of them a waiting item still waits for."""
         principal.require(tenant, *WORKER_OR_OPERATOR)
         after = None
         if cursor:
@@ -739,11 +740,20 @@ class Items:
             rows = await reads.dependencies(
                 conn, tenant=tenant, item_id=item_id, after=after, limit=limit + 1
             )
+            total, waiting_for = await reads.dependency_count(conn, tenant=tenant, item_id=item_id)
         next_cursor = None
         if len(rows) > limit:
             rows = rows[:limit]
             next_cursor = common.encode_cursor([str(rows[-1]["item_id"])])
-        return Answer.of(200, {"items": [views.item(r) for r in rows], "next_cursor": next_cursor})
+        return Answer.of(
+            200,
+            {
+                "items": [views.item(r) for r in rows],
+                "next_cursor": next_cursor,
+                "total": total,
+                "waiting_for": waiting_for,
+            },
+        )
 
     async def workflow(
         self, principal: auth.Principal, tenant: str, item_id: str, limit: int = WORKFLOW_NODES

@@ -67,6 +67,13 @@ async def dependencies(
     return await cur.fetchall()
 
 
+async def dependency_count(conn: Conn, *, tenant: str, item_id: str) -> tuple[int, int]:
+    """How many items `item_id` depends on, and how many of them it still waits for."""
+    cur = await conn.execute(_SQL["dependency_count"], {"tenant": tenant, "item_id": item_id})
+    row = await cur.fetchone()
+    return (0, 0) if row is None else (int(row["total"]), int(row["waiting_for"]))
+
+
 async def descendants(conn: Conn, *, tenant: str, item_id: str) -> list[str]:
     """The ids of every item that depends on `item_id`, directly or not."""
     cur = await conn.execute(_SQL["descendants"], {"tenant": tenant, "item_id": item_id})

@@ -637,6 +637,10 @@ def test_a_callback_names_items_of_earlier_batches_and_waits_for_all_of_them(api
         batch_of = api.acquire("q", max_items=100)
     assert sorted(finished) == sorted(items)
     assert state(api, callback) == "waiting"  # one of 800 still leased
+    progress = api.worker.get(
+        f"/v1/tenants/{api.tenant}/items/{callback}/dependencies", params={"limit": 1}
+    ).json()
+    assert (progress["total"], progress["waiting_for"]) == (800, 1)
     complete(api, held)
     (lease,) = api.acquire("sums")
     assert lease["item_id"] == callback
@@ -650,6 +654,7 @@ def test_a_callback_names_items_of_earlier_batches_and_waits_for_all_of_them(api
         params={"limit": 500, "cursor": outcomes["next_cursor"]},
     ).json()
     assert more["next_cursor"] is None
+    assert (more["total"], more["waiting_for"]) == (800, 0)  # released
     assert sorted(i["item_id"] for i in outcomes["items"] + more["items"]) == sorted(items)
     assert ledger_mismatches(api) == []
 

@@ -402,7 +402,10 @@ def observe(qs: QueueClient, operator: QueueClient) -> dict[str, Any]:
     )  # fmt: skip
     # A fan-in: the batch's callback waits for it, then reads its outcomes, two at a time.
     fan = qs.fan_in("f", [NewItem(payload=n) for n in range(3)], NewItem(payload="sum"))
-    for _ in range(3):
+    (one,) = qs.acquire("f", worker="w2")
+    qs.complete(one.item_id, worker="w2", fence=one.fence, result=one.payload)
+    waiting = qs.list_dependencies(fan.callback.item_id, limit=1)
+    for _ in range(2):
         (one,) = qs.acquire("f", worker="w2")
         qs.complete(one.item_id, worker="w2", fence=one.fence, result=one.payload)
     (summed,) = qs.acquire("f", worker="w2")
@@ -414,6 +417,8 @@ def observe(qs: QueueClient, operator: QueueClient) -> dict[str, Any]:
         sorted(i.result for page in pages for i in page.items),
         [len(page.items) for page in pages],
         pages[1].next_cursor,
+        (waiting.total, waiting.waiting_for),  # one of three done
+        (pages[0].total, pages[0].waiting_for),  # all done: released
     )
     # A graph in one batch: the second item names the first by its ref.
     graph = qs.enqueue_batch(
@@ -479,7 +484,7 @@ def test_the_in_memory_server_answers_as_a_live_server_does(api: Api) -> None:
         [(422, "invalid-request"), (422, "invalid-request")],
     )
     assert live["graph"] == ["ready", "waiting"]
-    assert live["fan-in"] == ("waiting", True, [0, 1, 2], [2, 1], None)
+    assert live["fan-in"] == ("waiting", True, [0, 1, 2], [2, 1], None, (3, 2), (3, 0))
     assert live["ordered"] == (
         ["ready", "waiting", "waiting"], [0, 1], ["completed", "leased", "waiting"],
     )  # fmt: skip

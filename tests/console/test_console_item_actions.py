@@ -6,6 +6,7 @@ page, and the retry from there is the same one the REST route makes."""
 from __future__ import annotations
 
 import re
+import uuid
 
 from tests.helpers.api import Api
 from tests.helpers.console import CSRF, KEY, form_value, sign_in
@@ -73,7 +74,7 @@ def test_an_item_page_lists_what_it_waits_for_with_each_ones_state(api: Api) -> 
     client, _ = sign_in(api.url, api.keys["operator"])
     page = client.get(f"/console/tenants/acme/items/{joined['item_id']}").text
     assert "<h2>Depends on</h2>" in page
-    assert "Waiting until each of these has completed." in page
+    assert "Waiting for 1 of 2: until each of these has completed." in page
     assert "waiting for 2 items to complete" in page  # its ledger's first line
     listed = re.findall(r'href="/console/tenants/acme/items/([0-9a-f-]{36})">', page)
     assert set(listed) >= {first["item_id"], second["item_id"]}
@@ -110,3 +111,26 @@ def test_an_item_page_draws_the_workflow_it_is_part_of(api: Api) -> None:
     assert f'href="/console/tenants/acme/items/{publish}"' in page
     plain = client.get(f"/console/tenants/acme/items/{api.enqueue('q', 'alone')['item_id']}")
     assert "<h2>Workflow</h2>" not in plain.text
+
+
+def test_a_fan_in_s_page_counts_what_it_waits_for_beyond_the_graph_drawn(api: Api) -> None:
+    """A callback over 300 items: the first 50 listed, the rest counted."""
+    made = api.worker.post(
+        "/v1/tenants/acme/queues/q/items:batch",
+        json={"items": [{"payload": n} for n in range(300)], "callback": {"payload": "sum"}},
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert made.status_code == 201, made.text
+    callback = made.json()["callback"]["item_id"]
+    client, _ = sign_in(api.url, api.keys["operator"])
+    page = client.get(f"/console/tenants/acme/items/{callback}").text
+    assert "Waiting for 300 of 300: until each of these has completed." in page
+    listed = page[
+        page.index("<h2>Depends on</h2>") : page.index(
+            "</section>", page.index("<h2>Depends on</h2>")
+        )
+    ]
+    shown = len(re.findall(r'href="/console/tenants/acme/items/[0-9a-f-]{36}"', listed))
+    assert shown == 50
+    assert "and 250 more not listed here" in listed
+    assert f"queue-server items dependencies {callback}" in listed

@@ -165,6 +165,9 @@ class DependencyPage(Model):
 
     items: list[Item]
     next_cursor: str | None = None
+    # How many items it depends on, and how many a waiting one still waits for.
+    total: int = 0
+    waiting_for: int = 0
 
 
 class DeadLetterPage(Model):

@@ -818,14 +818,23 @@ class InMemoryServer:
 
     def _dependencies(self, asked: Request) -> tuple[int, Any]:
         """The items an item depends on, as they are now, in id order (the cursor: the last
-        id of the page before)."""
+        id of the page before); how many in all, and how many a waiting one waits for."""
         record = self._find(asked, asked.args["item"])
         limit = int(asked.query.get("limit", 100))
         after = asked.query.get("cursor") or ""
         ids = [d for d in sorted(record.depends_on) if d > after]
         page = ids[:limit]
         more = page[-1] if len(ids) > limit else None
-        return 200, {"items": [self._items[d].view() for d in page], "next_cursor": more}
+        done = {"completed"} | (
+            {"quarantined", "cancelled"} if record.on_dependency_failure == "run" else set()
+        )
+        unmet = [d for d in set(record.depends_on) if self._items[d].state not in done]
+        return 200, {
+            "items": [self._items[d].view() for d in page],
+            "next_cursor": more,
+            "total": len(set(record.depends_on)),
+            "waiting_for": len(unmet) if record.state == "waiting" else 0,
+        }
 
     def _dead_letters(self, asked: Request) -> tuple[int, Any]:
         """The tenant's dead letters, oldest first (all open: nothing replays them here)."""

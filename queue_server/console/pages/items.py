@@ -368,6 +368,10 @@ async def act_on_selection(request: Request, tenant: str) -> Response:
     return web.redirect(request, target, text, "error" if stopped else "ok")
 
 
+# The items an item's page lists of those it depends on (the rest: a count and the CLI).
+LISTED_DEPENDENCIES = 50
+
+
 @router.get("/items/{item_id}")
 async def show(request: Request, tenant: str, item_id: str) -> Response:
     session = await web.current_session(request)
@@ -375,11 +379,14 @@ async def show(request: Request, tenant: str, item_id: str) -> Response:
     item = web.answer_body(await items.get_item(session.principal, tenant, item_id))
     ledger = web.answer_body(await items.ledger(session.principal, tenant, item_id))
     # The graph it is part of (what it waits for, what waits for it), drawn when there is
-    # one; the items it waits for itself are listed from it too.
+    # one; the first of the items it waits for itself, listed, and how many it depends on in
+    # all (a fan-in's callback: up to 10,000) and still waits for.
     graph = web.answer_body(await items.workflow(session.principal, tenant, str(item["item_id"])))
-    by_id = {node["item_id"]: node for node in graph["nodes"]}
-    mine = by_id.get(str(item["item_id"]), {"depends_on": []})
-    dependencies = [by_id[d] for d in mine["depends_on"]]
+    mine = web.answer_body(
+        await items.dependencies(
+            session.principal, tenant, str(item["item_id"]), LISTED_DEPENDENCIES, None
+        )
+    )
     drawn = None
     if len(graph["nodes"]) > 1:
         drawn = charts.workflow_svg(
@@ -397,11 +404,12 @@ async def show(request: Request, tenant: str, item_id: str) -> Response:
         tenant=tenant,
         item=item,
         events=ledger["events"],
-        dependencies=dependencies,
+        dependencies=mine["items"],
+        dependencies_total=mine["total"],
+        waiting_for=mine["waiting_for"],
         workflow=drawn,
         workflow_size=len(graph["nodes"]),
         workflow_complete=graph["complete"],
-        more_dependencies=not graph["complete"],
         # What an operator may do with it from here, each through its confirmation page.
         cancellable=item["state"] in ITEM_CANCELLABLE,
         retryable=item["state"] in RETRYABLE,

@@ -22,6 +22,19 @@ WHERE x.tenant_id = %(tenant)s AND x.item_id = %(item_id)s::uuid
 ORDER BY x.depends_on
 LIMIT %(limit)s;
 
+-- name: dependency_count
+-- How many items an item depends on, and, while it is `waiting`, how many of them it still
+-- waits for (migration 0038: its newest tally, else the count made at its enqueue or retry).
+SELECT (SELECT count(*) FROM item_dependencies x
+        WHERE x.tenant_id = w.tenant_id AND x.item_id = w.item_id) AS total,
+       CASE WHEN w.state = 'waiting' AND w.dependencies_pending IS NOT NULL
+            THEN coalesce((SELECT t.pending FROM dependency_tallies t
+                           WHERE t.tenant_id = w.tenant_id AND t.item_id = w.item_id
+                           ORDER BY t.seq DESC LIMIT 1), w.dependencies_pending)
+            ELSE 0 END AS waiting_for
+FROM work_items w
+WHERE w.tenant_id = %(tenant)s AND w.item_id = %(item_id)s::uuid;
+
 -- name: descendants
 -- Every item that depends, directly or not, on one item (migration 0035): a walk down the
 -- graph by the index of item_dependencies by dependency, its cost the graph's size.
