@@ -731,3 +731,32 @@ def test_a_dependent_replayed_with_its_failed_step_counts_again_what_it_waits_fo
     complete(api, lease_of(api, failing["item_id"]))
     assert state(api, report["item_id"]) == "ready"
     assert ledger_mismatches(api) == []
+
+
+def test_an_item_many_enqueues_depend_on_is_marked_once_not_rewritten_by_each(
+    api: Api, db: Db
+) -> None:
+    """The first dependent marks it (a new version of its row); the next ones only lock it:
+    under a held snapshot, each rewrite would leave a version for every later reader (its
+    completion, the next enqueue) to walk."""
+    config = enqueue(api, "q", "load the configuration")
+    enqueue(api, "q", "first user", depends_on=[config["item_id"]])
+
+    def version() -> object:
+        row = db.execute(
+            "SELECT xmin::text AS x, has_dependents FROM work_items WHERE item_id = %s",
+            (config["item_id"],),
+        ).fetchone()
+        assert row is not None
+        assert row["has_dependents"] is True
+        return row["x"]
+
+    marked = version()
+    for n in range(3):
+        assert enqueue(api, "q", f"user {n}", depends_on=[config["item_id"]])["state"] == "waiting"
+    assert version() == marked
+    complete(api, lease_of(api, config["item_id"]))
+    assert (
+        state(api, enqueue(api, "q", "late user", depends_on=[config["item_id"]])["item_id"])
+        == "ready"
+    )

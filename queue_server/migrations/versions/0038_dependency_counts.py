@@ -104,8 +104,31 @@ UNMET = """(SELECT count(*) FROM item_dependencies x
                         OR (w.on_dependency_failure = 'run'
                             AND d.state::text IN ('quarantined', 'cancelled'))))"""
 
-# 0037's admission: each new item's count of the dependencies it waits for (each once).
+# 0037's admission: each new item's count of the dependencies it waits for (each once); a
+# dependency already marked only locked.
 ADMIT_EDITS = (
+    ("                SELECT w.item_id FROM work_items w\n"
+     "                WHERE w.tenant_id = p_tenant AND w.item_id = ANY(deps)\n"
+     "                ORDER BY w.item_id FOR UPDATE\n"
+     "            ), marked AS (\n"
+     "                UPDATE work_items w SET has_dependents = true FROM locked l\n"
+     "                WHERE w.tenant_id = p_tenant AND w.item_id = l.item_id\n"
+     "                RETURNING w.item_id, w.state\n"
+     "            )\n"
+     "            SELECT coalesce(jsonb_object_agg(item_id, state), '{{}}') INTO dep_states\n"
+     "            FROM marked;\n",
+     "                SELECT w.item_id, w.state, w.has_dependents FROM work_items w\n"
+     "                WHERE w.tenant_id = p_tenant AND w.item_id = ANY(deps)\n"
+     "                ORDER BY w.item_id FOR UPDATE\n"
+     "            ), marked AS (\n"
+     "                -- Marked once (0038): one already marked is only locked, so an item\n"
+     "                -- many enqueues depend on gets no new version of its row from each.\n"
+     "                UPDATE work_items w SET has_dependents = true FROM locked l\n"
+     "                WHERE w.tenant_id = p_tenant AND w.item_id = l.item_id\n"
+     "                  AND NOT l.has_dependents\n"
+     "            )\n"
+     "            SELECT coalesce(jsonb_object_agg(item_id, state), '{{}}') INTO dep_states\n"
+     "            FROM locked;\n"),
     ("               -- Waiting while a dependency is not completed (nor failed, to run anyway).\n"
      "               CASE WHEN EXISTS (\n"
      "                        SELECT 1 FROM jsonb_array_elements_text(a.depends_on) AS d\n"
