@@ -108,7 +108,30 @@ def _pretty(value: Any) -> str:
     return orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS).decode()
 
 
-templates.env.filters.update(when=_when, age=_age, pretty=_pretty, gap=ledger.gap, num=num)
+# A ledger event's data shows this many entries of a list at most (a fan-in's callback
+# names up to 10,000 dependencies; the ledger over REST has them all).
+LISTED_IN_EVENTS = 20
+
+
+def _shortened(value: Any) -> Any:
+    if isinstance(value, list) and len(value) > LISTED_IN_EVENTS:
+        more = len(value) - LISTED_IN_EVENTS
+        return [*map(_shortened, value[:LISTED_IN_EVENTS]), f"... and {more:,} more"]
+    if isinstance(value, list):
+        return [_shortened(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _shortened(v) for k, v in value.items()}
+    return value
+
+
+def _brief(value: Any) -> str:
+    """An event's data, pretty, each long list shortened to its first entries."""
+    return _pretty(_shortened(value))
+
+
+templates.env.filters.update(
+    when=_when, age=_age, pretty=_pretty, brief=_brief, gap=ledger.gap, num=num
+)
 templates.env.globals.update(timeline=ledger.timeline)
 
 

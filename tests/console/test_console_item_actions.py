@@ -134,3 +134,6 @@ def test_a_fan_in_s_page_counts_what_it_waits_for_beyond_the_graph_drawn(api: Ap
     assert shown == 50
     assert "and 250 more not listed here" in listed
     assert f"queue-server items dependencies {callback}" in listed
+    # Its ledger's first event names the 300, shortened on the page (not over REST).
+    ledger = page[page.index('aria-label="Ledger"') :]
+    assert "... and 280 more" in ledger
