@@ -166,10 +166,7 @@ def _module(name: str) -> ModuleType:
 
 
 def _edited(text: str, edits: Sequence[tuple[str, str]]) -> str:
-    for old, new in edits:
-        assert text.count(old) == 1, old
-        text = text.replace(old, new)
-    return text
+    return str(_module("0036_transactional_dependencies").edited(text, edits))
 
 
 def release() -> str:

@@ -47,8 +47,7 @@ def _dependencies() -> ModuleType:
 
 
 def enqueue_items() -> str:
-    keys = _dependencies()._keys()
-    return str(keys._edited(_dependencies().enqueue_items(), EDITS))
+    return str(_dependencies().edited(_dependencies().enqueue_items(), EDITS))
 
 
 def upgrade() -> None:
