@@ -760,3 +760,39 @@ def test_an_item_many_enqueues_depend_on_is_marked_once_not_rewritten_by_each(
         state(api, enqueue(api, "q", "late user", depends_on=[config["item_id"]])["item_id"])
         == "ready"
     )
+
+
+def test_a_callback_s_row_is_only_locked_by_the_completions_it_counts_until_the_last(
+    api: Api, db: Db
+) -> None:
+    """Each completion appends the callback's new count (migration 0038); the callback's own
+    row keeps its version until the last one releases it. A row rewritten per completion
+    would leave, under a held snapshot, a version for every later completion to walk."""
+    api.approve("q", 10)
+    made = api.worker.post(
+        f"/v1/tenants/{api.tenant}/queues/q/items:batch",
+        json={"items": [{"payload": n} for n in range(5)], "callback": {"payload": "sum"}},
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert made.status_code == 201, made.text
+    callback = made.json()["callback"]["item_id"]
+
+    def version() -> object:
+        row = db.execute(
+            "SELECT xmin::text AS x FROM work_items WHERE item_id = %s", (callback,)
+        ).fetchone()
+        assert row is not None
+        return row["x"]
+
+    before = version()
+    leases = api.acquire("q", max_items=10)
+    assert len(leases) == 5
+    complete_leases(api, leases[:4])
+    assert version() == before
+    pending = db.execute(
+        "SELECT pending FROM dependency_tallies WHERE item_id = %s ORDER BY seq", (callback,)
+    ).fetchall()
+    assert [r["pending"] for r in pending] == [4, 3, 2, 1]
+    complete_leases(api, leases[4:])
+    assert version() != before
+    assert state(api, callback) == "ready"
