@@ -110,7 +110,9 @@ def test_without_its_session_acquires_poll_and_revocations_apply_then_it_listens
         (notifier.backend_pid,),
     ).fetchone()
     assert listening == {"n": 1}
-    assert _wake_delay(api) < 0.1
+    # Woken by its notification, not by the poll a second after it parked (0.6 s after the
+    # enqueue): the fastest of three wake-ups, so one slow answer on a busy machine is not it.
+    assert min(_wake_delay(api) for _ in range(3)) < 0.25
 
     metrics = api.admin.get("/metrics").text
     assert "queue_server_listener_connected 1.0" in metrics
