@@ -277,6 +277,11 @@ class QueueSettings(Model):
         description="`release`: an item of an ordering key that goes to dead letters lets the"
         " next of its key go; `hold`: the key waits until it is replayed or discarded.",
     )
+    fairness: Setting | None = Field(
+        default=None,
+        description="`arrival`: a priority's due items are handed out the one due longest"
+        " first; `partition_key`: round-robin between their partition keys.",
+    )
     updated_at: datetime | None = None
     updated_by: str | None = None
 

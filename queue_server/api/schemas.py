@@ -714,6 +714,13 @@ class QueueSettingsIn(Body):
         " default) hands out the next item of its key; `hold` keeps the key's next items"
         " waiting until the dead letter is replayed or discarded.",
     )
+    fairness: Literal["arrival", "partition_key"] | None = Field(
+        default=None,
+        description="How the acquire hands out a priority's due items: `arrival` (the"
+        " default), the one due longest first; `partition_key`, round-robin between their"
+        " partition keys (items without one are one more key), so that a key that floods the"
+        " queue does not hold back another key's items.",
+    )
 
     def given(self) -> queue_settings.QueueSettingsIn:
         """The settings as the queue settings service takes them."""
@@ -724,6 +731,7 @@ class QueueSettingsIn(Body):
             max_acquisitions=self.max_acquisitions,
             retry=queue_settings.RetrySettings(base=retry.base, cap=retry.cap, jitter=retry.jitter),
             ordering_dead_letters=self.ordering_dead_letters,
+            fairness=self.fairness,
             rate_limit=(
                 None
                 if self.rate_limit is None

@@ -173,6 +173,7 @@ CLEARABLE = (
     "retry-cap",
     "jitter",
     "ordering-dead-letters",
+    "fairness",
     "rate-limit",
 )
 
@@ -215,6 +216,7 @@ def settings_fields(s: QueueSettings) -> None:
                 if s.ordering_dead_letters is not None
                 else []
             ),
+            *([("fairness", _shown(s.fairness))] if s.fairness is not None else []),
             ("updated", f"{s.updated_at} by {s.updated_by}" if s.updated_at else "never"),
         ],
     )
@@ -271,6 +273,15 @@ def queues_settings(
             " the next of its key) or hold (its key waits until it is replayed or discarded).",
         ),
     ] = None,
+    fairness: Annotated[
+        str | None,
+        typer.Option(
+            show_default=False,
+            help="How a priority's due items are handed out: arrival (the one due longest"
+            " first) or partition_key (round-robin between their partition keys, so a key"
+            " that floods the queue does not hold back the others).",
+        ),
+    ] = None,
     rate_limit: Annotated[
         int | None,
         typer.Option(
@@ -323,6 +334,8 @@ def queues_settings(
         fail("Unknown --clear", f"{', '.join(unknown)}: one of {', '.join(CLEARABLE)}")
     if ordering_dead_letters not in (None, "release", "hold"):
         fail("Unknown --ordering-dead-letters", f"{ordering_dead_letters}: release or hold")
+    if fairness not in (None, "arrival", "partition_key"):
+        fail("Unknown --fairness", f"{fairness}: arrival or partition_key")
     given = {
         "lease-ttl": lease_ttl,
         "deadline": deadline,
@@ -331,6 +344,7 @@ def queues_settings(
         "retry-cap": retry_cap,
         "jitter": jitter,
         "ordering-dead-letters": ordering_dead_letters,
+        "fairness": fairness,
     }
     given_rate = {"limit": rate_limit, "per": rate_per, "partitioned": rate_by_partition}
     rate_given = any(v is not None for v in given_rate.values())
@@ -347,6 +361,7 @@ def queues_settings(
                 "ordering-dead-letters": (
                     _own(current.ordering_dead_letters) if current.ordering_dead_letters else None
                 ),
+                "fairness": _own(current.fairness) if current.fairness else None,
             }
             own.update({k: v for k, v in given.items() if v is not None})
             for name in clear or []:
@@ -371,6 +386,7 @@ def queues_settings(
                 rate_limit=rate.get("limit"),
                 rate_per=rate.get("per"),
                 rate_partitioned=bool(rate["partitioned"]),
+                fairness=own["fairness"],
             )
     if json:
         print_json(current)

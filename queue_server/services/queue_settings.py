@@ -12,6 +12,10 @@
                       backoff cap, no jitter unless the queue sets them
     rate_limit        at most `limit` leases in any `per` seconds, over the queue or per
                       partition key (`partitioned`); none unless the queue sets one
+    fairness          how a priority's due items are handed out: by when each became due
+                      (`arrival`, the default), or round-robin between their partition
+                      keys (`partition_key`), so that a key that floods the queue does
+                      not hold back the others
     ordering_dead_letters  whether an item of an ordering key that goes to dead letters
                       lets the next of its key go (`release`, the default) or holds
                       the key until it is replayed or discarded (`hold`)
@@ -41,6 +45,8 @@ from queue_server.store.types import Conn, Row
 
 # What a dead letter does to the next item of its ordering key unless the queue says.
 DEFAULT_ORDERING_DEAD_LETTERS = "release"
+# How a queue hands out a priority's due items unless it says.
+DEFAULT_FAIRNESS = "arrival"
 
 # The server's own defaults of the retry settings, below every policy's backoff cap.
 DEFAULT_RETRY_BASE = 1.0
@@ -72,6 +78,7 @@ class QueueSettingsIn:
     retry: RetrySettings = RetrySettings()
     ordering_dead_letters: str | None = None
     rate_limit: RateLimit | None = None
+    fairness: str | None = None
 
 
 def _seconds(value: timedelta | None) -> float | None:
@@ -146,6 +153,11 @@ def effective(row: Row, leased: LeasedWork) -> dict[str, Any]:
             None,
             (row["ordering_dead_letters"], "queue"),
             otherwise=(DEFAULT_ORDERING_DEAD_LETTERS, "default"),
+        ),
+        "fairness": _first(
+            None,
+            (row["fairness"] if row["fairness"] != DEFAULT_FAIRNESS else None, "queue"),
+            otherwise=(DEFAULT_FAIRNESS, "default"),
         ),
         "updated_at": row["settings_updated_at"],
         "updated_by": row["settings_updated_by"],
@@ -231,6 +243,7 @@ class QueueSettings:
                 rate_limit=None if given.rate_limit is None else given.rate_limit.limit,
                 rate_interval=None if given.rate_limit is None else interval(given.rate_limit.per),
                 rate_partitioned=given.rate_limit is not None and given.rate_limit.partitioned,
+                fairness=given.fairness or DEFAULT_FAIRNESS,
             )
             return Answer.of(200, await self._settings(conn, tenant, queue))
 

@@ -16,6 +16,12 @@ active leases are counted from the ones active at the cursor's snapshot, each pr
 its key, and the ones made or extended since, instead of a scan of the leased index (which
 walks every lease ended within a TTL while an old snapshot is held).
 
+A fair queue (migration 0040: round-robin between partition keys) has a lane per priority
+and key instead, read from the keyed ready index: each key's first row is then found from
+that key's place, and the acquire hands out the keys' rows in their turns, the key served
+longest ago by this process first (`served`, below). A cursor made for the other kind of
+queue than the queue is now starts again from the indexes' start.
+
 The cursor is kept with the connection object, and shared with the process's other
 connections to the same running server (known by its postmaster's start time, which
 `advance_cursor` returns: after a failover or a restart no cursor of the old server is
@@ -26,7 +32,9 @@ queue's figures are read from it too (store/queues.py `open_figures`), which mov
 
 from __future__ import annotations
 
+import itertools
 import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -50,13 +58,21 @@ NO_ITEM = "00000000-0000-0000-0000-000000000000"
 XID8_MAX = "18446744073709551615"
 
 
+# A lane: a priority, and in a fair queue a partition key ('' for items without one).
+Lane = tuple[int, str | None]
+
+
 @dataclass(frozen=True, slots=True)
 class Cursor:
-    """Per priority, the first ready row (`available_at`, `item_id`) visible at a snapshot
-    whose xmin is `xmin`; None: no snapshot yet (read the whole index)."""
+    """Per priority (per priority and key in a fair queue), the first ready row
+    (`available_at`, `item_id`) visible at a snapshot whose xmin is `xmin`; None: no
+    snapshot yet (read the whole index)."""
 
     xmin: str | None = None
-    lanes: dict[int, tuple[datetime, str]] = field(default_factory=dict)
+    lanes: dict[Lane, tuple[datetime, str]] = field(default_factory=dict)
+    # Whether the lanes are per key (a fair queue's), and the queue's setting when read.
+    fair: bool = False
+    fairness: str = "arrival"
     # No lease visible at that snapshot expired before this instant (at most its now).
     expired_from: datetime | None = None
     # The leases active at that snapshot: the next count probes these by key, and adds the
@@ -65,14 +81,19 @@ class Cursor:
     # The running server that snapshot was of: its postmaster's start time.
     server: str | None = None
 
-    def params(self) -> dict[str, Any]:
-        priorities = sorted(self.lanes)
+    def params(self, turns: dict[str, int] | None = None) -> dict[str, Any]:
+        """The statements' parameters; a fair queue's lanes in their keys' `turns` (the
+        last served last)."""
+        taken = turns or {}
+        lanes = sorted(self.lanes, key=lambda lane: (lane[0], taken.get(lane[1] or "", 0)))
         return {
+            "fair": self.fair,
             "since_xid": self.xmin,
             "until_xid": XID8_MAX,
-            "lane_priority": priorities,
-            "lane_at": [self.lanes[p][0] for p in priorities],
-            "lane_id": [self.lanes[p][1] for p in priorities],
+            "lane_priority": [priority for priority, _ in lanes],
+            "lane_key": [key for _, key in lanes],
+            "lane_at": [self.lanes[lane][0] for lane in lanes],
+            "lane_id": [self.lanes[lane][1] for lane in lanes],
             "expired_from": self.expired_from,
             # Never empty: `item_id = ANY('{}')` is a contradiction, and a custom plan may
             # then read any partial index whole (the leased one, under an old snapshot,
@@ -81,14 +102,19 @@ class Cursor:
         }
 
     @classmethod
-    def from_row(cls, row: dict[str, Any]) -> Cursor:
+    def from_row(cls, row: dict[str, Any], *, fair: bool) -> Cursor:
+        """The cursor `advance_cursor` moved to from one whose lanes were `fair`."""
         lanes = {
-            priority: (at, str(item_id))
-            for priority, at, item_id in zip(row["priorities"], row["ats"], row["ids"], strict=True)
+            (priority, key): (at, str(item_id))
+            for priority, key, at, item_id in zip(
+                row["priorities"], row["keys"], row["ats"], row["ids"], strict=True
+            )
         }
         return cls(
             xmin=row["xmin"],
             lanes=lanes,
+            fair=fair,
+            fairness=row["fairness"],
             expired_from=row["expired_from"],
             active=tuple(str(item_id) for item_id in row["active_ids"]),
             server=row["server"],
@@ -141,15 +167,44 @@ def put(conn: Conn, tenant: str, queue: str, cursor: Cursor, *, used: Cursor) ->
     """Keep `cursor`, moved from `used` by `advance_cursor`. When the server is another
     than `used`'s (a failover or a restart behind the same connection, as through a
     pooler), the move started from positions on the old server, whose last commits may be
-    gone: the connection starts again from the indexes' start."""
+    gone: the connection starts again from the indexes' start. So it does, with lanes of
+    the other kind, when the queue's fairness is not the one its lanes were made for."""
     if used.server is not None and used.server != cursor.server:
         _cursors[conn] = {}
-        cursor = Cursor(server=cursor.server)
+        cursor = Cursor(server=cursor.server, fairness=cursor.fairness)
+    fair = cursor.fairness == "partition_key"
+    if fair != cursor.fair:
+        cursor = Cursor(server=cursor.server, fair=fair, fairness=cursor.fairness)
     _cursors.setdefault(conn, {})[(tenant, queue)] = cursor
     if cursor.server is None:
         return
     _servers[conn] = cursor.server
     key = (cursor.server, tenant, queue)
     shared = _shared.get(key)
+    if shared is not None and shared.fair != fair:
+        # Nor may another connection start from a cursor of the other kind: it would go
+        # back to it at every acquire, each reading all that happened since it was made.
+        del _shared[key]
+        shared = None
     if shared is None or _fresher(cursor, shared):
         _shared[key] = cursor
+
+
+# Per (tenant, queue) of a fair queue, each partition key's last turn in this process (a
+# count that only grows): the lanes are read in that order, the key served longest ago (or
+# never) first.
+_turns: dict[tuple[str, str], dict[str, int]] = {}
+_turn = itertools.count(1)
+
+
+def turns(tenant: str, queue: str) -> dict[str, int]:
+    """The keys' last turns on a queue in this process (a key never served: none)."""
+    return _turns.get((tenant, queue), {})
+
+
+def served(tenant: str, queue: str, keys: Iterable[str | None]) -> None:
+    """The keys of the rows an acquire leased, in the order it leased them, had their
+    turn: they go after every other key."""
+    taken = _turns.setdefault((tenant, queue), {})
+    for key in keys:
+        taken[key or ""] = next(_turn)

@@ -111,7 +111,7 @@ async def open_figures(conn: Conn, queues: Iterable[tuple[str, str]]) -> list[Ro
         row = await read.fetchone()
         assert cursor is not None
         assert row is not None
-        cursors.put(conn, tenant, queue, cursors.Cursor.from_row(cursor), used=used)
+        cursors.put(conn, tenant, queue, cursors.Cursor.from_row(cursor, fair=used.fair), used=used)
         figures.append(row)
     return figures
 
@@ -233,6 +233,7 @@ async def put_settings(
     rate_limit: int | None,
     rate_interval: timedelta | None,
     rate_partitioned: bool,
+    fairness: str,
 ) -> Row:
     """The queue's own settings, replaced all at once and ledgered (kind `settings`)."""
     params = {
@@ -249,6 +250,7 @@ async def put_settings(
         "rate_limit": rate_limit,
         "rate_interval": rate_interval,
         "rate_partitioned": rate_partitioned,
+        "fairness": fairness,
     }
     row = await fetch_one(conn, _SQL["put_settings"], params)
     assert row is not None  # an upsert returns its row

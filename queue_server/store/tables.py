@@ -214,6 +214,19 @@ work_items = Table(
         "item_id",
         postgresql_where=text("state = 'ready'"),
     ),
+    # A fair queue's acquire reads each partition key's ready rows from its own place (0040);
+    # only a statement that names the key may read it (its predicate: see the migration).
+    Index(
+        "ix_work_items_ready_keyed",
+        "tenant_id",
+        "queue",
+        text("coalesce(partition_key, '')"),
+        text("priority DESC"),
+        "available_at",
+        "item_id",
+        postgresql_where=text("state = 'ready' AND coalesce(partition_key, '') IS NOT NULL"),
+        postgresql_include=["partition_key"],
+    ),
     # Rows made ready, or leased, since a cursor's snapshot: ids at or past its xmin.
     Index(
         "ix_work_items_ready_placed",
@@ -743,6 +756,9 @@ queues = Table(
     Column("rate_limit", Integer, nullable=True),
     Column("rate_interval", Interval, nullable=True),
     Column("rate_partitioned", Boolean, nullable=False, server_default=text("false")),
+    # How the acquire orders a priority's due items (0040): by when each became due
+    # (`arrival`), or round-robin between their partition keys (`partition_key`).
+    Column("fairness", Text, nullable=False, server_default=text("'arrival'::text")),
     ForeignKeyConstraint(["tenant_id"], ["tenants.tenant_id"], ondelete="CASCADE"),
     CheckConstraint("(paused_at IS NULL) = (paused_by IS NULL)", name="paused_has_actor"),
     CheckConstraint(
@@ -755,6 +771,7 @@ queues = Table(
         name="rate_limit_given_whole",
     ),
     CheckConstraint("concurrency IS NULL OR concurrency >= 1", name="concurrency_positive"),
+    CheckConstraint("fairness IN ('arrival', 'partition_key')", name="fairness_known"),
     CheckConstraint(
         "(lease_ttl IS NULL OR lease_ttl > interval '0')"
         " AND (deadline IS NULL OR deadline > interval '0')"

@@ -152,6 +152,27 @@ RATED_MEMORY = 10.0
 _rated: dict[tuple[str, str], float] = {}
 
 
+async def _warm_cursor(conn: Conn, tenant: str, queue: str) -> None:
+    """A connection with no cursor on the queue reads one before its first acquire: from
+    its lanes, that acquire takes a fair queue's keys in turn as every later one does (the
+    whole index read in acquire order would hand out the oldest key's items first). Twice
+    at most: the first read says whether the queue is fair, and its lanes are then made
+    again per key."""
+    for _ in range(2):
+        cursor = cursors.get(conn, tenant, queue)
+        if cursor.xmin is not None:
+            return
+        async with conn.pipeline():
+            read = await conn.execute(
+                cursors.ADVANCE, {**cursor.params(), "tenant": tenant, "queue": queue}
+            )
+        moved = await read.fetchone()
+        assert moved is not None
+        cursors.put(
+            conn, tenant, queue, cursors.Cursor.from_row(moved, fair=cursor.fair), used=cursor
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class Acquired:
     leased: list[Row]  # in acquire order
@@ -203,6 +224,7 @@ async def acquire(
         raise RuntimeError("acquire owns its transactions: the connection must be idle")
     contended = False
     await cursors.learn_server(conn)
+    await _warm_cursor(conn, tenant, queue)
     # A queue with a rate limit is acquired by its own statement, exclusively: the plain
     # one leases nothing from it and says so (as it does when the shared lock has too little
     # room); the process remembers the queue a while and goes to that statement first.
@@ -218,7 +240,7 @@ async def acquire(
         rated, shared = attempts.pop(0)
         cursor = cursors.get(conn, tenant, queue)
         params = {
-            **cursor.params(),
+            **cursor.params(cursors.turns(tenant, queue)),
             "tenant": tenant,
             "queue": queue,
             "worker": worker,
@@ -243,7 +265,9 @@ async def acquire(
         rows = await cur.fetchall()
         moved = await advanced.fetchone()
         assert moved is not None
-        cursors.put(conn, tenant, queue, cursors.Cursor.from_row(moved), used=cursor)
+        cursors.put(
+            conn, tenant, queue, cursors.Cursor.from_row(moved, fair=cursor.fair), used=cursor
+        )
         if not any(row["leased"] is None for row in rows):
             break
         # The shared attempt found too little room: the exclusive one follows. The
@@ -257,6 +281,8 @@ async def acquire(
     for row in rows:
         (leased if row.pop("leased") else quarantined).append(row)
     leased.sort(key=lambda row: (-row["priority"], row["available_at"], str(row["item_id"])))
+    if moved is not None and moved["fairness"] == "partition_key":
+        cursors.served(tenant, queue, (row["partition_key"] for row in leased))
     return Acquired(leased=leased, quarantined=quarantined, contended=contended)
 
 

@@ -244,7 +244,7 @@ def test_connections_to_one_server_share_the_freshest_cursor_and_a_new_server_st
             past = datetime(9999, 1, 1, tzinfo=UTC)
             stale = cursors.Cursor(
                 xmin=cursors.get(b, "acme", "q").xmin,
-                lanes={0: (past, "00000000-0000-0000-0000-000000000000")},
+                lanes={(0, None): (past, "00000000-0000-0000-0000-000000000000")},
                 expired_from=past,
                 server="a server before the failover",
             )

@@ -25,11 +25,11 @@ from tests.helpers.api import Api
 ORDER = (
     "tenant", "queue", "worker", "ttl", "max_items", "shard", "shared", "deadline",
     "base_limit", "max_ttl", "max_approved", "key_id", "since_xid", "lane_priority",
-    "lane_at", "lane_id", "expired_from", "active_ids", "until_xid",
+    "lane_at", "lane_id", "expired_from", "active_ids", "until_xid", "lane_key",
 )  # fmt: skip
 TYPES = (
     "text, text, text, interval, int, int, bool, interval, int, interval, int, text, xid8,"
-    " int[], timestamptz[], uuid[], timestamptz, uuid[], xid8"
+    " int[], timestamptz[], uuid[], timestamptz, uuid[], xid8, text[]"
 )
 TERMS: dict[str, Any] = {
     "ttl": timedelta(seconds=30),
@@ -107,18 +107,22 @@ async def forty_and_an_acquire(conn: psycopg.AsyncConnection[Any]) -> None:
     await transitions.acquire(conn, tenant="acme", queue="q", worker="w", max_items=20, **TERMS)
 
 
-@pytest.mark.parametrize("rate", [False, True], ids=["plain", "rate-limit-per-key"])
+@pytest.mark.parametrize("kind", ["plain", "rate-limit-per-key", "fair-between-50-keys"])
 def test_an_acquire_under_a_held_snapshot_costs_the_same_after_twenty_times_the_history(
-    api: Api, database_url: str, rate: bool
+    api: Api, database_url: str, kind: str
 ) -> None:
     holder = psycopg.connect(database_url)
     probe = psycopg.connect(database_url, autocommit=True, row_factory=dict_row)
-    if rate:  # one no acquire reaches: its cost, not its waits
+    if kind == "rate-limit-per-key":  # one no acquire reaches: its cost, not its waits
         probe.execute(
             "INSERT INTO queues (tenant_id, queue, rate_limit, rate_interval, rate_partitioned)"
             " VALUES ('acme', 'q', 1000000, interval '1 second', true)"
         )
-    _prepared(probe, "acquire_rated" if rate else "acquire")
+    if kind == "fair-between-50-keys":  # a lane per key: each read from its own place
+        probe.execute(
+            "INSERT INTO queues (tenant_id, queue, fairness) VALUES ('acme', 'q', 'partition_key')"
+        )
+    _prepared(probe, "acquire" if kind == "plain" else "acquire_rated")
 
     async def run() -> tuple[int, int]:
         async with await psycopg.AsyncConnection.connect(

@@ -1042,6 +1042,7 @@ class ClientCore:
         rate_limit: int | None = None,
         rate_per: float | None = None,
         rate_partitioned: bool = False,
+        fairness: Literal["arrival", "partition_key"] | None = None,
         idempotency_key: str | None = None,
         tenant: str | None = None,
     ) -> Flow[QueueSettings]:
@@ -1050,7 +1051,9 @@ class ClientCore:
         `ordering_dead_letters`: whether an item of an ordering key that goes to dead letters
         lets the next of its key go (`release`, the default) or holds the key (`hold`).
         `rate_limit` leases at most in any `rate_per` seconds, over the queue or per partition
-        key (`rate_partitioned`); None: no rate limit."""
+        key (`rate_partitioned`); None: no rate limit. `fairness`: how a priority's due items
+        are handed out, the one due longest first (`arrival`, the default) or round-robin
+        between their partition keys (`partition_key`)."""
         path = yield from self._at(tenant, f"/queues/{queue}/settings")
         body = {
             "lease_ttl": lease_ttl,
@@ -1058,6 +1061,7 @@ class ClientCore:
             "max_acquisitions": max_acquisitions,
             "retry": {"base": retry_base, "cap": retry_cap, "jitter": retry_jitter},
             "ordering_dead_letters": ordering_dead_letters,
+            "fairness": fairness,
             "rate_limit": (
                 None
                 if rate_limit is None

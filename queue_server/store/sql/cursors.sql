@@ -12,33 +12,56 @@
 -- ready index; with this statement's xmin, below which every transaction has ended. A row
 -- not visible now is made ready by a transaction at or past that xmin: the next acquire
 -- finds it by its `placed_xid` wherever it lies.
+-- A cursor of a fair queue (`fair`: migration 0040) has a lane per priority and partition
+-- key (`key`; '' for items without one), read from the keyed ready index; one of any other
+-- queue has a lane per priority (its `key` NULL). `fairness` is the queue's setting now:
+-- a cursor made for the other one starts again from the indexes' start (store/cursors.py).
 WITH lanes AS (
-    SELECT * FROM unnest(%(lane_priority)s::int[], %(lane_at)s::timestamptz[],
-                         %(lane_id)s::uuid[]) AS l(priority, at, id)
+    SELECT * FROM unnest(%(lane_priority)s::int[], %(lane_key)s::text[],
+                         %(lane_at)s::timestamptz[], %(lane_id)s::uuid[])
+                  AS l(priority, key, at, id)
 ), seen AS (
-    SELECT f.priority, f.available_at, f.item_id
+    SELECT f.priority, f.key, f.available_at, f.item_id
     FROM lanes l CROSS JOIN LATERAL (
-        SELECT priority, available_at, item_id FROM work_items
-        WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'ready'
-          AND priority = l.priority AND (available_at, item_id) >= (l.at, l.id)
-        ORDER BY available_at, item_id
-        LIMIT 1
+        (SELECT priority, NULL::text AS key, available_at, item_id FROM work_items
+         WHERE l.key IS NULL
+           AND tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'ready'
+           AND priority = l.priority AND (available_at, item_id) >= (l.at, l.id)
+         ORDER BY available_at, item_id
+         LIMIT 1)
+        UNION ALL
+        (SELECT priority, l.key, available_at, item_id FROM work_items
+         WHERE l.key IS NOT NULL
+           AND tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'ready'
+           AND coalesce(partition_key, '') = l.key AND priority = l.priority
+           AND (available_at, item_id) >= (l.at, l.id)
+         ORDER BY available_at, item_id
+         LIMIT 1)
     ) AS f
     UNION ALL
-    SELECT priority, available_at, item_id FROM (
-        SELECT tenant_id, queue, priority, available_at, item_id FROM work_items
+    SELECT priority, CASE WHEN %(fair)s THEN coalesce(partition_key, '') END, available_at,
+           item_id
+    FROM (
+        SELECT tenant_id, queue, priority, partition_key, available_at, item_id
+        FROM work_items
         WHERE placed_xid >= %(since_xid)s::xid8 AND placed_xid < %(until_xid)s::xid8
           AND state = 'ready'
         OFFSET 0
     ) AS placed
     WHERE tenant_id = %(tenant)s AND queue = %(queue)s
     UNION ALL
-    SELECT priority, available_at, item_id FROM work_items
-    WHERE %(since_xid)s::xid8 IS NULL
+    SELECT priority, NULL, available_at, item_id FROM work_items
+    WHERE %(since_xid)s::xid8 IS NULL AND NOT %(fair)s
       AND tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'ready'
+    UNION ALL
+    -- From the keyed index (its predicate named, so that it may be read), which holds the key.
+    SELECT priority, coalesce(partition_key, ''), available_at, item_id FROM work_items
+    WHERE %(since_xid)s::xid8 IS NULL AND %(fair)s
+      AND tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'ready'
+      AND coalesce(partition_key, '') IS NOT NULL
 ), firsts AS (
-    SELECT DISTINCT ON (priority) priority, available_at, item_id FROM seen
-    ORDER BY priority, available_at, item_id
+    SELECT DISTINCT ON (priority, key) priority, key, available_at, item_id FROM seen
+    ORDER BY priority, key, available_at, item_id
 ), leases AS (
     -- The leases: the first to expire by now from the current cursor, and every lease made
     -- or extended since its snapshot; the cursor is now when none has expired.
@@ -82,11 +105,14 @@ WITH lanes AS (
 SELECT pg_snapshot_xmin(pg_current_snapshot())::text AS xmin,
        -- The running server (store/cursors.py shares a cursor among connections to it).
        pg_postmaster_start_time()::text AS server,
-       coalesce(array_agg(priority ORDER BY priority), '{}') AS priorities,
-       coalesce(array_agg(available_at ORDER BY priority), '{}') AS ats,
-       coalesce(array_agg(item_id ORDER BY priority), '{}') AS ids,
+       coalesce(array_agg(priority ORDER BY priority, key), '{}') AS priorities,
+       coalesce(array_agg(key ORDER BY priority, key), '{}') AS keys,
+       coalesce(array_agg(available_at ORDER BY priority, key), '{}') AS ats,
+       coalesce(array_agg(item_id ORDER BY priority, key), '{}') AS ids,
        least(statement_timestamp(), (SELECT min(lease_expires_at) FROM leases)) AS expired_from,
-       ARRAY(SELECT item_id FROM active) AS active_ids
+       ARRAY(SELECT item_id FROM active) AS active_ids,
+       coalesce((SELECT fairness FROM queues WHERE tenant_id = %(tenant)s AND queue = %(queue)s),
+                'arrival') AS fairness
 FROM firsts;
 
 -- name: server_started

@@ -138,13 +138,22 @@ WHERE e.tenant_id = %(tenant)s AND e.queue = %(queue)s ORDER BY e.seq DESC LIMIT
 -- extended since. With no cursor: the whole ranges, once. A lease is active while it has
 -- not expired; its age counts from its acquisition (`leased_at`).
 WITH lanes AS (
-    SELECT * FROM unnest(%(lane_priority)s::int[], %(lane_at)s::timestamptz[],
-                         %(lane_id)s::uuid[]) AS l(priority, at, id)
+    SELECT * FROM unnest(%(lane_priority)s::int[], %(lane_key)s::text[],
+                         %(lane_at)s::timestamptz[], %(lane_id)s::uuid[])
+                  AS l(priority, key, at, id)
 ), ready AS (
+    -- A fair queue's cursor has a lane per priority and partition key (`key`, 0040).
     SELECT r.item_id, r.available_at FROM lanes l CROSS JOIN LATERAL (
         SELECT item_id, available_at FROM work_items
-        WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'ready'
+        WHERE l.key IS NULL
+          AND tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'ready'
           AND priority = l.priority AND (available_at, item_id) >= (l.at, l.id)
+        UNION ALL
+        SELECT item_id, available_at FROM work_items
+        WHERE l.key IS NOT NULL
+          AND tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'ready'
+          AND coalesce(partition_key, '') = l.key AND priority = l.priority
+          AND (available_at, item_id) >= (l.at, l.id)
         OFFSET 0  -- read per lane from its place: joined, the whole range would be
     ) AS r
     UNION
@@ -373,21 +382,21 @@ WHERE d.tenant_id = old.tenant_id AND d.queue = old.queue AND d.sampled_at = old
 
 -- name: put_settings
 -- The queue's own settings, all of them at once (NULL: the tenant's default, else the
--- policy's; `ordering_dead_letters` has its own default, release), ledgered on the queue
--- with the values before and after.
+-- policy's; `ordering_dead_letters` has its own default, release, and `fairness` its own,
+-- arrival), ledgered on the queue with the values before and after.
 WITH before AS (
     SELECT lease_ttl, deadline, max_acquisitions, retry_base, retry_cap, retry_jitter,
            ordering_dead_letters, rate_limit, extract(epoch FROM rate_interval) AS rate_per,
-           rate_partitioned
+           rate_partitioned, fairness
     FROM queues WHERE tenant_id = %(tenant)s AND queue = %(queue)s
 ), q AS (
     INSERT INTO queues AS t (tenant_id, queue, lease_ttl, deadline, max_acquisitions,
                              retry_base, retry_cap, retry_jitter, ordering_dead_letters,
-                             rate_limit, rate_interval, rate_partitioned,
+                             rate_limit, rate_interval, rate_partitioned, fairness,
                              settings_updated_at, settings_updated_by, event_seq, updated_at)
     VALUES (%(tenant)s, %(queue)s, %(lease_ttl)s, %(deadline)s, %(max_acquisitions)s,
             %(retry_base)s, %(retry_cap)s, %(retry_jitter)s, %(ordering_dead_letters)s,
-            %(rate_limit)s, %(rate_interval)s, %(rate_partitioned)s,
+            %(rate_limit)s, %(rate_interval)s, %(rate_partitioned)s, %(fairness)s,
             statement_timestamp(), %(actor)s, 1, statement_timestamp())
     ON CONFLICT (tenant_id, queue) DO UPDATE
     SET lease_ttl = excluded.lease_ttl, deadline = excluded.deadline,
@@ -395,7 +404,7 @@ WITH before AS (
         retry_cap = excluded.retry_cap, retry_jitter = excluded.retry_jitter,
         ordering_dead_letters = excluded.ordering_dead_letters,
         rate_limit = excluded.rate_limit, rate_interval = excluded.rate_interval,
-        rate_partitioned = excluded.rate_partitioned,
+        rate_partitioned = excluded.rate_partitioned, fairness = excluded.fairness,
         settings_updated_at = excluded.settings_updated_at,
         settings_updated_by = excluded.settings_updated_by, event_seq = t.event_seq + 1,
         updated_at = excluded.updated_at
@@ -412,7 +421,7 @@ WITH before AS (
                    'retry_cap', q.retry_cap, 'retry_jitter', q.retry_jitter,
                    'ordering_dead_letters', q.ordering_dead_letters,
                    'rate_limit', q.rate_limit, 'rate_per', extract(epoch FROM q.rate_interval),
-                   'rate_partitioned', q.rate_partitioned))
+                   'rate_partitioned', q.rate_partitioned, 'fairness', q.fairness))
     FROM q
 )
 SELECT * FROM q;
@@ -422,7 +431,7 @@ SELECT * FROM q;
 SELECT t.default_lease_ttl, t.default_max_acquisitions,
        q.lease_ttl, q.deadline, q.max_acquisitions, q.retry_base, q.retry_cap, q.retry_jitter,
        q.ordering_dead_letters, q.rate_limit, q.rate_interval,
-       coalesce(q.rate_partitioned, false) AS rate_partitioned,
+       coalesce(q.rate_partitioned, false) AS rate_partitioned, q.fairness,
        q.settings_updated_at, q.settings_updated_by
 FROM tenants t
 LEFT JOIN queues q ON q.tenant_id = t.tenant_id AND q.queue = %(queue)s

@@ -120,9 +120,10 @@ WITH terms AS (
            -- A paused queue hands out nothing; pause takes this queue's lock exclusively.
            EXISTS (SELECT 1 FROM queues WHERE tenant_id = %(tenant)s AND queue = %(queue)s
                    AND paused_at IS NOT NULL) AS paused,  --@acquire
-           -- A rate-limited queue (migration 0032) is acquired by `acquire_rated`.  --@acquire
+           -- A rate-limited queue (migration 0032), or a fair one (0040), is acquired by  --@acquire
+           -- `acquire_rated`.  --@acquire
            EXISTS (SELECT 1 FROM queues WHERE tenant_id = %(tenant)s AND queue = %(queue)s  --@acquire
-                   AND rate_limit IS NOT NULL) AS rated  --@acquire
+                   AND (rate_limit IS NOT NULL OR fairness <> 'arrival')) AS rated  --@acquire
                    AND paused_at IS NOT NULL) AS paused  --@acquire_rated
 ), room AS (
     SELECT CASE WHEN contended OR paused THEN 0  --@acquire
@@ -209,9 +210,17 @@ WITH terms AS (
     ) AS late
 ), lanes AS (
     -- The connection's cursor on this queue (queue_server/store/cursors.py): per priority,
-    -- the first ready row it saw; no ready row it could see lay before it.
-    SELECT * FROM unnest(%(lane_priority)s::int[], %(lane_at)s::timestamptz[],
-                         %(lane_id)s::uuid[]) AS l(priority, at, id)
+    -- the first ready row it saw; no ready row it could see lay before it. A fair queue's
+    -- (0040) has a lane per priority and partition key (`key`; '' for none), in the order
+    -- its keys take their turns (`ord`: the one served longest ago first).
+    SELECT * FROM unnest(%(lane_priority)s::int[], %(lane_key)s::text[],
+                         %(lane_at)s::timestamptz[], %(lane_id)s::uuid[])
+                  WITH ORDINALITY AS l(priority, key, at, id, ord)
+), fair AS (  --@acquire_rated
+    -- Round-robin between partition keys (0040): each key's first due item, in the keys'  --@acquire_rated
+    -- turns, then each key's second, ...  --@acquire_rated
+    SELECT EXISTS (SELECT 1 FROM queues WHERE tenant_id = %(tenant)s AND queue = %(queue)s  --@acquire_rated
+                   AND fairness = 'partition_key') AS by_key  --@acquire_rated
 ), due AS (
     -- With no cursor yet: the ready index from its start (what the cursor spares: under an
     -- old snapshot, every row taken since it began left an entry there to walk past).
@@ -230,23 +239,72 @@ WITH terms AS (
     UNION ALL
     -- Each priority the cursor knows, from its place: the highest first, and no lower one
     -- read once `n` rows are found.
-    SELECT * FROM (
-        SELECT d.* FROM (SELECT * FROM lanes ORDER BY priority DESC) AS l
-        CROSS JOIN LATERAL (
+    SELECT * FROM (  --@acquire
+        SELECT d.* FROM (SELECT * FROM lanes ORDER BY priority DESC) AS l  --@acquire
+        CROSS JOIN LATERAL (  --@acquire
             SELECT item_id, 1 AS src, priority, available_at AS since  --@acquire
-            SELECT item_id, 1 AS src, priority, available_at AS since, partition_key AS pkey  --@acquire_rated
-            FROM work_items
-            WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'ready'
-              AND priority = l.priority AND (available_at, item_id) >= (l.at, l.id)
-              AND available_at <= statement_timestamp()
-            ORDER BY available_at, item_id
+            FROM work_items  --@acquire
+            WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'ready'  --@acquire
+              AND priority = l.priority AND (available_at, item_id) >= (l.at, l.id)  --@acquire
+              AND available_at <= statement_timestamp()  --@acquire
+            ORDER BY available_at, item_id  --@acquire
             LIMIT (SELECT n FROM room)  --@acquire
-            LIMIT (SELECT m FROM room)  --@acquire_rated
-            FOR UPDATE SKIP LOCKED
-        ) AS d
+            FOR UPDATE SKIP LOCKED  --@acquire
+        ) AS d  --@acquire
         LIMIT (SELECT n FROM room)  --@acquire
+    ) AS resumed  --@acquire
+    -- A fair queue's lanes are per key: each of a priority's keys gives its share of the  --@acquire_rated
+    -- room (`width`: the priority's keys), in their turns; then, as far as the room  --@acquire_rated
+    -- is not filled, the keys in turn give more (`filled`: a key with few items leaves  --@acquire_rated
+    -- its share to the others). No lane is read once `m` rows are found.  --@acquire_rated
+    SELECT * FROM (  --@acquire_rated
+        SELECT d.* FROM (SELECT *, count(*) OVER (PARTITION BY priority) AS width  --@acquire_rated
+                         FROM lanes ORDER BY priority DESC, ord) AS l  --@acquire_rated
+        CROSS JOIN LATERAL (  --@acquire_rated
+            SELECT * FROM (  --@acquire_rated
+                SELECT item_id, 1 AS src, priority, available_at AS since, partition_key AS pkey  --@acquire_rated
+                FROM work_items  --@acquire_rated
+                WHERE l.key IS NULL  --@acquire_rated
+                  AND tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'ready'  --@acquire_rated
+                  AND priority = l.priority AND (available_at, item_id) >= (l.at, l.id)  --@acquire_rated
+                  AND available_at <= statement_timestamp()  --@acquire_rated
+                ORDER BY available_at, item_id  --@acquire_rated
+                LIMIT (SELECT m FROM room)  --@acquire_rated
+                FOR UPDATE SKIP LOCKED  --@acquire_rated
+            ) AS whole  --@acquire_rated
+            UNION ALL  --@acquire_rated
+            SELECT * FROM (  --@acquire_rated
+                SELECT item_id, 1 AS src, priority, available_at AS since, partition_key AS pkey  --@acquire_rated
+                FROM work_items  --@acquire_rated
+                WHERE l.key IS NOT NULL  --@acquire_rated
+                  AND tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'ready'  --@acquire_rated
+                  AND coalesce(partition_key, '') = l.key AND priority = l.priority  --@acquire_rated
+                  AND (available_at, item_id) >= (l.at, l.id)  --@acquire_rated
+                  AND available_at <= statement_timestamp()  --@acquire_rated
+                ORDER BY available_at, item_id  --@acquire_rated
+                LIMIT ceil((SELECT m FROM room)::numeric / l.width)::int  --@acquire_rated
+                FOR UPDATE SKIP LOCKED  --@acquire_rated
+            ) AS shared  --@acquire_rated
+        ) AS d  --@acquire_rated
         LIMIT (SELECT m FROM room)  --@acquire_rated
-    ) AS resumed
+    ) AS resumed  --@acquire_rated
+    UNION ALL  --@acquire_rated
+    SELECT * FROM (  --@acquire_rated
+        SELECT d.* FROM (SELECT * FROM lanes WHERE key IS NOT NULL  --@acquire_rated
+                         ORDER BY priority DESC, ord) AS l  --@acquire_rated
+        CROSS JOIN LATERAL (  --@acquire_rated
+            SELECT item_id, 1 AS src, priority, available_at AS since, partition_key AS pkey  --@acquire_rated
+            FROM work_items  --@acquire_rated
+            WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'ready'  --@acquire_rated
+              AND coalesce(partition_key, '') = l.key AND priority = l.priority  --@acquire_rated
+              AND (available_at, item_id) >= (l.at, l.id)  --@acquire_rated
+              AND available_at <= statement_timestamp()  --@acquire_rated
+            ORDER BY available_at, item_id  --@acquire_rated
+            LIMIT (SELECT m FROM room)  --@acquire_rated
+            FOR UPDATE SKIP LOCKED  --@acquire_rated
+        ) AS d  --@acquire_rated
+        LIMIT (SELECT m FROM room)  --@acquire_rated
+    ) AS filled  --@acquire_rated
     UNION ALL
     -- Rows made ready by a transaction the cursor's snapshot did not see (committed late,
     -- behind the cursor, or of a priority it did not know), found by that transaction's id.
@@ -260,14 +318,23 @@ WITH terms AS (
             WHERE tenant_id = %(tenant)s
               AND item_id = ANY(ARRAY(
                   SELECT item_id FROM (
-                      SELECT item_id, tenant_id, queue, priority, available_at FROM work_items
+                      SELECT item_id, tenant_id, queue, priority, available_at FROM work_items  --@acquire
+                      SELECT item_id, tenant_id, queue, priority, available_at,  --@acquire_rated
+                             coalesce(partition_key, '') AS pkey FROM work_items  --@acquire_rated
                       WHERE placed_xid >= %(since_xid)s::xid8 AND placed_xid < %(until_xid)s::xid8
                         AND state = 'ready'
                       OFFSET 0
                   ) AS placed
                   WHERE tenant_id = %(tenant)s AND queue = %(queue)s
                     AND available_at <= statement_timestamp()
-                  ORDER BY priority DESC, available_at, item_id
+                  ORDER BY priority DESC, available_at, item_id  --@acquire
+                  -- In a fair queue, each key's first before any key's second: a key new  --@acquire_rated
+                  -- since the cursor's snapshot has its turn beside the flood of another.  --@acquire_rated
+                  ORDER BY priority DESC,  --@acquire_rated
+                           CASE WHEN (SELECT by_key FROM fair) THEN  --@acquire_rated
+                               row_number() OVER (PARTITION BY priority, pkey  --@acquire_rated
+                                                  ORDER BY available_at, item_id) END,  --@acquire_rated
+                           available_at, item_id  --@acquire_rated
                   LIMIT (SELECT n FROM room)))  --@acquire
                   LIMIT (SELECT m FROM room)))  --@acquire_rated
             FOR UPDATE SKIP LOCKED
@@ -284,10 +351,18 @@ WITH terms AS (
     -- A row both resumed and late is one candidate. Under a rate limit per partition key,  --@acquire_rated
     -- each key's candidates in order, as many as the room its grants of the last interval  --@acquire_rated
     -- leave (no key: the key '').  --@acquire_rated
+    -- In a fair queue (0040), each key's nth candidate of a priority (`round`) goes before  --@acquire_rated
+    -- any key's next, in the keys' turns (a key new to the cursor first).  --@acquire_rated
     SELECT item_id FROM (  --@acquire_rated
         SELECT c.*, row_number() OVER (PARTITION BY c.pkey  --@acquire_rated
                                        ORDER BY c.src, c.priority DESC, c.since, c.item_id)  --@acquire_rated
-                        AS nth  --@acquire_rated
+                        AS nth,  --@acquire_rated
+               CASE WHEN (SELECT by_key FROM fair) THEN  --@acquire_rated
+                   row_number() OVER (PARTITION BY c.src, c.priority, c.pkey  --@acquire_rated
+                                      ORDER BY c.since, c.item_id) END AS round,  --@acquire_rated
+               CASE WHEN (SELECT by_key FROM fair) THEN  --@acquire_rated
+                   coalesce((SELECT min(l.ord) FROM lanes l  --@acquire_rated
+                             WHERE l.priority = c.priority AND l.key = c.pkey), 0) END AS turn  --@acquire_rated
         FROM (SELECT DISTINCT item_id, src, priority, since, coalesce(pkey, '') AS pkey  --@acquire_rated
               FROM (SELECT item_id, src, priority, since, pkey FROM expired  --@acquire_rated
                     UNION ALL SELECT * FROM due) AS a) AS c  --@acquire_rated
@@ -300,7 +375,8 @@ WITH terms AS (
                                                AND g.granted_at  --@acquire_rated
                                                    > statement_timestamp() - r.per), 0)  --@acquire_rated
                     FROM rate r)  --@acquire_rated
-    ORDER BY src, priority DESC, since, item_id
+    ORDER BY src, priority DESC, since, item_id  --@acquire
+    ORDER BY src, priority DESC, round, turn, since, item_id  --@acquire_rated
     LIMIT (SELECT n FROM room)
 ), overdue AS (
     -- Picked leases that ran to their deadline: each gets a deadline_exceeded event, and

@@ -1,0 +1,198 @@
+"""Fairness between partition keys (migration 0040): a queue set to `fairness:
+partition_key` hands out a priority's due items round-robin between their keys, so a key
+that floods the queue does not hold back another key's items."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from queue_server.settings import Settings
+from tests.helpers.api import Api, policy_file
+from tests.helpers.items import complete_leases
+
+Db = psycopg.Connection[dict[str, object]]
+
+FLOOD = 50_000
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    """A policy whose backlog ceiling holds the flood."""
+    backpressure = {
+        "mechanism": "durable-backlog-cap",
+        "max-queued": FLOOD + 1_000,
+        "reserve-for-active": True,
+    }
+    cells: dict[str, dict[str, object]] = {"durable-leased-work": {"backpressure": backpressure}}
+    policy = policy_file(tmp_path / "flood.json", cells, version="test.flood")
+    return Settings(data_dir=tmp_path, policy=str(policy))
+
+
+def put_settings(api: Api, **settings: Any) -> httpx.Response:
+    return api.operator.put(
+        "/v1/tenants/acme/queues/q/settings",
+        json=settings,
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+
+
+def enqueue_many(api: Api, items: list[dict[str, Any]]) -> None:
+    for start in range(0, len(items), 500):
+        answer = api.worker.post(
+            "/v1/tenants/acme/queues/q/items:batch",
+            json={"items": items[start : start + 500]},
+            headers={"Idempotency-Key": uuid.uuid4().hex},
+        )
+        assert answer.status_code == 201, answer.text
+
+
+def keys_of(api: Api, leases: list[dict[str, Any]]) -> Counter[str]:
+    return Counter(
+        api.worker.get(f"/v1/tenants/acme/items/{lease['item_id']}").json()["partition_key"] or ""
+        for lease in leases
+    )
+
+
+def test_a_key_that_floods_the_queue_does_not_hold_back_another_keys_items(api: Api) -> None:
+    grown = api.admin.put("/v1/tenants/acme", json={"backlog_cap": FLOOD + 1_000})
+    assert grown.status_code == 200, grown.text
+    api.approve("q", 50)
+    assert put_settings(api, fairness="partition_key").status_code == 200
+    enqueue_many(api, [{"payload": n, "partition_key": "A"} for n in range(FLOOD)])
+    for _ in range(2):  # the workers are busy with A's backlog
+        leases = api.acquire(max_items=10)
+        assert keys_of(api, leases) == {"A": 10}
+        complete_leases(api, leases)
+    enqueue_many(api, [{"payload": n, "partition_key": "B"} for n in range(10)])
+    seen: Counter[str] = Counter()
+    for _ in range(2):  # B's ten are handed out beside A's, not after its 49,980
+        leases = api.acquire(max_items=10)
+        seen += keys_of(api, leases)
+        complete_leases(api, leases)
+    assert seen == {"A": 10, "B": 10}
+
+
+def test_keys_take_turns_and_an_item_without_a_key_is_one_more_key(api: Api) -> None:
+    api.approve("q", 50)
+    answer = put_settings(api, fairness="partition_key")
+    assert answer.json()["fairness"] == {"value": "partition_key", "source": "queue"}
+    enqueue_many(
+        api,
+        [{"payload": n, "partition_key": "a"} for n in range(20)]
+        + [{"payload": n, "partition_key": "b"} for n in range(20)]
+        + [{"payload": n} for n in range(20)]
+        + [{"payload": n, "partition_key": "c"} for n in range(2)],
+    )
+    first = keys_of(api, api.acquire(max_items=12))
+    # A share each (12 over 4 keys), c's two, then one more of the key whose turn is first.
+    assert first["c"] == 2, first
+    assert sum(first.values()) == 12, first
+    assert sorted(first[k] for k in ("a", "b", "")) == [3, 3, 4], first
+    # c has none left: the three others have at least their share of the next twelve (the
+    # acquire still counts c among the keys it shares the room between: its lanes are of
+    # the look before), and the room c leaves goes to the key whose turn is first.
+    second = keys_of(api, api.acquire(max_items=12))
+    assert sum(second.values()) == 12, second
+    assert set(second) == {"a", "b", ""}, second
+    assert min(second.values()) >= 3, second
+    # Then the three share it evenly.
+    assert keys_of(api, api.acquire(max_items=12)) == {"a": 4, "b": 4, "": 4}
+
+
+def test_switched_back_to_arrival_the_queue_hands_out_by_age_again(api: Api, db: Db) -> None:
+    api.approve("q", 50)
+    assert put_settings(api, fairness="partition_key").status_code == 200
+    enqueue_many(api, [{"payload": n, "partition_key": "A"} for n in range(30)])
+    enqueue_many(api, [{"payload": n, "partition_key": "B"} for n in range(30)])
+    assert keys_of(api, api.acquire(max_items=10)) == {"A": 5, "B": 5}
+    answer = put_settings(api, fairness="arrival")
+    assert answer.json()["fairness"] == {"value": "arrival", "source": "default"}
+    assert keys_of(api, api.acquire(max_items=10)) == {"A": 10}  # the oldest first
+    assert put_settings(api, fairness="partition_key").status_code == 200
+    assert keys_of(api, api.acquire(max_items=10)) == {"A": 5, "B": 5}
+    # Each change is the queue's settings event, with the values before and after.
+    events = db.execute(
+        "SELECT data FROM queue_events WHERE tenant_id = 'acme' AND queue = 'q'"
+        " AND kind = 'settings' ORDER BY seq"
+    ).fetchall()
+    assert [e["data"]["after"]["fairness"] for e in events] == [  # type: ignore[index]
+        "partition_key", "arrival", "partition_key",
+    ]  # fmt: skip
+
+
+def test_a_bad_fairness_is_refused_naming_the_field(api: Api) -> None:
+    refused = put_settings(api, fairness="weighted")
+    assert refused.status_code == 422, refused.text
+    assert refused.json()["errors"][0]["loc"] == ["body", "fairness"]
+    assert api.operator.get("/v1/tenants/acme/queues/q/settings").json()["fairness"] == {
+        "value": "arrival",
+        "source": "default",
+    }
+
+
+def drain(url: str, key: str, worker: str, until: float) -> list[int]:
+    """A worker process: acquire and complete until the queue is empty (or `until`); the
+    completions' statuses."""
+    statuses = []
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}) as client:
+        idle = 0
+        while time.time() < until and idle < 3:
+            answer = client.post(
+                "/v1/tenants/acme/queues/q/leases",
+                json={"worker": worker, "lease_ttl": 30, "max_items": 5},
+            )
+            leases = answer.json()["leases"] if answer.status_code == 200 else []
+            idle = 0 if leases else idle + 1
+            for lease in leases:
+                done = client.post(
+                    f"/v1/tenants/acme/items/{lease['item_id']}/complete",
+                    json={"worker": worker, "fence": lease["fence"]},
+                    headers={"Idempotency-Key": uuid.uuid4().hex},
+                )
+                statuses.append(done.status_code)
+    return statuses
+
+
+def started(_: int) -> bool:
+    time.sleep(0.1)  # long enough that every process of the pool gets one
+    return True
+
+
+@pytest.mark.live
+def test_four_worker_processes_drain_a_fair_queue_each_item_once_keys_in_turn(
+    api: Api, db: Db
+) -> None:
+    api.approve("q", 50)
+    assert put_settings(api, fairness="partition_key").status_code == 200
+    # Key by key: by age, the first forty leases would all be key-0's.
+    enqueue_many(
+        api, [{"payload": n, "partition_key": f"key-{k}"} for k in range(10) for n in range(40)]
+    )
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(4) as pool:
+        assert pool.map(started, range(8)) == [True] * 8
+        until = time.time() + 60
+        runs = pool.starmap(
+            drain, [(api.url, api.keys["worker"], f"w{n}", until) for n in range(4)]
+        )
+    assert sorted(s for run in runs for s in run) == [200] * 400
+    items = db.execute(
+        "SELECT w.state::text AS state, w.partition_key AS key, count(e.*) AS acquired,"
+        " min(e.at) AS first FROM work_items w JOIN item_events e USING (tenant_id, item_id)"
+        " WHERE w.tenant_id = 'acme' AND e.kind = 'acquired'"
+        " GROUP BY w.item_id, w.state, w.partition_key ORDER BY min(e.at)"
+    ).fetchall()
+    # Every item leased once (no two workers held one) and completed.
+    assert len(items) == 400
+    assert {(i["state"], i["acquired"]) for i in items} == {("completed", 1)}
+    # The first forty leases went to every key.
+    assert {i["key"] for i in items[:40]} == {f"key-{k}" for k in range(10)}
