@@ -660,6 +660,11 @@ ON CONFLICT (tenant_id, queue) DO UPDATE
 SET rate_limit = excluded.rate_limit, rate_interval = excluded.rate_interval,
     rate_partitioned = excluded.rate_partitioned
 """
+# A queue that hands out its items round-robin between their partition keys (migration 0040).
+FAIR = """
+INSERT INTO queues (tenant_id, queue, fairness) VALUES (%(tenant)s, 'q', 'partition_key')
+ON CONFLICT (tenant_id, queue) DO UPDATE SET fairness = excluded.fairness
+"""
 PARTITIONED = "UPDATE work_items SET partition_key = 'key-' || (hashtext(item_id::text) & 1023) WHERE tenant_id = %(tenant)s"
 
 
@@ -668,7 +673,8 @@ def phase_flow(run: Run) -> None:
     limit over the queue; under one per partition key with 1,000 keys; and on a queue whose
     items have 1,000 ordering keys (one ready per key, the rest of each key's line waiting
     behind it: each complete makes the next of its key ready); and on a queue that also
-    holds 100,000 items waiting for a dependency (the acquire never reads them). Then the
+    holds 100,000 items waiting for a dependency (the acquire never reads them); and on a
+    queue fair between 1,000 partition keys (round-robin between them). Then the
     time from a dependency's completion to its dependent's lease (`release_latency`)."""
     seconds = run.plan.cost_s * 2
     n = prefill_size(run, "flow", 1, seconds)
@@ -678,6 +684,7 @@ def phase_flow(run: Run) -> None:
         ("partitioned", f"a rate limit per partition key, {PARTITION_KEYS:,} keys"),
         ("ordered", f"{ORDERING_KEYS:,} ordering keys"),
         ("waiting", f"{WAITING_ITEMS:,} items waiting for a dependency"),
+        ("fair", f"fairness between {PARTITION_KEYS:,} partition keys"),
     )
     for name, label in variants:
         tenant = run.new_tenant(f"flow{name}")
@@ -691,8 +698,10 @@ def phase_flow(run: Run) -> None:
                 prefill(run, tenant, "q", n)
             if name in ("rate", "partitioned"):
                 conn.execute(RATE_LIMIT, {"tenant": tenant.name, "partitioned": name != "rate"})
-            if name == "partitioned":
+            if name in ("partitioned", "fair"):
                 conn.execute(PARTITIONED, {"tenant": tenant.name})
+            if name == "fair":
+                conn.execute(FAIR, {"tenant": tenant.name})
             if name == "waiting":
                 conn.execute(
                     WAITING_PREFILL, {"tenant": tenant.name, "queue": "q", "n": WAITING_ITEMS}

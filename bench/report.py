@@ -317,6 +317,7 @@ def _ratios(
         ("partitioned", "a rate limit per partition key (1,000 keys)"),
         ("ordered", "1,000 ordering keys"),
         ("waiting", "100,000 items waiting for a dependency"),
+        ("fair", "fairness between 1,000 partition keys"),
     ):
         feature = figs.get(f"acquire_p50_ms_{name}")
         if not (plain and feature):

@@ -190,6 +190,11 @@ def test_the_readme_and_the_guides_that_follow_it_run_as_written(
     assert "waiting behind the items before it with ordering key acct-9" in flow
     assert "2 completed" in flow
     assert "(completed) already holds unique key day-report" in flow  # unique for a day
+    # Fair between partition keys: the small customer's item (enqueued fourth) right after
+    # the big customer's first.
+    made = re.findall(r"enqueued (\S+) on thumbnails", flow)
+    done = [i for i in re.findall(r"completed (\S+) fence", flow) if i in made]
+    assert done == [made[0], made[3], made[1], made[2]], (made, done)
     # The album waits for its two images, and a worker completes it once they are done.
     workflows = " ".join(outputs["workflows.md"].split())
     assert "3 items" in workflows  # the album's graph: the two images and itself

@@ -35,6 +35,19 @@ def test_a_value_above_the_envelope_exits_4_naming_the_cell(cli: Cli) -> None:
     assert unknown.returncode == 2
 
 
+def test_fairness_is_set_kept_by_other_changes_cleared_and_checked(cli: Cli) -> None:
+    fair = cli.json("queues", "settings", "reports", "--fairness", "partition_key")
+    assert fair["fairness"] == {"value": "partition_key", "source": "queue"}
+    kept = cli.json("queues", "settings", "reports", "--deadline", "600")
+    assert kept["fairness"] == {"value": "partition_key", "source": "queue"}
+    assert "partition_key  (queue)" in cli.run("queues", "settings", "reports").stdout
+    cleared = cli.json("queues", "settings", "reports", "--clear", "fairness")
+    assert cleared["fairness"] == {"value": "arrival", "source": "default"}
+    unknown = cli.run("queues", "settings", "reports", "--fairness", "loudest", ok=False)
+    assert unknown.returncode == 2
+    assert "arrival or partition_key" in unknown.stdout + unknown.stderr
+
+
 def test_work_sends_a_failed_item_back_after_the_backoff(cli: Cli) -> None:
     item = cli.api.enqueue("jobs", {"n": 1})
     done = cli.run("work", "jobs", "--max-items", "1", "--", "false", role="worker", ok=False)

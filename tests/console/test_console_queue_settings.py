@@ -61,11 +61,14 @@ def test_a_value_above_the_envelope_is_refused_naming_the_cell(api: Api) -> None
     assert shown["deadline"]["source"] == "policy"
 
 
-def test_the_form_sets_a_rate_limit_and_a_hold_on_ordering_keys_and_shows_them(api: Api) -> None:
+def test_the_form_sets_a_rate_limit_a_hold_on_ordering_keys_and_fairness_and_shows_them(
+    api: Api,
+) -> None:
     client, _ = sign_in(api.url, api.keys["operator"])
     try:
         page = client.get(PAGE)
         assert "none: an empty limit removes it" in page.text
+        assert "(now arrival)" in page.text
         form = {
             "csrf": form_value(page.text, CSRF),
             "idempotency_key": form_value(page.text, KEY),
@@ -73,13 +76,16 @@ def test_the_form_sets_a_rate_limit_and_a_hold_on_ordering_keys_and_shows_them(a
             "rate_per": "60",
             "rate_partitioned": "on",
             "ordering_hold": "on",
+            "fair": "on",
         }
         saved = client.post(PAGE, data=form, follow_redirects=True)
         assert saved.status_code == 200, saved.text
         assert "now 10 per 60.0 s per partition key" in saved.text
         assert "(now hold)" in saved.text
+        assert "(now partition_key)" in saved.text
     finally:
         client.close()
     shown = api.worker.get("/v1/tenants/acme/queues/reports/settings").json()
     assert shown["rate_limit"]["value"] == {"limit": 10, "per": 60.0, "partitioned": True}
     assert shown["ordering_dead_letters"] == {"value": "hold", "source": "queue"}
+    assert shown["fairness"] == {"value": "partition_key", "source": "queue"}

@@ -157,6 +157,7 @@ async def save_settings(request: Request, tenant: str, queue: str) -> Response:
             "jitter": True if web.form_text(form, "retry_jitter") == "on" else None,
         },
         ordering_dead_letters="hold" if web.form_text(form, "ordering_hold") == "on" else None,
+        fairness="partition_key" if web.form_text(form, "fair") == "on" else None,
         rate_limit=(
             {
                 "limit": _number(form, "rate_limit"),
