@@ -84,9 +84,11 @@ def test_prepared_acquire_plan_reads_the_ready_index_not_the_whole_table(
         sql = sql.replace("%(lane_at)s", "$15").replace("%(lane_id)s", "$16")
         sql = sql.replace("%(expired_from)s", "$17").replace("%(active_ids)s", "$18")
         sql = sql.replace("%(until_xid)s", "$19").replace("%(lane_key)s", "$20")
+        sql = sql.replace("%(lane_width)s", "$21")
         conn.execute(
             "PREPARE acq(text, text, text, interval, int, int, bool, interval, int, interval,"
-            " int, text, xid8, int[], timestamptz[], uuid[], timestamptz, uuid[], xid8, text[])"
+            " int, text, xid8, int[], timestamptz[], uuid[], timestamptz, uuid[], xid8, text[],"
+            " int[])"
             f" AS {sql}"
         )
         generic = "\n".join(
@@ -95,7 +97,7 @@ def test_prepared_acquire_plan_reads_the_ready_index_not_the_whole_table(
                 "EXPLAIN EXECUTE acq('t', 'q', 'w', '30 seconds', 50, 0, false, '900 seconds', 1,"
                 " '30 seconds', 1000, '0123456789abcdef', pg_current_xact_id(), '{0}',"
                 " ARRAY[now()], ARRAY[gen_random_uuid()], now(), ARRAY[gen_random_uuid()],"
-                f" '{cursors.XID8_MAX}', '{{NULL}}')"
+                f" '{cursors.XID8_MAX}', '{{NULL}}', '{{1}}')"
             ).fetchall()
         )
         terms = {

@@ -34,15 +34,16 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
 from psycopg.rows import tuple_row
 
 from queue_server.store.sql import load
-from queue_server.store.types import Conn
+from queue_server.store.types import Conn, Row
 
 _SQL = load("cursors")
 # The connection's next cursor on a queue, from its current one (`Cursor.params`).
@@ -81,25 +82,51 @@ class Cursor:
     # The running server that snapshot was of: its postmaster's start time.
     server: str | None = None
 
-    def params(self, turns: dict[str, int] | None = None) -> dict[str, Any]:
-        """The statements' parameters; a fair queue's lanes in their keys' `turns` (the
-        last served last)."""
+    def front(self, turns: dict[str, int] | None = None, most: int | None = None) -> list[Lane]:
+        """The lanes in the order an acquire reads them: the highest priority first, and
+        within one a fair queue's keys in their `turns` (the key served last, last). Of a
+        fair queue's, the first `most` (None: all): an acquire reads no more than that, and
+        the advance of the cursor then probes only those (the others keep their places)."""
         taken = turns or {}
-        lanes = sorted(self.lanes, key=lambda lane: (lane[0], taken.get(lane[1] or "", 0)))
+        lanes = sorted(self.lanes, key=lambda lane: (-lane[0], taken.get(lane[1] or "", 0)))
+        return lanes if most is None or not self.fair else lanes[:most]
+
+    def params(self, lanes: list[Lane] | None = None) -> dict[str, Any]:
+        """The statements' parameters, with `lanes` (None: all, in acquire order). Each
+        lane's `width` is its priority's number of lanes, sent or not: a fair queue's
+        acquire shares the room between them."""
+        sent = self.front() if lanes is None else lanes
+        widths = Counter(priority for priority, _ in self.lanes)
         return {
             "fair": self.fair,
             "since_xid": self.xmin,
             "until_xid": XID8_MAX,
-            "lane_priority": [priority for priority, _ in lanes],
-            "lane_key": [key for _, key in lanes],
-            "lane_at": [self.lanes[lane][0] for lane in lanes],
-            "lane_id": [self.lanes[lane][1] for lane in lanes],
+            "lane_priority": [priority for priority, _ in sent],
+            "lane_key": [key for _, key in sent],
+            "lane_at": [self.lanes[lane][0] for lane in sent],
+            "lane_id": [self.lanes[lane][1] for lane in sent],
+            "lane_width": [widths[priority] for priority, _ in sent],
             "expired_from": self.expired_from,
             # Never empty: `item_id = ANY('{}')` is a contradiction, and a custom plan may
             # then read any partial index whole (the leased one, under an old snapshot,
             # holds every lease taken since it began). The nil UUID is no item's id.
             "active_ids": list(self.active) or [NO_ITEM],
         }
+
+    def moved(self, row: dict[str, Any], sent: list[Lane] | None = None) -> Cursor:
+        """The cursor `advance_cursor` moved this one to, having been sent `sent` (None:
+        every lane). A lane not sent keeps its place, or takes that of the first row made
+        ready in it since this cursor's snapshot, if earlier (the advance read those rows
+        from their index, and names their lanes): no ready row visible at the new snapshot
+        lies before it, as none visible at this one did."""
+        new = Cursor.from_row(row, fair=self.fair)
+        if sent is None or len(sent) == len(self.lanes):
+            return new
+        read = set(sent)
+        lanes = {lane: at for lane, at in self.lanes.items() if lane not in read}
+        for lane, at in new.lanes.items():
+            lanes[lane] = min(lanes[lane], at) if lane in lanes else at
+        return replace(new, lanes=lanes)
 
     @classmethod
     def from_row(cls, row: dict[str, Any], *, fair: bool) -> Cursor:
@@ -202,9 +229,18 @@ def turns(tenant: str, queue: str) -> dict[str, int]:
     return _turns.get((tenant, queue), {})
 
 
-def served(tenant: str, queue: str, keys: Iterable[str | None]) -> None:
-    """The keys of the rows an acquire leased, in the order it leased them, had their
-    turn: they go after every other key."""
+def took_turns(
+    tenant: str, queue: str, sent: list[Lane], leased: Iterable[Row], *, full: bool
+) -> None:
+    """After an acquire of a fair queue that was sent the lanes `sent` (in turn order) and
+    leased `leased`: every key up to the last one it leased from had its turn (those before
+    it with nothing due passed theirs), and when it found less than it asked for, every
+    key sent did; so did a key leased from that was not sent (new since the last look).
+    They go after every other key, in the order they had it."""
+    served = {(row["priority"], row["partition_key"] or "") for row in leased}
+    last = max((n for n, lane in enumerate(sent) if lane in served), default=-1)
+    turned = [key for _, key in (sent if not full else sent[: last + 1])]
+    turned += [key for _, key in sorted(served - set(sent))]
     taken = _turns.setdefault((tenant, queue), {})
-    for key in keys:
+    for key in turned:
         taken[key or ""] = next(_turn)

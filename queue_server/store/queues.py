@@ -111,7 +111,7 @@ async def open_figures(conn: Conn, queues: Iterable[tuple[str, str]]) -> list[Ro
         row = await read.fetchone()
         assert cursor is not None
         assert row is not None
-        cursors.put(conn, tenant, queue, cursors.Cursor.from_row(cursor, fair=used.fair), used=used)
+        cursors.put(conn, tenant, queue, used.moved(cursor), used=used)
         figures.append(row)
     return figures
 

@@ -152,6 +152,13 @@ RATED_MEMORY = 10.0
 _rated: dict[tuple[str, str], float] = {}
 
 
+def lanes_read(max_items: int) -> int:
+    """How many of a fair queue's lanes an acquire of `max_items` is sent (and its cursor's
+    advance probes): a share of one item each, twice over, and some for keys whose first
+    item is not due yet. The others wait for their turn, in the process's memory."""
+    return 2 * max_items + 8
+
+
 async def _warm_cursor(conn: Conn, tenant: str, queue: str) -> None:
     """A connection with no cursor on the queue reads one before its first acquire: from
     its lanes, that acquire takes a fair queue's keys in turn as every later one does (the
@@ -168,9 +175,7 @@ async def _warm_cursor(conn: Conn, tenant: str, queue: str) -> None:
             )
         moved = await read.fetchone()
         assert moved is not None
-        cursors.put(
-            conn, tenant, queue, cursors.Cursor.from_row(moved, fair=cursor.fair), used=cursor
-        )
+        cursors.put(conn, tenant, queue, cursor.moved(moved), used=cursor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,8 +244,9 @@ async def acquire(
     while attempts:
         rated, shared = attempts.pop(0)
         cursor = cursors.get(conn, tenant, queue)
+        sent = cursor.front(cursors.turns(tenant, queue), lanes_read(max_items))
         params = {
-            **cursor.params(cursors.turns(tenant, queue)),
+            **cursor.params(sent),
             "tenant": tenant,
             "queue": queue,
             "worker": worker,
@@ -265,9 +271,7 @@ async def acquire(
         rows = await cur.fetchall()
         moved = await advanced.fetchone()
         assert moved is not None
-        cursors.put(
-            conn, tenant, queue, cursors.Cursor.from_row(moved, fair=cursor.fair), used=cursor
-        )
+        cursors.put(conn, tenant, queue, cursor.moved(moved, sent), used=cursor)
         if not any(row["leased"] is None for row in rows):
             break
         # The shared attempt found too little room: the exclusive one follows. The
@@ -282,7 +286,7 @@ async def acquire(
         (leased if row.pop("leased") else quarantined).append(row)
     leased.sort(key=lambda row: (-row["priority"], row["available_at"], str(row["item_id"])))
     if moved is not None and moved["fairness"] == "partition_key":
-        cursors.served(tenant, queue, (row["partition_key"] for row in leased))
+        cursors.took_turns(tenant, queue, sent, leased, full=len(leased) >= max_items)
     return Acquired(leased=leased, quarantined=quarantined, contended=contended)
 
 

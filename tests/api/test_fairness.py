@@ -108,6 +108,31 @@ def test_keys_take_turns_and_an_item_without_a_key_is_one_more_key(api: Api) -> 
     assert keys_of(api, api.acquire(max_items=12)) == {"a": 4, "b": 4, "": 4}
 
 
+def test_with_more_keys_than_an_acquire_reads_every_key_has_its_turn_before_any_twice(
+    api: Api,
+) -> None:
+    """An acquire of 5 reads 18 keys' places; the other keys keep theirs until their turn."""
+    api.approve("q", 50)
+    assert put_settings(api, fairness="partition_key").status_code == 200
+    enqueue_many(
+        api, [{"payload": n, "partition_key": f"key-{k:03}"} for k in range(100) for n in range(3)]
+    )
+    rounds = []
+    for _ in range(20):
+        leases = api.acquire(max_items=5)
+        rounds.append(keys_of(api, leases))
+        complete_leases(api, leases)
+    first = sum(rounds, Counter())
+    assert first == {f"key-{k:03}": 1 for k in range(100)}, first
+    # And the next hundred: the second item of each.
+    second: Counter[str] = Counter()
+    for _ in range(20):
+        leases = api.acquire(max_items=5)
+        second += keys_of(api, leases)
+        complete_leases(api, leases)
+    assert second == first
+
+
 def test_switched_back_to_arrival_the_queue_hands_out_by_age_again(api: Api, db: Db) -> None:
     api.approve("q", 50)
     assert put_settings(api, fairness="partition_key").status_code == 200

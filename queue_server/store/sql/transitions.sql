@@ -212,10 +212,12 @@ WITH terms AS (
     -- The connection's cursor on this queue (queue_server/store/cursors.py): per priority,
     -- the first ready row it saw; no ready row it could see lay before it. A fair queue's
     -- (0040) has a lane per priority and partition key (`key`; '' for none), in the order
-    -- its keys take their turns (`ord`: the one served longest ago first).
+    -- its keys take their turns (`ord`: the one served longest ago first); the first of
+    -- them only, and with each its priority's number of keys (`width`).
     SELECT * FROM unnest(%(lane_priority)s::int[], %(lane_key)s::text[],
-                         %(lane_at)s::timestamptz[], %(lane_id)s::uuid[])
-                  WITH ORDINALITY AS l(priority, key, at, id, ord)
+                         %(lane_at)s::timestamptz[], %(lane_id)s::uuid[],
+                         %(lane_width)s::int[])
+                  WITH ORDINALITY AS l(priority, key, at, id, width, ord)
 ), fair AS (  --@acquire_rated
     -- Round-robin between partition keys (0040): each key's first due item, in the keys'  --@acquire_rated
     -- turns, then each key's second, ...  --@acquire_rated
@@ -254,12 +256,11 @@ WITH terms AS (
         LIMIT (SELECT n FROM room)  --@acquire
     ) AS resumed  --@acquire
     -- A fair queue's lanes are per key: each of a priority's keys gives its share of the  --@acquire_rated
-    -- room (`width`: the priority's keys), in their turns; then, as far as the room  --@acquire_rated
+    -- room (over `width`, the priority's keys), in their turns; then, as far as the room  --@acquire_rated
     -- is not filled, the keys in turn give more (`filled`: a key with few items leaves  --@acquire_rated
     -- its share to the others). No lane is read once `m` rows are found.  --@acquire_rated
     SELECT * FROM (  --@acquire_rated
-        SELECT d.* FROM (SELECT *, count(*) OVER (PARTITION BY priority) AS width  --@acquire_rated
-                         FROM lanes ORDER BY priority DESC, ord) AS l  --@acquire_rated
+        SELECT d.* FROM (SELECT * FROM lanes ORDER BY priority DESC, ord) AS l  --@acquire_rated
         CROSS JOIN LATERAL (  --@acquire_rated
             SELECT * FROM (  --@acquire_rated
                 SELECT item_id, 1 AS src, priority, available_at AS since, partition_key AS pkey  --@acquire_rated
