@@ -40,6 +40,7 @@ from queue_server.models import Role
 from queue_server.policy import LeasedWork, ReliabilityPolicy
 from queue_server.services.common import WORKER_OR_OPERATOR
 from queue_server.services.envelope import Above, LeaseEnvelope, refuse_above
+from queue_server.store import cursors
 from queue_server.store import queues as queue_store
 from queue_server.store.types import Conn, Row
 
@@ -247,7 +248,10 @@ class QueueSettings:
             )
             return Answer.of(200, await self._settings(conn, tenant, queue))
 
-        return await self.effects.run(tenant, idem, instance, operation)
+        answer = await self.effects.run(tenant, idem, instance, operation)
+        # Committed: this process's cursors on the queue may be of the other fairness now.
+        cursors.forget(tenant, queue)
+        return answer
 
     async def get(self, principal: auth.Principal, tenant: str, queue: str) -> Answer:
         """Each effective setting of the queue and where it comes from."""

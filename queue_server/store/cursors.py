@@ -84,20 +84,32 @@ class Cursor:
 
     def front(self, turns: dict[str, int] | None = None, most: int | None = None) -> list[Lane]:
         """The lanes in the order an acquire reads them: the highest priority first, and
-        within one a fair queue's keys in their `turns` (the key served last, last). Of a
+        within one a fair queue's keys in their `turns` (the key served last, last; keys
+        never served by key). Of a
         fair queue's, the first `most` (None: all): an acquire reads no more than that, and
         the advance of the cursor then probes only those (the others keep their places)."""
         taken = turns or {}
-        lanes = sorted(self.lanes, key=lambda lane: (-lane[0], taken.get(lane[1] or "", 0)))
+        lanes = sorted(
+            self.lanes, key=lambda lane: (-lane[0], taken.get(lane[1] or "", 0), lane[1] or "")
+        )
         return lanes if most is None or not self.fair else lanes[:most]
 
     def params(self, lanes: list[Lane] | None = None) -> dict[str, Any]:
         """The statements' parameters, with `lanes` (None: all, in acquire order). Each
         lane's `width` is its priority's number of lanes, sent or not: a fair queue's
-        acquire shares the room between them."""
+        acquire shares the room between them. When not every lane is sent, the `floor` of
+        each priority, the first place of all its lanes, from which the acquire reads the
+        other keys' items if the keys sent have too few."""
         sent = self.front() if lanes is None else lanes
         widths = Counter(priority for priority, _ in self.lanes)
+        floors: dict[int, tuple[datetime, str]] = {}
+        if len(sent) < len(self.lanes):
+            for (priority, _), at in self.lanes.items():
+                floors[priority] = min(floors.get(priority, at), at)
         return {
+            "floor_priority": list(floors),
+            "floor_at": [at for at, _ in floors.values()],
+            "floor_id": [item_id for _, item_id in floors.values()],
             "fair": self.fair,
             "since_xid": self.xmin,
             "until_xid": XID8_MAX,
@@ -227,6 +239,17 @@ _turn = itertools.count(1)
 def turns(tenant: str, queue: str) -> dict[str, int]:
     """The keys' last turns on a queue in this process (a key never served: none)."""
     return _turns.get((tenant, queue), {})
+
+
+def forget(tenant: str, queue: str) -> None:
+    """Drop every cursor of this process on the queue (its fairness changed here): the
+    next acquire reads one of the kind the queue now needs before it leases, instead of
+    leasing once more in the former order. Another process learns of the change at its
+    next acquire, which is its last in the former order."""
+    for own in _cursors.values():
+        own.pop((tenant, queue), None)
+    for key in [key for key in _shared if key[1:] == (tenant, queue)]:
+        del _shared[key]
 
 
 def took_turns(

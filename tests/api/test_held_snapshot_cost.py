@@ -26,10 +26,11 @@ ORDER = (
     "tenant", "queue", "worker", "ttl", "max_items", "shard", "shared", "deadline",
     "base_limit", "max_ttl", "max_approved", "key_id", "since_xid", "lane_priority",
     "lane_at", "lane_id", "expired_from", "active_ids", "until_xid", "lane_key", "lane_width",
+    "floor_priority", "floor_at", "floor_id",
 )  # fmt: skip
 TYPES = (
     "text, text, text, interval, int, int, bool, interval, int, interval, int, text, xid8,"
-    " int[], timestamptz[], uuid[], timestamptz, uuid[], xid8, text[], int[]"
+    " int[], timestamptz[], uuid[], timestamptz, uuid[], xid8, text[], int[], int[], timestamptz[], uuid[]"
 )
 TERMS: dict[str, Any] = {
     "ttl": timedelta(seconds=30),

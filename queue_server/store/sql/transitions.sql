@@ -344,6 +344,25 @@ WITH terms AS (
         WHERE queue = %(queue)s AND state = 'ready' AND available_at <= statement_timestamp()
         ORDER BY priority DESC, available_at, item_id
     ) AS late
+), more AS (  --@acquire_rated
+    -- A fair queue's acquire is sent the lanes of the keys whose turn is next only  --@acquire_rated
+    -- (store/cursors.py); when they hold less than the room, the others' items are read too,  --@acquire_rated
+    -- per priority from the first of all its keys' places (`floor`: no ready row the cursor  --@acquire_rated
+    -- could see lay before it), in acquire order: an acquire never answers with less than  --@acquire_rated
+    -- the queue has due because the keys it was sent had nothing.  --@acquire_rated
+    SELECT d.* FROM unnest(%(floor_priority)s::int[], %(floor_at)s::timestamptz[],  --@acquire_rated
+                           %(floor_id)s::uuid[]) AS l(priority, at, id)  --@acquire_rated
+    CROSS JOIN LATERAL (  --@acquire_rated
+        SELECT item_id, 1 AS src, priority, available_at AS since, partition_key AS pkey  --@acquire_rated
+        FROM work_items  --@acquire_rated
+        WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND state = 'ready'  --@acquire_rated
+          AND priority = l.priority AND (available_at, item_id) >= (l.at, l.id)  --@acquire_rated
+          AND available_at <= statement_timestamp()  --@acquire_rated
+        ORDER BY available_at, item_id  --@acquire_rated
+        LIMIT (SELECT m FROM room)  --@acquire_rated
+        FOR UPDATE SKIP LOCKED  --@acquire_rated
+    ) AS d  --@acquire_rated
+    WHERE (SELECT count(*) FROM due) < (SELECT m FROM room)  --@acquire_rated
 ), picked AS (
     -- A row both resumed and late is one candidate.  --@acquire
     SELECT item_id FROM (SELECT DISTINCT item_id, src, priority, since  --@acquire
@@ -353,7 +372,9 @@ WITH terms AS (
     -- each key's candidates in order, as many as the room its grants of the last interval  --@acquire_rated
     -- leave (no key: the key '').  --@acquire_rated
     -- In a fair queue (0040), each key's nth candidate of a priority (`round`) goes before  --@acquire_rated
-    -- any key's next, in the keys' turns (a key new to the cursor first).  --@acquire_rated
+    -- any key's next, in the keys' turns; a key whose lane was not sent (its turn is not  --@acquire_rated
+    -- next, or it is new since the last look) after those sent, so that one whose items keep  --@acquire_rated
+    -- coming does not take a place at every acquire from the rows made ready since.  --@acquire_rated
     SELECT item_id FROM (  --@acquire_rated
         SELECT c.*, row_number() OVER (PARTITION BY c.pkey  --@acquire_rated
                                        ORDER BY c.src, c.priority DESC, c.since, c.item_id)  --@acquire_rated
@@ -363,10 +384,11 @@ WITH terms AS (
                                       ORDER BY c.since, c.item_id) END AS round,  --@acquire_rated
                CASE WHEN (SELECT by_key FROM fair) THEN  --@acquire_rated
                    coalesce((SELECT min(l.ord) FROM lanes l  --@acquire_rated
-                             WHERE l.priority = c.priority AND l.key = c.pkey), 0) END AS turn  --@acquire_rated
+                             WHERE l.priority = c.priority AND l.key = c.pkey),  --@acquire_rated
+                            2147483647) END AS turn  --@acquire_rated
         FROM (SELECT DISTINCT item_id, src, priority, since, coalesce(pkey, '') AS pkey  --@acquire_rated
               FROM (SELECT item_id, src, priority, since, pkey FROM expired  --@acquire_rated
-                    UNION ALL SELECT * FROM due) AS a) AS c  --@acquire_rated
+                    UNION ALL SELECT * FROM due UNION ALL SELECT * FROM more) AS a) AS c  --@acquire_rated
     ) AS c  --@acquire_rated
     WHERE NOT (SELECT keyed FROM room)  --@acquire_rated
        OR c.nth <= (SELECT r.lim - coalesce((SELECT sum(g.n) FROM rate_grants g  --@acquire_rated
