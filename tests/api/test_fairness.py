@@ -17,7 +17,7 @@ import pytest
 
 from queue_server.settings import Settings
 from tests.helpers.api import Api, policy_file
-from tests.helpers.items import complete_leases
+from tests.helpers.items import complete_leases, enqueue_many, put_settings
 
 Db = psycopg.Connection[dict[str, object]]
 
@@ -35,24 +35,6 @@ def settings(tmp_path: Path) -> Settings:
     cells: dict[str, dict[str, object]] = {"durable-leased-work": {"backpressure": backpressure}}
     policy = policy_file(tmp_path / "flood.json", cells, version="test.flood")
     return Settings(data_dir=tmp_path, policy=str(policy))
-
-
-def put_settings(api: Api, **settings: Any) -> httpx.Response:
-    return api.operator.put(
-        "/v1/tenants/acme/queues/q/settings",
-        json=settings,
-        headers={"Idempotency-Key": uuid.uuid4().hex},
-    )
-
-
-def enqueue_many(api: Api, items: list[dict[str, Any]]) -> None:
-    for start in range(0, len(items), 500):
-        answer = api.worker.post(
-            "/v1/tenants/acme/queues/q/items:batch",
-            json={"items": items[start : start + 500]},
-            headers={"Idempotency-Key": uuid.uuid4().hex},
-        )
-        assert answer.status_code == 201, answer.text
 
 
 def keys_of(api: Api, leases: list[dict[str, Any]]) -> Counter[str]:

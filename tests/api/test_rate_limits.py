@@ -20,26 +20,13 @@ from queue_server.db import Database
 from queue_server.settings import Settings
 from queue_server.store import transitions
 from tests.helpers.api import Api
+from tests.helpers.items import enqueue_many, put_settings
 
 Db = psycopg.Connection[dict[str, object]]
 
 
 def put_rate(api: Api, **rate: Any) -> httpx.Response:
-    return api.operator.put(
-        "/v1/tenants/acme/queues/q/settings",
-        json={"rate_limit": rate},
-        headers={"Idempotency-Key": uuid.uuid4().hex},
-    )
-
-
-def enqueue_many(api: Api, items: list[dict[str, Any]]) -> None:
-    for start in range(0, len(items), 100):
-        answer = api.worker.post(
-            "/v1/tenants/acme/queues/q/items:batch",
-            json={"items": items[start : start + 100]},
-            headers={"Idempotency-Key": uuid.uuid4().hex},
-        )
-        assert answer.status_code == 201, answer.text
+    return put_settings(api, rate_limit=rate)
 
 
 def ready(_: int) -> bool:

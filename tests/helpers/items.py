@@ -104,6 +104,26 @@ def enqueue_graph(api: Api, queue: str = "q") -> tuple[str, str, str, str]:
     return fetch, parse, index, publish
 
 
+def put_settings(api: Api, queue: str = "q", **settings: Any) -> httpx.Response:
+    """The queue's settings replaced with `settings` (an operator's PUT)."""
+    return api.operator.put(
+        f"/v1/tenants/{api.tenant}/queues/{queue}/settings",
+        json=settings,
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+
+
+def enqueue_many(api: Api, items: list[dict[str, Any]], queue: str = "q") -> None:
+    """`items` enqueued on the queue in batches of 500 (the most one batch takes)."""
+    for start in range(0, len(items), 500):
+        answer = api.worker.post(
+            f"/v1/tenants/{api.tenant}/queues/{queue}/items:batch",
+            json={"items": items[start : start + 500]},
+            headers={"Idempotency-Key": uuid.uuid4().hex},
+        )
+        assert answer.status_code == 201, answer.text
+
+
 def complete_leases(api: Api, leases: list[dict[str, Any]]) -> None:
     """Their holder `w1` completes the leases in one request (POST .../completions)."""
     done = api.worker.post(
