@@ -32,6 +32,7 @@ queue's figures are read from it too (store/queues.py `open_figures`), which mov
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import weakref
 from collections import Counter
@@ -85,14 +86,14 @@ class Cursor:
     def front(self, turns: dict[str, int] | None = None, most: int | None = None) -> list[Lane]:
         """The lanes in the order an acquire reads them: the highest priority first, and
         within one a fair queue's keys in their `turns` (the key served last, last; keys
-        never served by key). Of a
-        fair queue's, the first `most` (None: all): an acquire reads no more than that, and
-        the advance of the cursor then probes only those (the others keep their places)."""
+        never served by key). Of a fair queue's, the first `most` (None: all): an acquire
+        reads no more than that, and the advance of the cursor then probes only those (the
+        others keep their places)."""
         taken = turns or {}
-        lanes = sorted(
-            self.lanes, key=lambda lane: (-lane[0], taken.get(lane[1] or "", 0), lane[1] or "")
-        )
-        return lanes if most is None or not self.fair else lanes[:most]
+        ranked = [(-p, taken.get(k or "", 0), k or "", (p, k)) for p, k in self.lanes]
+        if most is None or not self.fair or most >= len(ranked):
+            return [lane for *_, lane in sorted(ranked)]
+        return [lane for *_, lane in heapq.nsmallest(most, ranked)]
 
     def params(self, lanes: list[Lane] | None = None) -> dict[str, Any]:
         """The statements' parameters, with `lanes` (None: all, in acquire order). Each
@@ -104,8 +105,11 @@ class Cursor:
         widths = Counter(priority for priority, _ in self.lanes)
         floors: dict[int, tuple[datetime, str]] = {}
         if len(sent) < len(self.lanes):
-            for (priority, _), at in self.lanes.items():
-                floors[priority] = min(floors.get(priority, at), at)
+            if len(widths) == 1:  # the usual case, one priority: one pass, in C
+                floors = {next(iter(widths)): min(self.lanes.values())}
+            else:
+                for (priority, _), at in self.lanes.items():
+                    floors[priority] = min(floors.get(priority, at), at)
         return {
             "floor_priority": list(floors),
             "floor_at": [at for at, _ in floors.values()],
@@ -173,8 +177,10 @@ _shared: dict[tuple[str, str, str], Cursor] = {}
 
 
 def _fresher(a: Cursor, b: Cursor) -> bool:
-    """Whether `a` came from a later snapshot than `b` (a cold cursor is the oldest)."""
-    return a.xmin is not None and (b.xmin is None or int(a.xmin) > int(b.xmin))
+    """Whether `a` came from a snapshot no earlier than `b`'s (a cold cursor is the
+    oldest). Of two with one xmin (a session holding a snapshot keeps it from moving), the
+    one moved last is kept and shared: it read the most."""
+    return a.xmin is not None and (b.xmin is None or int(a.xmin) >= int(b.xmin))
 
 
 async def learn_server(conn: Conn) -> None:

@@ -154,9 +154,10 @@ _rated: dict[tuple[str, str], float] = {}
 
 def lanes_read(max_items: int) -> int:
     """How many of a fair queue's lanes an acquire of `max_items` is sent (and its cursor's
-    advance probes): a share of one item each, twice over, and some for keys whose first
-    item is not due yet. The others wait for their turn, in the process's memory."""
-    return 2 * max_items + 8
+    advance probes): a share of one item each, and four for keys with nothing due. The
+    others wait for their turn, in the process's memory; when the keys sent have too few
+    items, the acquire reads the others' from the priority's floor."""
+    return max_items + 4
 
 
 async def _warm_cursor(conn: Conn, tenant: str, queue: str) -> None:

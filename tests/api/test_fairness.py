@@ -93,7 +93,7 @@ def test_keys_take_turns_and_an_item_without_a_key_is_one_more_key(api: Api) -> 
 def test_with_more_keys_than_an_acquire_reads_every_key_has_its_turn_before_any_twice(
     api: Api,
 ) -> None:
-    """An acquire of 5 reads 18 keys' places; the other keys keep theirs until their turn."""
+    """An acquire of 5 reads 9 keys' places; the other keys keep theirs until their turn."""
     api.approve("q", 50)
     assert put_settings(api, fairness="partition_key").status_code == 200
     enqueue_many(
@@ -151,6 +151,21 @@ def test_a_key_whose_items_keep_coming_waits_for_its_turn_like_the_others(api: A
         complete_leases(api, leases)
     # 31 keys, 3 a time: its turn comes once in about ten acquires, not at each.
     assert hot <= 2, hot
+
+
+def test_priorities_come_first_and_keys_share_within_a_priority(api: Api) -> None:
+    api.approve("q", 50)
+    assert put_settings(api, fairness="partition_key").status_code == 200
+    enqueue_many(
+        api,
+        [{"payload": n, "partition_key": "A"} for n in range(20)]
+        + [{"payload": n, "partition_key": "B", "priority": 5} for n in range(3)]
+        + [{"payload": n, "partition_key": "C", "priority": 5} for n in range(3)]
+        + [{"payload": n, "partition_key": "C"} for n in range(20)],
+    )
+    # Both keys' urgent items first, then the room they leave shared between A and C.
+    assert keys_of(api, api.acquire(max_items=10)) == {"B": 3, "C": 3 + 2, "A": 2}
+    assert keys_of(api, api.acquire(max_items=6)) == {"A": 3, "C": 3}
 
 
 def test_switched_back_to_arrival_the_queue_hands_out_by_age_again(api: Api, db: Db) -> None:

@@ -258,7 +258,7 @@ WITH terms AS (
     -- A fair queue's lanes are per key: each of a priority's keys gives its share of the  --@acquire_rated
     -- room (over `width`, the priority's keys), in their turns; then, as far as the room  --@acquire_rated
     -- is not filled, the keys in turn give more (`filled`: a key with few items leaves  --@acquire_rated
-    -- its share to the others). No lane is read once `m` rows are found.  --@acquire_rated
+    -- its share to the others). No lane is read once enough rows are found.  --@acquire_rated
     SELECT * FROM (  --@acquire_rated
         SELECT d.* FROM (SELECT * FROM lanes ORDER BY priority DESC, ord) AS l  --@acquire_rated
         CROSS JOIN LATERAL (  --@acquire_rated
@@ -287,7 +287,9 @@ WITH terms AS (
                 FOR UPDATE SKIP LOCKED  --@acquire_rated
             ) AS shared  --@acquire_rated
         ) AS d  --@acquire_rated
-        LIMIT (SELECT m FROM room)  --@acquire_rated
+        -- Twice the room when fair: where a priority's rows end within it, the next  --@acquire_rated
+        -- priority's keys each give their share too, not the first of them all of it.  --@acquire_rated
+        LIMIT (SELECT m FROM room) * (1 + (SELECT by_key FROM fair)::int)  --@acquire_rated
     ) AS resumed  --@acquire_rated
     UNION ALL  --@acquire_rated
     SELECT * FROM (  --@acquire_rated
