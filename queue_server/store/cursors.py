@@ -19,7 +19,7 @@ walks every lease ended within a TTL while an old snapshot is held).
 A fair queue (migration 0040: round-robin between partition keys) has a lane per priority
 and key instead, read from the keyed ready index: each key's first row is then found from
 that key's place, and the acquire hands out the keys' rows in their turns, the key served
-longest ago by this process first (`served`, below). A cursor made for the other kind of
+longest ago by this process first (`took_turns`, below). A cursor made for the other kind of
 queue than the queue is now starts again from the indexes' start.
 
 The cursor is kept with the connection object, and shared with the process's other
