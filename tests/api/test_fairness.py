@@ -168,6 +168,21 @@ def test_priorities_come_first_and_keys_share_within_a_priority(api: Api) -> Non
     assert keys_of(api, api.acquire(max_items=6)) == {"A": 3, "C": 3}
 
 
+def test_with_a_rate_limit_per_key_the_keys_share_their_room_in_turn(api: Api) -> None:
+    """Fairness and a rate limit per key together: each key at most its limit, and the
+    room shared between the keys rather than given to the oldest first."""
+    api.approve("q", 50)
+    answer = put_settings(
+        api, fairness="partition_key", rate_limit={"limit": 3, "per": 60, "partitioned": True}
+    )
+    assert answer.status_code == 200, answer.text
+    enqueue_many(api, [{"payload": n, "partition_key": "A"} for n in range(20)])
+    enqueue_many(api, [{"payload": n, "partition_key": "B"} for n in range(20)])
+    assert keys_of(api, api.acquire(max_items=4)) == {"A": 2, "B": 2}  # by age: A 3, B 1
+    assert keys_of(api, api.acquire(max_items=4)) == {"A": 1, "B": 1}  # each at its 3
+    assert api.acquire(max_items=4) == []
+
+
 def test_switched_back_to_arrival_the_queue_hands_out_by_age_again(api: Api, db: Db) -> None:
     api.approve("q", 50)
     assert put_settings(api, fairness="partition_key").status_code == 200
