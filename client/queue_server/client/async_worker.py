@@ -148,10 +148,15 @@ class AsyncWorker(WorkerCore[AsyncJob]):
                             await asyncio.wait_for(step.on.wait(), step.timeout)
                 else:
                     assert isinstance(step, Run)
-                    with current(self.spans, step.span):
+                    if step.span is None:  # no span to make current: most items
                         answer = handler(step.job)
                         if inspect.isawaitable(answer):
                             answer = await answer
+                    else:
+                        with current(self.spans, step.span):
+                            answer = handler(step.job)
+                            if inspect.isawaitable(answer):
+                                answer = await answer
             except BaseException as exc:  # the loop decides what survives
                 failure = exc
 

@@ -173,8 +173,11 @@ class Worker(WorkerCore[Job]):
                     step.on.wait(step.timeout)
                 else:
                     assert isinstance(step, Run)
-                    with current(self.spans, step.span):
+                    if step.span is None:  # no span to make current: most items
                         answer = handler(step.job)
+                    else:
+                        with current(self.spans, step.span):
+                            answer = handler(step.job)
             except BaseException as exc:  # the loop decides what survives
                 failure = exc
 

@@ -251,6 +251,8 @@ class WorkerCore(abc.ABC, Generic[J]):
 
     def _hold_all(self, leases: list[Lease], stage: Stage) -> list[J]:
         """Hold the leases of one acquire: waiting ones wake as many slots, with one signal."""
+        if self.spans is not None:
+            self.spans.refresh()
         now = time.monotonic()
         jobs = [self._job(lease=lease, worker=self.name, stage=stage) for lease in leases]
         for job in jobs:
