@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,33 @@ def test_help_shows_no_value_hint_on_flags_and_every_command_documents_its_exit_
     with pytest.raises(SystemExit):
         app(["status", "--help"], prog_name="queue-server")
     assert "--json Print JSON" in " ".join(capsys.readouterr().out.split())
+
+
+# What the installed command runs, then what it left of the garbage collector.
+_ENTRY = """
+import gc, sys
+from queue_server.cli.entry import main
+sys.argv = ["queue-server", "--version"]
+try:
+    main()
+except SystemExit:
+    pass
+print(gc.isenabled(), gc.get_freeze_count())
+"""
+
+
+def test_the_command_starts_without_collecting_and_leaves_the_collector_on() -> None:
+    # The CLI is imported with the collector off (a fourth of a command's start) and what
+    # it imported is frozen; the collector is on again for the command: `serve` and `work`
+    # run for days and must collect their garbage.
+    (script,) = [e for e in entry_points(group="console_scripts") if e.name == "queue-server"]
+    assert script.value == "queue_server.cli.entry:main"
+    done = subprocess.run(
+        [sys.executable, "-c", _ENTRY], capture_output=True, text=True, check=True, timeout=60
+    )
+    enabled, frozen = done.stdout.splitlines()[-1].split()
+    assert enabled == "True"
+    assert int(frozen) > 50_000  # the modules, classes and functions of the CLI's import
 
 
 def test_the_cli_finds_the_address_a_local_server_wrote_beside_its_key(cli: Cli, api: Api) -> None:
