@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 import re
@@ -161,7 +162,8 @@ class CLI(typer.Typer):
     statuses at the end of every command's help, and flags shown without a value hint."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        command = typer.main.get_command(self)
+        argv = list(args[0]) if args and args[0] is not None else sys.argv[1:]
+        command = typer.main.get_command(self.narrowed(argv))
         _finish_help(command)
         try:
             return command(*args, **kwargs)
@@ -178,6 +180,28 @@ class CLI(typer.Typer):
         except PolicyError as exc:
             report_error("Reliability policy refused", str(exc))
             sys.exit(1)
+
+    def narrowed(self, argv: Sequence[str]) -> typer.Typer:
+        """This CLI with only the command or group that `argv` names: building the whole
+        tree of commands took a seventh of a command's start. Without a name (`--help`,
+        `--version`) or with one it does not know (click then lists them), the whole tree."""
+        name = next((arg for arg in argv if not arg.startswith("-")), None)
+        groups = [group for group in self.registered_groups if group.name == name]
+        commands = [
+            command
+            for command in self.registered_commands
+            if (
+                command.name
+                or typer.main.get_command_name(getattr(command.callback, "__name__", ""))
+            )
+            == name
+        ]
+        if not groups and not commands:
+            return self
+        narrowed = copy.copy(self)
+        narrowed.registered_groups = groups
+        narrowed.registered_commands = commands
+        return narrowed
 
 
 def process_policy(path: Path | None) -> ReliabilityPolicy:

@@ -67,6 +67,21 @@ def test_help_shows_no_value_hint_on_flags_and_every_command_documents_its_exit_
     assert "--json Print JSON" in " ".join(capsys.readouterr().out.split())
 
 
+def test_a_mistyped_command_is_told_the_command_it_meant(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A command builds only the group it names; a name it does not know gets the whole
+    # tree, so that the suggestion can come from every command.
+    monkeypatch.setenv("COLUMNS", "200")
+    with pytest.raises(SystemExit) as exited:
+        app(["itemz", "list"], prog_name="queue-server")
+    assert exited.value.code == 2
+    assert "No such command 'itemz'. Did you mean 'items'?" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        app(["dead-leters"], prog_name="queue-server")
+    assert "Did you mean 'dead-letters'?" in capsys.readouterr().err
+
+
 # What the installed command runs, then what it left of the garbage collector.
 _ENTRY = """
 import gc, sys
