@@ -162,7 +162,8 @@ class CLI(typer.Typer):
     statuses at the end of every command's help, and flags shown without a value hint."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        argv = list(args[0]) if args and args[0] is not None else sys.argv[1:]
+        given = kwargs["args"] if "args" in kwargs else args[0] if args else None
+        argv = sys.argv[1:] if given is None else list(given)  # what click will parse
         command = typer.main.get_command(self.narrowed(argv))
         _finish_help(command)
         try:
