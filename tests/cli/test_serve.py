@@ -280,9 +280,20 @@ def test_the_image_commands_run_on_an_external_database_without_embedded_postgre
     assert "Traceback" not in out
 
 
+def _children(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
 def _process_tree(pid: int) -> list[int]:
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return [pid, *(each for child in children for each in _process_tree(int(child)))]
+    return [pid, *(each for child in _children(pid) for each in _process_tree(child))]
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
 
 
 @pytest.mark.slow
@@ -327,6 +338,11 @@ def test_metrics_add_up_every_worker_process(open_dir: Path) -> None:
         assert len(served) >= 3  # the supervisor and its two workers
         for pid in served:
             assert "/sqlalchemy/" not in Path(f"/proc/{pid}/maps").read_text(), pid
+        # The workers are forked from one process that imported the app (a fork server),
+        # not two fresh interpreters importing it each: the supervisor's child, their parent.
+        (fork_server,) = [pid for pid in served if _parent(pid) == proc.pid and _children(pid)]
+        assert "['queue_server.app']" in _cmdline(fork_server), _cmdline(fork_server)
+        assert len(_children(fork_server)) == 2
     finally:
         out = _stop(proc)
     assert proc.returncode == 0, out

@@ -45,10 +45,18 @@ def _process_tree(pid: int) -> list[int]:
 
 
 def _serving(pids: list[int]) -> set[int]:
-    """The processes that answer requests: uvicorn's spawned workers."""
-    return {
-        pid for pid in pids if b"multiprocessing.spawn" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    """The processes that answer requests: uvicorn's workers, each forked from the fork
+    server (the supervisor's child that imported the app)."""
+    forked = {
+        pid
+        for pid in pids
+        if b"multiprocessing.forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()
     }
+    return {pid for pid in forked if _parent(pid) in forked}
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
 def _mapped(pid: int) -> set[str]:

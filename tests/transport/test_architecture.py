@@ -250,8 +250,10 @@ ALLOWED: dict[str, Allowance] = {
     ),
     # The server's own listening socket.
     "queue_server/cli/main.py": _allow(
-        "`queue-server serve` runs uvicorn: the API's own listening socket",
+        "`queue-server serve` runs uvicorn: the API's own listening socket; its workers"
+        " come from a fork server (the context of uvicorn._subprocess), a process, no socket",
         "import uvicorn",
+        "import uvicorn._subprocess",
         "uvicorn.Server",
         "uvicorn.run",
     ),
