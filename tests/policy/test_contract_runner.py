@@ -47,3 +47,49 @@ def test_the_contract_runner_names_every_binding_that_proves_nothing() -> None:
         in failed
     )
     assert "example: proves" not in failed
+
+
+def test_the_suites_results_stand_for_the_unweakened_runs_and_a_failure_there_is_an_error(
+    tmp_path: Path,
+) -> None:
+    """`make test` hands the contract the JUnit XML of the suite it just ran: a bound test
+    that passed there (every parameter) is not run unweakened again; one that failed, errored
+    or was skipped there fails unweakened; one the run did not have is run here."""
+    from tests.contract import BASELINE, Proof, judge, passed_in, plan
+    from tests.policy_proof.examples import EXAMPLES
+
+    here = "tests.policy_proof.examples"
+    results = tmp_path / "unit.xml"
+    results.write_text(
+        "<testsuites><testsuite>"
+        f'<testcase classname="{here}" name="test_the_attempt_cap_is_the_policys[a]" />'
+        f'<testcase classname="{here}" name="test_the_attempt_cap_is_the_policys[b]">'
+        '<failure message="no" /></testcase>'
+        f'<testcase classname="{here}" name="test_unrelated_to_the_cap" />'
+        "</testsuite></testsuites>"
+    )
+    known = passed_in(results)
+    policys, lifted = (
+        f"tests/policy_proof/examples.py::test_the_attempt_cap_{end}"
+        for end in ("is_the_policys", "is_lifted")
+    )
+    unrelated = "tests/policy_proof/examples.py::test_unrelated_to_the_cap"
+    assert known.holds(unrelated)
+    assert not known.holds(policys)  # one parameter failed
+    runs = plan(EXAMPLES, 2, known)
+    assert [run.tests for run in runs if run.weakening is None] == [(lifted,)]
+    assert {run.weakening for run in runs} == {None, "lift-attempt-cap", "example-stale-sql"}
+
+    def proof(weakening: str | None, failed: set[str], passed: set[str]) -> Proof:
+        return Proof(weakening, tuple(failed | passed), frozenset(failed), frozenset(passed), 0, "")
+
+    proofs = {
+        f"{BASELINE}0": proof(None, {lifted}, set()),
+        f"{BASELINE}suite": known,
+        "lift-attempt-cap": proof("lift-attempt-cap", {policys}, {lifted, unrelated}),
+        "example-stale-sql": proof("example-stale-sql", {policys}, set()),
+    }
+    words = {v.cell: (v.word, v.problem) for v in judge(EXAMPLES, proofs)}
+    assert words["example: proves"] == ("ERROR", f"test {policys} fails unweakened")
+    assert words["example: fails unweakened"] == ("ERROR", f"test {lifted} fails unweakened")
+    assert words["example: survives"][0] == "MISSED"
