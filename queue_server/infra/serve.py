@@ -325,11 +325,18 @@ def _recovery_failure(pg: EmbeddedPostgres) -> str | None:
     return None
 
 
+def _one_connection(settings: Settings, url: str) -> db.Database:
+    """The API's pool (its session settings) with one connection: for one transaction,
+    without opening (and configuring) the API's `pool_min_size` connections first."""
+    one = settings.model_copy(update={"pool_min_size": 1, "pool_max_size": 1})
+    return db.Database.for_api(one, url)
+
+
 def create_admin_key(settings: Settings, url: str) -> str | None:
     """Create the first admin key; returns its secret, or None if an admin key exists."""
 
     async def create() -> str | None:
-        pool = db.Database.for_api(settings, url)
+        pool = _one_connection(settings, url)
         await pool.open(wait=True)
         try:
             return await Keys(pool).ensure_admin_key()
@@ -383,7 +390,7 @@ def rotate_admin_key(settings: Settings, url: str, *, revoke_all: bool) -> Rotat
     key = auth.new_key()
 
     async def rotate() -> list[str]:
-        pool = db.Database.for_api(settings, url)
+        pool = _one_connection(settings, url)
         await pool.open(wait=True)
         try:
             return await Keys(pool).rotate_admin_key(key, revoke=old, revoke_all=revoke_all)
