@@ -435,6 +435,7 @@ def test_under_a_held_snapshot_reading_the_figures_and_the_backlog_does_not_grow
             admitted += 100
             assert _totals(db)["q"]["completed"] == done
             assert _totals(db)["in"]["admitted"] == admitted
+            assert _tenant_version(db) == version  # no admission updated the tenant's row
     for name in readers:
         assert measured[5000][name] <= measured[1000][name] + 2, (name, measured)
         assert measured[5000][name] < 40, (name, measured)
