@@ -2,8 +2,9 @@
 service code as the REST API.
 
 Adding a page: write a module under `queue_server.console.pages` with a `router`
-(`APIRouter(route_class=ConsoleRoute)`, paths under /console/tenants/{tenant}/...) and a
-`NAV_ENTRY` (or None), then list it in `PAGES` below; its templates extend `base.html`.
+(`APIRouter(route_class=ConsoleRoute, include_in_schema=False)`, paths under
+/console/tenants/{tenant}/...) and a `NAV_ENTRY` (or None), then list it in `PAGES` below;
+its templates extend `base.html`.
 Every effect goes through the service method of the REST route it mirrors, with the
 Idempotency of that REST request (see `web.idempotency_for`).
 """
@@ -52,7 +53,9 @@ def install(app: FastAPI) -> None:
         entry = getattr(page, "NAV_ENTRY", None)
         if entry is not None:
             web.NAV.append(entry)
-        app.include_router(page.router, include_in_schema=False)
+        # The routes as their router built them at import: `include_router` would build
+        # every route's parameters again for each new app, on its first request (20 ms).
+        app.router.routes.extend(page.router.routes)
     app.mount(
         f"{web.PREFIX}/static",
         StaticFiles(directory=Path(__file__).parent / "static"),

@@ -13,7 +13,9 @@ from queue_server.api.dead_letters import BulkReplayIn, DiscardIn, ReplayIn
 from queue_server.console import web
 from queue_server.models import NAME_RE, is_uuid
 
-router = APIRouter(prefix=f"{web.PREFIX}/tenants/{{tenant}}", route_class=web.ConsoleRoute)
+router = APIRouter(
+    prefix=f"{web.PREFIX}/tenants/{{tenant}}", route_class=web.ConsoleRoute, include_in_schema=False
+)
 NAV_ENTRY = web.NavEntry("dead-letters", "Dead letters")
 
 PAGE_SIZE = 50

@@ -18,7 +18,9 @@ from queue_server.console import charts, web
 from queue_server.models import NAME_RE, ItemState, check_utc_offset, is_uuid
 from queue_server.services.items import DELETABLE, RETRYABLE, SORTS, ItemFilter
 
-router = APIRouter(prefix=f"{web.PREFIX}/tenants/{{tenant}}", route_class=web.ConsoleRoute)
+router = APIRouter(
+    prefix=f"{web.PREFIX}/tenants/{{tenant}}", route_class=web.ConsoleRoute, include_in_schema=False
+)
 NAV_ENTRY = web.NavEntry("items", "Items")
 
 PAGE_SIZE = 50

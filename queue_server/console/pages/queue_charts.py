@@ -13,7 +13,9 @@ from queue_server.console import charts, web
 from queue_server.models import NAME_RE
 from queue_server.services.queues import History
 
-router = APIRouter(prefix=f"{web.PREFIX}/tenants/{{tenant}}", route_class=web.ConsoleRoute)
+router = APIRouter(
+    prefix=f"{web.PREFIX}/tenants/{{tenant}}", route_class=web.ConsoleRoute, include_in_schema=False
+)
 NAV_ENTRY = None
 
 SPAN_LABELS = {"1h": "1 h", "24h": "24 h"}

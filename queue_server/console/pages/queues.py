@@ -15,7 +15,9 @@ from queue_server.api import schemas
 from queue_server.console import charts, web
 from queue_server.models import NAME_RE, Role
 
-router = APIRouter(prefix=f"{web.PREFIX}/tenants/{{tenant}}", route_class=web.ConsoleRoute)
+router = APIRouter(
+    prefix=f"{web.PREFIX}/tenants/{{tenant}}", route_class=web.ConsoleRoute, include_in_schema=False
+)
 NAV_ENTRY = web.NavEntry("queues", "Queues")
 
 

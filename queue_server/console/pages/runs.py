@@ -10,7 +10,9 @@ from starlette.responses import Response
 
 from queue_server.console import web
 
-router = APIRouter(prefix=f"{web.PREFIX}/tenants/{{tenant}}", route_class=web.ConsoleRoute)
+router = APIRouter(
+    prefix=f"{web.PREFIX}/tenants/{{tenant}}", route_class=web.ConsoleRoute, include_in_schema=False
+)
 NAV_ENTRY = web.NavEntry("verification-runs", "Verification runs")
 
 PAGE_SIZE = 50

@@ -13,7 +13,9 @@ from queue_server.api import schemas
 from queue_server.console import web
 from queue_server.services.schedules import MAX_PAGE
 
-router = APIRouter(prefix=f"{web.PREFIX}/tenants/{{tenant}}", route_class=web.ConsoleRoute)
+router = APIRouter(
+    prefix=f"{web.PREFIX}/tenants/{{tenant}}", route_class=web.ConsoleRoute, include_in_schema=False
+)
 NAV_ENTRY = web.NavEntry("schedules", "Schedules")
 
 # Fire times the list shows per schedule.

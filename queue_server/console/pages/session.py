@@ -15,7 +15,7 @@ from queue_server import auth, errors
 from queue_server.console import web
 from queue_server.models import NAME_RE, Role
 
-router = APIRouter(prefix=web.PREFIX, route_class=web.ConsoleRoute)
+router = APIRouter(prefix=web.PREFIX, route_class=web.ConsoleRoute, include_in_schema=False)
 NAV_ENTRY = None
 
 TENANT_PAGE = 100

@@ -12,7 +12,9 @@ from queue_server.api import schemas
 from queue_server.api.dead_letters import ReplayIn
 from queue_server.console import web
 
-router = APIRouter(prefix=f"{web.PREFIX}/tenants/{{tenant}}", route_class=web.ConsoleRoute)
+router = APIRouter(
+    prefix=f"{web.PREFIX}/tenants/{{tenant}}", route_class=web.ConsoleRoute, include_in_schema=False
+)
 NAV_ENTRY = web.NavEntry("watchers", "Watchers")
 
 PAGE_SIZE = 50
