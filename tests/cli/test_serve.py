@@ -22,6 +22,7 @@ import pytest
 from queue_server.infra.embedded import EmbeddedPostgres
 from queue_server.infra.serve import admin_key_path
 from tests.helpers.items import sample
+from tests.helpers.serving import children, cmdline, parent, process_tree
 
 BIN = Path(sys.executable).parent / "queue-server"
 
@@ -280,22 +281,6 @@ def test_the_image_commands_run_on_an_external_database_without_embedded_postgre
     assert "Traceback" not in out
 
 
-def _children(pid: int) -> list[int]:
-    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-
-
-def _process_tree(pid: int) -> list[int]:
-    return [pid, *(each for child in _children(pid) for each in _process_tree(child))]
-
-
-def _parent(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-
-
-def _cmdline(pid: int) -> str:
-    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-
-
 @pytest.mark.slow
 def test_metrics_add_up_every_worker_process(open_dir: Path) -> None:
     port = _free_port()
@@ -334,15 +319,15 @@ def test_metrics_add_up_every_worker_process(open_dir: Path) -> None:
         assert seen == {30.0}
         # Migrated on this first start, in a child: no process left serving holds alembic's
         # SQLAlchemy (its compiled modules would be mapped), about 30 MB each.
-        served = _process_tree(proc.pid)
+        served = process_tree(proc.pid)
         assert len(served) >= 3  # the supervisor and its two workers
         for pid in served:
             assert "/sqlalchemy/" not in Path(f"/proc/{pid}/maps").read_text(), pid
         # The workers are forked from one process that imported the app (a fork server),
         # not two fresh interpreters importing it each: the supervisor's child, their parent.
-        (fork_server,) = [pid for pid in served if _parent(pid) == proc.pid and _children(pid)]
-        assert "['queue_server.app']" in _cmdline(fork_server), _cmdline(fork_server)
-        assert len(_children(fork_server)) == 2
+        (fork_server,) = [pid for pid in served if parent(pid) == proc.pid and children(pid)]
+        assert "['queue_server.app']" in cmdline(fork_server), cmdline(fork_server)
+        assert len(children(fork_server)) == 2
     finally:
         out = _stop(proc)
     assert proc.returncode == 0, out

@@ -128,3 +128,21 @@ def run(
         timeout=timeout,
         check=False,
     )
+
+
+def children(pid: int) -> list[int]:
+    """The process's children (Linux: /proc)."""
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def process_tree(pid: int) -> list[int]:
+    """The process and its descendants, parents first."""
+    return [pid, *(each for child in children(pid) for each in process_tree(child))]
+
+
+def parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()

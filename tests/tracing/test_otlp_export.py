@@ -20,6 +20,7 @@ import pytest
 
 from tests.helpers.api import setup_tenant
 from tests.helpers.otlp import ReceivedSpan, otlp_receiver
+from tests.helpers.serving import cmdline, parent, process_tree
 
 BIN = Path(sys.executable).parent / "queue-server"
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -39,24 +40,11 @@ def _free_port() -> int:
         return port
 
 
-def _process_tree(pid: int) -> list[int]:
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return [pid, *(each for child in children for each in _process_tree(int(child)))]
-
-
 def _serving(pids: list[int]) -> set[int]:
     """The processes that answer requests: uvicorn's workers, each forked from the fork
     server (the supervisor's child that imported the app)."""
-    forked = {
-        pid
-        for pid in pids
-        if b"multiprocessing.forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    }
-    return {pid for pid in forked if _parent(pid) in forked}
-
-
-def _parent(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    forked = {pid for pid in pids if "multiprocessing.forkserver" in cmdline(pid)}
+    return {pid for pid in forked if parent(pid) in forked}
 
 
 def _mapped(pid: int) -> set[str]:
@@ -167,7 +155,7 @@ def test_the_server_exports_spans_of_the_enqueue_acquire_and_complete(serve: obj
             )
 
         spans = receiver.wait_for(all_there)
-        served = _process_tree(proc.pid)
+        served = process_tree(proc.pid)
         serving = _serving(served)
 
     assert receiver.paths
@@ -208,7 +196,7 @@ def test_the_server_exports_spans_of_the_enqueue_acquire_and_complete(serve: obj
 def test_without_an_endpoint_no_process_loads_the_tracing_stack(serve: object) -> None:
     url, _, proc = serve({})  # type: ignore[operator]
     assert httpx.get(f"{url}/healthz").status_code == 200
-    served = _process_tree(proc.pid)
+    served = process_tree(proc.pid)
     assert len(_serving(served)) == 2
     for pid in served:
         assert _mapped(pid) == set(), pid
