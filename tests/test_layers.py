@@ -205,3 +205,21 @@ def test_no_module_exports_a_private_name() -> None:
                 and element.value.startswith("_")
             ]
     assert exported == []
+
+
+LONG = 800  # lines: past this a module holds more than one idea, unless it is a catalogue
+
+
+def test_a_module_past_800_lines_is_a_catalogue_and_its_first_line_says_so() -> None:
+    """One idea per file: a module longer than 800 lines is a catalogue read by name (a
+    flow per route, a table per relation), and the first line of its docstring says so."""
+    unexplained = []
+    for path in sorted(p for tree in (PACKAGE, CLIENT_TREE) for p in tree.rglob("*.py")):
+        source = path.read_text()
+        if source.count("\n") <= LONG:
+            continue
+        docstring = ast.get_docstring(ast.parse(source), clean=False) or ""
+        first = docstring.split("\n\n", 1)[0]
+        if "catalogue" not in first or str(LONG) not in first:
+            unexplained.append(f"{path.relative_to(ROOT)}: {source.count(chr(10))} lines")
+    assert unexplained == [], unexplained

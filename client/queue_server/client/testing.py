@@ -1,5 +1,6 @@
-"""An in-memory queue server for tests: your handler runs through the real `Worker` (or
-`AsyncWorker`) and `QueueClient`, with no server, no database and a clock the test moves.
+"""An in-memory queue server for tests, a catalogue of the routes the SDK calls (one answer
+each, hence over 800 lines): your handler runs through the real `Worker` (or `AsyncWorker`)
+and `QueueClient`, with no server, no database and a clock the test moves.
 
     server = InMemoryServer()
     with server.client() as qs:
