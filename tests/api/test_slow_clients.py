@@ -112,10 +112,19 @@ def test_a_request_that_has_arrived_is_not_cut_while_it_waits(bounded: LiveServe
     assert time.monotonic() - began >= 2.5
 
 
+def _served(sock: socket.socket) -> None:
+    """A GET /healthz on the open connection is answered 200, which keeps it open."""
+    sock.settimeout(5)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    answer = sock.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 200"), answer
+
+
 def test_one_connection_past_the_limit_is_answered_503_and_closed(bounded: LiveServer) -> None:
     held = [_connect(bounded) for _ in range(LIMITS.max_connections)]
     try:
-        time.sleep(0.1)
+        for sock in held:  # every connection up to the limit is served
+            _served(sock)
         with _connect(bounded) as extra:
             extra.settimeout(5)
             answer = extra.recv(4096)
@@ -145,7 +154,8 @@ def test_one_address_past_its_share_is_refused_while_another_address_is_served(
     use_limits(ConnectionLimits(max_connections=64, max_connections_per_address=4))
     held = [_connect(live) for _ in range(4)]
     try:
-        time.sleep(0.1)
+        for sock in held:  # its whole share is served
+            _served(sock)
         with _connect(live) as extra:
             extra.settimeout(5)
             answer = extra.recv(4096)
