@@ -48,6 +48,21 @@ def test_same_key_different_request_is_422(api: Api) -> None:
     assert reused.json()["code"] == "idempotency-key-reuse"
 
 
+def test_same_key_same_body_on_another_queue_is_422(api: Api, db: Db) -> None:
+    """The path is part of the request: queue b's enqueue is not queue a's replayed."""
+    first = api.worker.post(
+        "/v1/tenants/acme/queues/a/items", json={"payload": 1}, headers={"Idempotency-Key": "k"}
+    )
+    assert first.status_code == 201, first.text
+    other = api.worker.post(
+        "/v1/tenants/acme/queues/b/items", json={"payload": 1}, headers={"Idempotency-Key": "k"}
+    )
+    assert other.status_code == 422, other.text
+    assert other.json()["code"] == "idempotency-key-reuse"
+    rows = db.execute("SELECT queue, count(*) AS n FROM work_items GROUP BY queue").fetchall()
+    assert rows == [{"queue": "a", "n": 1}]
+
+
 def test_refusal_is_kept_and_replayed(api: Api) -> None:
     item = api.enqueue()
     first = api.holder("complete", item["item_id"], key="c", worker="w1", fence=0)
@@ -57,6 +72,22 @@ def test_refusal_is_kept_and_replayed(api: Api) -> None:
     assert again.content == first.content
     assert again.headers["content-type"] == "application/problem+json"
     assert again.headers["Idempotent-Replayed"] == "true"
+
+
+def test_refused_422_is_kept_and_replayed_after_its_cause_is_gone(api: Api) -> None:
+    """A 422 is kept like a 409: the same key replays it even once the request would pass."""
+    path = "/v1/tenants/acme/queues/q/concurrency"
+    body = {"concurrency": 2, "reason": "r"}
+    first = api.operator.put(path, json=body, headers={"Idempotency-Key": "c422"})
+    assert first.status_code == 422, first.text
+    api.approve("q", 5)
+    again = api.operator.put(path, json=body, headers={"Idempotency-Key": "c422"})
+    assert again.status_code == 422, again.text
+    assert again.content == first.content
+    assert again.headers["content-type"] == "application/problem+json"
+    assert again.headers["Idempotent-Replayed"] == "true"
+    limits = api.worker.get(path).json()
+    assert (limits["concurrency"], limits["limit"]) == (None, 5)
 
 
 def test_accepted_requeue_replays_after_a_successor_took_the_item(api: Api, db: Db) -> None:

@@ -175,6 +175,21 @@ def test_bodies_over_one_mebibyte_get_413(api: Api) -> None:
     assert response.json()["code"] == "payload-too-large"
 
 
+def test_a_body_of_exactly_one_mebibyte_is_accepted_one_byte_more_is_413(api: Api) -> None:
+    """The limit is inclusive: a Content-Length of exactly max_body_bytes is read."""
+    limit = 1024 * 1024
+    frame = len(json.dumps({"payload": ""}).encode())
+    exact = json.dumps({"payload": "x" * (limit - frame)}).encode()
+    assert len(exact) == limit
+    headers = {"Content-Type": "application/json"}
+    response = api.worker.post(ITEMS, content=exact, headers={**headers, "Idempotency-Key": "at"})
+    assert response.status_code == 201, response.text[:200]
+    over = exact[:-1] + b" }"
+    response = api.worker.post(ITEMS, content=over, headers={**headers, "Idempotency-Key": "over"})
+    assert response.status_code == 413
+    assert response.json()["code"] == "payload-too-large"
+
+
 def test_chunked_bodies_over_the_limit_get_413(api: Api) -> None:
     def chunks() -> object:
         yield b'{"payload": "'

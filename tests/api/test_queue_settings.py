@@ -303,3 +303,15 @@ def test_a_setting_stored_under_a_looser_policy_is_held_to_the_loaded_one(api: A
     response = api.worker.post(f"/v1/tenants/{api.tenant}/queues/old/leases", json={"worker": "w1"})
     (lease,) = response.json()["leases"]
     assert (_at(lease["lease_expires_at"]) - before).total_seconds() <= 31
+
+
+def test_a_deadline_stored_under_a_looser_policy_is_held_to_the_loaded_one(
+    api: Api, db: Db
+) -> None:
+    """The policy's deadline is 900 s: a queue's longer one, stored before, gives no more."""
+    assert _put(api, "old", deadline=600).status_code == 200
+    db.execute("UPDATE queues SET deadline = interval '2000 seconds' WHERE queue = 'old'")
+    item = api.enqueue("old")
+    (lease,) = api.acquire("old", ttl=5)
+    (acquired,) = [e for e in _ledger(api, item["item_id"]) if e["kind"] == "acquired"]
+    assert _seconds_after(lease["lease_deadline_at"], acquired["at"]) == pytest.approx(900)

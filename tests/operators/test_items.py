@@ -182,6 +182,39 @@ def test_cancelling_a_quarantined_item_closes_its_dead_letter(api: Api) -> None:
     assert letter["resolution"] == "cancelled"
 
 
+def test_cancelling_quarantined_items_leaves_the_backlog_and_its_cap_exact(
+    api: Api, db: Db
+) -> None:
+    """A quarantined item already left the backlog: cancelling it, alone or by filter, gives
+    back no room, and the cap still admits exactly its number of items."""
+    api.admin.put("/v1/tenants/acme", json={"backlog_cap": 3})
+    for _ in range(2):
+        item = api.enqueue("q", "poison", max_acquisitions=1)
+        (lease,) = api.acquire("q")
+        api.holder("requeue", item["item_id"], worker="w1", fence=lease["fence"])
+    assert api.acquire("q") == []  # both quarantined past their budget
+    (first, second) = ids(items(api, state="quarantined"))
+    assert cancel(api, first, reason="poison").status_code == 200
+    by_filter = api.operator.post(
+        "/v1/tenants/acme/items:cancel",
+        json={"filter": {"state": "quarantined"}, "reason": "poison"},
+        headers=_key(),
+    )
+    assert by_filter.status_code == 200, by_filter.text
+    assert by_filter.json()["item_ids"] == [second]
+    assert api.operator.get("/v1/tenants/acme/queues").json()["backlog"] == 0
+
+    for n in range(3):
+        api.enqueue("q", n)
+    assert api.operator.get("/v1/tenants/acme/queues").json()["backlog"] == 3
+    refused = api.worker.post(
+        "/v1/tenants/acme/queues/q/items", json={"payload": 3}, headers=_key()
+    )
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["code"] == "backlog-cap-reached"
+    assert_backlog_counter_matches(db)
+
+
 def test_cancel_by_filter_is_bounded_resumable_and_idempotent(api: Api, db: Db) -> None:
     api.approve("q", 10)
     doomed = [api.enqueue("q", {"batch": 7, "n": i}) for i in range(5)]
