@@ -31,6 +31,12 @@ def test_revoked_key_is_refused_from_the_next_request(api: Api) -> None:
     revoked = api.admin.delete(f"/v1/tenants/acme/keys/{created['key_id']}")
     assert revoked.status_code == 204
     assert worker.get("/v1/tenants/acme/queues/q/concurrency").status_code == 401
+    # Listed no more, unless the revoked keys are asked for too.
+    listed = api.admin.get("/v1/tenants/acme/keys").json()["keys"]
+    assert created["key_id"] not in {key["key_id"] for key in listed}
+    everyone = api.admin.get("/v1/tenants/acme/keys", params={"revoked": "true"}).json()["keys"]
+    (shown,) = [key for key in everyone if key["key_id"] == created["key_id"]]
+    assert shown["revoked_at"] is not None
 
 
 def test_keys_are_stored_only_as_hashes(

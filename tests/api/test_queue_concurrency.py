@@ -153,6 +153,8 @@ def test_an_approval_far_from_its_expiry_is_not_expiring_and_a_revoked_one_is_no
         headers={"Idempotency-Key": uuid.uuid4().hex},
     )
     assert revoked.status_code == 200, revoked.text
+    # Revoked, it is behind no limit: the metrics no longer count down to its expiry.
+    assert "queue_server_spend_approval_expiry_seconds{" not in api.operator.get("/metrics").text
     short = api.approve("q", 2, days=2 / 86400)
     api.operator.delete(
         f"{QUEUE}/spend-approvals/{short['approval_id']}",
