@@ -137,6 +137,9 @@ def test_settings_that_contradict_each_other_are_refused(api: Api) -> None:
     response = _put(api, "q", retry={"base": 20, "cap": 10})
     assert response.status_code == 422, response.text
     assert response.json()["errors"][0]["loc"] == ["body", "retry", "base"]
+    # Equal is consistent: a lease as long as the deadline, a first backoff at the cap.
+    response = _put(api, "q", lease_ttl=30, deadline=30, retry={"base": 10, "cap": 10})
+    assert response.status_code == 200, response.text
 
 
 def test_only_an_operator_sets_them(api: Api) -> None:
