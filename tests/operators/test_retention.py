@@ -16,7 +16,7 @@ from queue_server.background import sweeper
 from queue_server.db import Database
 from queue_server.settings import Settings
 from queue_server.store import sweeps, transitions
-from tests.helpers.api import Api
+from tests.helpers.api import Api, setup_tenant
 from tests.helpers.invariants import assert_backlog_counter_matches, assert_ledgers_fold_to_rows
 
 Db = psycopg.Connection[dict[str, object]]
@@ -119,6 +119,19 @@ def test_finished_items_past_retention_go_with_their_ledgers_in_bounded_batches(
     assert api.operator.get("/v1/tenants/acme").json()["completed"] == 3
     # Nothing left past the retention: the next round deletes nothing.
     assert run(settings, database_url, lambda d: sweeper.purge_finished(d, batch=2)) == 0
+
+
+def test_each_tenant_is_held_to_its_own_retention(
+    api: Api, db: Db, settings: Settings, database_url: str
+) -> None:
+    saved = api.admin.put("/v1/tenants/acme", json={"backlog_cap": 100, "retention": 3600})
+    assert saved.status_code == 200
+    other = setup_tenant(api.url, api.admin, "globex")  # the default retention: seven days
+    mine = finish(api, 2)
+    theirs = finish(other, 2)
+    age(db, mine + theirs, created="3 hours", finished="2 hours")
+    assert run(settings, database_url, lambda d: sweeper.purge_finished(d, batch=10)) == 2
+    assert remaining(db) == {i: "completed" for i in theirs}
 
 
 def test_the_round_runs_in_one_process_at_a_time_and_a_crash_leaves_nothing_half_done(

@@ -214,6 +214,57 @@ def test_a_refused_tick_is_dropped_once_missed_under_skip(with_scheduler: Run[An
     with_scheduler(scenario)
 
 
+def test_a_paused_schedule_is_neither_due_nor_fired(with_scheduler: Run[Any]) -> None:
+    """Paused with ticks behind its cursor: a pass finds no running schedule, and a pass
+    that listed it as due just before the pause fires nothing."""
+
+    async def scenario(s: Scheduler) -> None:
+        await s.put("s", queue="q", every=60)
+        s.start_at("s", T0)
+        await s.put("s", queue="q", every=60, paused=True)
+        now = T0 + timedelta(minutes=2, seconds=1)
+        assert await s.run(now) is None
+        assert await s.services.schedules.fire_schedule("acme", "s", now=now) == 0
+        assert s.ticks("s") == []
+        row = s.row("s")
+        assert (row["next_tick_at"], row["fires"], row["skipped"]) == (T0, 0, 0)
+
+    with_scheduler(scenario)
+
+
+def test_a_resume_by_put_starts_after_now_without_the_paused_ticks(
+    with_scheduler: Run[Any], db: Db
+) -> None:
+    async def scenario(s: Scheduler) -> None:
+        await s.put("s", queue="q", every=60, catch_up="all-bounded")
+        found = db.execute("SELECT now() AS now").fetchone()
+        assert found is not None
+        clock = found["now"]
+        assert isinstance(clock, datetime)
+        s.start_at("s", clock - timedelta(minutes=10))
+        await s.put("s", queue="q", every=60, catch_up="all-bounded", paused=True)
+        # Resumed by a PUT with `paused: false`: the ticks of the pause are not missed ticks.
+        await s.put("s", queue="q", every=60, catch_up="all-bounded", paused=False)
+        row = s.row("s")
+        assert row["next_tick_at"] == row["due_at"] > clock
+        await s.run(clock)
+        assert s.ticks("s") == []
+
+    with_scheduler(scenario)
+
+
+def test_a_schedule_keeps_its_newest_hundred_fire_rows(with_scheduler: Run[Any]) -> None:
+    async def scenario(s: Scheduler) -> None:
+        await s.put("s", queue="q", every=1, catch_up="all-bounded", catch_up_limit=105)
+        s.start_at("s", T0)
+        assert await s.run(T0 + timedelta(seconds=104)) is not None
+        assert len(s.ticks("s")) == 105
+        kept = [f["tick_at"] for f in s.fires("s")]
+        assert kept == [T0 + timedelta(seconds=n) for n in range(5, 105)]
+
+    with_scheduler(scenario)
+
+
 def test_racing_passes_enqueue_each_tick_once(with_scheduler: Run[Any]) -> None:
     """Twelve passes at once on their own connections, again and again as time advances."""
 

@@ -255,6 +255,21 @@ def test_response_byte_budget_exhaustion_mid_body_keeps_bytes_and_refuses_next(
     assert receiver.connections == 1
 
 
+def test_a_body_of_exactly_the_byte_budget_is_read_and_the_next_dispatch_refused(
+    receiver: Receiver,
+) -> None:
+    b = broker(budget=Budget(max_response_bytes=10_000))
+    result = run(b.dispatch(get(receiver.url("/huge?n=10000"))))
+    assert result.ok
+    assert (result.receipt.response_bytes, result.body_truncated) == (10_000, False)
+    assert b.usage().response_bytes == 10_000
+    # Spent to the byte: any response at all would overrun, so the next is refused unsent.
+    with pytest.raises(BudgetExhaustedError) as info:
+        run(b.dispatch(get(receiver.url("/ok"))))
+    assert (info.value.resource, info.value.receipt) == ("response_bytes", None)
+    assert receiver.connections == 1
+
+
 def test_mid_body_timeout_keeps_the_partial_bytes_charged(receiver: Receiver) -> None:
     b = broker()
     with pytest.raises(RequestTimeoutError) as info:

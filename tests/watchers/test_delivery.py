@@ -92,6 +92,23 @@ def test_failing_receiver_is_retried_on_the_persisted_schedule_then_dead_lettere
     assert deliver(settings, database_url).claimed == 0
 
 
+def test_a_failed_attempt_is_due_again_at_its_instant_not_when_its_claim_ends(
+    api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
+) -> None:
+    receiver.mode = "fail"
+    register(api, receiver.url("/hook"))
+    complete_one(api)
+    assert deliver(settings, database_url).failed == 1
+    [row] = rows(db)
+    # The claim's lease (2 x the 1 s attempt timeout + 1 s) is far longer than the 0.03 s
+    # first delay: recording the attempt makes the row due at the delay's instant.
+    assert row["due_at"] == row["next_attempt_at"]
+    assert row["next_attempt_at"] - row["last_attempt_at"] == timedelta(seconds=30 * SCALE)
+    receiver.mode = "ok"
+    wait_until(lambda: deliver(settings, database_url).delivered == 1, "the retry", timeout=2.0)
+    assert rows(db)[0]["attempts"] == 2
+
+
 def test_unscaled_schedule_is_persisted_at_the_policy_instants(
     api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
 ) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from queue_server.background.deliverer import Deliverer
+from queue_server.background.deliverer import Deliverer, RunReport
 from queue_server.policy.v2 import OPERATION_RELIABILITY_V2
 from queue_server.settings import Settings
 from queue_server.store.types import Row
@@ -178,6 +178,35 @@ def test_a_pending_delivery_past_its_deadline_is_dead_without_an_attempt(
     assert receiver.hook_requests()[-1].headers["webhook-id"] == overdue["delivery_key"]
 
 
+def test_a_delivery_in_flight_past_its_deadline_ends_by_its_own_attempt(
+    api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
+) -> None:
+    receiver.mode = "hold?s=0.5"  # a 200 after 0.5 s
+    register(api, receiver.url("/hook"))
+    complete_one(api)
+
+    async def sweep_mid_attempt() -> tuple[RunReport, RunReport]:
+        async with (
+            Deliverer(settings, database_url) as sending,
+            Deliverer(settings, database_url) as sweeping,
+        ):
+            attempt = asyncio.create_task(sending.run_once())
+            while not receiver.hook_requests():
+                await asyncio.sleep(0.01)
+            # The deadline runs out while the request is in flight, and another deliverer
+            # sweeps overdue rows: a claimed row is not its to expire.
+            _leave(db, -1.0)
+            swept = await sweeping.run_once()
+            return await attempt, swept
+
+    sent, swept = asyncio.run(sweep_mid_attempt())
+    assert (swept.expired, sent.delivered, sent.lost) == (0, 1, 0)
+    [row] = rows(db)
+    assert row["state"] == "delivered"
+    assert [r["outcome"] for r in row["receipts"]] == ["succeeded"]
+    assert _letters(api) == []
+
+
 def test_a_pause_does_not_count_toward_the_deadline(
     api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
 ) -> None:
@@ -219,3 +248,52 @@ def test_a_pause_does_not_count_toward_the_deadline(
     assert (report.expired, report.delivered) == (1, 1), report
     states = {str(r["watcher_id"]): r["state"] for r in rows(db)}
     assert states == {paused["watcher_id"]: "delivered", running["watcher_id"]: "dead"}
+
+
+def test_a_paused_watchers_rows_past_their_deadline_wait_for_the_resume(
+    api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
+) -> None:
+    watcher = register(api, receiver.url("/hook"))
+    complete_one(api)
+    path = f"/v1/tenants/acme/watchers/{watcher['watcher_id']}"
+    assert api.operator.post(f"{path}/pause", headers={"Idempotency-Key": "p"}).status_code == 200
+    # Paused for two days: its row's deadline would have run out a minute ago.
+    _leave(db, -60.0)
+    db.execute(
+        "UPDATE watchers SET paused_at = now() - interval '2 days' WHERE watcher_id = %s",
+        (watcher["watcher_id"],),
+    )
+    report = deliver(settings, database_url)
+    assert (report.expired, report.claimed) == (0, 0)
+    [held] = rows(db)
+    assert held["state"] == "pending"
+    assert _letters(api) == []
+    # The resume gives the row back the two days it waited: it is delivered, not dead.
+    assert api.operator.post(f"{path}/resume", headers={"Idempotency-Key": "r"}).status_code == 200
+    report = deliver(settings, database_url)
+    assert (report.expired, report.delivered) == (0, 1)
+    assert rows(db)[0]["state"] == "delivered"
+
+
+def test_a_running_deliverer_sweeps_overdue_rows_again_each_poll_interval(
+    api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
+) -> None:
+    receiver.mode = "fail"
+    register(api, receiver.url("/hook"))
+    complete_one(api)
+
+    async def two_runs() -> tuple[RunReport, RunReport]:
+        async with Deliverer(settings, database_url) as deliverer:
+            first = await deliverer.run_once()
+            # The failed row's deadline runs out while it waits for its next attempt.
+            _leave(db, -1.0)
+            await asyncio.sleep(2 * settings.delivery_poll_interval)
+            return first, await deliverer.run_once()
+
+    first, second = asyncio.run(two_runs())
+    assert (first.failed, first.expired) == (1, 0)
+    assert second.expired == 1
+    [row] = rows(db)
+    assert (row["state"], row["last_outcome"]["outcome"]) == ("dead", "deadline_exceeded")
+    [letter] = _letters(api)
+    assert str(letter["reason"]).startswith("deadline-exceeded")

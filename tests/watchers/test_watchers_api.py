@@ -120,6 +120,20 @@ def test_other_tenants_watchers_are_not_found(
     assert api.operator.get("/v1/tenants/acme/watchers/not-a-uuid").status_code == 404
 
 
+def test_another_tenants_delivery_is_not_found_under_ones_own(
+    api: Api, admin: httpx.Client, db: Db, receiver: ModeReceiver
+) -> None:
+    other = setup_tenant(api.url, admin, "globex")
+    register(other, receiver.url("/hook"))
+    complete_one(other)
+    [theirs] = rows(db)
+    did = theirs["delivery_id"]
+    assert other.operator.get(f"/v1/tenants/globex/deliveries/{did}").status_code == 200
+    mine = api.operator.get(f"/v1/tenants/acme/deliveries/{did}")
+    assert mine.status_code == 404
+    assert mine.json()["code"] == "delivery-not-found"
+
+
 def test_cancel_cancels_pending_deliveries_and_stops_new_ones(
     api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
 ) -> None:
@@ -139,6 +153,21 @@ def test_cancel_cancels_pending_deliveries_and_stops_new_ones(
     again = api.operator.post(f"{path}/resume", headers={"Idempotency-Key": "r"})
     assert again.status_code == 409
     assert again.json()["code"] == "invalid-state"
+
+
+def test_cancel_of_a_paused_watcher_cancels_it_and_its_pending_deliveries(
+    api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
+) -> None:
+    watcher = register(api, receiver.url("/hook"))
+    complete_one(api)
+    path = f"/v1/tenants/acme/watchers/{watcher['watcher_id']}"
+    assert api.operator.post(f"{path}/pause", headers={"Idempotency-Key": "p"}).status_code == 200
+    cancelled = api.operator.post(f"{path}/cancel", headers={"Idempotency-Key": "c"})
+    assert cancelled.status_code == 200, cancelled.text
+    assert (cancelled.json()["state"], cancelled.json()["cancelled_deliveries"]) == ("cancelled", 1)
+    assert [r["state"] for r in rows(db)] == ["cancelled"]
+    assert deliver(settings, database_url).claimed == 0
+    assert receiver.hook_requests() == []
 
 
 def test_deliveries_list_shows_key_attempts_schedule_outcome_and_receipts(
