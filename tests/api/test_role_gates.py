@@ -1,5 +1,5 @@
-"""Who may do what (API.md: a tenant's key has the role worker or operator; an admin key has
-every tenant): every operation of the services, the one way in for the routes, the console
+"""Who may do what (a tenant's key has the role worker or operator; an admin key has every
+tenant): every operation of the services, the one way in for the routes, the console
 and the CLI, asked by a key of each role of the tenant, of another tenant, and by an admin
 key. A worker key works its items and reads; an operator
 key also changes and triages; only an admin key manages tenants, keys and policies. Each
