@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import psycopg
 
 from tests.helpers.api import Api
 from tests.helpers.cli import Cli, quarantine
+from tests.helpers.rawhttp import Reply, ScriptedServer, Seen, answer
 
 DB = psycopg.Connection[dict[str, object]]
 
@@ -55,6 +57,20 @@ def test_errors_print_the_problem_and_exit_non_zero(cli: Cli) -> None:
     unreachable = cli.run("status", "--url", "http://127.0.0.1:9", ok=False)
     assert unreachable.returncode == 3
     assert "Cannot reach the queue server" in unreachable.stderr
+
+
+def test_a_server_that_fails_inside_is_unavailable_not_a_refusal(cli: Cli) -> None:
+    def script(_: Seen) -> Reply:
+        problem = {"title": "Internal Server Error", "status": 500}
+        return answer(500, json.dumps(problem).encode())
+
+    server = ScriptedServer(script)
+    try:
+        failed = cli.run("status", "--url", server.url, ok=False)
+    finally:
+        server.stop()
+    assert failed.returncode == 3  # unavailable, as a 503 is: worth trying again later
+    assert "Internal Server Error" in failed.stderr
 
 
 def test_enqueue_a_file_in_batches_and_a_rerun_adds_nothing(cli: Cli, db: DB) -> None:

@@ -197,6 +197,28 @@ def test_past_the_grace_period_the_command_is_killed_and_the_item_requeued(
     assert kinds[-1] == "requeued"
 
 
+def test_a_lost_lease_stops_the_command_and_the_run_exits_1(cli: Cli, api: Api, db: DB) -> None:
+    started = cli.cwd / "started"
+    script = cli.script("stuck.sh", f"cat >/dev/null; echo go > {started}; exec sleep 60\n")
+    item = api.enqueue("jobs", 1)
+    worker = cli.popen(
+        "work", "jobs", "--lease-ttl", "3", "--max-items", "1", "--json", "--", script
+    )
+    wait_for(started)
+    # Its lease runs out and another worker takes the item: the next heartbeat is refused.
+    db.execute(
+        "UPDATE work_items SET lease_expires_at = now() - interval '1 second' WHERE item_id = %s",
+        (item["item_id"],),
+    )
+    with QueueClient(api.url, api.keys["worker"], tenant="acme") as qs:
+        (taken,) = qs.acquire("jobs", worker="heir")
+    stdout, stderr = worker.communicate(timeout=30)
+    assert [r["outcome"] for r in lines(stdout)] == ["lost"], (stdout, stderr)
+    assert worker.returncode == 1, stderr
+    now = cli.json("items", "show", str(item["item_id"]))
+    assert (now["lease_holder"], now["fence"], now["result"]) == ("heir", taken.fence, None)
+
+
 def test_concurrency_is_capped_by_the_queue_limit(cli: Cli, api: Api) -> None:
     api.approve("wide", 2)
     log = cli.cwd / "log"

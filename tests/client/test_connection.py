@@ -21,6 +21,8 @@ from queue_server.client import AsyncQueueClient, QueueClient, errors
 from queue_server.client.connection import AsyncLeanPool, LeanPool
 from queue_server.client.core import entry_answers
 from queue_server.client.worker import Flag
+from queue_server.policy import load_policy
+from tests.helpers.api import policy_document
 from tests.helpers.rawhttp import Reply, ScriptedServer, Seen, answer, chunked
 
 ITEM_ID = "0b7c7f8e-7a5a-4a41-8f7e-1d2f1f7b2a11"
@@ -157,6 +159,25 @@ def test_an_answer_that_never_comes_times_out_as_unreachable(
     started = time.monotonic()
     with client(server, timeout=0.3) as qs, pytest.raises(errors.ConnectionFailedError):
         acquire(qs)
+    assert time.monotonic() - started < 3
+
+
+def test_a_client_timeout_lowers_a_class_attempt_timeout_and_never_raises_it(
+    scripted: list[ScriptedServer],
+) -> None:
+    server = serve(scripted, lambda seen: None)
+    quick_reads = policy_document(
+        {
+            "read-only-dependency": {
+                "attempt-timeout": {"seconds": 0.2, "on-timeout": "fail-attempt"}
+            }
+        },
+        version="test.quick-reads",
+    )
+    started = time.monotonic()
+    options = {"timeout": 5, "attempts": 1, "policy": load_policy(quick_reads)}
+    with client(server, **options) as qs, pytest.raises(errors.ConnectionFailedError):
+        qs.get_item(ITEM_ID)  # a read: its class's 0.2 s, not the client's 5 s
     assert time.monotonic() - started < 3
 
 

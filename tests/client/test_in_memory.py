@@ -5,11 +5,15 @@ and on a live server, whose observations must be the same."""
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import pytest
 
 from queue_server.client import (
@@ -213,6 +217,206 @@ def test_a_refused_heartbeat_tells_the_handler_to_stop_and_nothing_is_submitted(
         assert result.detail == "the lease was lost (stale-fence); nothing was submitted"
         now = qs.get_item(item.item_id)
         assert (now.lease_holder, now.fence, now.result) == ("w2", 2, None)
+
+
+def test_a_heartbeat_that_fails_keeps_the_lease_until_it_runs_out() -> None:
+    server = InMemoryServer()
+    beats: list[int] = []
+    answer = server.handle
+
+    def restarting(request: httpx.Request) -> httpx.Response:
+        """The first heartbeat is answered 503 (the server restarting), the later ones as usual."""
+        if request.url.path.endswith("/leases:heartbeat"):
+            beats.append(len(beats) + 1)
+            if len(beats) == 1:
+                return httpx.Response(503, json={"title": "Unavailable", "status": 503})
+        return answer(request)
+
+    server.handle = restarting  # type: ignore[method-assign]
+    with server.client(attempts=1) as qs:
+        item = qs.enqueue("q", "x")
+        stopped: list[bool] = []
+
+        def handler(job: Job) -> str:
+            deadline = time.monotonic() + 5
+            # Beats every 50 ms: the first fails, the second extends the lease (10 s on the
+            # worker's clock, far from running out), the third is sent once it has.
+            while len(beats) < 3 and not job.stop.is_set() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            stopped.append(job.stop.is_set())
+            return "done"
+
+        results: list[Result] = []
+        options = {"lease_ttl": 10, "heartbeat_fraction": 0.005, "on_result": results.append}
+        assert work(qs, handler, max_items=1, **options) == 1
+        assert stopped == [False]
+        assert [r.outcome for r in results] == [Outcome.COMPLETED]
+        assert qs.get_item(item.item_id).result == "done"
+
+
+def test_a_waiting_lease_is_extended_with_the_running_ones() -> None:
+    server = InMemoryServer()
+    server.approve("q", 2)
+    beats: list[int] = []
+    answer = server.handle
+
+    def counted(request: httpx.Request) -> httpx.Response:
+        answered = answer(request)
+        if request.url.path.endswith("/leases:heartbeat"):
+            beats.append(len(beats) + 1)
+        return answered
+
+    server.handle = counted  # type: ignore[method-assign]
+    with server.client() as qs:
+        first, second = qs.enqueue("q", 0), qs.enqueue("q", 1)
+
+        def handler(job: Job) -> int:
+            if job.payload == 0:  # the other item's lease waits for the one slot meanwhile
+                for _ in range(2):
+                    server.clock.advance(6)  # 12 s in all: past both 10 s leases...
+                    seen, deadline = len(beats), time.monotonic() + 5
+                    while len(beats) < seen + 2 and time.monotonic() < deadline:
+                        time.sleep(0.01)  # ...unless a heartbeat (every 50 ms) extends them
+            return int(job.payload)
+
+        results: list[Result] = []
+        options = {"lease_ttl": 10, "heartbeat_fraction": 0.005, "prefetch": 1}
+        assert work(qs, handler, max_items=2, on_result=results.append, **options) == 2
+        assert [(r.item_id, r.outcome) for r in results] == [
+            (first.item_id, Outcome.COMPLETED), (second.item_id, Outcome.COMPLETED),
+        ]  # fmt: skip
+        assert [qs.get_item(i.item_id).result for i in (first, second)] == [0, 1]
+
+
+def test_a_lease_whose_item_is_gone_tells_the_handler_to_stop() -> None:
+    server = InMemoryServer()
+    answer = server.handle
+
+    def deleted(request: httpx.Request) -> httpx.Response:
+        """Every heartbeat is answered as if the item had been deleted meanwhile."""
+        if not request.url.path.endswith("/leases:heartbeat"):
+            return answer(request)
+        problem = {"title": "Item not found", "status": 404, "code": "item-not-found"}
+        results = [
+            {"item_id": lease["item_id"], "status": 404, "problem": problem}
+            for lease in json.loads(request.content)["leases"]
+        ]
+        return httpx.Response(200, json={"results": results})
+
+    server.handle = deleted  # type: ignore[method-assign]
+    with server.client() as qs:
+        qs.enqueue("q", "x")
+        told: list[bool] = []
+
+        def handler(job: Job) -> str:
+            told.append(job.stop.wait(5))  # the first heartbeat, 50 ms in, says it is gone
+            return "never submitted"
+
+        results: list[Result] = []
+        options = {"lease_ttl": 10, "heartbeat_fraction": 0.005, "on_result": results.append}
+        assert work(qs, handler, max_items=1, **options) == 1
+        assert told == [True]
+        (result,) = results
+        assert (result.outcome, result.detail) == (
+            Outcome.LOST, "the lease was lost (item-not-found); nothing was submitted",
+        )  # fmt: skip
+
+
+def test_a_drain_never_long_polls() -> None:
+    server = InMemoryServer()
+    waits: list[float] = []
+    answer = server.handle
+
+    def recording(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/leases"):
+            waits.append(json.loads(request.content)["wait"])
+        return answer(request)
+
+    server.handle = recording  # type: ignore[method-assign]
+    with server.client() as qs:
+        qs.enqueue("q", 1)
+        # Nothing more is due: the run ends at once, not after a 5 s long poll.
+        assert work(qs, lambda job: job.payload, drain=True, wait=5) == 1
+    assert len(waits) >= 2
+    assert set(waits) == {0}
+
+
+def test_an_acquire_the_server_could_not_answer_is_tried_again_a_second_later() -> None:
+    server = InMemoryServer()
+    acquires: list[float] = []
+    answer = server.handle
+    worker: Worker
+
+    def restarting(request: httpx.Request) -> httpx.Response:
+        if not request.url.path.endswith("/leases"):
+            return answer(request)
+        acquires.append(time.monotonic())
+        if len(acquires) == 2:
+            worker.stop()
+        return httpx.Response(503, json={"title": "Unavailable", "status": 503})
+
+    server.handle = restarting  # type: ignore[method-assign]
+    with server.client(attempts=1) as qs:
+        worker = Worker(qs, "q", lambda job: None, name="w1")
+        assert worker.run(handle_signals=False) == 0
+    first, second = acquires  # not a busy loop against the server
+    assert second - first >= 0.95
+
+
+def test_a_second_signal_tells_the_running_handler_to_stop_at_once() -> None:
+    # The worker handles signals on the main thread, where pytest runs this; each is sent to
+    # it, and runs once its wait (a lock's, which a signal does not cut short) times out.
+    main = threading.main_thread().ident
+    assert main == threading.get_ident()
+    server = InMemoryServer()
+    with server.client() as qs:
+        item = qs.enqueue("q", "long")
+        told: list[bool] = []
+        worker: Worker
+
+        def handler(job: Job) -> str:
+            signal.pthread_kill(main, signal.SIGINT)  # Ctrl-C: no more work; this may finish
+            deadline = time.monotonic() + 5
+            while not worker.stopping.is_set() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            told.extend([worker.stopping.is_set(), job.stop.is_set()])
+            signal.pthread_kill(main, signal.SIGINT)  # Ctrl-C again: stop now
+            told.append(job.stop.wait(5))
+            return "cut short"
+
+        # Its waits: 50 ms for the queue's limit, then 50 ms for the slots within a grace
+        # of a minute (the second signal, not the grace, stops the handler).
+        worker = Worker(qs, "q", handler, name="w1", limit_refresh=0.05)
+        assert worker.run(grace=60) == 1
+        assert told == [True, False, True]
+        assert qs.get_item(item.item_id).result == "cut short"
+
+
+def test_a_read_told_to_retry_after_waits_that_long_but_never_past_max_wait() -> None:
+    server = InMemoryServer()
+    asked: list[float] = []
+    retry_after = ["0.3"]
+    answer = server.handle
+
+    def limited(request: httpx.Request) -> httpx.Response:
+        """Each read's first attempt is answered 429 with a Retry-After."""
+        if request.method == "GET":
+            asked.append(time.monotonic())
+            if len(asked) % 2:
+                problem = {"title": "Too many requests", "status": 429}
+                headers = {"Retry-After": retry_after[0]}
+                return httpx.Response(429, json=problem, headers=headers)
+        return answer(request)
+
+    server.handle = limited  # type: ignore[method-assign]
+    with server.client() as qs:
+        assert qs.concurrency("q").limit == 1
+    # Its backoff would have tried again within 0.1 s; the server asked for 0.3 s.
+    assert asked[1] - asked[0] >= 0.3
+    retry_after[0] = "30"
+    with server.client(max_wait=0.2) as qs:
+        assert qs.concurrency("q").limit == 1
+    assert 0.2 <= asked[3] - asked[2] < 5
 
 
 def test_only_the_holder_with_its_fence_may_settle_and_each_refusal_says_why() -> None:

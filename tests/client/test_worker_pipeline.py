@@ -185,6 +185,33 @@ def test_a_result_that_is_not_json_fails_its_item_alone(api: Api, face: Face) ->
         assert "JSON" in item.last_failure["message"]
 
 
+def test_a_result_the_server_refuses_fails_its_item_alone_not_its_batch(
+    api: Api, face: Face
+) -> None:
+    api.approve("q", 10)
+    with QueueClient(api.url, api.keys["worker"]) as qs:
+        for n in range(3):
+            qs.enqueue("q", n)
+        gate = threading.Barrier(3)
+
+        def handler(job: AnyJob) -> str:
+            gate.wait(10)
+            # One holds a NUL, which JSON allows and the server cannot store (422).
+            return "a\x00b" if job.payload == 1 else f"done {job.payload}"
+
+        results: list[Result] = []
+        # The outbox waits for all three results (a batch of 3) and sends them in one request.
+        options = {"linger": 30, "max_batch": 3, "on_result": results.append}
+        worker = face.worker(api, "q", handler, concurrency=3, wait=0, **options)
+        assert worker.run(max_items=3) == 3
+        outcomes = sorted(r.outcome.value for r in results)
+        assert outcomes == ["completed", "completed", "unsubmitted"]
+        (refused,) = [r for r in results if r.outcome is Outcome.UNSUBMITTED]
+        assert qs.get_item(refused.item_id).payload == 1
+    # The refused batch was sent again entry by entry.
+    assert requests_to(api, "/v1/tenants/{tenant}/items/{item_id}/complete") == 3
+
+
 def test_a_refused_entry_in_a_batch_is_reported_lost_and_the_others_complete(
     api: Api, db: DB, face: Face
 ) -> None:

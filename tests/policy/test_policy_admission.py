@@ -107,6 +107,9 @@ def test_admission_refuses_deadline_beyond_class_envelope(cls: OperationClass) -
 def test_admission_refuses_attempt_timeout_beyond_class_envelope() -> None:
     reason = refusal("read-only-dependency", attempt_timeout=2.5)
     assert reason is RefusalReason.ATTEMPT_TIMEOUT_EXCEEDS_POLICY
+    # The envelope itself is within it: the class's own attempt timeout and deadline, asked.
+    admitted = admit_operation("read-only-dependency", attempt_timeout=2, deadline=10)
+    assert (admitted.attempt_timeout_seconds, admitted.deadline_seconds) == (2, 10)
 
 
 @pytest.mark.parametrize("value", [0, -1, float("inf"), float("nan"), timedelta(0)])

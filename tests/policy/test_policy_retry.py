@@ -191,6 +191,7 @@ def test_classify_failure_maps_known_transient_failures() -> None:
     assert classify_failure(status(503)) is FailureClass.DEPENDENCY_UNAVAILABLE
     assert classify_failure(status(429)) is FailureClass.RATE_LIMITED
     assert classify_failure(status(404)) is None
+    assert classify_failure(status(500)) is None  # a fault of the server: not transient
     assert (
         classify_failure(httpx.ReadTimeout("slow", request=request)) is FailureClass.ATTEMPT_TIMEOUT
     )
