@@ -72,6 +72,16 @@ def complete_one(api: Api, queue: str = "q", payload: object = None) -> str:
     return str(item["item_id"])
 
 
+def paused_after_one(api: Api, url: str) -> tuple[dict[str, Any], str]:
+    """A watcher of `url` with one delivery pending (an item completed), then paused: the
+    watcher and its path."""
+    watcher = register(api, url)
+    complete_one(api)
+    path = f"/v1/tenants/acme/watchers/{watcher['watcher_id']}"
+    assert api.operator.post(f"{path}/pause", headers={"Idempotency-Key": "p"}).status_code == 200
+    return watcher, path
+
+
 def deliver(
     settings: Settings, database_url: str, *, budget: Budget | None = None, **overrides: Any
 ) -> RunReport:

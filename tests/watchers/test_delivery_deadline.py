@@ -19,7 +19,16 @@ from queue_server.settings import Settings
 from queue_server.store.types import Row
 from queue_server.transport import TransportBroker
 from tests.helpers.api import Api, policy_file
-from tests.helpers.watchers import Db, ModeReceiver, complete_one, deliver, make_due, register, rows
+from tests.helpers.watchers import (
+    Db,
+    ModeReceiver,
+    complete_one,
+    deliver,
+    make_due,
+    paused_after_one,
+    register,
+    rows,
+)
 
 # The document's deadline, as written: the deliverer reads it through the loaded policy.
 DEADLINE = OPERATION_RELIABILITY_V2["classes"]["watcher-delivery"]["deadline"]["seconds"]
@@ -253,10 +262,7 @@ def test_a_pause_does_not_count_toward_the_deadline(
 def test_a_paused_watchers_rows_past_their_deadline_wait_for_the_resume(
     api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
 ) -> None:
-    watcher = register(api, receiver.url("/hook"))
-    complete_one(api)
-    path = f"/v1/tenants/acme/watchers/{watcher['watcher_id']}"
-    assert api.operator.post(f"{path}/pause", headers={"Idempotency-Key": "p"}).status_code == 200
+    watcher, path = paused_after_one(api, receiver.url("/hook"))
     # Paused for two days: its row's deadline would have run out a minute ago.
     _leave(db, -60.0)
     db.execute(

@@ -10,7 +10,16 @@ import pytest
 
 from queue_server.settings import Settings
 from tests.helpers.api import Api, setup_tenant
-from tests.helpers.watchers import Db, ModeReceiver, complete_one, deliver, make_due, register, rows
+from tests.helpers.watchers import (
+    Db,
+    ModeReceiver,
+    complete_one,
+    deliver,
+    make_due,
+    paused_after_one,
+    register,
+    rows,
+)
 
 
 def test_registration_answers_the_secret_once_and_never_again(
@@ -158,10 +167,7 @@ def test_cancel_cancels_pending_deliveries_and_stops_new_ones(
 def test_cancel_of_a_paused_watcher_cancels_it_and_its_pending_deliveries(
     api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
 ) -> None:
-    watcher = register(api, receiver.url("/hook"))
-    complete_one(api)
-    path = f"/v1/tenants/acme/watchers/{watcher['watcher_id']}"
-    assert api.operator.post(f"{path}/pause", headers={"Idempotency-Key": "p"}).status_code == 200
+    _, path = paused_after_one(api, receiver.url("/hook"))
     cancelled = api.operator.post(f"{path}/cancel", headers={"Idempotency-Key": "c"})
     assert cancelled.status_code == 200, cancelled.text
     assert (cancelled.json()["state"], cancelled.json()["cancelled_deliveries"]) == ("cancelled", 1)
