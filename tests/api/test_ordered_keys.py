@@ -321,3 +321,33 @@ def test_a_completion_uncommitted_makes_an_enqueue_of_its_key_wait_for_it_not_st
     (made,) = answers
     assert made["state"] == "ready"
     assert state(api, made["item_id"]) == "ready"
+
+
+def test_under_hold_a_new_item_waits_behind_its_keys_only_item_in_dead_letters(
+    api: Api,
+) -> None:
+    """The key's newest item is its dead letter (nothing behind it yet): under `hold`, an
+    item enqueued with the key waits, and is ready once the dead letter is discarded."""
+    put = api.operator.put(
+        "/v1/tenants/acme/queues/q/settings",
+        json={"ordering_dead_letters": "hold"},
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert put.status_code == 200, put.text
+    blocker = enqueue(api.worker, "blocker", "k")
+    (lease,) = api.acquire(max_items=10)
+    assert lease["item_id"] == blocker["item_id"]
+    quarantine_lease(api, lease)
+    later = enqueue(api.worker, "later", "k")
+    assert later["state"] == "waiting"
+    assert api.acquire(max_items=10) == []
+    (letter,) = api.operator.get("/v1/tenants/acme/dead-letters").json()["dead_letters"]
+    discarded = api.operator.post(
+        f"/v1/tenants/acme/dead-letters/{letter['dead_letter_id']}/discard",
+        json={"reason": "bad input"},
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert discarded.status_code == 200, discarded.text
+    (lease,) = api.acquire(max_items=10)
+    assert lease["item_id"] == later["item_id"]
+    assert ledger_mismatches(api) == []

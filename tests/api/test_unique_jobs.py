@@ -179,3 +179,38 @@ def test_unique_for_a_period_holds_the_key_after_its_item_finished(api: Api, db:
     (lease,) = api.acquire()
     assert api.holder("complete", lease["item_id"], worker="w1", fence=lease["fence"]).is_success
     assert enqueue(api.worker, 5, "daily").status_code == 201
+
+
+def test_unique_for_answers_with_the_unfinished_holder_else_the_newest_made_in_the_period(
+    api: Api,
+) -> None:
+    """Two items of the key made within the period, the older finished: an enqueue with
+    `unique_for` is answered with the unfinished one, and once both are finished with the
+    newer, never the older."""
+
+    def daily(payload: Any) -> httpx.Response:
+        body = {"payload": payload, "unique_key": "daily", "unique_for": 86400}
+        return api.worker.post(ITEMS, json=body, headers={"Idempotency-Key": uuid.uuid4().hex})
+
+    def finish() -> None:
+        (lease,) = api.acquire()
+        done = api.holder("complete", lease["item_id"], worker="w1", fence=lease["fence"])
+        assert done.is_success, done.text
+
+    older = enqueue(api.worker, 1, "daily")
+    assert older.status_code == 201, older.text
+    finish()
+    newer = enqueue(api.worker, 2, "daily")
+    assert newer.status_code == 201, newer.text
+    # The newer is unfinished: it holds the key, not the finished older one.
+    held = daily(3)
+    assert held.status_code == 200, held.text
+    assert (held.json()["item_id"], held.json()["state"]) == (newer.json()["item_id"], "ready")
+    # Both finished: the newest made within the period answers.
+    finish()
+    again = daily(4)
+    assert again.status_code == 200, again.text
+    assert (again.json()["item_id"], again.json()["state"]) == (
+        newer.json()["item_id"],
+        "completed",
+    )
