@@ -8,6 +8,7 @@ import re
 
 from tests.helpers.api import Api
 from tests.helpers.console import sign_in
+from tests.helpers.items import quarantine
 
 ROW_ID = re.compile(r'<a class="id" href="[^"]*/items/([0-9a-f-]{36})" title="\1">([^<]+)</a>')
 
@@ -86,3 +87,31 @@ def test_counts_have_separators_times_say_how_long_ago_and_dates_are_typed_in_is
     assert str(item["item_id"])[-12:] in since.text
     later = client.get("/console/tenants/acme/items", params={"created_after": "2999-01-01 00:00"})
     assert "No items match." in later.text
+
+
+def test_the_bulk_count_agrees_with_the_list_at_its_bounds_and_payload(api: Api) -> None:
+    first, second = quarantine(api, "q", "p1"), quarantine(api, "q", "p2")
+    created = {
+        item_id: api.operator.get(f"/v1/tenants/acme/items/{item_id}").json()["created_at"]
+        for item_id in (first, second)
+    }
+    client, _ = sign_in(api.url, api.keys["operator"])
+    # Both bounds are exclusive, in the count as in the list: an item made at the very
+    # instant a bound names is neither listed nor counted.
+    for bound, at, shown in (
+        ("created_after", created[first], second),
+        ("created_before", created[second], first),
+    ):
+        page = client.get("/console/tenants/acme/items", params={"state": "quarantined", bound: at})
+        assert page.status_code == 200, page.text
+        assert [item_id for item_id, _ in ROW_ID.findall(page.text)] == [shown]
+        assert "Retry all 1 matching…" in page.text, bound
+    # A payload filter matches the items whose payload contains it, in the count too.
+    wanted = quarantine(api, "q", {"kind": "a", "n": 1})
+    quarantine(api, "q", {"kind": "b"})
+    page = client.get(
+        "/console/tenants/acme/items", params={"state": "quarantined", "payload": '{"kind": "a"}'}
+    )
+    assert page.status_code == 200, page.text
+    assert [item_id for item_id, _ in ROW_ID.findall(page.text)] == [wanted]
+    assert "Retry all 1 matching…" in page.text

@@ -272,3 +272,31 @@ def test_status_counts_queues_and_ledger_verification_finds_tampering(api: Api, 
 
     who = api.worker.get("/v1/whoami").json()
     assert (who["tenant"], who["role"]) == ("acme", "worker")
+
+
+def test_a_deleted_tenant_takes_its_dead_letters_ledgers_and_receipts_and_no_other_tenants(
+    api: Api, db: DB
+) -> None:
+    quarantine(api)
+    other = setup_tenant(api.url, api.admin, "globex")
+    quarantine(other)
+    counts = (
+        "SELECT (SELECT count(*) FROM dead_letters WHERE tenant_id = %(t)s) AS letters,"
+        " (SELECT count(*) FROM item_events WHERE tenant_id = %(t)s) > 0 AS events,"
+        " (SELECT count(*) FROM idempotency_receipts WHERE tenant_id = %(t)s) > 0 AS receipts"
+    )
+    assert db.execute(counts, {"t": "acme"}).fetchone() == {
+        "letters": 1,
+        "events": True,
+        "receipts": True,
+    }
+    assert api.admin.delete("/v1/tenants/acme").status_code == 204
+    assert db.execute(counts, {"t": "acme"}).fetchone() == {
+        "letters": 0,
+        "events": False,
+        "receipts": False,
+    }
+    # globex keeps its own; an acme made again starts with no dead letter of the old one.
+    assert len(dead_letters(other.operator, tenant="globex")["dead_letters"]) == 1
+    again = setup_tenant(api.url, api.admin, "acme")
+    assert dead_letters(again.operator)["dead_letters"] == []

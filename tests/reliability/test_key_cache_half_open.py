@@ -104,3 +104,17 @@ def test_the_cache_serves_nothing_once_the_listener_is_silent_past_the_trust_win
     assert cache.get("k1") is None
     cache.alive()
     assert cache.get("k1") == {"key_id": "k1"}
+
+
+def test_a_key_read_before_a_revocation_cleared_the_cache_is_not_kept_after_it() -> None:
+    cache = KeyCache()
+    cache.enabled = True
+    cache.alive()
+    # A request reads the key (still live) from the database...
+    generation = cache.generation
+    # ...a revocation commits and clears the cache before that request stores what it read.
+    cache.clear()
+    cache.put("k1", {"key_id": "k1", "revoked_at": None}, generation)
+    assert cache.get("k1") is None  # the next request reads the key, revoked, again
+    cache.put("k1", {"key_id": "k1", "revoked_at": None}, cache.generation)
+    assert cache.get("k1") == {"key_id": "k1", "revoked_at": None}
