@@ -157,6 +157,20 @@ def _quarter(t: datetime) -> datetime:
     return GRID + (t - GRID) // QUARTER * QUARTER
 
 
+def _clear_of_the_roll_up_edge(db: Db) -> datetime:
+    """The database's clock, read at least 20 s before the roll-up's ended buckets change (a
+    quarter hour's end plus a minute): the rounds run in the next seconds see the buckets
+    this reading does."""
+    while True:
+        clock = db.execute("SELECT statement_timestamp() AS t").fetchone()
+        assert clock is not None
+        now: datetime = clock["t"]
+        edge = _quarter(now - timedelta(minutes=1)) + QUARTER + timedelta(minutes=1)
+        if edge - now > timedelta(seconds=20):
+            return now
+        time.sleep((edge - now).total_seconds() + 0.1)
+
+
 def _insert(db: Db, table: str, queue: str, sampled_at: datetime, total: int, ready: int) -> None:
     db.execute(
         f"INSERT INTO {table} (tenant_id, queue, sampled_at, completed, failed,"
@@ -169,9 +183,7 @@ def _insert(db: Db, table: str, queue: str, sampled_at: datetime, total: int, re
 def test_the_day_keeps_each_quarter_hours_last_sample_and_prunes_past_the_day(
     api: Api, db: Db, settings: Settings, database_url: str
 ) -> None:
-    clock = db.execute("SELECT statement_timestamp() AS t").fetchone()
-    assert clock is not None
-    now: datetime = clock["t"]
+    now = _clear_of_the_roll_up_edge(db)
     minutes = [44, 40, 33, 31, 29, 22, 16, 14, 9, 3, 0.5]
     times = [now - timedelta(minutes=m) for m in minutes]
     for n, t in enumerate(times):

@@ -19,7 +19,7 @@ from psycopg.rows import dict_row
 
 from queue_server.background.deliverer import Deliverer
 from queue_server.settings import Settings
-from queue_server.store import transitions
+from queue_server.store import outbox, transitions
 from tests.helpers.api import Api, policy_file
 from tests.helpers.cli import Cli
 from tests.helpers.items import sample
@@ -198,6 +198,96 @@ def test_the_cap_holds_when_many_connections_write_one_watchers_rows_at_once(
     assert cancelled.fetchone() == {"n": 40}
     assert _pending(db, watcher_id) == CAP
     assert _watcher(api, watcher_id)["backlogged"] is True
+
+
+def _waiting_on_a_lock(db: Db, fragment: str) -> bool:
+    """A session whose statement (its first kilobyte, as the server keeps it) has `fragment`
+    waits on a lock."""
+    row = db.execute(
+        "SELECT count(*) AS n FROM pg_stat_activity"
+        " WHERE wait_event_type = 'Lock' AND position(%s in query) > 0",
+        (fragment,),
+    ).fetchone()
+    return row is not None and row["n"] > 0
+
+
+def test_an_event_written_while_a_backfill_is_mid_statement_goes_out_after_its_rows(
+    api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
+) -> None:
+    """A transition whose statement starts while a backfill's is running waits for the
+    watcher's lock; its row goes out after every row the backfill wrote, as its event is
+    after theirs in the ledger. The backfill is held mid-statement, after numbering its
+    first row, by a session that holds that row's delivery key a moment."""
+    watcher_id = register(api, receiver.url("/hook"), events=["item.enqueued"])["watcher_id"]
+    _enqueue_batch(api, range(CAP + 3))
+    # The outbox drains with the backfill held off (its watcher lock is taken): three
+    # events are left in the ledger.
+    with psycopg.connect(database_url) as holder:
+        holder.execute("SELECT 1 FROM watchers WHERE watcher_id = %s FOR UPDATE", (watcher_id,))
+        deliver(settings, database_url)
+    assert len(_received(receiver)) == CAP
+    assert _watcher(api, watcher_id)["backlogged"] is True
+    first_missed = db.execute(
+        "SELECT delivery_key(%(w)s, e.item_id, e.seq) AS key, e.item_id, e.tenant_id"
+        " FROM item_events e WHERE e.kind = 'enqueued' AND NOT EXISTS (SELECT 1"
+        " FROM outbox_deliveries o WHERE o.delivery_key = delivery_key(%(w)s, e.item_id, e.seq))"
+        " ORDER BY e.at, e.item_id, e.seq LIMIT 1",
+        {"w": watcher_id},
+    ).fetchone()
+    assert first_missed is not None
+    # Another watcher's row under that key: the unique index is the tenant's, and the
+    # watcher's own row lock stays free for the backfill.
+    other = register(api, receiver.url("/other"), events=["item.cancelled"])["watcher_id"]
+    options = f"-c queue_server.outbox_cap={CAP}"
+    with (
+        psycopg.connect(database_url, options=options) as keyholder,
+        psycopg.connect(database_url, options=options, row_factory=dict_row) as backfiller,
+    ):
+        # The key of the first missed event, held uncommitted: the backfill numbers that
+        # row and waits to see whether the key is taken.
+        keyholder.execute(
+            "INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event,"
+            " item_id, queue, body, state, next_attempt_at, due_at, created_at, updated_at,"
+            " backfilled) VALUES (%s, %s, %s, 'item.enqueued', %s, 'q', '{}', 'delivered',"
+            " now(), now(), now(), now(), true)",
+            (first_missed["tenant_id"], other, first_missed["key"], first_missed["item_id"]),
+        )
+        [watcher] = backfiller.execute(outbox._SQL["lock_backlogged"], {"limit": 10}).fetchall()
+        params = {
+            "tenant": watcher["tenant_id"],
+            "watcher_id": watcher["watcher_id"],
+            "from": watcher["backlog_from"],
+            "cap": CAP,
+        }
+        done: list[dict[str, Any]] = []
+
+        def backfill() -> None:
+            done.append(backfiller.execute(outbox._SQL["backfill"], params).fetchone() or {})
+            backfiller.commit()
+
+        enqueued: list[dict[str, object]] = []
+        backfilling = threading.Thread(target=backfill)
+        backfilling.start()
+        wait_until(
+            lambda: _waiting_on_a_lock(db, "The watcher's missed events"),
+            "the backfill held",
+            timeout=5,
+        )
+        # The next event: its statement starts now, numbers its row, and waits for the
+        # watcher's lock, which the backfill holds.
+        enqueuing = threading.Thread(
+            target=lambda: enqueued.append(api.enqueue("q", {"n": CAP + 3}))
+        )
+        enqueuing.start()
+        wait_until(lambda: _waiting_on_a_lock(db, "admit"), "the event held", timeout=5)
+        keyholder.rollback()
+        backfilling.join(timeout=10)
+        enqueuing.join(timeout=10)
+    assert done == [{"written": 3, "backlogged": False}]
+    assert len(enqueued) == 1
+    deliver(settings, database_url)
+    assert sorted(_received(receiver)) == list(range(CAP + 4))
+    assert _received(receiver) == _ledger_order(db)
 
 
 def test_two_deliverers_drain_a_backlog_while_events_keep_coming_each_sent_once_in_order(

@@ -1,0 +1,89 @@
+"""a watcher's outbox rows are numbered holding its lock, so they go out in the order their
+writers committed
+
+The outbox_admit trigger (0014) admits each row a transition writes while holding its
+watcher's row lock to the commit; a backfill holds the same lock while it writes the missed
+events. A row's `seq` (the order a watcher's claimed rows are sent in) was drawn before the
+trigger, when the statement formed the row: a transition whose statement began while a
+backfill's was running, and drew its number before the backfill drew its rows', waited for
+the lock and then kept a number lower than theirs, so its later event went out before the
+backfilled ones. 0014 numbered a row again only when the watcher had changed after the
+row's statement began, which misses that case. The row is now numbered again every time,
+once the lock is held: every row of the watcher committed before has a lower number. It is
+due no earlier than the watcher's last change, as before.
+
+Revision ID: 0041
+Revises: 0040
+Create Date: 2026-12-06
+"""
+
+import importlib
+from collections.abc import Sequence
+from types import ModuleType
+
+from alembic import op
+
+revision: str = "0041"
+down_revision: str | Sequence[str] | None = "0040"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+OUTBOX_ADMIT = """
+CREATE OR REPLACE FUNCTION {home}.outbox_admit() RETURNS trigger
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    cap integer := nullif(current_setting('queue_server.outbox_cap', true), '')::integer;
+    marked timestamptz;
+    touched timestamptz;
+    pending bigint;
+BEGIN
+    IF cap IS NULL OR NEW.backfilled OR NEW.state <> 'pending' THEN
+        RETURN NEW;
+    END IF;
+    SELECT w.backlogged_at, w.updated_at INTO marked, touched FROM watchers w
+    WHERE w.tenant_id = NEW.tenant_id AND w.watcher_id = NEW.watcher_id
+    FOR UPDATE;
+    IF marked IS NULL THEN
+        SELECT count(*) INTO pending FROM outbox_deliveries o
+        WHERE o.tenant_id = NEW.tenant_id AND o.watcher_id = NEW.watcher_id
+          AND o.state = 'pending';
+        IF pending < cap THEN
+            -- Numbered holding the watcher's lock (to the commit): after every row of the
+            -- watcher that a writer holding it before committed, a backfill's among them
+            -- (whose statement may have begun before this one and numbered its rows after
+            -- this row's default was drawn). Due no earlier than the watcher's last change.
+            NEW.seq := nextval(pg_get_serial_sequence('outbox_deliveries', 'seq'));
+            NEW.due_at := greatest(NEW.due_at, touched);
+            RETURN NEW;
+        END IF;
+    END IF;
+    UPDATE watchers w
+    SET backlogged_at = coalesce(w.backlogged_at, statement_timestamp()),
+        backlog_from = least(w.backlog_from, statement_timestamp())
+    WHERE w.tenant_id = NEW.tenant_id AND w.watcher_id = NEW.watcher_id
+      AND (w.backlog_from IS NULL OR w.backlog_from > statement_timestamp());
+    RETURN NULL;
+END
+$$
+"""
+
+
+def _shards() -> ModuleType:
+    return importlib.import_module("queue_server.migrations.versions.0028_admission_shards")
+
+
+def _cap() -> ModuleType:
+    return importlib.import_module("queue_server.migrations.versions.0014_watcher_outbox_cap")
+
+
+def upgrade() -> None:
+    op.execute(OUTBOX_ADMIT.replace("{home}", _shards()._home()))
+
+
+def downgrade() -> None:
+    home = _shards()._home()
+    op.execute(
+        _cap().OUTBOX_ADMIT.replace(
+            "CREATE FUNCTION outbox_admit()", f"CREATE OR REPLACE FUNCTION {home}.outbox_admit()"
+        )
+    )
