@@ -4,7 +4,7 @@ hour (from real enqueues and completions) and for the day (from the day's sample
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -14,8 +14,6 @@ from tests.helpers.api import Api, setup_tenant
 from tests.helpers.console import sign_in
 
 Db = psycopg.Connection[dict[str, Any]]
-QUARTER = timedelta(minutes=15)
-GRID = datetime(2000, 1, 1, tzinfo=UTC)
 
 
 def test_a_queues_figures_show_its_depth_rates_and_latency_as_the_api_left_them(
@@ -93,10 +91,8 @@ def _day_sample(db: Db, at: datetime, totals: tuple[int, int, int, int], ready: 
 
 
 def test_the_days_figures_put_each_quarter_hours_samples_in_its_place(api: Api, db: Db) -> None:
-    clock = db.execute("SELECT statement_timestamp() AS t").fetchone()
-    assert clock is not None
-    now: datetime = clock["t"]
-    grid = GRID + (now - GRID) // QUARTER * QUARTER  # the quarter hour now running began
+    now = charts.clock_clear_of_the_grid(db)
+    grid = charts.quarter_of(now)  # the quarter hour now running began
     # The day begins from the last sample before it; 10 h ago 10 completions (1 s each, 3
     # failures) and 7 items ready, the oldest 2 minutes; 5 h ago 60 more (2 s each), none
     # ready; nothing since.

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 import re
-from datetime import datetime, timedelta
+import time
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from queue_server.console.charts import BOTTOM, FIG_HEIGHT, FIG_WIDTH, LEFT, RIGHT, TOP
@@ -13,6 +14,28 @@ FIGURE = re.compile(r'<svg class="figure" data-figure="(?P<key>[a-z]+)".*?</svg>
 TOP_VALUE = re.compile(r'data-top="([0-9.e+]+)"')
 PATH = re.compile(r'<path class="line [a-z]+" data-series="([a-z]+)" d="([^"]*)"')
 LABEL = re.compile(r'aria-label="([^"]*)"')
+# The figures' grid: quarter hours from 2000-01-01 UTC, as the database bins them.
+QUARTER = timedelta(minutes=15)
+GRID = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+def quarter_of(t: datetime) -> datetime:
+    """The start of the quarter hour `t` falls in."""
+    return GRID + (t - GRID) // QUARTER * QUARTER
+
+
+def clock_clear_of_the_grid(db: Any, *, lag: timedelta = timedelta(0)) -> datetime:
+    """The database's clock, read at least 20 s before the next quarter hour (plus `lag`):
+    what a test builds from this reading is still what the server sees in the next
+    seconds, when its figures or its roll-up are read."""
+    while True:
+        clock = db.execute("SELECT statement_timestamp() AS t").fetchone()
+        assert clock is not None
+        now: datetime = clock["t"]
+        edge = quarter_of(now - lag) + QUARTER + lag
+        if edge - now > timedelta(seconds=20):
+            return now
+        time.sleep((edge - now).total_seconds() + 0.1)
 
 
 def figures(html: str) -> dict[str, str]:
@@ -48,12 +71,9 @@ def seed_history(db: Any, tenant: str, queue: str) -> None:
     """A day of a busy queue's samples, written as the sweeper would have taken them (a
     minute apart for the last hour, each quarter hour's last before), with the counters
     they end at on a shard of their own: what the screenshots of a queue's charts show."""
-    clock = db.execute("SELECT statement_timestamp() AS t").fetchone()
-    now: datetime = clock["t"]
-    origin = datetime(2000, 1, 1, tzinfo=now.tzinfo)
-    quarter = timedelta(minutes=15)
-    grid = origin + (now - origin) // quarter * quarter
-    day = [grid - quarter * q - timedelta(seconds=5) for q in range(97, 0, -1)]
+    now = clock_clear_of_the_grid(db)
+    grid = quarter_of(now)
+    day = [grid - QUARTER * q - timedelta(seconds=5) for q in range(97, 0, -1)]
     hour = [now - timedelta(minutes=m) for m in range(64, 0, -1)]
     marks = [t for t in day if t < hour[0]] + hour
     rows = []

@@ -7,7 +7,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from itertools import pairwise
 from typing import Any, TypeVar
 
@@ -17,11 +17,10 @@ from queue_server.background import sweeper
 from queue_server.db import Database
 from queue_server.settings import Settings
 from tests.helpers.api import Api
+from tests.helpers.charts import clock_clear_of_the_grid, quarter_of
 
 Db = psycopg.Connection[dict[str, Any]]
 T = TypeVar("T")
-QUARTER = timedelta(minutes=15)
-GRID = datetime(2000, 1, 1, tzinfo=UTC)
 
 
 def run(
@@ -153,24 +152,6 @@ def test_processes_sampling_at_once_take_one_sample_of_each_change(
     assert latest(db, "race")["ready"] == 6
 
 
-def _quarter(t: datetime) -> datetime:
-    return GRID + (t - GRID) // QUARTER * QUARTER
-
-
-def _clear_of_the_roll_up_edge(db: Db) -> datetime:
-    """The database's clock, read at least 20 s before the roll-up's ended buckets change (a
-    quarter hour's end plus a minute): the rounds run in the next seconds see the buckets
-    this reading does."""
-    while True:
-        clock = db.execute("SELECT statement_timestamp() AS t").fetchone()
-        assert clock is not None
-        now: datetime = clock["t"]
-        edge = _quarter(now - timedelta(minutes=1)) + QUARTER + timedelta(minutes=1)
-        if edge - now > timedelta(seconds=20):
-            return now
-        time.sleep((edge - now).total_seconds() + 0.1)
-
-
 def _insert(db: Db, table: str, queue: str, sampled_at: datetime, total: int, ready: int) -> None:
     db.execute(
         f"INSERT INTO {table} (tenant_id, queue, sampled_at, completed, failed,"
@@ -183,7 +164,8 @@ def _insert(db: Db, table: str, queue: str, sampled_at: datetime, total: int, re
 def test_the_day_keeps_each_quarter_hours_last_sample_and_prunes_past_the_day(
     api: Api, db: Db, settings: Settings, database_url: str
 ) -> None:
-    now = _clear_of_the_roll_up_edge(db)
+    # The roll-up copies the buckets that ended a minute ago or more.
+    now = clock_clear_of_the_grid(db, lag=timedelta(minutes=1))
     minutes = [44, 40, 33, 31, 29, 22, 16, 14, 9, 3, 0.5]
     times = [now - timedelta(minutes=m) for m in minutes]
     for n, t in enumerate(times):
@@ -197,11 +179,11 @@ def test_the_day_keeps_each_quarter_hours_last_sample_and_prunes_past_the_day(
         time.sleep(0.05)
 
     # Every quarter hour that ended a minute ago or more: its last sample, once.
-    ended = _quarter(now - timedelta(minutes=1))
+    ended = quarter_of(now - timedelta(minutes=1))
     last: dict[datetime, datetime] = {}
     for t in times:
         if t < ended:
-            last[_quarter(t)] = max(t, last.get(_quarter(t), t))
+            last[quarter_of(t)] = max(t, last.get(quarter_of(t), t))
     kept = db.execute(
         "SELECT sampled_at, completed FROM queue_day_samples WHERE queue = 'roll'"
         " ORDER BY sampled_at"
