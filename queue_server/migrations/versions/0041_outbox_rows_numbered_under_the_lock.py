@@ -28,43 +28,21 @@ down_revision: str | Sequence[str] | None = "0040"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-OUTBOX_ADMIT = """
-CREATE OR REPLACE FUNCTION {home}.outbox_admit() RETURNS trigger
-LANGUAGE plpgsql VOLATILE AS $$
-DECLARE
-    cap integer := nullif(current_setting('queue_server.outbox_cap', true), '')::integer;
-    marked timestamptz;
-    touched timestamptz;
-    pending bigint;
-BEGIN
-    IF cap IS NULL OR NEW.backfilled OR NEW.state <> 'pending' THEN
-        RETURN NEW;
-    END IF;
-    SELECT w.backlogged_at, w.updated_at INTO marked, touched FROM watchers w
-    WHERE w.tenant_id = NEW.tenant_id AND w.watcher_id = NEW.watcher_id
-    FOR UPDATE;
-    IF marked IS NULL THEN
-        SELECT count(*) INTO pending FROM outbox_deliveries o
-        WHERE o.tenant_id = NEW.tenant_id AND o.watcher_id = NEW.watcher_id
-          AND o.state = 'pending';
-        IF pending < cap THEN
-            -- Numbered holding the watcher's lock (to the commit): after every row of the
+# 0014's renumbering, taken only when the watcher changed after the row's statement began.
+SOMETIMES = """            IF touched > NEW.created_at THEN
+                -- The watcher changed after this statement began (a backfill that this row
+                -- waited for): the row is numbered and due after the backfill's rows, as
+                -- its event is after theirs (seq and due_at were given before the wait).
+                NEW.seq := nextval(pg_get_serial_sequence('outbox_deliveries', 'seq'));
+                NEW.due_at := greatest(NEW.due_at, touched);
+            END IF;
+"""
+ALWAYS = """            -- Numbered holding the watcher's lock (to the commit): after every row of the
             -- watcher that a writer holding it before committed, a backfill's among them
             -- (whose statement may have begun before this one and numbered its rows after
             -- this row's default was drawn). Due no earlier than the watcher's last change.
             NEW.seq := nextval(pg_get_serial_sequence('outbox_deliveries', 'seq'));
             NEW.due_at := greatest(NEW.due_at, touched);
-            RETURN NEW;
-        END IF;
-    END IF;
-    UPDATE watchers w
-    SET backlogged_at = coalesce(w.backlogged_at, statement_timestamp()),
-        backlog_from = least(w.backlog_from, statement_timestamp())
-    WHERE w.tenant_id = NEW.tenant_id AND w.watcher_id = NEW.watcher_id
-      AND (w.backlog_from IS NULL OR w.backlog_from > statement_timestamp());
-    RETURN NULL;
-END
-$$
 """
 
 
@@ -76,14 +54,18 @@ def _cap() -> ModuleType:
     return importlib.import_module("queue_server.migrations.versions.0014_watcher_outbox_cap")
 
 
+def _outbox_admit(home: str, renumbering: str) -> str:
+    """0014's trigger function with `renumbering` for its own, created or replaced in `home`."""
+    text: str = _cap().OUTBOX_ADMIT
+    assert text.count(SOMETIMES) == 1, "0014's outbox_admit is not the text this replaces"
+    return text.replace(
+        "CREATE FUNCTION outbox_admit()", f"CREATE OR REPLACE FUNCTION {home}.outbox_admit()"
+    ).replace(SOMETIMES, renumbering)
+
+
 def upgrade() -> None:
-    op.execute(OUTBOX_ADMIT.replace("{home}", _shards()._home()))
+    op.execute(_outbox_admit(_shards()._home(), ALWAYS))
 
 
 def downgrade() -> None:
-    home = _shards()._home()
-    op.execute(
-        _cap().OUTBOX_ADMIT.replace(
-            "CREATE FUNCTION outbox_admit()", f"CREATE OR REPLACE FUNCTION {home}.outbox_admit()"
-        )
-    )
+    op.execute(_outbox_admit(_shards()._home(), SOMETIMES))
