@@ -28,15 +28,9 @@ down_revision: str | Sequence[str] | None = "0040"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-# 0014's renumbering, taken only when the watcher changed after the row's statement began.
-SOMETIMES = """            IF touched > NEW.created_at THEN
-                -- The watcher changed after this statement began (a backfill that this row
-                -- waited for): the row is numbered and due after the backfill's rows, as
-                -- its event is after theirs (seq and due_at were given before the wait).
-                NEW.seq := nextval(pg_get_serial_sequence('outbox_deliveries', 'seq'));
-                NEW.due_at := greatest(NEW.due_at, touched);
-            END IF;
-"""
+# 0014's renumbering, taken only when the watcher changed after the row's statement began:
+# from this line to its END IF.
+SOMETIMES = "            IF touched > NEW.created_at THEN\n"
 ALWAYS = """            -- Numbered holding the watcher's lock (to the commit): after every row of the
             -- watcher that a writer holding it before committed, a backfill's among them
             -- (whose statement may have begun before this one and numbered its rows after
@@ -54,18 +48,22 @@ def _cap() -> ModuleType:
     return importlib.import_module("queue_server.migrations.versions.0014_watcher_outbox_cap")
 
 
-def _outbox_admit(home: str, renumbering: str) -> str:
-    """0014's trigger function with `renumbering` for its own, created or replaced in `home`."""
+def _outbox_admit(home: str, *, always: bool) -> str:
+    """0014's trigger function, created or replaced in `home`; with `always`, its row is
+    numbered again every time."""
     text: str = _cap().OUTBOX_ADMIT
-    assert text.count(SOMETIMES) == 1, "0014's outbox_admit is not the text this replaces"
+    if always:
+        start = text.index(SOMETIMES)
+        end = text.index("            END IF;\n", start) + len("            END IF;\n")
+        text = text[:start] + ALWAYS + text[end:]
     return text.replace(
         "CREATE FUNCTION outbox_admit()", f"CREATE OR REPLACE FUNCTION {home}.outbox_admit()"
-    ).replace(SOMETIMES, renumbering)
+    )
 
 
 def upgrade() -> None:
-    op.execute(_outbox_admit(_shards()._home(), ALWAYS))
+    op.execute(_outbox_admit(_shards()._home(), always=True))
 
 
 def downgrade() -> None:
-    op.execute(_outbox_admit(_shards()._home(), SOMETIMES))
+    op.execute(_outbox_admit(_shards()._home(), always=False))
