@@ -165,6 +165,21 @@ def test_discard_cancels_the_item_and_closes_the_dead_letter(api: Api) -> None:
     assert refused.json()["code"] == "dead-letter-closed"
 
 
+def test_each_status_lists_its_own_dead_letters(api: Api) -> None:
+    closed_id = dead_letter_of(api, quarantine(api))
+    assert replay(api, closed_id).status_code == 200
+    open_id = dead_letter_of(api, quarantine(api, "other"))
+
+    def listed(status: str) -> list[str]:
+        return [
+            d["dead_letter_id"] for d in dead_letters(api.operator, status=status)["dead_letters"]
+        ]
+
+    assert listed("open") == [open_id]
+    assert listed("closed") == [closed_id]
+    assert sorted(listed("all")) == sorted([open_id, closed_id])
+
+
 def test_bulk_replay_is_bounded_per_call_and_reports_counts(api: Api, db: DB) -> None:
     ids = [quarantine(api, "bulk") for _ in range(5)]
     quarantine(api, "other")

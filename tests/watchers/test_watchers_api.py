@@ -10,6 +10,7 @@ import pytest
 
 from queue_server.settings import Settings
 from tests.helpers.api import Api, setup_tenant
+from tests.helpers.items import quarantine
 from tests.helpers.watchers import (
     Db,
     ModeReceiver,
@@ -247,6 +248,32 @@ def test_dead_delivery_is_a_dead_letter_and_replay_resends_under_the_same_key(
         ]
         == []
     )
+
+
+def test_a_queues_bulk_replay_leaves_a_dead_delivery_of_that_queue_to_its_own_replay(
+    api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
+) -> None:
+    """The bulk replay of a queue's dead letters sends its dead items back; a watcher's dead
+    delivery of an event on that queue is not an item: neither replayed nor counted as
+    skipped, it stays open for its own replay."""
+    receiver.mode = "redirect"
+    register(api, receiver.url("/hook"))
+    complete_one(api)
+    deliver(settings, database_url)
+    [row] = rows(db)
+    assert row["state"] == "dead"
+    item_id = quarantine(api)
+    response = api.operator.post(
+        "/v1/tenants/acme/queues/q/dead-letters:replay",
+        json={},
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert (body["replayed"], body["skipped"], body["item_ids"]) == (1, 0, [item_id])
+    listed = api.operator.get("/v1/tenants/acme/dead-letters", params={"kind": "delivery"})
+    [letter] = listed.json()["dead_letters"]
+    assert letter["delivery_id"] == str(row["delivery_id"])
 
 
 def test_discarding_a_dead_delivery_cancels_it(
