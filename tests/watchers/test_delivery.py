@@ -277,6 +277,12 @@ def test_gone_disables_the_watcher_and_cancels_its_pending_deliveries(
     assert "410" in shown["disabled_reason"]
     complete_one(api)
     assert len(rows(db)) == 2
+    # Disabled, it keeps its history and its secret may still be rotated (one that leaked).
+    rotated = api.operator.post(
+        f"/v1/tenants/acme/watchers/{watcher['watcher_id']}/rotate-secret",
+        headers={"Idempotency-Key": "rotate"},
+    )
+    assert rotated.status_code == 200, rotated.text
 
 
 def test_request_budget_refuses_before_the_socket_and_releases_the_row(

@@ -237,6 +237,8 @@ def test_a_pause_does_not_count_toward_the_deadline(
     report = deliver(settings, database_url)
     assert (report.expired, report.failed) == (0, 1)
     before = {str(r["watcher_id"]): r for r in rows(db)}
+    # Pausing it again changes nothing: its pause still began two days ago.
+    assert api.operator.post(f"{path}/pause", headers={"Idempotency-Key": "p2"}).status_code == 200
     resumed = api.operator.post(f"{path}/resume", headers={"Idempotency-Key": "r"})
     assert resumed.status_code == 200
     after = {str(r["watcher_id"]): r for r in rows(db)}

@@ -120,6 +120,7 @@ def test_other_tenants_watchers_are_not_found(
     wid = theirs["watcher_id"]
     assert api.operator.get(f"/v1/tenants/globex/watchers/{wid}").status_code == 404
     assert api.operator.get("/v1/tenants/globex/watchers").status_code == 404
+    assert api.operator.get("/v1/tenants/acme/watchers").json()["watchers"] == []
     assert api.operator.get(f"/v1/tenants/acme/watchers/{wid}").status_code == 404
     paused = api.operator.post(
         f"/v1/tenants/acme/watchers/{wid}/pause", headers={"Idempotency-Key": "x"}
