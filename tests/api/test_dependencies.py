@@ -597,6 +597,25 @@ def test_a_workflow_replayed_from_its_failed_step_goes_on_from_there(api: Api) -
     assert ledger_mismatches(api) == []
 
 
+def test_a_replay_with_descendants_brings_back_as_many_as_the_backlog_cap_has_room_for(
+    api: Api,
+) -> None:
+    """The replayed step and the items its failure cancelled are charged to the backlog
+    cap: at the cap, the rest stay cancelled."""
+    api.approve("q", 10)
+    failing = enqueue(api, "q", "failing")
+    after = enqueue(api, "q", "after", depends_on=[failing["item_id"]])
+    last = enqueue(api, "q", "last", depends_on=[after["item_id"]])
+    quarantine_lease(api, lease_of(api, failing["item_id"]))
+    assert [state(api, i["item_id"]) for i in (after, last)] == ["cancelled", "cancelled"]
+    cap = backlog(api) + 2  # the step and one of the two behind it
+    assert api.admin.put(f"/v1/tenants/{api.tenant}", json={"backlog_cap": cap}).is_success
+    replayed = replay(api, dead_letter_of(api, failing["item_id"]), descendants=True)
+    assert replayed.status_code == 200, replayed.text
+    assert sorted(state(api, i["item_id"]) for i in (after, last)) == ["cancelled", "waiting"]
+    charged(api, cap)
+
+
 def test_a_callback_names_items_of_earlier_batches_and_waits_for_all_of_them(api: Api) -> None:
     """A fan-in larger than a batch: the callback of the last batch names the items of the
     earlier ones too, and runs once when the last of all of them is finished, whatever the
