@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from queue_server.auth import parse_bearer
 from queue_server.client import AsyncQueueClient, QueueClient
 from queue_server.settings import Settings
 from tests.helpers.api import Api, client_for
@@ -133,6 +134,11 @@ def test_rotate_admin_writes_a_new_secret_0600_and_revokes_the_old_in_every_proc
     again = _rotate(database_url, data_dir, "--revoke-all", "--print-admin-key")
     newest = key_file.read_text().strip()
     assert newest in again.stdout
+    # It names the keys it revoked: the two live ones, not the one revoked before.
+    [revoked] = [line for line in again.stdout.splitlines() if line.startswith("revoked: ")]
+    assert sorted(revoked.removeprefix("revoked: ").split(", ")) == sorted(
+        [parse_bearer(f"Bearer {new}"), spare["key_id"]]
+    )
     for old in (new, spare["secret"]):
         assert _refused_within(client_for(second.url, old))
         assert api.client(old).get("/v1/tenants/acme").status_code == 401
