@@ -170,6 +170,7 @@ def test_serve_starts_embedded_database_creates_admin_key_and_reuses_data(open_d
     _wait_ready(port, proc)
     again = httpx.get(f"{url}/v1/tenants/acme", headers=headers)
     assert again.status_code == 200  # same data, same key
+    assert key_file.read_text().strip() == key  # no second admin key made
     # A crash (the server and everything it started killed): its lock goes with it.
     os.killpg(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=60)
