@@ -146,6 +146,20 @@ def test_bulk_retry_and_delete_refuse_what_they_do_not_cover(api: Api) -> None:
     assert api.operator.get(f"/v1/tenants/acme/items/{item['item_id']}").json()["state"] == "ready"
 
 
+def test_a_bulk_action_takes_up_to_a_thousand_items_a_call(api: Api) -> None:
+    for action, state in (("retry", "quarantined"), ("delete", "completed")):
+        for limit, status in ((1000, 200), (1001, 422), (0, 422)):
+            answer = _post(api, action, filter={"state": state}, limit=limit)
+            assert answer.status_code == status, (action, limit, answer.text)
+    for limit, status in ((1000, 200), (1001, 422)):
+        answer = api.operator.post(
+            "/v1/tenants/acme/items:cancel",
+            json={"filter": {"queue": "q"}, "reason": "a bound", "limit": limit},
+            headers={"Idempotency-Key": uuid.uuid4().hex},
+        )
+        assert answer.status_code == status, (limit, answer.text)
+
+
 def test_a_repeated_key_replays_the_first_answer(api: Api) -> None:
     quarantine(api, "q")
     first = _post(api, "retry", key="same", filter={"state": "quarantined"})
