@@ -188,29 +188,36 @@ def test_acquire_uses_the_queue_s_lease_ttl_and_deadline(api: Api, db: Db) -> No
 
 
 def test_a_heartbeat_without_a_ttl_extends_by_the_queue_s_lease_ttl(api: Api, db: Db) -> None:
-    assert _put(api, "beats", lease_ttl=12).status_code == 200
-    assert _put(api, "beats2", lease_ttl=12).status_code == 200
-    one = api.enqueue("beats")
-    two = api.enqueue("beats2")
-    leases = api.acquire("beats", ttl=2) + api.acquire("beats2", ttl=2)
-    by_id = {lease["item_id"]: lease for lease in leases}
-    before = _now(db)
-    single = api.worker.post(
-        f"/v1/tenants/{api.tenant}/items/{one['item_id']}/heartbeat",
-        json={"worker": "w1", "fence": by_id[one["item_id"]]["fence"]},
-    )
-    assert single.status_code == 200, single.text
-    assert 11.5 <= (_at(single.json()["lease_expires_at"]) - before).total_seconds() <= 13
-    many = api.worker.post(
-        f"/v1/tenants/{api.tenant}/leases:heartbeat",
-        json={
-            "worker": "w1",
-            "leases": [{"item_id": two["item_id"], "fence": by_id[two["item_id"]]["fence"]}],
-        },
-    )
-    assert many.status_code == 200, many.text
-    (result,) = many.json()["results"]
-    assert 11.5 <= (_at(result["lease_expires_at"]) - before).total_seconds() <= 13
+    """Each queue's own: two queues of the tenant with different TTLs, each item's heartbeat
+    (one by one and in a batch) extends its lease by its queue's."""
+    ttls = {"beats": 12, "beats2": 20}
+    for queue, ttl in ttls.items():
+        assert _put(api, queue, lease_ttl=ttl).status_code == 200
+        api.approve(queue, 2)
+    items = {queue: [api.enqueue(queue), api.enqueue(queue)] for queue in ttls}
+    leases = api.acquire("beats", ttl=2, max_items=2) + api.acquire("beats2", ttl=2, max_items=2)
+    fence = {lease["item_id"]: lease["fence"] for lease in leases}
+    for queue, ttl in ttls.items():
+        single, batched = items[queue]
+        before = _now(db)
+        one = api.worker.post(
+            f"/v1/tenants/{api.tenant}/items/{single['item_id']}/heartbeat",
+            json={"worker": "w1", "fence": fence[single["item_id"]]},
+        )
+        assert one.status_code == 200, one.text
+        assert (
+            ttl - 0.5 <= (_at(one.json()["lease_expires_at"]) - before).total_seconds() <= ttl + 1
+        )
+        many = api.worker.post(
+            f"/v1/tenants/{api.tenant}/leases:heartbeat",
+            json={
+                "worker": "w1",
+                "leases": [{"item_id": batched["item_id"], "fence": fence[batched["item_id"]]}],
+            },
+        )
+        assert many.status_code == 200, many.text
+        (result,) = many.json()["results"]
+        assert ttl - 0.5 <= (_at(result["lease_expires_at"]) - before).total_seconds() <= ttl + 1
 
 
 def _fail(api: Api, queue: str, item_id: object, action: str, **body: Any) -> dict[str, Any]:
