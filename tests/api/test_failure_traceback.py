@@ -45,13 +45,15 @@ def test_a_traceback_is_kept_in_the_item_its_ledger_and_its_dead_letter(api: Api
 
 
 def test_without_one_the_failure_is_as_before(api: Api) -> None:
-    _, status, body = _triage(api, "q", None, decision="requeue")
+    item_id, status, body = _triage(api, "q", None, decision="requeue")
     assert status == 200, body
-    assert body["last_failure"] == {
-        "class": "ValueError",
-        "message": "bad input",
-        "transient": False,
-    }
+    failure = {"class": "ValueError", "message": "bad input", "transient": False}
+    assert body["last_failure"] == failure
+    # Given back later without a failure, the item keeps the last one it was told.
+    (lease,) = api.acquire("q")
+    requeued = api.holder("requeue", item_id, worker="w1", fence=lease["fence"], delay=0)
+    assert requeued.status_code == 200, requeued.text
+    assert requeued.json()["last_failure"] == failure
 
 
 @pytest.mark.parametrize(
