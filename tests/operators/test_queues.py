@@ -18,6 +18,7 @@ from psycopg.rows import dict_row
 from queue_server.settings import Settings
 from queue_server.store import queues as queue_store
 from tests.helpers.api import Api, client_for, setup_tenant
+from tests.helpers.items import expire, quarantine
 from tests.helpers.server import LiveServer, make_admin_key
 
 Db = psycopg.Connection[dict[str, object]]
@@ -79,6 +80,28 @@ def test_a_paused_queue_hands_out_nothing_but_admits_enqueues_until_resumed(api:
     other = setup_tenant(api.url, api.admin, "other")
     assert pause(other, queue="q").status_code == 200  # its own queue q
     assert other.operator.post("/v1/tenants/acme/queues/q/pause", headers=_key()).status_code == 404
+
+
+def queue_events(api: Api, queue: str = "q") -> list[tuple[str, str]]:
+    """The queue's ledger as its page shows it, newest first: (kind, reason) each."""
+    detail = api.operator.get(f"/v1/tenants/{api.tenant}/queues/{queue}")
+    assert detail.status_code == 200, detail.text
+    return [(e["kind"], e["data"]["reason"]) for e in detail.json()["events"]]
+
+
+def test_resuming_a_queue_that_is_not_paused_changes_nothing_and_records_nothing(
+    api: Api,
+) -> None:
+    api.enqueue("q", 1)
+    never_paused = resume(api, reason="nothing to resume")
+    assert never_paused.status_code == 200, never_paused.text
+    assert never_paused.json()["paused"] is False
+    assert queue_events(api) == []
+
+    assert pause(api, reason="deploying").status_code == 200
+    assert resume(api, reason="deployed").status_code == 200
+    assert resume(api, reason="again").status_code == 200
+    assert queue_events(api) == [("resumed", "deployed"), ("paused", "deploying")]
 
 
 @pytest.fixture
@@ -260,3 +283,51 @@ def test_queue_figures_count_every_state_with_ages_leases_letters_and_rates(
     kept = db.execute("SELECT count(*) AS n FROM queue_samples").fetchone()
     assert kept == {"n": 1}
     assert figures(api)["completions"]["last_hour"] == 0
+
+
+def test_a_queues_figures_count_only_its_own_items_and_a_delayed_item_as_ready_not_due(
+    api: Api,
+) -> None:
+    quarantine(api, "a")
+    api.enqueue("b", 1)
+    api.enqueue("b", 2, delay=3600)
+    b = figures(api, "b")
+    assert (b["ready"], b["due"], b["quarantined"]) == (2, 1, 0)
+    assert b["states"]["quarantined"] == 0
+    a = figures(api, "a")
+    assert (a["ready"], a["due"], a["quarantined"]) == (0, 0, 1)
+
+
+def test_an_expired_lease_is_still_leased_but_neither_active_nor_aged(api: Api, db: Db) -> None:
+    api.enqueue("q", 1)
+    (lease,) = api.acquire("q")
+    held = figures(api)
+    assert (held["leased"], held["active_leases"]) == (1, 1)
+    assert held["oldest_lease_age"] is not None
+    expire(db, lease["item_id"])
+    lapsed = figures(api)
+    assert (lapsed["leased"], lapsed["active_leases"]) == (1, 0)
+    assert lapsed["oldest_lease_age"] is None
+
+
+def test_pruning_keeps_the_sample_the_hours_window_starts_from_while_newer_ones_come(
+    api: Api, db: Db, database_url: str
+) -> None:
+    """The last hour's completions count from the latest sample an hour old or more: pruning
+    must keep it although samples were taken since."""
+    for n in range(2):
+        api.enqueue("q", n)
+
+    def complete_one() -> None:
+        (lease,) = api.acquire("q")
+        done = api.holder("complete", lease["item_id"], worker="w1", fence=lease["fence"])
+        assert done.status_code == 200, done.text
+
+    complete_one()
+    _sample(database_url)
+    db.execute("UPDATE queue_samples SET sampled_at = sampled_at - interval '2 hours'")
+    complete_one()
+    _sample(database_url)
+    assert figures(api)["completions"] == {"last_minute": 1, "last_hour": 1, "total": 2}
+    db.execute(queue_store._SQL["prune_samples"], {"limit": 100})
+    assert figures(api)["completions"] == {"last_minute": 1, "last_hour": 1, "total": 2}
