@@ -14,6 +14,7 @@ import httpx
 
 from tests.helpers.api import Api
 from tests.helpers.console import sign_in
+from tests.helpers.watchers import wait_until
 
 QUEUE = "/v1/tenants/acme/queues/q"
 
@@ -41,10 +42,11 @@ def concurrency(api: Api) -> dict[str, Any]:
     return info
 
 
-def events(api: Api, kind: str) -> list[dict[str, Any]]:
-    queue = api.operator.get(QUEUE)
-    assert queue.status_code == 200, queue.text
-    return [e for e in queue.json()["events"] if e["kind"] == kind]
+def events(api: Api, kind: str | None, queue: str = "q") -> list[dict[str, Any]]:
+    """The queue's ledger events of `kind` (None: all), newest first."""
+    page = api.operator.get(f"/v1/tenants/acme/queues/{queue}")
+    assert page.status_code == 200, page.text
+    return [e for e in page.json()["events"] if kind is None or e["kind"] == kind]
 
 
 def test_an_operator_sets_the_concurrency_live_below_the_approved_limit(api: Api) -> None:
@@ -88,6 +90,14 @@ def test_an_operator_sets_the_concurrency_live_below_the_approved_limit(api: Api
     assert changes[-1]["data"]["reason"] == "the mail provider throttles us"
     assert changes[-1]["data"]["approved_limit"] == 4
     assert all(e["actor"].startswith("key:") for e in changes)
+
+
+def test_the_concurrency_may_be_set_to_the_approved_limit_itself(api: Api) -> None:
+    api.approve("q", 3)
+    at_limit = set_concurrency(api.operator, 3)
+    assert at_limit.status_code == 200, at_limit.text
+    assert (at_limit.json()["limit"], at_limit.json()["concurrency"]) == (3, 3)
+    assert set_concurrency(api.operator, 4).status_code == 422
 
 
 def test_the_queue_setting_is_held_to_an_approval_that_lapses(api: Api) -> None:
@@ -162,6 +172,64 @@ def test_an_approval_far_from_its_expiry_is_not_expiring_and_a_revoked_one_is_no
     )
     time.sleep(8)  # past its expiry and a sweep round
     assert events(api, "approval-expired") == []
+
+
+def test_the_metrics_count_down_to_the_expiry_of_the_largest_live_approval(api: Api) -> None:
+    """A smaller approval ending within the warning window is behind no limit: the queue's
+    limit, and what the metrics count down to, is the larger one's."""
+    api.approve("q", 5, days=30)
+    api.approve("q", 2, days=1 / 24)
+    info = concurrency(api)
+    assert (info["limit"], info["expiring"], info["warning"]) == (5, False, None)
+    metrics = api.operator.get("/metrics").text
+    assert 'queue_server_spend_approval_expiring{queue="q",tenant="acme"} 0.0' in metrics
+    assert _sample(metrics, "queue_server_spend_approval_expiry_seconds") > 29 * 86400
+
+
+def test_an_expiry_event_names_the_limit_of_the_live_approvals_under_the_queue_setting(
+    api: Api,
+) -> None:
+    """q falls to its largest approval not revoked; q2 to its own concurrency below its
+    remaining approval. Each expiry takes the next number in its queue's ledger."""
+    api.approve("q", 5, days=3 / 86400)
+    revoked = api.approve("q", 4, days=30)
+    gone = api.operator.delete(
+        f"{QUEUE}/spend-approvals/{revoked['approval_id']}",
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert gone.status_code == 200, gone.text
+    api.approve("q", 3, days=30)
+    api.approve("q2", 5, days=3 / 86400)
+    api.approve("q2", 3, days=30)
+    lowered = api.operator.put(
+        "/v1/tenants/acme/queues/q2/concurrency",
+        json={"concurrency": 2, "reason": "throttled"},
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert lowered.status_code == 200, lowered.text
+    wait_until(
+        lambda: all(events(api, "approval-expired", queue) for queue in ("q", "q2")),
+        "both approvals' expiry in their queues' ledgers",
+    )
+    (expired,) = events(api, "approval-expired")
+    assert (expired["data"]["max_concurrency"], expired["data"]["limit"]) == (5, 3)
+    (expired2,) = events(api, "approval-expired", "q2")
+    assert (expired2["data"]["max_concurrency"], expired2["data"]["limit"]) == (5, 2)
+    assert (concurrency(api)["limit"], api.worker.get(f"{QUEUE}2/concurrency").json()["limit"]) == (
+        3,
+        2,
+    )
+    # The next change of each queue is ledgered after its expiry.
+    for queue in ("q", "q2"):
+        paused = api.operator.post(
+            f"/v1/tenants/acme/queues/{queue}/pause",
+            json={"reason": "after the expiry"},
+            headers={"Idempotency-Key": uuid.uuid4().hex},
+        )
+        assert paused.status_code == 200, paused.text
+        ledger = events(api, None, queue)
+        assert [e["seq"] for e in ledger] == list(range(len(ledger) - 1, -1, -1))
+        assert [e["kind"] for e in ledger[:2]] == ["paused", "approval-expired"]
 
 
 def _sample(text: str, name: str) -> float:
