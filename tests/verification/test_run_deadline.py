@@ -136,3 +136,20 @@ def test_an_operator_abandons_a_run_with_a_reason_and_the_next_one_starts(api: A
     assert _start(api, "next", ["x"]).status_code == 201
     unknown = _abandon(api, str(uuid.uuid4()), "k3", reason="r")
     assert unknown.status_code == 404
+
+
+def test_a_key_started_anew_carries_over_the_latest_ended_runs_checkpoints_of_declared_items(
+    api: Api,
+) -> None:
+    first = _start(api, "a1", ["x", "y", "z"]).json()["run_id"]
+    assert _checkpoint(api, first, "x").status_code == 201
+    assert _abandon(api, first, uuid.uuid4().hex, reason="host lost").status_code == 200
+    second = _start(api, "a1", ["x", "y", "z"]).json()
+    assert [c["item"] for c in second["checkpoints"]] == ["x"]
+    assert _checkpoint(api, second["run_id"], "y").status_code == 201
+    assert _abandon(api, second["run_id"], uuid.uuid4().hex, reason="again").status_code == 200
+    # The latest ended run's checkpoints (x and y), of the items this run declares: y.
+    third = _start(api, "a1", ["y", "z"])
+    assert third.status_code == 201, third.text
+    assert sorted(c["item"] for c in third.json()["checkpoints"]) == ["y"]
+    assert third.json()["remaining"] == ["z"]

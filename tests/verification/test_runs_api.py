@@ -91,6 +91,15 @@ def test_run_complete_marker_is_refused_until_every_item_is_checkpointed(api: Ap
     assert api.worker.put(f"{run}/complete").headers["Idempotent-Replayed"] == "true"
 
 
+def test_the_refused_marker_names_every_item_still_without_a_checkpoint(api: Api) -> None:
+    run = f"{BASE}/{_start(api, items=['a', 'b', 'c', 'd'])['run_id']}"
+    assert api.worker.put(f"{run}/checkpoints/b", json={"result": "ok"}).status_code == 201
+    refused = api.worker.put(f"{run}/complete")
+    assert refused.status_code == 409
+    assert refused.json()["missing"] == ["a", "c", "d"]
+    assert "3 declared item(s)" in refused.json()["detail"]
+
+
 def test_unknown_run_is_not_found(api: Api) -> None:
     assert api.worker.get(f"{BASE}/not-a-uuid").status_code == 404
     missing = api.worker.get(f"{BASE}/0190b7a4-0000-7000-8000-000000000000")
