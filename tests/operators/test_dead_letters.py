@@ -8,7 +8,14 @@ from typing import Any
 import psycopg
 
 from tests.helpers.api import Api, setup_tenant
-from tests.helpers.items import dead_letter_of, dead_letters, quarantine, replay
+from tests.helpers.items import (
+    complete_leases,
+    dead_letter_of,
+    dead_letters,
+    ledger_mismatches,
+    quarantine,
+    replay,
+)
 
 DB = psycopg.Connection[dict[str, object]]
 
@@ -287,6 +294,26 @@ def test_status_counts_queues_and_ledger_verification_finds_tampering(api: Api, 
 
     who = api.worker.get("/v1/whoami").json()
     assert (who["tenant"], who["role"]) == ("acme", "worker")
+
+
+def test_ledger_verification_names_a_missing_event_a_changed_state_and_a_miscounted_ledger(
+    api: Api, db: DB
+) -> None:
+    done = api.enqueue("q", "done")["item_id"]
+    complete_leases(api, api.acquire("q"))
+    changed = api.enqueue("q", "changed")["item_id"]
+    miscounted = api.enqueue("q", "miscounted")["item_id"]
+    assert ledger_mismatches(api) == []
+    # The completed item's `acquired` event is lost; a ready item is said to be cancelled;
+    # another row counts one event more than its ledger holds.
+    db.execute("DELETE FROM item_events WHERE item_id = %s AND kind = 'acquired'", (done,))
+    db.execute("UPDATE work_items SET state = 'cancelled' WHERE item_id = %s", (changed,))
+    db.execute("UPDATE work_items SET event_seq = event_seq + 1 WHERE item_id = %s", (miscounted,))
+    found = {m["item_id"]: m["problems"] for m in ledger_mismatches(api)}
+    assert set(found) == {done, changed, miscounted}
+    assert found[done] == ["ledger gap: expected seq 1, found 2"]
+    assert found[changed] == ["state: row has 'cancelled', ledger folds to 'ready'"]
+    assert found[miscounted] == ["event_seq: row has 2, ledger has 1 events"]
 
 
 def test_a_deleted_tenant_takes_its_dead_letters_ledgers_and_receipts_and_no_other_tenants(
