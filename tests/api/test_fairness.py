@@ -168,6 +168,45 @@ def test_priorities_come_first_and_keys_share_within_a_priority(api: Api) -> Non
     assert keys_of(api, api.acquire(max_items=6)) == {"A": 3, "C": 3}
 
 
+def test_a_higher_priority_comes_first_with_more_keys_than_an_acquire_reads(api: Api) -> None:
+    """An acquire of 1 reads 5 keys' places: the urgent key's is among them, whatever the
+    other keys' turns."""
+    api.approve("q", 50)
+    assert put_settings(api, fairness="partition_key").status_code == 200
+    enqueue_many(api, [{"payload": k, "partition_key": f"key-{k:02}"} for k in range(12)])
+    api.enqueue(payload="urgent", partition_key="urgent", priority=5)
+    assert keys_of(api, api.acquire(max_items=1)) == {"urgent": 1}
+    assert keys_of(api, api.acquire(max_items=1)) == {"key-00": 1}
+
+
+def test_a_key_given_an_item_while_it_waits_for_its_turn_still_hands_out_its_oldest_first(
+    api: Api,
+) -> None:
+    """An acquire of 1 reads 5 of the 12 keys' places; a key not read gets a new item
+    meanwhile: in its turn, its items go in the order they came."""
+    api.approve("q", 50)
+    assert put_settings(api, fairness="partition_key").status_code == 200
+    keys = [f"key-{k:02}" for k in range(12)]
+    for n in range(3):  # a batch each: each key's items in the order they came
+        enqueue_many(api, [{"payload": n, "partition_key": key} for key in keys])
+    order: dict[str, list[object]] = {key: [] for key in keys}
+
+    def take_one() -> None:
+        leases = api.acquire(max_items=1)
+        assert len(leases) == 1, f"nothing handed out, with items ready: {order}"
+        (lease,) = leases
+        item = api.worker.get(f"/v1/tenants/acme/items/{lease['item_id']}").json()
+        order[item["partition_key"]].append(item["payload"])
+        complete_leases(api, [lease])
+
+    take_one()
+    api.enqueue(payload=3, partition_key="key-10")
+    for _ in range(12 * 3):
+        take_one()
+    assert api.acquire(max_items=1) == []
+    assert order == {key: [0, 1, 2, 3] if key == "key-10" else [0, 1, 2] for key in keys}
+
+
 def test_with_a_rate_limit_per_key_the_keys_share_their_room_in_turn(api: Api) -> None:
     """Fairness and a rate limit per key together: each key at most its limit, and the
     room shared between the keys rather than given to the oldest first."""
