@@ -94,6 +94,10 @@ def test_put_sets_the_queue_s_own_values_and_a_later_put_replaces_them(api: Api)
     assert again["deadline"] == {"value": 300.0, "source": "queue"}
     assert again["max_acquisitions"] == {"value": 3, "source": "tenant"}
     assert again["retry"]["cap"]["source"] == "policy"
+    assert again["lease_ttl"]["source"] == "tenant"
+    assert again["retry"]["base"] == {"value": 1.0, "source": "default"}
+    assert again["retry"]["jitter"] == {"value": False, "source": "default"}
+    assert _settings(api, "reports") == again
     events = api.worker.get(f"/v1/tenants/{api.tenant}/queues/reports").json()["events"]
     assert [e["kind"] for e in events][:2] == ["settings", "settings"]
     assert events[0]["data"]["before"]["max_acquisitions"] == 4
