@@ -305,9 +305,10 @@ def test_an_expired_lease_is_still_leased_but_neither_active_nor_aged(api: Api, 
     assert (held["leased"], held["active_leases"]) == (1, 1)
     assert held["oldest_lease_age"] is not None
     expire(db, lease["item_id"])
-    lapsed = figures(api)
-    assert (lapsed["leased"], lapsed["active_leases"]) == (1, 0)
-    assert lapsed["oldest_lease_age"] is None
+    for _ in range(2):  # and at the next look, from where the first one left off
+        lapsed = figures(api)
+        assert (lapsed["leased"], lapsed["active_leases"]) == (1, 0)
+        assert lapsed["oldest_lease_age"] is None
 
 
 def test_pruning_keeps_the_sample_the_hours_window_starts_from_while_newer_ones_come(
