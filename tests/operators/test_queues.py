@@ -104,6 +104,17 @@ def test_resuming_a_queue_that_is_not_paused_changes_nothing_and_records_nothing
     assert queue_events(api) == [("resumed", "deployed"), ("paused", "deploying")]
 
 
+def test_a_queues_page_shows_its_latest_fifty_events_newest_first(api: Api) -> None:
+    for n in range(30):
+        assert pause(api, reason=f"pause {n}").status_code == 200
+        assert resume(api, reason=f"resume {n}").status_code == 200
+    detail = api.operator.get(f"/v1/tenants/{api.tenant}/queues/q")
+    assert detail.status_code == 200, detail.text
+    shown = detail.json()["events"]
+    assert [e["seq"] for e in shown] == list(range(59, 9, -1))
+    assert (shown[0]["data"]["reason"], shown[-1]["data"]["reason"]) == ("resume 29", "pause 5")
+
+
 @pytest.fixture
 def slow_poll(settings: Settings, database_url: str) -> Iterator[Api]:
     """A server that re-checks a waiting acquire only every 20 s without a notification."""
