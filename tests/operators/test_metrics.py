@@ -18,7 +18,7 @@ import pytest
 
 from queue_server.settings import Settings
 from tests.helpers.api import Api, setup_tenant
-from tests.helpers.items import sample
+from tests.helpers.items import dead_letter_of, quarantine, replay, sample
 from tests.helpers.server import make_admin_key
 
 Db = psycopg.Connection[dict[str, object]]
@@ -120,6 +120,16 @@ def test_metrics_show_each_queue_with_zero_as_zero(api: Api) -> None:
         'queue_server_request_seconds_bucket{le="0.1",route="/v1/tenants/{tenant}/items/{item_id}/complete"}'
         in text
     )
+
+
+def test_metrics_count_only_the_dead_letters_not_yet_resolved(api: Api) -> None:
+    replayed = quarantine(api, "q", payload="first")
+    quarantine(api, "q", payload="second")
+    answer = replay(api, dead_letter_of(api, replayed))
+    assert answer.status_code == 200, answer.text
+    q = {"tenant": "acme", "queue": "q"}
+    for key in (api.admin, api.operator):
+        assert sample(key.get("/metrics").text, "queue_server_queue_open_dead_letters", **q) == 1
 
 
 def _free_port() -> int:
