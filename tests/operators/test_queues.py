@@ -343,3 +343,17 @@ def test_pruning_keeps_the_sample_the_hours_window_starts_from_while_newer_ones_
     assert figures(api)["completions"] == {"last_minute": 1, "last_hour": 1, "total": 2}
     db.execute(queue_store._SQL["prune_samples"], {"limit": 100})
     assert figures(api)["completions"] == {"last_minute": 1, "last_hour": 1, "total": 2}
+
+
+def test_the_status_lists_every_lease_each_with_its_holder_and_fence(api: Api) -> None:
+    api.approve("q", 10)
+    for n in range(6):
+        api.enqueue("q", n)
+    leases = api.acquire("q", worker="w7", max_items=6)
+    assert len(leases) == 6
+    status = api.operator.get(f"/v1/tenants/{api.tenant}/queues")
+    assert status.status_code == 200, status.text
+    shown = {lease["item_id"]: lease for lease in status.json()["leases"]}
+    assert set(shown) == {lease["item_id"] for lease in leases}
+    assert {(s["queue"], s["worker"]) for s in shown.values()} == {("q", "w7")}
+    assert all(shown[lease["item_id"]]["fence"] == lease["fence"] for lease in leases)
