@@ -223,6 +223,8 @@ def test_dead_delivery_is_a_dead_letter_and_replay_resends_under_the_same_key(
         ]
         == []
     )
+    # Nor is it one of the queue's item dead letters in its figures.
+    assert api.operator.get("/v1/tenants/acme/queues/q").json()["open_dead_letters"] == 0
     detail = api.operator.get(f"/v1/tenants/acme/dead-letters/{letter['dead_letter_id']}").json()
     assert detail["delivery"]["delivery_key"] == row["delivery_key"]
     assert detail["delivery"]["attempts"] == 5
