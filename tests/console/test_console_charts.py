@@ -3,6 +3,7 @@ hour (from real enqueues and completions) and for the day (from the day's sample
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
@@ -140,3 +141,20 @@ def test_the_days_figures_put_each_quarter_hours_samples_in_its_place(api: Api, 
         "span": "day",
         "step": "quarter hour",
     }
+
+
+def test_the_overviews_sparkline_has_a_point_for_each_of_the_last_sixty_minutes(api: Api) -> None:
+    """The last point is the minute now running: its one completion is the peak."""
+    api.enqueue("mail", 1)
+    (lease,) = api.acquire("mail")
+    done = api.holder("complete", lease["item_id"], worker="w1", fence=lease["fence"])
+    assert done.status_code == 200, done.text
+    client, _ = sign_in(api.url, api.keys["operator"])
+    page = client.get("/console/tenants/acme/queues")
+    assert page.status_code == 200, page.text
+    found = re.search(r'data-chart="mail".*?<polyline class="done" points="([^"]*)"', page.text)
+    assert found, "no sparkline of mail"
+    points = [tuple(float(v) for v in p.split(",")) for p in found.group(1).split()]
+    assert len(points) == 60
+    assert [y for _, y in points[:-1]] == [points[0][1]] * 59  # nothing before
+    assert points[-1][1] < points[0][1]
