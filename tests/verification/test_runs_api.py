@@ -36,6 +36,15 @@ def test_same_artifact_and_verifier_version_return_the_same_run(api: Api) -> Non
     assert conflict["code"] == "run-key-conflict"
 
 
+def test_an_item_declared_twice_is_one_item_of_the_run(api: Api) -> None:
+    first = _start(api, items=["x", "dir/y", "x"])
+    assert first["status"] == 201
+    assert (first["items"], first["remaining"]) == (["x", "dir/y"], ["x", "dir/y"])
+    # The same list again is the same run; and so is the list without its repeat.
+    assert _start(api, items=["x", "dir/y", "x"])["run_id"] == first["run_id"]
+    assert _start(api, items=["x", "dir/y"])["run_id"] == first["run_id"]
+
+
 def test_a_complete_run_is_found_again_by_its_key_and_never_run_twice(api: Api) -> None:
     first = _start(api)
     run = f"{BASE}/{first['run_id']}"
