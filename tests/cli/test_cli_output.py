@@ -3,6 +3,7 @@ one flag for one thing, counts with their noun, and every time in one format."""
 
 from __future__ import annotations
 
+import json
 import re
 
 from tests.helpers.api import Api
@@ -106,3 +107,21 @@ def test_items_retry_and_delete_by_filter_and_the_ledger_still_verifies(cli: Cli
     assert states == ["quarantined", "ready"]
     refused = cli.run("items", "delete", "--state", "ready", "--yes", ok=False)
     assert refused.returncode == 2
+
+
+def test_items_retry_goes_through_every_batch_of_the_filter(cli: Cli, api: Api) -> None:
+    poisoned = [quarantine(api, "q", f"p{n}") for n in range(3)]
+    retried = cli.json("items", "retry", "--state", "quarantined", "--batch", "1", "--yes")
+    assert retried == {"retried": 3, "stopped_at_the_cap": False}
+    assert {cli.json("items", "show", i)["state"] for i in poisoned} == {"ready"}
+
+
+def test_items_retry_with_no_room_under_the_cap_says_it_stopped_there(cli: Cli, api: Api) -> None:
+    poisoned = quarantine(api, "q", "poison")
+    api.enqueue("q", "holds the backlog")
+    cli.run("tenants", "put", "acme", "--backlog-cap", "1", "--yes", role="admin")
+    capped = cli.run("items", "retry", "--state", "quarantined", "--yes", "--json", ok=False)
+    assert capped.returncode == 4
+    assert json.loads(capped.stdout) == {"retried": 0, "stopped_at_the_cap": True}
+    assert "The backlog is at its cap" in capped.stderr
+    assert cli.json("items", "show", poisoned)["state"] == "quarantined"

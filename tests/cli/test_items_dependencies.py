@@ -3,6 +3,7 @@ of them, counted by state, with the failures alone on demand."""
 
 from __future__ import annotations
 
+import re
 import uuid
 
 from tests.helpers.cli import Cli
@@ -50,3 +51,22 @@ def test_a_callback_s_dependencies_are_read_whole_counted_and_filtered(cli: Cli)
     ]
     ready = cli.run("items", "dependencies", callback, "--state", "ready", "--quiet")
     assert len(ready.stdout.split()) == 499
+
+
+def test_items_workflow_numbers_each_step_after_the_longest_chain_before_it(cli: Cli) -> None:
+    api = cli.api
+    first = str(api.enqueue("steps", "extract")["item_id"])
+    second = str(api.enqueue("steps", "transform", depends_on=[first])["item_id"])
+    # Waits for both: it runs after the longer chain, first then second.
+    third = str(api.enqueue("steps", "load", depends_on=[second, first])["item_id"])
+
+    shown = cli.run("items", "workflow", second[-8:]).stdout
+    assert "3 items" in shown
+    rows = re.findall(
+        r"│\s*(\d+)\s*│\s*([0-9a-f-]{36})\s*│\s*\S+\s*│\s*(\w+)\s*│\s*(\d+)\s*│", shown
+    )
+    assert rows == [
+        ("1", first, "ready", "0"),
+        ("2", second, "waiting", "1"),
+        ("3", third, "waiting", "2"),
+    ], shown
