@@ -21,7 +21,7 @@ from queue_server.cli.main import app
 from queue_server.infra import address
 from queue_server.infra.address import ADDRESS_FILE
 from tests.helpers.api import Api
-from tests.helpers.cli import BIN, Cli
+from tests.helpers.cli import BIN, Cli, quarantine
 
 DB = psycopg.Connection[dict[str, object]]
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -299,6 +299,23 @@ def test_an_unambiguous_id_prefix_names_the_item_dead_letter_or_watcher(cli: Cli
     detail = cli.json("dead-letters", "show", dead["dead_letter_id"][:10])
     assert detail["dead_letter"]["dead_letter_id"] == dead["dead_letter_id"]
     assert cli.run("dead-letters", "show", str(uuid.uuid4())[:8], ok=False).returncode == 4
+
+
+def test_a_dead_letter_id_start_two_share_is_refused_and_its_end_names_one(
+    cli: Cli, api: Api
+) -> None:
+    quarantine(api, "mail", 17)
+    listed = [d["dead_letter_id"] for d in cli.json("dead-letters", "list")]
+    # Seventeen ids of sixteen possible first digits: two of them start alike.
+    shared = next(c for c in "0123456789abcdef" if sum(i.startswith(c) for i in listed) > 1)
+    for command in ("show", "replay", "discard"):
+        refused = cli.run("dead-letters", command, shared, ok=False)
+        assert refused.returncode == 4, refused.stdout
+        assert f"Ambiguous dead letter id {shared!r}" in " ".join(refused.stderr.split())
+    assert len(cli.json("dead-letters", "list")) == 17
+    # The end of an id names it, as the start of one does.
+    one = listed[5]
+    assert cli.json("dead-letters", "show", one[-8:])["dead_letter"]["dead_letter_id"] == one
 
 
 def test_status_shows_completed_only_queues_and_who_holds_each_lease_since_when(

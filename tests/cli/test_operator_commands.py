@@ -153,6 +153,38 @@ def test_dead_letters_list_show_replay_and_discard(cli: Cli, api: Api) -> None:
     assert (verified["checked"], verified["mismatches"]) == (4, [])
 
 
+def test_discarding_two_dead_letters_by_id_asks_first(cli: Cli, api: Api) -> None:
+    quarantine(api, "mail", 2)
+    given = [d["dead_letter_id"] for d in cli.json("dead-letters", "list")]
+    unconfirmed = cli.run("dead-letters", "discard", *given, ok=False)
+    assert unconfirmed.returncode == 2  # usage: --yes is needed without a terminal
+    assert "Confirmation needed" in unconfirmed.stderr
+    assert [d["dead_letter_id"] for d in cli.json("dead-letters", "list")] == given
+
+
+def test_dead_letters_named_by_id_and_all_at_once_is_refused_as_ambiguous(
+    cli: Cli, api: Api
+) -> None:
+    quarantine(api, "mail", 2)
+    first = cli.json("dead-letters", "list")[0]["dead_letter_id"]
+    for command in ("replay", "discard"):
+        refused = cli.run("dead-letters", command, first, "--all", "--yes", ok=False)
+        assert refused.returncode == 2, refused.stdout
+        assert "Ambiguous" in refused.stderr
+    assert len(cli.json("dead-letters", "list")) == 2
+
+
+def test_a_closed_dead_letter_is_still_shown_by_the_start_of_its_id(cli: Cli, api: Api) -> None:
+    quarantine(api, "mail", 1)
+    (dead,) = cli.json("dead-letters", "list")
+    cli.json("dead-letters", "replay", dead["dead_letter_id"])
+    shown = cli.json("dead-letters", "show", dead["dead_letter_id"][:8])
+    assert (shown["dead_letter"]["dead_letter_id"], shown["dead_letter"]["resolution"]) == (
+        dead["dead_letter_id"],
+        "replayed",
+    )
+
+
 def test_spend_approval_and_ledger_verification(cli: Cli, api: Api, db: DB) -> None:
     approved = cli.json(
         "spend",
