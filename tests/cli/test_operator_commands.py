@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from datetime import datetime, timedelta
 
 import psycopg
 
@@ -109,6 +110,38 @@ def test_enqueue_a_file_in_batches_and_a_rerun_adds_nothing(cli: Cli, db: DB) ->
     refused = cli.run("enqueue", "jobs", "--file", str(bad), ok=False)
     assert refused.returncode == 4  # refused: validation
     assert "bad.jsonl:2" in refused.stderr
+
+
+def test_a_files_line_keeps_its_own_options_over_the_commands(cli: Cli) -> None:
+    path = cli.cwd / "items.jsonl"
+    path.write_text(
+        '{"payload": "own", "max_acquisitions": 4, "priority": 5, "delay": 3600}\n{"n": 1}\n'
+    )
+    loaded = cli.json(
+        "enqueue", "jobs", "--file", str(path), "--max-acquisitions", "2", "--priority", "2"
+    )
+    shown = [cli.json("items", "show", item_id) for item_id in loaded["item_ids"]]
+    assert [(i["payload"], i["max_acquisitions"], i["priority"]) for i in shown] == [
+        ("own", 4, 5),
+        ({"n": 1}, 2, 2),
+    ]
+    # Its own delay too: due in an hour, where the other line is due at once.
+    due_in = [
+        datetime.fromisoformat(i["available_at"]) - datetime.fromisoformat(i["created_at"])
+        for i in shown
+    ]
+    assert due_in[0] > timedelta(minutes=59)
+    assert due_in[1] < timedelta(minutes=1)
+
+
+def test_the_same_file_loads_into_each_queue_it_is_given_to(cli: Cli) -> None:
+    path = cli.cwd / "items.jsonl"
+    path.write_text("".join(f'{{"n": {n}}}\n' for n in range(3)))
+    for queue in ("mail", "news"):
+        loaded = cli.json("enqueue", queue, "--file", str(path))
+        assert (loaded["count"], loaded["already_loaded"]) == (3, 0)
+    ready = {q["queue"]: q["ready"] for q in cli.json("status")["queues"]}
+    assert ready == {"mail": 3, "news": 3}
 
 
 def test_dead_letters_list_show_replay_and_discard(cli: Cli, api: Api) -> None:
