@@ -169,21 +169,49 @@ def test_a_server_session_idle_in_a_transaction_is_ended_by_its_timeout(
     assert seen["sessions"] == {"n": 0}, f"session {seen['pid']} outlived its idle timeout"
 
 
-def test_every_pool_of_the_server_sets_the_idle_in_transaction_timeout(database_url: str) -> None:
-    settings = Settings(idle_in_transaction_timeout_ms=4321)
+def _shown(database: Database, *names: str) -> dict[str, str]:
+    """What a session of the pool says its settings are (SHOW), by name."""
 
-    async def shown(database: Database) -> str:
+    async def show() -> dict[str, str]:
         await database.open(wait=True)
         try:
             async with database.conn() as conn:
-                cur = await conn.execute("SHOW idle_in_transaction_session_timeout")
-                row = await cur.fetchone()
-                assert row is not None
-                return str(row["idle_in_transaction_session_timeout"])
+                values: dict[str, str] = {}
+                for name in names:
+                    cur = await conn.execute(f"SHOW {name}")
+                    row = await cur.fetchone()
+                    assert row is not None
+                    (values[name],) = (str(v) for v in row.values())
+                return values
         finally:
             await database.close()
 
+    return asyncio.run(show())
+
+
+def test_every_pool_of_the_server_sets_the_idle_in_transaction_timeout(database_url: str) -> None:
+    settings = Settings(idle_in_transaction_timeout_ms=4321)
     api_pool = Database.for_api(settings, database_url)
     deliverer_pool = Database.for_deliverer(settings, database_url, concurrency=1)
-    assert asyncio.run(shown(api_pool)) == "4321ms"
-    assert asyncio.run(shown(deliverer_pool)) == "4321ms"
+    timeout = "idle_in_transaction_session_timeout"
+    assert _shown(api_pool, timeout) == {timeout: "4321ms"}
+    assert _shown(deliverer_pool, timeout) == {timeout: "4321ms"}
+
+
+def test_the_servers_sessions_bound_statements_and_lock_waits_as_set_and_run_in_utc(
+    database_url: str,
+) -> None:
+    settings = Settings(statement_timeout_ms=7000, lock_timeout_ms=1234)
+    names = ("statement_timeout", "lock_timeout", "TimeZone", "plan_cache_mode")
+    assert _shown(Database.for_api(settings, database_url), *names) == {
+        "statement_timeout": "7s",
+        "lock_timeout": "1234ms",
+        "TimeZone": "UTC",
+        "plan_cache_mode": "force_generic_plan",
+    }
+    # A deliverer's statements have a bound of their own; its times are in UTC too.
+    deliverer_pool = Database.for_deliverer(settings, database_url, concurrency=1)
+    assert _shown(deliverer_pool, "statement_timeout", "TimeZone") == {
+        "statement_timeout": "15s",
+        "TimeZone": "UTC",
+    }
