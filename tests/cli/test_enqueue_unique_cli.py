@@ -31,3 +31,14 @@ def test_enqueue_with_a_unique_key_says_when_an_item_already_holds_it(
     with api.client(api.keys["worker"]) as client:
         count = client.get("/v1/tenants/acme/queues").json()["backlog"]
     assert count == 2
+
+
+def test_a_unique_period_without_a_unique_key_is_refused_and_nothing_enqueued(
+    cli: Cli, api: Api
+) -> None:
+    refused = cli.run(
+        "enqueue", "q", "--payload", "1", "--unique-for", "60", role="worker", ok=False
+    )
+    assert refused.returncode == 2
+    assert "--unique-for needs --unique-key" in refused.stderr
+    assert api.worker.get("/v1/tenants/acme/queues").json()["backlog"] == 0
