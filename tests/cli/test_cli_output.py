@@ -61,6 +61,21 @@ def test_queues_show_and_spend_show_print_counts_and_times_as_tables_do(cli: Cli
     assert TIME.search(expires).group(0) in approved, approved  # type: ignore[union-attr]
 
 
+def test_queues_show_gives_the_named_queues_figures_and_zeros_for_one_without_items(
+    cli: Cli, api: Api
+) -> None:
+    api.enqueue("mail", "x")
+    for n in range(2):
+        api.enqueue("news", n)
+    shown = {q: cli.json("queues", "show", q) for q in ("mail", "news", "idle")}
+    assert {q: (s["queue"], s["ready"]) for q, s in shown.items()} == {
+        "mail": ("mail", 1),
+        "news": ("news", 2),
+        "idle": ("idle", 0),
+    }
+    assert "2 ready" in cli.run("queues", "show", "news").stdout
+
+
 def test_tenants_list_json_leaves_out_what_the_list_does_not_count(cli: Cli, api: Api) -> None:
     api.enqueue("mail", "x")
     (acme,) = [t for t in cli.json("tenants", "list", role="admin") if t["tenant"] == "acme"]
