@@ -4,6 +4,8 @@ item back after the queue's backoff."""
 
 from __future__ import annotations
 
+import re
+
 from tests.helpers.cli import Cli
 
 
@@ -25,6 +27,13 @@ def test_show_set_some_then_clear_one(cli: Cli) -> None:
     table = cli.run("queues", "settings", "reports").stdout
     assert "600" not in table
     assert "2 s  (queue)" in table
+
+
+def test_the_settings_table_says_whether_jitter_is_on(cli: Cli) -> None:
+    on = cli.run("queues", "settings", "reports", "--jitter").stdout
+    assert re.search(r"retry jitter +yes  \(queue\)", on), on
+    off = cli.run("queues", "settings", "reports", "--no-jitter").stdout
+    assert re.search(r"retry jitter +no  \(queue\)", off), off
 
 
 def test_a_value_above_the_envelope_exits_4_naming_the_cell(cli: Cli) -> None:
