@@ -106,6 +106,9 @@ def test_work_completes_retries_and_quarantines_then_a_replay_completes(cli: Cli
     final = cli.json("items", "show", str(broken["item_id"]))
     assert final["state"] == "completed"
     assert final["fence"] == 3  # two failed acquisitions, then the one after the replay
+    # The command saw that fence, not its acquisition count (renewed by the replay).
+    assert final["result"] == {"payload": "broken", "item": broken["item_id"], "fence": 3}
+    assert final["acquisition_count"] == 1
     kinds = [e["kind"] for e in cli.json("items", "ledger", str(broken["item_id"]))]
     assert kinds == [
         "enqueued",
