@@ -106,6 +106,7 @@ def test_non_public_addresses_are_refused(host: str) -> None:
         ("http://[::ffff:8.8.8.8]/hook", "8.8.8.8"),
         ("http://134744072/hook", "8.8.8.8"),
         ("http://0x08.0x08.0x08.0x08:81/hook", "8.8.8.8"),
+        ("http://8.8.8.8:65535/hook", "8.8.8.8"),  # the highest TCP port
     ],
 )
 def test_public_addresses_pass_and_are_pinned(url: str, address: str) -> None:
@@ -121,6 +122,9 @@ def test_public_addresses_pass_and_are_pinned(url: str, address: str) -> None:
         "http://user:pw@8.8.8.8/",
         "http://0x100.1.1.1/",
         "http://1.2.3.256/",
+        "http://1.2.65536/",  # a last part one past what its bytes hold
+        "http://127.16777216/",
+        "http://4294967296/",
         "http:///nohost",
         "not a url",
         "http://8.8.8.8:0/",
@@ -131,6 +135,31 @@ def test_public_addresses_pass_and_are_pinned(url: str, address: str) -> None:
 def test_malformed_or_foreign_urls_are_refused(url: str) -> None:
     with pytest.raises(PolicyRefusedError):
         check_target(url)
+
+
+def test_a_host_of_five_numbers_is_a_name_and_its_answers_are_checked() -> None:
+    async def private(host: str, port: int) -> Sequence[str]:
+        return ["10.0.0.1"]
+
+    with pytest.raises(PolicyRefusedError, match="resolves to 10.0.0.1"):
+        asyncio.run(check_target_async("http://1.2.3.4.5/", None, private))
+
+
+@pytest.mark.parametrize(
+    ("url", "host"),
+    [
+        ("http://8.8.8.8/hook", "8.8.8.8"),
+        ("https://8.8.8.8/hook", "8.8.8.8"),
+        ("https://8.8.8.8:80/hook", "8.8.8.8:80"),
+        ("http://8.8.8.8:8443/hook", "8.8.8.8:8443"),
+        ("https://[2606:4700::1111]/hook", "[2606:4700::1111]"),
+        ("http://[2606:4700::1111]:81/hook", "[2606:4700::1111]:81"),
+    ],
+)
+def test_the_host_header_names_the_port_only_when_it_is_not_the_schemes(
+    url: str, host: str
+) -> None:
+    assert check_target(url).host_header() == host
 
 
 def test_allow_list_network_overrides_for_odd_spellings(canary: Receiver) -> None:
@@ -196,6 +225,17 @@ def test_the_allowance_never_opens_the_servers_own_ports() -> None:
     assert check_target("http://127.0.0.1:9000/", allow).port == 9000
     # A public address is not opened by the allowance: its ports are its own business.
     assert check_target("http://8.8.8.8:5432/", allow).port == 5432
+
+
+def test_a_host_allowed_by_name_is_not_opened_on_the_servers_own_ports() -> None:
+    async def resolver(host: str, port: int) -> Sequence[str]:
+        return ["10.0.0.7"]
+
+    allow = AllowList.parse(["internal.example"], closed_ports=[5432])
+    with pytest.raises(PolicyRefusedError, match="one of the server's own"):
+        asyncio.run(check_target_async("http://internal.example:5432/", allow, resolver))
+    target = asyncio.run(check_target_async("http://internal.example:9000/", allow, resolver))
+    assert (target.address, target.port) == ("10.0.0.7", 9000)
 
 
 def test_the_servers_own_ports_are_its_api_and_its_databases() -> None:
