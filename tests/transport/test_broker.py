@@ -79,6 +79,8 @@ def test_200_succeeds_and_receipt_holds_host_and_hash_but_no_path_or_query(
         ("/fail", 500, Outcome.HTTP_ERROR),
         ("/gone", 410, Outcome.HTTP_ERROR),
         ("/redirect", 302, Outcome.REDIRECT_REFUSED),
+        ("/status?code=300", 300, Outcome.REDIRECT_REFUSED),  # the first 3xx is not a 2xx
+        ("/status?code=400", 400, Outcome.HTTP_ERROR),
     ],
 )
 def test_non_2xx_is_a_failed_outcome_returned_once_and_not_followed(
@@ -402,6 +404,22 @@ def test_accountant_grants_exactly_the_budget_under_thread_contention() -> None:
         t.join()
     assert sorted(granted) == list(range(1, 501))
     assert acc.usage().active_requests == 100
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {"request_timeout": 0},
+        {"max_body_bytes": 0},
+        {"retain_bytes": -1},
+        {"max_receipts": -1},
+    ],
+)
+def test_a_broker_is_refused_limits_that_leave_nothing_to_wait_for_or_read(
+    limits: dict[str, float],
+) -> None:
+    with pytest.raises(ValueError, match="must be positive"):
+        TransportBroker(**limits)
 
 
 def test_connection_goes_to_the_checked_address_with_the_original_host(
