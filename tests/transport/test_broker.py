@@ -416,7 +416,7 @@ def test_accountant_grants_exactly_the_budget_under_thread_contention() -> None:
     ],
 )
 def test_a_broker_is_refused_limits_that_leave_nothing_to_wait_for_or_read(
-    limits: dict[str, float],
+    limits: dict[str, Any],
 ) -> None:
     with pytest.raises(ValueError, match="must be positive"):
         TransportBroker(**limits)
