@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psycopg.conninfo
 import pytest
+from pydantic import ValidationError
 
 from queue_server.infra.embedded import EmbeddedPostgres
 from queue_server.infra.keycache import KeyCache
@@ -104,6 +105,12 @@ def test_the_cache_serves_nothing_once_the_listener_is_silent_past_the_trust_win
     assert cache.get("k1") is None
     cache.alive()
     assert cache.get("k1") == {"key_id": "k1"}
+
+
+def test_the_trust_window_is_at_most_the_30_seconds_the_cache_keeps_a_key() -> None:
+    assert Settings(key_cache_trust=30).key_cache_trust == 30
+    with pytest.raises(ValidationError, match="key_cache_trust"):
+        Settings(key_cache_trust=31)
 
 
 def test_a_key_read_before_a_revocation_cleared_the_cache_is_not_kept_after_it() -> None:
