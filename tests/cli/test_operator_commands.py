@@ -134,6 +134,13 @@ def test_a_files_line_keeps_its_own_options_over_the_commands(cli: Cli) -> None:
     assert due_in[1] < timedelta(minutes=1)
 
 
+def test_a_line_with_a_payload_key_among_keys_of_its_own_is_a_payload_whole(cli: Cli) -> None:
+    path = cli.cwd / "items.jsonl"
+    path.write_text('{"payload": "receipt", "customer": 7}\n')
+    (item_id,) = cli.json("enqueue", "jobs", "--file", str(path))["item_ids"]
+    assert cli.json("items", "show", item_id)["payload"] == {"payload": "receipt", "customer": 7}
+
+
 def test_the_same_file_loads_into_each_queue_it_is_given_to(cli: Cli) -> None:
     path = cli.cwd / "items.jsonl"
     path.write_text("".join(f'{{"n": {n}}}\n' for n in range(3)))
