@@ -61,6 +61,8 @@ def test_metrics_give_the_age_of_a_held_snapshot_from_its_transactions_start(
     for holder in ("prepared_transaction",):
         assert sample(scrape, AGE, holder=holder) == 0
     assert sample(scrape, "queue_server_database_horizon_holders", holder="replication_slot") == 0
+    # A replication slot keeps no time: it has no age to give.
+    assert sample(scrape, AGE, holder="replication_slot") is None
     # Database-wide, no tenant's data: the server's health, in an operator's scrape too.
     assert (sample(mine, AGE, holder="snapshot") or 0) >= held
 

@@ -56,7 +56,8 @@ def test_metrics_need_an_operator_or_admin_key_and_show_only_the_own_tenant(api:
     assert sample(mine.text, "queue_server_queue_items", tenant="acme", queue="q", state="ready")
     assert "globex" not in mine.text
     assert "secret-queue" not in mine.text
-    assert "queue_server_listener_connected" in mine.text  # the server's health is shared
+    # The server's health is shared: its series, not only its name.
+    assert sample(mine.text, "queue_server_listener_connected") is not None
 
     # Another tenant's traffic leaves an operator's scrape as it was (the figures are sampled
     # from the database; route counters and latency count everyone's requests: not shown).
@@ -95,6 +96,18 @@ def test_metrics_show_each_queue_with_zero_as_zero(api: Api) -> None:
     )
     api.operator.post("/v1/tenants/acme/queues/idle/pause", json={}, headers=_key())
     api.holder("complete", leases[2]["item_id"], worker="w1", fence=leases[2]["fence"])
+    # A failure requeued to be tried again is a failure, not a quarantine.
+    api.enqueue("r", "again")
+    (again,) = api.acquire("r")
+    retried = api.holder(
+        "triage",
+        again["item_id"],
+        worker="w1",
+        fence=again["fence"],
+        failure={"class": "Flaky", "message": "m", "transient": True},
+        decision="requeue",
+    )
+    assert retried.status_code == 200, retried.text
 
     text = api.admin.get("/metrics").text
     q = {"tenant": "acme", "queue": "q"}
@@ -115,6 +128,11 @@ def test_metrics_show_each_queue_with_zero_as_zero(api: Api) -> None:
     assert sample(text, "queue_server_queue_paused", **idle) == 1
     assert sample(text, "queue_server_queue_items", **idle, state="ready") == 0
     assert sample(text, "queue_server_items", tenant="acme", state="cancelled") == 0
+    # The tenant's figure adds up its queues: two ready on q, one on r.
+    assert sample(text, "queue_server_items", tenant="acme", state="ready") == 3
+    r = {"tenant": "acme", "queue": "r"}
+    assert sample(text, "queue_server_queue_failures_total", **r) == 1
+    assert sample(text, "queue_server_queue_quarantines_total", **r) == 0
     # Latency by route, as histograms.
     assert (
         'queue_server_request_seconds_bucket{le="0.1",route="/v1/tenants/{tenant}/items/{item_id}/complete"}'

@@ -268,6 +268,7 @@ def test_queue_figures_count_every_state_with_ages_leases_letters_and_rates(
         1,
         1,
     ]
+    assert tenant["backlog"] == 2  # the ready item and the leased one
     assert now["active_leases"] == 1
     assert now["oldest_lease_age"] is not None
     assert now["oldest_lease_age"] >= 0
