@@ -71,6 +71,21 @@ def test_a_selection_pages_by_limit_and_stops_at_the_backlog_cap(api: Api) -> No
     assert sorted(_states(api)[i] for i in poisoned) == ["quarantined", "ready", "ready", "ready"]
 
 
+def test_a_selections_page_holds_only_items_still_in_the_filtered_state(api: Api) -> None:
+    """An item of the selection in another state takes no room in a page: two quarantined
+    items after a ready one are both retried in a page of two, and nothing is left."""
+    ready = str(api.enqueue("other", "fine")["item_id"])
+    poisoned = [quarantine(api, "q", f"p{n}") for n in range(2)]
+    response = _post(
+        api, "retry", filter={"state": "quarantined", "item_ids": [ready, *poisoned]}, limit=2
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert (body["retried"], sorted(body["item_ids"])) == (2, sorted(poisoned))
+    assert body["next_cursor"] is None
+    assert _states(api)[ready] == "ready"
+
+
 def test_delete_of_a_selection_removes_just_those_finished_items(api: Api) -> None:
     done = []
     for n in range(3):

@@ -256,6 +256,18 @@ def test_worker_key_is_forbidden_and_another_tenant_is_not_found(api: Api) -> No
     assert api.admin.get(base).status_code == 200
 
 
+def test_a_tenants_ledger_verification_checks_its_own_items_only(api: Api, db: DB) -> None:
+    other = setup_tenant(api.url, api.admin, "globex")
+    api.enqueue("q", 1)
+    theirs = other.enqueue("q", 2)["item_id"]
+    db.execute("UPDATE work_items SET fence = 9 WHERE item_id = %s", (theirs,))
+    verified = api.operator.get("/v1/tenants/acme/ledger-verification").json()
+    assert (verified["checked"], verified["mismatches"]) == (1, [])
+    found = other.operator.get("/v1/tenants/globex/ledger-verification").json()
+    assert found["checked"] == 1
+    assert [m["item_id"] for m in found["mismatches"]] == [theirs]
+
+
 def test_status_counts_queues_and_ledger_verification_finds_tampering(api: Api, db: DB) -> None:
     quarantine(api, "a")
     api.enqueue("a", 1)

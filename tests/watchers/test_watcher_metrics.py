@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from queue_server.settings import Settings
-from tests.helpers.api import Api
+from tests.helpers.api import Api, setup_tenant
 from tests.helpers.items import sample
 from tests.helpers.watchers import (
     Db,
@@ -33,3 +33,19 @@ def test_metrics_count_a_watchers_pending_and_dead_deliveries(
     text = api.operator.get("/metrics").text
     assert sample(text, "queue_server_watcher_deliveries", **labels, state="pending") == 1
     assert sample(text, "queue_server_watcher_deliveries", **labels, state="dead") == 1
+
+
+def test_an_operators_scrape_shows_no_other_tenants_watcher(
+    api: Api, receiver: ModeReceiver
+) -> None:
+    mine = register(api, receiver.url("/hook"))
+    other = setup_tenant(api.url, api.admin, "globex")
+    theirs = register(other, receiver.url("/hook"))
+    text = api.operator.get("/metrics").text
+    labels = {"tenant": "acme", "watcher": mine["watcher_id"]}
+    assert sample(text, "queue_server_watcher_deliveries", **labels, state="pending") == 0
+    assert theirs["watcher_id"] not in text
+    assert "globex" not in text
+    everyone = api.admin.get("/metrics").text
+    their_labels = {"tenant": "globex", "watcher": theirs["watcher_id"]}
+    assert sample(everyone, "queue_server_watcher_deliveries", **their_labels, state="pending") == 0
