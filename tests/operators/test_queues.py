@@ -358,3 +358,25 @@ def test_the_status_lists_every_lease_each_with_its_holder_and_fence(api: Api) -
     assert set(shown) == {lease["item_id"] for lease in leases}
     assert {(s["queue"], s["worker"]) for s in shown.values()} == {("q", "w7")}
     assert all(shown[lease["item_id"]]["fence"] == lease["fence"] for lease in leases)
+
+
+def test_the_status_lists_leases_oldest_first_from_their_latest_acquisition(api: Api) -> None:
+    """An item leased again shows when its current lease began, not its first one, and
+    sorts among the leases by that."""
+    api.approve("q", 10)
+    first = api.enqueue("q", "first")["item_id"]
+    second = api.enqueue("q", "second")["item_id"]
+    (lease,) = api.acquire("q")
+    assert lease["item_id"] == first
+    assert [held["item_id"] for held in api.acquire("q")] == [second]
+    requeued = api.holder("requeue", first, worker="w1", fence=lease["fence"])
+    assert requeued.status_code == 200, requeued.text
+    (again,) = api.acquire("q")
+    assert again["item_id"] == first
+
+    leases = api.operator.get(f"/v1/tenants/{api.tenant}/queues").json()["leases"]
+    assert [held["item_id"] for held in leases] == [second, first]
+    events = api.operator.get(f"/v1/tenants/{api.tenant}/items/{first}/ledger").json()["events"]
+    acquired = [e["at"] for e in events if e["kind"] == "acquired"]
+    assert len(acquired) == 2
+    assert leases[1]["acquired_at"] == acquired[-1]
