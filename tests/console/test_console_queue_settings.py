@@ -3,8 +3,12 @@ sets them through the same service as `PUT .../queues/{q}/settings` (refusals in
 
 from __future__ import annotations
 
+import re
+import uuid
+
 from tests.helpers.api import Api
 from tests.helpers.console import CSRF, KEY, form_value, sign_in
+from tests.helpers.items import put_settings
 
 PAGE = "/console/tenants/acme/queues/reports/settings"
 
@@ -89,3 +93,23 @@ def test_the_form_sets_a_rate_limit_a_hold_on_ordering_keys_and_fairness_and_sho
     assert shown["rate_limit"]["value"] == {"limit": 10, "per": 60.0, "partitioned": True}
     assert shown["ordering_dead_letters"] == {"value": "hold", "source": "queue"}
     assert shown["fairness"] == {"value": "partition_key", "source": "queue"}
+
+
+def test_the_queues_ledger_says_why_it_was_paused_and_which_settings_changed(api: Api) -> None:
+    paused = api.operator.post(
+        "/v1/tenants/acme/queues/reports/pause",
+        json={"reason": "provider down"},
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert paused.status_code == 200, paused.text
+    assert put_settings(api, "reports", deadline=600).status_code == 200
+    client, _ = sign_in(api.url, api.keys["operator"])
+    try:
+        page = client.get(PAGE).text
+    finally:
+        client.close()
+    what = re.findall(r"<td>([^<]*)</td></tr>", page)
+    assert "paused: provider down" in what
+    (settings,) = [w for w in what if w.startswith("settings: ")]
+    assert "deadline" in settings
+    assert "max_acquisitions" not in settings  # not changed: not named
