@@ -308,3 +308,11 @@ def test_failed_sign_ins_are_limited_per_address_and_per_key(api: Api) -> None:
     assert refused.status_code == 429
     assert 1 <= int(refused.headers["retry-after"]) <= 60
     assert "Too many failed sign-ins" in refused.text
+
+
+def test_a_message_after_an_action_shows_once(api: Api) -> None:
+    client, answer = sign_in(api.url, api.keys["operator"])
+    assert answer.status_code == 303
+    queues = "/console/tenants/acme/queues"
+    assert '<p class="flash ok" role="status">Signed in.</p>' in client.get(queues).text
+    assert 'class="flash' not in client.get(queues).text  # shown once, then gone
