@@ -6,10 +6,13 @@ from __future__ import annotations
 import html
 import re
 
+import psycopg
+
 from tests.helpers.api import Api
 from tests.helpers.console import sign_in
 from tests.helpers.items import quarantine
 
+Db = psycopg.Connection[dict[str, object]]
 ROW_ID = re.compile(r'<a class="id" href="[^"]*/items/([0-9a-f-]{36})" title="\1">([^<]+)</a>')
 
 
@@ -87,6 +90,22 @@ def test_counts_have_separators_times_say_how_long_ago_and_dates_are_typed_in_is
     assert str(item["item_id"])[-12:] in since.text
     later = client.get("/console/tenants/acme/items", params={"created_after": "2999-01-01 00:00"})
     assert "No items match." in later.text
+
+
+def test_an_older_time_says_its_minutes_hours_or_days_ago(api: Api, db: Db) -> None:
+    """Moved back 10.5 minutes, 3.5 hours and 2.5 days: each reads in its own unit (the
+    half keeps each reading steady while the test runs)."""
+    ages = {"10 min ago": "630 seconds", "3 h ago": "210 minutes", "2 d ago": "60 hours"}
+    for shown, back in ages.items():
+        item_id = api.enqueue("mail", shown)["item_id"]
+        db.execute(
+            "UPDATE work_items SET created_at = created_at - %s::interval WHERE item_id = %s",
+            (back, item_id),
+        )
+    client, _ = sign_in(api.url, api.keys["operator"])
+    page = client.get("/console/tenants/acme/items").text
+    times = re.findall(r'<time datetime="[^"]+" title="[^"]+">([^<]+)</time>', page)
+    assert set(ages) <= set(times), times
 
 
 def test_the_bulk_count_agrees_with_the_list_at_its_bounds_and_payload(api: Api) -> None:
