@@ -765,12 +765,19 @@ class Items:
         item_id = str((await self._item_row(tenant, item_id, by_end=False))["item_id"])
         async with self.db.conn() as conn:
             rows = await reads.workflow(conn, tenant=tenant, item_id=item_id, limit=limit + 1)
+        complete = len(rows) <= limit
+        if not complete:
+            # One more than the answer holds, in id order: the last other than the item
+            # itself goes (the statement never cuts the item, wherever its id sorts).
+            cut = next(r for r in reversed(rows) if r["item_id"] != item_id)
+            rows = [r for r in rows if r is not cut]
+        kept = {r["item_id"] for r in rows}
         nodes = [
             {"item_id": r["item_id"], "queue": r["queue"], "state": r["state"],
-             "depends_on": list(r["depends_on"])}
-            for r in rows[:limit]
+             "depends_on": [d for d in r["depends_on"] if d in kept]}
+            for r in rows
         ]  # fmt: skip
-        return Answer.of(200, {"item_id": item_id, "nodes": nodes, "complete": len(rows) <= limit})
+        return Answer.of(200, {"item_id": item_id, "nodes": nodes, "complete": complete})
 
     async def ledger(self, principal: auth.Principal, tenant: str, item_id: str) -> Answer:
         principal.require(tenant, *WORKER_OR_OPERATOR)

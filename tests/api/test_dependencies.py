@@ -17,6 +17,7 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from queue_server.client import Completion, NewItem, QueueClient
+from queue_server.services.items import WORKFLOW_NODES
 from tests.helpers.api import Api, setup_tenant
 from tests.helpers.items import (
     complete_leases,
@@ -518,6 +519,36 @@ def test_a_batch_names_its_own_items_by_ref_and_enqueues_a_whole_graph_at_once(
         assert refused.status_code == 422, refused.text
         assert message in refused.json()["detail"], refused.json()
     assert ledger_mismatches(api) == []
+
+
+def test_a_workflow_cut_at_its_bound_keeps_the_item_itself_and_no_edge_to_a_node_left_out(
+    api: Api,
+) -> None:
+    """A fan-in of more items than the answer holds: the callback (made last, its id sorts
+    last) is among the nodes, and no node names one the answer left out."""
+    made = api.worker.post(
+        f"/v1/tenants/{api.tenant}/queues/q/items:batch",
+        json={
+            "items": [{"payload": n} for n in range(WORKFLOW_NODES + 10)],
+            "callback": {"queue": "sums", "payload": "total"},
+        },
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert made.status_code == 201, made.text
+    callback = made.json()["callback"]["item_id"]
+    shown = api.operator.get(f"/v1/tenants/{api.tenant}/items/{callback}/workflow")
+    assert shown.status_code == 200, shown.text
+    graph = shown.json()
+    assert (graph["item_id"], graph["complete"], len(graph["nodes"])) == (
+        callback,
+        False,
+        WORKFLOW_NODES,
+    )
+    ids = {node["item_id"] for node in graph["nodes"]}
+    assert callback in ids
+    (mine,) = [node for node in graph["nodes"] if node["item_id"] == callback]
+    assert len(mine["depends_on"]) == WORKFLOW_NODES - 1
+    assert all(set(node["depends_on"]) <= ids for node in graph["nodes"])
 
 
 def test_an_operator_cancels_a_workflow_as_a_whole_from_its_root(api: Api) -> None:
