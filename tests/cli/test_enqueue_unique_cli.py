@@ -1,9 +1,12 @@
 """`queue-server enqueue --unique-key`: the first makes the item, the next says which item
-holds the key and makes nothing; a file's lines may carry their own keys."""
+holds the key and makes nothing; a file's lines may carry their own keys. An option that
+needs another (`--unique-for`, `--on-dependency-failure`) is refused without it."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 from tests.helpers.api import Api
 from tests.helpers.cli import Cli
@@ -33,12 +36,17 @@ def test_enqueue_with_a_unique_key_says_when_an_item_already_holds_it(
     assert count == 2
 
 
-def test_a_unique_period_without_a_unique_key_is_refused_and_nothing_enqueued(
-    cli: Cli, api: Api
+@pytest.mark.parametrize(
+    ("option", "needs"),
+    [
+        (("--unique-for", "60"), "--unique-key"),
+        (("--on-dependency-failure", "run"), "--depends-on"),
+    ],
+)
+def test_an_option_without_the_one_it_needs_is_refused_and_nothing_enqueued(
+    cli: Cli, api: Api, option: tuple[str, str], needs: str
 ) -> None:
-    refused = cli.run(
-        "enqueue", "q", "--payload", "1", "--unique-for", "60", role="worker", ok=False
-    )
+    refused = cli.run("enqueue", "q", "--payload", "1", *option, role="worker", ok=False)
     assert refused.returncode == 2
-    assert "--unique-for needs --unique-key" in refused.stderr
+    assert f"{option[0]} needs {needs}" in refused.stderr
     assert api.worker.get("/v1/tenants/acme/queues").json()["backlog"] == 0

@@ -97,14 +97,3 @@ def test_enqueue_with_dependencies_says_the_item_waits_and_a_refusal_names_the_d
         role="worker", ok=False,
     )  # fmt: skip
     assert "give cancel, run or wait" in unknown.stdout + unknown.stderr
-
-
-def test_a_dependency_failure_rule_without_dependencies_is_refused_and_nothing_enqueued(
-    cli: Cli, api: Api
-) -> None:
-    refused = cli.run(
-        "enqueue", "q", "--payload", "1", "--on-dependency-failure", "run", role="worker", ok=False
-    )
-    assert refused.returncode == 2
-    assert "--on-dependency-failure needs --depends-on" in refused.stderr
-    assert api.worker.get("/v1/tenants/acme/queues").json()["backlog"] == 0

@@ -141,15 +141,24 @@ def complete_leases(api: Api, leases: list[dict[str, Any]]) -> None:
 
 def quarantine_lease(api: Api, lease: dict[str, Any]) -> None:
     """Its holder triages the leased item to quarantine (a dead letter)."""
+    triage_lease(api, lease, "quarantine", {"class": "Boom"})
+
+
+def triage_lease(
+    api: Api, lease: dict[str, Any], decision: str, failure: dict[str, Any]
+) -> dict[str, Any]:
+    """Its holder (worker w1) triages the leased item with `failure`; the item answered."""
     response = api.holder(
         "triage",
         lease["item_id"],
         worker="w1",
         fence=lease["fence"],
-        failure={"class": "Boom"},
-        decision="quarantine",
+        failure=failure,
+        decision=decision,
     )
     assert response.is_success, response.text
+    item: dict[str, Any] = response.json()
+    return item
 
 
 def ledger_mismatches(api: Api) -> list[Any]:

@@ -18,7 +18,7 @@ import pytest
 
 from queue_server.settings import Settings
 from tests.helpers.api import Api, setup_tenant
-from tests.helpers.items import dead_letter_of, quarantine, replay, sample
+from tests.helpers.items import dead_letter_of, quarantine, replay, sample, triage_lease
 from tests.helpers.server import make_admin_key
 
 Db = psycopg.Connection[dict[str, object]]
@@ -86,28 +86,15 @@ def test_metrics_show_each_queue_with_zero_as_zero(api: Api) -> None:
         api.enqueue("q", i, max_acquisitions=1)
     leases = api.acquire("q", max_items=3)
     api.holder("complete", leases[0]["item_id"], worker="w1", fence=leases[0]["fence"])
-    api.holder(
-        "triage",
-        leases[1]["item_id"],
-        worker="w1",
-        fence=leases[1]["fence"],
-        failure={"class": "Boom", "message": "m", "transient": False},
-        decision="quarantine",
+    triage_lease(
+        api, leases[1], "quarantine", {"class": "Boom", "message": "m", "transient": False}
     )
     api.operator.post("/v1/tenants/acme/queues/idle/pause", json={}, headers=_key())
     api.holder("complete", leases[2]["item_id"], worker="w1", fence=leases[2]["fence"])
     # A failure requeued to be tried again is a failure, not a quarantine.
     api.enqueue("r", "again")
     (again,) = api.acquire("r")
-    retried = api.holder(
-        "triage",
-        again["item_id"],
-        worker="w1",
-        fence=again["fence"],
-        failure={"class": "Flaky", "message": "m", "transient": True},
-        decision="requeue",
-    )
-    assert retried.status_code == 200, retried.text
+    triage_lease(api, again, "requeue", {"class": "Flaky", "message": "m", "transient": True})
 
     text = api.admin.get("/metrics").text
     q = {"tenant": "acme", "queue": "q"}
