@@ -4,6 +4,7 @@ connections enqueue; a cursor continues its own order only."""
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Callable
@@ -21,6 +22,10 @@ KEY: dict[str, Callable[[dict[str, Any]], int]] = {
     "priority": lambda item: int(item["priority"]),
     "attempts": lambda item: int(item["acquisition_count"]),
 }
+
+
+def _at(text: str) -> datetime:
+    return datetime.fromisoformat(text)
 
 
 def _order(sort: str) -> Callable[[dict[str, Any]], tuple[int, datetime, str]]:
@@ -72,6 +77,21 @@ def _mixed_items(api: Api) -> list[dict[str, Any]]:
 
 def test_each_order_pages_every_item_once_in_that_order(api: Api) -> None:
     items = _mixed_items(api)
+    # The payload and time filters too, in each branch of each order (the leased one too):
+    # one ready item's payload, and a window that leaves out the first and last three.
+    oldest_first = sorted(items, key=_order("created"))
+    after, before = (_at(oldest_first[k]["created_at"]) for k in (3, -3))
+    ready = next(i for i in items if i["state"] == "ready")
+    narrowed = (
+        (
+            {"payload": json.dumps(ready["payload"])},
+            {i["item_id"] for i in items if i["payload"] == ready["payload"]},
+        ),
+        (
+            {"created_after": after.isoformat(), "created_before": before.isoformat()},
+            {i["item_id"] for i in items if after < _at(i["created_at"]) < before},
+        ),
+    )
     for sort in SORTS:
         expected = sorted(items, key=_order(sort), reverse=sort.startswith("-"))
         pages = _pages(api.operator, sort, 4)
@@ -93,6 +113,11 @@ def test_each_order_pages_every_item_once_in_that_order(api: Api) -> None:
                 for i in expected
                 if all(i[field] == value for field, value in query.items())
             ]
+            got = [i["item_id"] for page in _pages(api.operator, sort, 3, **query) for i in page]
+            assert got == want, (sort, query)
+
+        for query, ids in narrowed:
+            want = [i["item_id"] for i in expected if i["item_id"] in ids]
             got = [i["item_id"] for page in _pages(api.operator, sort, 3, **query) for i in page]
             assert got == want, (sort, query)
 
