@@ -125,8 +125,12 @@ def test_each_order_pages_every_item_once_in_that_order(api: Api) -> None:
 def test_leased_items_at_a_page_boundary_are_neither_repeated_nor_skipped(api: Api) -> None:
     # Leased items come from their own branch of each order's statement: its cursor
     # comparison alone decides whether the last item of a page comes back on the next.
+    # Each with its own priority and number of attempts, so that every order tells them apart.
     for n, queue in enumerate(("a", "b", "c")):
         api.enqueue(queue, {"n": n}, priority=n)
+        for _ in range((n * 2) % 3):
+            (lease,) = api.acquire(queue)
+            api.holder("requeue", lease["item_id"], worker="w1", fence=lease["fence"], delay=0)
         assert len(api.acquire(queue)) == 1
     items = _pages(api.operator, "created", 500)[0]
     assert {i["state"] for i in items} == {"leased"}
