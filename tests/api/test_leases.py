@@ -24,6 +24,10 @@ def test_acquire_raises_fence_and_acquisition_count(api: Api) -> None:
     row = api.worker.get(f"/v1/tenants/acme/items/{item['item_id']}").json()
     assert row["state"] == "leased"
     assert row["lease_holder"] == "w1"
+    assert row["lease_deadline_at"] == lease["lease_deadline_at"] is not None
+    # Completed, it has no lease and so no lease deadline.
+    done = api.holder("complete", item["item_id"], worker="w1", fence=lease["fence"])
+    assert (done.json()["state"], done.json()["lease_deadline_at"]) == ("completed", None)
 
 
 def test_acquire_on_an_empty_queue_is_an_empty_list(api: Api) -> None:
