@@ -4,6 +4,8 @@ state, the form is CSRF-checked, and the same form sent twice replays its first 
 
 from __future__ import annotations
 
+import uuid
+
 import psycopg
 
 from tests.helpers.api import Api
@@ -50,3 +52,45 @@ def test_a_resubmitted_selection_replays_and_a_forged_one_is_refused(api: Api, d
     assert drawn_otherwise.status_code == 422
     state = api.operator.get(f"/v1/tenants/acme/items/{poisoned[2]}").json()["state"]
     assert state == "quarantined"
+
+
+def test_a_selection_takes_up_to_a_hundred_items(api: Api) -> None:
+    made = api.worker.post(
+        "/v1/tenants/acme/queues/q/items:batch",
+        json={"items": [{"payload": n} for n in range(101)]},
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert made.status_code == 201, made.text
+    ids = [i["item_id"] for i in made.json()["items"]]
+    cancelled = api.operator.post(
+        "/v1/tenants/acme/items:cancel",
+        json={"filter": {"queue": "q"}, "reason": "to retry", "limit": 1000},
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert cancelled.json()["cancelled"] == 101, cancelled.text
+    client, _ = sign_in(api.url, api.keys["operator"])
+    csrf = form_value(client.get("/console/tenants/acme/items").text, CSRF)
+    for chosen, status in ((ids, 422), (ids[:100], 200)):
+        confirm = client.post(
+            "/console/tenants/acme/items/selection/confirm",
+            data={"csrf": csrf, "action": "retry", "item_id": chosen},
+        )
+        assert confirm.status_code == status, (len(chosen), confirm.text)
+    assert "Retry 100 selected items?" in confirm.text
+    form = {
+        "csrf": form_value(confirm.text, CSRF),
+        "idempotency_key": form_value(confirm.text, KEY),
+        "action": "retry",
+    }
+    over = client.post(
+        "/console/tenants/acme/items/selection",
+        data={**form, "selected": [f"cancelled:{i}" for i in ids]},
+    )
+    assert over.status_code == 422
+    assert "at most 100" in over.text
+    done = client.post(
+        "/console/tenants/acme/items/selection",
+        data={**form, "selected": [f"cancelled:{i}" for i in ids[:100]]},
+    )
+    assert done.status_code == 303, done.text
+    assert "Retried 100 items." in client.get(done.headers["location"]).text
