@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 import uuid
 
+import pytest
+
 from tests.helpers.api import Api
 from tests.helpers.console import CSRF, KEY, form_value, sign_in
 from tests.helpers.items import enqueue_graph, quarantine
@@ -137,3 +139,21 @@ def test_a_fan_in_s_page_counts_what_it_waits_for_beyond_the_graph_drawn(api: Ap
     # Its ledger's first event names the 300, shortened on the page (not over REST).
     ledger = page[page.index('aria-label="Ledger"') :]
     assert "... and 280 more" in ledger
+
+
+@pytest.mark.parametrize(("items", "note"), [(20, None), (21, "... and 1 more")])
+def test_a_ledger_event_lists_twenty_entries_whole_and_counts_the_rest(
+    api: Api, items: int, note: str | None
+) -> None:
+    made = api.worker.post(
+        "/v1/tenants/acme/queues/q/items:batch",
+        json={"items": [{"payload": n} for n in range(items)], "callback": {"payload": "sum"}},
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert made.status_code == 201, made.text
+    callback = made.json()["callback"]["item_id"]
+    client, _ = sign_in(api.url, api.keys["operator"])
+    page = client.get(f"/console/tenants/acme/items/{callback}").text
+    ledger = page[page.index('aria-label="Ledger"') :]
+    shortened = re.findall(r"\.\.\. and [0-9,]+ more", ledger)
+    assert shortened == ([] if note is None else [note])
