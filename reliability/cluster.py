@@ -30,6 +30,7 @@ import httpx
 import psycopg
 from psycopg.rows import dict_row
 
+from queue_server.client.connection import tls_context
 from queue_server.infra.embedded import EmbeddedPostgres
 from queue_server.infra.serve import ensure_admin_key
 from queue_server.settings import Settings
@@ -78,7 +79,7 @@ def wait_answering(
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=2).status_code == 200:
+            if httpx.get(url, timeout=2, verify=tls_context()).status_code == 200:
                 return True
         if proc is not None and proc.poll() is not None:
             return False

@@ -34,6 +34,7 @@ from typing import Any
 
 import httpx
 
+from queue_server.client.connection import tls_context
 from queue_server.infra import backup
 from queue_server.infra.embedded import EmbeddedPostgres
 from reliability.checkers import CheckReport, Violation
@@ -161,7 +162,7 @@ def _ready(proc: subprocess.Popen[str], url: str, timeout: float = 90.0) -> None
         if proc.poll() is not None:
             raise RuntimeError(f"the server exited: {proc.stdout.read() if proc.stdout else ''}")
         try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+            if httpx.get(f"{url}/readyz", timeout=2, verify=tls_context()).status_code == 200:
                 return
         except httpx.HTTPError:
             pass

@@ -142,3 +142,47 @@ def test_every_test_and_reliability_module_imports_without_the_benchmarks_extra(
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
     assert done.stdout.strip() == "", done.stdout
+
+
+ONE_OFF_CALLS = {"get", "post", "put", "patch", "delete", "head", "options", "request", "stream"}
+
+
+def tls_loading_calls(source: str) -> list[int]:
+    """Lines of `source` that make an httpx client loading the CA bundle of its own: a module
+    function (`httpx.get`) or an `httpx.Client`/`AsyncClient` given neither `verify` nor
+    `transport`."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        owner, name = node.func.value, node.func.attr
+        if not (isinstance(owner, ast.Name) and owner.id == "httpx"):
+            continue
+        given = {keyword.arg for keyword in node.keywords}
+        if name in ONE_OFF_CALLS and "verify" not in given:
+            lines.append(node.lineno)
+        elif name in {"Client", "AsyncClient"} and not given & {"verify", "transport"}:
+            lines.append(node.lineno)
+    return lines
+
+
+def test_the_tests_http_calls_share_one_tls_context() -> None:
+    """Each such client costs about 20 ms of CPU: tests/helpers/web.py has the shared ones."""
+    offenders = sorted(
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in TESTS.rglob("*.py")
+        for line in tls_loading_calls(path.read_text())
+    )
+    assert offenders == [], "use tests.helpers.web:\n" + "\n".join(offenders)
+
+
+def test_the_tls_check_finds_module_calls_and_clients_of_their_own() -> None:
+    source = (
+        "httpx.get(url)\n"
+        "httpx.Client(base_url=url)\n"
+        "httpx.get(url, verify=tls_context())\n"
+        "httpx.AsyncClient(transport=transport)\n"
+        "client.get(url)\n"
+        "httpx.post(url, json={})\n"
+    )
+    assert tls_loading_calls(source) == [1, 2, 6]

@@ -11,11 +11,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psycopg
 import pytest
 
 from queue_server.settings import Settings
+from tests.helpers import web
 from tests.helpers.api import Api, policy_file
 from tests.helpers.items import complete_leases, enqueue_many, put_settings
 
@@ -259,7 +259,7 @@ def drain(url: str, key: str, worker: str, until: float) -> list[int]:
     """A worker process: acquire and complete until the queue is empty (or `until`); the
     completions' statuses."""
     statuses = []
-    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}) as client:
+    with web.client(base_url=url, headers={"Authorization": f"Bearer {key}"}) as client:
         idle = 0
         while time.time() < until and idle < 3:
             answer = client.post(

@@ -19,6 +19,7 @@ from queue_server.background import sweeper
 from queue_server.db import Database
 from queue_server.settings import Settings
 from queue_server.store import transitions
+from tests.helpers import web
 from tests.helpers.api import Api
 from tests.helpers.items import enqueue_many, put_settings
 from tests.helpers.server import InProcessServer, LiveServer
@@ -38,7 +39,7 @@ def ready(_: int) -> bool:
 def work(url: str, key: str, worker: str, until: float) -> int:
     """A worker process: acquire (no long poll) and complete, as fast as it can."""
     done = 0
-    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}) as client:
+    with web.client(base_url=url, headers={"Authorization": f"Bearer {key}"}) as client:
         while time.time() < until:
             answer = client.post(
                 "/v1/tenants/acme/queues/q/leases",

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import httpx
-
 from queue_server.app import create_app
 from queue_server.settings import Settings
+from tests.helpers import web
 from tests.helpers.api import Api
 from tests.helpers.server import LiveServer
 
@@ -20,8 +19,8 @@ def test_readyz_is_503_problem_when_the_database_is_unreachable(settings: Settin
     server.start()
     try:
         # Liveness first (it needs no database): the process answers, its first request paid.
-        assert httpx.get(f"{server.url}/healthz").status_code == 200
-        response = httpx.get(f"{server.url}/readyz", timeout=30)
+        assert web.get(f"{server.url}/healthz").status_code == 200
+        response = web.get(f"{server.url}/readyz", timeout=30)
         assert response.status_code == 503
         # Readiness probes have short timeouts: the answer comes within about a second.
         assert response.elapsed.total_seconds() < 2.5

@@ -11,10 +11,10 @@ import socket
 import time
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
 from queue_server.infra.http_protocol import ConnectionLimits, ProblemHttpToolsProtocol, use_limits
+from tests.helpers import web
 from tests.helpers.server import LiveServer, make_admin_key
 
 LIMITS = ConnectionLimits(header_timeout=1.0, body_timeout=1.5, keep_alive=1.0, max_connections=8)
@@ -97,9 +97,7 @@ def test_between_requests_silence_closes_at_the_keep_alive_limit(bounded: LiveSe
 def test_a_request_that_has_arrived_is_not_cut_while_it_waits(bounded: LiveServer) -> None:
     # A long poll: the request arrived at once; its answer comes after the header and body
     # limits have both passed.
-    admin = httpx.Client(
-        base_url=bounded.url, headers={"Authorization": f"Bearer {_admin(bounded)}"}
-    )
+    admin = web.client(base_url=bounded.url, headers={"Authorization": f"Bearer {_admin(bounded)}"})
     assert admin.put("/v1/tenants/slow", json={"backlog_cap": 10}).status_code == 200
     began = time.monotonic()
     polled = admin.post(
@@ -135,7 +133,7 @@ def test_one_connection_past_the_limit_is_answered_503_and_closed(bounded: LiveS
         for sock in held:
             sock.close()
     time.sleep(0.1)
-    assert httpx.get(f"{bounded.url}/healthz").status_code == 200  # room again
+    assert web.get(f"{bounded.url}/healthz").status_code == 200  # room again
 
 
 def _get_healthz_from(server: LiveServer, source: str) -> bytes:
@@ -224,7 +222,7 @@ def test_a_huge_request_head_is_refused_431_while_it_arrives(live: LiveServer) -
     assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
     assert b'"code":"headers-too-large"' in answer.replace(b" ", b"")
     for _ in range(3):
-        assert httpx.get(f"{live.url}/healthz").status_code == 200
+        assert web.get(f"{live.url}/healthz").status_code == 200
 
 
 def test_a_head_within_the_limit_and_its_body_in_one_write_are_served(live: LiveServer) -> None:
@@ -253,7 +251,7 @@ def test_a_large_body_is_not_counted_as_a_request_head(live: LiveServer, size: i
     # items), in the chunks the socket gives: the chunk that ends the request is the body's,
     # not the start of a next head (it was answered 431).
     for _ in range(2):  # the next request on the connection is counted from its own start
-        answer = httpx.post(
+        answer = web.post(
             f"{live.url}/v1/tenants/t/queues/q/items",
             content=json.dumps({"payload": "x" * size}),
             headers={"Content-Type": "application/json"},

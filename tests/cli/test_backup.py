@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from queue_server.infra import backup
+from tests.helpers import web
 from tests.helpers.items import sample
 from tests.helpers.serving import Served, environment, open_dir, run
 
@@ -201,7 +202,7 @@ def test_restore_to_a_moment_brings_back_everything_acknowledged_before_it_and_n
             # replays its original answer (a receipt is its API key's: the restore's new admin
             # key would not replay it).
             old_key = (data / "admin.key").read_text().strip()
-            sender = httpx.Client(
+            sender = web.client(
                 base_url=server.url, headers={"Authorization": f"Bearer {old_key}"}, timeout=30
             )
             again = sender.post(
@@ -225,7 +226,7 @@ def test_restore_to_a_moment_brings_back_everything_acknowledged_before_it_and_n
             ).json()["leases"][0]
             assert lease["fence"] == before[lease["item_id"]][1] + 1
             # The keys of the moment still work; the restore's new admin key too.
-            assert httpx.get(
+            assert web.get(
                 f"{server.url}/v1/tenants/acme", headers={"Authorization": f"Bearer {old_key}"}
             ).is_success
             server.stop()

@@ -29,6 +29,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.helpers import web
+
 REPO = Path(__file__).resolve().parents[2]
 GUIDES = sorted((REPO / "docs").glob("*.md"))
 FENCE = re.compile(r"(<!-- not run: ([^>]*)-->\n)?```(\w*)\n(.*?)```", re.DOTALL)
@@ -107,7 +109,7 @@ def served() -> Iterator[Served]:
         assert proc.poll() is None, proc.communicate()[0]
         assert time.monotonic() < deadline, "make serve did not become ready"
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
+            if web.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
                 break
         except httpx.TransportError:
             pass

@@ -21,6 +21,7 @@ import pytest
 
 from queue_server.infra.embedded import EmbeddedPostgres
 from queue_server.infra.serve import admin_key_path
+from tests.helpers import web
 from tests.helpers.items import sample
 from tests.helpers.serving import children, cmdline, parent, process_tree
 
@@ -51,7 +52,7 @@ def _wait_ready(port: int, proc: subprocess.Popen[str]) -> None:
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
         try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
+            if web.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
                 return
         except httpx.TransportError:
             pass
@@ -98,7 +99,7 @@ def test_serve_starts_embedded_database_creates_admin_key_and_reuses_data(open_d
     assert key_file.stat().st_mode & 0o777 == 0o600
     key = key_file.read_text().strip()
     headers = {"Authorization": f"Bearer {key}"}
-    put = httpx.put(
+    put = web.put(
         f"http://127.0.0.1:{port}/v1/tenants/acme", json={"backlog_cap": 10}, headers=headers
     )
     assert put.status_code == 200
@@ -120,7 +121,7 @@ def test_serve_starts_embedded_database_creates_admin_key_and_reuses_data(open_d
         other.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         other.execute("SELECT count(*) FROM work_items")
         time.sleep(1.0)
-        scrape = httpx.get(f"http://127.0.0.1:{port}/metrics", headers=headers).text
+        scrape = web.get(f"http://127.0.0.1:{port}/metrics", headers=headers).text
         other.rollback()
     held = sample(scrape, "queue_server_database_horizon_age_seconds", holder="snapshot")
     assert (held or 0) >= 1.0, scrape
@@ -137,7 +138,7 @@ def test_serve_starts_embedded_database_creates_admin_key_and_reuses_data(open_d
     [app_url] = [u for u in granted.stdout.splitlines() if u.startswith("postgresql://")]
     with psycopg.connect(app_url) as conn:
         conn.execute("SELECT queue_server.enqueue('acme', 'emails', '{\"order\": 1}', 'o-1')")
-    listed = httpx.get(f"{url}/v1/tenants/acme/items", headers=headers).json()["items"]
+    listed = web.get(f"{url}/v1/tenants/acme/items", headers=headers).json()["items"]
     assert [i["payload"] for i in listed] == [{"order": 1}]
     # The server's role is named like the functions' schema ("$user" in the default
     # search_path): what it creates unqualified (a later migration's tables) still goes to
@@ -156,7 +157,7 @@ def test_serve_starts_embedded_database_creates_admin_key_and_reuses_data(open_d
     assert second.returncode != 0, refused
     assert f"already running at {url} (pid {proc.pid})" in refused
     assert "Traceback" not in refused
-    assert httpx.get(f"{url}/readyz").status_code == 200  # the first one's database is up
+    assert web.get(f"{url}/readyz").status_code == 200  # the first one's database is up
     assert (data_dir / "server.url").read_text().strip() == url
 
     out = _stop(proc)
@@ -168,7 +169,7 @@ def test_serve_starts_embedded_database_creates_admin_key_and_reuses_data(open_d
 
     proc = _serve(data_dir, port)
     _wait_ready(port, proc)
-    again = httpx.get(f"{url}/v1/tenants/acme", headers=headers)
+    again = web.get(f"{url}/v1/tenants/acme", headers=headers)
     assert again.status_code == 200  # same data, same key
     assert key_file.read_text().strip() == key  # no second admin key made
     # A crash (the server and everything it started killed): its lock goes with it.
@@ -178,7 +179,7 @@ def test_serve_starts_embedded_database_creates_admin_key_and_reuses_data(open_d
     port = _free_port()
     proc = _serve(data_dir, port)
     _wait_ready(port, proc)
-    assert httpx.get(f"http://127.0.0.1:{port}/v1/tenants/acme", headers=headers).status_code == 200
+    assert web.get(f"http://127.0.0.1:{port}/v1/tenants/acme", headers=headers).status_code == 200
     out = _stop(proc)
     assert "Created the admin key" not in out
     assert not EmbeddedPostgres(data_dir / "pgdata").is_running()
@@ -297,12 +298,12 @@ def test_metrics_add_up_every_worker_process(open_dir: Path) -> None:
         _wait_ready(port, proc)
         for _ in range(30):
             # A new connection each time, so the kernel spreads them over both processes.
-            assert httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+            assert web.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
 
         admin = {"Authorization": f"Bearer {admin_key_path(open_dir).read_text().strip()}"}
 
         def healthz_count() -> float:
-            text = httpx.get(f"http://127.0.0.1:{port}/metrics", headers=admin).text
+            text = web.get(f"http://127.0.0.1:{port}/metrics", headers=admin).text
             (line,) = [
                 line
                 for line in text.splitlines()
@@ -380,7 +381,7 @@ def test_a_database_the_superuser_made_is_handed_to_the_servers_role(open_dir: P
             ).fetchall()
         assert owners == [("queue_server",)]
         key = (data_dir / "admin.key").read_text().strip()
-        put = httpx.put(
+        put = web.put(
             f"http://127.0.0.1:{port}/v1/tenants/acme",
             json={"backlog_cap": 10},
             headers={"Authorization": f"Bearer {key}"},

@@ -33,6 +33,7 @@ from queue_server.infra.embedded import EmbeddedPostgres
 from queue_server.infra.serve import admin_key_path
 from queue_server.settings import Settings
 from queue_server.store.bootstrap import DATABASE_NAME, SERVER_ROLE
+from tests.helpers import web
 
 BIN = Path(sys.executable).parent / "queue-server"
 PROCESSES = 16
@@ -127,7 +128,7 @@ def _wait_for_every_process(
     while time.monotonic() < deadline:
         assert proc.poll() is None, "the server stopped"
         try:
-            ready = httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200
+            ready = web.get(f"http://127.0.0.1:{port}/readyz").status_code == 200
         except httpx.TransportError:
             ready = False
         if ready and _server_sessions(pg)["queue-server-listener"] >= processes:
@@ -139,9 +140,9 @@ def _wait_for_every_process(
 def _worker_key(url: str, data_dir: Path, tenant: str) -> str:
     """A worker key of a new tenant, made with the admin key the server wrote."""
     admin = {"Authorization": f"Bearer {admin_key_path(data_dir).read_text().strip()}"}
-    put = httpx.put(f"{url}/v1/tenants/{tenant}", json={"backlog_cap": 10_000}, headers=admin)
+    put = web.put(f"{url}/v1/tenants/{tenant}", json={"backlog_cap": 10_000}, headers=admin)
     assert put.status_code == 200, put.text
-    made = httpx.post(f"{url}/v1/tenants/{tenant}/keys", json={"role": "worker"}, headers=admin)
+    made = web.post(f"{url}/v1/tenants/{tenant}/keys", json={"role": "worker"}, headers=admin)
     assert made.status_code == 201, made.text
     secret: str = made.json()["secret"]
     return secret
@@ -162,7 +163,7 @@ def _load(
         seen: Counter[int] = Counter()
         done = 0
         headers = {"Authorization": f"Bearer {key}"}
-        with httpx.Client(base_url=url, headers=headers, timeout=30) as http:
+        with web.client(base_url=url, headers=headers, timeout=30) as http:
             for _ in range(500):
                 if time.monotonic() > stop_at:
                     break

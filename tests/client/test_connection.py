@@ -22,6 +22,7 @@ from queue_server.client.connection import AsyncLeanPool, LeanPool
 from queue_server.client.core import entry_answers
 from queue_server.client.worker import Flag
 from queue_server.policy import load_policy
+from tests.helpers import web
 from tests.helpers.api import policy_document
 from tests.helpers.rawhttp import Reply, ScriptedServer, Seen, answer, chunked
 
@@ -226,10 +227,8 @@ def test_what_the_lean_path_does_not_do_stays_on_httpx(
 
 
 def test_a_callers_own_http_client_carries_every_call(scripted: list[ScriptedServer]) -> None:
-    import httpx
-
     server = serve(scripted, leases)
-    http = httpx.Client(base_url=server.url, headers={"X-Mine": "1"})
+    http = web.client(base_url=server.url, headers={"X-Mine": "1"})
     with QueueClient(server.url, "k", tenant="t", http=http) as qs:
         acquire(qs)
     http.close()

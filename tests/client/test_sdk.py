@@ -13,6 +13,7 @@ import psycopg
 import pytest
 
 from queue_server.client import AsyncQueueClient, NewItem, QueueClient, errors
+from tests.helpers import web
 from tests.helpers.api import Api
 from tests.helpers.server import LiveServer
 
@@ -228,7 +229,7 @@ def test_the_sdk_s_requests_are_logged_at_debug_and_the_application_s_at_info(
 
         asyncio.run(enqueue())
     assert [r for r in caplog.records if r.name == "httpx"] == []
-    httpx.get(f"{api.url}/healthz")
+    web.get(f"{api.url}/healthz")
     (own,) = [r for r in caplog.records if r.name == "httpx"]
     assert own.levelno == logging.INFO
     assert "/healthz" in own.getMessage()

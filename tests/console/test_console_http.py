@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from queue_server.settings import Settings
+from tests.helpers import web
 from tests.helpers.api import Api, setup_tenant
 from tests.helpers.console import CSRF, KEY, form_value, sign_in
 from tests.helpers.items import dead_letter_of, quarantine
@@ -49,7 +50,7 @@ def test_operator_signs_in_with_an_httponly_strict_session_cookie(api: Api) -> N
 def test_session_cookie_is_secure_when_served_over_tls(api: Api) -> None:
     # uvicorn takes the scheme from X-Forwarded-Proto of a trusted (loopback) proxy.
     tls = {"X-Forwarded-Proto": "https"}
-    with httpx.Client(base_url=api.url, headers=tls) as client:
+    with web.client(base_url=api.url, headers=tls) as client:
         form = client.get("/console/sign-in")
         login = _set_cookie(form, "qs_console_login")
         assert "secure" in login.lower()
@@ -279,7 +280,7 @@ def test_a_cookie_used_after_sign_out_is_refused_everywhere(
     other = LiveServer(settings, database_url)
     other.start()
     try:
-        with httpx.Client(base_url=other.url) as elsewhere:
+        with web.client(base_url=other.url) as elsewhere:
             elsewhere.cookies.set("qs_console", cookie, domain="127.0.0.1", path="/console")
             assert elsewhere.get("/console/tenants/acme/queues").status_code == 303
     finally:

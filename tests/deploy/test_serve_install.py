@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.helpers import web
 from tests.helpers.fresh_env import (
     NOT_SOURCES,
     as_unprivileged,
@@ -156,7 +157,7 @@ def _wait_for_healthz(proc: subprocess.Popen[str], url: str, timeout: float) -> 
             out = proc.stdout.read() if proc.stdout else ""
             raise AssertionError(f"serve exited {proc.returncode}:\n{out}")
         try:
-            return httpx.get(f"{url}/healthz", timeout=5)
+            return web.get(f"{url}/healthz", timeout=5)
         except httpx.TransportError:
             time.sleep(0.2)
     raise AssertionError("serve did not answer /healthz")

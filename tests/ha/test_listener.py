@@ -9,13 +9,13 @@ import time
 import uuid
 from collections.abc import Iterator
 
-import httpx
 import psycopg
 import pytest
 from psycopg.rows import dict_row
 
 from queue_server.infra.embedded import EmbeddedPostgres
 from queue_server.settings import Settings
+from tests.helpers import web
 from tests.helpers.api import Api
 from tests.helpers.server import LiveServer
 
@@ -98,7 +98,7 @@ def test_without_its_session_acquires_poll_and_revocations_apply_then_it_listens
 
     # A key revoked elsewhere (its notification lost with the session) is refused at once.
     created = api.admin.post(f"/v1/tenants/{api.tenant}/keys", json={"role": "worker"}).json()
-    with httpx.Client(
+    with web.client(
         base_url=api.url, headers={"Authorization": f"Bearer {created['secret']}"}
     ) as key:
         assert key.get(f"/v1/tenants/{api.tenant}/queues").status_code == 200

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 
 from queue_server.infra.embedded import EmbeddedPostgres
+from tests.helpers import web
 
 BIN = Path(sys.executable).parent / "queue-server"
 
@@ -86,7 +87,7 @@ class Served:
             if self.proc.poll() is not None:
                 raise AssertionError(self.proc.stdout.read() if self.proc.stdout else "")
             try:
-                if httpx.get(f"{self.url}/readyz").status_code == 200:
+                if web.get(f"{self.url}/readyz").status_code == 200:
                     return self
             except httpx.TransportError:
                 pass
@@ -95,9 +96,7 @@ class Served:
 
     def admin(self) -> httpx.Client:
         key = (self.data_dir / "admin.key").read_text().strip()
-        return httpx.Client(
-            base_url=self.url, headers={"Authorization": f"Bearer {key}"}, timeout=30
-        )
+        return web.client(base_url=self.url, headers={"Authorization": f"Bearer {key}"}, timeout=30)
 
     def stop(self) -> str:
         """Ctrl-C, as a person stops it; its output."""

@@ -17,6 +17,7 @@ import psycopg
 import pytest
 
 from queue_server.settings import Settings
+from tests.helpers import web
 from tests.helpers.api import Api, setup_tenant
 from tests.helpers.items import dead_letter_of, quarantine, replay, sample, triage_lease
 from tests.helpers.server import make_admin_key
@@ -180,20 +181,20 @@ def test_every_worker_process_is_added_up_on_both_ports(
         while True:
             assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
             try:
-                if httpx.get(f"{base}/readyz").status_code == 200:
+                if web.get(f"{base}/readyz").status_code == 200:
                     break
             except httpx.TransportError:
                 pass
             assert time.monotonic() < deadline, "the server did not become ready"
             time.sleep(0.2)
         admin = {"Authorization": f"Bearer {admin_key}"}
-        assert httpx.put(f"{base}/v1/tenants/acme", json={"backlog_cap": 100}, headers=admin)
-        worker = httpx.post(f"{base}/v1/tenants/acme/keys", json={"role": "worker"}, headers=admin)
+        assert web.put(f"{base}/v1/tenants/acme", json={"backlog_cap": 100}, headers=admin)
+        worker = web.post(f"{base}/v1/tenants/acme/keys", json={"role": "worker"}, headers=admin)
         auth = {"Authorization": f"Bearer {worker.json()['secret']}"}
         sent = 24
         for i in range(sent):
             # A connection each: the two processes share the listening socket.
-            created = httpx.post(
+            created = web.post(
                 f"{base}/v1/tenants/acme/queues/q/items",
                 json={"payload": i},
                 headers={**auth, **_key()},
@@ -207,7 +208,7 @@ def test_every_worker_process_is_added_up_on_both_ports(
         while True:
             connected = [
                 line.rsplit(" ", 1)[1]
-                for line in httpx.get(listener).text.splitlines()
+                for line in web.get(listener).text.splitlines()
                 if line.startswith("queue_server_listener_connected{")
             ]
             if len(connected) == workers and set(connected) == {"1.0"}:
@@ -217,13 +218,13 @@ def test_every_worker_process_is_added_up_on_both_ports(
         # A request is counted just after its answer is sent: let the last one land.
         deadline = time.monotonic() + 10
         while (
-            sample(httpx.get(listener).text, "queue_server_requests_total", **route, status="201")
+            sample(web.get(listener).text, "queue_server_requests_total", **route, status="201")
             != sent
             and time.monotonic() < deadline
         ):
             time.sleep(0.1)
         for _ in range(4):
-            on_listener = httpx.get(listener).text
+            on_listener = web.get(listener).text
             assert sample(on_listener, "queue_server_requests_total", **route, status="201") == sent
             assert (
                 sample(
@@ -231,7 +232,7 @@ def test_every_worker_process_is_added_up_on_both_ports(
                 )
                 == sent
             )
-            on_api = httpx.get(f"{base}/metrics", headers=admin).text
+            on_api = web.get(f"{base}/metrics", headers=admin).text
             assert sample(on_api, "queue_server_requests_total", **route, status="201") == sent
         # The database's health is the admin's view, and the listener's.
         for scrape in (on_listener, on_api):
@@ -242,7 +243,7 @@ def test_every_worker_process_is_added_up_on_both_ports(
             assert (
                 sample(scrape, "queue_server_slo_objective", objective="api_availability") == 0.999
             )
-        assert httpx.get(f"{base}/metrics").status_code == 401
+        assert web.get(f"{base}/metrics").status_code == 401
     finally:
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)

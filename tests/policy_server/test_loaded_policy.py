@@ -27,6 +27,7 @@ from queue_server.policy import (
 )
 from queue_server.policy.v2 import OPERATION_RELIABILITY_V2
 from queue_server.settings import Settings
+from tests.helpers import web
 from tests.helpers.api import Api, policy_document
 
 BIN = Path(sys.executable).parent / "queue-server"
@@ -192,7 +193,7 @@ def test_serve_loads_a_policy_file_and_names_it_in_policy_readyz_and_its_log(
             assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
             assert time.monotonic() < deadline, "server did not become ready"
             try:
-                ready = httpx.get(f"http://127.0.0.1:{port}/readyz")
+                ready = web.get(f"http://127.0.0.1:{port}/readyz")
                 if ready.status_code == 200:
                     break
             except httpx.TransportError:
@@ -204,7 +205,7 @@ def test_serve_loads_a_policy_file_and_names_it_in_policy_readyz_and_its_log(
             "digest": expected.digest,
             "source": "file",
         }
-        served = httpx.get(f"http://127.0.0.1:{port}/v1/policy").json()
+        served = web.get(f"http://127.0.0.1:{port}/v1/policy").json()
         assert served["classes"]["durable-leased-work"]["deadline"]["seconds"] == 60
         assert served["loaded"]["digest"] == expected.digest
     finally:

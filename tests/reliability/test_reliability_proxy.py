@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from reliability.proxy import ProxyMode, TcpProxy
+from tests.helpers import web
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -205,7 +206,7 @@ def test_drop_after_reply_over_http_then_retry_succeeds(http_server: _HttpServer
     body = json.dumps({"payload": "x" * 2000}).encode()
     with (
         TcpProxy("127.0.0.1", http_server.port, lifetime=60) as proxy,
-        httpx.Client(base_url=proxy.url, timeout=3.0, trust_env=False) as client,
+        web.client(base_url=proxy.url, timeout=3.0, trust_env=False) as client,
     ):
         proxy.set_mode(ProxyMode.DROP_AFTER_REPLY)
         with pytest.raises(httpx.TransportError):
@@ -243,7 +244,7 @@ def test_reset_aborts_active_connections(proxy: TcpProxy) -> None:
 def test_reset_over_http_is_a_connection_error(http_server: _HttpServer) -> None:
     with (
         TcpProxy("127.0.0.1", http_server.port, lifetime=60) as proxy,
-        httpx.Client(base_url=proxy.url, timeout=3.0, trust_env=False) as client,
+        web.client(base_url=proxy.url, timeout=3.0, trust_env=False) as client,
     ):
         proxy.set_mode(ProxyMode.RESET)
         with pytest.raises(httpx.TransportError):
@@ -279,7 +280,7 @@ def test_blackhole_swallows_replies_of_active_connections(
 def test_blackhole_over_http_times_out(http_server: _HttpServer) -> None:
     with (
         TcpProxy("127.0.0.1", http_server.port, mode="blackhole", lifetime=60) as proxy,
-        httpx.Client(base_url=proxy.url, timeout=0.5, trust_env=False) as client,
+        web.client(base_url=proxy.url, timeout=0.5, trust_env=False) as client,
         pytest.raises(httpx.ReadTimeout),
     ):
         client.post("/items", content=b"{}")

@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from queue_server.settings import Settings
+from tests.helpers import web
 from tests.helpers.api import client_for
 from tests.helpers.schedules import Db
 from tests.helpers.server import make_admin_key
@@ -61,7 +62,7 @@ class ApiProcess:
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, "the API process exited"
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                if web.get(f"{self.url}/readyz", timeout=2).status_code == 200:
                     return
             except httpx.TransportError:
                 pass
@@ -132,7 +133,7 @@ def _consecutive_seconds(ticks: list[datetime]) -> bool:
 
 
 def _fires_metric(url: str, key: str) -> float:
-    text = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {key}"}).text
+    text = web.get(f"{url}/metrics", headers={"Authorization": f"Bearer {key}"}).text
     return sum(
         float(line.split()[-1])
         for line in text.splitlines()

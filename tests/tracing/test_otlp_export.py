@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.helpers import web
 from tests.helpers.api import setup_tenant
 from tests.helpers.otlp import ReceivedSpan, otlp_receiver
 from tests.helpers.serving import cmdline, parent, process_tree
@@ -79,7 +80,7 @@ def serve(database_url: str, tmp_path: Path) -> Iterator[object]:
         while True:
             assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
             try:
-                if httpx.get(f"{url}/readyz").status_code == 200:
+                if web.get(f"{url}/readyz").status_code == 200:
                     break
             except httpx.TransportError:
                 pass
@@ -112,7 +113,7 @@ def test_the_server_exports_spans_of_the_enqueue_acquire_and_complete(serve: obj
                 "OTEL_SERVICE_NAME": "queue-server-under-test",
             }
         )
-        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin_key}"}) as admin:
+        with web.client(base_url=url, headers={"Authorization": f"Bearer {admin_key}"}) as admin:
             api = setup_tenant(url, admin, "acme")
         parents = iter(f"{n:016x}" for n in range(1, 10))
 
@@ -195,7 +196,7 @@ def test_the_server_exports_spans_of_the_enqueue_acquire_and_complete(serve: obj
 @pytest.mark.slow
 def test_without_an_endpoint_no_process_loads_the_tracing_stack(serve: object) -> None:
     url, _, proc = serve({})  # type: ignore[operator]
-    assert httpx.get(f"{url}/healthz").status_code == 200
+    assert web.get(f"{url}/healthz").status_code == 200
     served = process_tree(proc.pid)
     assert len(_serving(served)) == 2
     for pid in served:
