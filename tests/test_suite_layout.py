@@ -159,9 +159,9 @@ def tls_loading_calls(source: str) -> list[int]:
         if not (isinstance(owner, ast.Name) and owner.id == "httpx"):
             continue
         given = {keyword.arg for keyword in node.keywords}
-        if name in ONE_OFF_CALLS and "verify" not in given:
-            lines.append(node.lineno)
-        elif name in {"Client", "AsyncClient"} and not given & {"verify", "transport"}:
+        own_context = name in ONE_OFF_CALLS and "verify" not in given
+        own_client = name in {"Client", "AsyncClient"} and not given & {"verify", "transport"}
+        if own_context or own_client:
             lines.append(node.lineno)
     return lines
 
