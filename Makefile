@@ -100,8 +100,8 @@ contract: $(STAMP) ## Prove each policy binding: its test passes as it is and fa
 LINT_LOG := .test-results/lint.log
 
 test: $(STAMP) browser promtool ## Lint beside the whole test suite, then the policy contract (on what the suite passed)
-	@mkdir -p $(dir $(LINT_LOG))
-	@$(MAKE) --no-print-directory lint > $(LINT_LOG) 2>&1 & linting=$$!; \
+	@mkdir -p $(dir $(LINT_LOG)); \
+	$(MAKE) --no-print-directory lint > $(LINT_LOG) 2>&1 & linting=$$!; \
 	$(MAKE) --no-print-directory unit; suite=$$?; \
 	wait $$linting; lint=$$?; \
 	echo "--- make lint"; cat $(LINT_LOG); \
