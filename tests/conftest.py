@@ -166,10 +166,7 @@ def db(database_url: str) -> Iterator[psycopg.Connection[dict[str, object]]]:
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    """A test's server: one pooled connection opened at start, not the default four (a test
-    that needs more grows the pool to its maximum); a backend's start is most of what a
-    short test costs the database."""
-    return Settings(data_dir=tmp_path, poll_interval=0.2, lock_timeout_ms=2000, pool_min_size=1)
+    return Settings(data_dir=tmp_path, poll_interval=0.2, lock_timeout_ms=2000)
 
 
 @pytest.fixture
