@@ -66,7 +66,6 @@ def _run_installed(target: Path, *args: str) -> str:
     return done.stdout
 
 
-@pytest.mark.slow
 def test_install_yields_exactly_one_top_level_package(installed: Path) -> None:
     # `bin/` holds the console script; everything importable is queue_server, a namespace
     # package (no __init__.py) that both distributions share.

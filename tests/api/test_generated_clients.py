@@ -178,7 +178,6 @@ def test_a_python_client_generated_from_the_document_runs_the_walk_through(
     _check(api, json.loads(out))
 
 
-@pytest.mark.slow
 def test_typescript_types_generated_from_the_document_check_strictly_and_run(
     api: Api, tmp_path: Path
 ) -> None:

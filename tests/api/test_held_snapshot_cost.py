@@ -109,7 +109,6 @@ async def forty_and_an_acquire(conn: psycopg.AsyncConnection[Any]) -> None:
 
 
 @pytest.mark.parametrize("kind", ["plain", "rate-limit-per-key", "fair-between-50-keys"])
-@pytest.mark.slow
 def test_an_acquire_under_a_held_snapshot_costs_the_same_after_twenty_times_the_history(
     api: Api, database_url: str, kind: str
 ) -> None:
@@ -180,7 +179,6 @@ def _figures_buffers(conn: psycopg.Connection[Any], cursor: cursors.Cursor) -> i
     return int(top["Shared Hit Blocks"]) + int(top["Shared Read Blocks"])
 
 
-@pytest.mark.slow
 def test_a_queues_figures_under_a_held_snapshot_cost_the_same_after_twenty_times_the_history(
     api: Api, database_url: str
 ) -> None:

@@ -215,7 +215,6 @@ def _fixtures(api: Api, db: psycopg.Connection[dict[str, Any]]) -> dict[str, str
     }
 
 
-@pytest.mark.slow
 def test_hostile_text_anywhere_in_any_route_never_gets_a_5xx(
     api: Api, db: psycopg.Connection[dict[str, Any]]
 ) -> None:

@@ -11,7 +11,6 @@ import uuid
 from typing import Any
 
 import httpx
-import pytest
 
 from tests.helpers.api import Api
 from tests.helpers.console import sign_in
@@ -101,7 +100,6 @@ def test_the_concurrency_may_be_set_to_the_approved_limit_itself(api: Api) -> No
     assert set_concurrency(api.operator, 4).status_code == 422
 
 
-@pytest.mark.slow
 def test_the_queue_setting_is_held_to_an_approval_that_lapses(api: Api) -> None:
     for n in range(4):
         api.enqueue(payload=n)
@@ -151,7 +149,6 @@ def test_the_queue_setting_is_held_to_an_approval_that_lapses(api: Api) -> None:
     assert len(events(api, "approval-expired")) == 1
 
 
-@pytest.mark.slow
 def test_an_approval_far_from_its_expiry_is_not_expiring_and_a_revoked_one_is_not_ledgered(
     api: Api,
 ) -> None:

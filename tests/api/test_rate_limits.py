@@ -78,7 +78,6 @@ def busiest(times: list[datetime], per: float) -> int:
 
 
 @pytest.mark.live
-@pytest.mark.slow
 def test_four_worker_processes_get_the_rate_and_never_more(api: Api, db: Db) -> None:
     api.approve("q", 50)  # concurrency is not what holds them back
     put = put_rate(api, limit=20, per=1.0)

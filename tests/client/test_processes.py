@@ -47,7 +47,6 @@ def _fill(api: Api, n: int) -> None:
         assert response.status_code == 201, response.text
 
 
-@pytest.mark.slow
 def test_two_worker_processes_drain_a_queue_and_handle_each_item_once(api: Api, db: Db) -> None:
     api.approve("q", 100)
     _fill(api, ITEMS)

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-import pytest
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
@@ -141,7 +140,6 @@ def _states(db: Db) -> dict[tuple[str, str], int]:
     return {(str(r["queue"]), str(r["state"])): int(str(r["n"])) for r in rows}
 
 
-@pytest.mark.slow
 def test_racing_transitions_and_folds_leave_figures_equal_to_the_items_states(
     api: Api, db: Db, database_url: str
 ) -> None:
@@ -387,7 +385,6 @@ def _admission(n: int) -> dict[str, object]:
     }
 
 
-@pytest.mark.slow
 def test_under_a_held_snapshot_reading_the_figures_and_the_backlog_does_not_grow_with_work(
     db: Db, database_url: str
 ) -> None:

@@ -39,7 +39,6 @@ def _until(check: object, seconds: float) -> float | None:
     return None
 
 
-@pytest.mark.slow
 def test_a_half_open_listener_stops_vouching_for_cached_keys_within_the_trust_window(
     pg: EmbeddedPostgres, database_url: str, proxy: TcpProxy, tmp_path: Path
 ) -> None:

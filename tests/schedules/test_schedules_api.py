@@ -231,7 +231,6 @@ def test_trigger_at_the_backlog_cap_is_a_429_and_enqueues_nothing(api: Api, db: 
     )
 
 
-@pytest.mark.slow
 def test_the_loop_fires_each_second_pause_stops_it_and_resume_starts_after_now(
     api: Api, db: Db
 ) -> None:

@@ -238,7 +238,6 @@ def _probe(source: str, env: dict[str, str], tmp_path: Path) -> object:
     return json.loads(done.stdout)
 
 
-@pytest.mark.slow
 def test_without_an_endpoint_the_app_has_no_tracing_middleware_and_imports(
     tmp_path: Path,
 ) -> None:

@@ -88,7 +88,6 @@ CAP = 50
 RACERS = 24
 
 
-@pytest.mark.slow
 def test_racing_admissions_commits_rollbacks_and_releases_keep_the_cap_exact(
     api: Api, db: Db, roles: Roles
 ) -> None:

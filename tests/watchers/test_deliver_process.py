@@ -99,7 +99,6 @@ def _cli(live_url: str, key: str, *args: str) -> Any:
     return json.loads(done.stdout)
 
 
-@pytest.mark.slow
 def test_cli_walkthrough_register_deliver_fail_dead_letter_replay(
     api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
 ) -> None:
