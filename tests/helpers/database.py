@@ -1,11 +1,9 @@
-"""The suite's own PostgreSQL: logins that cost less CPU; each test's database made and dropped; a
-snapshot held as a pg_dump holds it."""
+"""The suite's own PostgreSQL: logins that cost less CPU; a snapshot held as a pg_dump holds it."""
 
 from __future__ import annotations
 
 import contextlib
 import time
-import uuid
 from collections.abc import Iterator
 
 import psycopg
@@ -37,44 +35,3 @@ def held_snapshot(database_url: str) -> Iterator[float]:
         other.execute("SELECT count(*) FROM work_items")
         yield began
         other.rollback()
-
-
-class Databases:
-    """Creates each test's database from the template and drops it, over one connection to
-    the server kept for the session: a connection per CREATE and per DROP (as
-    pytest-postgresql's janitor makes) was two backends' starts a test."""
-
-    def __init__(self, pg: EmbeddedPostgres, template: str) -> None:
-        self.pg = pg
-        self.template = template
-        self.conn: psycopg.Connection[tuple[object, ...]] | None = None
-
-    def _admin(self) -> psycopg.Connection[tuple[object, ...]]:
-        if self.conn is None or self.conn.closed or self.conn.broken:
-            self.conn = psycopg.connect(self.pg.url(), autocommit=True)
-        return self.conn
-
-    def create(self) -> str:
-        name = f"t_{uuid.uuid4().hex[:12]}"
-        admin = self._admin()
-        # Nobody may be connected to a template that is copied.
-        admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
-            (self.template,),
-        )
-        admin.execute(
-            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-                sql.Identifier(name), sql.Identifier(self.template)
-            )
-        )
-        return name
-
-    def drop(self, name: str) -> None:
-        # FORCE ends the sessions a test left open; a new one waits on the DROP, then fails.
-        self._admin().execute(
-            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-        )
-
-    def close(self) -> None:
-        if self.conn is not None:
-            self.conn.close()
