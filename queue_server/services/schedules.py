@@ -137,7 +137,9 @@ class Schedules:
         async def operation(conn: Conn) -> Answer:
             await require_tenant(conn, tenant)
             current = await schedules.get_schedule(conn, tenant=tenant, name=name, lock=True)
-            now = current["now"] if current else await schedules.now(conn)
+            # The change's instant, read once the row is held: the cursor restarts after it
+            # and it is the schedule's `updated_at`, so no next fire shown is before the change.
+            now = await schedules.now(conn)
             restart = (
                 current is None
                 or timing_of(current) != timing
@@ -145,7 +147,13 @@ class Schedules:
             )
             next_tick = timing.after(now) if restart or current is None else current["next_tick_at"]
             row = await schedules.put_schedule(
-                conn, tenant=tenant, name=name, fields=fields, next_tick=next_tick, new=not current
+                conn,
+                tenant=tenant,
+                name=name,
+                fields=fields,
+                next_tick=next_tick,
+                new=not current,
+                at=now,
             )
             if current is not None and restart:
                 await schedules.drop_refused(
@@ -219,9 +227,12 @@ class Schedules:
             current = await self._schedule(conn, tenant, name, lock=True)
             if current["paused"] == pause:
                 return Answer.of(200, schedule_view(current))
-            next_tick = None if pause else timing_of(current).after(current["now"])
+            # The change's instant, read once the row is held (a pass holding it has
+            # committed): the first tick after it, and the schedule's `updated_at`.
+            now = await schedules.now(conn)
+            next_tick = None if pause else timing_of(current).after(now)
             row = await schedules.set_paused(
-                conn, tenant=tenant, name=name, paused=pause, next_tick=next_tick
+                conn, tenant=tenant, name=name, paused=pause, next_tick=next_tick, at=now
             )
             assert row is not None
             if next_tick is not None:

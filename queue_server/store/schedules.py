@@ -42,12 +42,22 @@ _FIELDS = (
 
 
 async def put_schedule(
-    conn: Conn, *, tenant: str, name: str, fields: dict[str, Any], next_tick: datetime, new: bool
+    conn: Conn,
+    *,
+    tenant: str,
+    name: str,
+    fields: dict[str, Any],
+    next_tick: datetime,
+    new: bool,
+    at: datetime,
 ) -> Row:
     """Create the schedule (`new`), or replace its settings; `next_tick` is the cursor
-    (an unchanged cursor keeps a pending retry's `due_at`)."""
+    (an unchanged cursor keeps a pending retry's `due_at`), `at` the instant of the change
+    (its `updated_at`, the instant the cursor was reckoned from)."""
     params = {name_: fields[name_] for name_ in _FIELDS}
-    params.update(tenant=tenant, name=name, next_tick=next_tick, payload=Jsonb(fields["payload"]))
+    params.update(
+        tenant=tenant, name=name, next_tick=next_tick, at=at, payload=Jsonb(fields["payload"])
+    )
     row = await fetch_one(conn, _SQL["insert_schedule"] if new else _SQL["update_schedule"], params)
     assert row is not None
     return row
@@ -78,10 +88,11 @@ async def delete_schedule(conn: Conn, *, tenant: str, name: str) -> bool:
 
 
 async def set_paused(
-    conn: Conn, *, tenant: str, name: str, paused: bool, next_tick: datetime | None
+    conn: Conn, *, tenant: str, name: str, paused: bool, next_tick: datetime | None, at: datetime
 ) -> Row | None:
-    """Pause, or resume from `next_tick` (the ticks of the pause are not due)."""
-    params = {"tenant": tenant, "name": name, "paused": paused, "next_tick": next_tick}
+    """Pause, or resume from `next_tick` (the ticks of the pause are not due); `at` is the
+    instant of the change, its `updated_at`."""
+    params = {"tenant": tenant, "name": name, "paused": paused, "next_tick": next_tick, "at": at}
     return await fetch_one(conn, _SQL["set_paused"], params)
 
 

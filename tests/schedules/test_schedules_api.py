@@ -4,6 +4,7 @@ roles and tenant isolation, validation, idempotency; a real server and its sched
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 import uuid
 from datetime import datetime
@@ -229,6 +230,36 @@ def test_trigger_at_the_backlog_cap_is_a_429_and_enqueues_nothing(api: Api, db: 
     assert 'queue_server_schedule_refusals_total{schedule="s",tenant="acme"} 1.0' in (
         api.admin.get("/metrics").text
     )
+
+
+@pytest.mark.parametrize("change", ["resume", "put"])
+def test_a_change_that_waited_for_the_schedule_row_starts_after_the_moment_it_went_through(
+    api: Api, database_url: str, change: str
+) -> None:
+    """A resume, or a put that restarts the cursor, waiting on a held row (a scheduler pass,
+    another change) reckons its first tick from when it got the row: the next fire it shows
+    is after its `updated_at`, not a tick that went by while it waited."""
+    assert put(api.operator, "tick", queue="ticks", every=1, paused=True).status_code == 201
+    answers: list[httpx.Response] = []
+    with psycopg.connect(database_url) as holder:
+        holder.execute("SELECT 1 FROM schedules WHERE name = 'tick' FOR UPDATE")
+        if change == "resume":
+            waiter = threading.Thread(
+                target=lambda: answers.append(act(api.operator, "tick", "resume"))
+            )
+        else:
+            waiter = threading.Thread(
+                target=lambda: answers.append(put(api.operator, "tick", queue="ticks", every=1))
+            )
+        waiter.start()
+        time.sleep(1.3)  # past a whole second: a tick goes by while the change waits
+        holder.rollback()
+    waiter.join(timeout=10)
+    assert len(answers) == 1, "the change did not answer"
+    assert answers[0].status_code == 200, answers[0].text
+    body = answers[0].json()
+    assert body["paused"] is False
+    assert _times(body["next_fires"])[0] > _times([body["updated_at"]])[0]
 
 
 def test_the_loop_fires_each_second_pause_stops_it_and_resume_starts_after_now(

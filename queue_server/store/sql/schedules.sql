@@ -9,7 +9,7 @@ INSERT INTO schedules (tenant_id, name, schedule_id, queue, payload, priority, m
 VALUES (%(tenant)s, %(name)s, gen_random_uuid(), %(queue)s, %(payload)s, %(priority)s,
         %(max_acquisitions)s, %(cron)s, %(every_seconds)s, %(timezone)s, %(catch_up)s,
         %(catch_up_limit)s, %(paused)s, %(next_tick)s, %(next_tick)s,
-        statement_timestamp(), statement_timestamp(), %(traceparent)s, %(tracestate)s)
+        %(at)s, %(at)s, %(traceparent)s, %(tracestate)s)
 RETURNING *;
 
 -- name: update_schedule
@@ -19,7 +19,7 @@ SET queue = %(queue)s, payload = %(payload)s, priority = %(priority)s,
     timezone = %(timezone)s, catch_up = %(catch_up)s, catch_up_limit = %(catch_up_limit)s,
     paused = %(paused)s, next_tick_at = %(next_tick)s,
     due_at = CASE WHEN next_tick_at = %(next_tick)s THEN due_at ELSE %(next_tick)s END,
-    updated_at = statement_timestamp(),
+    updated_at = %(at)s,
     -- The latest put's trace context: the fires from now on belong to its trace.
     traceparent = %(traceparent)s, tracestate = %(tracestate)s
 WHERE tenant_id = %(tenant)s AND name = %(name)s
@@ -47,7 +47,7 @@ UPDATE schedules
 SET paused = %(paused)s,
     next_tick_at = coalesce(%(next_tick)s, next_tick_at),
     due_at = coalesce(%(next_tick)s, due_at),
-    updated_at = statement_timestamp()
+    updated_at = %(at)s
 WHERE tenant_id = %(tenant)s AND name = %(name)s
 RETURNING *, statement_timestamp() AS now;
 
