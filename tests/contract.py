@@ -232,12 +232,29 @@ def passed_in(results: Path) -> Proof:
     return Proof(None, tuple(sorted(passed | failed)), frozenset(failed), frozenset(passed), 0, "")
 
 
+def durations_in(results: Path) -> dict[str, float]:
+    """Each test's seconds in a run of the suite (its JUnit XML), its parameters added up."""
+    from xml.etree import ElementTree
+
+    seconds: dict[str, float] = {}
+    for case in ElementTree.parse(results).getroot().iter("testcase"):
+        module = case.get("classname", "").replace(".", "/") + ".py"
+        test = f"{module}::{case.get('name', '').split('[', 1)[0]}"
+        seconds[test] = seconds.get(test, 0.0) + float(case.get("time") or 0)
+    return seconds
+
+
 def plan(
-    pairs: Sequence[tuple[str, str, str]], chunks: int, known: Proof | None = None
+    pairs: Sequence[tuple[str, str, str]],
+    chunks: int,
+    known: Proof | None = None,
+    durations: dict[str, float] | None = None,
 ) -> list[Run]:
     """The unweakened runs of every bound test (in `chunks` processes), then one run per
     weakening with its tests. The unweakened runs go first: they hold the most tests.
-    A test whose unweakened outcome is `known` (`passed_in`) is not run unweakened again."""
+    A test whose unweakened outcome is `known` (`passed_in`) is not run unweakened again.
+    With the tests' `durations` (`durations_in`), the weakenings whose tests took longest
+    go first: a proof of ten seconds started last would run on alone at the end."""
     tests = [
         test
         for test in dict.fromkeys(test for _, test, _ in pairs)
@@ -253,7 +270,10 @@ def plan(
         groups.setdefault(name, [])
         if test not in groups[name]:
             groups[name].append(test)
-    return runs + [Run(name, name, tuple(group)) for name, group in groups.items()]
+    weakened = [Run(name, name, tuple(group)) for name, group in groups.items()]
+    if durations:
+        weakened.sort(key=lambda run: -sum(durations.get(test, 0.0) for test in run.tests))
+    return runs + weakened
 
 
 @dataclass(frozen=True)
@@ -380,7 +400,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return env if own else shared
 
         known = passed_in(args.passed_in) if args.passed_in else None
-        proofs = prove_all(plan(pairs, jobs, known), env_of, jobs, root)
+        durations = durations_in(args.passed_in) if args.passed_in else None
+        proofs = prove_all(plan(pairs, jobs, known, durations), env_of, jobs, root)
         if known is not None:
             proofs[f"{BASELINE}suite"] = known
     finally:

@@ -93,3 +93,36 @@ def test_the_suites_results_stand_for_the_unweakened_runs_and_a_failure_there_is
     assert words["example: proves"] == ("ERROR", f"test {policys} fails unweakened")
     assert words["example: fails unweakened"] == ("ERROR", f"test {lifted} fails unweakened")
     assert words["example: survives"][0] == "MISSED"
+
+
+def test_the_weakenings_whose_tests_took_longest_in_the_suite_are_proven_first(
+    tmp_path: Path,
+) -> None:
+    """The four proofs of ten seconds were last in the registry and ran on alone at the end
+    of `make test`: planned by their tests' times in the suite's results, they start first."""
+    from tests.contract import durations_in, plan
+
+    here = "tests.policy_proof.examples"
+    results = tmp_path / "unit.xml"
+    results.write_text(
+        "<testsuites><testsuite>"
+        f'<testcase classname="{here}" name="test_the_attempt_cap_is_the_policys[a]" time="0.5" />'
+        f'<testcase classname="{here}" name="test_the_attempt_cap_is_the_policys[b]" time="0.25" />'
+        f'<testcase classname="{here}" name="test_the_attempt_cap_is_lifted" time="0.1" />'
+        f'<testcase classname="{here}" name="test_unrelated_to_the_cap" time="9.0" />'
+        "</testsuite></testsuites>"
+    )
+    durations = durations_in(results)
+    assert durations[f"{here.replace('.', '/')}.py::test_the_attempt_cap_is_the_policys"] == 0.75
+    pairs = [
+        ("short", "tests/policy_proof/examples.py::test_the_attempt_cap_is_lifted", "short"),
+        ("long", "tests/policy_proof/examples.py::test_unrelated_to_the_cap", "long"),
+        ("middle", "tests/policy_proof/examples.py::test_the_attempt_cap_is_the_policys", "mid"),
+    ]
+    assert [run.weakening for run in plan(pairs, 1, None, durations)][1:] == [
+        "long",
+        "mid",
+        "short",
+    ]
+    # Without the suite's times, the registry's order.
+    assert [run.weakening for run in plan(pairs, 1)][1:] == ["short", "long", "mid"]
