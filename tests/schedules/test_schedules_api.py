@@ -234,7 +234,7 @@ def test_trigger_at_the_backlog_cap_is_a_429_and_enqueues_nothing(api: Api, db: 
 
 @pytest.mark.parametrize("change", ["resume", "put"])
 def test_a_change_that_waited_for_the_schedule_row_starts_after_the_moment_it_went_through(
-    api: Api, database_url: str, change: str
+    api: Api, db: Db, database_url: str, change: str
 ) -> None:
     """A resume, or a put that restarts the cursor, waiting on a held row (a scheduler pass,
     another change) reckons its first tick from when it got the row: the next fire it shows
@@ -252,7 +252,14 @@ def test_a_change_that_waited_for_the_schedule_row_starts_after_the_moment_it_we
                 target=lambda: answers.append(put(api.operator, "tick", queue="ticks", every=1))
             )
         waiter.start()
-        time.sleep(1.3)  # past a whole second: a tick goes by while the change waits
+        deadline = time.monotonic() + 10
+        while not db.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE datname = current_database()"
+            " AND wait_event_type = 'Lock' AND query LIKE '%%FROM schedules%%'"
+        ).fetchone():
+            assert time.monotonic() < deadline, "the change never waited for the row"
+            time.sleep(0.02)
+        time.sleep(1.1)  # past a whole second: a tick goes by while the change waits
         holder.rollback()
     waiter.join(timeout=10)
     assert len(answers) == 1, "the change did not answer"
