@@ -24,9 +24,10 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from queue_server.infra.embedded import EmbeddedPostgres
 from tests.helpers.database import fast_logins
@@ -214,19 +215,24 @@ def prove_all(
     return proofs
 
 
+def _cases(results: Path) -> Iterator[tuple[str, Any]]:
+    """Each test case of a run's JUnit XML: the test it is a parameter of, and its element."""
+    from xml.etree import ElementTree
+
+    for case in ElementTree.parse(results).getroot().iter("testcase"):
+        module = case.get("classname", "").replace(".", "/") + ".py"
+        yield f"{module}::{case.get('name', '').split('[', 1)[0]}", case
+
+
 def passed_in(results: Path) -> Proof:
     """The unweakened runtime's proof, read from a run of the suite that just ran on it
     (`make test` runs the suite, then this: its JUnit XML), rather than run again: a test
     holds when every parameter of it passed there, and fails unweakened when one did not
     (failed, errored or skipped). `plan` runs unweakened here only the bound tests the run
     did not have."""
-    from xml.etree import ElementTree
-
     passed: set[str] = set()
     failed: set[str] = set()
-    for case in ElementTree.parse(results).getroot().iter("testcase"):
-        module = case.get("classname", "").replace(".", "/") + ".py"
-        test = f"{module}::{case.get('name', '').split('[', 1)[0]}"
+    for test, case in _cases(results):
         outcome = {child.tag for child in case} & {"failure", "error", "skipped"}
         (failed if outcome else passed).add(test)
     return Proof(None, tuple(sorted(passed | failed)), frozenset(failed), frozenset(passed), 0, "")
@@ -234,12 +240,8 @@ def passed_in(results: Path) -> Proof:
 
 def durations_in(results: Path) -> dict[str, float]:
     """Each test's seconds in a run of the suite (its JUnit XML), its parameters added up."""
-    from xml.etree import ElementTree
-
     seconds: dict[str, float] = {}
-    for case in ElementTree.parse(results).getroot().iter("testcase"):
-        module = case.get("classname", "").replace(".", "/") + ".py"
-        test = f"{module}::{case.get('name', '').split('[', 1)[0]}"
+    for test, case in _cases(results):
         seconds[test] = seconds.get(test, 0.0) + float(case.get("time") or 0)
     return seconds
 
