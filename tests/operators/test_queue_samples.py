@@ -168,8 +168,12 @@ def test_the_day_keeps_each_quarter_hours_last_sample_and_prunes_past_the_day(
     now = clock_clear_of_the_grid(db, lag=timedelta(minutes=1))
     minutes = [44, 40, 33, 31, 29, 22, 16, 14, 9, 3, 0.5]
     times = [now - timedelta(minutes=m) for m in minutes]
-    for n, t in enumerate(times):
-        _insert(db, "queue_samples", "roll", t, n, n)
+    # In one transaction: the server's own sweeper, running meanwhile, sees all of these
+    # back-dated samples or none (one committed late into a bucket it had copied would be
+    # copied too; a real sample is never that late).
+    with db.transaction():
+        for n, t in enumerate(times):
+            _insert(db, "queue_samples", "roll", t, n, n)
     # The sweeper's minute round: the day's samples first, then both prunes (again while
     # the server's own sweeper holds the lock).
     for _ in range(20):
