@@ -10,7 +10,6 @@ import os
 import shutil
 import socket
 import tempfile
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from queue_server.infra import migrate
 from queue_server.infra.embedded import EmbeddedPostgres
 from queue_server.settings import Settings
 from tests.helpers.api import Api, client_for, setup_tenant
-from tests.helpers.database import fast_logins
+from tests.helpers.database import Clones, fast_logins
 from tests.helpers.scratch import use_scratch_dir
 from tests.helpers.server import InProcessServer, LiveServer, make_admin_key
 
@@ -142,18 +141,16 @@ def template_db(pg: EmbeddedPostgres) -> Iterator[str]:
         janitor.drop()
 
 
+@pytest.fixture(scope="session")
+def clones(pg: EmbeddedPostgres, template_db: str) -> Iterator[Clones]:
+    clones = Clones(pg, template_db)
+    yield clones
+    clones.close()
+
+
 @pytest.fixture
-def database_url(pg: EmbeddedPostgres, template_db: str) -> Iterator[str]:
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    with DatabaseJanitor(
-        user="postgres",
-        password=pg.password,
-        host=str(pg.socket_dir),
-        port=pg.port,
-        dbname=name,
-        template_dbname=template_db,
-        version=18,
-    ):
+def database_url(pg: EmbeddedPostgres, clones: Clones) -> Iterator[str]:
+    with clones.clone() as name:
         yield pg.url(name)
 
 
