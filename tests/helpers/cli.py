@@ -24,6 +24,7 @@ from tests.helpers.api import Api
 
 BIN = Path(sys.executable).parent / "queue-server"
 FORKS = Path(__file__).with_name("cli_forks.py")
+RELAY = Path(__file__).with_name("cli_relay.py")
 
 
 class CliForks:
@@ -49,6 +50,21 @@ class CliForks:
         assert self.proc.stdout is not None
         ready = self.proc.stdout.readline()
         assert ready == b"ready\n", f"the CLI's fork server did not start: {ready!r}"
+
+    def relay_dir(self) -> str:
+        """A directory with a `queue-server` that has this server fork the command
+        (tests/helpers/cli_relay.py): for a shell's PATH, ahead of .venv/bin."""
+        bin_dir = os.path.join(self.dir, "bin")
+        script = os.path.join(bin_dir, "queue-server")
+        if not os.path.exists(script):
+            os.makedirs(bin_dir, exist_ok=True)
+            with open(script + ".new", "w") as handle:
+                handle.write(
+                    f'#!/bin/sh\nexec "{sys.executable}" -I -S "{RELAY}" "{self.path}" "{BIN}" "$@"\n'
+                )
+            os.chmod(script + ".new", 0o755)
+            os.replace(script + ".new", script)
+        return bin_dir
 
     def run(
         self, argv: list[str], env: dict[str, str], cwd: Path, input: str | None, timeout: float

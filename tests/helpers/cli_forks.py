@@ -10,7 +10,9 @@ COLUMNS and NO_COLOR) comes from the command's environment.
 Started by tests/helpers/cli.py as `python cli_forks.py SOCKET BIN`; not imported. Each
 connection (a SOCK_SEQPACKET socket) asks for one command: a JSON message with its argv,
 env and cwd, and its stdin, stdout and stderr as descriptors. The answers: the child's
-pid, then its exit status as `subprocess` reports it (-N for a signal).
+pid, then its exit status as `subprocess` reports it (-N for a signal). A connection
+closed before that kills the child. The guides' shells reach it through
+tests/helpers/cli_relay.py, their `queue-server`.
 """
 
 import os
@@ -24,6 +26,7 @@ import contextlib  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
 import selectors  # noqa: E402
+import signal  # noqa: E402
 import socket  # noqa: E402
 from typing import Any, NoReturn  # noqa: E402
 
@@ -114,10 +117,23 @@ def serve(path: str) -> None:
                 pidfd = os.pidfd_open(pid)
                 waiting[pidfd] = (pid, conn)
                 selector.register(pidfd, selectors.EVENT_READ)
+                # The requester sends nothing more: its connection reads only when it is gone.
+                selector.register(conn, selectors.EVENT_READ, pid)
+            elif key.data is not None:
+                # The requester went before its command ended (a relay killed outright):
+                # the command goes too, as the relay's process would have.
+                try:
+                    selector.unregister(key.fileobj)
+                except (KeyError, ValueError):
+                    continue  # its command's end, earlier in this round, answered it
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(key.data, signal.SIGKILL)
             else:
                 pidfd = int(key.fd)
                 pid, conn = waiting.pop(pidfd)
                 selector.unregister(pidfd)
+                with contextlib.suppress(KeyError):
+                    selector.unregister(conn)
                 os.close(pidfd)
                 _, status = os.waitpid(pid, 0)
                 with contextlib.suppress(OSError):  # the test stopped waiting (its timeout)

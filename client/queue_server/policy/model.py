@@ -97,7 +97,11 @@ class Cell(BaseModel):
     """One cell of the matrix; JSON keys are kebab-case and unknown keys are errors."""
 
     model_config = ConfigDict(
-        frozen=True, extra="forbid", alias_generator=_kebab, populate_by_name=True
+        frozen=True,
+        extra="forbid",
+        alias_generator=_kebab,
+        populate_by_name=True,
+        defer_build=True,
     )
 
 
@@ -290,7 +294,11 @@ class ClassPolicy(BaseModel):
     """The ten cells of one operation class."""
 
     model_config = ConfigDict(
-        frozen=True, extra="forbid", alias_generator=_kebab, populate_by_name=True
+        frozen=True,
+        extra="forbid",
+        alias_generator=_kebab,
+        populate_by_name=True,
+        defer_build=True,
     )
 
     deadline: Deadline
