@@ -215,6 +215,45 @@ def prove_all(
     return proofs
 
 
+def save_proofs(proofs: dict[str, Proof], path: Path) -> None:
+    """The proofs as JSON, for a later run's `--proofs-from`; written whole or not at all."""
+    rows = [
+        {
+            "key": key,
+            "weakening": p.weakening,
+            "tests": list(p.tests),
+            "failed": sorted(p.failed),
+            "passed": sorted(p.passed),
+            "seconds": p.seconds,
+            "output": p.output,
+        }
+        for key, p in proofs.items()
+    ]
+    staged = path.with_name(path.name + ".new")
+    staged.write_text(json.dumps(rows))
+    staged.replace(path)
+
+
+def load_proofs(path: Path, runs: Sequence[Run]) -> dict[str, Proof]:
+    """The saved proofs of these runs: a run's proof counts only if it ran the same tests
+    under the same weakening (a file from another tree's bindings proves nothing here)."""
+    wanted = {run.key: run for run in runs}
+    proofs = {}
+    for row in json.loads(path.read_text()):
+        run = wanted.get(row["key"])
+        if run is None or (run.weakening, run.tests) != (row["weakening"], tuple(row["tests"])):
+            continue
+        proofs[run.key] = Proof(
+            run.weakening,
+            run.tests,
+            frozenset(row["failed"]),
+            frozenset(row["passed"]),
+            row["seconds"],
+            row["output"],
+        )
+    return proofs
+
+
 def _cases(results: Path) -> Iterator[tuple[str, Any]]:
     """Each test case of a run's JUnit XML: the test it is a parameter of, and its element."""
     from xml.etree import ElementTree
@@ -333,6 +372,33 @@ def write_docs(table: str) -> None:
     DOCS.write_text(text[:start] + "\n\n" + table + "\n" + text[end:])
 
 
+def prove(runs: Sequence[Run], jobs: int) -> dict[str, Proof]:
+    """The runs, on a PostgreSQL of their own with a template at head (none: no server)."""
+    if not runs:
+        return {}
+    use_scratch_dir()  # the server below, and the proofs' pytest runs
+    root = Path(tempfile.mkdtemp(prefix="qs-contract-pg-"))
+    # As root, PostgreSQL runs as a system user that must traverse to its data directory.
+    root.chmod(0o711)
+    pg = EmbeddedPostgres(root / "data", server_settings={"max_connections": "300", "fsync": "off"})
+    pg.start()
+    fast_logins(pg)
+    try:
+        env = {**os.environ, PGDATA_ENV: str(pg.pgdata)}
+        env.pop("QUEUE_SERVER_POLICY", None)
+        _migrated_template(pg)
+        shared = {**env, TEMPLATE_ENV: TEMPLATE}
+
+        def env_of(run: Run) -> dict[str, str]:
+            own = run.weakening is not None and WEAKENINGS[run.weakening].own_schema
+            return env if own else shared
+
+        return prove_all(runs, env_of, jobs, root)
+    finally:
+        pg.stop("immediate")
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.contract", description=__doc__)
     # Four at once on two cores: a proof waits on its database and servers for much of its
@@ -347,6 +413,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="JUNIT_XML",
         help="the suite's results on this very tree (`make test` passes the run it just made):"
         " a bound test that passed there is not run unweakened again",
+    )
+    parser.add_argument(
+        "--save-proofs",
+        type=Path,
+        metavar="JSON",
+        help="make the weakened runs only, save them here and stop, judging nothing (`make"
+        " test` makes them beside the suite, at a lower priority, then judges with"
+        " --proofs-from and --passed-in once the suite has passed)",
+    )
+    parser.add_argument(
+        "--proofs-from",
+        type=Path,
+        metavar="JSON",
+        help="runs that a --save-proofs run made on this very tree: not made again (a run"
+        " missing from the file, or the file itself, is made here)",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="print pytest's output")
     parser.add_argument(
@@ -382,33 +463,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.only:
         pairs = [pair for pair in pairs if pair[2] in args.only]
 
-    use_scratch_dir()  # the server below, and the proofs' pytest runs
-    root = Path(tempfile.mkdtemp(prefix="qs-contract-pg-"))
-    # As root, PostgreSQL runs as a system user that must traverse to its data directory.
-    root.chmod(0o711)
-    pg = EmbeddedPostgres(root / "data", server_settings={"max_connections": "300", "fsync": "off"})
     began = time.monotonic()
-    pg.start()
-    fast_logins(pg)
     jobs = max(1, args.jobs)
-    try:
-        env = {**os.environ, PGDATA_ENV: str(pg.pgdata)}
-        env.pop("QUEUE_SERVER_POLICY", None)
-        _migrated_template(pg)
-        shared = {**env, TEMPLATE_ENV: TEMPLATE}
-
-        def env_of(run: Run) -> dict[str, str]:
-            own = run.weakening is not None and WEAKENINGS[run.weakening].own_schema
-            return env if own else shared
-
-        known = passed_in(args.passed_in) if args.passed_in else None
-        durations = durations_in(args.passed_in) if args.passed_in else None
-        proofs = prove_all(plan(pairs, jobs, known, durations), env_of, jobs, root)
-        if known is not None:
-            proofs[f"{BASELINE}suite"] = known
-    finally:
-        pg.stop("immediate")
-        shutil.rmtree(root, ignore_errors=True)
+    known = passed_in(args.passed_in) if args.passed_in else None
+    durations = durations_in(args.passed_in) if args.passed_in else None
+    runs = plan(pairs, jobs, known, durations)
+    if args.save_proofs:
+        runs = [run for run in runs if run.weakening is not None]
+    saved = {}
+    if args.proofs_from and args.proofs_from.exists():
+        saved = load_proofs(args.proofs_from, runs)
+        runs = [run for run in runs if run.key not in saved]
+    proofs = {**saved, **prove(runs, jobs)}
+    if args.save_proofs:
+        save_proofs(proofs, args.save_proofs)
+        print(f"saved {len(proofs)} weakened runs to {args.save_proofs}")
+        return 0
+    if known is not None:
+        proofs[f"{BASELINE}suite"] = known
 
     verdicts = judge(pairs, proofs)
     for v in verdicts:

@@ -32,7 +32,11 @@ def make_test(scratch: Path, *, suite: int, lint: int) -> subprocess.CompletedPr
     stamp.touch()
     bin_dir = scratch / "bin"
     bin_dir.mkdir()
-    (bin_dir / "python").write_text("#!/bin/sh\necho contract-ran\n")
+    # The contract: its weakened runs beside the suite (their output goes to a log), its
+    # judgment after it.
+    (bin_dir / "python").write_text(
+        '#!/bin/sh\ncase "$*" in *--save-proofs*) echo proofs-made "$@";; *) echo contract-ran "$@";; esac\n'
+    )
     (bin_dir / "python").chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE")}
     return subprocess.run(
@@ -58,3 +62,16 @@ def test_a_lint_finding_or_a_failing_suite_fails_make_test_and_only_a_pass_runs_
     assert out.index("suite-ran") < out.index("--- make lint") < out.index("lint-ran"), out
     assert ("make lint failed (exit" in out) is bool(lint), out
     assert ("contract-ran" in out) is passed, out
+    if passed:
+        judged = next(line for line in out.splitlines() if line.startswith("contract-ran"))
+        assert "--passed-in .test-results/unit.xml" in judged, judged
+        assert "--proofs-from .test-results/proofs.json" in judged, judged
+    # The weakened runs were made whatever the suite did, at a lower priority.
+    made = (tmp_path / ".test-results" / "proofs.log").read_text()
+    assert made.startswith("proofs-made -m tests.contract --save-proofs .test-results/proofs.json")
+
+
+def test_the_contracts_weakened_runs_are_made_at_a_lower_priority_beside_the_suite() -> None:
+    recipe = (ROOT / "Makefile").read_text().split("\ntest:", 1)[1].split("\n\n", 1)[0]
+    beside = recipe.index("nice -n 10 $(BIN)/python -m tests.contract --save-proofs")
+    assert recipe.index("& linting") < beside < recipe.index("unit; suite=")

@@ -126,3 +126,61 @@ def test_the_weakenings_whose_tests_took_longest_in_the_suite_are_proven_first(
     ]
     # Without the suite's times, the registry's order.
     assert [run.weakening for run in plan(pairs, 1)][1:] == ["short", "long", "mid"]
+
+
+@pytest.mark.slow
+def test_weakened_runs_saved_beside_the_suite_are_judged_later_and_not_made_again(
+    tmp_path: Path,
+) -> None:
+    """`make test` makes the weakened runs beside the suite (`--save-proofs`) and judges
+    them after it (`--proofs-from`): the judgment reads the saved runs, here one doctored
+    to survive its weakening, and makes only the unweakened ones."""
+    import json
+
+    saved = tmp_path / "proofs.json"
+    examples = [sys.executable, "-m", "tests.contract", "--proofs"]
+    examples.append("tests.policy_proof.examples:EXAMPLES")
+    made = subprocess.run(
+        [*examples, "--save-proofs", str(saved)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert made.returncode == 0, made.stdout + made.stderr
+    rows = json.loads(saved.read_text())
+    assert {row["weakening"] for row in rows} == {"lift-attempt-cap", "example-stale-sql"}
+    (lifted,) = (row for row in rows if row["weakening"] == "lift-attempt-cap")
+    policys = "tests/policy_proof/examples.py::test_the_attempt_cap_is_the_policys"
+    assert policys in lifted["failed"]
+    lifted["passed"] += lifted["failed"]
+    lifted["failed"] = []
+    saved.write_text(json.dumps(rows))
+    judged = subprocess.run(
+        [*examples, "--proofs-from", str(saved)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = judged.stdout
+    assert judged.returncode == 1, out + judged.stderr
+    failed = out[out.index("contract FAILED:") :]
+    assert f"example: proves: test {policys} still passes under lift-attempt-cap" in failed
+    assert "cannot be applied: AssertionError" in failed  # the stale weakening's saved run
+
+
+def test_a_saved_run_of_other_tests_or_another_weakening_is_not_taken(tmp_path: Path) -> None:
+    from tests.contract import Proof, Run, load_proofs, save_proofs
+
+    tests = ("tests/policy_proof/examples.py::test_unrelated_to_the_cap",)
+    proof = Proof("lift-attempt-cap", tests, frozenset(tests), frozenset(), 1.5, "out")
+    path = tmp_path / "proofs.json"
+    save_proofs({"lift-attempt-cap": proof}, path)
+    assert load_proofs(path, [Run("lift-attempt-cap", "lift-attempt-cap", tests)]) == {
+        "lift-attempt-cap": proof
+    }
+    other_tests = Run("lift-attempt-cap", "lift-attempt-cap", (*tests, "tests/x.py::test_y"))
+    assert load_proofs(path, [other_tests]) == {}
+    assert load_proofs(path, [Run("lift-attempt-cap", "another", tests)]) == {}
+    assert load_proofs(path, []) == {}
