@@ -31,6 +31,22 @@ def _wait_for(path: Path, timeout: float = 20) -> None:
         time.sleep(0.05)
 
 
+def _waiting_worker(cli: Cli) -> subprocess.Popen[bytes]:
+    """A relayed `work` command on an empty queue, once its command runs."""
+    waiting = subprocess.Popen(
+        [_relay(), "work", "jobs", "--", "cat"],
+        env=cli.env_for("worker"),
+        cwd=cli.cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 20
+    while not _commands():
+        assert time.monotonic() < deadline, "the command never started"
+        time.sleep(0.05)
+    return waiting
+
+
 def test_a_relayed_command_answers_with_its_output_and_exit_status(cli: Cli, api: Api) -> None:
     item = api.enqueue("jobs", {"n": 1})
     shown = subprocess.run(
@@ -70,34 +86,14 @@ def test_a_signal_to_the_relay_reaches_its_command(cli: Cli, api: Api) -> None:
 
 
 def test_a_command_ended_by_a_signal_ends_its_relay_by_the_same_signal(cli: Cli) -> None:
-    waiting = subprocess.Popen(
-        [_relay(), "work", "jobs", "--", "cat"],
-        env=cli.env_for("worker"),
-        cwd=cli.cwd,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 20
-    while not _commands():
-        assert time.monotonic() < deadline, "the command never started"
-        time.sleep(0.05)
+    waiting = _waiting_worker(cli)
     (command,) = _commands()
     os.kill(command, signal.SIGKILL)
     assert waiting.wait(timeout=20) == -signal.SIGKILL
 
 
 def test_a_relay_killed_outright_takes_its_command_with_it(cli: Cli) -> None:
-    waiting = subprocess.Popen(
-        [_relay(), "work", "jobs", "--", "cat"],
-        env=cli.env_for("worker"),
-        cwd=cli.cwd,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 20
-    while not _commands():
-        assert time.monotonic() < deadline, "the command never started"
-        time.sleep(0.05)
+    waiting = _waiting_worker(cli)
     waiting.kill()
     waiting.wait(timeout=20)
     deadline = time.monotonic() + 20

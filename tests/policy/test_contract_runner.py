@@ -13,21 +13,23 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.slow
-def test_the_contract_runner_names_every_binding_that_proves_nothing() -> None:
-    done = subprocess.run(
+def _contract_of_the_examples(*args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m tests.contract` on the bindings of tests/policy_proof/examples.py."""
+    return subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "tests.contract",
-            "--proofs",
-            "tests.policy_proof.examples:EXAMPLES",
+            *(sys.executable, "-m", "tests.contract"),
+            *("--proofs", "tests.policy_proof.examples:EXAMPLES", *args),
         ],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+@pytest.mark.slow
+def test_the_contract_runner_names_every_binding_that_proves_nothing() -> None:
+    done = _contract_of_the_examples()
     out = done.stdout
     assert done.returncode == 1, out + done.stderr
     proved = [line for line in out.splitlines() if line.endswith("example: proves")]
@@ -138,15 +140,7 @@ def test_weakened_runs_saved_beside_the_suite_are_judged_later_and_not_made_agai
     import json
 
     saved = tmp_path / "proofs.json"
-    examples = [sys.executable, "-m", "tests.contract", "--proofs"]
-    examples.append("tests.policy_proof.examples:EXAMPLES")
-    made = subprocess.run(
-        [*examples, "--save-proofs", str(saved)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    made = _contract_of_the_examples("--save-proofs", str(saved))
     assert made.returncode == 0, made.stdout + made.stderr
     rows = json.loads(saved.read_text())
     assert {row["weakening"] for row in rows} == {"lift-attempt-cap", "example-stale-sql"}
@@ -156,13 +150,7 @@ def test_weakened_runs_saved_beside_the_suite_are_judged_later_and_not_made_agai
     lifted["passed"] += lifted["failed"]
     lifted["failed"] = []
     saved.write_text(json.dumps(rows))
-    judged = subprocess.run(
-        [*examples, "--proofs-from", str(saved)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    judged = _contract_of_the_examples("--proofs-from", str(saved))
     out = judged.stdout
     assert judged.returncode == 1, out + judged.stderr
     failed = out[out.index("contract FAILED:") :]
