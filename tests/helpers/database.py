@@ -63,10 +63,11 @@ class Clones:
                 self._conn.execute(statement)
                 return
             except psycopg.OperationalError:
-                # The session was ended under it (a test that ends backends): once more.
-                self._conn.close()
-                if attempt == 2:
+                # Once more only when the session was ended under it (a test that ends
+                # backends); any other refusal is the test run's to see.
+                if not self._conn.broken or attempt == 2:
                     raise
+                self._conn.close()
 
     @contextlib.contextmanager
     def clone(self) -> Iterator[str]:

@@ -136,7 +136,7 @@ def test_weakened_runs_saved_beside_the_suite_are_judged_later_and_not_made_agai
 ) -> None:
     """`make test` makes the weakened runs beside the suite (`--save-proofs`) and judges
     them after it (`--proofs-from`): the judgment reads the saved runs, here one doctored
-    to survive its weakening, and makes only the unweakened ones."""
+    to survive its weakening, and makes only the unweakened ones and any the file lacks."""
     import json
 
     saved = tmp_path / "proofs.json"
@@ -149,13 +149,13 @@ def test_weakened_runs_saved_beside_the_suite_are_judged_later_and_not_made_agai
     assert policys in lifted["failed"]
     lifted["passed"] += lifted["failed"]
     lifted["failed"] = []
-    saved.write_text(json.dumps(rows))
+    saved.write_text(json.dumps([lifted]))  # the stale weakening's run left out
     judged = _contract_of_the_examples("--proofs-from", str(saved))
     out = judged.stdout
     assert judged.returncode == 1, out + judged.stderr
     failed = out[out.index("contract FAILED:") :]
     assert f"example: proves: test {policys} still passes under lift-attempt-cap" in failed
-    assert "cannot be applied: AssertionError" in failed  # the stale weakening's saved run
+    assert "cannot be applied: AssertionError" in failed  # made here: missing from the file
 
 
 def test_a_saved_run_of_other_tests_or_another_weakening_is_not_taken(tmp_path: Path) -> None:
