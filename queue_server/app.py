@@ -76,9 +76,15 @@ def create_app(
         metrics.listener_connected.set(int(listening))
         keys.keys_changed(listening)
 
+    async def placed_since(since: str | None) -> tuple[str, list[tuple[str, str]]]:
+        async with db.conn() as conn:
+            return await channels.placed_since(conn, since)
+
     notifier = Notifier(
         settings.listen_url(database_url),
         read_secret=read_secret,
+        placed_since=placed_since,
+        watch_interval=settings.watch_interval,
         # Probes come often enough that a healthy listener always vouches for the key cache.
         probe_interval=settings.key_cache_trust / 3,
         on_keys_changed=keys_changed,

@@ -124,6 +124,10 @@ class Settings(BaseSettings):
     # A long-poll acquire re-checks at least this often even without a notification
     # (expired leases and delayed items become due without one).
     poll_interval: float = Field(default=1.0, gt=0)
+    # While acquires wait in a process, it looks this often for rows made ready since its
+    # last look, and wakes their queues' waiters (an enqueue sends no notification); 0: no
+    # look (notifications and poll_interval alone).
+    watch_interval: float = Field(default=0.01, ge=0, le=1.0)
     # Watcher URLs may reach these hosts or networks although they are loopback or
     # private (e.g. ["127.0.0.1"] for a local receiver). JSON list in the environment.
     transport_allow: list[str] = Field(default_factory=list)

@@ -19,7 +19,7 @@ from psycopg.rows import dict_row
 from sqlalchemy import create_engine, pool
 
 from queue_server.infra import migrate
-from queue_server.store import cursors, reads, transitions
+from queue_server.store import channels, cursors, reads, transitions
 from queue_server.store import queues as queue_store
 from queue_server.store.cursors import Cursor
 from queue_server.store.tables import metadata
@@ -383,7 +383,8 @@ def test_rows_placed_since_a_cursor_are_read_from_their_index_whatever_other_que
     database_url: str,
 ) -> None:
     """A backlog in other queues (here 100,000 ready items of another tenant) must not turn
-    the scan of rows placed since the cursor into a read of the whole table: in a generic
+    the scan of rows placed since the cursor (or since the watch's last look) into a read
+    of the whole table: in a generic
     plan its range is `[since_xid, until_xid)`, both unknown, which the planner takes for a
     narrow one; with its lower bound alone it took a third of the ready rows, and chose a
     sequential scan (1.1 s a call on 3 million rows)."""
@@ -406,16 +407,21 @@ def test_rows_placed_since_a_cursor_are_read_from_their_index_whatever_other_que
         for name, sql in (
             ("advance_cursor", cursors.ADVANCE),
             ("open_figures", queue_store._SQL["open_figures"]),
+            # The notifier's watch, from a look's snapshot (its xmax, and one in progress).
+            ("placed_since", channels.PLACED_SINCE),
         ):
-            nodes = _explain_generic(conn, sql, {"tenant": "t", "queue": "q", **warm.params()})
+            params = {"tenant": "t", "queue": "q", "since": "5:9:7", **warm.params()}
+            nodes = _explain_generic(conn, sql, params)
             items = [n for n in nodes if n.get("Relation Name") == "work_items"]
             assert not [n for n in items if "Seq Scan" in n["Node Type"]], name
             placed = [n for n in items if n.get("Index Name") == "ix_work_items_ready_placed"]
             assert placed, (name, {n.get("Index Name") for n in items})
             # What the planner expects the range to hold: a few rows, not a third of them
             # (the estimate behind the sequential scan on a bigger table).
+            # (A probe by one transaction's id, the watch's, is not a range.)
             for node in placed:
-                assert node["Plan Rows"] <= 1000, (name, node["Plan Rows"])
+                if ">=" in node.get("Index Cond", ""):
+                    assert node["Plan Rows"] <= 1000, (name, node["Plan Rows"])
 
 
 # The outbox's item as the transitions wrote it out before item_json (0012): the function

@@ -13,6 +13,13 @@ effect at once. A session gone silent (a host lost without a FIN) is found by a 
 every `probe_interval`, and by TCP keepalives; each notification and each answered
 probe is reported to `on_alive`, which is what the key cache's trust rests on (see
 `infra/keycache.py`): a half-open session stops vouching for it within its trust window.
+
+An enqueue sends no notification (PostgreSQL makes every transaction that notifies commit
+one at a time, and an application's own transactions enqueue). While acquires wait in this
+process, the watch looks every `watch_interval` for rows made ready since its last look
+(`placed_since`: by the ended transactions, from the last look's snapshot) and wakes the
+waiters of their queues. Its first look after a pause only takes its place, and wakes
+every waiter once: a row made ready before that place was looked at by then.
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ import contextlib
 import logging
 import random
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import psycopg
 
@@ -37,6 +44,14 @@ from queue_server.store.channels import (
 )
 
 log = logging.getLogger(__name__)
+
+# The watch looks on this long after the last waiter left (an acquire waits again soon
+# after its answer), and after a failed look waits this long before the next.
+WATCH_LINGER = 2.0
+WATCH_RETRY = 0.5
+
+# A look: the snapshot given (None: from now) -> this look's snapshot, the queues placed.
+PlacedSince = Callable[[str | None], Awaitable[tuple[str, Sequence[tuple[str, str]]]]]
 
 
 class Notifier:
@@ -53,8 +68,15 @@ class Notifier:
         on_disconnect: Callable[[], None] | None = None,
         on_alive: Callable[[], None] | None = None,
         read_secret: Callable[[], Awaitable[str]] | None = None,
+        placed_since: PlacedSince | None = None,
+        watch_interval: float = 0.01,
     ) -> None:
+        """`placed_since` (None, or a `watch_interval` of 0: no watch) is the watch's look."""
         self._conninfo = conninfo
+        self._placed_since = placed_since if watch_interval > 0 else None
+        self._watch_interval = watch_interval
+        self._watch_task: asyncio.Task[None] | None = None
+        self._someone_waits = asyncio.Event()
         # Read by the server's own role (the listener's may be another: LISTEN_DATABASE_URL);
         # without it, on the listener's session.
         self._read_secret = read_secret
@@ -76,16 +98,20 @@ class Notifier:
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="queue-server-notifier")
+        if self._placed_since is not None:
+            self._watch_task = asyncio.create_task(self._watch(), name="queue-server-watch")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._watch_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     def subscribe(self, tenant: str, queue: str) -> asyncio.Event:
         event = asyncio.Event()
         self._waiters[f"{tenant}/{queue}"].add(event)
+        self._someone_waits.set()
         return event
 
     def unsubscribe(self, tenant: str, queue: str, event: asyncio.Event) -> None:
@@ -118,6 +144,36 @@ class Notifier:
         for waiters in self._waiters.values():
             for event in waiters:
                 event.set()
+
+    async def _watch(self) -> None:
+        """While acquires wait here (and WATCH_LINGER after), wake those of each queue with
+        rows made ready since the last look."""
+        assert self._placed_since is not None
+        loop = asyncio.get_running_loop()
+        since: str | None = None
+        last_waiting = loop.time()
+        while True:
+            if self._waiters:
+                last_waiting = loop.time()
+            elif loop.time() - last_waiting > WATCH_LINGER:
+                since = None
+                self._someone_waits.clear()
+                await self._someone_waits.wait()
+                last_waiting = loop.time()
+            try:
+                now, placed = await self._placed_since(since)
+            except Exception as exc:  # the database away: the waiters poll meanwhile
+                log.warning("wake-up watch: %s", exc)
+                since = None
+                await asyncio.sleep(WATCH_RETRY)
+                continue
+            if since is None:
+                self._wake_all()
+            for tenant, queue in placed:
+                for event in self._waiters.get(f"{tenant}/{queue}", ()):
+                    event.set()
+            since = now
+            await asyncio.sleep(self._watch_interval)
 
     @property
     def listening(self) -> bool:

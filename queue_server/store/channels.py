@@ -15,8 +15,8 @@ _SQL = load("channels")
 # role too) may listen on any channel, and NOTIFY on it. So a payload names no tenant, and
 # a notification is only ever a hint that makes the server look again.
 #
-# Payload `ready_tag(secret, tenant, queue)`: the queue may have work due (enqueue,
-# requeue, replay, release). Without the installation's secret it cannot be computed, so a
+# Payload `ready_tag(secret, tenant, queue)`: the queue may have work due (requeue, replay,
+# release; an enqueue sends none, its waiters are woken by `placed_since`). Without the installation's secret it cannot be computed, so a
 # listener learns no queue name and a forged wake reaches no chosen queue; a tag seen and
 # sent again only makes that queue's waiting acquires look once more.
 READY_CHANNEL = "queue_server_ready"
@@ -28,6 +28,17 @@ LISTEN_KEYS = _SQL["listen_keys"]
 
 LISTENER_PROBE = _SQL["listener_probe"]
 INSTALLATION_SECRET = _SQL["installation_secret"]
+PLACED_SINCE = _SQL["placed_since"]
+
+
+async def placed_since(
+    conn: AsyncConnection[Any], since: str | None
+) -> tuple[str, list[tuple[str, str]]]:
+    """The queues (tenant, queue) with rows made ready by the transactions that ended since
+    the snapshot `since` (None: none), and the snapshot to look from next time."""
+    row = await (await conn.execute(PLACED_SINCE, {"since": since})).fetchone()
+    assert row is not None  # an aggregate: always one row
+    return str(row["snapshot"]), list(zip(row["tenants"], row["queues"], strict=True))
 
 
 def ready_tag(secret: str, tenant: str, queue: str) -> str:

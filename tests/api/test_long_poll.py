@@ -18,14 +18,14 @@ Db = psycopg.Connection[dict[str, object]]
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    """A poll far longer than any wake measured here: only the notification can
-    hand the parked acquire its item in time."""
+    """A poll far longer than any wake measured here: only the watch can hand the parked
+    acquire its item in time."""
     return Settings(data_dir=tmp_path, poll_interval=5.0, lock_timeout_ms=2000)
 
 
 def test_a_new_item_wakes_a_waiting_acquire_within_100_ms(api: Api) -> None:
-    """The notification wakes the parked acquire; without it the acquire would
-    sleep to its next poll, seconds after the enqueue. A loaded machine
+    """The watch (rows made ready since its last look) wakes the parked acquire; without
+    it the acquire would sleep to its next poll, seconds after the enqueue. A loaded machine
     (the suite runs beside this test) can stall one measurement, so the best
     of three must be within 100 ms and every one well before the poll."""
 

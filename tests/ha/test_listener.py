@@ -44,8 +44,13 @@ def settings(tmp_path: object, database_url: str, listener_role: str) -> Setting
     )
     # A poll interval far above the half second a waiting acquire polls at without the
     # listener: a wake-up within a second then comes from that shorter poll, not this one.
+    # No watch for rows made ready: a faster wake-up is the listener's.
     return Settings(
-        data_dir=tmp_path, listen_database_url=listen, lock_timeout_ms=2000, poll_interval=5.0
+        data_dir=tmp_path,
+        listen_database_url=listen,
+        lock_timeout_ms=2000,
+        poll_interval=5.0,
+        watch_interval=0,
     )
 
 
@@ -57,8 +62,11 @@ def _wait(what: str, check: object, timeout: float = 15.0) -> None:
 
 
 def _wake_delay(api: Api) -> float:
-    """Seconds from an enqueue's answer to the answer of an acquire that was waiting."""
+    """Seconds from a requeue's answer (its commit notifies the ready channel) to the answer
+    of an acquire that was waiting for the item."""
     leased: dict[str, float] = {}
+    api.enqueue()
+    [held] = api.acquire(worker="w0")  # the queue's concurrency limit is 1: the rest wait
 
     def wait_for_work() -> None:
         with api.client(api.keys["worker"]) as client:
@@ -69,18 +77,19 @@ def _wake_delay(api: Api) -> float:
             leased["at"] = time.monotonic()
             leases = answer.json()["leases"]
             leased["n"] = len(leases)
-            for lease in leases:  # the queue's concurrency limit is 1
+            for lease in leases:
                 done = api.holder("complete", lease["item_id"], worker="w1", fence=lease["fence"])
                 assert done.status_code == 200, done.text
 
     thread = threading.Thread(target=wait_for_work)
     thread.start()
     time.sleep(0.4)  # parked on its wake-up
-    api.enqueue()
-    enqueued = time.monotonic()
+    requeued = api.holder("requeue", held["item_id"], worker="w0", fence=held["fence"])
+    assert requeued.status_code == 200, requeued.text
+    requeued_at = time.monotonic()
     thread.join(15)
     assert leased["n"] == 1
-    return leased["at"] - enqueued
+    return leased["at"] - requeued_at
 
 
 def test_without_its_session_acquires_poll_and_revocations_apply_then_it_listens_again(

@@ -187,7 +187,8 @@ def test_every_request_works_through_pgbouncer_in_transaction_mode(
         enqueued = time.monotonic()
         waiter.join(15)
         assert woke["n"] == 1
-        # The poll would wake it half a second after the enqueue; the notification, at once
+        # The poll would wake it half a second after the enqueue; the watch (through
+        # PgBouncer), at once
         # (a bound with room for a slow answer on a busy machine).
         assert woke["at"] - enqueued < 0.3
     finally:

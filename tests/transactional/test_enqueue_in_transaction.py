@@ -98,8 +98,9 @@ def test_a_committed_enqueue_is_ready_listed_acquired_and_ledgered_as_the_role(
 
 
 def test_a_commit_wakes_a_waiting_long_poll_acquire_within_100_ms(api: Api, roles: Roles) -> None:
-    """The NOTIFY is sent at the application's commit; without it the parked acquire would
-    sleep to its next poll (5 s). Best of three within 100 ms (a loaded machine can stall
+    """The watch sees the item once the application commits (its transaction was in
+    progress at the watch's earlier looks); without it the parked acquire would sleep to
+    its next poll (5 s). Best of three within 100 ms (a loaded machine can stall
     one), every one well before the poll."""
     app = roles.make("acme")
 
@@ -108,6 +109,9 @@ def test_a_commit_wakes_a_waiting_long_poll_acquire_within_100_ms(api: Api, role
         with app.connect() as conn:
             conn.execute("INSERT INTO orders (customer) VALUES ('ada')")
             enqueue_in(conn, "acme", queue, {"n": 1}, key=uuid.uuid4().hex)
+            # A later transaction commits meanwhile: the watch's next looks see this one in
+            # progress below their snapshot's xmax, and must look for it again.
+            api.enqueue(f"{queue}-other", {"n": 2})
             time.sleep(0.3)  # uncommitted: nothing to wake for yet
             assert not parked.answered
             conn.commit()

@@ -5,10 +5,12 @@ it sends makes a waiting acquire look again, nothing more."""
 from __future__ import annotations
 
 import time
+import uuid
 
 import psycopg
 import pytest
 
+from queue_server.client import enqueue_in
 from queue_server.settings import Settings
 from tests.helpers.api import Api, setup_tenant
 from tests.helpers.roles import Roles
@@ -25,6 +27,18 @@ def _heard(conn: psycopg.Connection[tuple[object, ...]]) -> list[tuple[str, str]
     return [(n.channel, n.payload) for n in conn.notifies(timeout=1.0)]
 
 
+def _requeued(api: Api, queue: str, delay: float = 0) -> None:
+    """An item of `queue` enqueued, leased and requeued (with `delay`): the requeue's
+    commit notifies the ready channel."""
+    item = api.enqueue(queue, {"n": 1})
+    [lease] = api.acquire(queue)
+    assert lease["item_id"] == item["item_id"]
+    requeued = api.holder(
+        "requeue", item["item_id"], worker="w1", fence=lease["fence"], delay=delay
+    )
+    assert requeued.status_code == 200, requeued.text
+
+
 def test_a_listening_enqueue_role_hears_no_tenants_queue_names_nor_key_ids(
     api: Api, roles: Roles
 ) -> None:
@@ -34,8 +48,8 @@ def test_a_listening_enqueue_role_hears_no_tenants_queue_names_nor_key_ids(
         conn.autocommit = True
         conn.execute("LISTEN queue_server_ready")
         conn.execute("LISTEN queue_server_keys")
-        # acme's activity: an enqueue, a key revoked.
-        api.enqueue("payroll-secret", {"n": 1})
+        # acme's activity: a requeue, a key revoked.
+        _requeued(api, "payroll-secret")
         created = api.admin.post("/v1/tenants/acme/keys", json={"role": "worker"}).json()
         revoked = api.admin.delete(f"/v1/tenants/acme/keys/{created['key_id']}")
         assert revoked.status_code in (200, 204), revoked.text
@@ -60,8 +74,8 @@ def test_a_forged_wake_makes_a_waiting_acquire_look_again_and_nothing_more(
     with spy.connect() as conn:
         conn.autocommit = True
         conn.execute("LISTEN queue_server_ready")
-        # A tag overheard (the queue's own, from an enqueue) and the old plain payload.
-        api.enqueue("q", {"n": 1}, delay=60)
+        # A tag overheard (the queue's own, from a requeue) and the old plain payload.
+        _requeued(api, "q", delay=60)
         [(_, tag)] = _heard(conn)
         started = time.monotonic()
         parked = ParkedAcquire(api, "q", wait=3)
@@ -74,3 +88,23 @@ def test_a_forged_wake_makes_a_waiting_acquire_look_again_and_nothing_more(
     assert answered_at - started >= 2.9
     [item] = api.operator.get("/v1/tenants/acme/items").json()["items"]
     assert item["state"] == "ready"
+
+
+def test_an_enqueue_notifies_nobody_so_enqueuing_transactions_commit_side_by_side(
+    api: Api, roles: Roles, database_url: str
+) -> None:
+    """PostgreSQL serializes the commits of every transaction that sent a notification (one
+    lock, held through the commit's flush): an admission that notified would make an
+    application's enqueuing transactions commit one at a time. Neither the REST enqueue nor
+    queue_server.enqueue notifies; a waiting acquire is woken all the same (the watch)."""
+    app = roles.make("acme")
+    with psycopg.connect(database_url, autocommit=True) as listener:
+        listener.execute("LISTEN queue_server_ready")
+        parked = ParkedAcquire(api, "q", wait=10)
+        with app.connect() as conn:
+            enqueue_in(conn, "acme", "q", {"n": 1}, key=uuid.uuid4().hex)
+            conn.commit()
+        api.enqueue("q", {"n": 2}, delay=60)
+        count, _ = parked.join()
+        assert count == 1  # woken long before its poll (30 s)
+        assert _heard(listener) == []
