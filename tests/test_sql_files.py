@@ -20,7 +20,7 @@ import pytest
 
 from queue_server.store import sql
 from queue_server.store.bootstrap import DATABASE_NAME, SERVER_ROLE
-from queue_server.store.channels import KEYS_CHANNEL, READY_CHANNEL
+from queue_server.store.channels import KEYS_CHANNEL, POLICY_CHANNEL, READY_CHANNEL
 from queue_server.store.outbox import EVENTS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -194,7 +194,7 @@ def test_the_names_the_code_shares_with_the_sql_agree() -> None:
     everything = "\n".join(text for named in _files().values() for text in named.values())
     channels = set(re.findall(r"pg_notify\('([a-z_]+)'", everything))
     channels |= set(re.findall(r"^LISTEN ([a-z_]+);", everything, re.MULTILINE))
-    assert channels == {READY_CHANNEL, KEYS_CHANNEL}
+    assert channels == {READY_CHANNEL, KEYS_CHANNEL, POLICY_CHANNEL}
     create = f"CREATE DATABASE {DATABASE_NAME} OWNER {SERVER_ROLE};"
     assert sql.load("bootstrap")["create_database"] == create
 

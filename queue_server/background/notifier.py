@@ -37,8 +37,10 @@ from queue_server import errors
 from queue_server.store.channels import (
     KEYS_CHANNEL,
     LISTEN_KEYS,
+    LISTEN_POLICY,
     LISTEN_READY,
     LISTENER_PROBE,
+    POLICY_CHANNEL,
     installation_secret,
     ready_tag,
 )
@@ -67,6 +69,7 @@ class Notifier:
         on_keys_changed: Callable[[bool], None] | None = None,
         on_disconnect: Callable[[], None] | None = None,
         on_alive: Callable[[], None] | None = None,
+        on_policy: Callable[[], None] | None = None,
         read_secret: Callable[[], Awaitable[str]] | None = None,
         placed_since: PlacedSince | None = None,
         watch_interval: float = 0.01,
@@ -82,6 +85,7 @@ class Notifier:
         self._read_secret = read_secret
         self._on_keys_changed = on_keys_changed or (lambda listening: None)
         self._on_alive = on_alive or (lambda: None)
+        self._on_policy = on_policy or (lambda: None)
         self._on_disconnect = on_disconnect or (lambda: None)
         self._min_backoff = min_backoff
         self._max_backoff = max_backoff
@@ -203,6 +207,7 @@ class Notifier:
                         self._secret, self._tags = secret, {}
                     await conn.execute(LISTEN_READY)
                     await conn.execute(LISTEN_KEYS)
+                    await conn.execute(LISTEN_POLICY)
                     self.backend_pid = conn.info.backend_pid
                     self.connected.set()
                     backoff = self._min_backoff
@@ -210,6 +215,7 @@ class Notifier:
                     # Anything notified while we were not listening: every waiter re-reads,
                     # and keys are looked up afresh.
                     self._on_keys_changed(True)
+                    self._on_policy()
                     self._wake_all()
                     await self._listen(conn)
             except (psycopg.Error, OSError, TimeoutError, errors.QueueServerError) as exc:
@@ -231,6 +237,8 @@ class Notifier:
             async for notification in conn.notifies(timeout=self._probe_interval):
                 if notification.channel == KEYS_CHANNEL:
                     self._on_keys_changed(True)
+                elif notification.channel == POLICY_CHANNEL:
+                    self._on_policy()
                 else:
                     self._wake(notification.payload)
                 self._on_alive()

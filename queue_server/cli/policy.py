@@ -285,9 +285,10 @@ def set_cell(
     from the one the server runs with that value, checked as `policy verify` checks a file
     (the decision's rules, and durable-leased-work's bounds: deadline 7 days, attempt
     timeout 1 hour, 100 acquisitions, backoff cap 24 hours), published with your key and
-    --reason, and run by the server at once (every server started without --policy within
-    5 s, and after a restart). `policy history` shows who set what and why. The workers,
-    `deliver` and the SDK load their own policy at start: give them the new version with
+    --reason, and run by the server at once (every server process started without --policy
+    when the publication's notification reaches it, and after a restart). `policy history`
+    shows who set what and why. The workers, `deliver` and the SDK load their own policy at
+    start: give them the new version with
     `policy show --from-server --json > p.json` and --policy p.json when they need it (a
     worker's lease TTL above 30 s does). Exits 1 when the value breaks a rule, naming the cell.
 
@@ -348,7 +349,8 @@ def set_cell(
 
 
 # The process that took the publication runs it at once; the server's other processes read
-# it within their policy poll interval (QUEUE_SERVER_POLICY_POLL_INTERVAL, 5 s by default).
+# it when the policy channel's notification reaches them (within their policy poll
+# interval, QUEUE_SERVER_POLICY_POLL_INTERVAL, 5 s by default, if their listener was down).
 # Each check is a new connection, so that it may reach any of them.
 SETTLE_CHECKS = 8
 SETTLE_SECONDS = 30.0

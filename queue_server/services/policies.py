@@ -105,7 +105,8 @@ class PolicyHistory:
     ) -> Answer:
         """Publish a version (admin) and run it: checked as `policy verify` checks a file,
         kept with its sha256, who published it and why, and activated; this process runs it
-        at once, every other one without --policy within its poll interval. The same document
+        at once, every other one without --policy when the policy channel tells it (within its
+        poll interval if that notification is lost). The same document
         again activates it again; other content under a kept version is refused (409)."""
         principal.require_admin()
         if not reason.strip():

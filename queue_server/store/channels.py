@@ -22,9 +22,13 @@ _SQL = load("channels")
 READY_CHANNEL = "queue_server_ready"
 # Payload empty: a key was revoked; every API process drops its cache of keys.
 KEYS_CHANNEL = "queue_server_keys"
+# Payload empty: an admin published a policy version; every API process reads the version
+# activated last at once (and every `policy_poll_interval` in any case).
+POLICY_CHANNEL = "queue_server_policy"
 
 LISTEN_READY = _SQL["listen_ready"]
 LISTEN_KEYS = _SQL["listen_keys"]
+LISTEN_POLICY = _SQL["listen_policy"]
 
 LISTENER_PROBE = _SQL["listener_probe"]
 INSTALLATION_SECRET = _SQL["installation_secret"]

@@ -9,6 +9,7 @@ import os
 import re
 import shlex
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 
 from queue_server.policy import default_policy
 from queue_server.settings import Settings
+from tests.helpers import web
 from tests.helpers.cli import BIN, Cli
 from tests.helpers.server import LiveServer
 
@@ -183,6 +185,32 @@ def test_a_server_does_not_start_under_a_file_reusing_a_kept_version_name(
     assert [(v["version"], v["loads"]) for v in versions if v["version"] == "acme.v3"] == [
         ("acme.v3", 1)
     ]
+
+
+def test_another_server_process_runs_a_published_version_as_soon_as_it_is_told(
+    cli: Cli, tmp_path: Path, database_url: str
+) -> None:
+    """A process that did not take the publication runs it when the policy channel's
+    notification reaches it, not at its next poll (a minute away here): `policy set`, which
+    checks that every process answers with the new version, cannot be answered by a
+    process still under the old one once it has seen a few agree."""
+    other = LiveServer(Settings(data_dir=tmp_path / "other", policy_poll_interval=60), database_url)
+    other.start()
+    try:
+        notifier = other.app.state.notifier
+        deadline = time.monotonic() + 10
+        while not notifier.connected.is_set():
+            assert time.monotonic() < deadline, "the other process never listened"
+            time.sleep(0.02)
+        with web.client(base_url=other.url) as anonymous:
+            assert anonymous.get("/v1/policy").json()["version"] != "acme.v3"
+            assert publish(cli, acme(25), "told").status_code == 201
+            published = time.monotonic()
+            while anonymous.get("/v1/policy").json()["version"] != "acme.v3":
+                assert time.monotonic() - published < 5, "the other process was not told"
+                time.sleep(0.02)
+    finally:
+        other.stop()
 
 
 def test_the_examples_of_queues_settings_help_run_in_order_under_the_built_in(cli: Cli) -> None:

@@ -8,6 +8,9 @@ LISTEN queue_server_ready;
 -- name: listen_keys
 LISTEN queue_server_keys;
 
+-- name: listen_policy
+LISTEN queue_server_policy;
+
 -- name: listener_probe
 -- The notifier's check on a session that has been quiet for a while.
 SELECT 1;

@@ -16,7 +16,9 @@ RETURNING version, sha256, source, first_loaded_at, last_loaded_at, loads;
 -- name: publish
 -- An admin publishes this document and activates it: a new version keeps who, why and when;
 -- the same document again is activated again (its first publication kept). A version kept
--- with other content returns no row: the caller refuses it, naming the content kept.
+-- with other content returns no row: the caller refuses it, naming the content kept. The
+-- policy channel tells every API process to read the version activated last at once.
+WITH published AS (
 INSERT INTO policy_versions AS p (version, sha256, source, document, first_loaded_at,
     last_loaded_at, loads, published_by, reason, published_at, activated_at)
 VALUES (%(version)s, %(sha256)s, 'published', %(document)s, statement_timestamp(),
@@ -29,7 +31,9 @@ SET activated_at = statement_timestamp(),
     published_at = coalesce(p.published_at, EXCLUDED.published_at)
 WHERE p.sha256 = EXCLUDED.sha256
 RETURNING version, sha256, source, first_loaded_at, last_loaded_at, loads, published_by,
-    reason, published_at, activated_at, (xmax = 0) AS created;
+    reason, published_at, activated_at, (xmax = 0) AS created
+)
+SELECT published.* FROM published, (SELECT pg_notify('queue_server_policy', '')) AS n;
 
 -- name: kept_sha256
 -- The content a version name is kept with, for the refusal of other content under it.
