@@ -76,7 +76,7 @@ def create_app(
         metrics.listener_connected.set(int(listening))
         keys.keys_changed(listening)
 
-    async def placed_since(since: str | None) -> tuple[str, list[tuple[str, str]]]:
+    async def placed_since(since: str | None) -> tuple[str, list[tuple[str, str]] | None]:
         async with db.conn() as conn:
             return await channels.placed_since(conn, since)
 

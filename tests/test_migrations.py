@@ -424,6 +424,40 @@ def test_rows_placed_since_a_cursor_are_read_from_their_index_whatever_other_que
                     assert node["Plan Rows"] <= 1000, (name, node["Plan Rows"])
 
 
+def test_the_watch_reads_the_placed_index_in_a_plan_made_on_an_empty_table(
+    database_url: str,
+) -> None:
+    """A server prepares the watch's statement at its first look, often on an empty table,
+    and keeps that plan. Made there, a plan that only filtered the range read the ready
+    index whole: with a backlog in another tenant every look walked it (10 to 70 ms, and
+    wake-ups 60 ms late). In the index's order, it reads ix_work_items_ready_placed."""
+    with psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as conn:
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        conn.execute("PREPARE look(text) AS " + channels.PLACED_SINCE.replace("%(since)s", "$1"))
+        since = conn.execute("SELECT pg_current_snapshot()::text AS s").fetchone()
+        assert since is not None
+        [first] = conn.execute("EXECUTE look(NULL)").fetchall()  # the plan made, and kept
+        assert (first["tenants"], first["more"]) == ([], False)
+        conn.execute("INSERT INTO tenants VALUES ('t', 10, 5, '30 seconds', now(), now())")
+        conn.execute(
+            "INSERT INTO work_items (tenant_id, queue, payload, max_acquisitions)"
+            " SELECT 't', 'q', '{}', 5 FROM generate_series(1, 20000)"
+        )
+        call = f"look({pgsql.Literal(since['s']).as_string(conn)})"
+        row = conn.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {call}").fetchone()
+        assert row is not None
+        items = [
+            n
+            for n in _plan_nodes(row["QUERY PLAN"][0]["Plan"])
+            if n.get("Relation Name") == "work_items"
+        ]
+        assert {n.get("Index Name") for n in items} == {"ix_work_items_ready_placed"}
+        # At most a thousand rows a look; past them every waiter looks.
+        assert max(n["Actual Rows"] for n in items) <= 1000
+        [seen] = conn.execute(f"EXECUTE {call}").fetchall()
+        assert seen["more"] is True
+
+
 # The outbox's item as the transitions wrote it out before item_json (0012): the function
 # must give the same JSON, byte for byte, for every state and every null.
 _ITEM_BEFORE_0012 = """jsonb_build_object(

@@ -52,8 +52,9 @@ log = logging.getLogger(__name__)
 WATCH_LINGER = 2.0
 WATCH_RETRY = 0.5
 
-# A look: the snapshot given (None: from now) -> this look's snapshot, the queues placed.
-PlacedSince = Callable[[str | None], Awaitable[tuple[str, Sequence[tuple[str, str]]]]]
+# A look: the snapshot given (None: from now) -> this look's snapshot, the queues placed
+# (None: too many rows to tell, every queue).
+PlacedSince = Callable[[str | None], Awaitable[tuple[str, Sequence[tuple[str, str]] | None]]]
 
 
 class Notifier:
@@ -171,9 +172,9 @@ class Notifier:
                 since = None
                 await asyncio.sleep(WATCH_RETRY)
                 continue
-            if since is None:
+            if since is None or placed is None:
                 self._wake_all()
-            for tenant, queue in placed:
+            for tenant, queue in placed or ():
                 for event in self._waiters.get(f"{tenant}/{queue}", ()):
                     event.set()
             since = now

@@ -37,11 +37,14 @@ PLACED_SINCE = _SQL["placed_since"]
 
 async def placed_since(
     conn: AsyncConnection[Any], since: str | None
-) -> tuple[str, list[tuple[str, str]]]:
+) -> tuple[str, list[tuple[str, str]] | None]:
     """The queues (tenant, queue) with rows made ready by the transactions that ended since
-    the snapshot `since` (None: none), and the snapshot to look from next time."""
+    the snapshot `since` (none without one; None: too many rows to tell, every queue), and
+    the snapshot to look from next time."""
     row = await (await conn.execute(PLACED_SINCE, {"since": since})).fetchone()
     assert row is not None  # an aggregate: always one row
+    if row["more"]:
+        return str(row["snapshot"]), None
     return str(row["snapshot"]), list(zip(row["tenants"], row["queues"], strict=True))
 
 

@@ -10,7 +10,7 @@ import uuid
 import psycopg
 import pytest
 
-from queue_server.client import enqueue_in
+from queue_server.client import enqueue_in, enqueue_many_in
 from queue_server.settings import Settings
 from tests.helpers.api import Api, setup_tenant
 from tests.helpers.roles import Roles
@@ -104,7 +104,31 @@ def test_an_enqueue_notifies_nobody_so_enqueuing_transactions_commit_side_by_sid
         with app.connect() as conn:
             enqueue_in(conn, "acme", "q", {"n": 1}, key=uuid.uuid4().hex)
             conn.commit()
+        committed_at = time.monotonic()
         api.enqueue("q", {"n": 2}, delay=60)
-        count, _ = parked.join()
-        assert count == 1  # woken long before its poll (30 s)
+        count, leased_at = parked.join()
+        assert count == 1
+        assert leased_at - committed_at < 2.0  # woken, not at the end of its wait (10 s)
         assert _heard(listener) == []
+
+
+def test_past_a_thousand_rows_in_one_look_every_waiter_looks(api: Api, roles: Roles) -> None:
+    """The watch reads at most a thousand rows a look, in the order their transactions
+    began: past them it cannot tell which queues had work, so it wakes every waiter. Here a
+    transaction with 1,000 items of another queue began first, and both were in progress
+    at the watch's looks until they committed together."""
+    assert api.admin.put("/v1/tenants/acme", json={"backlog_cap": 5000}).status_code == 200
+    app = roles.make("acme")
+    parked = ParkedAcquire(api, "q", wait=10)
+    with app.connect() as bulk, app.connect() as one:
+        for n in (1, 2):
+            items = [{"payload": i} for i in range(500)]
+            enqueue_many_in(bulk, "acme", "bulk", items, key=f"bulk-{n}")
+        enqueue_in(one, "acme", "q", {"n": 1}, key=uuid.uuid4().hex)
+        time.sleep(0.2)  # the watch looks with both in progress
+        bulk.commit()
+        one.commit()
+        committed_at = time.monotonic()
+    count, leased_at = parked.join()
+    assert count == 1
+    assert leased_at - committed_at < 2.0  # woken, not at the end of its wait (10 s)

@@ -28,25 +28,27 @@ SELECT secret FROM installation_secret;
 -- next look. An enqueue sends no notification: PostgreSQL serializes the commits of every
 -- transaction that sends one (a lock held through the commit's flush), so an
 -- application's transactions that enqueue would commit one at a time.
--- ix_work_items_ready_placed from the last look's place on (both ends bounded, so even a
--- generic plan reads the index): the rows placed since, never the history an old
--- snapshot keeps. With no `since`, nothing (the first look only takes its place).
-WITH placed AS (
-    SELECT p.tenant_id, p.queue FROM (
-        SELECT tenant_id, queue FROM work_items
-        WHERE placed_xid >= pg_snapshot_xmax(%(since)s::pg_snapshot)
-          AND placed_xid < pg_snapshot_xmax(pg_current_snapshot()) AND state = 'ready'
-        OFFSET 0
-    ) AS p
-    UNION
-    -- Each transaction then in progress, by key (a probe each, not a join over the rows).
-    SELECT w.tenant_id, w.queue FROM pg_snapshot_xip(%(since)s::pg_snapshot) AS x(xid)
-    CROSS JOIN LATERAL (
-        SELECT tenant_id, queue FROM work_items WHERE placed_xid = x.xid AND state = 'ready'
-        OFFSET 0
-    ) AS w
+-- Both reads are in ix_work_items_ready_placed's order, so that even a plan made on an
+-- empty table (a new server's first look, kept by its prepared statement) reads that index,
+-- from the last look's place on: the rows placed since, never the history an old snapshot
+-- keeps. At most LIMIT rows each; at the limit `more` is true and every waiter looks. With
+-- no `since`, nothing (the first look only takes its place).
+WITH ranged AS MATERIALIZED (
+    SELECT tenant_id, queue FROM work_items
+    WHERE placed_xid >= pg_snapshot_xmax(%(since)s::pg_snapshot)
+      AND placed_xid < pg_snapshot_xmax(pg_current_snapshot()) AND state = 'ready'
+    ORDER BY placed_xid LIMIT 1000
+), probed AS MATERIALIZED (
+    -- The transactions then in progress, each by key.
+    SELECT tenant_id, queue FROM work_items
+    WHERE placed_xid = ANY(ARRAY(SELECT pg_snapshot_xip(%(since)s::pg_snapshot)))
+      AND state = 'ready'
+    ORDER BY placed_xid LIMIT 1000
+), placed AS (
+    SELECT tenant_id, queue FROM ranged UNION SELECT tenant_id, queue FROM probed
 )
 SELECT pg_current_snapshot()::text AS snapshot,
+       greatest((SELECT count(*) FROM ranged), (SELECT count(*) FROM probed)) >= 1000 AS more,
        coalesce(array_agg(tenant_id ORDER BY tenant_id, queue), '{}') AS tenants,
        coalesce(array_agg(queue ORDER BY tenant_id, queue), '{}') AS queues
 FROM placed;
