@@ -128,6 +128,12 @@ class Notifier:
                 del self._waiters[key]
                 self._tags.pop(key, None)
 
+    def wake(self, tenant: str, queue: str) -> None:
+        """Wake the acquires waiting here on `tenant/queue`: this process committed items
+        there, and they need not wait for the watch's next look."""
+        for event in self._waiters.get(f"{tenant}/{queue}", ()):
+            event.set()
+
     def _tag(self, key: str) -> str | None:
         if self._secret is None:
             return None

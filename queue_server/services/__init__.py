@@ -102,7 +102,7 @@ class Services:
             retention=settings.idempotency_retention,
             problem_base_uri=settings.problem_base_uri,
         )
-        items = Items(db, effects, settings, policy=policy)
+        items = Items(db, effects, settings, policy=policy, wakeups=wakeups)
         return cls(
             keys=keys,
             tenants=Tenants(db, policy, on_keys_deleted=keys.cache.clear),

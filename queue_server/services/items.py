@@ -37,6 +37,7 @@ from queue_server.services.common import (
 )
 from queue_server.services.envelope import LeaseEnvelope, refuse_above
 from queue_server.services.item_specs import CallbackSpec, ItemSpec, NewItem, resolve_dependencies
+from queue_server.services.leases import Wakeups
 from queue_server.settings import Settings
 from queue_server.store import reads, tenants, transitions
 from queue_server.store.types import Conn, Row
@@ -160,13 +161,20 @@ class Items:
     """Enqueue, read, cancel, retry and delete work items."""
 
     def __init__(
-        self, db: Database, effects: Effects, settings: Settings, *, policy: ReliabilityPolicy
+        self,
+        db: Database,
+        effects: Effects,
+        settings: Settings,
+        *,
+        policy: ReliabilityPolicy,
+        wakeups: Wakeups,
     ) -> None:
         self.db = db
         self.policy = policy
         self.envelope = LeaseEnvelope(policy)
         self.effects = effects
         self.settings = settings
+        self.wakeups = wakeups
 
     async def enqueue(
         self,
@@ -234,7 +242,11 @@ class Items:
             made = specs[0]["item_id"] in done.written
             return Answer(201 if made else 200, views.dumps(shaped[0]))
 
-        return await self.effects.run(tenant, idem, instance, operation)
+        answer = await self.effects.run(tenant, idem, instance, operation)
+        if answer.status < 300:  # committed: this process's waiters look now (others: the watch)
+            for woken in {queue, (callback.queue or queue) if callback else queue}:
+                self.wakeups.wake(tenant, woken)
+        return answer
 
     async def _fan_in(
         self,

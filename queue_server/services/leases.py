@@ -83,6 +83,10 @@ class Wakeups(Protocol):
 
     def unsubscribe(self, tenant: str, queue: str, event: asyncio.Event) -> None: ...
 
+    def wake(self, tenant: str, queue: str) -> None:
+        """Wake this process's acquires waiting on `tenant/queue` (it committed work there)."""
+        ...
+
     @property
     def listening(self) -> bool:
         """Whether notifications arrive at all (the listener's session is up)."""

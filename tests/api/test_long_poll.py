@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import socket
+import threading
 import time
+import uuid
 from pathlib import Path
 
 import psycopg
 import pytest
 
 from queue_server.settings import Settings
-from tests.helpers.api import Api
+from tests.helpers.api import Api, client_for
+from tests.helpers.server import LiveServer
 from tests.helpers.wake import ParkedAcquire
 
 Db = psycopg.Connection[dict[str, object]]
@@ -69,3 +72,42 @@ def test_a_long_poll_whose_client_disconnected_hands_out_no_lease(api: Api, db: 
     assert events == {"n": 0}
     (lease,) = api.acquire(worker="present")
     assert lease["fence"] == 1
+
+
+def test_an_enqueue_wakes_its_own_processs_waiters_without_the_watch(
+    api: Api, tmp_path: Path, database_url: str
+) -> None:
+    """The process that committed the items wakes its own waiters at once: here without the
+    watch, and with a poll of 30 s, nothing else could hand the parked acquire its item."""
+    alone = LiveServer(
+        Settings(data_dir=tmp_path / "alone", poll_interval=30.0, watch_interval=0), database_url
+    )
+    alone.start()
+    try:
+        leased: dict[str, float] = {}
+
+        def wait_for_work() -> None:
+            with client_for(alone.url, api.keys["worker"]) as worker:
+                answer = worker.post(
+                    "/v1/tenants/acme/queues/solo/leases",
+                    json={"worker": "w1", "lease_ttl": 30, "wait": 10},
+                )
+                leased["n"] = len(answer.json()["leases"])
+                leased["at"] = time.monotonic()
+
+        waiter = threading.Thread(target=wait_for_work)
+        waiter.start()
+        time.sleep(0.5)  # parked
+        with client_for(alone.url, api.keys["worker"]) as producer:
+            enqueued_at = time.monotonic()
+            made = producer.post(
+                "/v1/tenants/acme/queues/solo/items",
+                json={"payload": {"n": 1}},
+                headers={"Idempotency-Key": uuid.uuid4().hex},
+            )
+            assert made.status_code == 201, made.text
+        waiter.join(15)
+        assert leased["n"] == 1
+        assert leased["at"] - enqueued_at < 1.0  # not at the end of its wait (10 s)
+    finally:
+        alone.stop()
