@@ -102,13 +102,13 @@ def _counts() -> ModuleType:
 
 def admit_rows() -> str:
     counts = _counts()
-    return str(counts._edited(counts.admit_rows(), ADMIT_EDITS))
+    return str(counts.edited(counts.admit_rows(), ADMIT_EDITS))
 
 
 def enqueue_items() -> str:
     counts = _counts()
     fan_in = counts._module("0039_transactional_fan_in")
-    return str(counts._edited(fan_in.enqueue_items(), ITEMS_EDITS))
+    return str(counts.edited(fan_in.enqueue_items(), ITEMS_EDITS))
 
 
 def upgrade() -> None:
