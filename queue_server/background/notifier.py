@@ -181,8 +181,7 @@ class Notifier:
             if since is None or placed is None:
                 self._wake_all()
             for tenant, queue in placed or ():
-                for event in self._waiters.get(f"{tenant}/{queue}", ()):
-                    event.set()
+                self.wake(tenant, queue)
             since = now
             await asyncio.sleep(self._watch_interval)
 
