@@ -77,6 +77,7 @@ def create_app(
         keys.keys_changed(listening)
 
     async def placed_since(since: str | None) -> tuple[str, list[tuple[str, str]] | None]:
+        metrics.watch_looks.inc()
         async with db.conn() as conn:
             return await channels.placed_since(conn, since)
 

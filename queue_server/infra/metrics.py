@@ -170,6 +170,12 @@ class Metrics:
             "LISTEN sessions lost since the process started",
             registry=self.registry,
         )
+        self.watch_looks = Counter(
+            "queue_server_wakeup_watch_looks",
+            "Looks of the wake-up watch for rows made ready (one statement each): every"
+            " watch_interval while an acquire waits in the process, none while none does",
+            registry=self.registry,
+        )
 
         self.schedule_fires = Counter(
             "queue_server_schedule_fires",

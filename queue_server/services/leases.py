@@ -144,9 +144,13 @@ class Leases:
         ttl = None if lease_ttl is None else timedelta(seconds=lease_ttl)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
-        while True:
-            wakeup = self.wakeups.subscribe(tenant, queue)
-            try:
+        # Listened for only once an acquire found nothing and may wait: an acquire that
+        # leases at once (a busy queue) is no waiter, and keeps the process's watch idle.
+        wakeup: asyncio.Event | None = None
+        try:
+            while True:
+                if wakeup is not None:
+                    wakeup.clear()  # before the look: a wake-up during it is kept
                 leased = await self._acquire_once(
                     tenant, queue, worker, principal.key_id, ttl, max_items, client_gone
                 )
@@ -157,11 +161,17 @@ class Leases:
                     )
                 if leased or remaining <= 0:
                     return Answer.of(200, {"leases": [views.lease(r) for r in leased]})
+                if wakeup is None:
+                    # Listening from now on, look again at once: what was made ready
+                    # between the first look and now woke nobody.
+                    wakeup = self.wakeups.subscribe(tenant, queue)
+                    continue
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wakeup.wait(), min(remaining, self._poll_interval()))
                 if await client_gone():
                     raise errors.ClientDisconnectedError()
-            finally:
+        finally:
+            if wakeup is not None:
                 self.wakeups.unsubscribe(tenant, queue, wakeup)
 
     @property

@@ -13,6 +13,7 @@ import pytest
 
 from queue_server.settings import Settings
 from tests.helpers.api import Api, client_for
+from tests.helpers.items import sample
 from tests.helpers.server import LiveServer
 from tests.helpers.wake import ParkedAcquire
 
@@ -111,3 +112,39 @@ def test_an_enqueue_wakes_its_own_processs_waiters_without_the_watch(
         assert leased["at"] - enqueued_at < 1.0  # not at the end of its wait (10 s)
     finally:
         alone.stop()
+
+
+def _watch_looks(api: Api) -> float:
+    looks = sample(api.admin.get("/metrics").text, "queue_server_wakeup_watch_looks_total")
+    assert looks is not None
+    return looks
+
+
+def _watch_at_rest(api: Api) -> float:
+    """The watch's looks once it has stopped looking (it looks for a while after the start
+    and after the last waiter): two reads a tenth of a second apart agree."""
+    deadline = time.monotonic() + 10
+    before = _watch_looks(api)
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = _watch_looks(api)
+        if now == before:
+            return now
+        before = now
+    raise AssertionError("the watch never came to rest")
+
+
+def test_acquires_answered_at_once_start_no_look_of_the_watch(api: Api) -> None:
+    """Only an acquire that found nothing and may wait is a waiter: the long-polling
+    acquires of a busy queue, each answered at once, leave the watch (a statement every
+    10 ms in each process) at rest; a long poll of an empty queue sets it looking."""
+    for n in range(20):
+        api.enqueue("busy", {"n": n})
+    at_rest = _watch_at_rest(api)
+    for _ in range(20):
+        [lease] = api.acquire("busy", wait=5)
+        done = api.holder("complete", lease["item_id"], worker="w1", fence=lease["fence"])
+        assert done.status_code == 200, done.text
+    assert _watch_looks(api) == at_rest
+    assert api.acquire("empty", wait=0.3) == []
+    assert _watch_looks(api) > at_rest

@@ -74,7 +74,7 @@ WITH terms AS (
     SELECT rate_limit AS lim, rate_interval AS per, rate_partitioned AS by_key  --@acquire_rated
     FROM queues  --@acquire_rated
     WHERE tenant_id = %(tenant)s AND queue = %(queue)s AND rate_limit IS NOT NULL  --@acquire_rated
-), counts AS (
+), counts AS MATERIALIZED (
     -- The limit: the queue's concurrency (an operator's setting; NULL: none) held to the
     -- approved limit, a live approval's (neither expired nor revoked; one stored under a
     -- looser policy is held to the loaded one's max-approved), else the policy's base.
