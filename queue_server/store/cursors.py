@@ -44,7 +44,7 @@ from typing import Any
 from psycopg.rows import tuple_row
 
 from queue_server.store.sql import load
-from queue_server.store.types import Conn, Row
+from queue_server.store.types import Conn, Row, uuid_array
 
 _SQL = load("cursors")
 # The connection's next cursor on a queue, from its current one (`Cursor.params`).
@@ -126,7 +126,7 @@ class Cursor:
             # Never empty: `item_id = ANY('{}')` is a contradiction, and a custom plan may
             # then read any partial index whole (the leased one, under an old snapshot,
             # holds every lease taken since it began). The nil UUID is no item's id.
-            "active_ids": list(self.active) or [NO_ITEM],
+            "active_ids": uuid_array(self.active or (NO_ITEM,)),
         }
 
     def moved(self, row: dict[str, Any], sent: list[Lane] | None = None) -> Cursor:

@@ -42,7 +42,7 @@ from queue_server.models import ItemState
 from queue_server.store import cursors
 from queue_server.store.reads import FIRST_ITEM
 from queue_server.store.sql import fetch_all, fetch_one, load
-from queue_server.store.types import Conn, Row
+from queue_server.store.types import Conn, Row, uuid_array
 
 _SQL = load("transitions")
 
@@ -304,7 +304,7 @@ async def release_unsent(
         _SQL["release_unsent"],
         {
             "leases": Jsonb(entries),
-            "ids": [entry["item_id"] for entry in entries],
+            "ids": uuid_array(entry["item_id"] for entry in entries),
             "tenant": tenant,
             "worker": worker,
             "key_id": key_id,
@@ -570,7 +570,7 @@ async def heartbeat_many(
         _SQL["heartbeat_many"],
         {
             "leases": Jsonb(leases),
-            "ids": [entry["item_id"] for entry in leases],
+            "ids": uuid_array(entry["item_id"] for entry in leases),
             "tenant": tenant,
             "worker": worker,
             "key_id": key_id,
@@ -592,7 +592,7 @@ async def complete_many(
         _SQL["complete_many"],
         {
             "items": Jsonb(completions),
-            "ids": [entry["item_id"] for entry in completions],
+            "ids": uuid_array(entry["item_id"] for entry in completions),
             "tenant": tenant,
             "worker": worker,
             "key_id": key_id,
