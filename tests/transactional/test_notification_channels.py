@@ -13,6 +13,7 @@ import pytest
 from queue_server.client import enqueue_in, enqueue_many_in
 from queue_server.settings import Settings
 from tests.helpers.api import Api, setup_tenant
+from tests.helpers.items import sample
 from tests.helpers.roles import Roles
 from tests.helpers.wake import ParkedAcquire
 
@@ -25,6 +26,12 @@ def settings(tmp_path: object) -> Settings:
 
 def _heard(conn: psycopg.Connection[tuple[object, ...]]) -> list[tuple[str, str]]:
     return [(n.channel, n.payload) for n in conn.notifies(timeout=1.0)]
+
+
+def _acquire_transactions(api: Api) -> float:
+    done = sample(api.admin.get("/metrics").text, "queue_server_acquire_seconds_count")
+    assert done is not None
+    return done
 
 
 def _requeued(api: Api, queue: str, delay: float = 0) -> None:
@@ -77,6 +84,7 @@ def test_a_forged_wake_makes_a_waiting_acquire_look_again_and_nothing_more(
         # A tag overheard (the queue's own, from a requeue) and the old plain payload.
         _requeued(api, "q", delay=60)
         [(_, tag)] = _heard(conn)
+        looks_before = _acquire_transactions(api)
         started = time.monotonic()
         parked = ParkedAcquire(api, "q", wait=3)
         for payload in (tag, "acme/q", "", "x" * 7000):
@@ -86,6 +94,9 @@ def test_a_forged_wake_makes_a_waiting_acquire_look_again_and_nothing_more(
     # its three seconds: no lease, no early empty answer.
     assert count == 0
     assert answered_at - started >= 2.9
+    # A handful of looks (its first, one once it listens, one per wake-up), not one after
+    # another for the rest of its wait: each wake-up is spent by the look it caused.
+    assert _acquire_transactions(api) - looks_before <= 10
     [item] = api.operator.get("/v1/tenants/acme/items").json()["items"]
     assert item["state"] == "ready"
 
