@@ -28,7 +28,9 @@ class Role(StrEnum):
     ADMIN = "admin"
 
 
-_CANONICAL_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+#: A canonical UUID string (lowercase, hyphenated), as a regular expression.
+UUID_PATTERN = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+_CANONICAL_UUID = re.compile(UUID_PATTERN)
 
 
 def is_uuid(value: str) -> bool:

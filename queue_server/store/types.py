@@ -9,11 +9,13 @@ from typing import Any
 
 from psycopg import AsyncConnection
 
+from queue_server.models import UUID_PATTERN
+
 Row = dict[str, Any]
 Conn = AsyncConnection[Row]
 
-_UUID = "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
-_UUID_ARRAY = re.compile(rf"\{{(?:{_UUID}(?:,{_UUID})*)?\}}")
+# `models.is_uuid`'s pattern, once per element: the whole literal is checked in one match.
+_UUID_ARRAY = re.compile(rf"\{{(?:{UUID_PATTERN}(?:,{UUID_PATTERN})*)?\}}")
 
 
 def uuid_array(ids: Iterable[str]) -> str:
