@@ -138,18 +138,25 @@ def test_a_lease_extended_by_a_transaction_that_commits_late_is_taken_over_once_
         " lease_deadline_at = statement_timestamp() + interval '300 seconds',"
         " leased_at = statement_timestamp() WHERE tenant_id = 'acme' AND payload = %s"
     )
-    with psycopg.connect(database_url, autocommit=True) as other:
-        other.execute(lease, ("30 seconds", Jsonb("x")))
-        other.execute(lease, ("500 milliseconds", Jsonb("y")))
+    other = psycopg.connect(database_url, autocommit=True)
+    for name in ("x", "y"):
+        other.execute(lease, ("30 seconds", Jsonb(name)))
     late = psycopg.connect(database_url)
 
     async def steps(take_one: Callable[[], Awaitable[list[Any]]]) -> None:
         assert await take_one() == []  # neither has expired
-        # A heartbeat with a short lease, its commit late: its expiry passes before it commits.
+        # y's lease ends in half a second; a heartbeat of x, its commit late, ends x's lease
+        # before y's (the order does not hang on how fast this machine runs the two).
+        await asyncio.to_thread(
+            other.execute,
+            "UPDATE work_items SET lease_expires_at = statement_timestamp()"
+            " + interval '500 milliseconds' WHERE tenant_id = 'acme' AND payload = '\"y\"'",
+        )
         await asyncio.to_thread(
             late.execute,
-            "UPDATE work_items SET lease_expires_at = statement_timestamp()"
-            " + interval '300 milliseconds' WHERE tenant_id = 'acme' AND payload = '\"x\"'",
+            "UPDATE work_items SET lease_expires_at = (SELECT lease_expires_at - interval"
+            " '200 milliseconds' FROM work_items WHERE tenant_id = 'acme' AND payload = '\"y\"')"
+            " WHERE tenant_id = 'acme' AND payload = '\"x\"'",
         )
         await asyncio.sleep(1.0)
         assert await take_one() == ["y"]  # taken over; the cursor is now past x's new expiry
@@ -161,6 +168,7 @@ def test_a_lease_extended_by_a_transaction_that_commits_late_is_taken_over_once_
         _on_one_connection(database_url, steps)
     finally:
         late.close()
+        other.close()
 
 
 def test_the_concurrency_limit_counts_leases_seen_before_and_leases_made_since(
