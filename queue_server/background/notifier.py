@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Sequence
@@ -162,7 +163,7 @@ class Notifier:
         assert self._placed_since is not None
         loop = asyncio.get_running_loop()
         since: str | None = None
-        last_waiting = loop.time()
+        last_waiting = -math.inf  # at rest from the start, until an acquire waits
         while True:
             if self._waiters:
                 last_waiting = loop.time()

@@ -121,8 +121,8 @@ def _watch_looks(api: Api) -> float:
 
 
 def _watch_at_rest(api: Api) -> float:
-    """The watch's looks once it has stopped looking (it looks for a while after the start
-    and after the last waiter): two reads a tenth of a second apart agree."""
+    """The watch's looks once it has stopped looking (it looks for a while after the last
+    waiter): two reads a tenth of a second apart agree."""
     deadline = time.monotonic() + 10
     before = _watch_looks(api)
     while time.monotonic() < deadline:
@@ -135,12 +135,14 @@ def _watch_at_rest(api: Api) -> float:
 
 
 def test_acquires_answered_at_once_start_no_look_of_the_watch(api: Api) -> None:
-    """Only an acquire that found nothing and may wait is a waiter: the long-polling
-    acquires of a busy queue, each answered at once, leave the watch (a statement every
-    10 ms in each process) at rest; a long poll of an empty queue sets it looking."""
+    """Only an acquire that found nothing and may wait is a waiter: the watch (a statement
+    every 10 ms in each process) does not look from the server's start, and the
+    long-polling acquires of a busy queue, each answered at once, leave it at rest; a long
+    poll of an empty queue sets it looking."""
     for n in range(20):
         api.enqueue("busy", {"n": n})
     at_rest = _watch_at_rest(api)
+    assert at_rest == 0, f"{at_rest} looks since the start, with no acquire waiting"
     for _ in range(20):
         [lease] = api.acquire("busy", wait=5)
         done = api.holder("complete", lease["item_id"], worker="w1", fence=lease["fence"])
