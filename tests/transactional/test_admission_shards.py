@@ -324,3 +324,32 @@ def test_a_cap_lowered_below_the_backlog_refuses_where_a_shard_still_has_room(
         assert refused.value.detail == f"Backlog 2 + 1 new would exceed the cap of {lowered}."
         conn.rollback()
     assert _backlog(db) == 2
+
+
+def test_an_enqueue_waiting_for_held_room_looks_again_less_and_less_often(
+    api: Api, database_url: str, roles: Roles
+) -> None:
+    """A session waiting for room that open transactions hold looks again at growing
+    intervals, up to 50 ms: in a 1 s wait, about 25 looks (every 5 ms, 200 looks: sessions
+    waiting on a forgotten transaction kept a core of the database busy)."""
+    app = roles.make("acme")
+    with psycopg.connect(database_url) as holder, app.connect() as conn:
+        shards = holder.execute(
+            "SELECT 1 FROM admission_shards WHERE tenant_id = 'acme' FOR NO KEY UPDATE"
+        ).rowcount
+        conn.execute("SET lock_timeout = '1s'")
+        conn.execute("SAVEPOINT waiting")
+        started = time.monotonic()
+        with pytest.raises(errors.BacklogCapReachedError):
+            enqueue_in(conn, "acme", "q", {"n": 1}, key="waits")
+        assert time.monotonic() - started >= 0.95
+        conn.execute("ROLLBACK TO SAVEPOINT waiting")
+        # Each look reads every shard of the tenant, all held (this transaction's reads).
+        row = conn.execute(
+            "SELECT pg_stat_get_xact_tuples_fetched('admission_shards'::regclass)"
+        ).fetchone()
+        assert row is not None
+        looks = int(row[0]) // shards
+        assert 10 <= looks <= 40, f"{looks} looks in a 1 s wait"
+        conn.rollback()
+        holder.rollback()
