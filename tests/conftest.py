@@ -163,7 +163,11 @@ def db(database_url: str) -> Iterator[psycopg.Connection[dict[str, object]]]:
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    return Settings(data_dir=tmp_path, poll_interval=0.2, lock_timeout_ms=2000)
+    """A test's server settings. Its pool opens one connection and grows as requests need
+    more: each connection of a fresh database parses and plans every statement it runs
+    anew, and the pool hands its connections out in turn, so four opened at start did that
+    work up to four times over in nearly every test."""
+    return Settings(data_dir=tmp_path, poll_interval=0.2, lock_timeout_ms=2000, pool_min_size=1)
 
 
 @pytest.fixture
