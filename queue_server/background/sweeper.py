@@ -17,6 +17,10 @@ transaction are folded into a new base (`fold_forever`, store/counters.py: a rea
 is the deltas since the last fold), and verification runs past their deadline end failed
 (`sweep_runs_forever`).
 
+Each sweep's first round comes one interval after the process starts (at most a minute
+later than a round at the start would), so that processes started together (a deploy, a
+failover) do not all sweep at the same moment.
+
 Each batch runs in a transaction that first tries its sweep's advisory lock
 (`store.sweeps`): when another process holds it, this one leaves the round to it.
 Batches are bounded (`retention_batch` rows), so no transaction holds many locks for
@@ -31,7 +35,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TypeVar
 
@@ -102,11 +106,11 @@ async def fold_forever(db: Database, interval: float = FOLD_INTERVAL) -> None:
     """Fold the counters every `interval` seconds until cancelled, apart from the other
     sweeps (a long retention round does not hold the fold back)."""
     while True:
+        await asyncio.sleep(interval)
         try:
             await fold_counters(db)
         except errors.QueueServerError as exc:
             log.warning("sweeper: could not fold the counters: %s", exc.detail)
-        await asyncio.sleep(interval)
 
 
 async def prune_samples(db: Database) -> int:
@@ -256,10 +260,15 @@ async def purge_rate_grants(db: Database, batch: int) -> int | None:
 
 @dataclass
 class _Job:
+    """A sweep and its interval; its first round comes one interval after the start."""
+
     name: str
     interval: float
     run: Callable[[], Awaitable[object]]
-    due: float
+    due: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.due = time.monotonic() + self.interval
 
 
 async def sweep_forever(
@@ -268,34 +277,29 @@ async def sweep_forever(
     """Run every sweep at its interval until cancelled; a failed round is logged and tried
     again at the next interval. `limits`: the loaded policy's base concurrency and
     max-approved, read at each round (a published policy may change them)."""
-    now = time.monotonic()
     batch = settings.retention_batch
     jobs = [
         _Job(
             "ledger expired spend approvals",
             APPROVAL_INTERVAL,
             lambda: ledger_expired_approvals(db, limits),
-            now,
         ),
-        _Job("sample queue counters", SAMPLE_INTERVAL, lambda: sample_counters(db), now),
+        _Job("sample queue counters", SAMPLE_INTERVAL, lambda: sample_counters(db)),
         _Job(
             "delete rate grants past their interval",
             GRANT_INTERVAL,
             lambda: purge_rate_grants(db, batch),
-            now,
         ),
-        _Job("roll up and prune counter samples", PRUNE_INTERVAL, lambda: tend_samples(db), now),
+        _Job("roll up and prune counter samples", PRUNE_INTERVAL, lambda: tend_samples(db)),
         _Job(
             "delete finished items past their retention",
             settings.retention_interval,
             lambda: purge_finished(db, batch=batch),
-            now,
         ),
         _Job(
             "delete receipts past their retention",
             settings.retention_interval,
             lambda: purge_receipts(db, batch=batch),
-            now,
         ),
     ]
     while True:
