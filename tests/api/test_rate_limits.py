@@ -37,7 +37,8 @@ def ready(_: int) -> bool:
 
 
 def work(url: str, key: str, worker: str, until: float) -> int:
-    """A worker process: acquire (no long poll) and complete, as fast as it can."""
+    """A worker process: acquire (no long poll) and complete, as fast as it can; held back
+    by the rate, it asks again after 20 ms (four processes still ask 200 times a second)."""
     done = 0
     with web.client(base_url=url, headers={"Authorization": f"Bearer {key}"}) as client:
         while time.time() < until:
@@ -45,9 +46,10 @@ def work(url: str, key: str, worker: str, until: float) -> int:
                 "/v1/tenants/acme/queues/q/leases",
                 json={"worker": worker, "lease_ttl": 30, "max_items": 5},
             )
-            if answer.status_code != 200:
-                continue
-            for lease in answer.json()["leases"]:
+            leases = answer.json()["leases"] if answer.status_code == 200 else []
+            if not leases:
+                time.sleep(0.02)
+            for lease in leases:
                 client.post(
                     f"/v1/tenants/acme/items/{lease['item_id']}/complete",
                     json={"worker": worker, "fence": lease["fence"]},
