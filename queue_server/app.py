@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import psycopg
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI, Request
 from fastapi_offline import FastAPIOffline
 from starlette.responses import JSONResponse, Response
 
@@ -216,6 +216,8 @@ def create_app(
     app.state.policy = policy
     app.state.services = services
     app.state.notifier = notifier
+    app.state.metrics = metrics
+    app.state.db = db
     problems.install(app)
     for module in (
         routes,
@@ -231,51 +233,9 @@ def create_app(
         # `include_router` would rebuild every route's parameters for each new app, on its
         # first request: about 0.1 s of CPU per app (a test suite builds hundreds).
         app.router.routes.extend(module.router.routes)
+    app.router.routes.extend(service.routes)  # /healthz, /readyz, /metrics
     install_console(app)
     app.openapi = lambda: openapi.document(app)  # type: ignore[method-assign]
-
-    @app.get("/healthz", tags=["service"])
-    async def healthz() -> dict[str, str]:
-        """The process is up."""
-        return {"status": "ok"}
-
-    @app.get("/readyz", tags=["service"], responses={503: {"model": Problem}})
-    async def readyz() -> Response:
-        """The database is reachable and its schema is at the head revision; the detail
-        names the loaded reliability policy."""
-        if await _ready(db):
-            return JSONResponse({"status": "ready", "policy": app.state.policy.loaded()})
-        raise errors.ServiceUnavailableError(
-            "The database is unreachable or its schema is not at the head revision."
-        )
-
-    @app.get(
-        "/metrics",
-        tags=["service"],
-        response_class=Response,
-        responses={200: {"content": {CONTENT_TYPE: {}}}, **PROBLEMS},
-    )
-    async def metrics_text(caller: Caller) -> Response:
-        """Prometheus text format (an operator or admin key): requests and latency by route,
-        then per queue items by state, ages, leases, dead letters, pause and counters of
-        finished work, per watcher its pending and dead deliveries, and what holds back the
-        database's xmin horizon. An operator key reads its own tenant's figures, an admin key
-        every tenant's and the hot tables' live and dead row versions. Without a key,
-        `serve --metrics-listen` publishes the same on an address of its own."""
-        if caller.role is not Role.ADMIN:
-            caller.require(caller.tenant or "", Role.OPERATOR)
-        metrics.listener_connected.set(int(notifier.listening))
-        tenant = None if caller.role is Role.ADMIN else caller.tenant
-        snapshot = None
-        with contextlib.suppress(errors.QueueServerError):
-            snapshot = await app.state.services.figures.snapshot(tenant)
-        ages = await asyncio.to_thread(backup_ages, settings.backup_repo)
-        return Response(
-            metrics.render(
-                snapshot, tenant=tenant, backup_ages=ages, objectives=settings.objectives()
-            ),
-            media_type=CONTENT_TYPE,
-        )
 
     # Inside the body limit and the metrics: the lean path's requests are counted and
     # limited like every other.
@@ -297,6 +257,59 @@ def backup_ages(repo: Path | None) -> dict[str, float] | None:
     if repo is None:
         return None
     return backup.Repository(repo).ages()
+
+
+# The service routes, built once at import like the API's (a route's parameters and
+# responses cost about a millisecond each to build, /metrics's problems three): each reads
+# its app's own objects from `app.state`.
+service = APIRouter(tags=["service"])
+
+
+@service.get("/healthz")
+async def healthz() -> dict[str, str]:
+    """The process is up."""
+    return {"status": "ok"}
+
+
+@service.get("/readyz", responses={503: {"model": Problem}})
+async def readyz(request: Request) -> Response:
+    """The database is reachable and its schema is at the head revision; the detail
+    names the loaded reliability policy."""
+    state = request.app.state
+    if await _ready(state.db):
+        return JSONResponse({"status": "ready", "policy": state.policy.loaded()})
+    raise errors.ServiceUnavailableError(
+        "The database is unreachable or its schema is not at the head revision."
+    )
+
+
+@service.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE: {}}}, **PROBLEMS},
+)
+async def metrics_text(request: Request, caller: Caller) -> Response:
+    """Prometheus text format (an operator or admin key): requests and latency by route,
+    then per queue items by state, ages, leases, dead letters, pause and counters of
+    finished work, per watcher its pending and dead deliveries, and what holds back the
+    database's xmin horizon. An operator key reads its own tenant's figures, an admin key
+    every tenant's and the hot tables' live and dead row versions. Without a key,
+    `serve --metrics-listen` publishes the same on an address of its own."""
+    if caller.role is not Role.ADMIN:
+        caller.require(caller.tenant or "", Role.OPERATOR)
+    state = request.app.state
+    metrics: Metrics = state.metrics
+    settings: Settings = state.settings
+    metrics.listener_connected.set(int(state.notifier.listening))
+    tenant = None if caller.role is Role.ADMIN else caller.tenant
+    snapshot = None
+    with contextlib.suppress(errors.QueueServerError):
+        snapshot = await state.services.figures.snapshot(tenant)
+    ages = await asyncio.to_thread(backup_ages, settings.backup_repo)
+    return Response(
+        metrics.render(snapshot, tenant=tenant, backup_ages=ages, objectives=settings.objectives()),
+        media_type=CONTENT_TYPE,
+    )
 
 
 async def _ready(db: Database) -> bool:
