@@ -41,12 +41,12 @@ def test_handlers_complete_with_their_results_and_one_request_extends_every_leas
         items = [qs.enqueue("q", {"n": n}) for n in range(3)]
 
         def handler(job: AnyJob) -> Any:
-            time.sleep(1.2)  # several heartbeat intervals of a 1 s lease
+            time.sleep(2.4)  # several heartbeat intervals of a 2 s lease
             return {"double": job.payload["n"] * 2}
 
         results: list[Result] = []
         worker = face.worker(
-            api, "q", handler, name="w1", lease_ttl=1, heartbeat_fraction=0.3, concurrency=3,
+            api, "q", handler, name="w1", lease_ttl=2, heartbeat_fraction=0.3, concurrency=3,
             wait=0, on_result=results.append,
         )  # fmt: skip
         assert worker.run(max_items=3) == 3
@@ -56,7 +56,7 @@ def test_handlers_complete_with_their_results_and_one_request_extends_every_leas
             done = qs.get_item(item.item_id)
             assert (done.state, done.result) == ("completed", {"double": n * 2})
             beat = kinds(qs, item.item_id).count("heartbeat")
-            # One about every 0.3 s while the handler runs: not fewer, and not many more.
+            # One about every 0.6 s while the handler runs: not fewer, and not many more.
             assert 2 <= beat <= 6, beat
             beats += beat
     # The three leases beat together: fewer requests than beats, none of them single.
