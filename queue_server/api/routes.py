@@ -36,7 +36,7 @@ from queue_server.api.deps import (
 from queue_server.api.problems import problem_response
 from queue_server.idempotency import Idempotency
 from queue_server.models import NAME_PATTERN, Role
-from queue_server.services.items import ItemFilter
+from queue_server.services.items import BulkPage, ItemFilter
 
 router = APIRouter(prefix="/v1", responses=PROBLEMS, route_class=JsonRoute)
 
@@ -311,23 +311,18 @@ async def cancel_items(
     """
     idem = idempotency(request, idempotency_key, body, caller)
     answer = await items.cancel_many(
-        caller,
-        tenant,
-        idem,
-        instance=request.url.path,
-        filter=_item_filter(body.filter),
-        reason=body.reason,
-        limit=body.limit,
-        cursor=body.cursor,
+        caller, tenant, idem, _bulk_page(request, body), reason=body.reason
     )
     return respond(answer)
 
 
-def _item_filter(
-    f: schemas.ItemFilterIn | schemas.RetryFilterIn | schemas.DeleteFilterIn,
-) -> ItemFilter:
-    """A bulk route's body filter as the services take it (the payload as JSON text)."""
-    return ItemFilter(
+def _bulk_page(
+    request: Request, body: schemas.CancelManyIn | schemas.RetryManyIn | schemas.DeleteManyIn
+) -> BulkPage:
+    """A bulk route's page as the services take it: its filter (the payload as JSON text),
+    limit and cursor, answered under the request's path."""
+    f = body.filter
+    filter = ItemFilter(
         queue=f.queue,
         state=f.state,
         created_after=f.created_after,
@@ -337,6 +332,7 @@ def _item_filter(
         if isinstance(f, schemas.ItemFilterIn) or f.item_ids is None
         else tuple(str(i) for i in f.item_ids),
     )
+    return BulkPage(request.url.path, filter, body.limit, body.cursor)
 
 
 @router.post("/tenants/{tenant}/items:retry", response_model=schemas.RetryManyOut, tags=["items"])
@@ -356,15 +352,7 @@ async def retry_items(
     open dead letter closes as `retried`.
     """
     idem = idempotency(request, idempotency_key, body, caller)
-    answer = await items.retry_many(
-        caller,
-        tenant,
-        idem,
-        instance=request.url.path,
-        filter=_item_filter(body.filter),
-        limit=body.limit,
-        cursor=body.cursor,
-    )
+    answer = await items.retry_many(caller, tenant, idem, _bulk_page(request, body))
     return respond(answer)
 
 
@@ -380,15 +368,7 @@ async def delete_items(
     """Delete the completed or cancelled items of one page of the filter with their ledgers
     (operator); each queue's ledger keeps who deleted which. `next_cursor` resumes."""
     idem = idempotency(request, idempotency_key, body, caller)
-    answer = await items.delete_many(
-        caller,
-        tenant,
-        idem,
-        instance=request.url.path,
-        filter=_item_filter(body.filter),
-        limit=body.limit,
-        cursor=body.cursor,
-    )
+    answer = await items.delete_many(caller, tenant, idem, _bulk_page(request, body))
     return respond(answer)
 
 

@@ -4,6 +4,8 @@ retry and delete them."""
 from __future__ import annotations
 
 import json as jsonlib
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -31,7 +33,7 @@ from queue_server.cli.common import (
 )
 from queue_server.client import QueueClient
 from queue_server.client.errors import BacklogCapReachedError
-from queue_server.client.models import Item, LedgerEvent
+from queue_server.client.models import DeletedItems, Item, LedgerEvent, RetriedItems
 from queue_server.models import is_uuid
 
 app = CLI(help="List, inspect, cancel, retry and delete work items.", no_args_is_help=True)
@@ -47,13 +49,19 @@ State = Annotated[
         help="Only this state: waiting, ready, leased, completed, quarantined or cancelled."
     ),
 ]
+# A time with its offset, as items show theirs (e.g. 2026-12-01T09:00:00+00:00).
+TIMES = ["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S.%f%z"]
 After = Annotated[
     datetime | None,
     typer.Option(
         "--created-after",
-        formats=["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S.%f%z"],
+        formats=TIMES,
         help="Only items created after this time, e.g. 2026-12-01T09:00:00+00:00.",
     ),
+]
+Before = Annotated[
+    datetime | None,
+    typer.Option("--created-before", formats=TIMES, help="Only items created before this time."),
 ]
 # A selection for retry and delete: only these items, each still matching the filter.
 Selected = Annotated[
@@ -61,14 +69,6 @@ Selected = Annotated[
     typer.Argument(
         help="Only these items (ids, or the start or end of exactly one's each); each must"
         " still match the filter. None: every matching item."
-    ),
-]
-Before = Annotated[
-    datetime | None,
-    typer.Option(
-        "--created-before",
-        formats=["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S.%f%z"],
-        help="Only items created before this time.",
     ),
 ]
 Payload = Annotated[
@@ -438,69 +438,46 @@ def items_cancel_matching(
         typer.echo(f"{counted(total, 'item')} cancelled")
 
 
-@app.command("retry")
-def items_retry(
-    state: Annotated[str, typer.Option(help="quarantined or cancelled: the items to retry.")],
-    queue: Queue = None,
-    created_after: After = None,
-    created_before: Before = None,
-    payload: Payload = None,
-    item_ids: Selected = None,
-    batch: Annotated[int, typer.Option(min=1, max=1000, help="Items per request.")] = 100,
-    yes: Yes = False,
-    url: Url = None,
-    key: Key = None,
-    tenant: Tenant = None,
-    data_dir: DataDir = None,
-    json: Json = False,
-) -> None:
-    """Make every quarantined (or cancelled) item the filter matches ready now, its
+@dataclass(frozen=True)
+class _Action:
+    """`items retry` or `items delete`: the states each takes and how its pages are asked."""
+
+    verb: str  # as the prompts say it: Retry, Delete
+    done: str  # the answer's count of items changed
+    states: tuple[str, str]
+    ask: Callable[[QueueClient], Callable[..., RetriedItems | DeletedItems]]
+
+
+_ACTIONS = {
+    "retry": _Action("Retry", "retried", ("quarantined", "cancelled"), lambda qs: qs.retry_items),
+    "delete": _Action("Delete", "deleted", ("completed", "cancelled"), lambda qs: qs.delete_items),
+}
+_RETRY_HELP = """Make every quarantined (or cancelled) item the filter matches ready now, its
     acquisition budget whole again, as a replay does: back in the backlog, under its cap,
     a batch at a time. At the cap it stops and says how many are left (exit 4).
 
     Example: [bold]queue-server items retry --state quarantined --queue emails --yes[/bold]
     Example: [bold]queue-server items retry --state quarantined 0190f3c2-... 9be41d07 --yes[/bold]
     """
-    if state not in ("quarantined", "cancelled"):
-        fail("Invalid --state", "retry takes quarantined or cancelled items")
-    chosen = _filters(queue, state, created_after, created_before, payload)
-    with tenant_session(url, key, data_dir, tenant) as qs:
-        selected = _selected(qs, item_ids)
-        if selected is None:
-            confirm(f"Retry every {state} item of tenant {qs.tenant} matching this filter?", yes)
-        else:
-            confirm(f"Retry the {counted(len(selected), 'item')} given if {state}?", yes)
-        total, cursor, left = 0, None, 0
-        while True:
-            try:
-                page = qs.retry_items(**chosen, item_ids=selected, limit=batch, cursor=cursor)
-            except BacklogCapReachedError:
-                left = -1  # the cap had no room at all for the next batch
-                break
-            total += page.retried
-            if not json:
-                err_console.print(f"retried {total} so far")
-            cursor = page.next_cursor
-            if page.over_cap:
-                left = page.over_cap
-                break
-            if cursor is None:
-                break
-    if json:
-        print_json({"retried": total, "stopped_at_the_cap": left != 0})
-    else:
-        typer.echo(f"{counted(total, 'item')} retried")
-    if left:
-        fail(
-            "The backlog is at its cap",
-            "the rest are as they were; run the same command again when there is room",
-            code=EXIT_REFUSED,
-        )
+_DELETE_HELP = """Delete every completed (or cancelled) item the filter matches, with its ledger, a
+    batch at a time; each queue's ledger keeps who deleted which.
+
+    Example: [bold]queue-server items delete --state completed --queue emails --yes[/bold]
+    Example: [bold]queue-server items delete --state cancelled 0190f3c2-... --yes[/bold]
+    """
 
 
-@app.command("delete")
-def items_delete(
-    state: Annotated[str, typer.Option(help="completed or cancelled: the items to delete.")],
+@app.command("delete", help=_DELETE_HELP)  # registered second: listed after retry
+@app.command("retry", help=_RETRY_HELP)
+def items_retry_or_delete(
+    ctx: typer.Context,
+    state: Annotated[
+        str,
+        typer.Option(
+            help="The items to act on: quarantined or cancelled to retry, completed or"
+            " cancelled to delete."
+        ),
+    ],
     queue: Queue = None,
     created_after: After = None,
     created_before: Before = None,
@@ -514,31 +491,49 @@ def items_delete(
     data_dir: DataDir = None,
     json: Json = False,
 ) -> None:
-    """Delete every completed (or cancelled) item the filter matches, with its ledger, a
-    batch at a time; each queue's ledger keeps who deleted which.
-
-    Example: [bold]queue-server items delete --state completed --queue emails --yes[/bold]
-    Example: [bold]queue-server items delete --state cancelled 0190f3c2-... --yes[/bold]
-    """
-    if state not in ("completed", "cancelled"):
-        fail("Invalid --state", "delete takes completed or cancelled items")
+    """`items retry` and `items delete`, one command under the name it is called by: a
+    page of matching items at a time until none is left (or, retrying, the cap is met)."""
+    name = str(ctx.info_name)
+    action = _ACTIONS[name]
+    if state not in action.states:
+        fail("Invalid --state", f"{name} takes {' or '.join(action.states)} items")
     chosen = _filters(queue, state, created_after, created_before, payload)
     with tenant_session(url, key, data_dir, tenant) as qs:
         selected = _selected(qs, item_ids)
         if selected is None:
-            confirm(f"Delete every {state} item of tenant {qs.tenant} matching this filter?", yes)
+            confirm(
+                f"{action.verb} every {state} item of tenant {qs.tenant} matching this filter?",
+                yes,
+            )
         else:
-            confirm(f"Delete the {counted(len(selected), 'item')} given if {state}?", yes)
-        total, cursor = 0, None
+            confirm(f"{action.verb} the {counted(len(selected), 'item')} given if {state}?", yes)
+        ask = action.ask(qs)
+        total, cursor, left = 0, None, 0
         while True:
-            page = qs.delete_items(**chosen, item_ids=selected, limit=batch, cursor=cursor)
-            total += page.deleted
+            try:
+                page = ask(**chosen, item_ids=selected, limit=batch, cursor=cursor)
+            except BacklogCapReachedError:
+                left = -1  # the cap had no room at all for the next batch
+                break
+            total += getattr(page, action.done)
             if not json:
-                err_console.print(f"deleted {total} so far")
+                err_console.print(f"{action.done} {total} so far")
             cursor = page.next_cursor
+            if isinstance(page, RetriedItems) and page.over_cap:
+                left = page.over_cap
+                break
             if cursor is None:
                 break
     if json:
-        print_json({"deleted": total})
+        done: dict[str, Any] = {action.done: total}
+        if name == "retry":
+            done["stopped_at_the_cap"] = left != 0
+        print_json(done)
     else:
-        typer.echo(f"{counted(total, 'item')} deleted")
+        typer.echo(f"{counted(total, 'item')} {action.done}")
+    if left:
+        fail(
+            "The backlog is at its cap",
+            "the rest are as they were; run the same command again when there is room",
+            code=EXIT_REFUSED,
+        )

@@ -138,9 +138,27 @@ def _position(row: Row, sort: str = "created") -> str:
     return common.encode_cursor([sort, str(row[column]) if column else "", *where])
 
 
-def _check_bulk_limit(limit: int) -> None:
-    if not 1 <= limit <= MAX_BULK_CANCEL:
-        raise errors.InvalidRequestError(f"limit must be 1 to {MAX_BULK_CANCEL}.")
+@dataclass(frozen=True, slots=True)
+class BulkPage:
+    """One page of an operator's bulk action: at most `limit` items of `filter` after
+    `cursor`, answered under the receipt of `instance` (the REST path it is known by)."""
+
+    instance: str
+    filter: ItemFilter
+    limit: int
+    cursor: str | None = None
+
+    def checked(self, allowed: Sequence[str] | None = None, done: str = "") -> BulkPage:
+        """This page with its filter checked, its limit in range and, given `allowed`, its
+        filter's state one of them (else the action `done` would refuse it)."""
+        filter = self.filter.checked()
+        if allowed is not None and filter.state not in allowed:
+            raise errors.InvalidRequestError(
+                f"Only {' or '.join(allowed)} items can be {done}: filter on one of them."
+            )
+        if not 1 <= self.limit <= MAX_BULK_CANCEL:
+            raise errors.InvalidRequestError(f"limit must be 1 to {MAX_BULK_CANCEL}.")
+        return BulkPage(self.instance, filter, self.limit, self.cursor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -568,39 +586,34 @@ class Items:
         principal: auth.Principal,
         tenant: str,
         idem: Idempotency,
+        page: BulkPage,
         *,
-        instance: str,
-        filter: ItemFilter,
         reason: str,
-        limit: int,
-        cursor: str | None,
     ) -> Answer:
-        """Cancel the ready, leased and quarantined items of one page of `filter` (at most
-        `limit`), in one transaction. `next_cursor` resumes after the page; null when the
-        filter has no more items."""
+        """Cancel the ready, leased and quarantined items of one page of a filter, in one
+        transaction. `next_cursor` resumes after the page; null when the filter has no more
+        items."""
         principal.require(tenant, Role.OPERATOR)
-        filter = filter.checked()
-        if filter.state is not None and filter.state not in CANCELLABLE:
+        page = page.checked()
+        state = page.filter.state
+        if state is not None and state not in CANCELLABLE:
             raise errors.InvalidRequestError(
-                f"{filter.state} items cannot be cancelled; filter on ready, leased or"
+                f"{state} items cannot be cancelled; filter on ready, leased or"
                 " quarantined items, or on none."
             )
-        _check_bulk_limit(limit)
 
-        async def cancel(conn: Conn, page: list[Row]) -> Bulk:
+        async def cancel(conn: Conn, rows: list[Row]) -> Bulk:
             cancelled = await transitions.cancel(
                 conn,
                 tenant=tenant,
-                item_ids=[str(row["item_id"]) for row in page],
+                item_ids=[str(row["item_id"]) for row in rows],
                 reason=reason,
                 actor=principal.actor,
-                state=filter.state,
+                state=state,
             )
-            return Bulk(cancelled, len(page))
+            return Bulk(cancelled, len(rows))
 
-        return await self._bulk(
-            tenant, idem, instance, filter, limit, cursor, "cancelled", cancel, open_only=True
-        )
+        return await self._bulk(tenant, idem, page, "cancelled", cancel, open_only=True)
 
     async def count_items(self, principal: auth.Principal, tenant: str, filter: ItemFilter) -> int:
         """How many items of the filter's state match it (an operator's bulk action)."""
@@ -620,120 +633,87 @@ class Items:
                 payload_json=filter.payload,
             )
 
-    def _bulk_page(
-        self, filter: ItemFilter, allowed: tuple[str, ...], done: str, limit: int
-    ) -> ItemFilter:
-        """A bulk retry's or delete's filter, checked: one of the `allowed` states."""
-        filter = filter.checked()
-        if filter.state not in allowed:
-            raise errors.InvalidRequestError(
-                f"Only {' or '.join(allowed)} items can be {done}: filter on one of them."
-            )
-        _check_bulk_limit(limit)
-        return filter
-
     async def _bulk(
         self,
         tenant: str,
         idem: Idempotency,
-        instance: str,
-        filter: ItemFilter,
-        limit: int,
-        cursor: str | None,
+        page: BulkPage,
         verb: str,
         act: Callable[[Conn, list[Row]], Awaitable[Bulk]],
         *,
         open_only: bool,
     ) -> Answer:
-        """An operator's bulk action on one page of `filter` (at most `limit` items after
-        `cursor`), in one transaction, once per key: `act` changes the page's first items
-        and says how many it took; the answer counts the rows it changed under `verb`, with
-        their ids and `next_cursor`, after the last item taken while any is left."""
-        after = _item_cursor(cursor)
+        """An operator's bulk action on one page, in one transaction, once per key: `act`
+        changes the page's first items and says how many it took; the answer counts the rows
+        it changed under `verb`, with their ids and `next_cursor`, after the last item taken
+        while any is left."""
+        after = _item_cursor(page.cursor)
 
         async def operation(conn: Conn) -> Answer:
             await require_tenant(conn, tenant)
-            page = await self._page(conn, tenant, filter, after, limit, open_only=open_only)
-            more = len(page) > limit
-            page = page[:limit]
-            done = await act(conn, page)
-            left = more or done.taken < len(page)
+            rows = await self._page(
+                conn, tenant, page.filter, after, page.limit, open_only=open_only
+            )
+            more = len(rows) > page.limit
+            rows = rows[: page.limit]
+            done = await act(conn, rows)
+            left = more or done.taken < len(rows)
             return Answer.of(
                 200,
                 {
                     verb: len(done.rows),
                     "item_ids": [str(row["item_id"]) for row in done.rows],
                     **done.extra,
-                    "next_cursor": _position(page[done.taken - 1]) if done.taken and left else None,
+                    "next_cursor": _position(rows[done.taken - 1]) if done.taken and left else None,
                 },
             )
 
-        return await self.effects.run(tenant, idem, instance, operation)
+        return await self.effects.run(tenant, idem, page.instance, operation)
 
     async def retry_many(
-        self,
-        principal: auth.Principal,
-        tenant: str,
-        idem: Idempotency,
-        *,
-        instance: str,
-        filter: ItemFilter,
-        limit: int,
-        cursor: str | None,
+        self, principal: auth.Principal, tenant: str, idem: Idempotency, page: BulkPage
     ) -> Answer:
-        """Make one page of `filter`'s quarantined or cancelled items (at most `limit`) ready
-        now, as a replay: back in the backlog within the tenant's cap (admission shards). Those
-        past the cap's room are left as they were (`over_cap`; 429 when none fits), and
-        `next_cursor` resumes after the last one retried."""
+        """Make one page of a filter's quarantined or cancelled items ready now, as a replay:
+        back in the backlog within the tenant's cap (admission shards). Those past the cap's
+        room are left as they were (`over_cap`; 429 when none fits), and `next_cursor`
+        resumes after the last one retried."""
         principal.require(tenant, Role.OPERATOR)
-        filter = self._bulk_page(filter, RETRYABLE, "retried", limit)
+        page = page.checked(RETRYABLE, "retried")
 
-        async def retry(conn: Conn, page: list[Row]) -> Bulk:
-            shards, cap = await admission_room(conn, tenant, len(page), self.envelope, "retried")
+        async def retry(conn: Conn, rows: list[Row]) -> Bulk:
+            shards, cap = await admission_room(conn, tenant, len(rows), self.envelope, "retried")
             retried = await transitions.retry(
                 conn,
                 tenant=tenant,
-                item_ids=[str(r["item_id"]) for r in page[: len(shards)]],
+                item_ids=[str(r["item_id"]) for r in rows[: len(shards)]],
                 shards=shards,
-                state=str(filter.state),
+                state=str(page.filter.state),
                 actor=principal.actor,
             )
-            over = {"over_cap": len(page) - len(shards), "backlog_cap": cap}
+            over = {"over_cap": len(rows) - len(shards), "backlog_cap": cap}
             return Bulk(retried, len(shards), over)
 
-        return await self._bulk(
-            tenant, idem, instance, filter, limit, cursor, "retried", retry, open_only=False
-        )
+        return await self._bulk(tenant, idem, page, "retried", retry, open_only=False)
 
     async def delete_many(
-        self,
-        principal: auth.Principal,
-        tenant: str,
-        idem: Idempotency,
-        *,
-        instance: str,
-        filter: ItemFilter,
-        limit: int,
-        cursor: str | None,
+        self, principal: auth.Principal, tenant: str, idem: Idempotency, page: BulkPage
     ) -> Answer:
-        """Delete one page of `filter`'s completed or cancelled items (at most `limit`) with
-        their ledgers, in one transaction; `next_cursor` resumes after the page."""
+        """Delete one page of a filter's completed or cancelled items with their ledgers, in
+        one transaction; `next_cursor` resumes after the page."""
         principal.require(tenant, Role.OPERATOR)
-        filter = self._bulk_page(filter, DELETABLE, "deleted", limit)
+        page = page.checked(DELETABLE, "deleted")
 
-        async def delete(conn: Conn, page: list[Row]) -> Bulk:
+        async def delete(conn: Conn, rows: list[Row]) -> Bulk:
             deleted = await transitions.delete_finished(
                 conn,
                 tenant=tenant,
-                item_ids=[str(r["item_id"]) for r in page],
-                state=str(filter.state),
+                item_ids=[str(r["item_id"]) for r in rows],
+                state=str(page.filter.state),
                 actor=principal.actor,
             )
-            return Bulk(deleted, len(page))
+            return Bulk(deleted, len(rows))
 
-        return await self._bulk(
-            tenant, idem, instance, filter, limit, cursor, "deleted", delete, open_only=False
-        )
+        return await self._bulk(tenant, idem, page, "deleted", delete, open_only=False)
 
     async def dependencies(
         self, principal: auth.Principal, tenant: str, item_id: str, limit: int, cursor: str | None

@@ -16,7 +16,7 @@ from queue_server import errors
 from queue_server.api import schemas
 from queue_server.console import charts, web
 from queue_server.models import NAME_RE, ItemState, check_utc_offset, is_uuid
-from queue_server.services.items import DELETABLE, RETRYABLE, SORTS, ItemFilter
+from queue_server.services.items import DELETABLE, RETRYABLE, SORTS, BulkPage, ItemFilter
 
 router = APIRouter(
     prefix=f"{web.PREFIX}/tenants/{{tenant}}", route_class=web.ConsoleRoute, include_in_schema=False
@@ -227,13 +227,7 @@ async def bulk(request: Request, tenant: str) -> Response:
             suffix=f"page-{number}",
         )
         answer = await run(
-            session.principal,
-            tenant,
-            idem,
-            instance=rest_path,
-            filter=match,
-            limit=BULK_PAGE,
-            cursor=cursor,
+            session.principal, tenant, idem, BulkPage(rest_path, match, BULK_PAGE, cursor)
         )
         if answer.problem:
             stopped = web.problem_text(answer)
@@ -344,10 +338,7 @@ async def act_on_selection(request: Request, tenant: str) -> Response:
                 body=body,
                 suffix=f"selected-{state}",
             ),
-            instance=rest_path,
-            filter=ItemFilter(state=state, item_ids=tuple(ids)),
-            limit=len(ids),
-            cursor=None,
+            BulkPage(rest_path, ItemFilter(state=state, item_ids=tuple(ids)), len(ids)),
         )
         if answer.problem:
             stopped = web.problem_text(answer)
