@@ -38,6 +38,7 @@ from queue_server.db import Database
 from queue_server.infra import backup, migrate, tracing
 from queue_server.infra.http_protocol import ConnectionLimits, use_limits
 from queue_server.infra.metrics import CONTENT_TYPE, Metrics
+from queue_server.infra.tasks import stop_tasks, wait_event
 from queue_server.models import Role
 from queue_server.policy import ReliabilityPolicy, runtime_policy
 from queue_server.services import Services
@@ -145,8 +146,7 @@ def create_app(
         """Run the published version activated last: told by the policy channel that one
         was published, and every `policy_poll_interval` in any case."""
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(policy_published.wait(), settings.policy_poll_interval)
+            await wait_event(policy_published, settings.policy_poll_interval)
             policy_published.clear()
             try:
                 published = await app.state.services.policies.active()
@@ -170,8 +170,10 @@ def create_app(
         # app starts without its database (readyz says so): then it is recorded when back.
         recording = asyncio.create_task(start_policy())
         try:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(recording), timeout=5)
+            # At most 5 s; past them the recording goes on as the process serves.
+            done, _ = await asyncio.wait({recording}, timeout=5)
+            if done:
+                recording.result()  # a refused start is raised here
         except BaseException:
             # A refused start (a policy file reusing a kept version's name) closes the
             # pool: its connection tasks left running could keep the process from exiting.
@@ -190,12 +192,9 @@ def create_app(
         try:
             yield
         finally:
-            loops.extend(scheduler)
-            for loop in loops:
-                loop.cancel()
-            for loop in loops:
-                with contextlib.suppress(asyncio.CancelledError):
-                    await loop
+            await stop_tasks([*loops, *scheduler])
+            # A policy adopted while the loops stopped started a scheduler of its own.
+            await stop_tasks(scheduler)
             await notifier.stop()
             await db.close()
 

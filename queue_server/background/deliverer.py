@@ -59,6 +59,7 @@ from psycopg_pool import PoolTimeout
 from queue_server import errors
 from queue_server.db import Database, uncancelled
 from queue_server.infra import tracing
+from queue_server.infra.tasks import wait_event
 from queue_server.policy import (
     FailureClass,
     OperationClass,
@@ -263,8 +264,7 @@ class Deliverer:
                     outage = None
                 if (report.claimed and not report.released) or report.backfilled:
                     continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), pause)
+            await wait_event(stop, pause)
 
     async def run_once(self) -> RunReport:
         """Move overdue rows to dead (at most once per poll interval), then claim due rows

@@ -25,7 +25,6 @@ every waiter once: a row made ready before that place was looked at by then.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import random
@@ -35,6 +34,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import psycopg
 
 from queue_server import errors
+from queue_server.infra.tasks import stop_tasks
 from queue_server.store.channels import (
     KEYS_CHANNEL,
     LISTEN_KEYS,
@@ -108,11 +108,7 @@ class Notifier:
             self._watch_task = asyncio.create_task(self._watch(), name="queue-server-watch")
 
     async def stop(self) -> None:
-        for task in (self._task, self._watch_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await stop_tasks([self._task, self._watch_task])
 
     def subscribe(self, tenant: str, queue: str) -> asyncio.Event:
         event = asyncio.Event()
@@ -266,6 +262,9 @@ class Notifier:
             return
         await conn.close()  # the socket first: the pending probe then has nothing to cancel
         probe.cancel()
-        with contextlib.suppress(asyncio.CancelledError, psycopg.Error):
-            await probe
+        # Its end, whatever it is (cancelled, or failed on the closed socket); a
+        # cancellation of this task meanwhile is raised, not taken for the probe's.
+        await asyncio.wait({probe})
+        if not probe.cancelled():
+            probe.exception()
         raise TimeoutError(f"the listener's probe got no answer in {self._probe_interval:.1f}s")

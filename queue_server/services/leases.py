@@ -7,7 +7,6 @@ complete and their batch forms."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -19,6 +18,7 @@ from queue_server import auth, errors, views
 from queue_server.db import Database
 from queue_server.idempotency import Answer, Effects, Idempotency
 from queue_server.infra.metrics import Metrics
+from queue_server.infra.tasks import wait_event
 from queue_server.models import Role, is_uuid
 from queue_server.policy import ReliabilityPolicy
 from queue_server.services.common import WORKER_OR_OPERATOR, require_item_id
@@ -166,8 +166,7 @@ class Leases:
                     # between the first look and now woke nobody.
                     wakeup = self.wakeups.subscribe(tenant, queue)
                     continue
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wakeup.wait(), min(remaining, self._poll_interval()))
+                await wait_event(wakeup, min(remaining, self._poll_interval()))
                 if await client_gone():
                     raise errors.ClientDisconnectedError()
         finally:
