@@ -4,7 +4,6 @@ port where a test takes `live` or is marked `live` (sockets, processes, disconne
 
 from __future__ import annotations
 
-import atexit
 import gc
 import os
 import shutil
@@ -35,8 +34,7 @@ gc.disable()  # until the tests run: see pytest_runtestloop
 use_scratch_dir()
 # `serve` notes the data directory it started on in the user's state directory, where the
 # CLI looks for it (queue_server/infra/address.py): the suite's servers note theirs apart.
-os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="qs-test-state-")
-atexit.register(shutil.rmtree, os.environ["XDG_STATE_HOME"], True)
+STATE_HOME = os.environ["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="qs-test-state-")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -50,6 +48,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.option.basetemp is None and not hasattr(config, "workerinput"):
         config.option.basetemp = tempfile.mkdtemp(prefix="qs-pytest-")
         config.add_cleanup(lambda: shutil.rmtree(config.option.basetemp, ignore_errors=True))
+    # Removed as the run ends, not at exit: the contract's proofs end with os._exit.
+    config.add_cleanup(lambda: shutil.rmtree(STATE_HOME, ignore_errors=True))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
