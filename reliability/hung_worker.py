@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import subprocess
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -87,12 +88,16 @@ def _work(
 
 
 def hung_worker(*, name: str = "hung worker") -> ScenarioOutcome:
-    """A hung `queue-server work` command is taken over after the lease deadline; done once."""
+    """A hung `queue-server work` command is taken over after the lease deadline; done once.
+    Its policy file and command live in a temporary folder, removed when it ends."""
+    with tempfile.TemporaryDirectory(prefix="qs-hung-") as root:
+        return _hung_worker(Path(root), name)
+
+
+def _hung_worker(root: Path, name: str) -> ScenarioOutcome:
     began = time.monotonic()
     violations: list[Violation] = []
     metrics: dict[str, JSONValue] = {"deadline_seconds": DEADLINE, "lease_ttl_seconds": TTL}
-    root = Path(os.environ.get("TMPDIR", "/tmp")) / f"qs-hung-{uuid.uuid4().hex[:8]}"
-    root.mkdir(parents=True)
     policy = _policy(root / "short-deadline.json")
     script = root / "job.sh"
     script.write_text(SCRIPT)
