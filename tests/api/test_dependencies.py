@@ -393,17 +393,20 @@ def test_a_batch_callback_runs_once_after_every_item_finished_and_reads_their_ou
     # Its worker reads the batch's outcomes, two at a time.
     seen: dict[str, dict[str, Any]] = {}
     cursor = None
+    pages = 0
     while True:
         page = api.worker.get(
             f"/v1/tenants/{api.tenant}/items/{callback['item_id']}/dependencies",
             params={"limit": 2, **({"cursor": cursor} if cursor else {})},
         )
         assert page.status_code == 200, page.text
+        pages += 1
         seen |= {i["item_id"]: i for i in page.json()["items"]}
         cursor = page.json()["next_cursor"]
         if cursor is None:
             break
     assert sorted(seen) == sorted(items)
+    assert pages == 3  # the last full page says there is no more: no empty page after it
     assert seen[items[0]]["state"] == "quarantined"
     assert seen[items[0]]["last_failure"]["class"] == "Boom"
     assert all(seen[i]["result"] == i[-4:] for i in items[1:])
@@ -519,6 +522,25 @@ def test_a_batch_names_its_own_items_by_ref_and_enqueues_a_whole_graph_at_once(
         assert refused.status_code == 422, refused.text
         assert message in refused.json()["detail"], refused.json()
     assert ledger_mismatches(api) == []
+
+
+def test_a_workflow_of_exactly_its_bound_is_shown_whole(api: Api) -> None:
+    """A fan-in whose graph has as many nodes as the answer holds, the callback included:
+    every node is shown and the answer says it is complete."""
+    made = api.worker.post(
+        f"/v1/tenants/{api.tenant}/queues/q/items:batch",
+        json={
+            "items": [{"payload": n} for n in range(WORKFLOW_NODES - 1)],
+            "callback": {"queue": "sums", "payload": "total"},
+        },
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert made.status_code == 201, made.text
+    callback = made.json()["callback"]["item_id"]
+    graph = api.operator.get(f"/v1/tenants/{api.tenant}/items/{callback}/workflow").json()
+    assert (graph["complete"], len(graph["nodes"])) == (True, WORKFLOW_NODES)
+    (mine,) = [node for node in graph["nodes"] if node["item_id"] == callback]
+    assert len(mine["depends_on"]) == WORKFLOW_NODES - 1
 
 
 def test_a_workflow_cut_at_its_bound_keeps_the_item_itself_and_no_edge_to_a_node_left_out(

@@ -317,6 +317,14 @@ def test_a_setting_stored_under_a_looser_policy_is_held_to_the_loaded_one(api: A
     response = api.worker.post(f"/v1/tenants/{api.tenant}/queues/old/leases", json={"worker": "w1"})
     (lease,) = response.json()["leases"]
     assert (_at(lease["lease_expires_at"]) - before).total_seconds() <= 31
+    # A heartbeat that names no TTL extends by the queue's, held to the policy's as well.
+    before = _now(db)
+    beat = api.worker.post(
+        f"/v1/tenants/{api.tenant}/items/{lease['item_id']}/heartbeat",
+        json={"worker": "w1", "fence": lease["fence"]},
+    )
+    assert beat.status_code == 200, beat.text
+    assert 29 <= (_at(beat.json()["lease_expires_at"]) - before).total_seconds() <= 31
 
 
 def test_a_deadline_stored_under_a_looser_policy_is_held_to_the_loaded_one(

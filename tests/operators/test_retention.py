@@ -4,6 +4,7 @@ batches, one process at a time, and whatever a crash interrupted the next round 
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -194,6 +195,56 @@ def test_the_round_runs_in_one_process_at_a_time_and_a_crash_leaves_nothing_half
     figures = api.operator.get("/v1/tenants/acme/queues").json()["queues"][0]
     assert figures["states"]["completed"] == 0
     assert figures["completions"]["total"] == 12
+
+
+def test_a_walk_in_batches_of_one_passes_over_what_it_keeps_and_ends(
+    api: Api, db: Db, settings: Settings, database_url: str
+) -> None:
+    """Each batch starts after the last entry the one before read, kept or deleted: an item
+    created long ago but finished recently, read last by a batch of one, is not read again
+    and again."""
+    assert api.admin.put(
+        "/v1/tenants/acme", json={"backlog_cap": 100, "retention": 3600}
+    ).is_success
+    kept = finish(api, 1)  # created long ago, finished a minute ago: kept
+    gone = finish(api, 2)
+    age(db, kept, created="4 hours", finished="1 minute")
+    age(db, gone, created="3 hours", finished="2 hours")
+
+    async def walk(d: Database) -> int | None:
+        async with asyncio.timeout(10):
+            return await sweeper.purge_finished(d, batch=1)
+
+    assert run(settings, database_url, walk) == 2
+    assert remaining(db) == {kept[0]: "completed"}
+
+
+def test_a_sweeps_first_round_comes_one_interval_after_the_sweeper_starts(
+    api: Api, db: Db, settings: Settings, database_url: str
+) -> None:
+    """Processes started together (a deploy, a failover) do not all sweep at once: an item
+    past its retention when the sweeper starts goes one retention interval later."""
+    assert api.admin.put(
+        "/v1/tenants/acme", json={"backlog_cap": 100, "retention": 3600}
+    ).is_success
+    old = finish(api, 1)
+    age(db, old, created="3 hours", finished="2 hours")
+    interval = 1.0
+    own = settings.model_copy(update={"retention_interval": interval})
+
+    async def first_round(d: Database) -> float:
+        began = time.monotonic()
+        sweeping = asyncio.create_task(sweeper.sweep_forever(d, own, lambda: (1, None)))
+        try:
+            while remaining(db):
+                assert time.monotonic() - began < 30, "the retention round never came"
+                await asyncio.sleep(0.02)
+            return time.monotonic() - began
+        finally:
+            sweeping.cancel()
+            await asyncio.gather(sweeping, return_exceptions=True)
+
+    assert run(settings, database_url, first_round) >= interval
 
 
 def test_spent_receipts_go_in_batches_and_live_ones_stay(

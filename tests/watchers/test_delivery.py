@@ -164,6 +164,41 @@ def test_a_claim_lost_with_its_deliverer_is_taken_over_under_the_same_key(
     assert [r.headers["webhook-id"] for r in receiver.hook_requests()] == [held["delivery_key"]]
 
 
+def test_a_last_attempt_lost_with_its_deliverer_is_dead_and_never_sent_again(
+    api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
+) -> None:
+    """The deliverer that claimed the policy's last attempt died before sending it: the one
+    that takes the row over sends nothing more; the row is dead, saying which attempt was
+    never recorded, and is in the dead letters."""
+    receiver.mode = "fail"
+    register(api, receiver.url("/hook"))
+    complete_one(api)
+    for _ in range(4):
+        make_due(db)
+        assert deliver(settings, database_url).claimed == 1
+    make_due(db)
+
+    async def claim_and_die() -> None:
+        async with Deliverer(settings, database_url, on_claimed=_die) as deliverer:
+            await deliverer.run_once()
+
+    with pytest.raises(_DiedError):
+        asyncio.run(claim_and_die())
+    db.execute("UPDATE outbox_deliveries SET claimed_until = now(), due_at = now()")
+    assert deliver(settings, database_url).claimed == 1
+    [row] = rows(db)
+    assert row["state"] == "dead"
+    assert row["last_outcome"]["outcome"] == "abandoned"
+    assert row["last_outcome"]["attempt"] == 5
+    assert len(receiver.hook_requests()) == 4
+    letters = api.operator.get("/v1/tenants/acme/dead-letters", params={"kind": "delivery"}).json()
+    [letter] = letters["dead_letters"]
+    assert letter["delivery_id"] == str(row["delivery_id"])
+    assert "attempt 5 was never recorded" in letter["reason"]
+    make_due(db)
+    assert deliver(settings, database_url).claimed == 0
+
+
 @pytest.mark.parametrize(
     ("mode", "outcome", "status", "failure_class"),
     [
