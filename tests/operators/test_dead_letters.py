@@ -72,6 +72,9 @@ def test_list_filters_by_queue_and_kind_and_pages_in_a_stable_order(api: Api) ->
             break
     assert seen == ids
     assert pages == 3
+    # A page that holds the last of them says so: no cursor to an empty page.
+    whole = dead_letters(api.operator, queue="a", limit=3)
+    assert (len(whole["dead_letters"]), whole["next_cursor"]) == (3, None)
 
     bad = api.operator.get("/v1/tenants/acme/dead-letters", params={"cursor": "nonsense"})
     assert bad.status_code == 422

@@ -8,6 +8,8 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
+import pytest
+
 from tests.helpers.schedules import Db, Scheduler
 
 T = TypeVar("T")
@@ -60,6 +62,23 @@ def test_on_time_ticks_fire_under_every_rule(with_scheduler: Run[Any]) -> None:
             assert s.ticks(rule) == [T0 + timedelta(seconds=n) for n in range(4)], rule
 
     with_scheduler(scenario)
+
+
+def test_a_pass_before_the_next_tick_fires_nothing_and_says_how_long_to_wait(
+    with_scheduler: Run[Any],
+) -> None:
+    """Half a second before its tick a schedule is not fired: the pass answers the half
+    second the loop sleeps (not 0, which would have it look again at once, and again)."""
+
+    async def scenario(s: Scheduler) -> tuple[float | None, Scheduler]:
+        await s.put("soon", queue="q", every=60)
+        s.start_at("soon", T0)
+        return await s.run(T0 - timedelta(seconds=0.5)), s
+
+    wait, s = with_scheduler(scenario)
+    assert wait == pytest.approx(0.5)
+    assert s.ticks("soon") == []
+    assert s.row("soon")["fires"] == 0
 
 
 def test_spring_forward_in_berlin_fires_the_missing_hour_once(with_scheduler: Run[Any]) -> None:

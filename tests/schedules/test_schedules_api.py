@@ -94,6 +94,7 @@ def test_put_creates_then_replaces_and_shows_the_next_fire_times(api: Api) -> No
     assert [s["schedule"] for s in first["schedules"]] == ["hourly"]
     rest = api.operator.get(PATH, params={"limit": 1, "cursor": first["next_cursor"]}).json()
     assert [s["schedule"] for s in rest["schedules"]] == ["nightly"]
+    assert rest["next_cursor"] is None  # the last page, full, says so
 
 
 def test_invalid_schedules_are_refused_with_the_reason(api: Api) -> None:
