@@ -126,20 +126,24 @@ def test_a_lease_later_than_the_objective_after_its_item_was_due_is_counted_late
     api: Api, db: Db
 ) -> None:
     late = api.enqueue("mail")
+    just_late = api.enqueue("mail")
     api.enqueue("mail")
-    # The first item has been due for a minute: whoever leases it now is late.
-    db.execute(
-        "UPDATE work_items SET available_at = available_at - interval '60 s' WHERE item_id = %s",
-        (late["item_id"],),
-    )
-    api.approve("mail", 2)
-    assert len(api.acquire("mail", max_items=2)) == 2
+    # The first item has been due for a minute, the second for 7 s (the objective is 5 s):
+    # whoever leases them now is late.
+    for item, seconds in ((late, 60), (just_late, 7)):
+        db.execute(
+            "UPDATE work_items SET available_at = available_at - make_interval(secs => %s)"
+            " WHERE item_id = %s",
+            (seconds, item["item_id"]),
+        )
+    api.approve("mail", 3)
+    assert len(api.acquire("mail", max_items=3)) == 3
     text = api.operator.get("/metrics").text
-    assert sample(text, "queue_server_lease_wait_seconds_count", tenant="acme", queue="mail") == 2
-    assert sample(text, "queue_server_late_leases_total", tenant="acme", queue="mail") == 1
+    assert sample(text, "queue_server_lease_wait_seconds_count", tenant="acme", queue="mail") == 3
+    assert sample(text, "queue_server_late_leases_total", tenant="acme", queue="mail") == 2
     waited = sample(text, "queue_server_lease_wait_seconds_sum", tenant="acme", queue="mail")
     assert waited is not None
-    assert 60 <= waited < 90
+    assert 67 <= waited < 97
     assert sample(text, "queue_server_slo_objective", objective="lease_wait_seconds") == 5
     assert sample(text, "queue_server_slo_objective", objective="lease_wait_target") == 0.95
     assert sample(text, "queue_server_slo_objective", objective="api_availability") == 0.999

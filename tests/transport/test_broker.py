@@ -142,6 +142,17 @@ def test_wall_deadline_is_distinct_from_request_timeout_and_then_refuses_before_
     assert receiver.connections == 1
 
 
+def test_a_wall_deadline_nearer_than_the_request_timeout_binds_the_dispatch(
+    receiver: Receiver,
+) -> None:
+    """1.5 s of the run left and a request timeout of 2 s: the stalled dispatch ends at the
+    wall deadline, as a wall-deadline refusal, not at its own timeout."""
+    b = broker(wall_deadline=1.5, request_timeout=2.0)
+    with pytest.raises(WallDeadlineExceededError) as info:
+        run(b.dispatch(get(receiver.url("/slow"))))
+    assert not isinstance(info.value, RequestTimeoutError)
+
+
 def test_reset_connection_is_a_charged_transport_failure(receiver: Receiver) -> None:
     b = broker()
     with pytest.raises(TransportFailureError) as info:
@@ -270,6 +281,17 @@ def test_a_body_of_exactly_the_byte_budget_is_read_and_the_next_dispatch_refused
         run(b.dispatch(get(receiver.url("/ok"))))
     assert (info.value.resource, info.value.receipt) == ("response_bytes", None)
     assert receiver.connections == 1
+
+
+def test_a_body_one_byte_over_the_byte_budget_is_refused_with_its_bytes_charged(
+    receiver: Receiver,
+) -> None:
+    b = broker(budget=Budget(max_response_bytes=10_000))
+    with pytest.raises(BudgetExhaustedError) as info:
+        run(b.dispatch(get(receiver.url("/huge?n=10001"))))
+    assert info.value.receipt is not None
+    assert info.value.receipt.outcome is Outcome.RESPONSE_BUDGET_EXHAUSTED
+    assert b.usage().response_bytes == 10_001
 
 
 def test_mid_body_timeout_keeps_the_partial_bytes_charged(receiver: Receiver) -> None:
