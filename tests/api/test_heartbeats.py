@@ -6,6 +6,7 @@ import uuid
 
 import psycopg
 
+from queue_server.services.ledgers import mismatches
 from tests.helpers.api import Api
 from tests.helpers.items import expire
 
@@ -50,6 +51,16 @@ def test_batch_heartbeat_extends_each_lease_under_its_own_fence(api: Api, db: Db
     assert after[str(leases[1]["item_id"])] == before[str(leases[1]["item_id"])]
     beats = db.execute("SELECT count(*) AS n FROM item_events WHERE kind = 'heartbeat'").fetchone()
     assert beats == {"n": 2}
+    # Each extended lease's ledger folds to its row, the new expiry included.
+    for n in (0, 3):
+        item_id = str(leases[n]["item_id"])
+        row = db.execute("SELECT * FROM work_items WHERE item_id = %s", (item_id,)).fetchone()
+        assert row is not None
+        events = db.execute(
+            "SELECT seq, kind, fence, actor, data FROM item_events WHERE item_id = %s ORDER BY seq",
+            (item_id,),
+        ).fetchall()
+        assert mismatches(row, events) == []
 
 
 def test_batch_heartbeat_refuses_another_workers_leases_and_duplicates(api: Api) -> None:
