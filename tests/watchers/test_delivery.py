@@ -139,11 +139,8 @@ def _die(_: list[Row]) -> None:
     raise _DiedError
 
 
-def test_a_claim_lost_with_its_deliverer_is_taken_over_under_the_same_key(
-    api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
-) -> None:
-    register(api, receiver.url("/hook"))
-    complete_one(api)
+def _claim_and_die(settings: Settings, database_url: str) -> None:
+    """A deliverer claims the due rows and is gone before it sends them."""
 
     async def claim_and_die() -> None:
         async with Deliverer(settings, database_url, on_claimed=_die) as deliverer:
@@ -151,6 +148,14 @@ def test_a_claim_lost_with_its_deliverer_is_taken_over_under_the_same_key(
 
     with pytest.raises(_DiedError):
         asyncio.run(claim_and_die())
+
+
+def test_a_claim_lost_with_its_deliverer_is_taken_over_under_the_same_key(
+    api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
+) -> None:
+    register(api, receiver.url("/hook"))
+    complete_one(api)
+    _claim_and_die(settings, database_url)
     [held] = rows(db)
     assert (held["attempts"], held["claim_token"] is not None) == (1, True)
     assert receiver.hook_requests() == []
@@ -177,13 +182,7 @@ def test_a_last_attempt_lost_with_its_deliverer_is_dead_and_never_sent_again(
         make_due(db)
         assert deliver(settings, database_url).claimed == 1
     make_due(db)
-
-    async def claim_and_die() -> None:
-        async with Deliverer(settings, database_url, on_claimed=_die) as deliverer:
-            await deliverer.run_once()
-
-    with pytest.raises(_DiedError):
-        asyncio.run(claim_and_die())
+    _claim_and_die(settings, database_url)
     db.execute("UPDATE outbox_deliveries SET claimed_until = now(), due_at = now()")
     assert deliver(settings, database_url).claimed == 1
     [row] = rows(db)
