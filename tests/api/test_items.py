@@ -270,3 +270,13 @@ def test_refusals_at_the_cap_are_slowed_down(api: Api) -> None:
     delay = api.worker.post(ITEMS, json={"payload": 1}, headers={"Idempotency-Key": "a"})
     assert delay.status_code == 429
     assert delay.elapsed.total_seconds() >= 0.1  # the default cap_refusal_delay
+
+
+def test_more_than_100_header_fields_get_431_however_small(api: Api) -> None:
+    path = "/v1/tenants/acme/queues/q/concurrency"
+    # The client's own fields (host, authorization, accept...) come on top of these.
+    served = api.worker.get(path, headers={f"X-Pad-{i}": "x" for i in range(80)})
+    assert served.status_code == 200, served.text
+    refused = api.worker.get(path, headers={f"X-Pad-{i}": "x" for i in range(101)})
+    assert refused.status_code == 431, refused.text
+    assert refused.json()["code"] == "headers-too-large"

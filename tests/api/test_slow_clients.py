@@ -128,6 +128,7 @@ def test_one_connection_past_the_limit_is_answered_503_and_closed(bounded: LiveS
             answer = extra.recv(4096)
             assert answer.startswith(b"HTTP/1.1 503"), answer
             assert b'"code":"server-busy"' in answer.replace(b" ", b"")
+            assert b"client address" not in answer  # the process's limit, not the address's
             assert extra.recv(4096) == b""
     finally:
         for sock in held:
@@ -257,3 +258,54 @@ def test_a_large_body_is_not_counted_as_a_request_head(live: LiveServer, size: i
             headers={"Content-Type": "application/json"},
         )
         assert answer.status_code == 401, answer.text[:200]  # read whole, then no key
+
+
+def test_a_head_past_the_limit_is_answered_at_once_not_at_the_header_timeout(
+    live: LiveServer,
+) -> None:
+    # 80 KiB of one header, the head not ended: the server does not wait for the rest of
+    # it (the header timeout is 20 s) but answers 431 as soon as the limit is passed.
+    with _connect(live) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 80 * 1024)
+        sock.settimeout(5)
+        answer = sock.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+
+
+def test_a_declared_length_past_the_body_limit_is_refused_before_the_body_is_sent(
+    live: LiveServer,
+) -> None:
+    # The head alone: the server answers 413 from its Content-Length, without waiting for
+    # (or reading) a megabyte it would refuse anyway.
+    with _connect(live) as sock:
+        sock.sendall(
+            b"POST /v1/tenants/t/queues/q/items HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nContent-Length: "
+            + str(1024 * 1024 + 1).encode()
+            + b"\r\n\r\n"
+        )
+        sock.settimeout(5)
+        answer = sock.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+
+
+def test_a_chunked_body_one_byte_past_the_limit_is_413_and_at_the_limit_is_read(
+    live: LiveServer,
+) -> None:
+    # No length declared: the body is counted as it arrives. A one-byte payload padded with
+    # whitespace, so that only the body's limit can refuse it; no key, so a body read whole
+    # is answered 401.
+    limit = 1024 * 1024
+
+    def chunks(size: int) -> Iterator[bytes]:
+        data = b'{"payload": 1' + b" " * (size - 14) + b"}"
+        return (data[i : i + 65536] for i in range(0, len(data), 65536))
+
+    url = f"{live.url}/v1/tenants/t/queues/q/items"
+    headers = {"Content-Type": "application/json"}
+    with web.client(timeout=30) as client:
+        at = client.post(url, content=chunks(limit), headers=headers)
+        over = client.post(url, content=chunks(limit + 1), headers=headers)
+    assert at.status_code == 401, at.text[:200]
+    assert over.status_code == 413, over.text[:200]
+    assert over.json()["code"] == "payload-too-large"

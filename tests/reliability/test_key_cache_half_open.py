@@ -13,6 +13,7 @@ import psycopg.conninfo
 import pytest
 from pydantic import ValidationError
 
+from queue_server.infra import keycache
 from queue_server.infra.embedded import EmbeddedPostgres
 from queue_server.infra.keycache import KeyCache
 from queue_server.settings import Settings
@@ -125,3 +126,20 @@ def test_a_key_read_before_a_revocation_cleared_the_cache_is_not_kept_after_it()
     assert cache.get("k1") is None  # the next request reads the key, revoked, again
     cache.put("k1", {"key_id": "k1", "revoked_at": None}, cache.generation)
     assert cache.get("k1") == {"key_id": "k1", "revoked_at": None}
+
+
+def test_a_cached_key_is_read_again_after_its_age_even_with_the_listener_alive(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The bound on staleness should a notification ever be missed: a key kept longer than
+    # MAX_AGE is not served, however healthy the listener looks.
+    monkeypatch.setattr(keycache, "MAX_AGE", 0.2)
+    cache = KeyCache()
+    cache.enabled = True
+    cache.alive()
+    cache.put("k1", {"key_id": "k1", "revoked_at": None}, cache.generation)
+    assert cache.get("k1") == {"key_id": "k1", "revoked_at": None}
+    time.sleep(0.3)
+    cache.alive()
+    assert cache.trusted
+    assert cache.get("k1") is None
