@@ -716,3 +716,40 @@ def test_the_in_memory_server_answers_as_a_live_server_does(api: Api) -> None:
     assert live["backoff"] == (
         "ready", 1.0, {"class": "Busy", "message": "later", "transient": True},
     )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "option",
+    [{"heartbeat_fraction": 0}, {"heartbeat_fraction": 1}, {"prefetch": -1}, {"prefetch": 101}],
+)
+def test_a_worker_refuses_an_option_out_of_its_range_before_it_starts(
+    option: dict[str, Any],
+) -> None:
+    # A heartbeat at the whole TTL would arrive as the lease runs out; none at all is 0.
+    # (The core both workers share checks them.)
+    server = InMemoryServer()
+    with server.client() as qs, pytest.raises(ValueError, match=next(iter(option))):
+        Worker(qs, "q", lambda job: None, **option)
+
+
+def test_leases_that_arrive_as_the_worker_stops_are_given_back_at_once() -> None:
+    # The stop comes while an acquire is on its way back: what it brings is not run, and is
+    # not left leased until its TTL runs out either; each item is ready again at once.
+    server = InMemoryServer()
+    with server.client() as qs:
+        qs.enqueue_batch("q", [NewItem(payload=n) for n in range(3)])
+        handled: list[Job] = []
+        worker = Worker(qs, "q", handled.append, name="w1", concurrency=3)
+        acquire = server._acquire
+
+        def acquire_then_stop(asked: Any) -> tuple[int, Any]:
+            answered = acquire(asked)
+            worker.stop()
+            return answered
+
+        server._acquire = acquire_then_stop  # type: ignore[method-assign]
+        worker.run(handle_signals=False)
+        assert handled == []
+        assert [i.state for i in server.items("q")] == ["ready"] * 3
+        # The clock has not moved: another worker takes them now, not after their TTL.
+        assert work(qs, handled.append, drain=True) == 3

@@ -12,7 +12,7 @@ import httpx
 import psycopg
 import pytest
 
-from queue_server.client import AsyncQueueClient, NewItem, QueueClient, errors
+from queue_server.client import AsyncQueueClient, NewItem, QueueClient, errors, is_transient
 from tests.helpers import web
 from tests.helpers.api import Api
 from tests.helpers.server import LiveServer
@@ -240,3 +240,18 @@ def test_the_sdk_s_requests_are_logged_at_debug_and_the_application_s_at_info(
     assert any(
         r.levelno == logging.DEBUG and "HTTP Request" in r.getMessage() for r in caplog.records
     )
+
+
+def test_is_transient_names_the_failures_a_caller_may_retry_with_the_same_key() -> None:
+    def problem(status: int, code: str, retry_after: float | None = None) -> errors.ProblemError:
+        body = {"title": code, "status": status, "code": code}
+        return errors.problem_error(status, body, retry_after=retry_after)
+
+    assert is_transient(problem(503, "service-unavailable"))
+    assert is_transient(problem(409, "idempotency-key-in-flight"))  # its first try still runs
+    assert is_transient(problem(429, "rate-limited", retry_after=1.0))
+    # A 429 that names no time to come back is a refusal, like every other answer.
+    assert not is_transient(problem(429, "rate-limited"))
+    assert not is_transient(problem(409, "fence-ahead"))
+    assert not is_transient(problem(422, "invalid-request"))
+    assert not is_transient(ValueError("not a request's failure"))

@@ -79,16 +79,22 @@ def test_settle_records_the_outcome_once_and_replays_the_same_settlement(api: Ap
     other = api.worker.put(f"{BASE}/ref-1", json={"status": "failed", "outcome": {"e": 1}})
     assert other.status_code == 409
     assert other.json()["code"] == "receipt-conflict"
+    # The same status with another outcome is another settlement, not a replay.
+    other = api.worker.put(f"{BASE}/ref-1", json={"status": "succeeded", "outcome": {"refund": 43}})
+    assert other.status_code == 409
+    assert other.json()["code"] == "receipt-conflict"
     got = api.worker.get(f"{BASE}/ref-1").json()
     assert (got["status"], got["outcome"]) == ("succeeded", {"refund": 42})
 
 
 def test_claim_after_settlement_returns_the_retained_outcome(api: Api) -> None:
-    _claim(api, "k-1", "ref-1")
+    _claim(api, "k-1", "ref-1", token="t-1")
     api.worker.put(f"{BASE}/ref-1", json={"status": "failed", "outcome": {"error": "declined"}})
-    status, body = _claim(api, "k-1", "ref-1")
-    assert status == 200
-    assert (body["status"], body["outcome"]) == ("failed", {"error": "declined"})
+    # Its own token, retried once the effect was settled, is granted nothing again either.
+    for token in (None, "t-1"):
+        status, body = _claim(api, "k-1", "ref-1", token=token)
+        assert status == 200
+        assert (body["status"], body["outcome"]) == ("failed", {"error": "declined"})
 
 
 def test_settle_refuses_pending_as_a_settlement(api: Api) -> None:

@@ -169,6 +169,31 @@ def test_a_claim_lost_with_its_deliverer_is_taken_over_under_the_same_key(
     assert [r.headers["webhook-id"] for r in receiver.hook_requests()] == [held["delivery_key"]]
 
 
+ANOTHER = "00000000-0000-4000-8000-00000000000a"  # another deliverer's claim token
+
+
+def test_a_deliverer_whose_claim_was_taken_over_meanwhile_records_nothing(
+    api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
+) -> None:
+    # Its claim expires while it sends, and another deliverer claims the row (a token of
+    # its own): the late sender's outcome is not the row's, whatever the receiver said.
+    register(api, receiver.url("/hook"))
+    complete_one(api)
+
+    def taken_over(claimed: list[Row]) -> None:
+        db.execute("UPDATE outbox_deliveries SET claim_token = %s", (ANOTHER,))
+
+    async def late() -> RunReport:
+        async with Deliverer(settings, database_url, on_claimed=taken_over) as deliverer:
+            return await deliverer.run_once()
+
+    report = asyncio.run(late())
+    assert len(receiver.hook_requests()) == 1  # it did send
+    assert (report.lost, report.delivered) == (1, 0)
+    [row] = rows(db)
+    assert (row["state"], str(row["claim_token"]), row["attempts"]) == ("pending", ANOTHER, 1)
+
+
 def test_a_last_attempt_lost_with_its_deliverer_is_dead_and_never_sent_again(
     api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
 ) -> None:

@@ -305,3 +305,29 @@ def test_a_running_deliverer_sweeps_overdue_rows_again_each_poll_interval(
     assert (row["state"], row["last_outcome"]["outcome"]) == ("dead", "deadline_exceeded")
     [letter] = _letters(api)
     assert str(letter["reason"]).startswith("deadline-exceeded")
+
+
+def test_a_row_past_its_deadline_is_not_sent_by_a_run_between_two_sweeps(
+    api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
+) -> None:
+    # Overdue rows are moved to dead once per poll interval, not by every run; a run in
+    # between still sends none of them: past its deadline an attempt could only be late.
+    register(api, receiver.url("/hook"))
+    slow_sweeps = settings.model_copy(update={"delivery_poll_interval": 600.0})
+
+    async def runs() -> tuple[RunReport, RunReport]:
+        async with Deliverer(slow_sweeps, database_url) as deliverer:
+            swept = await deliverer.run_once()  # the sweep of this interval: nothing overdue
+            complete_one(api)
+            _leave(db, -1.0)  # its deadline passed a second ago
+            return swept, await deliverer.run_once()
+
+    swept, between = asyncio.run(runs())
+    assert (swept.claimed, between.claimed) == (0, 0)
+    assert receiver.hook_requests() == []
+    [row] = rows(db)
+    assert row["state"] == "pending"
+    report = deliver(settings, database_url)  # the next interval's sweep
+    assert (report.expired, report.claimed) == (1, 0)
+    assert rows(db)[0]["state"] == "dead"
+    assert receiver.hook_requests() == []

@@ -199,6 +199,11 @@ def test_deliveries_list_shows_key_attempts_schedule_outcome_and_receipts(
     assert len(rest["deliveries"]) == 1
     assert rest["next_cursor"] is None  # the last page, full, says so
     assert api.operator.get(path, params={"state": "delivered"}).json()["deliveries"] == []
+    # A cursor this server did not issue is refused, whatever number it spells.
+    for foreign in ("\u00b2", "-1", "9" * 19, "1e3"):
+        refused = api.operator.get(path, params={"cursor": foreign})
+        assert refused.status_code == 422, (foreign, refused.text)
+        assert "not one this server issued" in refused.json()["detail"]
     one = api.operator.get(f"/v1/tenants/acme/deliveries/{first['delivery_id']}").json()
     assert one["delivery_key"] == first["delivery_key"]
 
