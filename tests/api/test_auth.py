@@ -24,6 +24,17 @@ def test_missing_malformed_or_unknown_key_gets_401(api: Api, authorization: str 
     assert response.headers["www-authenticate"] == 'Bearer realm="queue-server"'
 
 
+def test_a_valid_key_is_taken_only_as_a_bearer_token(api: Api) -> None:
+    path = "/v1/tenants/acme/queues/q/concurrency"
+    key = api.keys["worker"]
+    for scheme in ("Basic", "Token", "Bearerx"):
+        refused = api.client(None).get(path, headers={"Authorization": f"{scheme} {key}"})
+        assert refused.status_code == 401, (scheme, refused.text)
+    # The scheme's name is case-insensitive (RFC 9110).
+    served = api.client(None).get(path, headers={"Authorization": f"bearer {key}"})
+    assert served.status_code == 200, served.text
+
+
 def test_revoked_key_is_refused_from_the_next_request(api: Api) -> None:
     created = api.admin.post("/v1/tenants/acme/keys", json={"role": "worker"}).json()
     worker = api.client(created["secret"])

@@ -4,6 +4,7 @@ the holder refused with item-cancelled, and cancel racing complete on real conne
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from typing import Any
 
@@ -325,3 +326,52 @@ def test_cancel_racing_complete_lets_exactly_one_win_per_item(api: Api, db: Db) 
     (queue,) = status["queues"]
     assert queue["states"]["completed"] == winners["complete"]
     assert queue["states"]["cancelled"] == winners["cancel"]
+
+
+def test_a_cancel_of_ready_items_spares_one_leased_while_the_cancel_waited_for_it(
+    api: Api, db: Db, database_url: str
+) -> None:
+    """A filter on `ready` cancels what is still ready when the cancel gets to it: an item a
+    worker leased after the page was read, while the cancel waited for its row, keeps its
+    lease."""
+    item_id = api.enqueue("q", "racing")["item_id"]
+    answers: list[httpx.Response] = []
+
+    def cancel_ready() -> None:
+        answers.append(
+            api.operator.post(
+                "/v1/tenants/acme/items:cancel",
+                json={"filter": {"state": "ready"}, "reason": "clean-up"},
+                headers=_key(),
+            )
+        )
+
+    with psycopg.connect(database_url) as acquiring:
+        # What an acquire writes, its commit held back until the cancel waits on the row.
+        acquiring.execute(
+            "UPDATE work_items SET state = 'leased', lease_holder = 'w-race', fence = fence + 1,"
+            " acquisition_count = acquisition_count + 1,"
+            " lease_expires_at = now() + interval '1 minute',"
+            " lease_deadline_at = now() + interval '5 minutes'"
+            " WHERE item_id = %s",
+            (item_id,),
+        )
+        cancelling = threading.Thread(target=cancel_ready)
+        cancelling.start()
+        waiting = (
+            "SELECT count(*) AS n FROM pg_stat_activity"
+            " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        deadline = time.monotonic() + 10
+        while db.execute(waiting).fetchone()["n"] == 0:  # type: ignore[index]
+            assert time.monotonic() < deadline, "the cancel never waited for the row"
+            time.sleep(0.02)
+        acquiring.commit()
+    cancelling.join(30)
+    [answer] = answers
+    assert answer.status_code == 200, answer.text
+    assert (answer.json()["cancelled"], answer.json()["item_ids"]) == (0, [])
+    row = db.execute(
+        "SELECT state::text AS state, lease_holder FROM work_items WHERE item_id = %s", (item_id,)
+    ).fetchone()
+    assert row == {"state": "leased", "lease_holder": "w-race"}
