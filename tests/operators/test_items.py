@@ -86,6 +86,11 @@ def test_list_filters_by_queue_state_time_and_payload_and_pages_in_creation_orde
     assert seen == [x["item_id"] for x in a + b]
     assert pages == 3
 
+    # Leased items are held to the time filters too: b's, made after `at`, once leased.
+    api.acquire("b")
+    assert ids(items(api, created_before=at)) == [x["item_id"] for x in a[:2]]
+    assert ids(items(api, created_after=at, state="leased")) == [b[0]["item_id"]]
+
 
 def test_list_refuses_bad_filters_workers_and_other_tenants(api: Api) -> None:
     for params, field in (
