@@ -753,3 +753,32 @@ def test_leases_that_arrive_as_the_worker_stops_are_given_back_at_once() -> None
         assert [i.state for i in server.items("q")] == ["ready"] * 3
         # The clock has not moved: another worker takes them now, not after their TTL.
         assert work(qs, handled.append, drain=True) == 3
+
+
+def test_outcomes_share_requests_within_the_batch_byte_budget() -> None:
+    # Six handlers end together with 200 kB results each: their completions go out in
+    # shared requests, none over half a mebibyte (the server would refuse a body over its
+    # limit whole, and each completion would then be sent alone).
+    server = InMemoryServer()
+    server.approve("q", 6)
+    sent: list[tuple[int, int]] = []
+    complete_many = server._complete_many
+
+    def recorded(asked: Any) -> tuple[int, Any]:
+        entries = asked.body["completions"]
+        sent.append((len(entries), len(json.dumps(entries))))
+        return complete_many(asked)
+
+    server._complete_many = recorded  # type: ignore[method-assign]
+    ends = threading.Barrier(6)
+
+    def handler(job: Job) -> str:
+        ends.wait(10)
+        return "x" * 200_000
+
+    with server.client() as qs:
+        qs.enqueue_batch("q", [NewItem(payload=n) for n in range(6)])
+        assert work(qs, handler, drain=True, concurrency=6, linger=0.5) == 6
+    assert sum(n for n, _ in sent) == 6
+    assert max(size for _, size in sent) <= 512 * 1024, sent
+    assert max(n for n, _ in sent) == 2, sent  # shared: two of them fit in a request
