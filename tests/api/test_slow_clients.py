@@ -260,15 +260,20 @@ def test_a_large_body_is_not_counted_as_a_request_head(live: LiveServer, size: i
         assert answer.status_code == 401, answer.text[:200]  # read whole, then no key
 
 
+def _first_answer(server: LiveServer, sent: bytes) -> bytes:
+    """What the server answers within 5 s to `sent`, sent and then nothing more."""
+    with _connect(server) as sock:
+        sock.sendall(sent)
+        sock.settimeout(5)
+        return sock.recv(4096)
+
+
 def test_a_head_past_the_limit_is_answered_at_once_not_at_the_header_timeout(
     live: LiveServer,
 ) -> None:
     # 80 KiB of one header, the head not ended: the server does not wait for the rest of
     # it (the header timeout is 20 s) but answers 431 as soon as the limit is passed.
-    with _connect(live) as sock:
-        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 80 * 1024)
-        sock.settimeout(5)
-        answer = sock.recv(4096)
+    answer = _first_answer(live, b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 80 * 1024)
     assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
 
 
@@ -277,15 +282,13 @@ def test_a_declared_length_past_the_body_limit_is_refused_before_the_body_is_sen
 ) -> None:
     # The head alone: the server answers 413 from its Content-Length, without waiting for
     # (or reading) a megabyte it would refuse anyway.
-    with _connect(live) as sock:
-        sock.sendall(
-            b"POST /v1/tenants/t/queues/q/items HTTP/1.1\r\nHost: x\r\n"
-            b"Content-Type: application/json\r\nContent-Length: "
-            + str(1024 * 1024 + 1).encode()
-            + b"\r\n\r\n"
-        )
-        sock.settimeout(5)
-        answer = sock.recv(4096)
+    head = (
+        b"POST /v1/tenants/t/queues/q/items HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Type: application/json\r\nContent-Length: "
+        + str(1024 * 1024 + 1).encode()
+        + b"\r\n\r\n"
+    )
+    answer = _first_answer(live, head)
     assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
 
 
