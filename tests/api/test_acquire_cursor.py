@@ -77,6 +77,43 @@ def test_a_row_inserted_by_a_transaction_that_commits_after_later_ones_were_take
         late.close()
 
 
+def test_a_late_row_that_commits_while_the_queue_is_full_is_taken_once_it_has_room(
+    api: Api, database_url: str
+) -> None:
+    # As above, but the acquire that first looks after the late commit finds the queue at
+    # its limit and takes nothing: its cursor must not move past the row for good.
+    late = psycopg.connect(database_url)
+    late.execute(
+        "INSERT INTO work_items (tenant_id, queue, payload, max_acquisitions)"
+        " VALUES ('acme', 'q', %s, 5)",
+        (Jsonb("late"),),
+    )
+    api.enqueue("q", "c")  # enqueued after it, committed before it
+
+    async def run() -> None:
+        async with await psycopg.AsyncConnection.connect(
+            database_url, autocommit=True, row_factory=dict_row
+        ) as conn:
+
+            async def take(limit: int) -> list[Any]:
+                terms = {**_TERMS, "base_limit": limit}
+                got = await transitions.acquire(
+                    conn, tenant="acme", queue="q", worker="w", max_items=1, **terms
+                )
+                return [row["payload"] for row in got.leased]
+
+            assert await take(1) == ["c"]
+            await asyncio.to_thread(late.commit)
+            assert await take(1) == []  # c's lease fills the queue
+            assert await take(2) == ["late"]  # room for one more
+            assert await take(2) == []
+
+    try:
+        asyncio.run(run())
+    finally:
+        late.close()
+
+
 def test_a_row_made_ready_again_behind_the_cursor_is_acquired_next(
     api: Api, database_url: str
 ) -> None:
