@@ -114,6 +114,37 @@ def test_a_late_row_that_commits_while_the_queue_is_full_is_taken_once_it_has_ro
         late.close()
 
 
+def test_a_lease_that_expires_while_the_queue_is_full_is_taken_over_once_it_has_room(
+    api: Api, database_url: str
+) -> None:
+    # A lease made before the cursor's snapshot expires while the other lease fills the
+    # queue: the acquire that looks just after the expiry takes nothing, and its cursor must
+    # not move past the expired lease for good.
+    api.enqueue("q", "a")
+    api.enqueue("q", "b")
+
+    async def run() -> None:
+        async with await psycopg.AsyncConnection.connect(
+            database_url, autocommit=True, row_factory=dict_row
+        ) as conn:
+
+            async def take(limit: int, ttl: float = 30) -> list[Any]:
+                terms = {**_TERMS, "base_limit": limit, "ttl": timedelta(seconds=ttl)}
+                got = await transitions.acquire(
+                    conn, tenant="acme", queue="q", worker="w", max_items=1, **terms
+                )
+                return [row["payload"] for row in got.leased]
+
+            assert await take(2, ttl=1) == ["a"]
+            assert await take(2) == ["b"]
+            assert await take(2) == []  # full; the cursor's snapshot is now past both leases
+            await asyncio.sleep(1.2)  # a's lease has just expired
+            assert await take(1) == []  # b's lease fills a limit of one
+            assert await take(2) == ["a"]  # taken over, with room again
+
+    asyncio.run(run())
+
+
 def test_a_row_made_ready_again_behind_the_cursor_is_acquired_next(
     api: Api, database_url: str
 ) -> None:
