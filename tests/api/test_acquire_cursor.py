@@ -49,17 +49,22 @@ def _on_one_connection(
     asyncio.run(run())
 
 
-def test_a_row_inserted_by_a_transaction_that_commits_after_later_ones_were_taken_is_next(
-    api: Api, database_url: str
-) -> None:
-    # Written as the admission writes an item (its instant is its statement's), in a
-    # transaction left open while later enqueues commit and are taken.
+def _enqueued_left_open(database_url: str, payload: str) -> psycopg.Connection[Any]:
+    """An item written as the admission writes one (its instant is its statement's), in a
+    transaction left open: the caller commits it later, after other enqueues."""
     late = psycopg.connect(database_url)
     late.execute(
         "INSERT INTO work_items (tenant_id, queue, payload, max_acquisitions)"
         " VALUES ('acme', 'q', %s, 5)",
-        (Jsonb("late"),),
+        (Jsonb(payload),),
     )
+    return late
+
+
+def test_a_row_inserted_by_a_transaction_that_commits_after_later_ones_were_taken_is_next(
+    api: Api, database_url: str
+) -> None:
+    late = _enqueued_left_open(database_url, "late")
     for name in ("c", "d", "e"):  # enqueued after it, committed before it
         api.enqueue("q", name)
 
@@ -82,12 +87,7 @@ def test_a_late_row_that_commits_while_the_queue_is_full_is_taken_once_it_has_ro
 ) -> None:
     # As above, but the acquire that first looks after the late commit finds the queue at
     # its limit and takes nothing: its cursor must not move past the row for good.
-    late = psycopg.connect(database_url)
-    late.execute(
-        "INSERT INTO work_items (tenant_id, queue, payload, max_acquisitions)"
-        " VALUES ('acme', 'q', %s, 5)",
-        (Jsonb("late"),),
-    )
+    late = _enqueued_left_open(database_url, "late")
     api.enqueue("q", "c")  # enqueued after it, committed before it
 
     async def run() -> None:
