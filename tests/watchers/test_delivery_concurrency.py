@@ -168,13 +168,18 @@ def test_racing_claims_never_take_more_than_the_class_concurrency(
 
 
 async def _claim(
-    conn: psycopg.AsyncConnection[Any], *, limit: int = 32, exclude: list[str] | None = None
+    conn: psycopg.AsyncConnection[Any],
+    *,
+    limit: int = 32,
+    exclude: list[str] | None = None,
+    concurrency: int | None = None,
 ) -> list[dict[str, Any]]:
-    """One claim as a deliverer makes it, in the caller's transaction."""
+    """One claim as a deliverer makes it (the class's concurrency unless given), in the
+    caller's transaction."""
     return await outbox.claim(
         conn,
         limit=limit,
-        concurrency=default_policy().delivery.concurrency,
+        concurrency=concurrency or default_policy().delivery.concurrency,
         token=uuid.uuid4().hex,
         lease=timedelta(seconds=30),
         delays=[1.0] * 4,
@@ -298,3 +303,34 @@ def test_recording_a_delivery_renews_the_claims_of_its_watchers_next_ones(
 
     held, again = asyncio.run(run())
     assert (len(held), again) == (3, [])
+
+
+def test_a_claim_takes_the_watchers_whose_rows_have_been_due_longest_first(
+    api: Api, db: Db, database_url: str
+) -> None:
+    """Room for one watcher: the row due first goes, not the row written first (a row
+    written earlier may be due later, after a failed attempt)."""
+    for n in range(2):
+        register(api, f"http://127.0.0.1:9/hook?watcher={n}")
+    complete_one(api)
+    first, second = rows(db)
+    db.execute(
+        "UPDATE outbox_deliveries SET due_at = now() - make_interval(secs => %s)"
+        " WHERE delivery_id = %s",
+        (1, first["delivery_id"]),
+    )
+    db.execute(
+        "UPDATE outbox_deliveries SET due_at = now() - make_interval(secs => %s)"
+        " WHERE delivery_id = %s",
+        (10, second["delivery_id"]),
+    )
+
+    async def claim_one() -> list[dict[str, Any]]:
+        async with (
+            await psycopg.AsyncConnection.connect(database_url, row_factory=dict_row) as conn,
+            conn.transaction(),
+        ):
+            return await _claim(conn, concurrency=1)
+
+    claimed = asyncio.run(claim_one())
+    assert [r["delivery_id"] for r in claimed] == [second["delivery_id"]]
