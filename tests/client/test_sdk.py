@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import re
+import threading
 import time
 from datetime import UTC, datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import psycopg
 import pytest
 
 from queue_server.client import AsyncQueueClient, NewItem, QueueClient, errors, is_transient
+from queue_server.policy.loader import load_policy
+from queue_server.policy.v2 import OPERATION_RELIABILITY_V2
 from tests.helpers import web
 from tests.helpers.api import Api
 from tests.helpers.server import LiveServer
@@ -255,3 +260,73 @@ def test_is_transient_names_the_failures_a_caller_may_retry_with_the_same_key() 
     assert not is_transient(problem(409, "fence-ahead"))
     assert not is_transient(problem(422, "invalid-request"))
     assert not is_transient(ValueError("not a request's failure"))
+
+
+class _Throttling(ThreadingHTTPServer):
+    """Answers every request 429 with `Retry-After: 1`, counting them."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _ThrottlingHandler)
+        self.hits = 0
+
+
+class _ThrottlingHandler(BaseHTTPRequestHandler):
+    server: _Throttling
+
+    def do_GET(self) -> None:
+        self.server.hits += 1
+        body = b'{"type": "about:blank", "title": "Too many requests", "status": 429}'
+        self.send_response(429)
+        self.send_header("Content-Type", "application/problem+json")
+        self.send_header("Retry-After", "1")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_a_read_is_not_tried_again_past_its_class_deadline(sync: bool) -> None:
+    # Three attempts and a 2 s deadline for reads; a server that asks each time to come back
+    # in a second. The second attempt ends at about 1 s: waiting a second more reaches the
+    # deadline, so no third attempt is made (its attempts alone would allow one).
+    doc = copy.deepcopy(OPERATION_RELIABILITY_V2)
+    doc["version"] = "test-short-read-deadline"
+    cells = doc["classes"]["read-only-dependency"]
+    cells["deadline"] = {"seconds": 2}
+    cells["attempt-timeout"] = {"seconds": 0.5, "on-timeout": "fail-attempt"}
+    cells["backoff-and-jitter"] = {
+        "initial-seconds": 0.1,
+        "multiplier": 1,
+        "max-seconds": 0.1,
+        "jitter": "full",
+    }
+    policy = load_policy(doc, source="test")
+    server = _Throttling()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+
+    def read() -> None:
+        if sync:
+            with QueueClient(url, "qsk_x", tenant="t", policy=policy) as qs:
+                qs.get_item("x")
+            return
+
+        async def read_once() -> None:
+            async with AsyncQueueClient(url, "qsk_x", tenant="t", policy=policy) as qs:
+                await qs.get_item("x")
+
+        asyncio.run(read_once())
+
+    try:
+        with pytest.raises(errors.ProblemError) as refused:
+            read()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert refused.value.status == 429
+    assert server.hits == 2

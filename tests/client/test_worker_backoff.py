@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from queue_server.client import Outcome, QueueClient, Result, TransientError
+from queue_server.client import Outcome, QueueClient, Result, TransientError, errors
+from queue_server.client.working import envelope_limit
 from tests.helpers.api import Api
 from tests.helpers.faces import AnyJob, Face
 
@@ -100,3 +101,17 @@ def test_a_drain_waits_for_the_items_it_sent_back_until_their_budget_is_spent(
         assert qs.get_item(item.item_id).state == "quarantined"
         # Its one attempt failed: dead-lettered by that triage, not by a later acquire.
         assert kinds(qs, item.item_id)[-2:] == ["acquired", "triaged"]
+
+
+def test_only_a_refusal_of_the_delay_itself_is_read_as_the_delay_s_cap() -> None:
+    # A 422 whose policy-envelope entry is about another field is no cap for the delay: the
+    # worker would otherwise send the item back at that field's limit.
+    def refused(*entries: dict[str, object]) -> errors.ProblemError:
+        body = {"title": "Invalid request", "status": 422, "code": "invalid-request"}
+        return errors.problem_error(422, {**body, "errors": list(entries)})
+
+    ttl = {"type": "policy_envelope", "loc": ["body", "lease_ttl"], "limit": 30, "cell": "t"}
+    delay = {"type": "policy_envelope", "loc": ["body", "delay"], "limit": 300, "cell": "b"}
+    assert envelope_limit(refused(ttl), "delay") is None
+    assert envelope_limit(refused(ttl, delay), "delay") == (300.0, "b")
+    assert envelope_limit(refused({**delay, "type": "less_than_equal"}), "delay") is None

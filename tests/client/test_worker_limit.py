@@ -139,3 +139,49 @@ def test_a_worker_says_when_its_queues_limit_falls_while_it_runs(
         "queue q now leases at most 1 at a time (was 3): its spend approval lapsed or was"
         " revoked, or an operator lowered its concurrency (queue-server spend show q)"
     ]
+
+
+def test_a_limit_that_falls_but_stays_at_the_workers_concurrency_is_not_reported(
+    api: Api, face: Face, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The queue's limit falls 6 -> 3 -> 1 while a worker of concurrency 2 runs: only the
+    # second fall slows it, and only that one is told.
+    api.approve("q", 6)
+    with QueueClient(api.url, api.keys["worker"], tenant=api.tenant) as qs:
+        for n in range(4):
+            qs.enqueue("q", n)
+    started = threading.Semaphore(0)
+    go = threading.Event()
+
+    def handler(job: AnyJob) -> Any:
+        started.release()
+        assert go.wait(30)
+        return job.payload
+
+    def lower_to(concurrency: int) -> None:
+        answer = api.operator.put(
+            "/v1/tenants/acme/queues/q/concurrency",
+            json={"concurrency": concurrency, "reason": "cost"},
+            headers={"Idempotency-Key": f"lower-{concurrency}"},
+        )
+        assert answer.status_code == 200, answer.text
+        time.sleep(1.0)  # ten of the worker's limit reads (limit_refresh 0.1 s) and more
+
+    worker = face.worker(api, "q", handler, name="w1", concurrency=2, wait=0, limit_refresh=0.1)
+    with caplog.at_level(logging.WARNING):
+        runner = threading.Thread(target=lambda: worker.run(drain=True, handle_signals=False))
+        runner.start()
+        try:
+            assert started.acquire(timeout=10)
+            assert started.acquire(timeout=10)
+            lower_to(3)
+            lower_to(1)
+        finally:
+            go.set()
+            runner.join(30)
+        assert not runner.is_alive()
+    fallen = [r.getMessage() for r in caplog.records if "now leases at most" in r.getMessage()]
+    assert fallen == [
+        "queue q now leases at most 1 at a time (was 3): its spend approval lapsed or was"
+        " revoked, or an operator lowered its concurrency (queue-server spend show q)"
+    ]
