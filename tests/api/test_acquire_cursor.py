@@ -145,6 +145,79 @@ def test_a_lease_that_expires_while_the_queue_is_full_is_taken_over_once_it_has_
     asyncio.run(run())
 
 
+def test_an_expired_lease_no_longer_fills_the_queue_wherever_the_cursor_found_it(
+    api: Api, database_url: str
+) -> None:
+    # The queue leases one at a time, and its only item's lease expires twice: first a lease
+    # made since the cursor's snapshot, then one the cursor saw active (the acquire that
+    # found the queue full moved it). Each time the next acquire on the connection counts
+    # the expired lease no more and takes the item over, instead of finding the queue full.
+    api.enqueue("q", "a")
+
+    async def run() -> None:
+        async with await psycopg.AsyncConnection.connect(
+            database_url, autocommit=True, row_factory=dict_row
+        ) as conn:
+
+            async def take(ttl: float = 30) -> list[Any]:
+                terms = {**_TERMS, "base_limit": 1, "ttl": timedelta(seconds=ttl)}
+                got = await transitions.acquire(
+                    conn, tenant="acme", queue="q", worker="w", max_items=1, **terms
+                )
+                return [row["payload"] for row in got.leased]
+
+            assert await take(ttl=1) == ["a"]
+            await asyncio.sleep(1.2)
+            assert await take(ttl=1) == ["a"]  # a lease placed since the cursor's snapshot
+            assert await take() == []  # full: the cursor now lists a's lease as active
+            await asyncio.sleep(1.2)
+            assert await take() == ["a"]  # a lease the cursor saw active
+
+    asyncio.run(run())
+
+
+def test_the_lease_expired_longest_is_taken_over_first(api: Api, database_url: str) -> None:
+    # Two leases made before the cursor's snapshot expire, a's first: an acquire of one item
+    # takes a over, then b.
+    api.enqueue("q", "a")
+    api.enqueue("q", "b")
+
+    async def run() -> None:
+        async with await psycopg.AsyncConnection.connect(
+            database_url, autocommit=True, row_factory=dict_row
+        ) as conn:
+
+            async def take(ttl: float = 30) -> list[Any]:
+                terms = {**_TERMS, "base_limit": 2, "ttl": timedelta(seconds=ttl)}
+                got = await transitions.acquire(
+                    conn, tenant="acme", queue="q", worker="w", max_items=1, **terms
+                )
+                return [row["payload"] for row in got.leased]
+
+            assert await take(ttl=1) == ["a"]
+            assert await take(ttl=1.5) == ["b"]
+            assert await take() == []  # full; the cursor's snapshot is now past both leases
+            await asyncio.sleep(1.7)
+            assert await take() == ["a"]
+            assert await take() == ["b"]
+
+    asyncio.run(run())
+
+
+def test_a_due_row_made_ready_since_the_cursor_is_not_hidden_by_one_not_yet_due(
+    api: Api, database_url: str
+) -> None:
+    # Both rows come after the cursor's snapshot, the one not yet due at a higher priority:
+    # the acquire passes over it and takes the due one.
+    async def steps(take_one: Callable[[], Awaitable[list[Any]]]) -> None:
+        assert await take_one() == []  # the cursor's snapshot: an empty queue
+        api.enqueue("q", "later", priority=5, delay=60)
+        api.enqueue("q", "now", priority=0)
+        assert await take_one() == ["now"]
+
+    _on_one_connection(database_url, steps)
+
+
 def test_a_row_made_ready_again_behind_the_cursor_is_acquired_next(
     api: Api, database_url: str
 ) -> None:

@@ -138,6 +138,11 @@ def test_expired_lease_is_taken_over_with_a_higher_fence(api: Api, db: Db) -> No
     assert second["item_id"] == first["item_id"]
     assert second["fence"] == 2
     assert second["acquisition_count"] == 2
+    # A lease that expired before its deadline ends as no failure: the ledger has no
+    # deadline_exceeded, and the item no last failure.
+    assert ledger_kinds(api, first["item_id"]) == ["enqueued", "acquired", "acquired"]
+    item = api.worker.get(f"/v1/tenants/acme/items/{first['item_id']}").json()
+    assert item["last_failure"] is None
 
 
 def test_requeue_returns_item_and_next_acquire_raises_fence(api: Api) -> None:

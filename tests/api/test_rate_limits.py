@@ -126,6 +126,25 @@ def test_a_key_at_its_limit_holds_back_only_its_own_items(api: Api, db: Db) -> N
     assert len(acquisitions(db, "noisy")) == 5
 
 
+def test_a_whole_queue_limit_counts_the_leases_of_items_with_keys(api: Api) -> None:
+    # Not partitioned: the items' partition keys are no windows of their own.
+    api.approve("q", 50)
+    assert put_rate(api, limit=2, per=30).status_code == 200
+    enqueue_many(api, [{"payload": n, "partition_key": f"k{n}"} for n in range(6)])
+    assert len(api.acquire(max_items=10)) == 2
+    assert api.acquire(max_items=10) == []
+
+
+def test_a_key_s_window_is_its_whole_interval(api: Api) -> None:
+    # One lease per key in any 4 s: 2.5 s after its lease the key still waits.
+    api.approve("q", 50)
+    assert put_rate(api, limit=1, per=4, partitioned=True).status_code == 200
+    enqueue_many(api, [{"payload": n, "partition_key": "a"} for n in range(3)])
+    assert len(api.acquire(max_items=10)) == 1
+    time.sleep(2.5)
+    assert api.acquire(max_items=10) == []
+
+
 def test_a_rate_limit_is_a_setting_refused_when_malformed_and_removable(api: Api) -> None:
     api.approve("q", 10)
     refused = put_rate(api, limit=0, per=1)

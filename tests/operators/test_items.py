@@ -176,6 +176,23 @@ def test_a_cancelled_lease_refuses_its_holder_with_item_cancelled(api: Api, db: 
     assert_backlog_counter_matches(db)
 
 
+def test_a_holder_is_told_of_the_cancel_that_ended_its_own_lease(api: Api) -> None:
+    # Cancelled, retried, leased again and cancelled again: the second holder is told of
+    # the second cancel, the one that ended its lease, not of the first.
+    item = api.enqueue("q", "job")
+    api.acquire("q", worker="w1")
+    assert cancel(api, item["item_id"], reason="first").status_code == 200
+    retried = api.operator.post(
+        "/v1/tenants/acme/items:retry", json={"filter": {"state": "cancelled"}}, headers=_key()
+    )
+    assert retried.json()["item_ids"] == [item["item_id"]]
+    (lease,) = api.acquire("q", worker="w2")
+    assert cancel(api, item["item_id"], reason="second").status_code == 200
+    refused = api.holder("complete", item["item_id"], worker="w2", fence=lease["fence"])
+    assert refused.status_code == 409, refused.text
+    assert (refused.json()["code"], refused.json()["reason"]) == ("item-cancelled", "second")
+
+
 def test_cancelling_a_quarantined_item_closes_its_dead_letter(api: Api) -> None:
     item = api.enqueue("q", "poison", max_acquisitions=1)
     (lease,) = api.acquire("q")

@@ -11,6 +11,7 @@ from psycopg.rows import dict_row
 from queue_server.store import transitions
 from queue_server.transport.signing import generate_secret
 from tests.helpers.api import Api
+from tests.helpers.items import expire
 
 Db = psycopg.Connection[dict[str, Any]]
 
@@ -100,6 +101,26 @@ def test_requeue_and_quarantine_emit_their_events(api: Api, db: Db) -> None:
     assert quarantined.status_code == 200
     assert _rows(db)[-1]["event"] == "item.quarantined"
     assert _rows(db)[-1]["item_id"] == other["item_id"]
+
+
+def test_an_item_quarantined_by_an_acquire_writes_a_row_for_each_matching_active_watcher(
+    api: Api, db: Db
+) -> None:
+    # The item's only attempt ran out (its lease expired): the next acquire quarantines it,
+    # and only the active watcher of its queue hears of it.
+    every = _watcher(db, "acme", ["item.quarantined"])
+    _watcher(db, "acme", ["item.quarantined"], queues=["elsewhere"])
+    paused = _watcher(db, "acme", ["item.quarantined"])
+    db.execute(
+        "UPDATE watchers SET state = 'paused', paused_at = now() WHERE watcher_id = %s", (paused,)
+    )
+    item = api.enqueue("q", None, max_acquisitions=1)
+    assert len(api.acquire("q")) == 1
+    expire(db, item["item_id"])
+    assert api.acquire("q") == []  # its budget spent: quarantined, not handed out
+    assert [(r["watcher_id"], r["event"], r["item_id"]) for r in _rows(db)] == [
+        (every, "item.quarantined", item["item_id"])
+    ]
 
 
 def test_refused_transition_writes_no_outbox_row(api: Api, db: Db) -> None:
