@@ -13,6 +13,7 @@ import psycopg
 from tests.helpers import charts
 from tests.helpers.api import Api, setup_tenant
 from tests.helpers.console import sign_in
+from tests.helpers.items import sample_queues
 
 Db = psycopg.Connection[dict[str, Any]]
 
@@ -158,3 +159,24 @@ def test_the_overviews_sparkline_has_a_point_for_each_of_the_last_sixty_minutes(
     assert len(points) == 60
     assert [y for _, y in points[:-1]] == [points[0][1]] * 59  # nothing before
     assert points[-1][1] < points[0][1]
+
+
+def test_the_overviews_minutes_end_at_the_samples_taken_at_their_edges(
+    api: Api, db: Db, database_url: str
+) -> None:
+    # Two completions, sampled a minute and a half ago; one more since: the minute now
+    # running counts one, the minute before it the two (the sample is its end's total).
+    for n in range(3):
+        api.enqueue("mail", n)
+    for n in range(3):
+        if n == 2:
+            sample_queues(database_url)
+            db.execute("UPDATE queue_samples SET sampled_at = sampled_at - interval '90 seconds'")
+        (lease,) = api.acquire("mail")
+        done = api.holder("complete", lease["item_id"], worker="w1", fence=lease["fence"])
+        assert done.status_code == 200, done.text
+    client, _ = sign_in(api.url, api.keys["operator"])
+    live = client.get("/console/tenants/acme/queues/live")
+    assert live.status_code == 200, live.text
+    chart = live.json()["charts"]["mail"]
+    assert (chart["peak"], chart["done_hour"]) == (2, 3)

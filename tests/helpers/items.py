@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import httpx
 import psycopg
+from psycopg.rows import dict_row
 
+from queue_server.store import queues
 from tests.helpers.api import Api
 
 Db = psycopg.Connection[dict[str, object]]
@@ -167,3 +171,15 @@ def ledger_mismatches(api: Api) -> list[Any]:
     assert answer.status_code == 200, answer.text
     mismatches: list[Any] = answer.json()["mismatches"]
     return mismatches
+
+
+def sample_queues(url: str) -> None:
+    """One round of the sweeper's sampling of the queues' counters, whenever the last was."""
+
+    async def run() -> None:
+        async with await psycopg.AsyncConnection.connect(
+            url, autocommit=True, row_factory=dict_row
+        ) as conn:
+            await queues.sample(conn, min_gap=timedelta(0))
+
+    asyncio.run(run())

@@ -2,23 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import timedelta
 from typing import Any
 
 import httpx
 import psycopg
 import pytest
-from psycopg.rows import dict_row
 
 from queue_server.settings import Settings
 from queue_server.store import queues as queue_store
 from tests.helpers.api import Api, client_for, setup_tenant
-from tests.helpers.items import expire, quarantine
+from tests.helpers.items import expire, quarantine, sample_queues
 from tests.helpers.server import LiveServer, make_admin_key
 
 Db = psycopg.Connection[dict[str, object]]
@@ -211,18 +208,6 @@ def test_no_lease_is_committed_after_pause_answers_while_acquires_race(api: Api,
     assert len(api.acquire("q", max_items=3)) == 3
 
 
-def _sample(url: str) -> None:
-    """One round of the sweeper's sampling, whenever the last one was."""
-
-    async def run() -> None:
-        async with await psycopg.AsyncConnection.connect(
-            url, autocommit=True, row_factory=dict_row
-        ) as conn:
-            await queue_store.sample(conn, min_gap=timedelta(0))
-
-    asyncio.run(run())
-
-
 def test_queue_figures_count_every_state_with_ages_leases_letters_and_rates(
     api: Api, db: Db, database_url: str
 ) -> None:
@@ -284,14 +269,14 @@ def test_queue_figures_count_every_state_with_ages_leases_letters_and_rates(
     assert now["failures"] == {"last_minute": 1, "last_hour": 1, "total": 1}
 
     # Two minutes pass (the sample is moved back), then one more completion.
-    _sample(database_url)
+    sample_queues(database_url)
     db.execute("UPDATE queue_samples SET sampled_at = sampled_at - interval '2 minutes'")
     api.holder("complete", leases[3]["item_id"], worker="w1", fence=leases[3]["fence"])
     later = figures(api)
     assert later["completions"] == {"last_minute": 1, "last_hour": 3, "total": 3}
     assert later["failures"] == {"last_minute": 0, "last_hour": 1, "total": 1}
     # Two hours pass: the hour's window starts from the old sample.
-    _sample(database_url)
+    sample_queues(database_url)
     db.execute("UPDATE queue_samples SET sampled_at = sampled_at - interval '2 hours'")
     assert figures(api)["completions"] == {"last_minute": 0, "last_hour": 0, "total": 3}
     # Pruning keeps each queue's newest sample past the hour, so the window stays right.
@@ -299,6 +284,18 @@ def test_queue_figures_count_every_state_with_ages_leases_letters_and_rates(
     kept = db.execute("SELECT count(*) AS n FROM queue_samples").fetchone()
     assert kept == {"n": 1}
     assert figures(api)["completions"]["last_hour"] == 0
+
+
+def test_a_queues_figures_count_an_item_made_ready_since_their_last_look_where_none_was(
+    api: Api,
+) -> None:
+    # The figures are read from where the last look left each priority; an item of a
+    # priority the queue had none of is found by the transaction that made it ready.
+    api.enqueue("q", 1)
+    assert figures(api)["ready"] == 1
+    api.enqueue("q", 2, priority=5)
+    now = figures(api)
+    assert (now["ready"], now["due"]) == (2, 2)
 
 
 def test_a_queues_figures_count_only_its_own_items_and_a_delayed_item_as_ready_not_due(
@@ -341,10 +338,10 @@ def test_pruning_keeps_the_sample_the_hours_window_starts_from_while_newer_ones_
         assert done.status_code == 200, done.text
 
     complete_one()
-    _sample(database_url)
+    sample_queues(database_url)
     db.execute("UPDATE queue_samples SET sampled_at = sampled_at - interval '2 hours'")
     complete_one()
-    _sample(database_url)
+    sample_queues(database_url)
     assert figures(api)["completions"] == {"last_minute": 1, "last_hour": 1, "total": 2}
     db.execute(queue_store._SQL["prune_samples"], {"limit": 100})
     assert figures(api)["completions"] == {"last_minute": 1, "last_hour": 1, "total": 2}

@@ -33,6 +33,13 @@ def test_metrics_count_a_watchers_pending_and_dead_deliveries(
     text = api.operator.get("/metrics").text
     assert sample(text, "queue_server_watcher_deliveries", **labels, state="pending") == 1
     assert sample(text, "queue_server_watcher_deliveries", **labels, state="dead") == 1
+    # A dead delivery's letter is the watcher's, not one of the queue's item dead letters:
+    # in the tenant's scrape and in the admin's scrape of every tenant alike.
+    everyone = api.admin.get("/metrics").text
+    assert sample(everyone, "queue_server_watcher_deliveries", **labels, state="dead") == 1
+    for scrape in (text, everyone):
+        letters = sample(scrape, "queue_server_queue_open_dead_letters", tenant="acme", queue="q")
+        assert letters == 0
 
 
 def test_an_operators_scrape_shows_no_other_tenants_watcher(
@@ -49,3 +56,18 @@ def test_an_operators_scrape_shows_no_other_tenants_watcher(
     everyone = api.admin.get("/metrics").text
     their_labels = {"tenant": "globex", "watcher": theirs["watcher_id"]}
     assert sample(everyone, "queue_server_watcher_deliveries", **their_labels, state="pending") == 0
+
+
+def test_a_watchers_series_are_zero_while_it_is_not_backlogged_and_gone_once_cancelled(
+    api: Api, receiver: ModeReceiver
+) -> None:
+    watcher = register(api, receiver.url("/hook"))
+    labels = {"tenant": "acme", "watcher": watcher["watcher_id"]}
+    text = api.admin.get("/metrics").text
+    assert sample(text, "queue_server_watcher_backlogged", **labels) == 0
+    assert sample(text, "queue_server_watcher_deliveries", **labels, state="pending") == 0
+    path = f"/v1/tenants/acme/watchers/{watcher['watcher_id']}/cancel"
+    cancelled = api.operator.post(path, headers={"Idempotency-Key": "cancel-1"})
+    assert cancelled.status_code == 200, cancelled.text
+    text = api.admin.get("/metrics").text
+    assert sample(text, "queue_server_watcher_deliveries", **labels, state="pending") is None
