@@ -52,6 +52,19 @@ def test_retry_of_a_selection_makes_just_those_ready(api: Api) -> None:
     assert states[ready] == "ready"
 
 
+def test_a_selection_keeps_the_filter_s_payload_test(api: Api) -> None:
+    wanted = quarantine(api, "q", {"kind": "a"})
+    other = quarantine(api, "q", {"kind": "b"})
+    response = _post(
+        api,
+        "retry",
+        filter={"state": "quarantined", "item_ids": [wanted, other], "payload": {"kind": "a"}},
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["item_ids"] == [wanted]
+    assert _states(api)[other] == "quarantined"
+
+
 def test_a_selection_pages_by_limit_and_stops_at_the_backlog_cap(api: Api) -> None:
     poisoned = [quarantine(api, "q", f"p{n}") for n in range(4)]
     first = _post(api, "retry", filter={"state": "quarantined", "item_ids": poisoned}, limit=2)

@@ -650,6 +650,33 @@ def test_a_workflow_replayed_from_its_failed_step_goes_on_from_there(api: Api) -
     assert ledger_mismatches(api) == []
 
 
+def test_an_item_cancelled_by_an_operator_after_its_retry_stays_cancelled_at_the_replay(
+    api: Api,
+) -> None:
+    """The failure cancelled it, an operator retried it, then cancelled it: its last
+    cancel is the operator's, and a replay of the failed step with `descendants` leaves it."""
+    api.approve("q", 10)
+    failing = enqueue(api, "q", "failing")
+    after = enqueue(api, "q", "after", depends_on=[failing["item_id"]])
+    quarantine_lease(api, lease_of(api, failing["item_id"]))
+    assert state(api, after["item_id"]) == "cancelled"
+    retried = api.operator.post(
+        f"/v1/tenants/{api.tenant}/items:retry",
+        json={"filter": {"state": "cancelled"}},
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert retried.json()["item_ids"] == [after["item_id"]], retried.text
+    assert state(api, after["item_id"]) == "waiting"
+    assert api.operator.post(
+        f"/v1/tenants/{api.tenant}/items/{after['item_id']}/cancel",
+        json={"reason": "not wanted"},
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    ).is_success
+    replayed = replay(api, dead_letter_of(api, failing["item_id"]), descendants=True)
+    assert replayed.status_code == 200, replayed.text
+    assert [state(api, i["item_id"]) for i in (failing, after)] == ["ready", "cancelled"]
+
+
 def test_a_replay_with_descendants_brings_back_as_many_as_the_backlog_cap_has_room_for(
     api: Api,
 ) -> None:

@@ -12,9 +12,28 @@ import pytest
 
 from tests.helpers.api import Api
 from tests.helpers.console import CSRF, KEY, form_value, sign_in
-from tests.helpers.items import enqueue_graph, quarantine
+from tests.helpers.items import dead_letter_of, dead_letters, enqueue_graph, quarantine, replay
 
 ACTIONS = re.compile(r'name="action" value="(\w+)"')
+
+
+def test_an_item_quarantined_again_links_its_open_dead_letter_not_its_closed_one(
+    api: Api,
+) -> None:
+    item_id = quarantine(api, "q", "poison")
+    first = dead_letter_of(api, item_id)
+    assert replay(api, first).status_code == 200
+    (lease,) = api.acquire("q")
+    failure = {"class": "Boom", "message": "again", "transient": False}
+    again = api.holder(
+        "triage", item_id, worker="w1", fence=lease["fence"], failure=failure, decision="quarantine"
+    )
+    assert again.json()["state"] == "quarantined", again.text
+    (second,) = dead_letters(api.operator, status="open")["dead_letters"]
+    client, _ = sign_in(api.url, api.keys["operator"])
+    page = client.get(f"/console/tenants/acme/items/{item_id}").text
+    assert f'/console/tenants/acme/dead-letters/{second["dead_letter_id"]}"' in page
+    assert f"/dead-letters/{first}" not in page
 
 
 def test_a_quarantined_item_links_its_dead_letter_and_can_be_retried_from_its_page(

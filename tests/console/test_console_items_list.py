@@ -134,3 +134,10 @@ def test_the_bulk_count_agrees_with_the_list_at_its_bounds_and_payload(api: Api)
     assert page.status_code == 200, page.text
     assert [item_id for item_id, _ in ROW_ID.findall(page.text)] == [wanted]
     assert "Retry all 1 matching…" in page.text
+    # And a queue filter: only that queue's items, in the count too.
+    elsewhere = quarantine(api, "other", "x")
+    page = client.get(
+        "/console/tenants/acme/items", params={"state": "quarantined", "queue": "other"}
+    )
+    assert [item_id for item_id, _ in ROW_ID.findall(page.text)] == [elsewhere]
+    assert "Retry all 1 matching…" in page.text

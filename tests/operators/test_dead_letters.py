@@ -180,14 +180,17 @@ def test_each_status_lists_its_own_dead_letters(api: Api) -> None:
     assert replay(api, closed_id).status_code == 200
     open_id = dead_letter_of(api, quarantine(api, "other"))
 
-    def listed(status: str) -> list[str]:
-        return [
-            d["dead_letter_id"] for d in dead_letters(api.operator, status=status)["dead_letters"]
-        ]
+    def listed(status: str, **filters: str) -> list[str]:
+        page = dead_letters(api.operator, status=status, **filters)
+        return [d["dead_letter_id"] for d in page["dead_letters"]]
 
     assert listed("open") == [open_id]
     assert listed("closed") == [closed_id]
     assert sorted(listed("all")) == sorted([open_id, closed_id])
+    # Each status keeps the queue and kind filters.
+    assert listed("closed", queue="other") == []
+    assert listed("all", queue="other") == [open_id]
+    assert listed("closed", kind="delivery") == listed("all", kind="delivery") == []
 
 
 def test_bulk_replay_is_bounded_per_call_and_reports_counts(api: Api, db: DB) -> None:
