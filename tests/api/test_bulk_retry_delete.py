@@ -169,3 +169,28 @@ def test_a_repeated_key_replays_the_first_answer(api: Api) -> None:
     reused = _post(api, "retry", key="same", filter={"state": "cancelled"})
     assert reused.status_code == 422
     assert reused.json()["code"] == "idempotency-key-reuse"
+
+
+def test_a_delete_counts_each_state_it_removed_and_each_queue_ledgers_its_own(
+    api: Api, db: DB
+) -> None:
+    done = {}
+    for queue in ("a", "b"):
+        api.enqueue(queue, "x")
+        (lease,) = api.acquire(queue)
+        assert api.holder("complete", lease["item_id"], worker="w1", fence=lease["fence"])
+        done[queue] = str(lease["item_id"])
+    cancelled = str(api.enqueue("a", "y")["item_id"])
+    assert _post(api, "cancel", filter={"queue": "a"}, reason="x").json()["cancelled"] == 1
+    response = _post(api, "delete", filter={"state": "cancelled"})
+    assert response.json()["item_ids"] == [cancelled], response.text
+    tenant = api.admin.get("/v1/tenants/acme").json()
+    assert (tenant["completed"], tenant["cancelled"]) == (2, 0)
+    response = _post(api, "delete", filter={"state": "completed"})
+    assert sorted(response.json()["item_ids"]) == sorted(done.values())
+    rows = db.execute(
+        "SELECT queue, data FROM queue_events WHERE kind = 'deleted' AND data->>'state' = 'completed'"
+    ).fetchall()
+    assert {str(r["queue"]): r["data"]["item_ids"] for r in rows} == {  # type: ignore[index]
+        queue: [item_id] for queue, item_id in done.items()
+    }

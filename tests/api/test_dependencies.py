@@ -827,9 +827,32 @@ def test_a_dependent_replayed_with_its_failed_step_counts_again_what_it_waits_fo
     replayed = replay(api, dead_letter_of(api, failing["item_id"]), descendants=True)
     assert replayed.status_code == 200, replayed.text
     assert state(api, report["item_id"]) == "waiting"
+    progress = api.worker.get(f"/v1/tenants/{api.tenant}/items/{report['item_id']}/dependencies")
+    assert (progress.json()["total"], progress.json()["waiting_for"]) == (3, 1)
     complete(api, lease_of(api, failing["item_id"]))
     assert state(api, report["item_id"]) == "ready"
     assert ledger_mismatches(api) == []
+
+
+def test_an_item_that_runs_whatever_its_dependency_did_is_retried_ready_not_waiting(
+    api: Api,
+) -> None:
+    """It ran after its dependency failed (`on_dependency_failure` `run`) and failed in
+    turn: retried, it is ready at once, not waiting for the failed dependency."""
+    api.approve("q", 10)
+    failing = enqueue(api, "q", "failing")
+    cleanup = enqueue(
+        api, "q", "cleanup", depends_on=[failing["item_id"]], on_dependency_failure="run"
+    )
+    quarantine_lease(api, lease_of(api, failing["item_id"]))
+    quarantine_lease(api, lease_of(api, cleanup["item_id"]))
+    retried = api.operator.post(
+        f"/v1/tenants/{api.tenant}/items:retry",
+        json={"filter": {"state": "quarantined", "item_ids": [cleanup["item_id"]]}},
+        headers={"Idempotency-Key": uuid.uuid4().hex},
+    )
+    assert retried.json()["item_ids"] == [cleanup["item_id"]], retried.text
+    assert state(api, cleanup["item_id"]) == "ready"
 
 
 def test_an_item_many_enqueues_depend_on_is_marked_once_not_rewritten_by_each(

@@ -103,6 +103,15 @@ def test_put_sets_the_queue_s_own_values_and_a_later_put_replaces_them(api: Api)
     assert events[0]["data"]["before"]["max_acquisitions"] == 4
 
 
+def test_the_retry_base_shown_is_never_above_the_retry_cap(api: Api, db: Db) -> None:
+    # A cap below the default base of 1 s: the default base shown is the cap.
+    assert _put(api, "q", retry={"cap": 0.5}).status_code == 200
+    assert _settings(api, "q")["retry"]["base"] == {"value": 0.5, "source": "default"}
+    # A base stored above the queue's cap (under a looser check) is shown at the cap.
+    db.execute("UPDATE queues SET retry_base = 10, retry_cap = 5 WHERE queue = 'q'")
+    assert _settings(api, "q")["retry"]["base"] == {"value": 5.0, "source": "queue"}
+
+
 @pytest.mark.parametrize(
     ("body", "loc", "cell"),
     [
@@ -139,9 +148,10 @@ def test_settings_that_contradict_each_other_are_refused(api: Api) -> None:
         response = _put(api, "q", lease_ttl=lease_ttl, deadline=10)
         assert response.status_code == 422, response.text
         assert response.json()["errors"][0]["loc"] == ["body", "lease_ttl"]
-    response = _put(api, "q", retry={"base": 20, "cap": 10})
-    assert response.status_code == 422, response.text
-    assert response.json()["errors"][0]["loc"] == ["body", "retry", "base"]
+    for base in (20, 10.5):  # and a first backoff half a second past the cap
+        response = _put(api, "q", retry={"base": base, "cap": 10})
+        assert response.status_code == 422, response.text
+        assert response.json()["errors"][0]["loc"] == ["body", "retry", "base"]
     # Equal is consistent: a lease as long as the deadline, a first backoff at the cap.
     response = _put(api, "q", lease_ttl=30, deadline=30, retry={"base": 10, "cap": 10})
     assert response.status_code == 200, response.text
