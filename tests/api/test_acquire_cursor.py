@@ -49,6 +49,30 @@ def _on_one_connection(
     asyncio.run(run())
 
 
+Take = Callable[..., Awaitable[list[Any]]]
+
+
+def _taking(database_url: str, steps: Callable[[Take], Awaitable[None]]) -> None:
+    """`steps` run with `take(limit, ttl=30)`: one item's acquire on one connection, under
+    a queue limit of `limit` and a lease of `ttl` seconds; the payloads leased."""
+
+    async def run() -> None:
+        async with await psycopg.AsyncConnection.connect(
+            database_url, autocommit=True, row_factory=dict_row
+        ) as conn:
+
+            async def take(limit: int, ttl: float = 30) -> list[Any]:
+                terms = {**_TERMS, "base_limit": limit, "ttl": timedelta(seconds=ttl)}
+                got = await transitions.acquire(
+                    conn, tenant="acme", queue="q", worker="w", max_items=1, **terms
+                )
+                return [row["payload"] for row in got.leased]
+
+            await steps(take)
+
+    asyncio.run(run())
+
+
 def _enqueued_left_open(database_url: str, payload: str) -> psycopg.Connection[Any]:
     """An item written as the admission writes one (its instant is its statement's), in a
     transaction left open: the caller commits it later, after other enqueues."""
@@ -90,26 +114,15 @@ def test_a_late_row_that_commits_while_the_queue_is_full_is_taken_once_it_has_ro
     late = _enqueued_left_open(database_url, "late")
     api.enqueue("q", "c")  # enqueued after it, committed before it
 
-    async def run() -> None:
-        async with await psycopg.AsyncConnection.connect(
-            database_url, autocommit=True, row_factory=dict_row
-        ) as conn:
-
-            async def take(limit: int) -> list[Any]:
-                terms = {**_TERMS, "base_limit": limit}
-                got = await transitions.acquire(
-                    conn, tenant="acme", queue="q", worker="w", max_items=1, **terms
-                )
-                return [row["payload"] for row in got.leased]
-
-            assert await take(1) == ["c"]
-            await asyncio.to_thread(late.commit)
-            assert await take(1) == []  # c's lease fills the queue
-            assert await take(2) == ["late"]  # room for one more
-            assert await take(2) == []
+    async def steps(take: Take) -> None:
+        assert await take(1) == ["c"]
+        await asyncio.to_thread(late.commit)
+        assert await take(1) == []  # c's lease fills the queue
+        assert await take(2) == ["late"]  # room for one more
+        assert await take(2) == []
 
     try:
-        asyncio.run(run())
+        _taking(database_url, steps)
     finally:
         late.close()
 
@@ -123,26 +136,15 @@ def test_a_lease_that_expires_while_the_queue_is_full_is_taken_over_once_it_has_
     api.enqueue("q", "a")
     api.enqueue("q", "b")
 
-    async def run() -> None:
-        async with await psycopg.AsyncConnection.connect(
-            database_url, autocommit=True, row_factory=dict_row
-        ) as conn:
+    async def steps(take: Take) -> None:
+        assert await take(2, ttl=1) == ["a"]
+        assert await take(2) == ["b"]
+        assert await take(2) == []  # full; the cursor's snapshot is now past both leases
+        await asyncio.sleep(1.2)  # a's lease has just expired
+        assert await take(1) == []  # b's lease fills a limit of one
+        assert await take(2) == ["a"]  # taken over, with room again
 
-            async def take(limit: int, ttl: float = 30) -> list[Any]:
-                terms = {**_TERMS, "base_limit": limit, "ttl": timedelta(seconds=ttl)}
-                got = await transitions.acquire(
-                    conn, tenant="acme", queue="q", worker="w", max_items=1, **terms
-                )
-                return [row["payload"] for row in got.leased]
-
-            assert await take(2, ttl=1) == ["a"]
-            assert await take(2) == ["b"]
-            assert await take(2) == []  # full; the cursor's snapshot is now past both leases
-            await asyncio.sleep(1.2)  # a's lease has just expired
-            assert await take(1) == []  # b's lease fills a limit of one
-            assert await take(2) == ["a"]  # taken over, with room again
-
-    asyncio.run(run())
+    _taking(database_url, steps)
 
 
 def test_an_expired_lease_no_longer_fills_the_queue_wherever_the_cursor_found_it(
@@ -154,26 +156,15 @@ def test_an_expired_lease_no_longer_fills_the_queue_wherever_the_cursor_found_it
     # the expired lease no more and takes the item over, instead of finding the queue full.
     api.enqueue("q", "a")
 
-    async def run() -> None:
-        async with await psycopg.AsyncConnection.connect(
-            database_url, autocommit=True, row_factory=dict_row
-        ) as conn:
+    async def steps(take: Take) -> None:
+        assert await take(1, ttl=1) == ["a"]
+        await asyncio.sleep(1.2)
+        assert await take(1, ttl=1) == ["a"]  # a lease placed since the cursor's snapshot
+        assert await take(1) == []  # full: the cursor now lists a's lease as active
+        await asyncio.sleep(1.2)
+        assert await take(1) == ["a"]  # a lease the cursor saw active
 
-            async def take(ttl: float = 30) -> list[Any]:
-                terms = {**_TERMS, "base_limit": 1, "ttl": timedelta(seconds=ttl)}
-                got = await transitions.acquire(
-                    conn, tenant="acme", queue="q", worker="w", max_items=1, **terms
-                )
-                return [row["payload"] for row in got.leased]
-
-            assert await take(ttl=1) == ["a"]
-            await asyncio.sleep(1.2)
-            assert await take(ttl=1) == ["a"]  # a lease placed since the cursor's snapshot
-            assert await take() == []  # full: the cursor now lists a's lease as active
-            await asyncio.sleep(1.2)
-            assert await take() == ["a"]  # a lease the cursor saw active
-
-    asyncio.run(run())
+    _taking(database_url, steps)
 
 
 def test_the_lease_expired_longest_is_taken_over_first(api: Api, database_url: str) -> None:
@@ -182,26 +173,15 @@ def test_the_lease_expired_longest_is_taken_over_first(api: Api, database_url: s
     api.enqueue("q", "a")
     api.enqueue("q", "b")
 
-    async def run() -> None:
-        async with await psycopg.AsyncConnection.connect(
-            database_url, autocommit=True, row_factory=dict_row
-        ) as conn:
+    async def steps(take: Take) -> None:
+        assert await take(2, ttl=1) == ["a"]
+        assert await take(2, ttl=1.5) == ["b"]
+        assert await take(2) == []  # full; the cursor's snapshot is now past both leases
+        await asyncio.sleep(1.7)
+        assert await take(2) == ["a"]
+        assert await take(2) == ["b"]
 
-            async def take(ttl: float = 30) -> list[Any]:
-                terms = {**_TERMS, "base_limit": 2, "ttl": timedelta(seconds=ttl)}
-                got = await transitions.acquire(
-                    conn, tenant="acme", queue="q", worker="w", max_items=1, **terms
-                )
-                return [row["payload"] for row in got.leased]
-
-            assert await take(ttl=1) == ["a"]
-            assert await take(ttl=1.5) == ["b"]
-            assert await take() == []  # full; the cursor's snapshot is now past both leases
-            await asyncio.sleep(1.7)
-            assert await take() == ["a"]
-            assert await take() == ["b"]
-
-    asyncio.run(run())
+    _taking(database_url, steps)
 
 
 def test_a_due_row_made_ready_since_the_cursor_is_not_hidden_by_one_not_yet_due(

@@ -27,6 +27,17 @@ def limit_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     ]
 
 
+FELL_FROM_3_TO_1 = (
+    "queue q now leases at most 1 at a time (was 3): its spend approval lapsed or was"
+    " revoked, or an operator lowered its concurrency (queue-server spend show q)"
+)
+
+
+def fallen(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The worker's warnings that its queue's limit fell."""
+    return [r.getMessage() for r in caplog.records if "now leases at most" in r.getMessage()]
+
+
 def test_a_worker_above_the_queues_limit_warns_once_at_start(
     api: Api, face: Face, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -134,11 +145,7 @@ def test_a_worker_says_when_its_queues_limit_falls_while_it_runs(
         assert revoked.status_code == 200, revoked.text
         runner.join(30)
         assert not runner.is_alive()
-    fallen = [r.getMessage() for r in caplog.records if "now leases at most" in r.getMessage()]
-    assert fallen == [
-        "queue q now leases at most 1 at a time (was 3): its spend approval lapsed or was"
-        " revoked, or an operator lowered its concurrency (queue-server spend show q)"
-    ]
+    assert fallen(caplog) == [FELL_FROM_3_TO_1]
 
 
 def test_a_limit_that_falls_but_stays_at_the_workers_concurrency_is_not_reported(
@@ -180,8 +187,4 @@ def test_a_limit_that_falls_but_stays_at_the_workers_concurrency_is_not_reported
             go.set()
             runner.join(30)
         assert not runner.is_alive()
-    fallen = [r.getMessage() for r in caplog.records if "now leases at most" in r.getMessage()]
-    assert fallen == [
-        "queue q now leases at most 1 at a time (was 3): its spend approval lapsed or was"
-        " revoked, or an operator lowered its concurrency (queue-server spend show q)"
-    ]
+    assert fallen(caplog) == [FELL_FROM_3_TO_1]
