@@ -38,6 +38,15 @@ def test_grant_enqueue_makes_a_login_role_prints_its_url_once_and_revoke_takes_i
         # Granted again (another tenant's grant would add to it): no new password, no URL.
         again = cli.run("db", "grant-enqueue", name, "--tenant", "acme")
         assert "postgresql://" not in again.stdout
+        # Another tenant's grant is not listed under this one's.
+        setup_tenant(cli.api.url, cli.api.admin, "beta")
+        theirs = f"app_{uuid.uuid4().hex[:10]}"
+        roles.made.append(theirs)
+        cli.run("db", "grant-enqueue", theirs, "--tenant", "beta")
+        assert [g["role"] for g in cli.json("db", "grants", "--tenant", "beta")["grants"]] == [
+            theirs
+        ]
+        cli.run("db", "revoke-enqueue", theirs, "--tenant", "beta")
         assert cli.json("db", "grants", "--tenant", "acme")["grants"] == [
             {
                 "tenant": "acme",
@@ -177,5 +186,14 @@ def test_with_own_schema_the_role_creates_its_table_and_commits_an_order_with_it
         assert [i["item_id"] for i in listed] == [item_id]
         # Again: the schema is kept (it is the role's already).
         assert cli.json("db", "grant-enqueue", owner, "--tenant", "acme", "--own-schema")
+        # A schema of that name that is another role's is not taken over.
+        taken = f"app_{uuid.uuid4().hex[:10]}"
+        roles.made.append(taken)
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(f"CREATE SCHEMA {taken}")
+        refused = cli.run(
+            "db", "grant-enqueue", taken, "--tenant", "acme", "--own-schema", ok=False
+        )
+        assert "belongs to another role" in refused.stderr
     finally:
         roles.drop()
