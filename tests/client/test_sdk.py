@@ -6,10 +6,8 @@ import asyncio
 import copy
 import logging
 import re
-import threading
 import time
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
 import psycopg
@@ -20,6 +18,7 @@ from queue_server.policy.loader import load_policy
 from queue_server.policy.v2 import OPERATION_RELIABILITY_V2
 from tests.helpers import web
 from tests.helpers.api import Api
+from tests.helpers.rawhttp import ScriptedServer, answer
 from tests.helpers.server import LiveServer
 
 DB = psycopg.Connection[dict[str, object]]
@@ -262,33 +261,6 @@ def test_is_transient_names_the_failures_a_caller_may_retry_with_the_same_key() 
     assert not is_transient(ValueError("not a request's failure"))
 
 
-class _Throttling(ThreadingHTTPServer):
-    """Answers every request 429 with `Retry-After: 1`, counting them."""
-
-    daemon_threads = True
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _ThrottlingHandler)
-        self.hits = 0
-
-
-class _ThrottlingHandler(BaseHTTPRequestHandler):
-    server: _Throttling
-
-    def do_GET(self) -> None:
-        self.server.hits += 1
-        body = b'{"type": "about:blank", "title": "Too many requests", "status": 429}'
-        self.send_response(429)
-        self.send_header("Content-Type", "application/problem+json")
-        self.send_header("Retry-After", "1")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.mark.parametrize("sync", [True, False])
 def test_a_read_is_not_tried_again_past_its_class_deadline(sync: bool) -> None:
     # Three attempts and a 2 s deadline for reads; a server that asks each time to come back
@@ -306,9 +278,9 @@ def test_a_read_is_not_tried_again_past_its_class_deadline(sync: bool) -> None:
         "jitter": "full",
     }
     policy = load_policy(doc, source="test")
-    server = _Throttling()
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
+    body = b'{"type": "about:blank", "title": "Too many requests", "status": 429}'
+    server = ScriptedServer(lambda _: answer(429, body, headers={"Retry-After": "1"}))
+    url = server.url
 
     def read() -> None:
         if sync:
@@ -326,7 +298,6 @@ def test_a_read_is_not_tried_again_past_its_class_deadline(sync: bool) -> None:
         with pytest.raises(errors.ProblemError) as refused:
             read()
     finally:
-        server.shutdown()
-        server.server_close()
+        server.stop()
     assert refused.value.status == 429
-    assert server.hits == 2
+    assert len(server.seen) == 2
