@@ -48,8 +48,12 @@ IdempotencyKey = Annotated[
     ),
 ]
 
+# The error responses every route may give, for the OpenAPI document, which points each at
+# the `Problem` schema (queue_server/api/openapi.py). No `model` here: FastAPI would build a
+# validator of `Problem` for each status of each route (about 700 of them, a tenth of the
+# app's import) that nothing but the document reads.
 PROBLEMS: dict[int | str, dict[str, Any]] = {
-    status: {"model": schemas.Problem, "content": {"application/problem+json": {}}}
+    status: {"content": {"application/problem+json": {}}}
     for status in (400, 401, 403, 404, 409, 413, 422, 429, 503)
 }
 

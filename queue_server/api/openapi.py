@@ -33,6 +33,7 @@ from fastapi.routing import APIRoute
 
 import queue_server
 from queue_server import errors
+from queue_server.api.schemas import Problem
 
 PROBLEM_JSON = "application/problem+json"
 # Answered below the application: an unparsable request, a process at its connection limit.
@@ -91,7 +92,12 @@ def document(app: FastAPI) -> dict[str, Any]:
         servers=[{"url": "/", "description": "this server"}],
     )
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
-    schemas["Problem"] = _problem_schema(schemas["Problem"])
+    # `Problem` is no route's model (queue_server/api/deps.py: PROBLEMS); described here as
+    # FastAPI describes a response model, with no `default` on a member.
+    problem = Problem.model_json_schema(mode="serialization")
+    for member in problem["properties"].values():
+        member.pop("default", None)
+    schemas["Problem"] = _problem_schema(problem)
     ref = {"$ref": "#/components/schemas/Problem"}
     for operations in doc["paths"].values():
         for operation in operations.values():
