@@ -8,6 +8,7 @@ import multiprocessing
 import time
 import uuid
 from collections import Counter
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import psycopg
 import pytest
 
 from queue_server.settings import Settings
-from tests.helpers import web
+from tests.helpers import worker_processes
 from tests.helpers.api import Api, policy_file
 from tests.helpers.items import complete_leases, enqueue_many, put_settings
 
@@ -255,34 +256,6 @@ def test_a_bad_fairness_is_refused_naming_the_field(api: Api) -> None:
     }
 
 
-def drain(url: str, key: str, worker: str, until: float) -> list[int]:
-    """A worker process: acquire and complete until the queue is empty (or `until`); the
-    completions' statuses."""
-    statuses = []
-    with web.client(base_url=url, headers={"Authorization": f"Bearer {key}"}) as client:
-        idle = 0
-        while time.time() < until and idle < 3:
-            answer = client.post(
-                "/v1/tenants/acme/queues/q/leases",
-                json={"worker": worker, "lease_ttl": 30, "max_items": 5},
-            )
-            leases = answer.json()["leases"] if answer.status_code == 200 else []
-            idle = 0 if leases else idle + 1
-            for lease in leases:
-                done = client.post(
-                    f"/v1/tenants/acme/items/{lease['item_id']}/complete",
-                    json={"worker": worker, "fence": lease["fence"]},
-                    headers={"Idempotency-Key": uuid.uuid4().hex},
-                )
-                statuses.append(done.status_code)
-    return statuses
-
-
-def started(_: int) -> bool:
-    time.sleep(0.1)  # long enough that every process of the pool gets one
-    return True
-
-
 @pytest.mark.live
 def test_four_worker_processes_drain_a_fair_queue_each_item_once_keys_in_turn(
     api: Api, db: Db
@@ -295,10 +268,11 @@ def test_four_worker_processes_drain_a_fair_queue_each_item_once_keys_in_turn(
     )
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(4) as pool:
-        assert pool.map(started, range(8)) == [True] * 8
+        assert pool.map(worker_processes.ready, range(8)) == [True] * 8
         until = time.time() + 60
         runs = pool.starmap(
-            drain, [(api.url, api.keys["worker"], f"w{n}", until) for n in range(4)]
+            partial(worker_processes.work, drain=True),
+            [(api.url, api.keys["worker"], f"w{n}", until) for n in range(4)],
         )
     assert sorted(s for run in runs for s in run) == [200] * 400
     items = db.execute(

@@ -19,7 +19,7 @@ from queue_server.background import sweeper
 from queue_server.db import Database
 from queue_server.settings import Settings
 from queue_server.store import transitions
-from tests.helpers import web
+from tests.helpers import worker_processes
 from tests.helpers.api import Api
 from tests.helpers.items import enqueue_many, put_settings
 from tests.helpers.server import InProcessServer, LiveServer
@@ -29,34 +29,6 @@ Db = psycopg.Connection[dict[str, object]]
 
 def put_rate(api: Api, **rate: Any) -> httpx.Response:
     return put_settings(api, rate_limit=rate)
-
-
-def ready(_: int) -> bool:
-    time.sleep(0.1)  # long enough that every process of the pool gets one
-    return True
-
-
-def work(url: str, key: str, worker: str, until: float) -> int:
-    """A worker process: acquire (no long poll) and complete, as fast as it can; held back
-    by the rate, it asks again after 20 ms (four processes still ask 200 times a second)."""
-    done = 0
-    with web.client(base_url=url, headers={"Authorization": f"Bearer {key}"}) as client:
-        while time.time() < until:
-            answer = client.post(
-                "/v1/tenants/acme/queues/q/leases",
-                json={"worker": worker, "lease_ttl": 30, "max_items": 5},
-            )
-            leases = answer.json()["leases"] if answer.status_code == 200 else []
-            if not leases:
-                time.sleep(0.02)
-            for lease in leases:
-                client.post(
-                    f"/v1/tenants/acme/items/{lease['item_id']}/complete",
-                    json={"worker": worker, "fence": lease["fence"]},
-                    headers={"Idempotency-Key": uuid.uuid4().hex},
-                )
-                done += 1
-    return done
 
 
 def acquisitions(db: Db, key: str | None = None) -> list[datetime]:
@@ -92,11 +64,13 @@ def test_four_worker_processes_get_the_rate_and_never_more(api: Api, db: Db) -> 
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(4) as pool:
         # Each process started and this module imported before the clock starts.
-        assert pool.map(ready, range(8)) == [True] * 8
+        assert pool.map(worker_processes.ready, range(8)) == [True] * 8
         until = time.time() + 5
-        done = pool.starmap(work, [(api.url, api.keys["worker"], f"w{n}", until) for n in range(4)])
+        runs = pool.starmap(
+            worker_processes.work, [(api.url, api.keys["worker"], f"w{n}", until) for n in range(4)]
+        )
     times = acquisitions(db)
-    assert sum(done) == len(times)
+    assert sum(len(run) for run in runs) == len(times)
     assert busiest(times, 1.0) <= 20  # never more, in any second
     # And the rate itself, within 5 %: four windows' worth in the first 3.5 s.
     first = times[0]
