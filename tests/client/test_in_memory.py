@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import httpx
@@ -31,7 +32,8 @@ from queue_server.client import (
     errors,
 )
 from queue_server.client.models import Item
-from queue_server.client.testing import InMemoryServer
+from queue_server.client.testing import URL, InMemoryServer
+from queue_server.policy import runtime_policy
 from tests.helpers.api import Api
 
 
@@ -668,15 +670,95 @@ def observe(qs: QueueClient, operator: QueueClient) -> dict[str, Any]:
     }
 
 
+def answer(call: Callable[[], Item]) -> Any:
+    """The item's state, or the refusal's (status, code)."""
+    try:
+        return call().state
+    except errors.ProblemError as exc:
+        return (exc.status, exc.code)
+
+
+def observe_edges(qs: QueueClient, operator: QueueClient) -> dict[str, Any]:
+    """The edges of the same routes: keys and values at their bounds, a refusal kept for
+    its key, what holds a unique or an ordering key, what a failed dependency does."""
+    leased = runtime_policy().leased_work
+    keys = [
+        answer(partial(qs.enqueue, "keys", key[:3], idempotency_key=key))
+        for key in ("k" * 255, "k" * 256, "a b")
+    ]
+    # A complete refused (not leased yet) is answered so again under its key, leased or not.
+    early = qs.enqueue("kept", "x")
+    again = [answer(lambda: qs.complete(early.item_id, worker="w2", fence=1, idempotency_key="e"))]
+    (lease,) = qs.acquire("kept", worker="w2")
+    again.append(
+        answer(lambda: qs.complete(early.item_id, worker="w2", fence=1, idempotency_key="e"))
+    )
+    again.append(answer(lambda: qs.complete(early.item_id, worker="w2", fence=lease.fence)))
+    budgets = [
+        answer(partial(qs.enqueue, "cap", "x", max_acquisitions=n))
+        for n in (leased.attempt_cap, leased.attempt_cap + 1)
+    ]
+    slow = qs.enqueue("slow", "x")
+    (lease,) = qs.acquire("slow", worker="w2")
+    at_cap = qs.requeue(slow.item_id, worker="w2", fence=lease.fence, delay=leased.backoff_cap)
+    tried = qs.enqueue("tried", "x")
+    (lease,) = qs.acquire("tried", worker="w2")
+    quarantine_later = answer(
+        lambda: qs.triage(
+            tried.item_id, worker="w2", fence=lease.fence, failure_class="E",
+            decision="quarantine", delay=5,
+        )
+    )  # fmt: skip
+    # A waiting item holds its unique key; a leased one holds its ordering key's line.
+    blocker = qs.enqueue("uw", "blocker")
+    first = qs.enqueue("uw", "first", unique_key="kw", depends_on=[blocker.item_id])
+    second = qs.enqueue("uw", "second", unique_key="kw")
+    lead = qs.enqueue("o2", "lead", ordering_key="c2")
+    (held,) = qs.acquire("o2", worker="w2")
+    behind = qs.enqueue("o2", "behind", ordering_key="c2")
+    # A quarantine cancels its dependents and theirs; a cancelled dependency refuses a new
+    # dependent under `cancel` and satisfies one under `run`.
+    root = qs.enqueue("d2", "root")
+    mid = qs.enqueue("d2", "mid", depends_on=[root.item_id])
+    leaf = qs.enqueue("d2", "leaf", depends_on=[mid.item_id])
+    (lease,) = qs.acquire("d2", worker="w2")
+    qs.triage(
+        root.item_id, worker="w2", fence=lease.fence, failure_class="Boom", decision="quarantine"
+    )
+    after = [
+        answer(
+            partial(qs.enqueue, "d2", "late", depends_on=[mid.item_id], on_dependency_failure=rule)
+        )
+        for rule in ("cancel", "run")
+    ]
+    page = qs.list_dependencies(mid.item_id, limit=1)
+    return {
+        "keys": keys,
+        "kept": again,
+        "budgets": budgets,
+        "backoff cap": (at_cap.available_at - at_cap.updated_at).total_seconds(),
+        "quarantine later": quarantine_later,
+        "unique waiting": (first.state, second.item_id == first.item_id, second.payload),
+        "ordered leased": (held.item_id == lead.item_id, behind.state),
+        "cascade": [qs.get_item(i.item_id).state for i in (root, mid, leaf)],
+        "after": after,
+        "page": ([i.item_id for i in page.items] == [root.item_id], page.next_cursor),
+        "waiting for": (page.total, page.waiting_for),
+        "letters": [d.queue for d in operator.list_dead_letters(queue="d2").dead_letters],
+    }
+
+
 def test_the_in_memory_server_answers_as_a_live_server_does(api: Api) -> None:
     with (
         QueueClient(api.url, api.keys["worker"], tenant=api.tenant) as qs,
         QueueClient(api.url, api.keys["operator"], tenant=api.tenant) as operator,
     ):
         live = observe(qs, operator)
+        live_edges = observe_edges(qs, operator)
     server = InMemoryServer(max_acquisitions=3)  # the test tenant's default
     with server.client(api.tenant) as qs:
         in_memory = observe(qs, qs)
+        assert observe_edges(qs, qs) == live_edges
     assert in_memory == live
     # And what they both saw is what the API promises, not a shared mistake.
     assert live["same item"] is True
@@ -716,6 +798,21 @@ def test_the_in_memory_server_answers_as_a_live_server_does(api: Api) -> None:
     assert live["backoff"] == (
         "ready", 1.0, {"class": "Busy", "message": "later", "transient": True},
     )  # fmt: skip
+    leased = runtime_policy().leased_work
+    assert live_edges == {
+        "keys": ["ready", (400, "idempotency-key-required"), (400, "idempotency-key-required")],
+        "kept": [(409, "item-not-leased"), (409, "item-not-leased"), "completed"],
+        "budgets": ["ready", (422, "invalid-request")],
+        "backoff cap": leased.backoff_cap,
+        "quarantine later": (422, "invalid-request"),
+        "unique waiting": ("waiting", True, "first"),
+        "ordered leased": (True, "waiting"),
+        "cascade": ["quarantined", "cancelled", "cancelled"],
+        "after": [(422, "invalid-request"), "ready"],
+        "page": (True, None),
+        "waiting for": (1, 0),
+        "letters": ["d2"],
+    }
 
 
 @pytest.mark.parametrize(
@@ -782,3 +879,140 @@ def test_outcomes_share_requests_within_the_batch_byte_budget() -> None:
     assert sum(n for n, _ in sent) == 6
     assert max(size for _, size in sent) <= 512 * 1024, sent
     assert max(n for n, _ in sent) == 2, sent  # shared: two of them fit in a request
+
+
+def raw_edges(http: httpx.Client, tenant: str) -> list[Any]:
+    """What a client other than the SDK sees of the same routes: statuses and counts."""
+
+    def post(path: str, body: dict[str, Any], key: str | None = None) -> httpx.Response:
+        headers = {"Idempotency-Key": key} if key else {}
+        return http.post(f"/v1/tenants/{tenant}{path}", json=body, headers=headers)
+
+    made = post("/queues/raw/items", {"payload": 1, "unique_key": "r"}, "r1")
+    held = post("/queues/raw/items", {"payload": 2, "unique_key": "r"}, "r2")
+    other = post("/queues/raw/items", {"payload": 3}, "r3").json()
+    (lease,) = post("/queues/raw/leases", {"worker": "w9", "lease_ttl": 30}).json()["leases"]
+    entry = {"item_id": lease["item_id"], "fence": lease["fence"]}
+    beats = post(
+        "/leases:heartbeat",
+        {"worker": "w9", "leases": [entry, {"item_id": other["item_id"], "fence": 1}]},
+    )
+    twice = post("/completions", {"worker": "w9", "completions": [entry, entry]}, "r4")
+    failure = {"worker": "w9", "fence": lease["fence"], "failure": {"class": "E"}}
+    failed = post(f"/items/{lease['item_id']}/triage", failure | {"decision": "requeue"}, "r5")
+    return [
+        (made.status_code, held.status_code, held.json()["item_id"] == made.json()["item_id"]),
+        (beats.json()["extended"], [r["status"] for r in beats.json()["results"]]),
+        (twice.status_code, twice.json()["code"]),
+        (failed.status_code, failed.json()["last_failure"]),
+    ]
+
+
+def test_a_client_other_than_the_sdk_gets_the_live_servers_answers_too(api: Api) -> None:
+    # An item held by its unique key is answered 200, not 201; a batch counts only the
+    # entries it carried out; an item named twice in a batch is refused; a failure that
+    # does not say it is transient is not.
+    live = raw_edges(api.worker, api.tenant)
+    server = InMemoryServer()
+    with httpx.Client(
+        transport=httpx.MockTransport(server.handle),
+        base_url=URL,
+        headers={"Authorization": "Bearer raw"},
+    ) as http:
+        assert raw_edges(http, api.tenant) == live
+    assert live == [
+        (201, 200, True),
+        (1, [200, 409]),
+        (422, "invalid-request"),
+        (200, {"class": "E", "message": "", "transient": False}),
+    ]
+
+
+def test_the_clock_only_moves_forward() -> None:
+    server = InMemoryServer()
+    with pytest.raises(ValueError, match="only moves forward"):
+        server.clock.advance(-0.5)
+    server.clock.advance(0)
+
+
+def test_a_lease_heartbeaten_to_its_deadline_ends_there_and_is_taken_over_as_a_failure() -> None:
+    server = InMemoryServer()
+    deadline = runtime_policy().leased_work.deadline
+    with server.client() as qs:
+        item = qs.enqueue("q", "long")
+        (lease,) = qs.acquire("q", worker="w1")
+        assert lease.lease_deadline_at is not None
+        for _ in range(int(deadline // 25) - 1):  # to 25 s before the deadline
+            server.clock.advance(25)
+            beat = qs.heartbeat(item.item_id, worker="w1", fence=lease.fence)
+        # The last heartbeat asked for 30 s more and got what was left to the deadline.
+        assert beat.lease_expires_at == lease.lease_deadline_at
+        server.clock.advance(30)
+        with pytest.raises(errors.LeaseDeadlineExceededError) as ended:
+            qs.complete(item.item_id, worker="w1", fence=lease.fence)
+        assert ended.value.code == "lease-deadline-exceeded"
+        (again,) = qs.acquire("q", worker="w2")
+        failure = qs.get_item(item.item_id).last_failure or {}
+        assert (again.fence, failure["class"]) == (2, "LeaseDeadlineExceeded")
+
+
+def test_a_unique_key_for_a_period_holds_within_it_and_not_at_its_end() -> None:
+    server = InMemoryServer()
+    with server.client() as qs:
+        first = qs.enqueue("q", 1, unique_key="k", unique_for=10)
+        (lease,) = qs.acquire("q", worker="w1")
+        qs.complete(first.item_id, worker="w1", fence=lease.fence)
+        server.clock.advance(9.5)
+        assert qs.enqueue("q", 2, unique_key="k", unique_for=10).item_id == first.item_id
+        server.clock.advance(0.5)  # made exactly 10 s ago: no longer within
+        assert qs.enqueue("q", 3, unique_key="k", unique_for=10).item_id != first.item_id
+
+
+def test_a_tenant_sees_nothing_of_another_tenants_items() -> None:
+    server = InMemoryServer()
+    with server.client("a") as a, server.client("b") as b:
+        item = a.enqueue("q", "a's", max_acquisitions=1)
+        a.acquire("q", worker="w1")
+        server.clock.advance(30)
+        assert a.acquire("q", worker="w1") == []  # its last attempt ran out: dead-lettered
+        assert [d.item_id for d in a.list_dead_letters().dead_letters] == [item.item_id]
+        assert b.list_dead_letters().dead_letters == []
+        with pytest.raises(errors.ItemNotFoundError):
+            b.get_item(item.item_id)
+        with pytest.raises(errors.InvalidRequestError, match="no item"):
+            b.enqueue("q", "b's", depends_on=[item.item_id])
+
+
+def test_expired_leases_are_taken_first_the_longest_expired_first_then_due_items_by_age() -> None:
+    server = InMemoryServer()
+    server.approve("q", 10)
+    with server.client() as qs:
+        older, newer = qs.enqueue("q", "older"), qs.enqueue("q", "newer")
+        qs.acquire("q", worker="w1", lease_ttl=20)  # older: expires at 20
+        qs.acquire("q", worker="w1", lease_ttl=10)  # newer: expires at 10
+        late = qs.enqueue("q", "late", delay=5)
+        soon = qs.enqueue("q", "soon")
+        server.clock.advance(25)  # both expired; both ready, soon due 5 s longer than late
+        taken = [lease.payload for lease in qs.acquire("q", worker="w2", max_items=1)]
+        taken += [lease.payload for lease in qs.acquire("q", worker="w2", max_items=3)]
+        assert taken == ["newer", "older", "soon", "late"]
+        assert older.item_id < newer.item_id < late.item_id < soon.item_id
+
+
+def test_what_the_double_is_given_is_held_to_the_policy() -> None:
+    leased = runtime_policy().leased_work
+    server = InMemoryServer(lease_ttl=10_000, retry_base=100, retry_cap=10_000)
+    server.approve("q", 10**6)
+    with server.client() as qs:
+        assert qs.concurrency("q").limit == leased.max_approved
+        item = qs.enqueue("q", "x", max_acquisitions=leased.attempt_cap)
+        backoffs = []
+        for _ in range(leased.attempt_cap - 1):
+            (lease,) = qs.acquire("q", worker="w1")
+            ttl = (lease.lease_expires_at - server.clock.now()).total_seconds()
+            assert ttl == leased.attempt_timeout
+            back = qs.requeue(item.item_id, worker="w1", fence=lease.fence, delay="backoff")
+            backoffs.append((back.available_at - back.updated_at).total_seconds())
+            server.clock.advance(leased.backoff_cap)
+        # 100 s doubling with each acquisition, up to the policy's backoff cap (300 s).
+        assert backoffs == [100, 200, leased.backoff_cap, leased.backoff_cap]
