@@ -369,6 +369,20 @@ def test_the_metrics_listener_and_each_processs_listener_come_out_of_the_budget(
     assert plan(_settings(), limits, processes=1, metrics_listener=False).pool_max == 20
 
 
+def test_a_budget_above_what_the_database_accepts_is_held_to_the_database() -> None:
+    limits = Limits(max_connections=53, reserved=3)
+    # (50 - 10 - 2 listeners) // 2 = 19, whatever the budget above 50 says.
+    for budget in (None, 50, 1_000):
+        planned = plan(
+            _settings(database_budget=budget), limits, processes=2, metrics_listener=False
+        )
+        assert planned.pool_max == 19, budget
+    assert (
+        plan(_settings(database_budget=40), limits, processes=2, metrics_listener=False).pool_max
+        == (40 - 10 - 2) // 2
+    )
+
+
 def test_through_a_transaction_pooler_the_budget_is_the_poolers() -> None:
     pooled = {"database_pooler": "transaction", "listen_database_url": "postgresql://pg/qs"}
     unchecked = plan(_settings(**pooled), None, processes=16, metrics_listener=False)
