@@ -11,6 +11,7 @@ from typing import Any
 from queue_server.settings import Settings
 from tests.helpers.api import Api, live_api, policy_file
 from tests.helpers.invariants import Db
+from tests.helpers.items import dead_letter_of, quarantine, replay
 
 CELL = "durable-leased-work/backpressure"
 
@@ -59,3 +60,26 @@ def test_a_stored_cap_above_the_ceiling_is_held_to_it_at_admission(
         assert batch.status_code == 429, batch.text
     row = db.execute("SELECT count(*) AS n FROM work_items").fetchone()
     assert row == {"n": 3}
+
+
+def test_a_stored_cap_above_the_ceiling_is_held_to_it_at_replay(
+    tmp_path: Path, database_url: str, db: Db
+) -> None:
+    backpressure: dict[str, Any] = {
+        "mechanism": "durable-backlog-cap",
+        "max-queued": 2,
+        "reserve-for-active": True,
+    }
+    cells: dict[str, dict[str, object]] = {"durable-leased-work": {"backpressure": backpressure}}
+    policy = policy_file(tmp_path / "small.json", cells, version="test.small-backlog")
+    settings = Settings(data_dir=tmp_path, poll_interval=0.2, policy=str(policy))
+    with live_api(settings, database_url, backlog_cap=2) as api:
+        db.execute("UPDATE tenants SET backlog_cap = 1000 WHERE tenant_id = 'acme'")
+        letter = dead_letter_of(api, quarantine(api))  # out of the backlog: 0 of 2
+        api.enqueue("q", {"n": 1})
+        api.enqueue("q", {"n": 2})  # 2 of 2
+        refused = replay(api, letter)
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["backlog_cap"] == 2
+    row = db.execute("SELECT count(*) AS n FROM work_items WHERE state = 'ready'").fetchone()
+    assert row == {"n": 2}
