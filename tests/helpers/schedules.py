@@ -58,6 +58,16 @@ class Scheduler:
         )
         return answer.status
 
+    async def pause(self, name: str, pause: bool = True) -> int:
+        """Pause (or with False, resume) it as the pause and resume routes do."""
+        idem = Idempotency.of(
+            uuid.uuid4().hex, caller=ADMIN.key_id, method="POST", path=name, body={}
+        )
+        answer = await self.services.schedules.change(
+            ADMIN, self.tenant, name, idem, instance=name, pause=pause
+        )
+        return answer.status
+
     async def show(self, name: str) -> dict[str, Any]:
         answer = await self.services.schedules.get(ADMIN, self.tenant, name)
         body: dict[str, Any] = orjson.loads(answer.body)

@@ -68,15 +68,21 @@ def test_a_pass_before_the_next_tick_fires_nothing_and_says_how_long_to_wait(
     with_scheduler: Run[Any],
 ) -> None:
     """Half a second before its tick a schedule is not fired: the pass answers the half
-    second the loop sleeps (not 0, which would have it look again at once, and again)."""
+    second the loop sleeps (not 0, which would have it look again at once, and again); nor
+    by a claim of it (a pass that listed it as due as another pass moved it on)."""
 
-    async def scenario(s: Scheduler) -> tuple[float | None, Scheduler]:
+    async def scenario(s: Scheduler) -> tuple[float | None, int, Scheduler]:
         await s.put("soon", queue="q", every=60)
         s.start_at("soon", T0)
-        return await s.run(T0 - timedelta(seconds=0.5)), s
+        early = T0 - timedelta(seconds=0.5)
+        return (
+            await s.run(early),
+            await s.services.schedules.fire_schedule("acme", "soon", now=early),
+            s,
+        )
 
-    wait, s = with_scheduler(scenario)
-    assert wait == pytest.approx(0.5)
+    wait, claimed, s = with_scheduler(scenario)
+    assert (wait, claimed) == (pytest.approx(0.5), 0)
     assert s.ticks("soon") == []
     assert s.row("soon")["fires"] == 0
 
@@ -212,6 +218,25 @@ def test_a_tick_refused_at_the_cap_is_recorded_and_retried_under_all_bounded(
     with_scheduler(scenario)
 
 
+def test_a_put_that_keeps_the_ticks_keeps_a_refused_ticks_retry_delay(
+    with_scheduler: Run[Any], db: Db
+) -> None:
+    async def scenario(s: Scheduler) -> None:
+        await s.put("s", queue="q", every=60, catch_up="all-bounded")
+        s.start_at("s", T0)
+        db.execute("UPDATE tenants SET backlog_cap = 1 WHERE tenant_id = 'acme'")
+        assert await s.trigger("s") == 201
+        await s.run(T0 + timedelta(seconds=2))
+        refused = s.row("s")
+        assert refused["next_tick_at"] == T0 < refused["due_at"]  # waits out its retry delay
+        # Another payload, the same ticks: the refused tick keeps its place and its delay.
+        await s.put("s", queue="q", every=60, catch_up="all-bounded", priority=3)
+        row = s.row("s")
+        assert (row["next_tick_at"], row["due_at"], row["priority"]) == (T0, refused["due_at"], 3)
+
+    with_scheduler(scenario)
+
+
 def test_a_refused_tick_is_dropped_once_missed_under_skip(with_scheduler: Run[Any], db: Db) -> None:
     async def scenario(s: Scheduler) -> None:
         await s.put("s", queue="q", every=60, catch_up="skip")
@@ -251,8 +276,9 @@ def test_a_paused_schedule_is_neither_due_nor_fired(with_scheduler: Run[Any]) ->
     with_scheduler(scenario)
 
 
-def test_a_resume_by_put_starts_after_now_without_the_paused_ticks(
-    with_scheduler: Run[Any], db: Db
+@pytest.mark.parametrize("by", ["put", "resume"])
+def test_a_resume_starts_after_now_without_the_paused_ticks(
+    with_scheduler: Run[Any], db: Db, by: str
 ) -> None:
     async def scenario(s: Scheduler) -> None:
         await s.put("s", queue="q", every=60, catch_up="all-bounded")
@@ -261,9 +287,13 @@ def test_a_resume_by_put_starts_after_now_without_the_paused_ticks(
         clock = found["now"]
         assert isinstance(clock, datetime)
         s.start_at("s", clock - timedelta(minutes=10))
-        await s.put("s", queue="q", every=60, catch_up="all-bounded", paused=True)
-        # Resumed by a PUT with `paused: false`: the ticks of the pause are not missed ticks.
-        await s.put("s", queue="q", every=60, catch_up="all-bounded", paused=False)
+        # Resumed by a PUT with `paused: false`, or by the resume route (after the pause
+        # route): the ticks of the pause are not missed ticks.
+        if by == "put":
+            await s.put("s", queue="q", every=60, catch_up="all-bounded", paused=True)
+            await s.put("s", queue="q", every=60, catch_up="all-bounded", paused=False)
+        else:
+            assert (await s.pause("s"), await s.pause("s", False)) == (200, 200)
         row = s.row("s")
         assert row["next_tick_at"] == row["due_at"] > clock
         await s.run(clock)
