@@ -342,6 +342,12 @@ def test_gone_disables_the_watcher_and_cancels_its_pending_deliveries(
         headers={"Idempotency-Key": "rotate"},
     )
     assert rotated.status_code == 200, rotated.text
+    # Nor cancelled by an operator: it is already past that.
+    cancelled = api.operator.post(
+        f"/v1/tenants/acme/watchers/{watcher['watcher_id']}/cancel",
+        headers={"Idempotency-Key": "cancel"},
+    )
+    assert (cancelled.status_code, cancelled.json()["code"]) == (409, "invalid-state")
 
 
 def test_request_budget_refuses_before_the_socket_and_releases_the_row(

@@ -150,20 +150,23 @@ def test_cancel_cancels_pending_deliveries_and_stops_new_ones(
 ) -> None:
     watcher = register(api, receiver.url("/hook"))
     complete_one(api)
+    assert deliver(settings, database_url).delivered == 1  # its history: kept as it is
+    complete_one(api)
     complete_one(api)
     path = f"/v1/tenants/acme/watchers/{watcher['watcher_id']}"
     cancelled = api.operator.post(f"{path}/cancel", headers={"Idempotency-Key": "c"})
     assert cancelled.status_code == 200
     assert cancelled.json()["state"] == "cancelled"
     assert cancelled.json()["cancelled_deliveries"] == 2
-    assert [r["state"] for r in rows(db)] == ["cancelled", "cancelled"]
+    assert [r["state"] for r in rows(db)] == ["delivered", "cancelled", "cancelled"]
     complete_one(api)
-    assert len(rows(db)) == 2
+    assert len(rows(db)) == 3
     assert deliver(settings, database_url).claimed == 0
-    assert receiver.hook_requests() == []
-    again = api.operator.post(f"{path}/resume", headers={"Idempotency-Key": "r"})
-    assert again.status_code == 409
-    assert again.json()["code"] == "invalid-state"
+    assert len(receiver.hook_requests()) == 1
+    for action in ("resume", "rotate-secret"):
+        again = api.operator.post(f"{path}/{action}", headers={"Idempotency-Key": action})
+        assert again.status_code == 409, action
+        assert again.json()["code"] == "invalid-state"
 
 
 def test_cancel_of_a_paused_watcher_cancels_it_and_its_pending_deliveries(
