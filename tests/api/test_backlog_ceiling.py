@@ -4,7 +4,9 @@ under a looser policy is held to the ceiling when work is admitted."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,20 +31,27 @@ def test_a_backlog_cap_above_the_policy_s_max_queued_is_refused_naming_the_cell(
     assert at.status_code == 200, at.text
 
 
-def test_a_stored_cap_above_the_ceiling_is_held_to_it_at_admission(
-    tmp_path: Path, database_url: str, db: Db
-) -> None:
+@contextlib.contextmanager
+def held_to(max_queued: int, tmp_path: Path, database_url: str, db: Db) -> Iterator[Api]:
+    """A live server whose policy's max-queued is `max_queued`, and tenant acme's cap as
+    stored under a looser policy: 1,000, which the loaded one would refuse."""
     backpressure: dict[str, Any] = {
         "mechanism": "durable-backlog-cap",
-        "max-queued": 3,
+        "max-queued": max_queued,
         "reserve-for-active": True,
     }
     cells: dict[str, dict[str, object]] = {"durable-leased-work": {"backpressure": backpressure}}
     policy = policy_file(tmp_path / "small.json", cells, version="test.small-backlog")
     settings = Settings(data_dir=tmp_path, poll_interval=0.2, policy=str(policy))
-    with live_api(settings, database_url, backlog_cap=3) as api:
-        # Stored under a looser policy: a cap the loaded one would refuse.
+    with live_api(settings, database_url, backlog_cap=max_queued) as api:
         db.execute("UPDATE tenants SET backlog_cap = 1000 WHERE tenant_id = 'acme'")
+        yield api
+
+
+def test_a_stored_cap_above_the_ceiling_is_held_to_it_at_admission(
+    tmp_path: Path, database_url: str, db: Db
+) -> None:
+    with held_to(3, tmp_path, database_url, db) as api:
         for n in range(3):
             api.enqueue("q", {"n": n})
         refused = api.worker.post(
@@ -65,16 +74,7 @@ def test_a_stored_cap_above_the_ceiling_is_held_to_it_at_admission(
 def test_a_stored_cap_above_the_ceiling_is_held_to_it_at_replay(
     tmp_path: Path, database_url: str, db: Db
 ) -> None:
-    backpressure: dict[str, Any] = {
-        "mechanism": "durable-backlog-cap",
-        "max-queued": 2,
-        "reserve-for-active": True,
-    }
-    cells: dict[str, dict[str, object]] = {"durable-leased-work": {"backpressure": backpressure}}
-    policy = policy_file(tmp_path / "small.json", cells, version="test.small-backlog")
-    settings = Settings(data_dir=tmp_path, poll_interval=0.2, policy=str(policy))
-    with live_api(settings, database_url, backlog_cap=2) as api:
-        db.execute("UPDATE tenants SET backlog_cap = 1000 WHERE tenant_id = 'acme'")
+    with held_to(2, tmp_path, database_url, db) as api:
         letter = dead_letter_of(api, quarantine(api))  # out of the backlog: 0 of 2
         api.enqueue("q", {"n": 1})
         api.enqueue("q", {"n": 2})  # 2 of 2

@@ -179,15 +179,21 @@ def _fill(db: Db, cap: int) -> None:
     db.execute("UPDATE tenants SET backlog_cap = %s WHERE tenant_id = 'acme'", (cap,))
 
 
+async def refused_at_t0(s: Scheduler, db: Db) -> None:
+    """Schedule "s" (every minute from T0, all-bounded) with the backlog full (1 of 1, by a
+    trigger), and a pass 2 s after T0: the T0 tick refused."""
+    await s.put("s", queue="q", every=60, catch_up="all-bounded")
+    s.start_at("s", T0)
+    db.execute("UPDATE tenants SET backlog_cap = 1 WHERE tenant_id = 'acme'")
+    assert await s.trigger("s") == 201  # the backlog is now full (1 of 1)
+    await s.run(T0 + timedelta(seconds=2))
+
+
 def test_a_tick_refused_at_the_cap_is_recorded_and_retried_under_all_bounded(
     with_scheduler: Run[Any], db: Db
 ) -> None:
     async def scenario(s: Scheduler) -> None:
-        await s.put("s", queue="q", every=60, catch_up="all-bounded")
-        s.start_at("s", T0)
-        db.execute("UPDATE tenants SET backlog_cap = 1 WHERE tenant_id = 'acme'")
-        assert await s.trigger("s") == 201  # the backlog is now full (1 of 1)
-        await s.run(T0 + timedelta(seconds=2))
+        await refused_at_t0(s, db)
         assert s.ticks("s") == []
         [refused] = [f for f in s.fires("s") if f["kind"] == "tick"]
         assert (refused["tick_at"], refused["outcome"], refused["attempts"]) == (T0, "refused", 1)
@@ -222,11 +228,7 @@ def test_a_put_that_keeps_the_ticks_keeps_a_refused_ticks_retry_delay(
     with_scheduler: Run[Any], db: Db
 ) -> None:
     async def scenario(s: Scheduler) -> None:
-        await s.put("s", queue="q", every=60, catch_up="all-bounded")
-        s.start_at("s", T0)
-        db.execute("UPDATE tenants SET backlog_cap = 1 WHERE tenant_id = 'acme'")
-        assert await s.trigger("s") == 201
-        await s.run(T0 + timedelta(seconds=2))
+        await refused_at_t0(s, db)
         refused = s.row("s")
         assert refused["next_tick_at"] == T0 < refused["due_at"]  # waits out its retry delay
         # Another payload, the same ticks: the refused tick keeps its place and its delay.
