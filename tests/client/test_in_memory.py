@@ -256,6 +256,90 @@ def test_a_heartbeat_that_fails_keeps_the_lease_until_it_runs_out() -> None:
         assert qs.get_item(item.item_id).result == "done"
 
 
+@pytest.mark.parametrize("refused", ["request", "entry"])
+def test_heartbeats_that_keep_failing_end_the_lease_when_it_runs_out_not_before(
+    refused: str,
+) -> None:
+    # 1 s leases, a beat every 50 ms: the beats go through for 1.5 s (past the first
+    # lease's end), then every one fails: the request answered 503, or each lease in it.
+    server = InMemoryServer()
+    answer = server.handle
+    began = time.monotonic()
+    failed: list[float] = []
+
+    def failing(request: httpx.Request) -> httpx.Response:
+        if not request.url.path.endswith("/leases:heartbeat"):
+            return answer(request)
+        if time.monotonic() - began < 1.5:
+            return answer(request)
+        failed.append(time.monotonic())
+        problem = {"title": "Unavailable", "status": 503, "code": "service-unavailable"}
+        if refused == "request":
+            return httpx.Response(503, json=problem)
+        items = [e["item_id"] for e in json.loads(request.content)["leases"]]
+        results = [{"item_id": i, "status": 503, "problem": problem} for i in items]
+        return httpx.Response(200, json={"extended": 0, "results": results})
+
+    server.handle = failing  # type: ignore[method-assign]
+    with server.client(attempts=1) as qs:
+        qs.enqueue("q", "x")
+        seen: list[bool] = []
+
+        def handler(job: Job) -> str:
+            deadline = time.monotonic() + 5
+            while not failed and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.3)  # the last beat that went through extended the lease by 1 s
+            seen.append(job.stop.is_set())
+            seen.append(job.stop.wait(5))  # ...which then runs out
+            return "late"
+
+        results: list[Result] = []
+        options: dict[str, Any] = {"lease_ttl": 1, "heartbeat_fraction": 0.05}
+        assert work(qs, handler, max_items=1, on_result=results.append, **options) == 1
+        assert seen == [False, True]
+        assert [r.outcome for r in results] == [Outcome.LOST]
+
+
+def test_a_heartbeat_refused_while_the_outcome_is_on_its_way_changes_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A beat is on its way when the handler ends; it is answered after the complete was
+    # carried out, so refused (the item is completed): that says nothing new.
+    server = InMemoryServer()
+    answer = server.handle
+    beating, completed = threading.Event(), threading.Event()
+    refused: list[int] = []
+
+    def crossed(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/leases:heartbeat") and not beating.is_set():
+            beating.set()
+            completed.wait(5)
+            answered = answer(request)
+            refused.extend(r["status"] for r in answered.json()["results"])
+            return answered
+        answered = answer(request)
+        if request.url.path.endswith(("/completions", "/complete")):
+            completed.set()
+        return answered
+
+    server.handle = crossed  # type: ignore[method-assign]
+    with server.client() as qs:
+        item = qs.enqueue("q", "x")
+
+        def handler(job: Job) -> str:
+            beating.wait(5)
+            return "done"
+
+        results: list[Result] = []
+        options: dict[str, Any] = {"lease_ttl": 1, "heartbeat_fraction": 0.05}
+        assert work(qs, handler, max_items=1, on_result=results.append, **options) == 1
+        assert refused == [409]
+        assert [(r.outcome, r.detail) for r in results] == [(Outcome.COMPLETED, "")]
+        assert [r.getMessage() for r in caplog.records if "lost" in r.getMessage()] == []
+        assert qs.get_item(item.item_id).result == "done"
+
+
 def test_a_waiting_lease_is_extended_with_the_running_ones() -> None:
     server = InMemoryServer()
     server.approve("q", 2)
