@@ -41,7 +41,7 @@ class CliForks:
         if "PYTHONPATH" in os.environ:
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         self.proc = subprocess.Popen(
-            [sys.executable, str(FORKS), self.path, str(BIN)],
+            [sys.executable, str(FORKS), self.path, str(BIN), str(os.getpid())],
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

@@ -7,7 +7,7 @@ per command, which the suite runs hundreds of. The CLI's own modules (`queue_ser
 are imported afresh by each child, so what they build at import (the consoles, which read
 COLUMNS and NO_COLOR) comes from the command's environment.
 
-Started by tests/helpers/cli.py as `python cli_forks.py SOCKET BIN`; not imported. Each
+Started by tests/helpers/cli.py as `python cli_forks.py SOCKET BIN PID`; not imported. Each
 connection (a SOCK_SEQPACKET socket) asks for one command: a JSON message with its argv,
 env and cwd, and its stdin, stdout and stderr as descriptors. The answers: the child's
 pid, then its exit status as `subprocess` reports it (-N for a signal). A connection
@@ -80,7 +80,7 @@ def serve(path: str) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(64)
-    parent = os.getppid()
+    parent = int(sys.argv[3])  # the test process, even if it is gone by now
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
     # pidfd -> (pid, the connection that waits for its exit)
