@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 import typer.main
@@ -23,6 +23,9 @@ from queue_server.client import DEFAULT_URL, QueueClient, QueueClientError
 from queue_server.client.errors import ConnectionFailedError, NoTenantError, ProblemError
 from queue_server.infra.address import ADDRESS_FILE, local_data_dir, local_url
 from queue_server.policy import PolicyError, PolicyFileError, ReliabilityPolicy
+
+if TYPE_CHECKING:
+    from queue_server.settings import Settings
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -112,6 +115,27 @@ class CommandError(Exception):
 
 def fail(title: str, detail: str = "", code: int = EXIT_USAGE) -> NoReturn:
     raise CommandError(title, detail, code)
+
+
+def settings_from_env() -> Settings:
+    """The server's settings (QUEUE_SERVER_*); ones that do not validate are a usage error
+    naming each variable and what it must be, not a traceback."""
+    from pydantic import ValidationError
+
+    from queue_server.settings import Settings
+
+    try:
+        return Settings()
+    except ValidationError as exc:
+        fail("Invalid settings", "; ".join(_setting_error(e) for e in exc.errors()))
+
+
+def _setting_error(error: Any) -> str:
+    said = str(error["msg"]).removeprefix("Value error, ")
+    if not error["loc"]:  # a rule across settings: its message names them
+        return said
+    name = f"QUEUE_SERVER_{str(error['loc'][0]).upper()}"
+    return f"{name}={error['input']!r}: {said}" if "input" in error else f"{name}: {said}"
 
 
 def exit_code(exc: QueueClientError) -> int:

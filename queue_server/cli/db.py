@@ -11,7 +11,15 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from queue_server.cli.common import Json, console, err_console, fail, print_json, table
+from queue_server.cli.common import (
+    Json,
+    console,
+    err_console,
+    fail,
+    print_json,
+    settings_from_env,
+    table,
+)
 
 if TYPE_CHECKING:
     import psycopg
@@ -57,9 +65,8 @@ def _administering(
 
     from queue_server.infra.address import local_data_dir
     from queue_server.infra.serve import NoDatabaseError, roles_session
-    from queue_server.settings import Settings
 
-    settings = Settings().model_copy(update={"data_dir": local_data_dir(data_dir)})
+    settings = settings_from_env().model_copy(update={"data_dir": local_data_dir(data_dir)})
     try:
         with roles_session(settings) as (target, conn):
             yield target, conn

@@ -22,6 +22,7 @@ from queue_server.cli.common import (
     ids,
     print_json,
     resolve_id,
+    settings_from_env,
     table,
 )
 
@@ -204,9 +205,8 @@ def keys_rotate_admin(
         database_for_admin,
         rotate_admin_key,
     )
-    from queue_server.settings import Settings
 
-    settings = Settings().model_copy(update={"data_dir": local_data_dir(data_dir)})
+    settings = settings_from_env().model_copy(update={"data_dir": local_data_dir(data_dir)})
     try:
         with database_for_admin(settings) as database_url:
             done = rotate_admin_key(settings, database_url, revoke_all=revoke_all)

@@ -30,7 +30,14 @@ from queue_server.cli import (
     work,
 )
 from queue_server.cli import db as db_commands
-from queue_server.cli.common import CLI, EXIT_FAILURES, EXIT_USAGE, PolicyFile, process_policy
+from queue_server.cli.common import (
+    CLI,
+    EXIT_FAILURES,
+    EXIT_USAGE,
+    PolicyFile,
+    process_policy,
+    settings_from_env,
+)
 from queue_server.version import __version__
 
 app = CLI(
@@ -210,9 +217,8 @@ def serve(
         database,
         ensure_admin_key,
     )
-    from queue_server.settings import Settings
 
-    settings = Settings()
+    settings = settings_from_env()
     if data_dir is not None:
         settings = settings.model_copy(update={"data_dir": data_dir})
     if backup_repo is not None:
@@ -377,9 +383,7 @@ def _fork_workers_from_the_imported_app() -> None:
 
 
 def _database_url() -> str:
-    from queue_server.settings import Settings
-
-    url = Settings().database_url
+    url = settings_from_env().database_url
     if not url:
         raise _fail("set QUEUE_SERVER_DATABASE_URL to the database to migrate", EXIT_USAGE)
     return url

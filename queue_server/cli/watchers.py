@@ -30,6 +30,7 @@ from queue_server.cli.common import (
     print_json,
     process_policy,
     resolve_id,
+    settings_from_env,
     table,
     tenant_session,
 )
@@ -379,9 +380,8 @@ def deliver(
     Example: [bold]queue-server deliver --allow 127.0.0.1[/bold]
     """
     from queue_server.background.deliverer import Deliverer
-    from queue_server.settings import Settings
 
-    settings = Settings()
+    settings = settings_from_env()
     update: dict[str, object] = {}
     if data_dir is not None:
         update["data_dir"] = data_dir

@@ -23,7 +23,7 @@ from queue_server.infra.embedded import EmbeddedPostgres
 from queue_server.infra.serve import admin_key_path
 from tests.helpers import web
 from tests.helpers.items import sample
-from tests.helpers.serving import children, cmdline, parent, process_tree
+from tests.helpers.serving import children, cmdline, environment, parent, process_tree, run
 
 BIN = Path(sys.executable).parent / "queue-server"
 
@@ -390,3 +390,24 @@ def test_a_database_the_superuser_made_is_handed_to_the_servers_role(open_dir: P
     finally:
         out = _stop(proc)
     assert "Traceback" not in out
+
+
+def test_settings_that_do_not_validate_are_named_and_nothing_starts(tmp_path: Path) -> None:
+    wrong = {"QUEUE_SERVER_KEY_CACHE_TRUST": "100", "QUEUE_SERVER_PORT": "eighty"}
+    done = run("serve", "--data-dir", str(tmp_path / "data"), env=environment() | wrong)
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in said
+    assert "Invalid settings: QUEUE_SERVER_KEY_CACHE_TRUST='100': Input should be less" in said
+    assert "QUEUE_SERVER_PORT='eighty': Input should be a valid integer" in said
+    assert not (tmp_path / "data").exists()  # refused before anything started
+    # A rule across settings, for a command that reads them too.
+    pooled = {
+        "QUEUE_SERVER_DATABASE_POOLER": "transaction",
+        "QUEUE_SERVER_DATABASE_URL": "postgresql://db/qs",
+    }
+    done = run("db", "upgrade", env=environment() | pooled)
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in said
+    assert "QUEUE_SERVER_LISTEN_DATABASE_URL is required" in said
