@@ -165,20 +165,16 @@ def _module(name: str) -> ModuleType:
     return importlib.import_module(f"queue_server.migrations.versions.{name}")
 
 
-def edited(text: str, edits: Sequence[tuple[str, str]]) -> str:
-    """`text` with each of `edits` (old, new) made, each old text found exactly once."""
-    for old, new in edits:
-        assert text.count(old) == 1, old
-        text = text.replace(old, new)
-    return text
+def _edited(text: str, edits: Sequence[tuple[str, str]]) -> str:
+    return str(_module("0036_transactional_dependencies").edited(text, edits))
 
 
 def release() -> str:
-    return edited(_module("0035_dependencies").RELEASE, RELEASE_EDITS)
+    return _edited(_module("0035_dependencies").RELEASE, RELEASE_EDITS)
 
 
 def admit_rows() -> str:
-    return edited(_module("0037_dependencies_in_one_request").admit_rows(), ADMIT_EDITS)
+    return _edited(_module("0037_dependencies_in_one_request").admit_rows(), ADMIT_EDITS)
 
 
 def upgrade() -> None:

@@ -47,8 +47,7 @@ def _dependencies() -> ModuleType:
 
 
 def enqueue_items() -> str:
-    counts = importlib.import_module("queue_server.migrations.versions.0038_dependency_counts")
-    return str(counts.edited(_dependencies().enqueue_items(), EDITS))
+    return str(_dependencies().edited(_dependencies().enqueue_items(), EDITS))
 
 
 def upgrade() -> None:
