@@ -200,6 +200,16 @@ class Settings(BaseSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _pool_min_within_max(self) -> Settings:
+        if self.pool_min_size > self.pool_max_size:
+            raise ValueError(
+                f"QUEUE_SERVER_POOL_MIN_SIZE ({self.pool_min_size}) is above"
+                f" QUEUE_SERVER_POOL_MAX_SIZE ({self.pool_max_size}): a pool opens its minimum"
+                " at start and never grows past its maximum; lower the one or raise the other"
+            )
+        return self
+
     @property
     def uses_prepared_statements(self) -> bool:
         if self.prepared_statements is not None:

@@ -122,7 +122,7 @@ def plan(
         return Budget(
             processes=processes,
             pool_min=settings.pool_min_size,
-            pool_max=max(settings.pool_min_size, settings.pool_max_size),
+            pool_max=settings.pool_max_size,
             reserve=settings.database_reserve,
             listeners=own,
             limits=None,
@@ -134,8 +134,8 @@ def plan(
     pool_max = min(settings.pool_max_size, share)
     return Budget(
         processes=processes,
-        pool_min=min(settings.pool_min_size, pool_max),
-        pool_max=max(pool_max, settings.pool_min_size),
+        pool_min=settings.pool_min_size,
+        pool_max=pool_max,
         reserve=settings.database_reserve,
         listeners=own,
         limits=limits,

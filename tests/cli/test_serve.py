@@ -411,3 +411,10 @@ def test_settings_that_do_not_validate_are_named_and_nothing_starts(tmp_path: Pa
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in said
     assert "QUEUE_SERVER_LISTEN_DATABASE_URL is required" in said
+    # A pool whose minimum is above its maximum: refused, not quietly raised to the minimum.
+    inverted = {"QUEUE_SERVER_POOL_MIN_SIZE": "8", "QUEUE_SERVER_POOL_MAX_SIZE": "5"}
+    done = run("serve", "--data-dir", str(tmp_path / "data"), env=environment() | inverted)
+    said = " ".join(done.stderr.split())
+    assert done.returncode == 2, done.stderr
+    assert "QUEUE_SERVER_POOL_MIN_SIZE (8) is above QUEUE_SERVER_POOL_MAX_SIZE (5)" in said
+    assert not (tmp_path / "data").exists()
