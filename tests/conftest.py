@@ -22,7 +22,7 @@ from queue_server.infra import migrate
 from queue_server.infra.embedded import EmbeddedPostgres
 from queue_server.settings import Settings
 from tests.helpers.api import Api, client_for, setup_tenant
-from tests.helpers.database import Clones, fast_logins
+from tests.helpers.database import Clones, fast_logins, stop_now
 from tests.helpers.scratch import use_scratch_dir
 from tests.helpers.server import InProcessServer, LiveServer, make_admin_key
 
@@ -113,7 +113,7 @@ def pg() -> Iterator[EmbeddedPostgres]:
     server.start()
     fast_logins(server)
     yield server
-    server.stop("immediate")
+    stop_now(server)
     shutil.rmtree(root, ignore_errors=True)
 
 

@@ -4,6 +4,9 @@ copy, a snapshot held as a pg_dump holds it."""
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,6 +28,30 @@ def fast_logins(pg: EmbeddedPostgres) -> None:
     with psycopg.connect(pg.url("postgres"), autocommit=True) as conn:
         conn.execute("SET scram_iterations = 1")
         conn.execute(sql.SQL("ALTER ROLE postgres PASSWORD {}").format(sql.Literal(pg.password)))
+
+
+def stop_now(pg: EmbeddedPostgres, within: float = 10.0) -> None:
+    """Stop the suite's server as a crash would (SIGQUIT: PostgreSQL's immediate shutdown), and
+    kill it if it is still there after `within` seconds.
+
+    Each worker stops its server as its last test ends, and the run waits for it: `pg_ctl
+    stop` waits up to 60 s, which one worker's teardown once took whole (the machine idle
+    meanwhile). What is left of the server is thrown away with its directory either way.
+    """
+    try:
+        pid = int((pg.pgdata / "postmaster.pid").read_text().split()[0])
+        os.kill(pid, signal.SIGQUIT)
+    except (OSError, ValueError, IndexError):
+        return  # not running
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        # It removes its pid file as it exits (a zombie left unreaped would still answer).
+        if not (pg.pgdata / "postmaster.pid").exists():
+            return
+        time.sleep(0.02)
+    print(f"PostgreSQL {pid} did not stop in {within:.0f} s after SIGQUIT: killed", file=sys.stderr)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
 
 
 @contextlib.contextmanager
