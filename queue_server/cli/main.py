@@ -6,7 +6,6 @@ import contextlib
 import os
 import signal
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
@@ -319,10 +318,10 @@ def _process_metrics(
     if workers == 1 and listen is None:
         yield
         return
-    from queue_server.infra.metrics import prepare_multiprocess
+    from queue_server.infra.metrics import new_multiprocess_dir, prepare_multiprocess
     from queue_server.infra.serve import start_metrics_listener
 
-    with tempfile.TemporaryDirectory(prefix="queue-server-metrics-") as directory:
+    with new_multiprocess_dir() as directory:
         prepare_multiprocess(Path(directory))
         if listen is not None:
             try:

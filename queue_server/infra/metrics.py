@@ -13,6 +13,8 @@ A registry per app, so tests can build many apps in one process.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -57,6 +59,46 @@ def prepare_multiprocess(directory: Path) -> None:
     os.environ[MULTIPROC_ENV] = str(directory)
     # prometheus_client picks its value store when it is imported, which was before this.
     values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
+
+
+# The directory of one `serve`'s processes, under the temporary directory: the prefix and
+# the pid of the `serve` that made it, so a later start knows whose it was.
+DIR_PREFIX = "queue-server-metrics-"
+
+
+def new_multiprocess_dir() -> tempfile.TemporaryDirectory[str]:
+    """A directory for this `serve`'s processes, removed when it stops. Those of servers that
+    ended without removing theirs (SIGKILL, a power cut) are removed first: each holds a
+    file per process it ran, and the next start is the first to know they are not needed."""
+    remove_orphaned_dirs(Path(tempfile.gettempdir()))
+    return tempfile.TemporaryDirectory(prefix=f"{DIR_PREFIX}{os.getpid()}-")
+
+
+def remove_orphaned_dirs(root: Path) -> list[Path]:
+    """Remove the metrics directories under `root` that are this user's and whose `serve`
+    has ended; the removed ones. A directory of a process still running, of another user,
+    or not named by a pid (an older version's) is left alone."""
+    removed = []
+    for path in root.glob(f"{DIR_PREFIX}*-*"):
+        pid = path.name.removeprefix(DIR_PREFIX).split("-", 1)[0]
+        try:
+            if not pid.isdigit() or path.lstat().st_uid != os.geteuid() or _running(int(pid)):
+                continue
+        except OSError:
+            continue  # gone meanwhile
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 def multiprocess_dir() -> str | None:

@@ -287,6 +287,12 @@ def test_the_image_commands_run_on_an_external_database_without_embedded_postgre
 def test_metrics_add_up_every_worker_process(open_dir: Path) -> None:
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "QUEUE_SERVER_DATABASE_URL"}
+    # The metrics directory of a `serve` killed before it could remove it (SIGKILL), and one
+    # of a `serve` still running (this test's process stands in for it).
+    dead_pid = _ended_pid()
+    orphan = Path(tempfile.mkdtemp(prefix=f"queue-server-metrics-{dead_pid}-"))
+    (orphan / "counter_4242.db").write_bytes(b"\0" * 4096)
+    in_use = Path(tempfile.mkdtemp(prefix=f"queue-server-metrics-{os.getpid()}-"))
     proc = subprocess.Popen(
         [str(BIN), "serve", "--port", str(port), "--data-dir", str(open_dir), "--workers", "2"],
         stdout=subprocess.PIPE,
@@ -330,10 +336,23 @@ def test_metrics_add_up_every_worker_process(open_dir: Path) -> None:
         (fork_server,) = [pid for pid in served if parent(pid) == proc.pid and children(pid)]
         assert "['queue_server.app']" in cmdline(fork_server), cmdline(fork_server)
         assert len(children(fork_server)) == 2
+        # The killed server's directory went as this one started; the running one's stays.
+        assert not orphan.exists()
+        assert in_use.exists()
+        (own,) = Path(tempfile.gettempdir()).glob(f"queue-server-metrics-{proc.pid}-*")
     finally:
         out = _stop(proc)
+        shutil.rmtree(in_use, ignore_errors=True)
     assert proc.returncode == 0, out
     assert "Traceback" not in out
+    assert not own.exists()  # its own, removed as it stopped
+
+
+def _ended_pid() -> int:
+    """The pid of a process that has ended (and been waited for)."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="as root, PostgreSQL runs as a system user")
