@@ -5,6 +5,7 @@ handler chose above the policy's cap sends the item back at the cap, with a warn
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import pytest
@@ -115,3 +116,46 @@ def test_only_a_refusal_of_the_delay_itself_is_read_as_the_delay_s_cap() -> None
     assert envelope_limit(refused(ttl), "delay") is None
     assert envelope_limit(refused(ttl, delay), "delay") == (300.0, "b")
     assert envelope_limit(refused({**delay, "type": "less_than_equal"}), "delay") is None
+
+
+def test_a_drain_waits_out_the_backoff_of_an_item_it_failed_and_runs_it_again(
+    api: Api, face: Face
+) -> None:
+    with client(api) as qs:
+        item = qs.enqueue("q", "x", max_acquisitions=2)
+        attempts: list[int] = []
+
+        def handler(job: AnyJob) -> Any:
+            attempts.append(job.acquisition_count)
+            if len(attempts) == 1:
+                raise ValueError("the provider said no")  # back in 1 s (its backoff)
+            return "done"
+
+        worker = face.worker(api, "q", handler, name="w1", lease_ttl=5)
+        # The queue is empty when the first attempt fails: the drain still waits for the item
+        # this worker sent back, instead of ending with it due a second later.
+        assert worker.run(drain=True) == 2
+        assert attempts == [1, 2]
+        assert qs.get_item(item.item_id).state == "completed"
+
+
+def test_a_drain_looks_again_when_an_item_it_runs_goes_back_at_once(api: Api, face: Face) -> None:
+    api.approve("q", 2)  # two at a time
+    with client(api) as qs:
+        item = qs.enqueue("q", "x")
+        attempts: list[int] = []
+
+        def handler(job: AnyJob) -> Any:
+            attempts.append(job.acquisition_count)
+            if len(attempts) == 1:
+                # Long enough for the drain's next acquire to find the queue empty while
+                # this item is still running; then it is due again at once.
+                time.sleep(0.5)
+                raise TransientError("try again now", delay=0)
+            return "done"
+
+        # A free slot beside it: the drain looks for more while the item runs.
+        worker = face.worker(api, "q", handler, name="w1", lease_ttl=5, concurrency=2)
+        assert worker.run(drain=True) == 2
+        assert attempts == [1, 2]
+        assert qs.get_item(item.item_id).state == "completed"
