@@ -97,7 +97,7 @@ def test_a_drain_waits_for_the_items_it_sent_back_until_their_budget_is_spent(
             raise ValueError("still broken")
 
         worker = face.worker(api, "q", handler, name="w1", lease_ttl=5)
-        # Back after 1 s: the drain waits for it, and the acquire then quarantines it.
+        # Its one attempt spent, the triage dead-letters it: nothing comes back to wait for.
         assert worker.run(drain=True) == 1
         assert qs.get_item(item.item_id).state == "quarantined"
         # Its one attempt failed: dead-lettered by that triage, not by a later acquire.
