@@ -574,6 +574,37 @@ def test_the_queue_leases_no_more_than_its_concurrency_limit_and_a_worker_fills_
         assert qs.concurrency("q").active_leases == 0
 
 
+def test_outcomes_that_end_together_go_in_batches_the_server_takes_whatever_max_batch_says() -> (
+    None
+):
+    server = InMemoryServer()
+    server.approve("q", 600)
+    sent: list[tuple[str, int]] = []  # each request's path, and its entries when a batch
+    answer = server.handle
+
+    def watched(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content or b"{}")
+        sent.append((request.url.path, len(body.get("completions", ()))))
+        return answer(request)
+
+    server.handle = watched  # type: ignore[method-assign]
+    with server.client() as qs:
+        for start in (0, 300):
+            qs.enqueue_batch("q", [NewItem(payload=n) for n in range(start, start + 300)])
+        together = threading.Barrier(600, timeout=30)
+
+        def handler(job: Job) -> None:
+            together.wait()  # all 600 end at once
+
+        # Asked for batches of 10,000: the server takes at most 500 outcomes a request.
+        assert work(qs, handler, drain=True, concurrency=600, max_batch=10_000, linger=5) == 600
+    assert len(server.items("q", state="completed")) == 600
+    batches = [n for path, n in sent if path.endswith("/completions")]
+    assert sum(batches) == 600
+    assert max(batches) == 500, batches
+    assert not [path for path, _ in sent if path.endswith("/complete")]  # none one by one
+
+
 def test_the_asyncio_worker_runs_on_it_too() -> None:
     server = InMemoryServer()
 
