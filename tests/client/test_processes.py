@@ -19,6 +19,7 @@ import pytest
 
 from queue_server.client import Job, QueueClient, Worker
 from queue_server.client.processes import run_in_processes
+from tests.helpers import worker_processes
 from tests.helpers.api import Api
 
 # The worker processes call the server: it listens on a socket.
@@ -110,3 +111,23 @@ def test_a_sigterm_to_the_parent_stops_every_worker_process_gracefully(api: Api,
     assert 20 <= states["completed"] < ITEMS, states
     assert "leased" not in states, states
     assert states["completed"] == sum(ran)
+
+
+def test_one_process_per_cpu_by_default_never_none_and_signals_handed_back(api: Api) -> None:
+    make = partial(worker_processes.noop_worker, api.url, api.keys["worker"])
+    with pytest.raises(ValueError, match="processes must be at least 1"):
+        run_in_processes(make, processes=0)
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    # Nothing due: each process's drain ends at once, having run nothing.
+    assert run_in_processes(make, drain=True) == [0] * (os.cpu_count() or 1)
+    # The parent's own handlers are its own again once its workers are done.
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_a_worker_process_that_dies_of_a_signal_is_named_as_failed(api: Api) -> None:
+    make = partial(worker_processes.dead_worker, api.url, api.keys["worker"])
+    with pytest.raises(RuntimeError) as failed:
+        run_in_processes(make, processes=2)
+    assert str(failed.value) == (
+        "worker processes failed: queue-server-worker-0, queue-server-worker-1 (see their logs)"
+    )

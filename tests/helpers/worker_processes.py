@@ -7,8 +7,11 @@ about 0.6 s of CPU a child).
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 import uuid
+from typing import Any
 
 from tests.helpers import web
 
@@ -44,3 +47,16 @@ def work(url: str, key: str, worker: str, until: float, *, drain: bool = False) 
                 )
                 statuses.append(done.status_code)
     return statuses
+
+
+def noop_worker(url: str, key: str) -> Any:
+    """An SDK `Worker` of queue `q` with a handler that does nothing (for `run_in_processes`)."""
+    from queue_server.client import QueueClient, Worker
+
+    return Worker(QueueClient(url, key), "q", lambda job: None, wait=0)
+
+
+def dead_worker(url: str, key: str) -> Any:
+    """No worker: the process is killed by a signal while it makes one."""
+    os.kill(os.getpid(), signal.SIGKILL)
+    raise AssertionError("not reached")
