@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from queue_server.infra.address import local_url, published, serving
 from tests.helpers.api import Api
 from tests.helpers.serving import Served, environment, open_dir, run
 
@@ -72,3 +73,26 @@ def test_the_cli_finds_the_server_started_with_a_data_dir_and_never_a_stale_addr
         assert (mine / "server.url").exists()
         assert _data_dir(env) == default
         assert _tenants(env, "--data-dir", str(mine))[0] != 0
+
+
+@pytest.mark.parametrize(
+    ("host", "url"),
+    [
+        ("0.0.0.0", "http://127.0.0.1:8080"),  # every address: the client takes loopback
+        ("", "http://127.0.0.1:8080"),
+        ("::", "http://[::1]:8080"),
+        ("::1", "http://[::1]:8080"),  # an IPv6 address in brackets, or no URL at all
+        ("192.0.2.7", "http://192.0.2.7:8080"),
+    ],
+)
+def test_the_address_a_server_publishes_is_one_a_client_reaches_and_every_user_reads(
+    tmp_path: Path, host: str, url: str
+) -> None:
+    with published(tmp_path, host, 8080) as path:
+        assert path.read_text() == f"{url}\n"
+        # Readable by the other users of the machine: their CLI finds the server too.
+        assert path.stat().st_mode & 0o777 == 0o644
+        assert serving(tmp_path)
+        assert local_url(tmp_path) == url
+    assert not serving(tmp_path)  # the lock went with the block: the address is stale
+    assert local_url(tmp_path) is None
