@@ -6,12 +6,15 @@ a call with keys replays under its idempotency key like any other. Dependencies 
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session
 
 from queue_server.client import NewItem, enqueue_in, enqueue_many_in, errors
 from tests.helpers.api import Api
@@ -231,3 +234,44 @@ def test_a_fan_in_larger_than_a_batch_is_one_transaction_all_or_nothing(
         finished += len(leases)
         assert item(api, callback)["state"] == ("ready" if finished == 1_200 else "waiting")
     assert finished == 1_200
+
+
+def test_periods_as_timedeltas_and_a_null_payload_are_taken_and_refusals_typed_on_every_driver(
+    api: Api, roles: Roles
+) -> None:
+    app = roles.make("acme")
+    with app.connect() as conn:
+        empty, later = enqueue_many_in(
+            conn,
+            "acme",
+            "emails",
+            [
+                {"payload": None},  # a null payload is a payload
+                {"payload": 1, "unique_key": "u-1", "unique_for": timedelta(minutes=5)},
+            ],
+            key="periods",
+        )
+        # A period in seconds, as the REST enqueue's.
+        seconds = enqueue_in(conn, "acme", "emails", 2, key="k-s", unique_key="u-2", unique_for=90)
+        conn.commit()
+    assert item(api, empty)["payload"] is None
+    assert item(api, later)["unique_key"] == "u-1"
+    assert item(api, seconds)["unique_key"] == "u-2"
+
+    # A refusal is the SDK's typed error whichever connection the call was made on.
+    async def on_async() -> None:
+        async with await psycopg.AsyncConnection.connect(app.conninfo) as conn:
+            await enqueue_in(conn, "acme", "no spaces", {}, key="k")
+
+    with pytest.raises(errors.InvalidRequestError, match="No queue can be named"):
+        asyncio.run(on_async())
+    engine = create_engine(app.url.replace("postgresql://", "postgresql+psycopg://", 1))
+    try:
+        with (
+            pytest.raises(errors.InvalidRequestError, match="No queue can be named"),
+            Session(engine) as session,
+            session.begin(),
+        ):
+            enqueue_in(session, "acme", "no spaces", {}, key="k")
+    finally:
+        engine.dispose()
