@@ -1,4 +1,5 @@
-"""The `--policy` option of the client commands: `work` and `policy show`."""
+"""The `--policy` option of the client commands (`work` and `policy show`), and a refusal by
+the server's policy as a client command prints it."""
 
 from __future__ import annotations
 
@@ -46,3 +47,17 @@ def test_policy_show_prints_a_document_of_ones_own_and_refuses_a_bad_one(
     refused = cli.run("policy", "show", "--policy", str(bad), ok=False)
     assert refused.returncode == 1
     assert "durable-leased-work/deadline" in refused.stderr
+
+
+def test_a_refusal_by_the_servers_policy_prints_its_detail_and_each_fields_ceiling(
+    cli: Cli,
+) -> None:
+    done = cli.run(
+        "enqueue", "q", "--payload", "{}", "--max-acquisitions", "50", ok=False, role="worker"
+    )
+    # Not checked by the CLI first (its own policy may differ): the server refuses it.
+    assert done.returncode == 4, done.stderr
+    said = " ".join(done.stderr.split())
+    assert "The policy is a maximum envelope." in said, said
+    # The detail, then the field with its reason, as the server's problem gave them.
+    assert "must be at most" in said.split("The policy is a maximum envelope.", 1)[1], said
