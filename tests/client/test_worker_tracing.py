@@ -86,6 +86,23 @@ def test_a_handlers_span_is_a_child_of_the_enqueue_context(api: Api, face: Face)
     assert inside.parent.span_id == span.context.span_id
 
 
+def test_a_handlers_span_carries_the_enqueue_contexts_tracestate(api: Api, face: Face) -> None:
+    response = api.worker.post(
+        "/v1/tenants/acme/queues/q/items",
+        json={"payload": None},
+        headers={
+            "Idempotency-Key": uuid.uuid4().hex,
+            "traceparent": TRACEPARENT,
+            "tracestate": "vendor=abc,other=1",
+        },
+    )
+    assert response.status_code == 201, response.text
+    spans, _ = spans_of(lambda job: None, api, face)
+    span = process_span(spans)
+    assert format_trace_id(span.context.trace_id) == TRACE_ID
+    assert dict(span.context.trace_state) == {"vendor": "abc", "other": "1"}
+
+
 def test_a_failing_handlers_span_records_its_exception_and_outcome(api: Api, face: Face) -> None:
     enqueue_traced(api, max_acquisitions=1)  # one run: then quarantined
 
@@ -96,6 +113,7 @@ def test_a_failing_handlers_span_records_its_exception_and_outcome(api: Api, fac
     span = process_span(spans)
     assert format_trace_id(span.context.trace_id) == TRACE_ID
     assert span.status.status_code is StatusCode.ERROR
+    assert span.status.description == "the disk is full"  # the exception's own words
     assert (span.attributes or {})["queue_server.outcome"] == "triaged"
     (event,) = [e for e in span.events if e.name == "exception"]
     assert (event.attributes or {})["exception.type"] == "ValueError"
@@ -121,6 +139,7 @@ def test_a_context_enqueued_too_long_ago_is_linked_not_a_parent(
     age = (span.attributes or {})["queue_server.enqueue_age"]
     assert isinstance(age, float)
     assert age >= 7200
+    assert (link.attributes or {})["queue_server.enqueue_age"] == age  # the link says how old
 
 
 def test_an_item_without_a_trace_context_gets_a_span_of_a_new_trace(api: Api, face: Face) -> None:
