@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 
 from queue_server.client import AsyncQueueClient, QueueClient, errors
@@ -369,3 +370,129 @@ def test_a_forked_child_opens_its_own_connection(scripted: list[ScriptedServer])
     assert os.waitstatus_to_exitcode(status) == 0
     assert server.connections == 2
     assert [s.connection for s in server.seen] == [0, 1, 0]
+
+
+OK_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+
+
+# How an answer can be framed: (the server's bytes, the body read, the connection kept).
+FRAMINGS = [
+    # No length and no body: at once, and the connection kept (not read to its close).
+    pytest.param(Reply(b"HTTP/1.1 204 No Content\r\n\r\n"), b"", True, id="204"),
+    pytest.param(Reply(b"HTTP/1.1 304 Not Modified\r\nETag: x\r\n\r\n"), b"", True, id="304"),
+    # HTTP/1.0 closes after each answer unless it says keep-alive.
+    pytest.param(
+        Reply(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\n{}"), b"{}", False, id="http-1.0"
+    ),
+    pytest.param(
+        Reply(b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\n{}"),
+        b"{}",
+        True,
+        id="http-1.0-keep-alive",
+    ),
+    # A chunk extension and a trailer are read past, to the answer's end.
+    pytest.param(
+        Reply(OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n2;name=x\r\n{}\r\n0\r\nX-T: y\r\n\r\n"),
+        b"{}",
+        True,
+        id="chunk-extension-trailer",
+    ),
+    # No length: the body runs to the close.
+    pytest.param(Reply(OK_HEAD + b"\r\n{}", close=True), b"{}", False, id="eof"),
+    # An interim answer first: the answer is the one after it.
+    pytest.param(
+        Reply(b"HTTP/1.1 100 Continue\r\n\r\n" + OK_HEAD + b"Content-Length: 2\r\n\r\n{}"),
+        b"{}",
+        True,
+        id="interim",
+    ),
+]
+# Bytes after the answer that no request asked for: the blocking pool trusts the connection
+# no more (the asyncio one leaves them to its next read, which refuses them).
+EXTRA = pytest.param(
+    Reply(OK_HEAD + b"Content-Length: 2\r\n\r\n{}HTTP/1.1 200 OK\r\n"), b"{}", False, id="extra"
+)
+
+
+def fetch(server: ScriptedServer, method: str, times: int, *, asyncio_pool: bool) -> list[bytes]:
+    """`times` requests through one lean pool (the blocking or the asyncio one); the bodies."""
+    if asyncio_pool:
+
+        async def run() -> list[bytes]:
+            pool = AsyncLeanPool.open(server.url, {"User-Agent": "test"})
+            assert pool is not None
+            try:
+                answers = [await pool.request(method, "/v1/x", None, None, 5) for _ in range(times)]
+            finally:
+                pool.close()
+            return [a.content for a in answers if a is not None]
+
+        return asyncio.run(run())
+    pool = LeanPool.open(server.url, {"User-Agent": "test"})
+    assert pool is not None
+    try:
+        answers = [pool.request(method, "/v1/x", None, None, 5) for _ in range(times)]
+    finally:
+        pool.close()
+    return [a.content for a in answers if a is not None]
+
+
+@pytest.mark.parametrize(("reply", "body", "reused"), [*FRAMINGS, EXTRA])
+def test_answers_framed_every_way_http_allows_are_read_whole_and_kept_only_when_safe(
+    scripted: list[ScriptedServer], reply: Reply, body: bytes, reused: bool
+) -> None:
+    server = serve(scripted, lambda seen: reply)
+    assert fetch(server, "GET", 2, asyncio_pool=False) == [body, body]
+    assert server.connections == (1 if reused else 2)
+
+
+@pytest.mark.parametrize(("reply", "body", "reused"), FRAMINGS)
+def test_async_answers_framed_every_way_http_allows_are_read_whole_and_kept_only_when_safe(
+    scripted: list[ScriptedServer], reply: Reply, body: bytes, reused: bool
+) -> None:
+    server = serve(scripted, lambda seen: reply)
+    assert fetch(server, "GET", 2, asyncio_pool=True) == [body, body]
+    assert server.connections == (1 if reused else 2)
+
+
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        (b"HTTP/2 200 OK\r\nContent-Length: 2\r\n\r\n{}", "not an HTTP/1.1 answer"),
+        (b"ICY 200 OK\r\n\r\n", "not an HTTP/1.1 answer"),
+        # A head past 64 KiB whose end has not come: not waited for.
+        (OK_HEAD + b"X-Big: " + b"a" * 100_000, "head is too large"),
+    ],
+    ids=["http-2", "not-http", "head-too-large"],
+)
+@pytest.mark.parametrize("asyncio_pool", [False, True], ids=["blocking", "asyncio"])
+def test_an_answer_that_is_not_http_1_is_refused_not_read_on(
+    scripted: list[ScriptedServer], data: bytes, said: str, asyncio_pool: bool
+) -> None:
+    server = serve(scripted, lambda seen: Reply(data))
+    with pytest.raises(httpx.RemoteProtocolError, match=said):
+        fetch(server, "GET", 1, asyncio_pool=asyncio_pool)
+
+
+@pytest.mark.parametrize("asyncio_pool", [False, True], ids=["blocking", "asyncio"])
+def test_the_answer_to_a_head_request_has_no_body_whatever_its_length_says(
+    scripted: list[ScriptedServer], asyncio_pool: bool
+) -> None:
+    server = serve(scripted, lambda seen: Reply(OK_HEAD + b"Content-Length: 120\r\n\r\n"))
+    assert fetch(server, "HEAD", 2, asyncio_pool=asyncio_pool) == [b"", b""]
+    assert server.connections == 1
+
+
+def test_a_post_without_a_body_says_its_length_is_zero(scripted: list[ScriptedServer]) -> None:
+    # Without it, some proxies answer 411 Length Required.
+    server = serve(scripted, lambda seen: answer(200, b"{}"))
+    pool = LeanPool.open(server.url, {"User-Agent": "test"})
+    assert pool is not None
+    try:
+        pool.request("POST", "/v1/x", None, None, 5)
+        pool.request("GET", "/v1/x", None, None, 5)
+    finally:
+        pool.close()
+    posted, got = server.seen
+    assert posted.headers["content-length"] == "0"
+    assert "content-length" not in got.headers
