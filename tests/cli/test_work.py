@@ -352,3 +352,21 @@ def test_a_handler_backs_off_an_item_with_a_delay_instead_of_a_retry_loop(api: A
     )
     assert due_in.total_seconds() == 12
     assert api.acquire() == []  # not due yet: no client retry loop ran it again
+
+
+def test_a_command_is_told_its_tenant_queue_and_worker_and_a_blank_output_is_no_result(
+    cli: Cli, api: Api
+) -> None:
+    script = cli.script(
+        "env.sh",
+        'payload=$(cat)\ncase "$payload" in *blank*) echo; exit 0 ;; esac\n'
+        'printf \'{"tenant": "%s", "queue": "%s", "worker": "%s"}\\n\' '
+        '"$QS_TENANT" "$QS_QUEUE" "$QS_WORKER"\n',
+    )
+    named = api.enqueue("envq", "named")
+    blank = api.enqueue("envq", "blank")
+    cli.run("work", "envq", "--drain", "--name", "w-env", "--", script, role="worker")
+    shown = cli.json("items", "show", str(named["item_id"]))
+    assert shown["result"] == {"tenant": api.tenant, "queue": "envq", "worker": "w-env"}
+    # A line with nothing on it says nothing: no result, not an empty string.
+    assert cli.json("items", "show", str(blank["item_id"]))["result"] is None
