@@ -1,5 +1,6 @@
 """How `queue-server work` talks to its command: stdin in, stdout and stderr out, the exit
-watched, and a stop asked for while it runs; both ways (pidfd, and the polling fallback)."""
+watched, and a stop asked for while it runs; both ways (pidfd, and the polling fallback).
+And how it stops one: SIGTERM to its process group, then SIGKILL."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from queue_server.cli.work import _converse, _converse_polling
+from queue_server.cli.work import KILL_AFTER, _converse, _converse_polling, _stop
 
 Converse = Callable[..., tuple[bytes, bytes] | None]
 WAYS = [pytest.param(_converse, id="pidfd"), pytest.param(_converse_polling, id="polling")]
@@ -78,3 +79,14 @@ def test_a_process_left_holding_the_pipe_still_hears_the_stop() -> None:
     assert _converse(proc, b"", lambda: time.monotonic() > asked_at) is None
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+def test_a_command_that_ignores_sigterm_is_killed_shortly_after() -> None:
+    started = _start("sh", "-c", "trap '' TERM; echo ready; exec sleep 30")
+    assert started.stdout is not None
+    assert started.stdout.readline() == b"ready\n"  # its trap is set
+    asked = time.monotonic()
+    _stop(started)
+    took = time.monotonic() - asked
+    assert started.returncode == -signal.SIGKILL
+    assert KILL_AFTER - 0.5 < took < KILL_AFTER + 5
