@@ -106,10 +106,13 @@ class Journal:
         self.path = journal_dir() / f"{hashlib.sha256(seed).hexdigest()[:32]}.jsonl"
         self.done: set[str] = set()
         self.sending: dict[str, list[str]] = {}
+        # The last record torn by a crash: the next one starts a line of its own.
+        self._torn = False
         try:
             text = self.path.read_text()
         except FileNotFoundError:
             return
+        self._torn = bool(text) and not text.endswith("\n")
         for raw in text.splitlines():
             try:
                 record = jsonlib.loads(raw)
@@ -126,8 +129,10 @@ class Journal:
 
     def write(self, state: str, lines: Sequence[str]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        record = jsonlib.dumps({"state": state, "lines": list(lines)}) + "\n"
         with self.path.open("a") as handle:
-            handle.write(jsonlib.dumps({"state": state, "lines": list(lines)}) + "\n")
+            handle.write("\n" + record if self._torn else record)
+            self._torn = False
             handle.flush()
             os.fsync(handle.fileno())
 

@@ -17,6 +17,7 @@ import pytest
 import typer.main
 
 from queue_server.cli.common import EXIT_CODES_HELP
+from queue_server.cli.enqueue import Journal
 from queue_server.cli.main import app
 from queue_server.infra import address
 from queue_server.infra.address import ADDRESS_FILE
@@ -202,11 +203,62 @@ def test_a_batch_cut_off_by_a_crash_is_replayed_not_enqueued_twice(cli: Cli, db:
     (journal,) = (cli.cwd / ".local" / "state" / "queue-server" / "loads").iterdir()
     records = journal.read_text().splitlines()
     journal.write_text("\n".join(records[:-1]) + "\n")
-    again = cli.json("enqueue", "jobs", "--file", str(path), "--batch-size", "3")
+    # Batches of one now: the batch cut off is sent again as it was, under its own key.
+    again = cli.json("enqueue", "jobs", "--file", str(path), "--batch-size", "1")
     assert (again["count"], again["already_loaded"]) == (0, 10)
     row = db.execute("SELECT count(*) AS n FROM work_items").fetchone()
     assert row is not None
     assert row["n"] == 10
+
+
+def test_a_load_counts_lines_by_number_and_content_and_reads_past_a_torn_journal_record(
+    cli: Cli, db: DB
+) -> None:
+    path = cli.cwd / "load.jsonl"
+    # Three lines alike are three items; a line of spaces is no line.
+    path.write_text('{"n": 1}\n{"n": 1}\n   \n{"n": 1}\n{"n": 2}\n')
+    first = cli.json("enqueue", "jobs", "--file", str(path), "--batch-size", "2")
+    assert (first["count"], first["already_loaded"]) == (4, 0)
+    # An edited line is a new line; the others stay loaded.
+    path.write_text('{"n": 1}\n{"n": 1}\n   \n{"n": 1}\n{"n": 3}\n')
+    edited = cli.json("enqueue", "jobs", "--file", str(path), "--batch-size", "2")
+    assert (edited["count"], edited["already_loaded"]) == (1, 3)
+    # A record torn by a crash, then a later run's records after it: those still count.
+    (journal,) = (cli.cwd / ".local" / "state" / "queue-server" / "loads").iterdir()
+    with journal.open("a") as handle:
+        handle.write('{"state": "sen')
+    with path.open("a") as handle:  # and a line like one loaded before: a line of its own
+        handle.write('{"n": 4}\n{"n": 1}\n')
+    added = cli.json("enqueue", "jobs", "--file", str(path), "--batch-size", "1")
+    assert (added["count"], added["already_loaded"]) == (2, 4)
+    again = cli.json("enqueue", "jobs", "--file", str(path), "--batch-size", "3")
+    assert (again["count"], again["already_loaded"]) == (0, 6)
+    payloads = db.execute("SELECT payload->>'n' AS n FROM work_items ORDER BY 1").fetchall()
+    assert [r["n"] for r in payloads] == ["1", "1", "1", "1", "2", "3", "4"]
+    # A line's own keys go with its item.
+    with path.open("a") as handle:
+        handle.write('{"payload": {"n": 5}, "unique_key": "u-5", "partition_key": "cust-5"}\n')
+    cli.json("enqueue", "jobs", "--file", str(path))
+    keyed = db.execute(
+        "SELECT unique_key, partition_key FROM work_items WHERE payload->>'n' = '5'"
+    ).fetchone()
+    assert keyed == {"unique_key": "u-5", "partition_key": "cust-5"}
+
+
+def test_a_record_written_after_a_torn_one_starts_a_line_of_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    load = tmp_path / "load.jsonl"
+    journal = Journal("http://qs", "acme", "jobs", load)
+    journal.write("done", ["1:a"])
+    with journal.path.open("a") as handle:
+        handle.write('{"state": "sen')  # a crash in the middle of a record
+    Journal("http://qs", "acme", "jobs", load).write("sending", ["2:b"])
+    # Else the batch in flight would be lost with the torn record, and sent again under
+    # another key if the next run cuts its batches otherwise.
+    read = Journal("http://qs", "acme", "jobs", load)
+    assert (read.done, read.sending) == ({"1:a"}, {"2:b": ["2:b"]})
 
 
 def test_a_load_refused_at_the_cap_says_how_far_it_got_and_the_same_command_finishes_it(
