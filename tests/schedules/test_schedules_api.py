@@ -317,9 +317,33 @@ def test_the_loop_fires_each_second_pause_stops_it_and_resume_starts_after_now(
 
 @pytest.mark.live
 def test_the_sdk_s_schedule_client_is_exported_with_the_client(api: Api) -> None:
-    from queue_server.client import QueueClient, ScheduleClient
+    from queue_server.client import QueueClient, ScheduleClient, errors
 
     with QueueClient(api.url, api.keys["operator"], tenant=api.tenant) as qs:
         schedules = ScheduleClient(qs)
         schedules.put("nightly-sdk", queue="reports", cron="30 2 * * *", timezone="UTC")
+        assert [s.schedule for s in schedules.list_schedules().schedules] == ["nightly-sdk"]
+        # Every route of the client, each field of a put as the server keeps it.
+        made = schedules.put(
+            "hourly-sdk", queue="reports", every=3600, timezone="Europe/Berlin",
+            payload={"report": "sales"}, priority=7, max_acquisitions=3, catch_up="all-bounded",
+            catch_up_limit=5, paused=True,
+        )  # fmt: skip
+        shown = schedules.get("hourly-sdk")
+        assert (shown.every, shown.cron, shown.timezone, shown.payload) == (
+            3600, None, "Europe/Berlin", {"report": "sales"},
+        )  # fmt: skip
+        assert (shown.priority, shown.max_acquisitions, shown.catch_up) == (7, 3, "all-bounded")
+        assert (shown.catch_up_limit, shown.paused, made.paused) == (5, True, True)
+        assert schedules.resume("hourly-sdk").paused is False
+        assert schedules.pause("hourly-sdk").paused is True
+        fired = schedules.trigger("hourly-sdk")
+        assert (fired.schedule, fired.item.queue, fired.item.payload) == (
+            "hourly-sdk", "reports", {"report": "sales"},
+        )  # fmt: skip
+        assert fired.item.priority == 7
+        assert schedules.get("hourly-sdk").recent_fires
+        schedules.delete("hourly-sdk")
+        with pytest.raises(errors.ScheduleNotFoundError):
+            schedules.get("hourly-sdk")
         assert [s.schedule for s in schedules.list_schedules().schedules] == ["nightly-sdk"]

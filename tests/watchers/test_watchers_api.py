@@ -333,3 +333,48 @@ def test_the_allowance_opens_no_port_of_the_servers_own(
     assert row["state"] != "delivered"
     assert "one of the server's own" in str(row["last_outcome"])
     assert receiver.hook_requests() == []
+
+
+@pytest.mark.live
+def test_the_sdk_s_watcher_client_drives_every_watcher_route(
+    api: Api, db: Db, receiver: ModeReceiver, settings: Settings, database_url: str
+) -> None:
+    from queue_server.client import QueueClient, WatcherClient, errors
+
+    with QueueClient(api.url, api.keys["operator"], tenant=api.tenant) as qs:
+        hooks = WatcherClient(qs)
+        made = hooks.create(receiver.url("/hook"), ["item.completed"], queues=["q"])
+        assert made.secret is not None  # shown once
+        assert (made.url, made.events, made.queues) == (
+            receiver.url("/hook"),
+            ["item.completed"],
+            ["q"],
+        )
+        assert [w.watcher_id for w in hooks.list_watchers()] == [made.watcher_id]
+        assert hooks.get(made.watcher_id).secret is None
+        assert hooks.pause(made.watcher_id).state == "paused"
+        assert hooks.resume(made.watcher_id).state == "active"
+        rotated = hooks.rotate_secret(made.watcher_id)
+        assert rotated.secret not in (None, made.secret)
+        assert rotated.previous_secret_expires_at is not None
+        # A delivery that fails until it is dead, then its replay.
+        receiver.mode = "fail"
+        complete_one(api)
+        for _ in range(5):
+            make_due(db)
+            deliver(settings, database_url)
+        (dead,) = hooks.deliveries(made.watcher_id, state="dead").deliveries
+        assert hooks.deliveries(made.watcher_id, state="pending").deliveries == []
+        assert hooks.delivery(dead.delivery_id).attempts == 5
+        letters = api.operator.get("/v1/tenants/acme/dead-letters", params={"kind": "delivery"})
+        (letter,) = letters.json()["dead_letters"]
+        replayed = hooks.replay(letter["dead_letter_id"])
+        assert (replayed.delivery_id, replayed.state, replayed.attempts) == (
+            dead.delivery_id,
+            "pending",
+            0,
+        )
+        assert hooks.cancel(made.watcher_id).state == "cancelled"
+        assert hooks.get(made.watcher_id).deliveries is not None
+        with pytest.raises(errors.WatcherNotFoundError):
+            hooks.get(str(uuid.uuid4()))
