@@ -437,21 +437,18 @@ def fetch(server: ScriptedServer, method: str, times: int, *, asyncio_pool: bool
     return [a.content for a in answers if a is not None]
 
 
-@pytest.mark.parametrize(("reply", "body", "reused"), [*FRAMINGS, EXTRA])
+@pytest.mark.parametrize(
+    ("reply", "body", "reused", "asyncio_pool"),
+    [
+        *[pytest.param(*p.values, False, id=f"blocking-{p.id}") for p in [*FRAMINGS, EXTRA]],
+        *[pytest.param(*p.values, True, id=f"asyncio-{p.id}") for p in FRAMINGS],
+    ],
+)
 def test_answers_framed_every_way_http_allows_are_read_whole_and_kept_only_when_safe(
-    scripted: list[ScriptedServer], reply: Reply, body: bytes, reused: bool
+    scripted: list[ScriptedServer], reply: Reply, body: bytes, reused: bool, asyncio_pool: bool
 ) -> None:
     server = serve(scripted, lambda seen: reply)
-    assert fetch(server, "GET", 2, asyncio_pool=False) == [body, body]
-    assert server.connections == (1 if reused else 2)
-
-
-@pytest.mark.parametrize(("reply", "body", "reused"), FRAMINGS)
-def test_async_answers_framed_every_way_http_allows_are_read_whole_and_kept_only_when_safe(
-    scripted: list[ScriptedServer], reply: Reply, body: bytes, reused: bool
-) -> None:
-    server = serve(scripted, lambda seen: reply)
-    assert fetch(server, "GET", 2, asyncio_pool=True) == [body, body]
+    assert fetch(server, "GET", 2, asyncio_pool=asyncio_pool) == [body, body]
     assert server.connections == (1 if reused else 2)
 
 
