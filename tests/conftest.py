@@ -108,7 +108,8 @@ def pg() -> Iterator[EmbeddedPostgres]:
     server = EmbeddedPostgres(
         root / "data",
         tcp_port=tcp_port,
-        server_settings={"max_connections": "300", "fsync": "off"},
+        # Commit timestamps: for tests that order events by when they committed.
+        server_settings={"max_connections": "300", "fsync": "off", "track_commit_timestamp": "on"},
     )
     server.start()
     fast_logins(server)

@@ -380,7 +380,8 @@ def prove(runs: Sequence[Run], jobs: int) -> dict[str, Proof]:
     root = Path(tempfile.mkdtemp(prefix="qs-contract-pg-"))
     # As root, PostgreSQL runs as a system user that must traverse to its data directory.
     root.chmod(0o711)
-    pg = EmbeddedPostgres(root / "data", server_settings={"max_connections": "300", "fsync": "off"})
+    settings = {"max_connections": "300", "fsync": "off", "track_commit_timestamp": "on"}
+    pg = EmbeddedPostgres(root / "data", server_settings=settings)  # as tests/conftest.py's
     pg.start()
     fast_logins(pg)
     try:

@@ -204,13 +204,18 @@ def test_racing_workers_never_hold_two_items_of_a_key_nor_take_them_out_of_order
     assert not any(thread.is_alive() for thread in threads)
     assert problems == []
     assert taken == enqueued
-    # From the ledgers: each item of a key leased after the one before it completed.
+    # From the ledgers: each item of a key leased after the one before it completed, by when
+    # their transactions committed. (An event's `at` is its statement's start: an acquire
+    # that waited for the key's lock, held by the complete of the item before, starts first
+    # and commits after.)
     rows = db.execute(
         "SELECT w.ordering_key AS k, w.item_id::text AS item_id,"
-        " (SELECT min(at) FROM item_events e WHERE e.tenant_id = w.tenant_id"
-        "   AND e.item_id = w.item_id AND e.kind = 'acquired') AS leased,"
-        " (SELECT max(at) FROM item_events e WHERE e.tenant_id = w.tenant_id"
-        "   AND e.item_id = w.item_id AND e.kind = 'completed') AS completed"
+        " (SELECT min(pg_xact_commit_timestamp(e.xmin)) FROM item_events e"
+        "   WHERE e.tenant_id = w.tenant_id AND e.item_id = w.item_id"
+        "   AND e.kind = 'acquired') AS leased,"
+        " (SELECT max(pg_xact_commit_timestamp(e.xmin)) FROM item_events e"
+        "   WHERE e.tenant_id = w.tenant_id AND e.item_id = w.item_id"
+        "   AND e.kind = 'completed') AS completed"
         " FROM work_items w WHERE w.tenant_id = 'acme' ORDER BY w.ordering_seq"
     ).fetchall()
     for k in keys:
