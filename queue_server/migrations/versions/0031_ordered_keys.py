@@ -145,30 +145,67 @@ FOR EACH ROW WHEN (NEW.ordering_key IS NOT NULL AND OLD.state IS DISTINCT FROM N
 EXECUTE FUNCTION queue_server.ordered_keys()
 """
 
-
-def _unique_keys() -> ModuleType:
-    return importlib.import_module("queue_server.migrations.versions.0030_unique_keys")
-
-
 # 0030's admission, with the ordering keys: each key given is locked, in order; an item with
 # one takes the next place in its key's line and waits unless it is the first of its key in
 # this enqueue and the key's newest item is finished.
-EDITS = (
-    ("""    keys text[];
-    missing text;
-BEGIN""", """    keys text[];
+ADMIT_ROWS = """CREATE OR REPLACE FUNCTION queue_server.admit_rows(p_tenant text, p_queue text, p_items jsonb,
+                                        p_actor text, p_attempt_cap int,
+                                        p_backlog_ceiling bigint)
+RETURNS SETOF work_items
+LANGUAGE plpgsql VOLATILE
+SET search_path = {home}, pg_temp
+AS $fn$
+DECLARE
+    t tenants%ROWTYPE;
+    above record;
+    shards smallint[];
+    fresh bigint[];
+    keys text[];
     missing text;
     orders text[];
     busy text[] := '{{}}';
-BEGIN"""),
-    ("""    -- ready or leased item of the queue holds (a probe of ix_work_items_unique each). The""",
-     """    -- waiting, ready or leased item of the queue holds (a probe of ix_work_items_unique). The"""),
-    ("""                   WHERE w.tenant_id = p_tenant AND w.queue = p_queue AND w.unique_key = u.k
-                     AND w.state IN ('ready', 'leased')))""",
-     """                   WHERE w.tenant_id = p_tenant AND w.queue = p_queue AND w.unique_key = u.k
-                     AND w.state IN ('waiting', 'ready', 'leased')))"""),
-    ("""    -- A cap stored under a looser policy is held to the loaded one.""",
-     """    -- The ordering keys given, each once (migration 0031): each locked, in order, until the
+BEGIN
+    -- The policy envelope: no item's budget above the attempt cap.
+    SELECT i - 1 AS at, (e->>'max_acquisitions')::int AS budget INTO above
+    FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x(e, i)
+    WHERE (e->>'max_acquisitions')::int > p_attempt_cap
+    ORDER BY i LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'policy-envelope-exceeded'
+            USING ERRCODE = 'QS422',
+                  DETAIL = format('items[%s].max_acquisitions %s exceeds the policy''s attempt'
+                                  ' cap of %s (durable-leased-work/retry).',
+                                  above.at, above.budget, p_attempt_cap);
+    END IF;
+    SELECT * INTO t FROM tenants WHERE tenant_id = p_tenant;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'tenant-not-found'
+            USING ERRCODE = 'QS404', DETAIL = format('No tenant is named %s.', p_tenant);
+    END IF;
+    -- The unique keys given, each once: an enqueue without any (the most of them) admits
+    -- every item and makes none of the lookups below.
+    keys := ARRAY(SELECT DISTINCT e->>'unique_key' FROM jsonb_array_elements(p_items) AS e
+                  WHERE e->>'unique_key' IS NOT NULL);
+    -- The items to admit: those without a unique key, and the first of each key that no
+    -- waiting, ready or leased item of the queue holds (a probe of ix_work_items_unique). The
+    -- others are answered with the item holding their key: not admitted, not charged.
+    IF cardinality(keys) = 0 THEN
+        fresh := ARRAY(SELECT generate_series(1, jsonb_array_length(p_items)));
+    ELSE
+    fresh := ARRAY(
+        SELECT u.i FROM (
+            SELECT i, e->>'unique_key' AS k,
+                   row_number() OVER (PARTITION BY e->>'unique_key' ORDER BY i) AS nth
+            FROM jsonb_array_elements(p_items) WITH ORDINALITY AS x(e, i)
+        ) AS u
+        WHERE u.k IS NULL
+           OR (u.nth = 1 AND NOT EXISTS (
+                   SELECT 1 FROM work_items w
+                   WHERE w.tenant_id = p_tenant AND w.queue = p_queue AND w.unique_key = u.k
+                     AND w.state IN ('waiting', 'ready', 'leased')))
+        ORDER BY u.i);
+    END IF;
+    -- The ordering keys given, each once (migration 0031): each locked, in order, until the
     -- transaction ends (as the transition that finishes a key's item locks it before it
     -- hands out the next); a key whose newest item is not finished is busy: its items wait.
     -- The newest by its place in the key's line (ordering_seq), a probe from the end of
@@ -182,16 +219,16 @@ BEGIN"""),
             SELECT k FROM unnest(orders) AS k
             WHERE queue_server.ordering_busy(p_tenant, p_queue, k, NULL));
     END IF;
-    -- A cap stored under a looser policy is held to the loaded one."""),
-    ("""                     unique_key text))
-             WITH ORDINALITY AS x(item_id, payload, priority, delay, max_acquisitions,
-                                  traceparent, tracestate, unique_key, i)
-    ), input AS (
-        -- The items admitted above, in order, each with its shard.
-        SELECT g.*, shards[array_position(fresh, g.i)] AS shard FROM given g
-        WHERE g.i = ANY(fresh)
-    ), ins AS (""",
-     """                     unique_key text, ordering_key text))
+    -- A cap stored under a looser policy is held to the loaded one.
+    shards := queue_server.admission_shards(p_tenant, cardinality(fresh),
+                                            least(t.backlog_cap, p_backlog_ceiling));
+    RETURN QUERY
+    WITH given AS (
+        SELECT x.*
+        FROM ROWS FROM (jsonb_to_recordset(p_items)
+                 AS (item_id uuid, payload jsonb, priority int, delay double precision,
+                     max_acquisitions int, traceparent text, tracestate text,
+                     unique_key text, ordering_key text))
              WITH ORDINALITY AS x(item_id, payload, priority, delay, max_acquisitions,
                                   traceparent, tracestate, unique_key, ordering_key, i)
     ), input AS (
@@ -209,47 +246,93 @@ BEGIN"""),
               FROM given g
               WHERE g.i = ANY(fresh)) AS a
         ORDER BY a.i
-    ), ins AS ("""),
-    ("""                                admission_shard, unique_key)
+    ), ins AS (
+        INSERT INTO work_items (tenant_id, item_id, queue, payload, priority, state,
+                                available_at, max_acquisitions, event_seq,
+                                created_at, updated_at, traceparent, tracestate,
+                                admission_shard, unique_key, ordering_key, ordering_seq)
         SELECT p_tenant, x.item_id, p_queue, coalesce(x.payload, 'null'::jsonb),
-               coalesce(x.priority, 0), 'ready',""",
-     """                                admission_shard, unique_key, ordering_key, ordering_seq)
-        SELECT p_tenant, x.item_id, p_queue, coalesce(x.payload, 'null'::jsonb),
-               coalesce(x.priority, 0), x.state,"""),
-    ("""               x.shard, x.unique_key
-        FROM input x""", """               x.shard, x.unique_key, x.ordering_key, x.ordering_seq
-        FROM input x"""),
-    ("""            WHERE unique_key IS NOT NULL AND state IN ('ready', 'leased') DO NOTHING""",
-     """            WHERE unique_key IS NOT NULL
-              AND state NOT IN ('completed', 'quarantined', 'cancelled') DO NOTHING"""),
-    ("""               || CASE WHEN unique_key IS NULL THEN '{{}}'::jsonb
-                       ELSE jsonb_build_object('unique_key', unique_key) END""",
-     """               || CASE WHEN unique_key IS NULL THEN '{{}}'::jsonb
+               coalesce(x.priority, 0), x.state,
+               statement_timestamp() + make_interval(secs => coalesce(x.delay, 0)),
+               -- The item's budget, else the queue's, else the tenant's default, each held
+               -- to the policy's attempt cap.
+               coalesce(x.max_acquisitions,
+                        (SELECT least(q.max_acquisitions, p_attempt_cap) FROM queues q
+                         WHERE q.tenant_id = p_tenant AND q.queue = p_queue),
+                        least(t.default_max_acquisitions, p_attempt_cap)),
+               1, statement_timestamp(), statement_timestamp(), x.traceparent, x.tracestate,
+               x.shard, x.unique_key, x.ordering_key, x.ordering_seq
+        FROM input x
+        -- A producer racing this one to the same key committed first: this item is not
+        -- made (nor counted), and is answered with that one below.
+        ON CONFLICT (tenant_id, queue, unique_key)
+            WHERE unique_key IS NOT NULL
+              AND state NOT IN ('completed', 'quarantined', 'cancelled') DO NOTHING
+        RETURNING *
+    ), ev AS (
+        INSERT INTO item_events (tenant_id, item_id, seq, at, kind, fence, actor, data)
+        SELECT tenant_id, item_id, 0, created_at, 'enqueued', fence, p_actor,
+               jsonb_build_object('queue', queue, 'payload', payload, 'priority', priority,
+                                  'available_at', available_at,
+                                  'max_acquisitions', max_acquisitions)
+               || CASE WHEN unique_key IS NULL THEN '{{}}'::jsonb
                        ELSE jsonb_build_object('unique_key', unique_key) END
                -- Its ordering key, and `waiting` when it queues behind the key's others.
                || CASE WHEN ordering_key IS NULL THEN '{{}}'::jsonb
                        ELSE jsonb_build_object('ordering_key', ordering_key) END
                || CASE WHEN state = 'waiting' THEN jsonb_build_object('state', 'waiting')
-                       ELSE '{{}}'::jsonb END"""),
-    ("""    -- Each unique key not admitted here: the ready or leased item holding it (a statement""",
-     """    -- Each unique key not admitted here: the item holding it (a statement"""),
-    ("""    WHERE w.tenant_id = p_tenant AND w.queue = p_queue AND w.state IN ('ready', 'leased')
-      AND w.unique_key = ANY(keys)""", """    WHERE w.tenant_id = p_tenant AND w.queue = p_queue
-      AND w.state IN ('waiting', 'ready', 'leased') AND w.unique_key = ANY(keys)"""),
-    ("""                        AND w.unique_key = k AND w.state IN ('ready', 'leased'))""",
-     """                        AND w.unique_key = k AND w.state IN ('waiting', 'ready', 'leased'))"""),
-)  # fmt: skip
-
-
-def _admit_rows() -> str:
-    text: str = _unique_keys().ADMIT_ROWS
-    for old, new in EDITS:
-        assert text.count(old) == 1, old
-        text = text.replace(old, new)
-    return text
-
-
-ADMIT_ROWS = _admit_rows()
+                       ELSE '{{}}'::jsonb END
+               -- The producer's trace context, when it sent one (W3C traceparent/tracestate).
+               || CASE WHEN traceparent IS NULL THEN '{{}}'::jsonb
+                       ELSE jsonb_build_object('trace', jsonb_strip_nulls(jsonb_build_object(
+                                'traceparent', traceparent, 'tracestate', tracestate))) END
+        FROM ins
+    ), outbox AS (
+        INSERT INTO outbox_deliveries (tenant_id, watcher_id, delivery_key, event, item_id, queue,
+                                       body, state, next_attempt_at, due_at, created_at, updated_at)
+        SELECT s.tenant_id, w.watcher_id, delivery_key(w.watcher_id, s.item_id, s.event_seq - 1),
+               'item.enqueued', s.item_id, s.queue,
+               jsonb_build_object('event', 'item.enqueued',
+                                  'occurred_at', api_timestamp(statement_timestamp()),
+                                  'item', item_json(s)),
+               'pending', statement_timestamp(), statement_timestamp(), statement_timestamp(),
+               statement_timestamp()
+        FROM ins s
+        JOIN watchers w ON w.tenant_id = s.tenant_id AND w.state = 'active'
+         AND 'item.enqueued' = ANY(w.events) AND (w.queues IS NULL OR s.queue = ANY(w.queues))
+        ORDER BY s.item_id, w.watcher_id
+    ), counted AS (
+        INSERT INTO counter_deltas (tenant_id, queue, shard, admitted)
+        SELECT p_tenant, p_queue, s.admission_shard, count(*) FROM ins s
+        GROUP BY s.admission_shard
+    )
+    SELECT ins.* FROM ins;
+    IF cardinality(keys) > 0 THEN
+    -- Each unique key not admitted here: the item holding it (a statement
+    -- of its own, so it sees a racing producer's item committed since).
+    RETURN QUERY
+    SELECT w.* FROM work_items w
+    WHERE w.tenant_id = p_tenant AND w.queue = p_queue
+      AND w.state IN ('waiting', 'ready', 'leased') AND w.unique_key = ANY(keys)
+      AND w.item_id NOT IN (SELECT (e->>'item_id')::uuid
+                            FROM jsonb_array_elements(p_items) AS e);
+    -- The holder finished between the look and this answer: the producer tries again.
+    SELECT k INTO missing FROM unnest(keys) AS k
+    WHERE NOT EXISTS (SELECT 1 FROM work_items w
+                      WHERE w.tenant_id = p_tenant AND w.queue = p_queue
+                        AND w.unique_key = k AND w.state IN ('waiting', 'ready', 'leased'))
+    LIMIT 1;
+    IF missing IS NOT NULL THEN
+        RAISE EXCEPTION 'unique-key-released'
+            USING ERRCODE = 'QS409',
+                  DETAIL = format('The item holding unique_key %L finished while this enqueue'
+                                  ' ran; send it again.', missing);
+    END IF;
+    END IF;
+    PERFORM pg_notify('queue_server_ready', queue_server.ready_tag(p_tenant, p_queue));
+END
+$fn$
+"""
 
 UNIQUE_BEFORE = "unique_key IS NOT NULL AND state IN ('ready'::item_state, 'leased'::item_state)"
 # Not finished: waiting (a value this migration adds, which it may not name yet), ready or
@@ -273,6 +356,10 @@ def _item_json(shown: str) -> str:
 
 
 UNIQUE_SHOWN = "'unique_key', s.unique_key"
+
+
+def _unique_keys() -> ModuleType:
+    return importlib.import_module("queue_server.migrations.versions.0030_unique_keys")
 
 
 def _shards() -> ModuleType:

@@ -89,32 +89,32 @@ EDITS = (
 
 # queue_server.enqueue, with the keys as arguments after 0017's (all defaulted: a call that
 # names none, or passes 0017's arguments by position, is what it was).
-ENQUEUE = """
-CREATE FUNCTION queue_server.enqueue(tenant text, queue text, payload jsonb,
-                                     idempotency_key text, priority int DEFAULT 0,
-                                     delay interval DEFAULT '0',
-                                     max_acquisitions int DEFAULT NULL,
-                                     traceparent text DEFAULT NULL,
-                                     tracestate text DEFAULT NULL,
-                                     unique_key text DEFAULT NULL,
-                                     unique_for interval DEFAULT NULL,
-                                     partition_key text DEFAULT NULL,
-                                     ordering_key text DEFAULT NULL)
-RETURNS uuid
-LANGUAGE sql VOLATILE SECURITY DEFINER
-SET search_path = {home}, pg_temp
-BEGIN ATOMIC
-    SELECT (queue_server.enqueue_items(
-        tenant, queue,
-        jsonb_build_array(jsonb_build_object(
-            'payload', payload, 'priority', priority,
-            'delay', extract(epoch FROM delay), 'max_acquisitions', max_acquisitions)
-            || jsonb_strip_nulls(jsonb_build_object(
-                'unique_key', unique_key, 'unique_for', extract(epoch FROM unique_for),
-                'partition_key', partition_key, 'ordering_key', ordering_key))),
-        idempotency_key, 'queue_server.enqueue', traceparent, tracestate))[1];
-END
-"""
+ENQUEUE_EDITS = (
+    ("                                     tracestate text DEFAULT NULL)\n",
+     "                                     tracestate text DEFAULT NULL,\n"
+     "                                     unique_key text DEFAULT NULL,\n"
+     "                                     unique_for interval DEFAULT NULL,\n"
+     "                                     partition_key text DEFAULT NULL,\n"
+     "                                     ordering_key text DEFAULT NULL)\n"),
+    ("            'delay', extract(epoch FROM delay), 'max_acquisitions', max_acquisitions)),\n",
+     "            'delay', extract(epoch FROM delay), 'max_acquisitions', max_acquisitions)\n"
+     "            || jsonb_strip_nulls(jsonb_build_object(\n"
+     "                'unique_key', unique_key, 'unique_for', extract(epoch FROM unique_for),\n"
+     "                'partition_key', partition_key, 'ordering_key', ordering_key))),\n"),
+)  # fmt: skip
+
+
+def _edited(text: str, edits: tuple[tuple[str, str], ...]) -> str:
+    for old, new in edits:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    return text
+
+
+def enqueue() -> str:
+    return _edited(_transactional().ENQUEUE, ENQUEUE_EDITS)
+
+
 OLD_SIGNATURE = "queue_server.enqueue(text, text, jsonb, text, int, interval, int, text, text)"
 SIGNATURE = OLD_SIGNATURE.removesuffix(")") + ", text, interval, text, text)"
 
@@ -130,10 +130,7 @@ def _home() -> str:
 
 
 def enqueue_items() -> str:
-    text: str = _transactional().ENQUEUE_ITEMS
-    for old, new in EDITS:
-        assert text.count(old) == 1, old
-        text = text.replace(old, new)
+    text = _edited(_transactional().ENQUEUE_ITEMS, EDITS)
     return text.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION")
 
 
@@ -151,7 +148,7 @@ def upgrade() -> None:
     home = _home()
     op.execute(_ddl(enqueue_items(), home))
     op.execute(f"DROP FUNCTION {OLD_SIGNATURE}")
-    _enqueue(ENQUEUE, SIGNATURE, home)
+    _enqueue(enqueue(), SIGNATURE, home)
 
 
 def downgrade() -> None:

@@ -72,20 +72,12 @@ def _keys() -> ModuleType:
 SIGNATURE = _keys().SIGNATURE.removesuffix(")") + ", uuid[], text)"
 
 
-def edited(text: str, edits: Sequence[tuple[str, str]]) -> str:
-    """`text` with each of `edits` (old, new) made, each old text found exactly once."""
-    for old, new in edits:
-        assert text.count(old) == 1, old
-        text = text.replace(old, new)
-    return text
-
-
 def enqueue_items() -> str:
-    return edited(_keys().enqueue_items(), EDITS)
+    return str(_keys()._edited(_keys().enqueue_items(), EDITS))
 
 
 def enqueue() -> str:
-    return edited(str(_keys().ENQUEUE), ENQUEUE_EDITS)
+    return str(_keys()._edited(_keys().enqueue(), ENQUEUE_EDITS))
 
 
 def upgrade() -> None:
@@ -100,5 +92,5 @@ def downgrade() -> None:
     keys = _keys()
     home = keys._home()
     op.execute(f"DROP FUNCTION {SIGNATURE}")
-    keys._enqueue(keys.ENQUEUE, keys.SIGNATURE, home)
+    keys._enqueue(keys.enqueue(), keys.SIGNATURE, home)
     op.execute(keys._ddl(keys.enqueue_items(), home))

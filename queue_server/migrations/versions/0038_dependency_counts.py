@@ -165,16 +165,20 @@ def _module(name: str) -> ModuleType:
     return importlib.import_module(f"queue_server.migrations.versions.{name}")
 
 
-def _edited(text: str, edits: Sequence[tuple[str, str]]) -> str:
-    return str(_module("0036_transactional_dependencies").edited(text, edits))
+def edited(text: str, edits: Sequence[tuple[str, str]]) -> str:
+    """`text` with each of `edits` (old, new) made, each old text found exactly once."""
+    for old, new in edits:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    return text
 
 
 def release() -> str:
-    return _edited(_module("0035_dependencies").RELEASE, RELEASE_EDITS)
+    return edited(_module("0035_dependencies").RELEASE, RELEASE_EDITS)
 
 
 def admit_rows() -> str:
-    return _edited(_module("0037_dependencies_in_one_request").admit_rows(), ADMIT_EDITS)
+    return edited(_module("0037_dependencies_in_one_request").admit_rows(), ADMIT_EDITS)
 
 
 def upgrade() -> None:

@@ -47,7 +47,8 @@ def _dependencies() -> ModuleType:
 
 
 def enqueue_items() -> str:
-    return str(_dependencies().edited(_dependencies().enqueue_items(), EDITS))
+    counts = importlib.import_module("queue_server.migrations.versions.0038_dependency_counts")
+    return str(counts.edited(_dependencies().enqueue_items(), EDITS))
 
 
 def upgrade() -> None:

@@ -77,24 +77,15 @@ ADMIT_EDITS = (
      "                   WHERE depends_on IS NOT NULL) AS x ON x.given_for = ins.item_id\n"),
 )  # fmt: skip
 
-# 0039's queue_server.enqueue_items.
+# 0039's queue_server.enqueue_items: the item answering each one given, by joins on the
+# item's id and on its unique key's first holder, not a search of every item made.
 ITEMS_EDITS = (
     ONE_PLAN,
-    ("    SELECT array_agg((r.w).item_id ORDER BY x.i),\n"
-     "           jsonb_build_object('items', jsonb_agg(item_json(r.w) ORDER BY x.i))\n"
-     "        INTO ids, body\n"
-     "    FROM jsonb_array_elements(specs) WITH ORDINALITY AS x(s, i)\n"
-     "    CROSS JOIN LATERAL (\n"
+    ("    CROSS JOIN LATERAL (\n"
      "        SELECT u FROM unnest(made) AS u\n"
      "        WHERE (u).item_id = ids[x.i] OR (u).unique_key = x.s->>'unique_key'\n"
      "        ORDER BY (u).item_id = ids[x.i] DESC, (u).item_id\n"
      "        LIMIT 1) AS r(w);\n",
-     "    -- (Joins on the item's id and on its unique key's first holder, not a search of\n"
-     "    -- every item made for each item given.)\n"
-     "    SELECT array_agg((r.w).item_id ORDER BY x.i),\n"
-     "           jsonb_build_object('items', jsonb_agg(item_json(r.w) ORDER BY x.i))\n"
-     "        INTO ids, body\n"
-     "    FROM jsonb_array_elements(specs) WITH ORDINALITY AS x(s, i)\n"
      "    LEFT JOIN (SELECT u FROM unnest(made) AS u) AS own(w) ON (own.w).item_id = ids[x.i]\n"
      "    LEFT JOIN (SELECT DISTINCT ON ((u).unique_key) u FROM unnest(made) AS u\n"
      "               WHERE (u).unique_key IS NOT NULL\n"
@@ -104,31 +95,35 @@ ITEMS_EDITS = (
 )  # fmt: skip
 
 
-def _module(name: str) -> ModuleType:
-    return importlib.import_module(f"queue_server.migrations.versions.{name}")
+def _counts() -> ModuleType:
+    """0038, whose helpers find a migration module and make edits to a function's text."""
+    return importlib.import_module("queue_server.migrations.versions.0038_dependency_counts")
 
 
 def admit_rows() -> str:
-    return str(_module("0036_transactional_dependencies").edited(
-        _module("0038_dependency_counts").admit_rows(), ADMIT_EDITS))  # fmt: skip
+    counts = _counts()
+    return str(counts.edited(counts.admit_rows(), ADMIT_EDITS))
 
 
 def enqueue_items() -> str:
-    return str(_module("0036_transactional_dependencies").edited(
-        _module("0039_transactional_fan_in").enqueue_items(), ITEMS_EDITS))  # fmt: skip
+    counts = _counts()
+    fan_in = counts._module("0039_transactional_fan_in")
+    return str(counts.edited(fan_in.enqueue_items(), ITEMS_EDITS))
 
 
 def upgrade() -> None:
-    shards = _module("0028_admission_shards")
-    keys = _module("0034_transactional_keys")
+    counts = _counts()
+    shards = counts._module("0028_admission_shards")
+    keys = counts._module("0034_transactional_keys")
     home = shards._home()
     op.execute(shards._ddl(admit_rows(), home))
     op.execute(keys._ddl(enqueue_items(), home))
 
 
 def downgrade() -> None:
-    shards = _module("0028_admission_shards")
-    keys = _module("0034_transactional_keys")
+    counts = _counts()
+    shards = counts._module("0028_admission_shards")
+    keys = counts._module("0034_transactional_keys")
     home = shards._home()
-    op.execute(shards._ddl(_module("0038_dependency_counts").admit_rows(), home))
-    op.execute(keys._ddl(_module("0039_transactional_fan_in").enqueue_items(), home))
+    op.execute(shards._ddl(counts.admit_rows(), home))
+    op.execute(keys._ddl(counts._module("0039_transactional_fan_in").enqueue_items(), home))

@@ -39,26 +39,22 @@ BACK_OFF = (
 )  # fmt: skip
 
 
-def _shards() -> ModuleType:
-    """0028, which made queue_server.admission_shards and knows how to install it."""
-    return importlib.import_module("queue_server.migrations.versions.0028_admission_shards")
+def _counts() -> ModuleType:
+    """0038, whose helpers find a migration module and make edits to a function's text."""
+    return importlib.import_module("queue_server.migrations.versions.0038_dependency_counts")
 
 
 def admission_shards(edits: Sequence[tuple[str, str]]) -> str:
-    """0028's queue_server.admission_shards with `edits` (old, new) made, each old text
-    found exactly once."""
-    text = str(_shards().ADMISSION_SHARDS)
-    for old, new in edits:
-        assert text.count(old) == 1, old
-        text = text.replace(old, new)
-    return text
+    """0028's queue_server.admission_shards with `edits` made."""
+    counts = _counts()
+    return str(counts.edited(counts._module("0028_admission_shards").ADMISSION_SHARDS, edits))
 
 
 def upgrade() -> None:
-    shards = _shards()
+    shards = _counts()._module("0028_admission_shards")
     op.execute(shards._ddl(admission_shards(BACK_OFF), shards._home()))
 
 
 def downgrade() -> None:
-    shards = _shards()
+    shards = _counts()._module("0028_admission_shards")
     op.execute(shards._ddl(admission_shards(BACK_OFF[:1]), shards._home()))
